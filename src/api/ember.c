@@ -1,0 +1,123 @@
+/*
+ * ember.c - the public model handle: loading (config, weights, backend,
+ * model, KV cache, run state, in that order) and freeing in reverse.
+ */
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/cpu.h"
+#include "core/util.h"
+#include "engine/engine.h"
+
+void ember_model_params_init(ember_model_params *p) {
+    memset(p, 0, sizeof *p);
+    p->isa = EMBER_ISA_AUTO;
+}
+
+void ember_sampling_init(ember_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->top_p = 1.0f;
+}
+
+void ember_model_free(ember_model *m) {
+    if (!m) return;
+    free(m->b_tok);
+    free(m->b_pos);
+    free(m->b_row);
+    free(m->b_out);
+    free(m->logits);
+    ember_llm_state_free(m->st);
+    ember_kv_free(m->kv);
+    ember_llm_free(m->llm);
+    ember_backend_free(m->be);
+    ember_weights_free(m->weights);
+    free(m);
+}
+
+int ember_model_load(const char *path, const ember_model_params *params, ember_model **out, ember_error *err) {
+    if (!out) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_model_load: out is NULL");
+    *out = NULL;
+    if (!path || !*path) return ember_err(err, EMBER_ERR_INVALID_ARG, "no model path given");
+    struct stat st;
+    if (stat(path, &st) != 0) return ember_err(err, EMBER_ERR_IO, "%s: no such file or directory", path);
+    if (!S_ISDIR(st.st_mode))
+        return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                         "%s: not a model directory (expected config.json and *.safetensors)", path);
+    char *cfg_path = ember_path_join(path, "config.json");
+    bool has_cfg = cfg_path && stat(cfg_path, &st) == 0;
+    free(cfg_path);
+    if (!has_cfg)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: not a model directory: config.json not found", path);
+    ember_model_params p;
+    if (params)
+        p = *params;
+    else
+        ember_model_params_init(&p);
+    if (p.n_rows < 0 || p.n_ctx < 0 || p.max_batch_tokens < 0 || p.n_threads < 0)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "model parameters must not be negative");
+    ember_model *m = calloc(1, sizeof *m);
+    if (!m) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    m->log = (ember_logger){p.log, p.log_user};
+    int rc;
+    if ((rc = ember_config_load(path, &m->cfg, err))) goto fail;
+    if ((rc = ember_weights_open(path, &m->weights, err))) goto fail;
+    ember_cpu_params cp = {p.n_threads, p.isa, m->log};
+    if ((rc = ember_backend_cpu_new(&cp, &m->be, err))) goto fail;
+    if ((rc = ember_llm_load(&m->cfg, m->weights, m->be, &m->llm, err))) goto fail;
+    if (p.n_rows <= 0) p.n_rows = 1;
+    if (p.n_ctx <= 0) p.n_ctx = m->cfg.max_pos < 4096 ? m->cfg.max_pos : 4096;
+    if (p.n_ctx > m->cfg.max_pos)
+        ember_log(&m->log, EMBER_LOG_WARN, "context %d exceeds the model's max_position_embeddings %d", p.n_ctx,
+                  m->cfg.max_pos);
+    if (p.max_batch_tokens <= 0) p.max_batch_tokens = 512;
+    if (p.max_batch_tokens < p.n_rows) p.max_batch_tokens = p.n_rows;
+    p.n_threads = ember_backend_cpu_threads(m->be);
+    p.isa = ember_backend_cpu_isa(m->be);
+    m->params = p;
+    if ((rc = ember_kv_new(m->be, m->cfg.n_layers, p.n_rows, p.n_ctx, m->cfg.n_kv_heads, m->cfg.head_dim, &m->kv,
+                           err)) ||
+        (rc = ember_llm_state_new(m->llm, p.max_batch_tokens, p.n_rows, &m->st, err)))
+        goto fail;
+    size_t B = (size_t)p.max_batch_tokens;
+    m->b_tok = malloc(B * sizeof(int32_t));
+    m->b_pos = malloc(B * sizeof(int32_t));
+    m->b_row = malloc(B * sizeof(int32_t));
+    m->b_out = malloc(B * sizeof(int32_t));
+    if (!m->b_tok || !m->b_pos || !m->b_row || !m->b_out) {
+        rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    ember_log(&m->log, EMBER_LOG_INFO, "loaded %s: %s, %d layers, hidden %d, vocab %d, %s weights, %s x %d threads",
+              path, m->cfg.model_type, m->cfg.n_layers, m->cfg.hidden_size, m->cfg.vocab_size,
+              m->llm->weight_dtype, ember_isa_name(p.isa), p.n_threads);
+    *out = m;
+    return EMBER_OK;
+fail:
+    ember_model_free(m);
+    return rc;
+}
+
+void ember_model_get_info(const ember_model *m, ember_model_info *info) {
+    memset(info, 0, sizeof *info);
+    if (!m) return;
+    const ember_model_config *c = &m->cfg;
+    info->arch = c->model_type;
+    info->vocab_size = c->vocab_size;
+    info->n_layers = c->n_layers;
+    info->hidden_size = c->hidden_size;
+    info->n_heads = c->n_heads;
+    info->n_kv_heads = c->n_kv_heads;
+    info->head_dim = c->head_dim;
+    info->max_position_embeddings = c->max_pos;
+    info->n_ctx = m->params.n_ctx;
+    info->n_rows = m->params.n_rows;
+    info->n_eos = c->n_eos;
+    for (int i = 0; i < c->n_eos && i < 8; i++) info->eos_ids[i] = c->eos_ids[i];
+    info->bos_id = c->bos_id;
+    info->weight_dtype = m->llm->weight_dtype;
+    info->weight_bytes = m->llm->weight_bytes;
+    info->isa = m->params.isa;
+    info->n_threads = m->params.n_threads;
+}

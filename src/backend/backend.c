@@ -1,0 +1,48 @@
+/* backend.c - tensor helpers shared by every backend; see backend.h. */
+#include "backend.h"
+
+#include "core/util.h"
+
+static int shape_bytes(ember_dtype dtype, int ndim, const int64_t *shape, size_t *bytes,
+                       ember_error *err) {
+    if (ndim < 0 || ndim > EMBER_MAX_DIMS)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "tensor rank %d out of range", ndim);
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || !ember_mul_ok(n, (size_t)shape[i], &n))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "tensor shape overflows");
+    }
+    if (!ember_dtype_nbytes(dtype, n, bytes))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "tensor of %zu %s elements has no valid size",
+                         n, ember_dtype_get(dtype)->name);
+    return EMBER_OK;
+}
+
+int ember_tensor_view(ember_tensor *t, ember_buffer *buf, size_t offset, ember_dtype dtype, int ndim,
+                      const int64_t *shape, ember_error *err) {
+    size_t bytes, end;
+    int rc = shape_bytes(dtype, ndim, shape, &bytes, err);
+    if (rc) return rc;
+    if (!ember_add_ok(offset, bytes, &end) || (buf && end > buf->size))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "tensor view [%zu, +%zu) outside its buffer",
+                         offset, bytes);
+    *t = (ember_tensor){.dtype = dtype, .ndim = ndim, .buf = buf, .offset = offset, .nbytes = bytes};
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    return EMBER_OK;
+}
+
+int ember_tensor_alloc(ember_backend *be, ember_tensor *t, ember_buffer **buf, ember_dtype dtype,
+                       int ndim, const int64_t *shape, ember_error *err) {
+    *buf = NULL;
+    size_t bytes;
+    int rc = shape_bytes(dtype, ndim, shape, &bytes, err);
+    if (rc) return rc;
+    rc = be->ops->buffer_alloc(be, bytes, buf, err);
+    if (rc) return rc;
+    rc = ember_tensor_view(t, *buf, 0, dtype, ndim, shape, err);
+    if (rc) {
+        ember_buffer_free(*buf);
+        *buf = NULL;
+    }
+    return rc;
+}

@@ -1,0 +1,151 @@
+/*
+ * backend.h - the interface every compute backend (CPU, CUDA) implements.
+ *
+ * A backend owns device memory (buffers) and runs ops on tensors that view
+ * its buffers. Code above the backend (kv, model, engine) builds tensors,
+ * calls ops through this table and copies data in and out with read/write;
+ * it never dereferences a buffer's memory. Kernels know tensors, not
+ * requests: the only per-token information an op receives is plain arrays
+ * of positions and cache slots.
+ *
+ * Threading: a backend is driven by one thread at a time (the engine
+ * thread); the backend may fan an op out to its own workers.
+ *
+ * Determinism: every op reduces in an order fixed by the shapes of the
+ * tensors it reads per output element, never by how many rows are in the
+ * batch or how many threads run. This is what makes batch invariance hold.
+ */
+#ifndef EMBER_BACKEND_H
+#define EMBER_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/tensor.h"
+
+typedef struct ember_backend ember_backend;
+
+struct ember_buffer {
+    ember_backend *be;
+    void *data;  /* backend memory: only the backend dereferences it */
+    size_t size;
+    bool owned;  /* false: wraps memory the backend does not free */
+};
+
+/* One matrix product of a multi-matmul: out[m, n] = sum_k x[m, k] w[n, k] + bias[n]. */
+typedef struct ember_matmul {
+    ember_tensor *out;        /* [M, N] f32 */
+    const ember_tensor *w;    /* [N, K] f32 / f16 / bf16 */
+    const ember_tensor *bias; /* [N] f32, or NULL */
+} ember_matmul;
+
+typedef enum ember_rope_mode {
+    EMBER_ROPE_NEOX = 0,       /* pairs (i, i + n_rot/2): HF rotate_half */
+    EMBER_ROPE_INTERLEAVED = 1 /* pairs (2i, 2i + 1): GGUF / llama2.c */
+} ember_rope_mode;
+
+typedef struct ember_rope {
+    const float *inv_freq; /* [n_rot / 2] host array, owned by the caller */
+    int n_rot;             /* rotated dims per head (even, <= head_dim) */
+    ember_rope_mode mode;
+    float attn_factor;     /* multiplies cos and sin (YaRN); 1 otherwise */
+} ember_rope;
+
+typedef struct ember_attn {
+    float scale;   /* multiplies q.k */
+    int window;    /* > 0: key j is seen by query i iff i - window < j <= i */
+    float softcap; /* > 0: scores = softcap * tanh(scores / softcap) */
+} ember_attn;
+
+typedef struct ember_backend_ops {
+    const char *name;
+    void (*free)(ember_backend *be);
+
+    /* Buffers. alloc: zeroed memory. from_host: a buffer holding the bytes of
+       host memory that outlives the buffer (a backend may wrap it without a
+       copy). Buffers are freed with buffer_free. */
+    int (*buffer_alloc)(ember_backend *be, size_t size, ember_buffer **out, ember_error *err);
+    int (*buffer_from_host)(ember_backend *be, const void *host, size_t size, ember_buffer **out,
+                            ember_error *err);
+    void (*buffer_free)(ember_buffer *buf);
+
+    /* Copies between host memory and a tensor's bytes [off, off + n). */
+    int (*write)(ember_backend *be, ember_tensor *dst, size_t off, const void *src, size_t n,
+                 ember_error *err);
+    int (*read)(ember_backend *be, const ember_tensor *src, size_t off, void *dst, size_t n,
+                ember_error *err);
+
+    /* ---- ops; every output is f32 ---- */
+
+    /* dst[i, :] = src[ids[i], :] converted to f32. dst [n, D], src [R, D]. */
+    int (*get_rows)(ember_backend *be, ember_tensor *dst, const ember_tensor *src,
+                    const int32_t *ids, int n, ember_error *err);
+    /* dst = x * rsqrt(mean(x^2) + eps) * (w or 1 + w) per row; dst may be x. */
+    int (*rms_norm)(ember_backend *be, ember_tensor *dst, const ember_tensor *x,
+                    const ember_tensor *w, float eps, bool plus_one, ember_error *err);
+    /* n products sharing one input x [M, K]. */
+    int (*matmul)(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm,
+                  ember_error *err);
+    /* In place on x [T, H, head_dim]; pos[T] host array. */
+    int (*rope)(ember_backend *be, ember_tensor *x, const int32_t *pos, const ember_rope *r,
+                ember_error *err);
+    /* cache[slot[t], h, pos[t], :] = src[t, h, :] for k and v; caches are
+       [S, H, C, D] f32, k and v [T, H, D]. */
+    int (*kv_store)(ember_backend *be, ember_tensor *k_cache, ember_tensor *v_cache,
+                    const ember_tensor *k, const ember_tensor *v, const int32_t *slot,
+                    const int32_t *pos, ember_error *err);
+    /* out[t, h, :] = softmax(q[t,h,:] . K[slot[t], h/g, j, :] * scale) V over
+       the causal (and windowed) keys j <= pos[t] of that slot. q, out [T, Hq, D]. */
+    int (*attention)(ember_backend *be, ember_tensor *out, const ember_tensor *q,
+                     const ember_tensor *k_cache, const ember_tensor *v_cache,
+                     const int32_t *slot, const int32_t *pos, const ember_attn *a,
+                     ember_error *err);
+    /* dst = silu(gate) * up, elementwise. */
+    int (*swiglu)(ember_backend *be, ember_tensor *dst, const ember_tensor *gate,
+                  const ember_tensor *up, ember_error *err);
+    /* dst = a + b, elementwise; dst may alias a or b. */
+    int (*add)(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
+               ember_error *err);
+} ember_backend_ops;
+
+struct ember_backend {
+    const ember_backend_ops *ops;
+    void *impl;
+    ember_logger log;
+};
+
+/* ---- helpers built on the ops table ---------------------------------- */
+
+/* Allocates a zeroed buffer for a new contiguous tensor of the given shape.
+   The caller owns *buf (free with ember_buffer_free). */
+int ember_tensor_alloc(ember_backend *be, ember_tensor *t, ember_buffer **buf, ember_dtype dtype,
+                       int ndim, const int64_t *shape, ember_error *err);
+
+/* Sets t to view [offset, offset + bytes of shape) of buf; checks bounds. */
+int ember_tensor_view(ember_tensor *t, ember_buffer *buf, size_t offset, ember_dtype dtype, int ndim,
+                      const int64_t *shape, ember_error *err);
+
+static inline void ember_buffer_free(ember_buffer *b) {
+    if (b) b->be->ops->buffer_free(b);
+}
+static inline void ember_backend_free(ember_backend *be) {
+    if (be) be->ops->free(be);
+}
+
+/* The CPU backend. n_threads <= 0: all cores. isa AUTO: best available; an
+   ISA the CPU lacks is an error. */
+typedef struct ember_cpu_params {
+    int n_threads;
+    ember_isa isa;
+    ember_logger log;
+} ember_cpu_params;
+
+int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_error *err);
+/* The ISA and thread count a CPU backend runs with. */
+ember_isa ember_backend_cpu_isa(const ember_backend *be);
+int ember_backend_cpu_threads(const ember_backend *be);
+
+#endif

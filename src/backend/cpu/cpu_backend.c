@@ -1,0 +1,566 @@
+/*
+ * cpu_backend.c - the CPU backend: host memory buffers, and the ops of
+ * backend.h run on a worker pool with per-ISA inner loops (kernels.h).
+ *
+ * Ownership: the backend owns its pool, its kernel choice and a per-thread
+ * scratch area (grown on demand, never per token once warm). Buffers are
+ * 64-byte aligned host memory, or wrap caller memory that is 16-byte aligned
+ * (mapped weights); wrapped memory is never freed here.
+ *
+ * Threading: ops are called from one thread; each op splits its outputs into
+ * tasks, so every output element is computed entirely by one task and the
+ * thread count never changes a result.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/cpu.h"
+#include "core/threadpool.h"
+#include "core/util.h"
+#include "kernels.h"
+
+typedef struct cpu_backend {
+    ember_backend base;
+    const cpu_kernels *k;
+    ember_pool *pool;
+    int n_threads;
+    float *scratch; /* n_threads x scratch_floats */
+    size_t scratch_floats;
+} cpu_backend;
+
+static cpu_backend *cpu(ember_backend *be) {
+    return (cpu_backend *)be->impl;
+}
+
+static void *host(const ember_tensor *t) {
+    return (char *)t->buf->data + t->offset;
+}
+
+const cpu_kernels *ember_cpu_kernels_for(ember_isa isa) {
+    switch (isa) {
+    case EMBER_ISA_AVX512: return &ember_cpu_kernels_avx512;
+    case EMBER_ISA_AVX2: return &ember_cpu_kernels_avx2;
+    default: return &ember_cpu_kernels_scalar;
+    }
+}
+
+/* ---- buffers ------------------------------------------------------------ */
+
+static int cpu_buffer_alloc(ember_backend *be, size_t size, ember_buffer **out, ember_error *err) {
+    *out = NULL;
+    size_t rounded;
+    if (!ember_add_ok(size, 63, &rounded))
+        return ember_err(err, EMBER_ERR_NOMEM, "cannot allocate %zu bytes", size);
+    rounded &= ~(size_t)63;
+    if (rounded == 0) rounded = 64;
+    ember_buffer *b = calloc(1, sizeof *b);
+    void *d = b ? aligned_alloc(64, rounded) : NULL;
+    if (!d) {
+        free(b);
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory allocating %zu bytes", size);
+    }
+    memset(d, 0, rounded);
+    *b = (ember_buffer){.be = be, .data = d, .size = size, .owned = true};
+    *out = b;
+    return EMBER_OK;
+}
+
+static int cpu_buffer_from_host(ember_backend *be, const void *h, size_t size, ember_buffer **out,
+                                ember_error *err) {
+    *out = NULL;
+    if (((uintptr_t)h & 15u) == 0 && h) {
+        ember_buffer *b = calloc(1, sizeof *b);
+        if (!b) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        *b = (ember_buffer){.be = be, .data = (void *)h, .size = size, .owned = false};
+        *out = b;
+        return EMBER_OK;
+    }
+    int rc = cpu_buffer_alloc(be, size, out, err);
+    if (rc) return rc;
+    if (size) memcpy((*out)->data, h, size);
+    return EMBER_OK;
+}
+
+static void cpu_buffer_free(ember_buffer *b) {
+    if (!b) return;
+    if (b->owned) free(b->data);
+    free(b);
+}
+
+static int check_range(const ember_tensor *t, size_t off, size_t n, ember_error *err) {
+    size_t end;
+    if (!t->buf || !ember_add_ok(off, n, &end) || end > t->nbytes)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "copy of %zu bytes at %zu outside a %zu-byte tensor",
+                         n, off, t->nbytes);
+    return EMBER_OK;
+}
+
+static int cpu_write(ember_backend *be, ember_tensor *dst, size_t off, const void *src, size_t n,
+                     ember_error *err) {
+    (void)be;
+    int rc = check_range(dst, off, n, err);
+    if (rc) return rc;
+    if (n) memcpy((char *)host(dst) + off, src, n);
+    return EMBER_OK;
+}
+
+static int cpu_read(ember_backend *be, const ember_tensor *src, size_t off, void *dst, size_t n,
+                    ember_error *err) {
+    (void)be;
+    int rc = check_range(src, off, n, err);
+    if (rc) return rc;
+    if (n) memcpy(dst, (const char *)host(src) + off, n);
+    return EMBER_OK;
+}
+
+/* ---- shape checks --------------------------------------------------------- */
+
+static int need_f32(const ember_tensor *t, const char *op, const char *what, ember_error *err) {
+    if (!t || !t->buf || t->dtype != EMBER_F32)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %s must be a bound f32 tensor", op, what);
+    return EMBER_OK;
+}
+
+static bool is_weight_type(ember_dtype d) {
+    return d == EMBER_F32 || d == EMBER_F16 || d == EMBER_BF16;
+}
+
+static int ensure_scratch(cpu_backend *c, size_t floats, ember_error *err) {
+    if (floats <= c->scratch_floats) return EMBER_OK;
+    size_t total, bytes;
+    if (!ember_mul_ok(floats, (size_t)c->n_threads, &total) || !ember_mul_ok(total, 4, &bytes))
+        return ember_err(err, EMBER_ERR_NOMEM, "scratch size overflows");
+    float *s = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of scratch", bytes);
+    free(c->scratch);
+    c->scratch = s;
+    c->scratch_floats = floats;
+    return EMBER_OK;
+}
+
+/* ---- get_rows ---------------------------------------------------------------- */
+
+static void convert_row(ember_dtype dt, const void *src, float *dst, int64_t n) {
+    if (dt == EMBER_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, s + i, 2);
+        dst[i] = dt == EMBER_F16 ? ember_f16_to_f32(h) : ember_bf16_to_f32(h);
+    }
+}
+
+static int cpu_get_rows(ember_backend *be, ember_tensor *dst, const ember_tensor *src,
+                        const int32_t *ids, int n, ember_error *err) {
+    (void)be;
+    int rc = need_f32(dst, "get_rows", "dst", err);
+    if (rc) return rc;
+    if (!src->buf || !is_weight_type(src->dtype) || src->ndim != 2)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: src must be a 2-D f32/f16/bf16 tensor");
+    int64_t D = src->shape[1], R = src->shape[0];
+    if (ember_tensor_row_len(dst) != D || ember_tensor_rows(dst) < n)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: dst shape does not fit %d rows of %lld", n,
+                         (long long)D);
+    size_t es = ember_dtype_get(src->dtype)->block_bytes;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= R)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "token id %d is outside the vocabulary [0, %lld)",
+                             ids[i], (long long)R);
+        convert_row(src->dtype, (const char *)host(src) + (size_t)ids[i] * (size_t)D * es,
+                    (float *)host(dst) + (size_t)i * (size_t)D, D);
+    }
+    return EMBER_OK;
+}
+
+/* ---- rms_norm -------------------------------------------------------------------- */
+
+typedef struct norm_job {
+    const cpu_kernels *k;
+    float *dst;
+    const float *x;
+    const float *w;
+    int64_t D;
+    float eps;
+    bool plus_one;
+} norm_job;
+
+static void norm_task(void *ctx, int row, int thread) {
+    (void)thread;
+    const norm_job *j = ctx;
+    const float *x = j->x + (size_t)row * (size_t)j->D;
+    float *y = j->dst + (size_t)row * (size_t)j->D;
+    float ss = j->k->dot(x, x, (int)j->D);
+    float r = 1.0f / sqrtf(ss / (float)j->D + j->eps);
+    for (int64_t i = 0; i < j->D; i++) {
+        float w = j->plus_one ? 1.0f + j->w[i] : j->w[i];
+        y[i] = w * (x[i] * r);
+    }
+}
+
+static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor *x,
+                        const ember_tensor *w, float eps, bool plus_one, ember_error *err) {
+    int rc;
+    if ((rc = need_f32(dst, "rms_norm", "dst", err)) || (rc = need_f32(x, "rms_norm", "x", err)) ||
+        (rc = need_f32(w, "rms_norm", "weight", err)))
+        return rc;
+    int64_t D = ember_tensor_row_len(x);
+    if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != ember_tensor_nelem(x) || D > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "rms_norm: shapes do not match");
+    norm_job j = {cpu(be)->k, host(dst), host(x), host(w), D, eps, plus_one};
+    int rows = (int)ember_tensor_rows(x);
+    if (rows * D < 4096) {
+        for (int r = 0; r < rows; r++) norm_task(&j, r, 0);
+    } else {
+        ember_pool_run(cpu(be)->pool, rows, norm_task, &j);
+    }
+    return EMBER_OK;
+}
+
+/* ---- matmul ---------------------------------------------------------------------- */
+
+#define MAX_MM 8
+
+typedef struct mm_job {
+    const cpu_kernels *k;
+    const float *x;
+    int M, K;
+    int n;
+    const ember_matmul *mm;
+    int block;             /* weight rows per task */
+    int first_task[MAX_MM + 1];
+} mm_job;
+
+static void mm_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const mm_job *j = ctx;
+    int i = 0;
+    while (task >= j->first_task[i + 1]) i++;
+    const ember_matmul *m = &j->mm[i];
+    int N = (int)m->w->shape[0];
+    int n0 = (task - j->first_task[i]) * j->block;
+    int nn = N - n0 < j->block ? N - n0 : j->block;
+    size_t es = ember_dtype_get(m->w->dtype)->block_bytes;
+    const char *w = (const char *)host(m->w) + (size_t)n0 * (size_t)j->K * es;
+    float *out = (float *)host(m->out) + n0;
+    cpu_gemm_fn fn = m->w->dtype == EMBER_F32   ? j->k->gemm_f32
+                     : m->w->dtype == EMBER_F16 ? j->k->gemm_f16
+                                                : j->k->gemm_bf16;
+    fn(w, (size_t)j->K, nn, j->x, (size_t)j->K, j->M, j->K, out, (size_t)N);
+    if (m->bias) {
+        const float *b = (const float *)host(m->bias) + n0;
+        for (int r = 0; r < j->M; r++) {
+            float *o = out + (size_t)r * (size_t)N;
+            for (int c = 0; c < nn; c++) o[c] = o[c] + b[c];
+        }
+    }
+}
+
+static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm,
+                      ember_error *err) {
+    cpu_backend *c = cpu(be);
+    int rc = need_f32(x, "matmul", "x", err);
+    if (rc) return rc;
+    if (n < 1 || n > MAX_MM)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: %d products (1..%d allowed)", n, MAX_MM);
+    int64_t K = ember_tensor_row_len(x), M = ember_tensor_rows(x);
+    if (K > INT32_MAX || M > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: input too large");
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const ember_matmul *m = &mm[i];
+        if ((rc = need_f32(m->out, "matmul", "out", err))) return rc;
+        if (!m->w->buf || !is_weight_type(m->w->dtype) || m->w->ndim != 2 || m->w->shape[1] != K)
+            return ember_err(err, EMBER_ERR_INVALID_ARG,
+                             "matmul: weight must be a 2-D f32/f16/bf16 [N, %lld] tensor", (long long)K);
+        int64_t N = m->w->shape[0];
+        if (ember_tensor_row_len(m->out) != N || ember_tensor_rows(m->out) != M)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output shape is not [%lld, %lld]",
+                             (long long)M, (long long)N);
+        if (m->bias && (m->bias->dtype != EMBER_F32 || ember_tensor_nelem(m->bias) != N))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: bias must be f32 [%lld]", (long long)N);
+        total += N;
+    }
+    if (total > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output too large");
+    mm_job j = {.k = c->k, .x = host(x), .M = (int)M, .K = (int)K, .n = n, .mm = mm};
+    int64_t want = total / ((int64_t)c->n_threads * 4);
+    int block = (int)((want + 3) & ~(int64_t)3);
+    if (block < 16) block = 16;
+    j.block = block;
+    j.first_task[0] = 0;
+    for (int i = 0; i < n; i++) {
+        int N = (int)mm[i].w->shape[0];
+        j.first_task[i + 1] = j.first_task[i] + (N + block - 1) / block;
+    }
+    ember_pool_run(c->pool, j.first_task[n], mm_task, &j);
+    return EMBER_OK;
+}
+
+/* ---- rope ------------------------------------------------------------------------ */
+
+typedef struct rope_job {
+    float *x;
+    const int32_t *pos;
+    const ember_rope *r;
+    int H, D;
+} rope_job;
+
+static void rope_task(void *ctx, int t, int thread) {
+    (void)thread;
+    const rope_job *j = ctx;
+    int half = j->r->n_rot / 2;
+    float cs[512], sn[512];
+    float p = (float)j->pos[t];
+    for (int i = 0; i < half; i++) {
+        float angle = p * j->r->inv_freq[i];
+        cs[i] = (float)cos((double)angle) * j->r->attn_factor;
+        sn[i] = (float)sin((double)angle) * j->r->attn_factor;
+    }
+    for (int h = 0; h < j->H; h++) {
+        float *v = j->x + ((size_t)t * (size_t)j->H + (size_t)h) * (size_t)j->D;
+        for (int i = 0; i < half; i++) {
+            int a = j->r->mode == EMBER_ROPE_NEOX ? i : 2 * i;
+            int b = j->r->mode == EMBER_ROPE_NEOX ? i + half : 2 * i + 1;
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * cs[i] - x1 * sn[i];
+            v[b] = x1 * cs[i] + x0 * sn[i];
+        }
+    }
+}
+
+static int cpu_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, const ember_rope *r,
+                    ember_error *err) {
+    int rc = need_f32(x, "rope", "x", err);
+    if (rc) return rc;
+    if (x->ndim != 3) return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: x must be [T, H, D]");
+    int T = (int)x->shape[0], H = (int)x->shape[1], D = (int)x->shape[2];
+    if (r->n_rot < 2 || r->n_rot % 2 || r->n_rot > D || r->n_rot > 1024)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: %d rotated dims for head size %d", r->n_rot, D);
+    rope_job j = {host(x), pos, r, H, D};
+    if (T == 1)
+        rope_task(&j, 0, 0);
+    else
+        ember_pool_run(cpu(be)->pool, T, rope_task, &j);
+    return EMBER_OK;
+}
+
+/* ---- kv_store ---------------------------------------------------------------------- */
+
+static int cpu_kv_store(ember_backend *be, ember_tensor *kc, ember_tensor *vc, const ember_tensor *k,
+                        const ember_tensor *v, const int32_t *slot, const int32_t *pos,
+                        ember_error *err) {
+    (void)be;
+    int rc;
+    if ((rc = need_f32(kc, "kv_store", "k cache", err)) || (rc = need_f32(vc, "kv_store", "v cache", err)) ||
+        (rc = need_f32(k, "kv_store", "k", err)) || (rc = need_f32(v, "kv_store", "v", err)))
+        return rc;
+    if (kc->ndim != 4 || vc->ndim != 4 || k->ndim != 3 || v->ndim != 3)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "kv_store: bad ranks");
+    int64_t S = kc->shape[0], H = kc->shape[1], C = kc->shape[2], D = kc->shape[3];
+    for (int i = 0; i < 4; i++)
+        if (vc->shape[i] != kc->shape[i])
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "kv_store: k and v caches differ in shape");
+    if (k->shape[1] != H || k->shape[2] != D || v->shape[0] != k->shape[0] || v->shape[1] != H ||
+        v->shape[2] != D)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "kv_store: k/v do not match the cache");
+    int64_t T = k->shape[0];
+    for (int64_t t = 0; t < T; t++) {
+        if (slot[t] < 0 || slot[t] >= S || pos[t] < 0 || pos[t] >= C)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "kv_store: slot %d / position %d outside the cache",
+                             slot[t], pos[t]);
+        for (int64_t h = 0; h < H; h++) {
+            size_t dst = ((((size_t)slot[t] * (size_t)H + (size_t)h) * (size_t)C) + (size_t)pos[t]) * (size_t)D;
+            size_t src = ((size_t)t * (size_t)H + (size_t)h) * (size_t)D;
+            memcpy((float *)host(kc) + dst, (const float *)host(k) + src, (size_t)D * 4);
+            memcpy((float *)host(vc) + dst, (const float *)host(v) + src, (size_t)D * 4);
+        }
+    }
+    return EMBER_OK;
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+typedef struct attn_job {
+    cpu_backend *c;
+    float *out;
+    const float *q, *kc, *vc;
+    const int32_t *slot, *pos;
+    const ember_attn *a;
+    int Hq, Hkv, C, D, rep;
+} attn_job;
+
+static void attn_task(void *ctx, int task, int thread) {
+    const attn_job *j = ctx;
+    const cpu_kernels *k = j->c->k;
+    int t = task / j->Hkv, hk = task % j->Hkv;
+    int p = j->pos[t];
+    int lo = j->a->window > 0 && p - j->a->window + 1 > 0 ? p - j->a->window + 1 : 0;
+    int n = p - lo + 1;
+    size_t head = ((size_t)j->slot[t] * (size_t)j->Hkv + (size_t)hk) * (size_t)j->C;
+    const float *K = j->kc + (head + (size_t)lo) * (size_t)j->D;
+    const float *V = j->vc + (head + (size_t)lo) * (size_t)j->D;
+    float *s = j->c->scratch + (size_t)thread * j->c->scratch_floats;
+    for (int r = 0; r < j->rep; r++) {
+        int hq = hk * j->rep + r;
+        const float *q = j->q + ((size_t)t * (size_t)j->Hq + (size_t)hq) * (size_t)j->D;
+        float *o = j->out + ((size_t)t * (size_t)j->Hq + (size_t)hq) * (size_t)j->D;
+        float mx = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            float sc = k->dot(q, K + (size_t)i * (size_t)j->D, j->D) * j->a->scale;
+            if (j->a->softcap > 0) sc = tanhf(sc / j->a->softcap) * j->a->softcap;
+            s[i] = sc;
+            if (sc > mx) mx = sc;
+        }
+        float sum = 0;
+        for (int i = 0; i < n; i++) {
+            s[i] = expf(s[i] - mx);
+            sum += s[i];
+        }
+        memset(o, 0, (size_t)j->D * 4);
+        for (int i = 0; i < n; i++) k->axpy(o, s[i] / sum, V + (size_t)i * (size_t)j->D, j->D);
+    }
+}
+
+static int cpu_attention(ember_backend *be, ember_tensor *out, const ember_tensor *q,
+                         const ember_tensor *kc, const ember_tensor *vc, const int32_t *slot,
+                         const int32_t *pos, const ember_attn *a, ember_error *err) {
+    cpu_backend *c = cpu(be);
+    int rc;
+    if ((rc = need_f32(out, "attention", "out", err)) || (rc = need_f32(q, "attention", "q", err)) ||
+        (rc = need_f32(kc, "attention", "k cache", err)) || (rc = need_f32(vc, "attention", "v cache", err)))
+        return rc;
+    if (q->ndim != 3 || out->ndim != 3 || kc->ndim != 4 || vc->ndim != 4)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: bad ranks");
+    int T = (int)q->shape[0], Hq = (int)q->shape[1], D = (int)q->shape[2];
+    int S = (int)kc->shape[0], Hkv = (int)kc->shape[1], C = (int)kc->shape[2];
+    if (kc->shape[3] != D || Hkv < 1 || Hq % Hkv || out->shape[0] != T || out->shape[1] != Hq ||
+        out->shape[2] != D)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: shapes do not match");
+    for (int t = 0; t < T; t++)
+        if (slot[t] < 0 || slot[t] >= S || pos[t] < 0 || pos[t] >= C)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: slot %d / position %d outside the cache",
+                             slot[t], pos[t]);
+    if ((rc = ensure_scratch(c, (size_t)C, err))) return rc;
+    attn_job j = {c, host(out), host(q), host(kc), host(vc), slot, pos, a, Hq, Hkv, C, D, Hq / Hkv};
+    ember_pool_run(c->pool, T * Hkv, attn_task, &j);
+    return EMBER_OK;
+}
+
+/* ---- elementwise --------------------------------------------------------------------- */
+
+#define EW_CHUNK 16384
+
+typedef struct ew_job {
+    float *dst;
+    const float *a, *b;
+    int64_t n;
+    int kind; /* 0 swiglu, 1 add */
+} ew_job;
+
+static void ew_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const ew_job *j = ctx;
+    int64_t i0 = (int64_t)task * EW_CHUNK, i1 = i0 + EW_CHUNK < j->n ? i0 + EW_CHUNK : j->n;
+    if (j->kind == 0) {
+        for (int64_t i = i0; i < i1; i++) {
+            float g = j->a[i];
+            j->dst[i] = (g / (1.0f + expf(-g))) * j->b[i];
+        }
+    } else {
+        for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] + j->b[i];
+    }
+}
+
+static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
+                  int kind, const char *op, ember_error *err) {
+    int rc;
+    if ((rc = need_f32(dst, op, "dst", err)) || (rc = need_f32(a, op, "a", err)) ||
+        (rc = need_f32(b, op, "b", err)))
+        return rc;
+    int64_t n = ember_tensor_nelem(dst);
+    if (ember_tensor_nelem(a) != n || ember_tensor_nelem(b) != n)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: sizes differ", op);
+    ew_job j = {host(dst), host(a), host(b), n, kind};
+    int64_t tasks = (n + EW_CHUNK - 1) / EW_CHUNK;
+    if (tasks > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: too large", op);
+    ember_pool_run(cpu(be)->pool, (int)tasks, ew_task, &j);
+    return EMBER_OK;
+}
+
+static int cpu_swiglu(ember_backend *be, ember_tensor *dst, const ember_tensor *gate,
+                      const ember_tensor *up, ember_error *err) {
+    return run_ew(be, dst, gate, up, 0, "swiglu", err);
+}
+
+static int cpu_add(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
+                   ember_error *err) {
+    return run_ew(be, dst, a, b, 1, "add", err);
+}
+
+/* ---- life cycle ------------------------------------------------------------------------ */
+
+static void cpu_free(ember_backend *be) {
+    if (!be) return;
+    cpu_backend *c = cpu(be);
+    ember_pool_free(c->pool);
+    free(c->scratch);
+    free(c);
+}
+
+static const ember_backend_ops k_cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_from_host = cpu_buffer_from_host,
+    .buffer_free = cpu_buffer_free,
+    .write = cpu_write,
+    .read = cpu_read,
+    .get_rows = cpu_get_rows,
+    .rms_norm = cpu_rms_norm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+};
+
+int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_error *err) {
+    *out = NULL;
+    ember_isa isa = p ? p->isa : EMBER_ISA_AUTO;
+    if (isa == EMBER_ISA_AUTO) isa = ember_isa_detect();
+    if (isa < EMBER_ISA_SCALAR || isa > EMBER_ISA_AVX512)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "unknown instruction set %d", (int)isa);
+    if (!ember_isa_supported(isa))
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "this CPU does not support the %s instruction set",
+                         ember_isa_name(isa));
+    int n = p && p->n_threads > 0 ? p->n_threads : ember_cpu_count();
+    cpu_backend *c = calloc(1, sizeof *c);
+    if (!c) return ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the CPU backend");
+    c->pool = ember_pool_new(n, err);
+    if (!c->pool) {
+        free(c);
+        return err ? err->code : EMBER_ERR_NOMEM;
+    }
+    c->n_threads = n;
+    c->k = ember_cpu_kernels_for(isa);
+    c->base.ops = &k_cpu_ops;
+    c->base.impl = c;
+    if (p) c->base.log = p->log;
+    *out = &c->base;
+    return EMBER_OK;
+}
+
+ember_isa ember_backend_cpu_isa(const ember_backend *be) {
+    return ((const cpu_backend *)be->impl)->k->isa;
+}
+
+int ember_backend_cpu_threads(const ember_backend *be) {
+    return ((const cpu_backend *)be->impl)->n_threads;
+}

@@ -1,0 +1,63 @@
+/*
+ * kern_avx2.c - AVX2 + FMA + F16C kernels. Built with -mavx2 -mfma -mf16c
+ * and only called when the CPU has them. 16 lanes are two ymm registers.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct vec16 {
+    __m256 lo, hi;
+} vec16;
+
+static inline vec16 v_zero(void) {
+    return (vec16){_mm256_setzero_ps(), _mm256_setzero_ps()};
+}
+static inline vec16 v_load_f32(const float *p) {
+    return (vec16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
+}
+static inline vec16 v_load_f16(const uint16_t *p) {
+    return (vec16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+}
+static inline __m256 bf16x8(const uint16_t *p) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+static inline vec16 v_load_bf16(const uint16_t *p) {
+    return (vec16){bf16x8(p), bf16x8(p + 8)};
+}
+static inline vec16 v_fma(vec16 acc, vec16 a, vec16 b) {
+    return (vec16){_mm256_fmadd_ps(a.lo, b.lo, acc.lo), _mm256_fmadd_ps(a.hi, b.hi, acc.hi)};
+}
+static inline float hsum8(__m256 s8) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));        /* [0]+[2], [1]+[3] */
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 0x55)); /* + [1] */
+    return _mm_cvtss_f32(s1);
+}
+static inline float v_hsum(vec16 a) {
+    return hsum8(_mm256_add_ps(a.lo, a.hi));
+}
+
+#define TILE_W 2
+#define TILE_X 2
+#define KPREFIX avx2_
+#include "kern_template.h"
+
+static void avx2_axpy(float *y, float a, const float *x, int n) {
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = __builtin_fmaf(a, x[i], y[i]);
+}
+
+const cpu_kernels ember_cpu_kernels_avx2 = {
+    .isa = EMBER_ISA_AVX2,
+    .gemm_f32 = avx2_gemm_f32,
+    .gemm_f16 = avx2_gemm_f16,
+    .gemm_bf16 = avx2_gemm_bf16,
+    .dot = avx2_dot,
+    .axpy = avx2_axpy,
+};

@@ -1,0 +1,55 @@
+/*
+ * kern_avx512.c - AVX-512 (F, BW, VL, DQ) kernels. Built with those flags
+ * and only called when the CPU has them. 16 lanes are one zmm register.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef __m512 vec16;
+
+static inline vec16 v_zero(void) {
+    return _mm512_setzero_ps();
+}
+static inline vec16 v_load_f32(const float *p) {
+    return _mm512_loadu_ps(p);
+}
+static inline vec16 v_load_f16(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline vec16 v_load_bf16(const uint16_t *p) {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+static inline vec16 v_fma(vec16 acc, vec16 a, vec16 b) {
+    return _mm512_fmadd_ps(a, b, acc);
+}
+static inline float v_hsum(vec16 a) {
+    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 0x55));
+    return _mm_cvtss_f32(s1);
+}
+
+#define TILE_W 4
+#define TILE_X 4
+#define KPREFIX avx512_
+#include "kern_template.h"
+
+static void avx512_axpy(float *y, float a, const float *x, int n) {
+    __m512 va = _mm512_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = __builtin_fmaf(a, x[i], y[i]);
+}
+
+const cpu_kernels ember_cpu_kernels_avx512 = {
+    .isa = EMBER_ISA_AVX512,
+    .gemm_f32 = avx512_gemm_f32,
+    .gemm_f16 = avx512_gemm_f16,
+    .gemm_bf16 = avx512_gemm_bf16,
+    .dot = avx512_dot,
+    .axpy = avx512_axpy,
+};

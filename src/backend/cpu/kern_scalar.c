@@ -1,0 +1,70 @@
+/*
+ * kern_scalar.c - portable kernels for any x86-64 (and other CPUs).
+ * Multiplies and adds separately (no FMA), so results agree with the SIMD
+ * paths to rounding, not bit for bit.
+ */
+#include <stdint.h>
+#include <string.h>
+
+typedef struct vec16 {
+    float v[16];
+} vec16;
+
+static inline vec16 v_zero(void) {
+    vec16 r;
+    memset(&r, 0, sizeof r);
+    return r;
+}
+static inline vec16 v_load_f32(const float *p) {
+    vec16 r;
+    memcpy(r.v, p, sizeof r.v);
+    return r;
+}
+#include "core/dtype.h"
+static inline vec16 v_load_f16(const uint16_t *p) {
+    vec16 r;
+    for (int l = 0; l < 16; l++) {
+        uint16_t h;
+        memcpy(&h, p + l, 2);
+        r.v[l] = ember_f16_to_f32(h);
+    }
+    return r;
+}
+static inline vec16 v_load_bf16(const uint16_t *p) {
+    vec16 r;
+    for (int l = 0; l < 16; l++) {
+        uint16_t h;
+        memcpy(&h, p + l, 2);
+        r.v[l] = ember_bf16_to_f32(h);
+    }
+    return r;
+}
+static inline vec16 v_fma(vec16 acc, vec16 a, vec16 b) {
+    for (int l = 0; l < 16; l++) acc.v[l] = acc.v[l] + a.v[l] * b.v[l];
+    return acc;
+}
+static inline float v_hsum(vec16 a) {
+    float s8[8], s4[4];
+    for (int l = 0; l < 8; l++) s8[l] = a.v[l] + a.v[l + 8];
+    for (int l = 0; l < 4; l++) s4[l] = s8[l] + s8[l + 4];
+    float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
+    return s0 + s1;
+}
+
+#define TILE_W 2
+#define TILE_X 2
+#define KPREFIX scalar_
+#include "kern_template.h"
+
+static void scalar_axpy(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] = y[i] + a * x[i];
+}
+
+const cpu_kernels ember_cpu_kernels_scalar = {
+    .isa = EMBER_ISA_SCALAR,
+    .gemm_f32 = scalar_gemm_f32,
+    .gemm_f16 = scalar_gemm_f16,
+    .gemm_bf16 = scalar_gemm_bf16,
+    .dot = scalar_dot,
+    .axpy = scalar_axpy,
+};

@@ -1,0 +1,40 @@
+/*
+ * kernels.h - the per-ISA inner loops of the CPU backend.
+ *
+ * Every ISA computes a dot product the same way: 16 lanes, lane l
+ * accumulating elements k with k % 16 == l (a zero-padded last chunk), then
+ * the lanes summed as a fixed tree (l + l+8, then + 4, + 2, + 1). The AVX2
+ * and AVX-512 paths use fused multiply-add and so give bit-identical
+ * results; the scalar path multiplies and adds separately and agrees to
+ * rounding. Matmul tiles only decide which dot products run together, never
+ * how one is summed: a row's output does not depend on the batch.
+ */
+#ifndef EMBER_CPU_KERNELS_H
+#define EMBER_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ember.h"
+
+#define EMBER_LANES 16
+
+/* out[m * ldo + n] = dot(w + n * ldw, x + m * ldx, K) for n < nn, m < mm. */
+typedef void (*cpu_gemm_fn)(const void *w, size_t ldw, int nn, const float *x, size_t ldx, int mm,
+                            int K, float *out, size_t ldo);
+
+typedef struct cpu_kernels {
+    ember_isa isa;
+    cpu_gemm_fn gemm_f32, gemm_f16, gemm_bf16;
+    float (*dot)(const float *a, const float *b, int n);
+    void (*axpy)(float *y, float a, const float *x, int n); /* y += a * x */
+} cpu_kernels;
+
+extern const cpu_kernels ember_cpu_kernels_scalar;
+extern const cpu_kernels ember_cpu_kernels_avx2;
+extern const cpu_kernels ember_cpu_kernels_avx512;
+
+/* The table for isa (which the CPU must support). */
+const cpu_kernels *ember_cpu_kernels_for(ember_isa isa);
+
+#endif

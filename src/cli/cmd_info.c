@@ -1,0 +1,32 @@
+/* cmd_info.c - `ember info`: what a model is, without running it. */
+#include <stdio.h>
+
+#include "args.h"
+#include "cli.h"
+
+int cmd_info(int argc, char **argv) {
+    const char *model = NULL;
+    cli_opt opts[] = {
+        {"model", 'm', OPT_STR, &model, "DIR", "model directory", 0, 0, false},
+    };
+    cli_cmd cmd = {"info", "Print a model's architecture, sizes and weight type.", "--model DIR", NULL, opts, 1};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc) return rc == 2 ? 0 : 1;
+    if (!model) return cli_fail("info", "--model is required");
+    ember_model *m;
+    if (cli_load_model("info", model, 1, NULL, 0, 1, false, &m)) return 1;
+    ember_model_info i;
+    ember_model_get_info(m, &i);
+    printf("arch          %s\n", i.arch);
+    printf("layers        %d\n", i.n_layers);
+    printf("hidden        %d\n", i.hidden_size);
+    printf("heads         %d (kv %d, head_dim %d)\n", i.n_heads, i.n_kv_heads, i.head_dim);
+    printf("vocab         %d\n", i.vocab_size);
+    printf("max positions %d\n", i.max_position_embeddings);
+    printf("weights       %s, %.1f MiB read per token\n", i.weight_dtype, (double)i.weight_bytes / (1 << 20));
+    printf("eos ids      ");
+    for (int k = 0; k < i.n_eos; k++) printf(" %d", i.eos_ids[k]);
+    printf("\nbos id        %d\n", i.bos_id);
+    ember_model_free(m);
+    return 0;
+}

@@ -1,0 +1,229 @@
+/*
+ * cmd_mkmodel.c - `ember mkmodel`: writes a model directory with random
+ * weights for a given config (a preset or a config.json), so the engine can
+ * run and be benchmarked on realistic shapes with no download.
+ *
+ * Weights are uniform with the chosen standard deviation; norm weights are
+ * 1 + noise; every tensor's values come from its own generator seeded by
+ * (seed, tensor name), so output does not depend on write order.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "args.h"
+#include "cli.h"
+#include "core/dtype.h"
+#include "core/mapfile.h"
+#include "core/util.h"
+#include "formats/config.h"
+#include "formats/safetensors.h"
+#include "sample/sampler.h"
+
+typedef struct preset {
+    const char *name, *about, *config;
+} preset;
+
+static const preset k_presets[] = {
+    {"tiny", "a small llama (hidden 256, 4 layers, vocab 4096): the demo model",
+     "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 4096,"
+     " \"hidden_size\": 256, \"intermediate_size\": 688, \"num_hidden_layers\": 4, \"num_attention_heads\": 8,"
+     " \"num_key_value_heads\": 4, \"head_dim\": 32, \"max_position_embeddings\": 2048, \"rms_norm_eps\": 1e-06,"
+     " \"rope_theta\": 10000.0, \"tie_word_embeddings\": true, \"hidden_act\": \"silu\", \"bos_token_id\": 1,"
+     " \"eos_token_id\": 2}"},
+    {"qwen2.5-0.5b", "Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, vocab 151936, tied)",
+     "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"vocab_size\": 151936,"
+     " \"hidden_size\": 896, \"intermediate_size\": 4864, \"num_hidden_layers\": 24, \"num_attention_heads\": 14,"
+     " \"num_key_value_heads\": 2, \"max_position_embeddings\": 32768, \"rms_norm_eps\": 1e-06,"
+     " \"rope_theta\": 1000000.0, \"tie_word_embeddings\": true, \"hidden_act\": \"silu\","
+     " \"use_sliding_window\": false, \"sliding_window\": 32768, \"max_window_layers\": 21,"
+     " \"bos_token_id\": 151643, \"eos_token_id\": 151645}"},
+    {"llama3.2-1b", "Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 heads, 8 KV heads, vocab 128256, tied)",
+     "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 128256,"
+     " \"hidden_size\": 2048, \"intermediate_size\": 8192, \"num_hidden_layers\": 16, \"num_attention_heads\": 32,"
+     " \"num_key_value_heads\": 8, \"head_dim\": 64, \"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-05,"
+     " \"rope_theta\": 500000.0, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0,"
+     " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192},"
+     " \"tie_word_embeddings\": true, \"hidden_act\": \"silu\", \"bos_token_id\": 128000,"
+     " \"eos_token_id\": [128001, 128008, 128009]}"},
+};
+
+typedef struct tensor_spec {
+    char name[128];
+    int ndim;
+    int64_t shape[2];
+    bool is_norm;
+} tensor_spec;
+
+typedef struct gen_ctx {
+    const tensor_spec *specs;
+    ember_dtype dtype;
+    float std;
+    uint64_t seed;
+    ember_rng rng;
+    int cur;
+} gen_ctx;
+
+static int fill(void *user, int index, size_t first, size_t n, void *dst, ember_error *err) {
+    (void)err;
+    gen_ctx *g = user;
+    if (first == 0 || index != g->cur) { /* a new tensor: its own stream */
+        g->cur = index;
+        ember_rng_seed(&g->rng, g->seed ^ ember_hash_str(g->specs[index].name));
+    }
+    const tensor_spec *t = &g->specs[index];
+    float a = g->std * 1.7320508f; /* uniform on [-a, a] has this std */
+    for (size_t i = 0; i < n; i++) {
+        float u = (float)(ember_rng_uniform(&g->rng) * 2.0 - 1.0) * a;
+        float v = t->is_norm ? 1.0f + u : u;
+        if (g->dtype == EMBER_F32)
+            ((float *)dst)[i] = v;
+        else if (g->dtype == EMBER_BF16)
+            ((uint16_t *)dst)[i] = ember_f32_to_bf16(v);
+        else
+            ((uint16_t *)dst)[i] = ember_f32_to_f16(v);
+    }
+    return EMBER_OK;
+}
+
+static int add_spec(tensor_spec *s, int *n, const char *name, int64_t d0, int64_t d1, bool norm) {
+    tensor_spec *t = &s[(*n)++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = d1 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->is_norm = norm;
+    return 0;
+}
+
+/* The tensors the llama-family loader reads for cfg (see model/llama.c). */
+static int list_tensors(const ember_model_config *c, tensor_spec *s) {
+    int n = 0;
+    const int64_t H = c->hidden_size, D = c->head_dim, Q = (int64_t)c->n_heads * D, KV = (int64_t)c->n_kv_heads * D,
+                  I = c->intermediate_size;
+    char nm[128];
+    add_spec(s, &n, "model.embed_tokens.weight", c->vocab_size, H, false);
+    for (int l = 0; l < c->n_layers; l++) {
+#define L(suffix) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), nm)
+        add_spec(s, &n, L("input_layernorm.weight"), H, 0, true);
+        add_spec(s, &n, L("self_attn.q_proj.weight"), Q, H, false);
+        add_spec(s, &n, L("self_attn.k_proj.weight"), KV, H, false);
+        add_spec(s, &n, L("self_attn.v_proj.weight"), KV, H, false);
+        add_spec(s, &n, L("self_attn.o_proj.weight"), H, Q, false);
+        if (c->attn_bias) {
+            add_spec(s, &n, L("self_attn.q_proj.bias"), Q, 0, false);
+            add_spec(s, &n, L("self_attn.k_proj.bias"), KV, 0, false);
+            add_spec(s, &n, L("self_attn.v_proj.bias"), KV, 0, false);
+        }
+        if (c->attn_out_bias) add_spec(s, &n, L("self_attn.o_proj.bias"), H, 0, false);
+        if (c->qk_norm) {
+            add_spec(s, &n, L("self_attn.q_norm.weight"), D, 0, true);
+            add_spec(s, &n, L("self_attn.k_norm.weight"), D, 0, true);
+        }
+        add_spec(s, &n, L("post_attention_layernorm.weight"), H, 0, true);
+        add_spec(s, &n, L("mlp.gate_proj.weight"), I, H, false);
+        add_spec(s, &n, L("mlp.up_proj.weight"), I, H, false);
+        add_spec(s, &n, L("mlp.down_proj.weight"), H, I, false);
+        if (c->mlp_bias) {
+            add_spec(s, &n, L("mlp.gate_proj.bias"), I, 0, false);
+            add_spec(s, &n, L("mlp.up_proj.bias"), I, 0, false);
+            add_spec(s, &n, L("mlp.down_proj.bias"), H, 0, false);
+        }
+#undef L
+    }
+    add_spec(s, &n, "model.norm.weight", H, 0, true);
+    if (!c->tie_embeddings) add_spec(s, &n, "lm_head.weight", c->vocab_size, H, false);
+    return n;
+}
+
+static int write_text(const char *dir, const char *file, const char *text) {
+    char *p = ember_path_join(dir, file);
+    FILE *fp = p ? fopen(p, "w") : NULL;
+    int rc = 0;
+    if (!fp || fputs(text, fp) < 0) rc = cli_fail("mkmodel", "%s: cannot write: %s", p ? p : file, strerror(errno));
+    if (fp && fclose(fp) != 0 && !rc) rc = cli_fail("mkmodel", "%s: cannot write: %s", p, strerror(errno));
+    free(p);
+    return rc;
+}
+
+int cmd_mkmodel(int argc, char **argv) {
+    const char *preset_name = NULL, *config_path = NULL, *out = NULL, *dtype_s = "bf16";
+    uint64_t seed = 1;
+    float std = 0.02f;
+    bool list = false;
+    cli_opt opts[] = {
+        {"preset", 0, OPT_STR, &preset_name, "NAME", "a built-in shape (see --list)", 0, 0, false},
+        {"config", 0, OPT_STR, &config_path, "FILE", "a config.json to use instead of a preset", 0, 0, false},
+        {"out", 'o', OPT_STR, &out, "DIR", "the model directory to write (created if needed)", 0, 0, false},
+        {"dtype", 0, OPT_STR, &dtype_s, "TYPE", "f32, f16 or bf16 (default bf16)", 0, 0, false},
+        {"seed", 's', OPT_U64, &seed, "S", "random seed (default 1)", 0, 0, false},
+        {"std", 0, OPT_FLOAT, &std, "X", "weight standard deviation (default 0.02)", 0, 10, false},
+        {"list", 0, OPT_FLAG, &list, NULL, "list the presets", 0, 0, false},
+    };
+    cli_cmd cmd = {"mkmodel", "Write a model directory with random weights (for demos, tests and benchmarks).",
+                   "(--preset NAME | --config FILE) --out DIR [--dtype bf16] [--seed S]",
+                   "The output has no tokenizer: drive it with --ids.", opts, (int)(sizeof opts / sizeof opts[0])};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc) return rc == 2 ? 0 : 1;
+    if (list) {
+        for (size_t i = 0; i < EMBER_ARRAY_LEN(k_presets); i++) printf("%-14s %s\n", k_presets[i].name, k_presets[i].about);
+        return 0;
+    }
+    if (!out) return cli_fail("mkmodel", "--out is required");
+    if (!!preset_name == !!config_path) return cli_fail("mkmodel", "give exactly one of --preset and --config");
+    ember_dtype dt = strcmp(dtype_s, "f32") == 0    ? EMBER_F32
+                     : strcmp(dtype_s, "f16") == 0  ? EMBER_F16
+                     : strcmp(dtype_s, "bf16") == 0 ? EMBER_BF16
+                                                    : EMBER_DTYPE_INVALID;
+    if (dt == EMBER_DTYPE_INVALID) return cli_fail("mkmodel", "--dtype must be f32, f16 or bf16, got '%s'", dtype_s);
+    char *text = NULL;
+    const char *cfg_text = NULL, *cfg_name = "config";
+    ember_error err = {0};
+    if (preset_name) {
+        for (size_t i = 0; i < EMBER_ARRAY_LEN(k_presets); i++)
+            if (strcmp(k_presets[i].name, preset_name) == 0) cfg_text = k_presets[i].config;
+        if (!cfg_text) return cli_fail("mkmodel", "unknown preset '%s' (see --list)", preset_name);
+    } else {
+        if (ember_read_file(config_path, 16u << 20, &text, NULL, &err)) return cli_fail("mkmodel", "%s", err.msg);
+        cfg_text = text;
+        cfg_name = config_path;
+    }
+    ember_model_config cfg;
+    if (ember_config_parse(cfg_name, cfg_text, strlen(cfg_text), &cfg, &err)) {
+        free(text);
+        return cli_fail("mkmodel", "%s", err.msg);
+    }
+    if (mkdir(out, 0777) != 0 && errno != EEXIST) {
+        free(text);
+        return cli_fail("mkmodel", "%s: cannot create directory: %s", out, strerror(errno));
+    }
+    tensor_spec *specs = calloc((size_t)cfg.n_layers * 20 + 4, sizeof *specs);
+    ember_st_out *outs = calloc((size_t)cfg.n_layers * 20 + 4, sizeof *outs);
+    char *st_path = ember_path_join(out, "model.safetensors");
+    rc = 0;
+    if (!specs || !outs || !st_path) rc = cli_fail("mkmodel", "out of memory");
+    if (!rc) rc = write_text(out, "config.json", cfg_text);
+    if (!rc) {
+        char gen[256];
+        int k = snprintf(gen, sizeof gen, "{\"bos_token_id\": %d, \"eos_token_id\": [", cfg.bos_id);
+        for (int i = 0; i < cfg.n_eos; i++) k += snprintf(gen + k, sizeof gen - (size_t)k, "%s%d", i ? ", " : "", cfg.eos_ids[i]);
+        snprintf(gen + k, sizeof gen - (size_t)k, "]}\n");
+        rc = write_text(out, "generation_config.json", gen);
+    }
+    if (!rc) {
+        int n = list_tensors(&cfg, specs);
+        for (int i = 0; i < n; i++)
+            outs[i] = (ember_st_out){specs[i].name, dt, specs[i].ndim, {specs[i].shape[0], specs[i].shape[1]}};
+        gen_ctx g = {specs, dt, std, seed, {{0}}, -1};
+        if (ember_st_write(st_path, outs, n, fill, &g, &err)) rc = cli_fail("mkmodel", "%s", err.msg);
+    }
+    free(st_path);
+    free(specs);
+    free(outs);
+    free(text);
+    return rc;
+}

@@ -1,0 +1,89 @@
+/* dtype.c - the dtype table and half-precision conversions. */
+#include "dtype.h"
+
+#include "util.h"
+
+static const ember_dtype_info k_info[EMBER_DTYPE_COUNT] = {
+    [EMBER_DTYPE_INVALID] = {"invalid", "INVALID", 1, 0},
+    [EMBER_F32] = {"f32", "F32", 1, 4},
+    [EMBER_F16] = {"f16", "F16", 1, 2},
+    [EMBER_BF16] = {"bf16", "BF16", 1, 2},
+    [EMBER_F64] = {"f64", "F64", 1, 8},
+    [EMBER_F8_E4M3] = {"f8_e4m3", "F8_E4M3", 1, 1},
+    [EMBER_F8_E5M2] = {"f8_e5m2", "F8_E5M2", 1, 1},
+    [EMBER_I8] = {"i8", "I8", 1, 1},
+    [EMBER_I16] = {"i16", "I16", 1, 2},
+    [EMBER_I32] = {"i32", "I32", 1, 4},
+    [EMBER_I64] = {"i64", "I64", 1, 8},
+    [EMBER_U8] = {"u8", "U8", 1, 1},
+    [EMBER_U16] = {"u16", "U16", 1, 2},
+    [EMBER_U32] = {"u32", "U32", 1, 4},
+    [EMBER_U64] = {"u64", "U64", 1, 8},
+    [EMBER_BOOL] = {"bool", "BOOL", 1, 1},
+};
+
+const ember_dtype_info *ember_dtype_get(ember_dtype t) {
+    if ((int)t <= 0 || t >= EMBER_DTYPE_COUNT) return &k_info[EMBER_DTYPE_INVALID];
+    return &k_info[t];
+}
+
+ember_dtype ember_dtype_from_st_name(const char *name) {
+    for (int t = 1; t < EMBER_DTYPE_COUNT; t++)
+        if (strcmp(k_info[t].st_name, name) == 0) return (ember_dtype)t;
+    return EMBER_DTYPE_INVALID;
+}
+
+bool ember_dtype_nbytes(ember_dtype t, size_t n, size_t *out) {
+    const ember_dtype_info *d = ember_dtype_get(t);
+    if (d->block_bytes == 0 || n % d->block_elems) return false;
+    return ember_mul_ok(n / d->block_elems, d->block_bytes, out);
+}
+
+float ember_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13); /* inf / nan */
+    } else if (exp != 0) {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        u = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400u));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+    return ember_bits_to_f32(u);
+}
+
+uint16_t ember_f32_to_f16(float f) {
+    uint32_t u = ember_f32_to_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t au = u & 0x7fffffffu;
+    if (au > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((au >> 13) & 0x3ffu)); /* nan */
+    if (au >= 0x47800000u) { /* >= 65536 before rounding: check with rounding */
+        return (uint16_t)(sign | 0x7c00u);
+    }
+    int32_t exp = (int32_t)(au >> 23) - 127;
+    if (exp >= -14) { /* normal half (may round up to inf) */
+        uint32_t man = au & 0x7fffffu;
+        uint32_t h = ((uint32_t)(exp + 15) << 10) | (man >> 13);
+        uint32_t rem = man & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+        return (uint16_t)(sign | h); /* carry into exponent gives inf correctly */
+    }
+    if (exp < -25) return sign; /* rounds to zero (below half the smallest subnormal) */
+    /* subnormal half: value = man24 * 2^(exp-23); half ulp = 2^-24 */
+    uint32_t man = (au & 0x7fffffu) | 0x800000u;
+    int shift = 13 + (-14 - exp); /* 14..24 bits drop below the 2^-24 unit */
+    uint32_t h = man >> shift;
+    uint32_t rem = man & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}

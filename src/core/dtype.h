@@ -1,0 +1,84 @@
+/*
+ * dtype.h - element types of tensors, and exact scalar conversions.
+ *
+ * A dtype has a block size (elements per block) and bytes per block; plain
+ * types have blocks of one element. Quantized block types (GGUF, MLX) are
+ * added to this table by the quantization work.
+ */
+#ifndef EMBER_CORE_DTYPE_H
+#define EMBER_CORE_DTYPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef enum ember_dtype {
+    EMBER_DTYPE_INVALID = 0,
+    EMBER_F32,
+    EMBER_F16,
+    EMBER_BF16,
+    EMBER_F64,
+    EMBER_F8_E4M3,
+    EMBER_F8_E5M2,
+    EMBER_I8,
+    EMBER_I16,
+    EMBER_I32,
+    EMBER_I64,
+    EMBER_U8,
+    EMBER_U16,
+    EMBER_U32,
+    EMBER_U64,
+    EMBER_BOOL,
+    EMBER_DTYPE_COUNT
+} ember_dtype;
+
+typedef struct ember_dtype_info {
+    const char *name;        /* short lower-case name: "f32", "bf16", ... */
+    const char *st_name;     /* safetensors spelling: "F32", "BF16", ... */
+    size_t block_elems;      /* elements per block */
+    size_t block_bytes;      /* bytes per block */
+} ember_dtype_info;
+
+/* Never NULL: an invalid dtype gets an entry named "invalid". */
+const ember_dtype_info *ember_dtype_get(ember_dtype t);
+
+/* The dtype with the given safetensors name, or EMBER_DTYPE_INVALID. */
+ember_dtype ember_dtype_from_st_name(const char *name);
+
+/* Bytes taken by n elements of t; false if n is not a whole number of blocks
+   or on overflow. */
+bool ember_dtype_nbytes(ember_dtype t, size_t n, size_t *out);
+
+/* ---- exact conversions ---------------------------------------------- */
+
+static inline float ember_bits_to_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint32_t ember_f32_to_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* bf16 -> f32 is exact (the top 16 bits of an f32). */
+static inline float ember_bf16_to_f32(uint16_t h) {
+    return ember_bits_to_f32((uint32_t)h << 16);
+}
+
+/* f32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. */
+static inline uint16_t ember_f32_to_bf16(float f) {
+    uint32_t u = ember_f32_to_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* IEEE half -> f32, exact (subnormals, infinities and NaN included). */
+float ember_f16_to_f32(uint16_t h);
+/* f32 -> IEEE half, round to nearest even, overflow to infinity. */
+uint16_t ember_f32_to_f16(float f);
+
+#endif

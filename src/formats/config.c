@@ -1,0 +1,368 @@
+/*
+ * config.c - config.json / generation_config.json parsing; see config.h.
+ *
+ * Accepts both serialisations: the hub's (top-level rope_theta and
+ * rope_scaling with "type" or "rope_type") and transformers 5's
+ * (rope_parameters with rope_type / rope_theta / ..., dtype). Absent or
+ * null optional fields take the defaults transformers uses for the family.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/mapfile.h"
+#include "core/util.h"
+
+#define MAX_CONFIG_BYTES (16u * 1024u * 1024u)
+
+static const char *jtype(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "object";
+    case JSON_ARRAY: return "array";
+    case JSON_STRING: return "string";
+    case JSON_INTEGER: return "integer";
+    case JSON_REAL: return "number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "boolean";
+    default: return "null";
+    }
+}
+
+/* Field readers: absent or null -> *out = def (or an error when required). */
+static int get_int(const char *file, const json_t *o, const char *key, bool required, long long def,
+                   long long lo, long long hi, int *out, ember_error *err) {
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (required) return ember_err(err, EMBER_ERR_FORMAT, "%s: missing required field '%s'", file, key);
+        *out = (int)def;
+        return EMBER_OK;
+    }
+    if (!json_is_integer(v))
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be an integer, got %s", file, key,
+                         jtype(v));
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' is %lld, outside [%lld, %lld]", file, key, x,
+                         lo, hi);
+    *out = (int)x;
+    return EMBER_OK;
+}
+
+static int get_num(const char *file, const json_t *o, const char *key, bool required, double def,
+                   double lo, double hi, double *out, ember_error *err) {
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (required) return ember_err(err, EMBER_ERR_FORMAT, "%s: missing required field '%s'", file, key);
+        *out = def;
+        return EMBER_OK;
+    }
+    if (!json_is_number(v))
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be a number, got %s", file, key, jtype(v));
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' is %g, outside [%g, %g]", file, key, x, lo, hi);
+    *out = x;
+    return EMBER_OK;
+}
+
+static int get_bool(const char *file, const json_t *o, const char *key, bool def, bool *out,
+                    ember_error *err) {
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return EMBER_OK;
+    }
+    if (!json_is_boolean(v))
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be true or false, got %s", file, key,
+                         jtype(v));
+    *out = json_is_true(v);
+    return EMBER_OK;
+}
+
+/* A string field; *out is NULL when absent or null. */
+static int get_str(const char *file, const json_t *o, const char *key, const char **out, ember_error *err) {
+    const json_t *v = json_object_get(o, key);
+    *out = NULL;
+    if (!v || json_is_null(v)) return EMBER_OK;
+    if (!json_is_string(v))
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be a string, got %s", file, key, jtype(v));
+    *out = json_string_value(v);
+    return EMBER_OK;
+}
+
+/* eos_token_id: an integer or an array of integers. */
+static int get_eos(const char *file, const json_t *o, ember_model_config *cfg, ember_error *err) {
+    const json_t *v = json_object_get(o, "eos_token_id");
+    if (!v || json_is_null(v)) return EMBER_OK;
+    if (json_is_integer(v)) {
+        long long x = json_integer_value(v);
+        if (x < 0 || x >= cfg->vocab_size)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: eos_token_id %lld is outside the vocabulary", file, x);
+        cfg->n_eos = 1;
+        cfg->eos_ids[0] = (int)x;
+        return EMBER_OK;
+    }
+    if (!json_is_array(v))
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'eos_token_id' must be an integer or an array, got %s",
+                         file, jtype(v));
+    if (json_array_size(v) > EMBER_MAX_EOS)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: more than %d eos_token_id values", file, EMBER_MAX_EOS);
+    cfg->n_eos = 0;
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= cfg->vocab_size)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: eos_token_id[%zu] is not a token id of the vocabulary",
+                             file, i);
+        cfg->eos_ids[cfg->n_eos++] = (int)json_integer_value(e);
+    }
+    return EMBER_OK;
+}
+
+static int get_bos(const char *file, const json_t *o, ember_model_config *cfg, ember_error *err) {
+    int bos;
+    int rc = get_int(file, o, "bos_token_id", false, cfg->bos_id, -1, (long long)cfg->vocab_size - 1, &bos, err);
+    if (!rc) cfg->bos_id = bos;
+    return rc;
+}
+
+static int parse_rope(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
+    ember_rope_config *r = &cfg->rope;
+    int rc;
+    const json_t *rp = json_object_get(root, "rope_parameters");
+    const json_t *rs = json_object_get(root, "rope_scaling");
+    const json_t *src = NULL; /* the object holding scaling parameters */
+    if (rp && !json_is_null(rp)) {
+        if (!json_is_object(rp))
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'rope_parameters' must be an object, got %s", file,
+                             jtype(rp));
+        /* keyed by layer type (gemma-style)? the llama family has one kind */
+        const json_t *full = json_object_get(rp, "full_attention");
+        src = json_is_object(full) ? full : rp;
+    } else if (rs && !json_is_null(rs)) {
+        if (!json_is_object(rs))
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'rope_scaling' must be an object, got %s", file,
+                             jtype(rs));
+        src = rs;
+    }
+    /* theta: inside rope_parameters, else top level */
+    const json_t *theta_holder = src && json_object_get(src, "rope_theta") ? src : root;
+    if ((rc = get_num(file, theta_holder, "rope_theta", false, 10000.0, 1e-3, 1e12, &r->theta, err))) return rc;
+    const json_t *prf_holder = src && json_object_get(src, "partial_rotary_factor") ? src : root;
+    if ((rc = get_num(file, prf_holder, "partial_rotary_factor", false, 1.0, 1e-6, 1.0, &r->partial_rotary_factor,
+                      err)))
+        return rc;
+    r->type = EMBER_ROPE_DEFAULT;
+    r->factor = 1.0;
+    r->attention_factor = -1.0;
+    r->truncate = true;
+    r->original_max_pos = cfg->max_pos;
+    if (!src) return EMBER_OK;
+    const char *type = NULL;
+    if ((rc = get_str(file, src, "rope_type", &type, err))) return rc;
+    if (!type && (rc = get_str(file, src, "type", &type, err))) return rc;
+    if (!type || strcmp(type, "default") == 0) return EMBER_OK;
+    if (strcmp(type, "linear") == 0)
+        r->type = EMBER_ROPE_LINEAR;
+    else if (strcmp(type, "llama3") == 0)
+        r->type = EMBER_ROPE_LLAMA3;
+    else if (strcmp(type, "yarn") == 0)
+        r->type = EMBER_ROPE_YARN;
+    else
+        return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                         "%s: rope type '%.32s' is not supported (supported: default, linear, llama3, yarn)", file,
+                         type);
+    bool need_factor = r->type != EMBER_ROPE_YARN;
+    if ((rc = get_num(file, src, "factor", need_factor, -1.0, 1e-6, 1e6, &r->factor, err))) return rc;
+    if ((rc = get_int(file, src, "original_max_position_embeddings", r->type == EMBER_ROPE_LLAMA3, cfg->max_pos, 1,
+                      1 << 30, &r->original_max_pos, err)))
+        return rc;
+    if (r->type == EMBER_ROPE_LLAMA3) {
+        if ((rc = get_num(file, src, "low_freq_factor", true, 0, 1e-6, 1e6, &r->low_freq_factor, err)) ||
+            (rc = get_num(file, src, "high_freq_factor", true, 0, 1e-6, 1e6, &r->high_freq_factor, err)))
+            return rc;
+        if (r->high_freq_factor <= r->low_freq_factor)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: rope high_freq_factor must exceed low_freq_factor", file);
+    }
+    if (r->type == EMBER_ROPE_YARN) {
+        if (r->factor < 0) r->factor = (double)cfg->max_pos / (double)r->original_max_pos;
+        if ((rc = get_num(file, src, "beta_fast", false, 32.0, 1e-6, 1e6, &r->beta_fast, err)) ||
+            (rc = get_num(file, src, "beta_slow", false, 1.0, 1e-6, 1e6, &r->beta_slow, err)) ||
+            (rc = get_num(file, src, "mscale", false, 0.0, 0.0, 1e6, &r->mscale, err)) ||
+            (rc = get_num(file, src, "mscale_all_dim", false, 0.0, 0.0, 1e6, &r->mscale_all_dim, err)) ||
+            (rc = get_num(file, src, "attention_factor", false, -1.0, 0.0, 1e6, &r->attention_factor, err)) ||
+            (rc = get_bool(file, src, "truncate", true, &r->truncate, err)))
+            return rc;
+    }
+    return EMBER_OK;
+}
+
+static int parse_windows(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
+    int rc, window = 0;
+    const json_t *sw = json_object_get(root, "sliding_window");
+    if (sw && !json_is_null(sw) &&
+        (rc = get_int(file, root, "sliding_window", false, 0, 0, 1 << 30, &window, err)))
+        return rc;
+    for (int i = 0; i < cfg->n_layers; i++) cfg->layer_window[i] = 0;
+    const json_t *lt = json_object_get(root, "layer_types");
+    bool is_qwen = strncmp(cfg->model_type, "qwen", 4) == 0;
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt) || json_array_size(lt) != (size_t)cfg->n_layers)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'layer_types' must be an array of %d strings", file,
+                             cfg->n_layers);
+        bool use_sw = true;
+        if (is_qwen && (rc = get_bool(file, root, "use_sliding_window", true, &use_sw, err))) return rc;
+        for (int i = 0; i < cfg->n_layers; i++) {
+            const json_t *e = json_array_get(lt, (size_t)i);
+            const char *s = json_is_string(e) ? json_string_value(e) : "";
+            if (strcmp(s, "full_attention") == 0)
+                cfg->layer_window[i] = 0;
+            else if (strcmp(s, "sliding_attention") == 0)
+                cfg->layer_window[i] = use_sw ? window : 0;
+            else
+                return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: layer_types[%d] '%.32s' is not supported", file, i,
+                                 s);
+        }
+        return EMBER_OK;
+    }
+    if (strcmp(cfg->model_type, "mistral") == 0) {
+        for (int i = 0; i < cfg->n_layers; i++) cfg->layer_window[i] = window;
+    } else if (is_qwen) {
+        bool use_sw = false;
+        int max_window_layers = 0;
+        if ((rc = get_bool(file, root, "use_sliding_window", false, &use_sw, err)) ||
+            (rc = get_int(file, root, "max_window_layers", false, cfg->n_layers, 0, 1 << 30, &max_window_layers, err)))
+            return rc;
+        if (use_sw && window > 0)
+            for (int i = max_window_layers; i < cfg->n_layers; i++) cfg->layer_window[i] = window;
+    }
+    return EMBER_OK;
+}
+
+int ember_config_parse(const char *file, const char *text, size_t len, ember_model_config *cfg,
+                       ember_error *err) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->bos_id = -1;
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", file, je.text, je.line,
+                         je.column);
+    int rc = EMBER_OK;
+    if (!json_is_object(root)) {
+        rc = ember_err(err, EMBER_ERR_FORMAT, "%s: not a JSON object", file);
+        goto done;
+    }
+    const char *mt;
+    if ((rc = get_str(file, root, "model_type", &mt, err))) goto done;
+    if (!mt) {
+        rc = ember_err(err, EMBER_ERR_FORMAT, "%s: missing required field 'model_type'", file);
+        goto done;
+    }
+    static const char *const k_supported[] = {"llama", "mistral", "qwen2", "qwen3"};
+    bool ok = false;
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(k_supported); i++) ok |= strcmp(mt, k_supported[i]) == 0;
+    if (!ok) {
+        rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
+                       "%s: model_type '%.32s' is not supported (supported: llama, mistral, qwen2, qwen3)", file, mt);
+        goto done;
+    }
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
+    if (json_object_get(root, "quantization") || json_object_get(root, "quantization_config")) {
+        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: quantized models are not supported yet", file);
+        goto done;
+    }
+    if ((rc = get_int(file, root, "vocab_size", true, 0, 1, 1 << 24, &cfg->vocab_size, err)) ||
+        (rc = get_int(file, root, "hidden_size", true, 0, 1, 1 << 20, &cfg->hidden_size, err)) ||
+        (rc = get_int(file, root, "intermediate_size", true, 0, 1, 1 << 22, &cfg->intermediate_size, err)) ||
+        (rc = get_int(file, root, "num_hidden_layers", true, 0, 1, EMBER_MAX_LAYERS, &cfg->n_layers, err)) ||
+        (rc = get_int(file, root, "num_attention_heads", true, 0, 1, 4096, &cfg->n_heads, err)) ||
+        (rc = get_int(file, root, "num_key_value_heads", false, cfg->n_heads, 1, 4096, &cfg->n_kv_heads, err)) ||
+        (rc = get_int(file, root, "max_position_embeddings", false, 2048, 1, 1 << 30, &cfg->max_pos, err)))
+        goto done;
+    if ((rc = get_int(file, root, "head_dim", false, cfg->hidden_size / cfg->n_heads, 1, 4096, &cfg->head_dim, err)))
+        goto done;
+    if (cfg->head_dim < 2 || cfg->head_dim % 2) {
+        rc = ember_err(err, EMBER_ERR_FORMAT, "%s: head_dim %d must be even and at least 2", file, cfg->head_dim);
+        goto done;
+    }
+    if (cfg->n_heads % cfg->n_kv_heads) {
+        rc = ember_err(err, EMBER_ERR_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                       file, cfg->n_heads, cfg->n_kv_heads);
+        goto done;
+    }
+    double eps;
+    if ((rc = get_num(file, root, "rms_norm_eps", false, 1e-6, 0.0, 1.0, &eps, err))) goto done;
+    cfg->rms_norm_eps = (float)eps;
+    const char *act;
+    if ((rc = get_str(file, root, "hidden_act", &act, err))) goto done;
+    if (act && strcmp(act, "silu") != 0) {
+        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: hidden_act '%.32s' is not supported (only silu)", file, act);
+        goto done;
+    }
+    if ((rc = get_bool(file, root, "tie_word_embeddings", false, &cfg->tie_embeddings, err))) goto done;
+    bool attention_bias = false;
+    if ((rc = get_bool(file, root, "attention_bias", false, &attention_bias, err)) ||
+        (rc = get_bool(file, root, "mlp_bias", false, &cfg->mlp_bias, err)))
+        goto done;
+    if (strcmp(mt, "qwen2") == 0) {
+        cfg->attn_bias = true; /* Qwen2 always has q/k/v biases, no o bias */
+    } else if (strcmp(mt, "mistral") != 0) {
+        cfg->attn_bias = attention_bias; /* llama / qwen3: q, k, v and o */
+        cfg->attn_out_bias = attention_bias;
+    }
+    if (strcmp(mt, "llama") != 0) cfg->mlp_bias = false;
+    cfg->qk_norm = strcmp(mt, "qwen3") == 0;
+    if ((rc = parse_rope(file, root, cfg, err)) || (rc = parse_windows(file, root, cfg, err))) goto done;
+    if ((rc = get_bos(file, root, cfg, err)) || (rc = get_eos(file, root, cfg, err))) goto done;
+done:
+    json_decref(root);
+    return rc;
+}
+
+int ember_generation_config_parse(const char *file, const char *text, size_t len, ember_model_config *cfg,
+                                  ember_error *err) {
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", file, je.text, je.line,
+                         je.column);
+    int rc = EMBER_OK;
+    if (!json_is_object(root))
+        rc = ember_err(err, EMBER_ERR_FORMAT, "%s: not a JSON object", file);
+    else if (!(rc = get_bos(file, root, cfg, err)))
+        rc = get_eos(file, root, cfg, err);
+    json_decref(root);
+    return rc;
+}
+
+int ember_config_load(const char *dir, ember_model_config *cfg, ember_error *err) {
+    char *path = ember_path_join(dir, "config.json");
+    char *gpath = ember_path_join(dir, "generation_config.json");
+    char *text = NULL;
+    size_t len;
+    int rc;
+    if (!path || !gpath) {
+        rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((rc = ember_read_file(path, MAX_CONFIG_BYTES, &text, &len, err))) goto done;
+    if ((rc = ember_config_parse(path, text, len, cfg, err))) goto done;
+    free(text);
+    text = NULL;
+    struct stat st;
+    if (stat(gpath, &st) == 0) { /* optional, but checked when present */
+        if ((rc = ember_read_file(gpath, MAX_CONFIG_BYTES, &text, &len, err))) goto done;
+        rc = ember_generation_config_parse(gpath, text, len, cfg, err);
+    }
+done:
+    free(text);
+    free(path);
+    free(gpath);
+    return rc;
+}

@@ -1,0 +1,73 @@
+/*
+ * config.h - a model's hyper-parameters from HuggingFace config.json (hub
+ * format and the transformers 5 format) and generation_config.json.
+ *
+ * Every field is type-checked and range-checked; errors name the file and
+ * the field ("config.json: field 'hidden_size' must be an integer, got
+ * string").
+ */
+#ifndef EMBER_FORMATS_CONFIG_H
+#define EMBER_FORMATS_CONFIG_H
+
+#include <stdbool.h>
+
+#include "core/error.h"
+
+#define EMBER_MAX_LAYERS 1024
+#define EMBER_MAX_EOS 8
+
+typedef enum ember_rope_type {
+    EMBER_ROPE_DEFAULT = 0,
+    EMBER_ROPE_LINEAR,
+    EMBER_ROPE_LLAMA3,
+    EMBER_ROPE_YARN
+} ember_rope_type;
+
+typedef struct ember_rope_config {
+    ember_rope_type type;
+    double theta;
+    double partial_rotary_factor; /* 1: rotate the whole head */
+    double factor;                /* linear, llama3, yarn */
+    double low_freq_factor, high_freq_factor; /* llama3 */
+    int original_max_pos;         /* llama3, yarn */
+    double beta_fast, beta_slow;  /* yarn */
+    double mscale, mscale_all_dim; /* yarn; 0 = unset */
+    double attention_factor;      /* yarn; < 0 = derive from factor */
+    bool truncate;                /* yarn */
+} ember_rope_config;
+
+typedef struct ember_model_config {
+    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3" */
+    int vocab_size;
+    int hidden_size;
+    int intermediate_size;
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int max_pos;
+    float rms_norm_eps;
+    ember_rope_config rope;
+    bool tie_embeddings;
+    bool attn_bias; /* q/k/v biases (qwen2 always) */
+    bool attn_out_bias;
+    bool mlp_bias;
+    bool qk_norm; /* qwen3 */
+    int layer_window[EMBER_MAX_LAYERS]; /* per layer: sliding window, 0 = full */
+    int bos_id;                         /* -1 if none */
+    int n_eos;
+    int eos_ids[EMBER_MAX_EOS];
+} ember_model_config;
+
+/* Parses config.json text. name is used in messages. */
+int ember_config_parse(const char *name, const char *text, size_t len, ember_model_config *cfg,
+                       ember_error *err);
+
+/* Applies generation_config.json text (eos / bos ids) to cfg. */
+int ember_generation_config_parse(const char *name, const char *text, size_t len,
+                                  ember_model_config *cfg, ember_error *err);
+
+/* Reads DIR/config.json and, if present, DIR/generation_config.json. */
+int ember_config_load(const char *dir, ember_model_config *cfg, ember_error *err);
+
+#endif

@@ -1,0 +1,90 @@
+/*
+ * model.h - the llama family (llama, mistral, qwen2, qwen3) as a forward pass
+ * over a batch of rows.
+ *
+ * A batch is a flat list of tokens; each token carries its row (a KV cache
+ * row) and its position. Any mix works: one prompt's prefill, many rows'
+ * decode steps, or both. Each token's result depends only on its own row's
+ * tokens: kernels never reduce across tokens.
+ *
+ * Ownership: ember_llm holds tensors that view weight memory owned by the
+ * weight store (which must outlive the model) and buffers it uploaded itself
+ * (norms, biases), which ember_llm_free releases. ember_llm_state is the
+ * scratch of one forward pass, sized once for max_tokens.
+ */
+#ifndef EMBER_MODEL_H
+#define EMBER_MODEL_H
+
+#include "backend/backend.h"
+#include "formats/config.h"
+#include "formats/weights.h"
+#include "kv/kv.h"
+
+typedef struct ember_llm_layer {
+    ember_tensor attn_norm;      /* [H] f32 */
+    ember_tensor wq;             /* [Hq * D, H] */
+    ember_tensor wk, wv;         /* [Hkv * D, H] */
+    ember_tensor wo;             /* [H, Hq * D] */
+    ember_tensor bq, bk, bv, bo; /* f32 biases; buf NULL when absent */
+    ember_tensor q_norm, k_norm; /* [D] f32 (qwen3); buf NULL when absent */
+    ember_tensor ffn_norm;       /* [H] f32 */
+    ember_tensor w_gate, w_up;   /* [I, H] */
+    ember_tensor w_down;         /* [H, I] */
+    ember_tensor b_gate, b_up, b_down;
+    int window;                  /* sliding window, 0 = full attention */
+} ember_llm_layer;
+
+typedef struct ember_llm {
+    ember_model_config cfg;
+    ember_backend *be;       /* not owned */
+    ember_llm_layer *layers; /* [n_layers] */
+    ember_tensor embed;      /* [V, H] */
+    ember_tensor out_norm;   /* [H] f32 */
+    ember_tensor lm_head;    /* [V, H]; the embedding when tied */
+    ember_buffer **bufs;     /* every buffer the model made */
+    int n_bufs, cap_bufs;
+    float *inv_freq;         /* [n_rot / 2] */
+    int n_rot;
+    float attn_factor;
+    size_t weight_bytes;     /* bytes the forward pass reads per decode token */
+    const char *weight_dtype; /* "f32", "f16", "bf16" or "mixed" */
+} ember_llm;
+
+/* Builds the model from a parsed config and an open weight store, checking
+   every tensor's presence, dtype and shape. */
+int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_backend *be, ember_llm **out,
+                   ember_error *err);
+void ember_llm_free(ember_llm *m);
+
+typedef struct ember_llm_state {
+    int max_tokens, max_logit_rows;
+    ember_tensor x, h, q, k, v, att, gate, up; /* [max_tokens, ...] */
+    ember_tensor sel, logits;                  /* [max_logit_rows, H], [max_logit_rows, V] */
+    ember_buffer *bufs[10];
+    int32_t *tmp_idx; /* [max_tokens] */
+    int *next_pos;    /* [kv rows] used while validating a batch */
+    int n_rows;
+} ember_llm_state;
+
+int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember_llm_state **out, ember_error *err);
+void ember_llm_state_free(ember_llm_state *st);
+
+typedef struct ember_batch {
+    int n;              /* tokens */
+    const int32_t *tok; /* [n] token ids */
+    const int32_t *pos; /* [n] positions */
+    const int32_t *row; /* [n] KV cache rows */
+    int n_out;          /* tokens whose logits are wanted */
+    const int32_t *out; /* [n_out] strictly increasing indices into the batch */
+} ember_batch;
+
+/*
+ * Runs one forward pass. The tokens of a row must continue that row:
+ * positions len, len + 1, ... in batch order. On success the cache rows
+ * grow and logits (host, n_out x vocab) holds the wanted rows. On failure
+ * (bad ids, positions, sizes) nothing in the cache changes.
+ */
+int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, float *logits,
+                      ember_error *err);
+
+#endif

@@ -1,0 +1,42 @@
+/*
+ * sampler.h - turning a row of logits into a token.
+ *
+ * The chain, in the order transformers applies it: temperature, top-k,
+ * top-p, min-p, then a draw from the renormalised distribution with the
+ * row's own seeded generator. Temperature 0 is greedy (argmax, lowest id on
+ * ties). The same seed and logits give the same tokens on every run.
+ *
+ * Ownership: a sampler owns its scratch (vocab-sized, allocated once) and its
+ * RNG state; one sampler per row.
+ */
+#ifndef EMBER_SAMPLE_SAMPLER_H
+#define EMBER_SAMPLE_SAMPLER_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+
+typedef struct ember_rng {
+    uint64_t s[4];
+} ember_rng;
+
+/* xoshiro256** seeded through splitmix64. */
+void ember_rng_seed(ember_rng *r, uint64_t seed);
+uint64_t ember_rng_next(ember_rng *r);
+/* Uniform in [0, 1) with 53 random bits. */
+double ember_rng_uniform(ember_rng *r);
+
+typedef struct ember_sampler ember_sampler;
+
+/* Validates p (temperature >= 0 and finite, top_p in (0, 1], min_p in
+   [0, 1]) and allocates a sampler for vocab entries. */
+int ember_sampler_new(const ember_sampling *p, int vocab, ember_sampler **out, ember_error *err);
+void ember_sampler_free(ember_sampler *s);
+
+/* The next token for one row of logits (vocab floats). NaN logits never win. */
+int32_t ember_sampler_sample(ember_sampler *s, const float *logits);
+
+/* Index of the largest finite-or-infinite non-NaN value (lowest on ties); 0 if none. */
+int32_t ember_argmax(const float *x, int n);
+
+#endif

@@ -1,0 +1,68 @@
+/*
+ * test.h - the tiny harness every C test uses: CHECK macros that count
+ * failures and keep going, float comparison by ULP, paths to ../shared.
+ * A test's main returns test_done() (0 pass, 1 fail) or 77 to skip.
+ */
+#ifndef EMBER_TEST_H
+#define EMBER_TEST_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int g_fail, g_checks;
+
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        g_checks++;                                                                  \
+        if (!(cond)) {                                                               \
+            g_fail++;                                                                \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                            \
+    } while (0)
+
+#define CHECKF(cond, ...)                                                   \
+    do {                                                                    \
+        g_checks++;                                                         \
+        if (!(cond)) {                                                      \
+            g_fail++;                                                       \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fprintf(stderr, "\n");                                          \
+        }                                                                   \
+    } while (0)
+
+static inline int test_done(void) {
+    fprintf(stderr, "%d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
+
+/* Distance in units in the last place between two finite floats. */
+static inline uint32_t ulp_diff(float a, float b) {
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    if (ia < 0) ia = (int32_t)0x80000000 - ia;
+    if (ib < 0) ib = (int32_t)0x80000000 - ib;
+    int64_t d = (int64_t)ia - (int64_t)ib;
+    return (uint32_t)(d < 0 ? -d : d);
+}
+
+static inline int path_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* Exits 77 (skipped) when ../shared is missing. */
+static inline const char *shared_dir(void) {
+    if (!path_exists(EMBER_SHARED_DIR "/fixtures")) {
+        fprintf(stderr, "skip: %s not found\n", EMBER_SHARED_DIR);
+        exit(77);
+    }
+    return EMBER_SHARED_DIR;
+}
+
+#endif
