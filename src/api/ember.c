@@ -63,7 +63,7 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
     int rc;
     if ((rc = ember_config_load(path, &m->cfg, err))) goto fail;
     if ((rc = ember_weights_open(path, &m->weights, err))) goto fail;
-    ember_cpu_params cp = {p.n_threads, p.isa, m->log};
+    ember_cpu_params cp = {p.n_threads, p.isa, p.use_mmap != 0, m->log};
     if ((rc = ember_backend_cpu_new(&cp, &m->be, err))) goto fail;
     if ((rc = ember_llm_load(&m->cfg, m->weights, m->be, &m->llm, err))) goto fail;
     if (p.n_rows <= 0) p.n_rows = 1;

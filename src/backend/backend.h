@@ -33,6 +33,7 @@ struct ember_buffer {
     void *data;  /* backend memory: only the backend dereferences it */
     size_t size;
     bool owned;  /* false: wraps memory the backend does not free */
+    size_t map_len; /* backend-private: length of an owned mapping, 0 if none */
 };
 
 /* One matrix product of a multi-matmul: out[m, n] = sum_k x[m, k] w[n, k] + bias[n]. */
@@ -140,6 +141,7 @@ static inline void ember_backend_free(ember_backend *be) {
 typedef struct ember_cpu_params {
     int n_threads;
     ember_isa isa;
+    bool zero_copy; /* weights stay in the caller's (mapped) memory */
     ember_logger log;
 } ember_cpu_params;
 

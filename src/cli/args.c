@@ -39,6 +39,13 @@ static void print_help(const cli_cmd *cmd) {
     if (cmd->notes) printf("\n%s\n", cmd->notes);
 }
 
+/* "--name", or "-n" for one-letter names. */
+static const char *dash(const cli_opt *o) {
+    static _Thread_local char buf[64];
+    snprintf(buf, sizeof buf, "%s%s", o->name[1] ? "--" : "-", o->name);
+    return buf;
+}
+
 static cli_opt *find(cli_cmd *cmd, const char *name, size_t len, char short_name) {
     for (int i = 0; i < cmd->n_opts; i++) {
         cli_opt *o = &cmd->opts[i];
@@ -54,32 +61,32 @@ static int set_value(cli_cmd *cmd, cli_opt *o, const char *v) {
     switch (o->kind) {
     case OPT_FLAG: *(bool *)o->dst = true; return 0;
     case OPT_STR:
-        if (!*v) return cli_fail(cmd->name, "--%s expects a non-empty value", o->name);
+        if (!*v) return cli_fail(cmd->name, "%s expects a non-empty value", dash(o));
         *(const char **)o->dst = v;
         return 0;
     case OPT_INT: {
         long x = strtol(v, &end, 10);
         if (!*v || *end || errno)
-            return cli_fail(cmd->name, "--%s expects an integer, got '%s'", o->name, v);
+            return cli_fail(cmd->name, "%s expects an integer, got '%s'", dash(o), v);
         if (x < o->lo || x > o->hi)
-            return cli_fail(cmd->name, "--%s must be between %.0f and %.0f, got %ld", o->name, o->lo, o->hi, x);
+            return cli_fail(cmd->name, "%s must be between %.0f and %.0f, got %ld", dash(o), o->lo, o->hi, x);
         *(int *)o->dst = (int)x;
         return 0;
     }
     case OPT_U64: {
-        if (*v == '-') return cli_fail(cmd->name, "--%s expects a non-negative integer, got '%s'", o->name, v);
+        if (*v == '-') return cli_fail(cmd->name, "%s expects a non-negative integer, got '%s'", dash(o), v);
         unsigned long long x = strtoull(v, &end, 10);
         if (!*v || *end || errno)
-            return cli_fail(cmd->name, "--%s expects a non-negative integer, got '%s'", o->name, v);
+            return cli_fail(cmd->name, "%s expects a non-negative integer, got '%s'", dash(o), v);
         *(uint64_t *)o->dst = x;
         return 0;
     }
     case OPT_FLOAT: {
         double x = strtod(v, &end);
         if (!*v || *end || errno || !isfinite(x))
-            return cli_fail(cmd->name, "--%s expects a finite number, got '%s'", o->name, v);
+            return cli_fail(cmd->name, "%s expects a finite number, got '%s'", dash(o), v);
         if (x < o->lo || x > o->hi)
-            return cli_fail(cmd->name, "--%s must be between %g and %g, got %g", o->name, o->lo, o->hi, x);
+            return cli_fail(cmd->name, "%s must be between %g and %g, got %g", dash(o), o->lo, o->hi, x);
         *(float *)o->dst = (float)x;
         return 0;
     }
@@ -107,16 +114,16 @@ int cli_parse(cli_cmd *cmd, int argc, char **argv) {
             return cli_fail(cmd->name, "unexpected argument '%s' (see 'ember %s --help')", a, cmd->name);
         }
         if (!o) return cli_fail(cmd->name, "unknown option '%s' (see 'ember %s --help')", a, cmd->name);
-        if (o->seen) return cli_fail(cmd->name, "option --%s given twice", o->name);
+        if (o->seen) return cli_fail(cmd->name, "option %s given twice", dash(o));
         o->seen = true;
         if (o->kind == OPT_FLAG) {
-            if (inline_val) return cli_fail(cmd->name, "--%s takes no value", o->name);
+            if (inline_val) return cli_fail(cmd->name, "%s takes no value", dash(o));
             *(bool *)o->dst = true;
             continue;
         }
         const char *v = inline_val;
         if (!v) {
-            if (i + 1 >= argc) return cli_fail(cmd->name, "--%s needs a value (%s)", o->name, o->metavar);
+            if (i + 1 >= argc) return cli_fail(cmd->name, "%s needs a value (%s)", dash(o), o->metavar);
             v = argv[++i];
         }
         if (set_value(cmd, o, v)) return 1;

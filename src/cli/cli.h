@@ -14,10 +14,17 @@ int cmd_logits(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
 
 /* Loads a model with the common options; prints the error and returns 1 on
-   failure. isa may be NULL ("auto"). */
-int cli_load_model(const char *verb, const char *path, int threads, const char *isa, int ctx, int rows,
-                   bool verbose, ember_model **out);
+   failure. */
+typedef struct cli_model_opts {
+    int threads, ctx, rows;
+    const char *isa; /* NULL: auto */
+    bool verbose, use_mmap;
+} cli_model_opts;
+
+int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, ember_model **out);
 
 #endif

@@ -36,7 +36,7 @@ static void report(bool json, const char *model, const ember_model_info *info, c
 int cmd_bench(int argc, char **argv) {
     const char *model = NULL, *threads_s = NULL, *isa = NULL;
     int n_prompt = 512, n_gen = 64, reps = 5;
-    bool json = false;
+    bool json = false, use_mmap = false;
     cli_opt opts[] = {
         {"model", 'm', OPT_STR, &model, "DIR", "model directory", 0, 0, false},
         {"n-prompt", 'p', OPT_INT, &n_prompt, "N", "prompt tokens for the pp test; 0 skips it (default 512)", 0,
@@ -48,6 +48,7 @@ int cmd_bench(int argc, char **argv) {
         {"repeats", 'r', OPT_INT, &reps, "N", "timed repeats per test (default 5)", 1, 1000, false},
         {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512", 0, 0, false},
         {"json", 0, OPT_FLAG, &json, NULL, "one JSON object per test and thread count", 0, 0, false},
+        {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
     };
     cli_cmd cmd = {"bench", "Measure prompt processing (pp) and token generation (tg) speed in tokens/s.",
                    "--model DIR [-p 512] [-n 64] [-t 1,2] [-r 5] [--json]",
@@ -68,7 +69,8 @@ int cmd_bench(int argc, char **argv) {
     for (int ti = 0; ti < n_thr; ti++) {
         int ctx = n_prompt + n_gen + 1;
         ember_model *m;
-        if (cli_load_model("bench", model, thr[ti], isa, ctx, 1, false, &m)) return 1;
+        cli_model_opts mo = {thr[ti], ctx, 1, isa, false, use_mmap};
+        if (cli_load_model("bench", model, &mo, &m)) return 1;
         ember_model_info info;
         ember_model_get_info(m, &info);
         ember_error err = {0};

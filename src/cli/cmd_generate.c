@@ -10,7 +10,7 @@ int cmd_generate(int argc, char **argv) {
     int n = 32, threads = 0, ctx = 0, top_k = 0;
     float temp = 0.8f, top_p = 1.0f, min_p = 0.0f;
     uint64_t seed = 0;
-    bool ignore_eos = false, verbose = false;
+    bool ignore_eos = false, verbose = false, use_mmap = false;
     cli_opt opts[] = {
         {"model", 'm', OPT_STR, &model, "DIR", "model directory (config.json + *.safetensors)", 0, 0, false},
         {"ids", 0, OPT_STR, &ids_s, "LIST", "prompt token ids, e.g. 1,2,3", 0, 0, false},
@@ -24,6 +24,7 @@ int cmd_generate(int argc, char **argv) {
         {"threads", 't', OPT_INT, &threads, "N", "worker threads (default: all cores)", 1, 1024, false},
         {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512 (default auto)", 0, 0, false},
         {"ctx", 'c', OPT_INT, &ctx, "N", "context length (default: min(model max, 4096))", 1, 1 << 24, false},
+        {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
         {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log loading details to stderr", 0, 0, false},
     };
     cli_cmd cmd = {"generate", "Generate tokens after a prompt and print their ids on one line, space-separated.",
@@ -38,7 +39,8 @@ int cmd_generate(int argc, char **argv) {
     int n_ids;
     if (cli_parse_ids("generate", "ids", ids_s, &ids, &n_ids)) return 1;
     ember_model *m;
-    if (cli_load_model("generate", model, threads, isa, ctx, 1, verbose, &m)) {
+    cli_model_opts mo = {threads, ctx, 1, isa, verbose, use_mmap};
+    if (cli_load_model("generate", model, &mo, &m)) {
         free(ids);
         return 1;
     }

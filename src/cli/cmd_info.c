@@ -14,7 +14,8 @@ int cmd_info(int argc, char **argv) {
     if (rc) return rc == 2 ? 0 : 1;
     if (!model) return cli_fail("info", "--model is required");
     ember_model *m;
-    if (cli_load_model("info", model, 1, NULL, 0, 1, false, &m)) return 1;
+    cli_model_opts mo = {1, 0, 1, NULL, false, true};
+    if (cli_load_model("info", model, &mo, &m)) return 1;
     ember_model_info i;
     ember_model_get_info(m, &i);
     printf("arch          %s\n", i.arch);

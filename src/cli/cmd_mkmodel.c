@@ -140,6 +140,23 @@ static int list_tensors(const ember_model_config *c, tensor_spec *s) {
     return n;
 }
 
+/* mkdir -p: creates dir and any missing parents. */
+static int make_dirs(const char *dir) {
+    char buf[4096];
+    if (strlen(dir) >= sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    strcpy(buf, dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 static int write_text(const char *dir, const char *file, const char *text) {
     char *p = ember_path_join(dir, file);
     FILE *fp = p ? fopen(p, "w") : NULL;
@@ -197,7 +214,7 @@ int cmd_mkmodel(int argc, char **argv) {
         free(text);
         return cli_fail("mkmodel", "%s", err.msg);
     }
-    if (mkdir(out, 0777) != 0 && errno != EEXIST) {
+    if (make_dirs(out) != 0) {
         free(text);
         return cli_fail("mkmodel", "%s: cannot create directory: %s", out, strerror(errno));
     }

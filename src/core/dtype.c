@@ -20,7 +20,45 @@ static const ember_dtype_info k_info[EMBER_DTYPE_COUNT] = {
     [EMBER_U32] = {"u32", "U32", 1, 4},
     [EMBER_U64] = {"u64", "U64", 1, 8},
     [EMBER_BOOL] = {"bool", "BOOL", 1, 1},
+    /* Block types have no safetensors dtype; st_name holds the GGUF
+       spelling (used in messages). Note that ember_dtype_from_st_name
+       matches these spellings too. */
+    [EMBER_Q4_0] = {"q4_0", "Q4_0", 32, 18},
+    [EMBER_Q4_1] = {"q4_1", "Q4_1", 32, 20},
+    [EMBER_Q5_0] = {"q5_0", "Q5_0", 32, 22},
+    [EMBER_Q5_1] = {"q5_1", "Q5_1", 32, 24},
+    [EMBER_Q8_0] = {"q8_0", "Q8_0", 32, 34},
+    [EMBER_Q8_1] = {"q8_1", "Q8_1", 32, 36},
+    [EMBER_Q2_K] = {"q2_k", "Q2_K", 256, 84},
+    [EMBER_Q3_K] = {"q3_k", "Q3_K", 256, 110},
+    [EMBER_Q4_K] = {"q4_k", "Q4_K", 256, 144},
+    [EMBER_Q5_K] = {"q5_k", "Q5_K", 256, 176},
+    [EMBER_Q6_K] = {"q6_k", "Q6_K", 256, 210},
+    [EMBER_Q8_K] = {"q8_k", "Q8_K", 256, 292},
 };
+
+/* GGUF tensor type id -> dtype; ids not listed have no Ember dtype. */
+static const struct {
+    uint32_t id;
+    ember_dtype t;
+} k_gguf[] = {
+    {0, EMBER_F32},   {1, EMBER_F16},   {2, EMBER_Q4_0},  {3, EMBER_Q4_1},  {6, EMBER_Q5_0},
+    {7, EMBER_Q5_1},  {8, EMBER_Q8_0},  {9, EMBER_Q8_1},  {10, EMBER_Q2_K}, {11, EMBER_Q3_K},
+    {12, EMBER_Q4_K}, {13, EMBER_Q5_K}, {14, EMBER_Q6_K}, {15, EMBER_Q8_K}, {24, EMBER_I8},
+    {25, EMBER_I16},  {26, EMBER_I32},  {27, EMBER_I64},  {28, EMBER_F64},  {30, EMBER_BF16},
+};
+
+ember_dtype ember_dtype_from_gguf(uint32_t ggml_type) {
+    for (size_t i = 0; i < sizeof k_gguf / sizeof k_gguf[0]; i++)
+        if (k_gguf[i].id == ggml_type) return k_gguf[i].t;
+    return EMBER_DTYPE_INVALID;
+}
+
+int ember_dtype_to_gguf(ember_dtype t) {
+    for (size_t i = 0; i < sizeof k_gguf / sizeof k_gguf[0]; i++)
+        if (k_gguf[i].t == t) return (int)k_gguf[i].id;
+    return -1;
+}
 
 const ember_dtype_info *ember_dtype_get(ember_dtype t) {
     if ((int)t <= 0 || t >= EMBER_DTYPE_COUNT) return &k_info[EMBER_DTYPE_INVALID];

@@ -30,6 +30,19 @@ typedef enum ember_dtype {
     EMBER_U32,
     EMBER_U64,
     EMBER_BOOL,
+    /* GGUF / ggml block-quantized types (layouts in formats/quant.h). */
+    EMBER_Q4_0, /* 32 elements, 18 bytes */
+    EMBER_Q4_1, /* 32 elements, 20 bytes */
+    EMBER_Q5_0, /* 32 elements, 22 bytes */
+    EMBER_Q5_1, /* 32 elements, 24 bytes */
+    EMBER_Q8_0, /* 32 elements, 34 bytes */
+    EMBER_Q8_1, /* 32 elements, 36 bytes */
+    EMBER_Q2_K, /* 256 elements, 84 bytes */
+    EMBER_Q3_K, /* 256 elements, 110 bytes */
+    EMBER_Q4_K, /* 256 elements, 144 bytes */
+    EMBER_Q5_K, /* 256 elements, 176 bytes */
+    EMBER_Q6_K, /* 256 elements, 210 bytes */
+    EMBER_Q8_K, /* 256 elements, 292 bytes */
     EMBER_DTYPE_COUNT
 } ember_dtype;
 
@@ -49,6 +62,18 @@ ember_dtype ember_dtype_from_st_name(const char *name);
 /* Bytes taken by n elements of t; false if n is not a whole number of blocks
    or on overflow. */
 bool ember_dtype_nbytes(ember_dtype t, size_t n, size_t *out);
+
+/* ---- GGUF (ggml) tensor type ids ------------------------------------ */
+
+/* The dtype of GGUF tensor type id `ggml_type` (F32 0, F16 1, Q4_0 2, ...,
+   BF16 30), or EMBER_DTYPE_INVALID for an id Ember has no dtype for (ids
+   that were never assigned, were retired, or name formats without an Ember
+   dtype such as the IQ* types). */
+ember_dtype ember_dtype_from_gguf(uint32_t ggml_type);
+
+/* The GGUF tensor type id of t, or -1 when GGUF has no type for t
+   (U8, BOOL, F8_*, ...). */
+int ember_dtype_to_gguf(ember_dtype t);
 
 /* ---- exact conversions ---------------------------------------------- */
 

@@ -59,7 +59,7 @@ static void *worker_main(void *argp) {
     ember_pool *p = a->p;
     int index = a->index;
     free(a);
-    unsigned seen = atomic_load(&p->gen);
+    unsigned seen = 0; /* gen at pool creation: a run may start before this thread does */
     for (;;) {
         unsigned g;
         int spins = 0;

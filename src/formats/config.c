@@ -179,7 +179,7 @@ static int parse_rope(const char *file, const json_t *root, ember_model_config *
                          type);
     bool need_factor = r->type != EMBER_ROPE_YARN;
     if ((rc = get_num(file, src, "factor", need_factor, -1.0, 1e-6, 1e6, &r->factor, err))) return rc;
-    if ((rc = get_int(file, src, "original_max_position_embeddings", r->type == EMBER_ROPE_LLAMA3, cfg->max_pos, 1,
+    if ((rc = get_int(file, src, "original_max_position_embeddings", false, cfg->max_pos, 1,
                       1 << 30, &r->original_max_pos, err)))
         return rc;
     if (r->type == EMBER_ROPE_LLAMA3) {

@@ -4,18 +4,25 @@
  *
  * Ownership: the backend owns its pool, its kernel choice and a per-thread
  * scratch area (grown on demand, never per token once warm). Buffers are
- * 64-byte aligned host memory, or wrap caller memory that is 16-byte aligned
- * (mapped weights); wrapped memory is never freed here.
+ * 64-byte aligned host memory; buffers of 1 MiB and more are anonymous maps
+ * aligned to 2 MiB and advised as huge pages, because a decode step streams
+ * every weight once and TLB misses on 4 KiB pages (worse under
+ * virtualisation) cost more than the copy: on the 2-core EPYC VM we develop
+ * on, bf16 decode of a 0.5B model read weights about 2x faster from such a
+ * copy than from the page-cache mapping of the file. With zero_copy set,
+ * weights instead wrap the caller's 16-byte aligned memory (the mapped
+ * file), which is never freed here.
  *
  * Threading: ops are called from one thread; each op splits its outputs into
  * tasks, so every output element is computed entirely by one task and the
  * thread count never changes a result.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backend/backend.h"
 #include "core/cpu.h"
@@ -28,6 +35,7 @@ typedef struct cpu_backend {
     const cpu_kernels *k;
     ember_pool *pool;
     int n_threads;
+    bool zero_copy; /* wrap host memory in buffer_from_host instead of copying */
     float *scratch; /* n_threads x scratch_floats */
     size_t scratch_floats;
 } cpu_backend;
@@ -50,21 +58,43 @@ const cpu_kernels *ember_cpu_kernels_for(ember_isa isa) {
 
 /* ---- buffers ------------------------------------------------------------ */
 
+#define HUGE_MIN (1u << 20)
+#define HUGE_ALIGN (2u << 20)
+
+/* Zeroed memory of at least size bytes; *map_len != 0 when it was mapped. */
+static void *host_alloc(size_t size, size_t *map_len) {
+    *map_len = 0;
+    if (size >= HUGE_MIN) {
+        size_t len;
+        if (!ember_add_ok(size, HUGE_ALIGN, &len)) return NULL;
+        char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+        /* trim to a 2 MiB aligned region so whole huge pages back it */
+        uintptr_t a = ((uintptr_t)p + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1);
+        size_t head = a - (uintptr_t)p, body = (size + 4095) & ~(size_t)4095;
+        if (head) munmap(p, head);
+        if (len - head > body) munmap((char *)a + body, len - head - body);
+        madvise((void *)a, body, MADV_HUGEPAGE); /* advice only: failure is harmless */
+        *map_len = body;
+        return (void *)a;
+    }
+    size_t rounded = (size + 63) & ~(size_t)63;
+    void *d = aligned_alloc(64, rounded ? rounded : 64);
+    if (d) memset(d, 0, rounded ? rounded : 64);
+    return d;
+}
+
 static int cpu_buffer_alloc(ember_backend *be, size_t size, ember_buffer **out, ember_error *err) {
     *out = NULL;
-    size_t rounded;
-    if (!ember_add_ok(size, 63, &rounded))
-        return ember_err(err, EMBER_ERR_NOMEM, "cannot allocate %zu bytes", size);
-    rounded &= ~(size_t)63;
-    if (rounded == 0) rounded = 64;
+    if (size > SIZE_MAX / 2) return ember_err(err, EMBER_ERR_NOMEM, "cannot allocate %zu bytes", size);
     ember_buffer *b = calloc(1, sizeof *b);
-    void *d = b ? aligned_alloc(64, rounded) : NULL;
+    size_t map_len = 0;
+    void *d = b ? host_alloc(size, &map_len) : NULL;
     if (!d) {
         free(b);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory allocating %zu bytes", size);
     }
-    memset(d, 0, rounded);
-    *b = (ember_buffer){.be = be, .data = d, .size = size, .owned = true};
+    *b = (ember_buffer){.be = be, .data = d, .size = size, .owned = true, .map_len = map_len};
     *out = b;
     return EMBER_OK;
 }
@@ -72,7 +102,7 @@ static int cpu_buffer_alloc(ember_backend *be, size_t size, ember_buffer **out, 
 static int cpu_buffer_from_host(ember_backend *be, const void *h, size_t size, ember_buffer **out,
                                 ember_error *err) {
     *out = NULL;
-    if (((uintptr_t)h & 15u) == 0 && h) {
+    if (cpu(be)->zero_copy && h && ((uintptr_t)h & 15u) == 0) {
         ember_buffer *b = calloc(1, sizeof *b);
         if (!b) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         *b = (ember_buffer){.be = be, .data = (void *)h, .size = size, .owned = false};
@@ -87,7 +117,10 @@ static int cpu_buffer_from_host(ember_backend *be, const void *h, size_t size, e
 
 static void cpu_buffer_free(ember_buffer *b) {
     if (!b) return;
-    if (b->owned) free(b->data);
+    if (b->owned && b->map_len)
+        munmap(b->data, b->map_len);
+    else if (b->owned)
+        free(b->data);
     free(b);
 }
 
@@ -549,6 +582,7 @@ int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_
         return err ? err->code : EMBER_ERR_NOMEM;
     }
     c->n_threads = n;
+    c->zero_copy = p && p->zero_copy;
     c->k = ember_cpu_kernels_for(isa);
     c->base.ops = &k_cpu_ops;
     c->base.impl = c;

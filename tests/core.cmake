@@ -1,0 +1,10 @@
+# Tests of the foundation: core, formats, kernels, model parity, CLI.
+ember_test(test_fixtures test_fixtures.c)
+ember_test(test_batch test_batch.c)
+ember_test(test_dtype test_dtype.c)
+ember_test(test_kernels test_kernels.c)
+ember_test(test_threadpool test_threadpool.c)
+ember_test(test_safetensors test_safetensors.c)
+ember_test(test_config test_config.c)
+ember_test(test_sampler test_sampler.c)
+ember_test(test_cli test_cli.c)

@@ -1,0 +1,85 @@
+/*
+ * fixture.h - reading the reference tensors of ../shared/fixtures/<family>
+ * (refs.safetensors) for tests: prompts, logits, greedy ids, margins.
+ */
+#ifndef EMBER_TEST_FIXTURE_H
+#define EMBER_TEST_FIXTURE_H
+
+#include "formats/safetensors.h"
+#include "test.h"
+
+typedef struct fixture_prompt {
+    int32_t ids[128];
+    int n;
+    float *logits; /* [n, vocab] (points into the mapped refs) */
+    int32_t greedy[24];
+    float margin[24];
+} fixture_prompt;
+
+typedef struct fixture {
+    char dir[512];
+    ember_st_file *refs;
+    fixture_prompt p[3];
+    const float *p0_gen_logits; /* [24, vocab] */
+    int vocab;
+} fixture;
+
+static inline const ember_st_tensor *fx_get(fixture *f, const char *name) {
+    const ember_st_tensor *t = ember_st_find(f->refs, name);
+    if (!t) {
+        fprintf(stderr, "fixture %s: missing %s\n", f->dir, name);
+        exit(1);
+    }
+    return t;
+}
+
+/* Opens family's refs. Exits 77 if ../shared is absent. */
+static inline void fixture_open(fixture *f, const char *family) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "%s/fixtures/%s", shared_dir(), family);
+    char path[600];
+    snprintf(path, sizeof path, "%s/refs.safetensors", f->dir);
+    ember_error err = {0};
+    if (ember_st_open(path, &f->refs, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    for (int i = 0; i < 3; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "p%d.input_ids", i);
+        const ember_st_tensor *t = fx_get(f, name);
+        f->p[i].n = (int)t->shape[0];
+        for (int k = 0; k < f->p[i].n; k++) {
+            int64_t v;
+            memcpy(&v, t->data + 8 * k, 8);
+            f->p[i].ids[k] = (int32_t)v;
+        }
+        snprintf(name, sizeof name, "p%d.logits", i);
+        t = fx_get(f, name);
+        f->vocab = (int)t->shape[1];
+        f->p[i].logits = (float *)t->data;
+        snprintf(name, sizeof name, "p%d.greedy_ids", i);
+        t = fx_get(f, name);
+        for (int k = 0; k < 24; k++) {
+            int64_t v;
+            memcpy(&v, t->data + 8 * k, 8);
+            f->p[i].greedy[k] = (int32_t)v;
+        }
+        snprintf(name, sizeof name, "p%d.gen_margin", i);
+        t = fx_get(f, name);
+        memcpy(f->p[i].margin, t->data, sizeof f->p[i].margin);
+    }
+    f->p0_gen_logits = (const float *)fx_get(f, "p0.gen_logits")->data;
+}
+
+static inline void fixture_close(fixture *f) {
+    ember_st_free(f->refs);
+}
+
+static inline float max_abs(const float *x, size_t n) {
+    float m = 0;
+    for (size_t i = 0; i < n; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+    return m;
+}
+
+#endif

@@ -1,0 +1,284 @@
+/*
+ * test_cli.c - the ember command on bad input: broken model files, broken
+ * configs, a directory that is not a model, bad flags and values. Each case
+ * must exit with status 1 (not a signal), print exactly one line on stderr
+ * that names the file or option at fault, and print nothing on stdout.
+ * Also checks the good paths: generate and logits agree with the library.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <jansson.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ember.h"
+#include "fixture.h"
+
+static char g_tmp[512];
+
+/* Runs cmd; returns its exit code (or 128 + signal), stdout and stderr in buffers. */
+static int run(const char *cmd, char *out, size_t out_n, char *errb, size_t err_n) {
+    char full[4096], ef[600], of[600];
+    snprintf(of, sizeof of, "%s/stdout.txt", g_tmp);
+    snprintf(ef, sizeof ef, "%s/stderr.txt", g_tmp);
+    snprintf(full, sizeof full, "%s >%s 2>%s", cmd, of, ef);
+    int st = system(full);
+    int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    const char *files[2] = {of, ef};
+    char *bufs[2] = {out, errb};
+    size_t ns[2] = {out_n, err_n};
+    for (int i = 0; i < 2; i++) {
+        FILE *fp = fopen(files[i], "rb");
+        size_t n = fp ? fread(bufs[i], 1, ns[i] - 1, fp) : 0;
+        bufs[i][n] = 0;
+        if (fp) fclose(fp);
+    }
+    return code;
+}
+
+static void expect_fail(const char *args, const char *needle) {
+    char cmd[2048], out[4096], err[8192];
+    snprintf(cmd, sizeof cmd, "%s %s", EMBER_BIN, args);
+    int code = run(cmd, out, sizeof out, err, sizeof err);
+    int lines = 0;
+    for (char *p = err; *p; p++) lines += *p == '\n';
+    CHECKF(code == 1, "exit %d for: %s\n  stderr: %s", code, args, err);
+    CHECKF(lines == 1, "%d stderr lines for: %s\n%s", lines, args, err);
+    CHECKF(out[0] == 0, "stdout not empty for: %s", args);
+    CHECKF(strstr(err, needle) != NULL, "stderr lacks '%s' for: %s\n  got: %s", needle, args, err);
+}
+
+static void copy_file(const char *from, const char *to) {
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, a)) > 0) fwrite(buf, 1, n, b);
+    fclose(a);
+    fclose(b);
+}
+
+/* A copy of the llama fixture in g_tmp/<name>; returns its path. */
+static const char *model_copy(const char *name, char *dir, size_t n) {
+    snprintf(dir, n, "%s/%s", g_tmp, name);
+    mkdir(dir, 0777);
+    const char *files[] = {"config.json", "generation_config.json", "model.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        char a[700], b[700];
+        snprintf(a, sizeof a, "%s/fixtures/llama/%s", EMBER_SHARED_DIR, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        copy_file(a, b);
+    }
+    return dir;
+}
+
+static void write_text(const char *dir, const char *file, const char *text) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    FILE *fp = fopen(p, "w");
+    fputs(text, fp);
+    fclose(fp);
+}
+
+typedef void (*mutate_fn)(json_t *hdr);
+
+/* Rewrites dir/model.safetensors with a mutated header and the same data. */
+static void mutate_header(const char *dir, mutate_fn fn) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    FILE *fp = fopen(p, "rb");
+    fseek(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)size);
+    CHECK(fread(b, 1, (size_t)size, fp) == (size_t)size);
+    fclose(fp);
+    uint64_t h = 0;
+    for (int i = 7; i >= 0; i--) h = (h << 8) | b[i];
+    json_t *hdr = json_loadb((const char *)b + 8, h, 0, NULL);
+    fn(hdr);
+    char *s = json_dumps(hdr, JSON_COMPACT);
+    size_t hl = strlen(s);
+    fp = fopen(p, "wb");
+    unsigned char lenb[8];
+    for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    fwrite(lenb, 1, 8, fp);
+    fwrite(s, 1, hl, fp);
+    fwrite(b + 8 + h, 1, (size_t)size - 8 - h, fp);
+    fclose(fp);
+    free(s);
+    json_decref(hdr);
+    free(b);
+}
+
+static void m_offsets(json_t *h) {
+    json_t *t = json_object_get(h, "model.norm.weight");
+    json_array_set_new(json_object_get(t, "data_offsets"), 0, json_integer(900000000));
+    json_array_set_new(json_object_get(t, "data_offsets"), 1, json_integer(900000256));
+}
+static void m_dtype(json_t *h) {
+    json_object_set_new(json_object_get(h, "model.layers.1.self_attn.k_proj.weight"), "dtype", json_string("I32"));
+}
+static void m_missing(json_t *h) {
+    json_object_del(h, "model.layers.0.mlp.up_proj.weight");
+}
+static void m_shape(json_t *h) {
+    json_t *sh = json_object_get(json_object_get(h, "model.layers.0.self_attn.q_proj.weight"), "shape");
+    json_array_set_new(sh, 0, json_integer(32));
+    json_array_set_new(sh, 1, json_integer(128));
+}
+
+static void truncate_file(const char *dir, long keep) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    CHECK(truncate(p, keep) == 0);
+}
+
+int main(void) {
+    shared_dir();
+    snprintf(g_tmp, sizeof g_tmp, "%s/cli", EMBER_TEST_TMP);
+    mkdir(g_tmp, 0777);
+    char d[600], args[2048];
+    const char *ids = "--ids 52,329,370,348,78,482,195 -n 4 --temp 0";
+
+    /* the good path: ids match the reference */
+    {
+        fixture f;
+        fixture_open(&f, "llama");
+        char cmd[2048], out[4096], err[4096];
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 52,329,370,348,78,482,195 -n 24 --temp 0 --ignore-eos",
+                 EMBER_BIN, f.dir);
+        CHECK(run(cmd, out, sizeof out, err, sizeof err) == 0);
+        char want[512] = "";
+        for (int i = 0; i < 24; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? " " : "", f.p[0].greedy[i]);
+        strcat(want, "\n");
+        CHECKF(strcmp(out, want) == 0, "generate printed '%s', want '%s'", out, want);
+        /* logits -> .npy equals the library's logits and is a valid npy */
+        char npy[700];
+        snprintf(npy, sizeof npy, "%s/p0.npy", g_tmp);
+        snprintf(cmd, sizeof cmd, "%s logits --model %s --ids 52,329,370,348,78,482,195 --out %s", EMBER_BIN, f.dir, npy);
+        CHECK(run(cmd, out, sizeof out, err, sizeof err) == 0);
+        FILE *fp = fopen(npy, "rb");
+        unsigned char hdr[128];
+        CHECK(fp && fread(hdr, 1, 128, fp) == 128);
+        CHECK(memcmp(hdr, "\x93NUMPY\x01\x00", 8) == 0);
+        int hl = hdr[8] | hdr[9] << 8;
+        CHECK((10 + hl) % 64 == 0 && strstr((char *)hdr + 10, "'shape': (7, 512)") && strstr((char *)hdr + 10, "<f4"));
+        float *lg = malloc(7 * 512 * sizeof *lg), *ref = malloc(7 * 512 * sizeof *ref);
+        fseek(fp, 10 + hl, SEEK_SET);
+        CHECK(fread(lg, sizeof *lg, 7 * 512, fp) == 7 * 512);
+        fclose(fp);
+        ember_model *m;
+        ember_error e = {0};
+        CHECK(ember_model_load(f.dir, NULL, &m, &e) == EMBER_OK);
+        CHECK(ember_logits(m, f.p[0].ids, 7, ref, &e) == EMBER_OK);
+        CHECK(memcmp(lg, ref, 7 * 512 * sizeof *lg) == 0);
+        float dm = 0;
+        for (int i = 0; i < 7 * 512; i++) dm = fmaxf(dm, fabsf(lg[i] - f.p[0].logits[i]));
+        CHECK(dm < 1e-4f);
+        ember_model_free(m);
+        free(lg);
+        free(ref);
+        fixture_close(&f);
+        snprintf(cmd, sizeof cmd, "%s --help", EMBER_BIN);
+        CHECK(run(cmd, out, sizeof out, err, sizeof err) == 0 && strstr(out, "generate"));
+        const char *verbs[] = {"generate", "logits", "bench", "info", "mkmodel"};
+        for (int i = 0; i < 5; i++) {
+            snprintf(cmd, sizeof cmd, "%s %s --help", EMBER_BIN, verbs[i]);
+            CHECKF(run(cmd, out, sizeof out, err, sizeof err) == 0 && strstr(out, "usage: ember"), "%s --help", verbs[i]);
+        }
+    }
+
+    /* paths that are not models */
+    expect_fail("generate --model /nonexistent/model --ids 1", "/nonexistent/model: no such file");
+    snprintf(d, sizeof d, "%s/empty", g_tmp);
+    mkdir(d, 0777);
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "not a model directory");
+    snprintf(args, sizeof args, "generate --model %s/fixtures/llama/config.json %s", EMBER_SHARED_DIR, ids);
+    expect_fail(args, "not a model directory");
+
+    /* broken weights */
+    model_copy("trunc_data", d, sizeof d);
+    truncate_file(d, 200000);
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "model.safetensors: tensor");
+    model_copy("trunc_header", d, sizeof d);
+    truncate_file(d, 100);
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "runs past the end");
+    model_copy("empty_file", d, sizeof d);
+    truncate_file(d, 0);
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "too short");
+    model_copy("offsets", d, sizeof d);
+    mutate_header(d, m_offsets);
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "outside the");
+    model_copy("dtype", d, sizeof d);
+    mutate_header(d, m_dtype);
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "unsupported dtype I32");
+    model_copy("missing", d, sizeof d);
+    mutate_header(d, m_missing);
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "missing tensor 'model.layers.0.mlp.up_proj.weight'");
+    model_copy("shape", d, sizeof d);
+    mutate_header(d, m_shape);
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "has shape [32, 128], expected [64, 64]");
+
+    /* broken configs */
+    model_copy("cfg_missing", d, sizeof d);
+    write_text(d, "config.json", "{\"model_type\":\"llama\",\"vocab_size\":512,\"intermediate_size\":128,"
+                                 "\"num_hidden_layers\":2,\"num_attention_heads\":4}");
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "config.json: missing required field 'hidden_size'");
+    model_copy("cfg_type", d, sizeof d);
+    write_text(d, "config.json", "{\"model_type\":\"llama\",\"vocab_size\":512,\"hidden_size\":\"64\","
+                                 "\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4}");
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "config.json: field 'hidden_size' must be an integer, got string");
+    model_copy("cfg_json", d, sizeof d);
+    write_text(d, "config.json", "{\"model_type\": \"llama\",");
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "config.json: not valid JSON");
+    model_copy("gencfg", d, sizeof d);
+    write_text(d, "generation_config.json", "{\"eos_token_id\": \"two\"}");
+    snprintf(args, sizeof args, "generate --model %s %s", d, ids);
+    expect_fail(args, "generation_config.json: field 'eos_token_id'");
+
+    /* bad flags and values */
+    snprintf(d, sizeof d, "%s/fixtures/llama", EMBER_SHARED_DIR);
+    snprintf(args, sizeof args, "generate --model %s --ids 1,2 --bogus", d);
+    expect_fail(args, "unknown option '--bogus'");
+    snprintf(args, sizeof args, "generate --model %s --ids 1,2 --temp abc", d);
+    expect_fail(args, "--temp expects a finite number");
+    snprintf(args, sizeof args, "generate --model %s --ids 1,2 --temp -1", d);
+    expect_fail(args, "--temp must be between");
+    snprintf(args, sizeof args, "generate --model %s --ids 1,2 -n -5", d);
+    expect_fail(args, "-n must be between");
+    snprintf(args, sizeof args, "generate --model %s --ids 1,x", d);
+    expect_fail(args, "--ids: 'x' is not a token id");
+    snprintf(args, sizeof args, "generate --model %s --ids 1,99999 -n 2", d);
+    expect_fail(args, "outside the vocabulary");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --isa sse9", d);
+    expect_fail(args, "--isa must be one of");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --top-p 0", d);
+    expect_fail(args, "--top-p must be between");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --ctx 4 -n 10", d);
+    expect_fail(args, "context holds 4");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --seed -3", d);
+    expect_fail(args, "--seed expects a non-negative integer");
+    expect_fail("generate --ids 1,2", "--model is required");
+    snprintf(args, sizeof args, "generate --model %s", d);
+    expect_fail(args, "--ids is required");
+    snprintf(args, sizeof args, "generate --model %s --ids", d);
+    expect_fail(args, "--ids needs a value");
+    snprintf(args, sizeof args, "logits --model %s --ids 1,2", d);
+    expect_fail(args, "--out are required");
+    snprintf(args, sizeof args, "logits --model %s --ids 1,2 --out /nonexistent/dir/x.npy", d);
+    expect_fail(args, "/nonexistent/dir/x.npy: cannot create");
+    expect_fail("frobnicate", "unknown command 'frobnicate'");
+    expect_fail("mkmodel --preset nope --out /tmp/x", "unknown preset 'nope'");
+    expect_fail("bench --model /nonexistent -t 0", "--threads expects positive integers");
+    return test_done();
+}

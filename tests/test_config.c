@@ -1,0 +1,129 @@
+/*
+ * test_config.c - config.json in both serialisations, every field checked,
+ * and RoPE frequencies of each scaling kind against the formulas evaluated
+ * independently in double precision.
+ */
+#include "formats/config.h"
+#include "model/rope.h"
+#include "test.h"
+
+static int parse(const char *json, ember_model_config *c, ember_error *err) {
+    return ember_config_parse("config.json", json, strlen(json), c, err);
+}
+
+#define BASE "\"model_type\":\"llama\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128," \
+             "\"num_hidden_layers\":2,\"num_attention_heads\":4"
+
+static void expect_err(const char *json, int code, const char *needle) {
+    ember_model_config c;
+    ember_error err = {0};
+    int rc = parse(json, &c, &err);
+    CHECKF(rc == code, "%s -> %d (%s)", json, rc, err.msg);
+    CHECKF(strstr(err.msg, "config.json") && (!needle || strstr(err.msg, needle)), "message: %s (want %s)", err.msg,
+           needle);
+}
+
+int main(void) {
+    ember_model_config c;
+    ember_error err = {0};
+    /* hub format with defaults */
+    CHECKF(parse("{" BASE "}", &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.n_kv_heads == 4 && c.head_dim == 16 && c.rope.theta == 10000.0 && c.rope.type == EMBER_ROPE_DEFAULT);
+    CHECK(c.rms_norm_eps == 1e-6f && !c.tie_embeddings && c.bos_id == -1 && c.n_eos == 0);
+    /* transformers 5 format */
+    CHECKF(parse("{" BASE ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":500000.0},"
+                 "\"dtype\":\"bfloat16\",\"eos_token_id\":[5,6],\"bos_token_id\":1}",
+                 &c, &err) == EMBER_OK,
+           "%s", err.msg);
+    CHECK(c.rope.theta == 500000.0 && c.n_eos == 2 && c.eos_ids[1] == 6 && c.bos_id == 1);
+    /* qwen2: biases, sliding window rules */
+    CHECK(parse("{\"model_type\":\"qwen2\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128,"
+                "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                "\"use_sliding_window\":true,\"sliding_window\":8,\"max_window_layers\":2}",
+                &c, &err) == EMBER_OK);
+    CHECK(c.attn_bias && !c.attn_out_bias && c.layer_window[0] == 0 && c.layer_window[1] == 0 &&
+          c.layer_window[2] == 8 && c.layer_window[3] == 8);
+    CHECK(parse("{\"model_type\":\"qwen2\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128,"
+                "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"use_sliding_window\":false,"
+                "\"sliding_window\":8}",
+                &c, &err) == EMBER_OK);
+    CHECK(c.layer_window[0] == 0 && c.layer_window[1] == 0);
+    CHECK(parse("{\"model_type\":\"mistral\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128,"
+                "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"sliding_window\":16}",
+                &c, &err) == EMBER_OK);
+    CHECK(c.layer_window[0] == 16 && c.layer_window[1] == 16 && !c.attn_bias);
+    CHECK(parse("{\"model_type\":\"qwen3\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128,"
+                "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"layer_types\":[\"full_attention\","
+                "\"sliding_attention\"],\"sliding_window\":4}",
+                &c, &err) == EMBER_OK);
+    CHECK(c.qk_norm && c.layer_window[0] == 0 && c.layer_window[1] == 4);
+    CHECK(parse("{" BASE ",\"attention_bias\":true,\"mlp_bias\":true}", &c, &err) == EMBER_OK);
+    CHECK(c.attn_bias && c.attn_out_bias && c.mlp_bias);
+
+    /* errors: missing, mistyped, out of range, unsupported */
+    expect_err("{\"model_type\":\"llama\",\"vocab_size\":100}", EMBER_ERR_FORMAT, "'hidden_size'");
+    expect_err("{" BASE ",\"num_key_value_heads\":\"2\"}", EMBER_ERR_FORMAT, "must be an integer, got string");
+    expect_err("{\"model_type\":\"llama\",\"vocab_size\":100,\"hidden_size\":64.5,\"intermediate_size\":128,"
+               "\"num_hidden_layers\":2,\"num_attention_heads\":4}",
+               EMBER_ERR_FORMAT, "hidden_size");
+    expect_err("{" BASE ",\"num_key_value_heads\":3}", EMBER_ERR_FORMAT, "multiple");
+    expect_err("{" BASE ",\"num_key_value_heads\":-1}", EMBER_ERR_FORMAT, "outside");
+    expect_err("{" BASE ",\"rms_norm_eps\":\"x\"}", EMBER_ERR_FORMAT, "rms_norm_eps");
+    expect_err("{" BASE ",\"tie_word_embeddings\":1}", EMBER_ERR_FORMAT, "true or false");
+    expect_err("{" BASE ",\"eos_token_id\":100}", EMBER_ERR_FORMAT, "eos_token_id");
+    expect_err("{" BASE ",\"rope_scaling\":{\"type\":\"dynamic\",\"factor\":2}}", EMBER_ERR_UNSUPPORTED, "dynamic");
+    expect_err("{" BASE ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8}}", EMBER_ERR_FORMAT,
+               "low_freq_factor");
+    expect_err("{" BASE ",\"hidden_act\":\"gelu\"}", EMBER_ERR_UNSUPPORTED, "gelu");
+    expect_err("{\"model_type\":\"gemma2\"}", EMBER_ERR_UNSUPPORTED, "gemma2");
+    expect_err("{\"vocab_size\":1}", EMBER_ERR_FORMAT, "model_type");
+    expect_err("[]", EMBER_ERR_FORMAT, "not a JSON object");
+    expect_err("{\"model_type\":", EMBER_ERR_FORMAT, "not valid JSON");
+    expect_err("{" BASE ",\"head_dim\":7}", EMBER_ERR_FORMAT, "head_dim");
+    expect_err("{" BASE ",\"quantization\":{\"bits\":4}}", EMBER_ERR_UNSUPPORTED, "quantized");
+
+    /* RoPE: default, linear, llama3, yarn against double-precision formulas */
+    float f[64];
+    int n_rot;
+    float af;
+    CHECK(parse("{" BASE ",\"rope_scaling\":{\"type\":\"linear\",\"factor\":4.0}}", &c, &err) == EMBER_OK);
+    CHECK(ember_rope_freqs(&c.rope, 16, f, &n_rot, &af, &err) == EMBER_OK && n_rot == 16 && af == 1.0f);
+    for (int i = 0; i < 8; i++) CHECK(fabs(f[i] - pow(10000.0, -2.0 * i / 16) / 4) <= 1e-6 * f[i]);
+    CHECK(parse("{" BASE ",\"head_dim\":64,\"rope_theta\":500000.0,\"rope_scaling\":{\"rope_type\":\"llama3\","
+                "\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                "\"original_max_position_embeddings\":8192}}",
+                &c, &err) == EMBER_OK);
+    CHECK(ember_rope_freqs(&c.rope, 64, f, &n_rot, &af, &err) == EMBER_OK && n_rot == 64);
+    for (int i = 0; i < 32; i++) {
+        double base = pow(500000.0, -2.0 * i / 64), wl = 2 * 3.141592653589793 / base, want;
+        if (wl < 8192.0 / 4)
+            want = base;
+        else if (wl > 8192.0)
+            want = base / 8;
+        else {
+            double s = (8192.0 / wl - 1.0) / 3.0;
+            want = (1 - s) * base / 8 + s * base;
+        }
+        CHECKF(fabs(f[i] - want) <= 2e-6 * want, "llama3 inv_freq[%d] %g vs %g", i, f[i], want);
+    }
+    CHECK(parse("{" BASE ",\"max_position_embeddings\":131072,\"rope_theta\":1000000.0,\"rope_scaling\":"
+                "{\"type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":32768}}",
+                &c, &err) == EMBER_OK);
+    CHECK(ember_rope_freqs(&c.rope, 16, f, &n_rot, &af, &err) == EMBER_OK);
+    CHECK(fabs(af - (0.1 * log(4.0) + 1.0)) < 1e-6);
+    {
+        double lo = floor(16 * log(32768 / (32 * 2 * 3.141592653589793)) / (2 * log(1e6)));
+        double hi = ceil(16 * log(32768 / (1 * 2 * 3.141592653589793)) / (2 * log(1e6)));
+        if (lo < 0) lo = 0;
+        if (hi > 15) hi = 15;
+        for (int i = 0; i < 8; i++) {
+            double pf = pow(1e6, 2.0 * i / 16), ramp = (i - lo) / (hi - lo);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            double want = (1 / (4 * pf)) * ramp + (1 / pf) * (1 - ramp);
+            CHECKF(fabs(f[i] - want) <= 2e-6 * want, "yarn inv_freq[%d] %g vs %g", i, f[i], want);
+        }
+    }
+    CHECK(parse("{" BASE ",\"partial_rotary_factor\":0.5}", &c, &err) == EMBER_OK);
+    CHECK(ember_rope_freqs(&c.rope, 16, f, &n_rot, &af, &err) == EMBER_OK && n_rot == 8);
+    return test_done();
+}
