@@ -66,8 +66,8 @@ const ember_dtype_info *ember_dtype_get(ember_dtype t) {
 }
 
 ember_dtype ember_dtype_from_st_name(const char *name) {
-    for (int t = 1; t < EMBER_DTYPE_COUNT; t++)
-        if (strcmp(k_info[t].st_name, name) == 0) return (ember_dtype)t;
+    for (int t = 1; t < EMBER_DTYPE_COUNT; t++) /* safetensors has no block types */
+        if (k_info[t].block_elems == 1 && strcmp(k_info[t].st_name, name) == 0) return (ember_dtype)t;
     return EMBER_DTYPE_INVALID;
 }
 
