@@ -177,6 +177,109 @@ EMBER_API int ember_generate(ember_model *m, ember_request *reqs, int n, ember_e
 EMBER_API int ember_logits(ember_model *m, const int32_t *ids, int n_ids, float *out,
                            ember_error *err);
 
+/* ---- the serving engine --------------------------------------------------
+ *
+ * An engine owns one thread that drives a loaded model: requests are
+ * submitted from any thread and never wait for compute; the engine admits
+ * them as rows of its running batch when a row is free (continuous
+ * batching), prefills prompts in chunks interleaved with decode steps, and
+ * reports each request's tokens as events on its stream. While an engine
+ * exists, do not call ember_generate / ember_logits on its model.
+ */
+
+typedef struct ember_engine ember_engine;
+typedef struct ember_stream ember_stream;
+
+typedef struct ember_engine_params {
+    int max_queue;     /* requests waiting for a row; beyond it submit fails with
+                          EMBER_ERR_LIMIT; <= 0: 256 */
+    int prefill_chunk; /* prompt tokens per step, over all rows; <= 0: the
+                          model's max_batch_tokens */
+} ember_engine_params;
+
+typedef struct ember_logit_bias {
+    int32_t token;
+    float bias;
+} ember_logit_bias;
+
+#define EMBER_MAX_TOP_LOGPROBS 20
+
+typedef struct ember_gen_params {
+    const int32_t *prompt; /* copied at submit */
+    int n_prompt;
+    int max_tokens;        /* >= 1 */
+    ember_sampling sampling;
+    float presence_penalty;   /* OpenAI semantics, on generated tokens; 0 = off */
+    float frequency_penalty;  /* 0 = off */
+    float repetition_penalty; /* HF semantics, on prompt and generated; 1 (or 0) = off */
+    const ember_logit_bias *logit_bias; /* copied */
+    int n_logit_bias;
+    int logprobs;          /* nonzero: report each token's log-probability */
+    int top_logprobs;      /* 0..EMBER_MAX_TOP_LOGPROBS alternatives per token */
+    const int32_t *stop_ids; /* extra token ids that end generation (copied) */
+    int n_stop_ids;
+    int ignore_eos;
+} ember_gen_params;
+
+typedef enum ember_event_kind { EMBER_EV_TOKEN = 1, EMBER_EV_DONE = 2 } ember_event_kind;
+
+typedef enum ember_finish {
+    EMBER_FINISH_NONE = 0,
+    EMBER_FINISH_LENGTH = 1,    /* max_tokens or the context filled up */
+    EMBER_FINISH_STOP = 2,      /* an EOS or stop id (included as the last token) */
+    EMBER_FINISH_CANCELLED = 3, /* ember_stream_cancel, or the engine shut down */
+    EMBER_FINISH_ERROR = 4
+} ember_finish;
+
+typedef struct ember_event {
+    ember_event_kind kind;
+    /* EMBER_EV_TOKEN */
+    int32_t token;
+    float logprob;
+    int n_top;
+    int32_t top_ids[EMBER_MAX_TOP_LOGPROBS];
+    float top_logprobs[EMBER_MAX_TOP_LOGPROBS];
+    /* EMBER_EV_DONE (the last event of a stream) */
+    ember_finish finish;
+    int n_prompt, n_generated, n_cached; /* n_cached: prompt tokens reused from the cache */
+    int error_code;
+    char error[256];
+} ember_event;
+
+typedef struct ember_engine_stats {
+    int rows;                 /* rows of the batch (max concurrent requests) */
+    int running, waiting;
+    size_t kv_bytes_used;     /* KV positions held by running requests, in bytes */
+    size_t kv_bytes_total;
+    uint64_t requests_total, prompt_tokens_total, cached_tokens_total, generated_tokens_total;
+    uint64_t steps_total;
+} ember_engine_stats;
+
+/* Starts an engine thread over m (which must outlive the engine). */
+EMBER_API int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine **out,
+                               ember_error *err);
+/* Cancels every request, joins the thread, frees the engine. Streams stay
+   valid (they end with a CANCELLED event) until ember_stream_free. */
+EMBER_API void ember_engine_free(ember_engine *e);
+
+/*
+ * Queues a request. Errors: EMBER_ERR_INVALID_ARG (bad parameters; a prompt
+ * that can never fit the context), EMBER_ERR_LIMIT (the queue is full: try
+ * again later). On success *out receives the request's stream (free it with
+ * ember_stream_free).
+ */
+EMBER_API int ember_engine_submit(ember_engine *e, const ember_gen_params *g, ember_stream **out,
+                                  ember_error *err);
+/* Waits up to timeout_ms (< 0: forever) for the next event. Returns 1 with
+   *ev filled, 0 on timeout. After the DONE event it returns 0 at once. */
+EMBER_API int ember_stream_next(ember_stream *s, ember_event *ev, int timeout_ms);
+/* Asks the engine to stop the request at the next step boundary (thread-safe). */
+EMBER_API void ember_stream_cancel(ember_stream *s);
+/* Cancels the request if still running and releases the caller's handle. */
+EMBER_API void ember_stream_free(ember_stream *s);
+
+EMBER_API void ember_engine_get_stats(ember_engine *e, ember_engine_stats *st);
+
 /* ---- timing helpers for benchmarks ------------------------------------ */
 
 typedef struct ember_bench_result {

@@ -56,26 +56,32 @@ int32_t ember_argmax(const float *x, int n) {
     return best < 0 ? 0 : best;
 }
 
-int ember_sampler_new(const ember_sampling *p, int vocab, ember_sampler **out, ember_error *err) {
-    *out = NULL;
-    if (vocab < 1) return ember_err(err, EMBER_ERR_INVALID_ARG, "vocabulary of %d tokens", vocab);
+int ember_sampler_configure(ember_sampler *s, const ember_sampling *p, ember_error *err) {
     if (!isfinite(p->temperature) || p->temperature < 0)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "temperature must be a finite number >= 0, got %g",
                          (double)p->temperature);
-    if (!(p->top_p > 0) || isnan(p->top_p))
+    if (!(p->top_p > 0 && p->top_p <= 1))
         return ember_err(err, EMBER_ERR_INVALID_ARG, "top_p must be in (0, 1], got %g", (double)p->top_p);
     if (!(p->min_p >= 0 && p->min_p <= 1))
         return ember_err(err, EMBER_ERR_INVALID_ARG, "min_p must be in [0, 1], got %g", (double)p->min_p);
+    if (p->top_k < 0) return ember_err(err, EMBER_ERR_INVALID_ARG, "top_k must be >= 0, got %d", p->top_k);
+    s->p = *p;
+    ember_rng_seed(&s->rng, p->seed);
+    return EMBER_OK;
+}
+
+int ember_sampler_new(const ember_sampling *p, int vocab, ember_sampler **out, ember_error *err) {
+    *out = NULL;
+    if (vocab < 1) return ember_err(err, EMBER_ERR_INVALID_ARG, "vocabulary of %d tokens", vocab);
     ember_sampler *s = calloc(1, sizeof *s);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
-    s->p = *p;
     s->vocab = vocab;
     s->c = malloc((size_t)vocab * sizeof *s->c);
-    if (!s->c) {
+    int rc = s->c ? ember_sampler_configure(s, p, err) : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    if (rc) {
         ember_sampler_free(s);
-        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        return rc;
     }
-    ember_rng_seed(&s->rng, p->seed);
     *out = s;
     return EMBER_OK;
 }

@@ -29,9 +29,14 @@ double ember_rng_uniform(ember_rng *r);
 typedef struct ember_sampler ember_sampler;
 
 /* Validates p (temperature >= 0 and finite, top_p in (0, 1], min_p in
-   [0, 1]) and allocates a sampler for vocab entries. */
+   [0, 1], top_k >= 0) and allocates a sampler for vocab entries. */
 int ember_sampler_new(const ember_sampling *p, int vocab, ember_sampler **out, ember_error *err);
 void ember_sampler_free(ember_sampler *s);
+
+/* Re-validates and applies new parameters (and reseeds), keeping the
+   scratch: how one sampler serves successive requests on a row. On error
+   the sampler is unchanged. */
+int ember_sampler_configure(ember_sampler *s, const ember_sampling *p, ember_error *err);
 
 /* The next token for one row of logits (vocab floats). NaN logits never win. */
 int32_t ember_sampler_sample(ember_sampler *s, const float *logits);

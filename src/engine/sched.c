@@ -1,0 +1,667 @@
+/*
+ * sched.c - the serving engine: one thread per model running a continuous
+ * batch of rows (see the engine section of include/ember.h).
+ *
+ * Threads and ownership
+ *   - Any thread may call ember_engine_submit / ember_stream_*; they touch
+ *     only the inbox (engine mutex) and a stream's event queue (stream
+ *     mutex). They never run compute.
+ *   - The engine thread owns everything else: the waiting queue, the rows,
+ *     the model's KV cache and run state. Each step it moves the inbox to
+ *     the waiting queue, drops cancelled requests, admits waiting requests
+ *     into free rows, runs one forward over decode tokens (one per decoding
+ *     row) and prefill chunks (up to prefill_chunk prompt tokens), samples,
+ *     and pushes events.
+ *   - A stream is shared by the engine and the client: refs counts the
+ *     holders (under the stream mutex); the last to let go frees it.
+ *
+ * Admission is transactional: a request is validated and its row prepared
+ * (sampler configured, history copied) before the row joins the batch; a
+ * failure ends that request with an error and leaves the batch untouched.
+ *
+ * Prefix reuse: a free row keeps the KV of its last request. A new request
+ * takes the free row sharing the longest prefix with its prompt and skips
+ * those positions (reported as n_cached). Since every kernel is batch
+ * invariant, reused positions hold exactly the values a fresh prefill
+ * would compute.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/util.h"
+#include "engine.h"
+#include "sample/sampler.h"
+
+/* ---- streams ---------------------------------------------------------------------- */
+
+struct ember_stream {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ember_event *q; /* ring buffer of events */
+    size_t head, count, cap;
+    bool done_pushed, done_popped;
+    int refs;
+    atomic_int cancel;
+    /* the request, owned by the engine thread once queued */
+    ember_gen_params g;
+    int32_t *prompt;
+    ember_logit_bias *bias;
+    int32_t *stop_ids;
+    ember_stream *next; /* inbox / waiting queue link */
+};
+
+static void stream_unref(ember_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    int left = --s->refs;
+    pthread_mutex_unlock(&s->mu);
+    if (left > 0) return;
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->q);
+    free(s->prompt);
+    free(s->bias);
+    free(s->stop_ids);
+    free(s);
+}
+
+/* Appends an event. Returns false when memory for the queue ran out. */
+static bool stream_push(ember_stream *s, const ember_event *ev) {
+    pthread_mutex_lock(&s->mu);
+    bool ok = true;
+    if (s->count == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        ember_event *q = malloc(cap * sizeof *q);
+        if (!q) {
+            ok = false;
+        } else {
+            for (size_t i = 0; i < s->count; i++) q[i] = s->q[(s->head + i) % s->cap];
+            free(s->q);
+            s->q = q;
+            s->cap = cap;
+            s->head = 0;
+        }
+    }
+    if (ok) {
+        s->q[(s->head + s->count) % s->cap] = *ev;
+        s->count++;
+        if (ev->kind == EMBER_EV_DONE) s->done_pushed = true;
+    }
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+/* The final event; on a full queue it replaces the last queued event so the
+   client always learns how the request ended. */
+static void stream_finish(ember_stream *s, const ember_event *done) {
+    if (!stream_push(s, done)) {
+        pthread_mutex_lock(&s->mu);
+        if (s->count) s->q[(s->head + s->count - 1) % s->cap] = *done;
+        s->done_pushed = true;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+int ember_stream_next(ember_stream *s, ember_event *ev, int timeout_ms) {
+    struct timespec until;
+    if (timeout_ms >= 0) {
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    while (s->count == 0 && !s->done_popped) {
+        if (s->done_pushed) break; /* cannot happen with count 0 unless popped */
+        if (timeout_ms < 0)
+            pthread_cond_wait(&s->cv, &s->mu);
+        else if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT)
+            break;
+    }
+    int got = 0;
+    if (s->count > 0) {
+        *ev = s->q[s->head];
+        s->head = (s->head + 1) % s->cap;
+        s->count--;
+        if (ev->kind == EMBER_EV_DONE) s->done_popped = true;
+        got = 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return got;
+}
+
+void ember_stream_cancel(ember_stream *s) {
+    if (s) atomic_store(&s->cancel, 1);
+}
+
+void ember_stream_free(ember_stream *s) {
+    if (!s) return;
+    ember_stream_cancel(s);
+    stream_unref(s);
+}
+
+/* ---- the engine --------------------------------------------------------------------- */
+
+typedef enum row_phase { ROW_FREE = 0, ROW_PREFILL, ROW_DECODE } row_phase;
+
+typedef struct row {
+    row_phase phase;
+    ember_stream *s;
+    int32_t *hist;      /* [n_ctx + 1] prompt then generated tokens */
+    int n_hist;         /* tokens in hist */
+    int n_prompt, n_fed; /* prompt length; positions already in the KV cache */
+    int n_gen, n_cached;
+    uint64_t order;     /* admission order: prefill goes first-come first-served */
+    uint64_t stamp;     /* the step that last took a prefill chunk from this row */
+    ember_sampler *sampler;
+    uint32_t *counts;   /* [V] generated-token counts (penalties) */
+    uint8_t *seen;      /* [V / 8 + 1] tokens of prompt and output (repetition penalty) */
+} row;
+
+struct ember_engine {
+    ember_model *m;
+    ember_engine_params p;
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    ember_stream *inbox, *inbox_tail;
+    int queued; /* inbox + waiting, for the queue bound (under mu) */
+    /* engine thread only */
+    ember_stream *wait_head, *wait_tail;
+    row *rows;
+    int n_rows;
+    uint64_t next_order;
+    uint64_t steps;
+    int *out_row; /* [n_rows] row of each logits row of a step */
+    float *raw; /* [V] a row's logits before penalties, for logprobs */
+    size_t kv_bytes_per_pos;
+    ember_engine_stats stats; /* published under mu */
+};
+
+static void row_free_mem(row *r) {
+    free(r->hist);
+    free(r->counts);
+    free(r->seen);
+    ember_sampler_free(r->sampler);
+}
+
+void ember_engine_free(ember_engine *e) {
+    if (!e) return;
+    if (e->started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = true;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    for (int i = 0; i < e->n_rows; i++) row_free_mem(&e->rows[i]);
+    free(e->rows);
+    free(e->out_row);
+    free(e->raw);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+static void end_stream(ember_engine *e, ember_stream *s, ember_finish finish, int n_prompt, int n_gen, int n_cached,
+                       int code, const char *msg) {
+    (void)e;
+    ember_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = EMBER_EV_DONE;
+    ev.finish = finish;
+    ev.n_prompt = n_prompt;
+    ev.n_generated = n_gen;
+    ev.n_cached = n_cached;
+    ev.error_code = code;
+    if (msg) snprintf(ev.error, sizeof ev.error, "%s", msg);
+    stream_finish(s, &ev);
+    stream_unref(s);
+}
+
+static void publish_stats(ember_engine *e);
+
+/* Releases row r: clears its penalty marks, keeps its KV and the matching
+   history for prefix reuse, publishes the new stats, then ends its stream
+   (so a client that sees the end also sees the row gone from the stats). */
+static void release_row(ember_engine *e, row *r, ember_finish finish, int code, const char *msg) {
+    ember_stream *s = r->s;
+    for (int i = 0; i < r->n_hist; i++) {
+        r->counts[r->hist[i]] = 0;
+        r->seen[r->hist[i] >> 3] = 0;
+    }
+    r->s = NULL;
+    r->phase = ROW_FREE;
+    r->n_hist = e->m->kv->len[r - e->rows]; /* tokens beyond the KV were never fed */
+    pthread_mutex_lock(&e->mu);
+    e->stats.generated_tokens_total += (uint64_t)r->n_gen;
+    e->stats.cached_tokens_total += (uint64_t)r->n_cached;
+    pthread_mutex_unlock(&e->mu);
+    publish_stats(e);
+    end_stream(e, s, finish, r->n_prompt, r->n_gen, r->n_cached, code, msg);
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* Moves waiting requests into free rows while there are both. */
+static void admit(ember_engine *e) {
+    ember_model *m = e->m;
+    while (e->wait_head) {
+        ember_stream *s = e->wait_head;
+        int best = -1, best_len = -1;
+        for (int i = 0; i < e->n_rows; i++) {
+            row *r = &e->rows[i];
+            if (r->phase != ROW_FREE) continue;
+            int c = common_prefix(r->hist, m->kv->len[i], s->prompt, s->g.n_prompt - 1);
+            if (c > best_len) {
+                best = i;
+                best_len = c;
+            }
+        }
+        if (best < 0) return; /* no free row: wait */
+        e->wait_head = s->next;
+        if (!e->wait_head) e->wait_tail = NULL;
+        s->next = NULL;
+        pthread_mutex_lock(&e->mu);
+        e->queued--;
+        pthread_mutex_unlock(&e->mu);
+        /* prepare the row; nothing in the running batch changes on failure */
+        row *r = &e->rows[best];
+        ember_error err = {0};
+        if (ember_sampler_configure(r->sampler, &s->g.sampling, &err) != EMBER_OK) {
+            end_stream(e, s, EMBER_FINISH_ERROR, s->g.n_prompt, 0, 0, err.code, err.msg);
+            continue;
+        }
+        ember_kv_trim(m->kv, best, best_len, NULL);
+        memcpy(r->hist, s->prompt, (size_t)s->g.n_prompt * sizeof *r->hist);
+        r->n_hist = s->g.n_prompt;
+        for (int i = 0; i < r->n_hist; i++) r->seen[r->hist[i] >> 3] |= (uint8_t)(1u << (r->hist[i] & 7));
+        r->s = s;
+        r->n_prompt = s->g.n_prompt;
+        r->n_fed = best_len;
+        r->n_cached = best_len;
+        r->n_gen = 0;
+        r->order = e->next_order++;
+        r->phase = ROW_PREFILL;
+    }
+}
+
+/* Drops cancelled requests from the waiting queue. */
+static void drop_cancelled_waiting(ember_engine *e) {
+    ember_stream **pp = &e->wait_head, *prev = NULL;
+    while (*pp) {
+        ember_stream *s = *pp;
+        if (atomic_load(&s->cancel)) {
+            *pp = s->next;
+            if (e->wait_tail == s) e->wait_tail = prev;
+            pthread_mutex_lock(&e->mu);
+            e->queued--;
+            pthread_mutex_unlock(&e->mu);
+            end_stream(e, s, EMBER_FINISH_CANCELLED, s->g.n_prompt, 0, 0, 0, NULL);
+        } else {
+            prev = s;
+            pp = &s->next;
+        }
+    }
+}
+
+static bool is_eos(const ember_model *m, int32_t t) {
+    for (int i = 0; i < m->cfg.n_eos; i++)
+        if (m->cfg.eos_ids[i] == t) return true;
+    return false;
+}
+
+/* Penalties and biases, in place on one row of logits. */
+static void process_logits(const row *r, float *lg, int V) {
+    const ember_gen_params *g = &r->s->g;
+    for (int i = 0; i < g->n_logit_bias; i++) lg[r->s->bias[i].token] += r->s->bias[i].bias;
+    float rep = g->repetition_penalty;
+    bool pf = g->presence_penalty != 0 || g->frequency_penalty != 0;
+    if (rep == 1.0f || rep == 0.0f) rep = 0;
+    if (!pf && !rep) return;
+    for (int t = 0; t < V; t++) {
+        if (rep && (r->seen[t >> 3] >> (t & 7) & 1)) lg[t] = lg[t] > 0 ? lg[t] / rep : lg[t] * rep;
+        if (pf && r->counts[t])
+            lg[t] -= g->presence_penalty + g->frequency_penalty * (float)r->counts[t];
+    }
+}
+
+/* log-softmax normaliser of raw logits. */
+static double log_sum_exp(const float *x, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    if (!isfinite(mx)) return mx;
+    double s = 0;
+    for (int i = 0; i < n; i++) s += exp((double)x[i] - mx);
+    return mx + log(s);
+}
+
+/* Samples row r's next token from lg and reports it; may end the request. */
+static void take_token(ember_engine *e, row *r, float *lg) {
+    ember_model *m = e->m;
+    const int V = m->cfg.vocab_size;
+    const ember_gen_params *g = &r->s->g;
+    ember_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = EMBER_EV_TOKEN;
+    bool want_lp = g->logprobs || g->top_logprobs > 0;
+    if (want_lp) memcpy(e->raw, lg, (size_t)V * sizeof *lg);
+    process_logits(r, lg, V);
+    int32_t t = ember_sampler_sample(r->sampler, lg);
+    ev.token = t;
+    if (want_lp) {
+        double lse = log_sum_exp(e->raw, V);
+        ev.logprob = (float)(e->raw[t] - lse);
+        int k = g->top_logprobs;
+        for (int i = 0; i < V && k > 0; i++) { /* insertion into a short sorted list */
+            float v = e->raw[i];
+            int n = ev.n_top;
+            if (n == k && !(v > e->raw[ev.top_ids[n - 1]])) continue;
+            int j = n < k ? n++ : n - 1;
+            while (j > 0 && v > e->raw[ev.top_ids[j - 1]]) {
+                ev.top_ids[j] = ev.top_ids[j - 1];
+                j--;
+            }
+            ev.top_ids[j] = i;
+            ev.n_top = n;
+        }
+        for (int i = 0; i < ev.n_top; i++) ev.top_logprobs[i] = (float)(e->raw[ev.top_ids[i]] - lse);
+    }
+    r->hist[r->n_hist++] = t;
+    r->n_gen++;
+    if (r->counts[t] < UINT32_MAX) r->counts[t]++;
+    r->seen[t >> 3] |= (uint8_t)(1u << (t & 7));
+    if (!stream_push(r->s, &ev)) {
+        release_row(e, r, EMBER_FINISH_ERROR, EMBER_ERR_NOMEM, "out of memory queueing events");
+        return;
+    }
+    bool stop = (!g->ignore_eos && is_eos(m, t));
+    for (int i = 0; i < g->n_stop_ids && !stop; i++) stop = r->s->stop_ids[i] == t;
+    if (stop)
+        release_row(e, r, EMBER_FINISH_STOP, 0, NULL);
+    else if (r->n_gen >= g->max_tokens || r->n_hist > m->params.n_ctx) /* no position left to feed it */
+        release_row(e, r, EMBER_FINISH_LENGTH, 0, NULL);
+    else
+        r->phase = ROW_DECODE;
+}
+
+/* One step over the batch; returns false when there was nothing to do. */
+static bool step(ember_engine *e) {
+    ember_model *m = e->m;
+    const int V = m->cfg.vocab_size, B = m->params.max_batch_tokens;
+    for (int i = 0; i < e->n_rows; i++) /* cancellations take effect at step boundaries */
+        if (e->rows[i].phase != ROW_FREE && atomic_load(&e->rows[i].s->cancel))
+            release_row(e, &e->rows[i], EMBER_FINISH_CANCELLED, 0, NULL);
+    int nt = 0, no = 0;
+    int *out_row = e->out_row;
+    for (int i = 0; i < e->n_rows; i++) {
+        row *r = &e->rows[i];
+        if (r->phase != ROW_DECODE) continue;
+        m->b_tok[nt] = r->hist[r->n_hist - 1];
+        m->b_pos[nt] = r->n_hist - 1;
+        m->b_row[nt] = i;
+        m->b_out[no] = nt;
+        out_row[no++] = i;
+        nt++;
+    }
+    int budget = e->p.prefill_chunk;
+    while (nt < B && budget > 0) { /* prefill the oldest admitted rows first */
+        row *r = NULL;
+        for (int i = 0; i < e->n_rows; i++) {
+            row *c = &e->rows[i];
+            if (c->phase == ROW_PREFILL && c->n_fed < c->n_prompt && c->stamp != e->steps &&
+                (!r || c->order < r->order))
+                r = c;
+        }
+        if (!r) break;
+        int i = (int)(r - e->rows);
+        int k = r->n_prompt - r->n_fed;
+        if (k > B - nt) k = B - nt;
+        if (k > budget) k = budget;
+        for (int j = 0; j < k; j++) {
+            m->b_tok[nt] = r->hist[r->n_fed + j];
+            m->b_pos[nt] = r->n_fed + j;
+            m->b_row[nt] = i;
+            nt++;
+        }
+        budget -= k;
+        r->stamp = e->steps; /* one chunk per row per step */
+        if (r->n_fed + k == r->n_prompt) {
+            m->b_out[no] = nt - 1;
+            out_row[no++] = i;
+        }
+        r->n_fed += k; /* committed below only if the forward succeeds */
+    }
+    e->steps++;
+    if (nt == 0) return false;
+    ember_error err = {0};
+    ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out};
+    int rc = ember_llm_forward(m->llm, m->st, m->kv, &b, m->logits, &err);
+    if (rc) { /* nothing was stored: every row in the batch fails */
+        for (int k = 0; k < nt; k++) {
+            row *r = &e->rows[m->b_row[k]];
+            if (r->phase == ROW_FREE) continue;
+            ember_kv_clear(m->kv, (int)(r - e->rows));
+            release_row(e, r, EMBER_FINISH_ERROR, rc, err.msg);
+        }
+        return true;
+    }
+    for (int o = 0; o < no; o++) {
+        row *r = &e->rows[out_row[o]];
+        take_token(e, r, m->logits + (size_t)o * (size_t)V);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.steps_total++;
+    pthread_mutex_unlock(&e->mu);
+    return true;
+}
+
+static void publish_stats(ember_engine *e) {
+    int running = 0;
+    size_t used = 0;
+    for (int i = 0; i < e->n_rows; i++)
+        if (e->rows[i].phase != ROW_FREE) {
+            running++;
+            used += (size_t)e->m->kv->len[i] * e->kv_bytes_per_pos;
+        }
+    pthread_mutex_lock(&e->mu);
+    e->stats.running = running;
+    e->stats.kv_bytes_used = used;
+    int waiting = 0;
+    for (ember_stream *s = e->wait_head; s; s = s->next) waiting++;
+    for (ember_stream *s = e->inbox; s; s = s->next) waiting++;
+    e->stats.waiting = waiting;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void *engine_main(void *arg) {
+    ember_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        for (;;) {
+            bool busy = e->wait_head != NULL;
+            for (int i = 0; i < e->n_rows && !busy; i++) busy = e->rows[i].phase != ROW_FREE;
+            if (e->stop || e->inbox || busy) break;
+            pthread_cond_wait(&e->cv, &e->mu);
+        }
+        bool stop = e->stop;
+        ember_stream *in = e->inbox; /* take the inbox */
+        e->inbox = e->inbox_tail = NULL;
+        pthread_mutex_unlock(&e->mu);
+        while (in) {
+            ember_stream *n = in->next;
+            in->next = NULL;
+            if (e->wait_tail)
+                e->wait_tail->next = in;
+            else
+                e->wait_head = in;
+            e->wait_tail = in;
+            in = n;
+        }
+        if (stop) break;
+        drop_cancelled_waiting(e);
+        admit(e);
+        step(e);
+        publish_stats(e);
+    }
+    /* shut down: everything still here is cancelled */
+    for (int i = 0; i < e->n_rows; i++)
+        if (e->rows[i].phase != ROW_FREE) release_row(e, &e->rows[i], EMBER_FINISH_CANCELLED, 0, NULL);
+    while (e->wait_head) {
+        ember_stream *s = e->wait_head;
+        e->wait_head = s->next;
+        end_stream(e, s, EMBER_FINISH_CANCELLED, s->g.n_prompt, 0, 0, 0, NULL);
+    }
+    e->wait_tail = NULL;
+    publish_stats(e);
+    return NULL;
+}
+
+int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine **out, ember_error *err) {
+    *out = NULL;
+    if (!m) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_engine_new: no model");
+    ember_engine *e = calloc(1, sizeof *e);
+    if (!e) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->m = m;
+    if (p) e->p = *p;
+    if (e->p.max_queue <= 0) e->p.max_queue = 256;
+    if (e->p.prefill_chunk <= 0 || e->p.prefill_chunk > m->params.max_batch_tokens)
+        e->p.prefill_chunk = m->params.max_batch_tokens;
+    const int V = m->cfg.vocab_size;
+    e->n_rows = m->params.n_rows;
+    e->kv_bytes_per_pos = ember_kv_bytes(m->cfg.n_layers, 1, 1, m->cfg.n_kv_heads, m->cfg.head_dim);
+    e->rows = calloc((size_t)e->n_rows, sizeof *e->rows);
+    e->raw = malloc((size_t)V * sizeof *e->raw);
+    e->out_row = malloc((size_t)e->n_rows * sizeof *e->out_row);
+    e->steps = 1;
+    int rc = e->rows && e->raw && e->out_row ? EMBER_OK : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    ember_sampling sp;
+    ember_sampling_init(&sp);
+    for (int i = 0; i < e->n_rows && !rc; i++) {
+        row *r = &e->rows[i];
+        r->hist = malloc(((size_t)m->params.n_ctx + 1) * sizeof *r->hist);
+        r->counts = calloc((size_t)V, sizeof *r->counts);
+        r->seen = calloc((size_t)V / 8 + 1, 1);
+        if (!r->hist || !r->counts || !r->seen) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        if (!rc) rc = ember_sampler_new(&sp, V, &r->sampler, err);
+        ember_kv_clear(m->kv, i);
+    }
+    if (!rc) rc = ember_engine_reserve_logits(m, (size_t)e->n_rows, err);
+    e->stats.rows = e->n_rows;
+    e->stats.kv_bytes_total = ember_kv_bytes(m->cfg.n_layers, e->n_rows, m->params.n_ctx, m->cfg.n_kv_heads,
+                                             m->cfg.head_dim);
+    if (!rc && pthread_create(&e->thread, NULL, engine_main, e) != 0)
+        rc = ember_err(err, EMBER_ERR_NOMEM, "cannot start the engine thread");
+    if (rc) {
+        ember_engine_free(e);
+        return rc;
+    }
+    e->started = true;
+    *out = e;
+    return EMBER_OK;
+}
+
+int ember_engine_submit(ember_engine *e, const ember_gen_params *g, ember_stream **out, ember_error *err) {
+    *out = NULL;
+    if (!e || !g) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_engine_submit: no engine or parameters");
+    const ember_model *m = e->m;
+    const int V = m->cfg.vocab_size, C = m->params.n_ctx;
+    if (!g->prompt || g->n_prompt < 1) return ember_err(err, EMBER_ERR_INVALID_ARG, "the prompt is empty");
+    if (g->n_prompt > C)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "the prompt has %d tokens but the context holds %d", g->n_prompt,
+                         C);
+    if (g->max_tokens < 1) return ember_err(err, EMBER_ERR_INVALID_ARG, "max_tokens must be at least 1");
+    for (int i = 0; i < g->n_prompt; i++)
+        if (g->prompt[i] < 0 || g->prompt[i] >= V)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "prompt token %d (id %d) is outside the vocabulary [0, %d)",
+                             i, g->prompt[i], V);
+    if (g->n_logit_bias < 0 || g->n_logit_bias > V || (g->n_logit_bias && !g->logit_bias))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "invalid logit_bias");
+    for (int i = 0; i < g->n_logit_bias; i++)
+        if (g->logit_bias[i].token < 0 || g->logit_bias[i].token >= V || !isfinite(g->logit_bias[i].bias))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "logit_bias: token %d / bias %g invalid",
+                             g->logit_bias[i].token, (double)g->logit_bias[i].bias);
+    if (g->n_stop_ids < 0 || g->n_stop_ids > 1024 || (g->n_stop_ids && !g->stop_ids))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "invalid stop ids");
+    if (g->top_logprobs < 0 || g->top_logprobs > EMBER_MAX_TOP_LOGPROBS)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "top_logprobs must be between 0 and %d", EMBER_MAX_TOP_LOGPROBS);
+    if (!isfinite(g->presence_penalty) || !isfinite(g->frequency_penalty) || !isfinite(g->repetition_penalty) ||
+        g->repetition_penalty < 0)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "penalties must be finite (repetition_penalty > 0)");
+    const ember_sampling *sp = &g->sampling; /* checked now, not at admission */
+    if (!isfinite(sp->temperature) || sp->temperature < 0 || !(sp->top_p > 0 && sp->top_p <= 1) ||
+        !(sp->min_p >= 0 && sp->min_p <= 1) || sp->top_k < 0)
+        return ember_err(err, EMBER_ERR_INVALID_ARG,
+                         "sampling: temperature >= 0, top_p in (0, 1], min_p in [0, 1], top_k >= 0 required");
+    ember_stream *s = calloc(1, sizeof *s);
+    if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    s->g = *g;
+    s->prompt = malloc((size_t)g->n_prompt * sizeof *s->prompt);
+    s->bias = g->n_logit_bias ? malloc((size_t)g->n_logit_bias * sizeof *s->bias) : NULL;
+    s->stop_ids = g->n_stop_ids ? malloc((size_t)g->n_stop_ids * sizeof *s->stop_ids) : NULL;
+    if (!s->prompt || (g->n_logit_bias && !s->bias) || (g->n_stop_ids && !s->stop_ids)) {
+        free(s->prompt);
+        free(s->bias);
+        free(s->stop_ids);
+        free(s);
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
+    memcpy(s->prompt, g->prompt, (size_t)g->n_prompt * sizeof *s->prompt);
+    if (s->bias) memcpy(s->bias, g->logit_bias, (size_t)g->n_logit_bias * sizeof *s->bias);
+    if (s->stop_ids) memcpy(s->stop_ids, g->stop_ids, (size_t)g->n_stop_ids * sizeof *s->stop_ids);
+    s->g.prompt = s->prompt;
+    s->g.logit_bias = s->bias;
+    s->g.stop_ids = s->stop_ids;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    atomic_init(&s->cancel, 0);
+    s->refs = 2; /* the engine's and the caller's */
+    pthread_mutex_lock(&e->mu);
+    if (e->stop || e->queued >= e->p.max_queue) {
+        bool stopping = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        s->refs = 1;
+        stream_unref(s);
+        return stopping ? ember_err(err, EMBER_ERR_LIMIT, "the engine is shutting down")
+                        : ember_err(err, EMBER_ERR_LIMIT, "the queue is full (%d requests waiting)", e->p.max_queue);
+    }
+    e->queued++;
+    e->stats.requests_total++;
+    e->stats.prompt_tokens_total += (uint64_t)g->n_prompt;
+    if (e->inbox_tail)
+        e->inbox_tail->next = s;
+    else
+        e->inbox = s;
+    e->inbox_tail = s;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *out = s;
+    return EMBER_OK;
+}
+
+void ember_engine_get_stats(ember_engine *e, ember_engine_stats *st) {
+    pthread_mutex_lock(&e->mu);
+    *st = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}

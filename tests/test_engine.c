@@ -1,0 +1,230 @@
+/*
+ * test_engine.c - the serving engine: continuous batching gives each
+ * request exactly the tokens it gets alone (greedy and seeded sampling),
+ * matches the reference greedy ids, honours cancellation, queue bounds,
+ * stop ids, prefix reuse and logprobs, and returns to an empty KV.
+ */
+#include "ember.h"
+#include "fixture.h"
+
+typedef struct result {
+    int32_t ids[64];
+    float lp[64];
+    int n;
+    ember_event done;
+} result;
+
+static ember_model *load(const char *dir, int rows) {
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.n_rows = rows;
+    mp.n_threads = 2;
+    mp.max_batch_tokens = 64; /* small: forces chunked prefill beside decode */
+    ember_model *m = NULL;
+    ember_error err = {0};
+    if (ember_model_load(dir, &mp, &m, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    return m;
+}
+
+static void drain(ember_stream *s, result *r) {
+    memset(r, 0, sizeof *r);
+    ember_event ev;
+    while (ember_stream_next(s, &ev, 20000) == 1) {
+        if (ev.kind == EMBER_EV_TOKEN) {
+            if (r->n < 64) {
+                r->lp[r->n] = ev.logprob;
+                r->ids[r->n++] = ev.token;
+            }
+        } else {
+            r->done = ev;
+            return;
+        }
+    }
+    CHECKF(0, "stream timed out");
+}
+
+static ember_gen_params gp(const int32_t *ids, int n, int max_tokens, float temp, uint64_t seed) {
+    ember_gen_params g;
+    memset(&g, 0, sizeof g);
+    g.prompt = ids;
+    g.n_prompt = n;
+    g.max_tokens = max_tokens;
+    ember_sampling_init(&g.sampling);
+    g.sampling.temperature = temp;
+    g.sampling.seed = seed;
+    g.ignore_eos = 1;
+    return g;
+}
+
+int main(void) {
+    shared_dir();
+    fixture f;
+    fixture_open(&f, "qwen2");
+    ember_error err = {0};
+
+    /* 16 requests on 4 rows: each equals its solo run, greedy and sampled */
+    enum { NREQ = 16 };
+    int32_t prompts[NREQ][100];
+    int plen[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        fixture_prompt *p = &f.p[i % 3];
+        plen[i] = p->n - (i / 3) % 5; /* different lengths */
+        if (plen[i] < 2) plen[i] = p->n;
+        memcpy(prompts[i], p->ids, (size_t)plen[i] * sizeof(int32_t));
+        prompts[i][0] = (int32_t)(3 + i); /* different contents */
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        float temp = pass ? 0.8f : 0.0f;
+        result solo[NREQ], batched[NREQ];
+        ember_model *m = load(f.dir, 4);
+        ember_engine *e;
+        CHECK(ember_engine_new(m, NULL, &e, &err) == EMBER_OK);
+        for (int i = 0; i < NREQ; i++) { /* one at a time */
+            ember_gen_params g = gp(prompts[i], plen[i], 12 + i % 5, temp, 100 + (uint64_t)i);
+            ember_stream *s;
+            CHECKF(ember_engine_submit(e, &g, &s, &err) == EMBER_OK, "%s", err.msg);
+            drain(s, &solo[i]);
+            ember_stream_free(s);
+        }
+        ember_stream *ss[NREQ];
+        for (int i = 0; i < NREQ; i++) { /* all at once */
+            ember_gen_params g = gp(prompts[i], plen[i], 12 + i % 5, temp, 100 + (uint64_t)i);
+            CHECKF(ember_engine_submit(e, &g, &ss[i], &err) == EMBER_OK, "%s", err.msg);
+        }
+        for (int i = 0; i < NREQ; i++) {
+            drain(ss[i], &batched[i]);
+            ember_stream_free(ss[i]);
+            CHECKF(batched[i].n == solo[i].n && !memcmp(batched[i].ids, solo[i].ids, sizeof(int32_t) * (size_t)solo[i].n),
+                   "pass %d request %d: batched tokens differ from solo", pass, i);
+            CHECK(batched[i].done.finish == EMBER_FINISH_LENGTH && batched[i].done.n_generated == 12 + i % 5);
+            CHECK(batched[i].done.n_prompt == plen[i]);
+        }
+        ember_engine_stats st;
+        ember_engine_get_stats(e, &st);
+        CHECK(st.running == 0 && st.waiting == 0 && st.kv_bytes_used == 0 && st.requests_total == 2 * NREQ);
+        ember_engine_free(e);
+        ember_model_free(m);
+    }
+
+    /* reference greedy ids, all three prompts at once */
+    {
+        ember_model *m = load(f.dir, 3);
+        ember_engine *e;
+        CHECK(ember_engine_new(m, NULL, &e, &err) == EMBER_OK);
+        ember_stream *s[3];
+        for (int i = 0; i < 3; i++) {
+            ember_gen_params g = gp(f.p[i].ids, f.p[i].n, 24, 0, 0);
+            g.logprobs = 1;
+            g.top_logprobs = 5;
+            CHECK(ember_engine_submit(e, &g, &s[i], &err) == EMBER_OK);
+        }
+        for (int i = 0; i < 3; i++) {
+            ember_event ev;
+            int n = 0;
+            bool ok_lp = true;
+            while (ember_stream_next(s[i], &ev, 20000) == 1 && ev.kind == EMBER_EV_TOKEN) {
+                CHECKF(n < 24 && ev.token == f.p[i].greedy[n], "p%d step %d", i, n);
+                /* greedy: the chosen token is the top alternative */
+                ok_lp &= ev.n_top == 5 && ev.top_ids[0] == ev.token && ev.top_logprobs[0] == ev.logprob;
+                for (int k = 1; k < ev.n_top; k++) ok_lp &= ev.top_logprobs[k] <= ev.top_logprobs[k - 1];
+                ok_lp &= ev.logprob <= 0;
+                n++;
+            }
+            CHECK(ok_lp);
+            CHECK(n == 24 && ev.kind == EMBER_EV_DONE && ev.finish == EMBER_FINISH_LENGTH);
+            ember_stream_free(s[i]);
+        }
+        /* the same prompt again reuses its prefix and gives the same tokens */
+        ember_gen_params g = gp(f.p[2].ids, f.p[2].n, 24, 0, 0);
+        ember_stream *st;
+        CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_OK);
+        result r;
+        drain(st, &r);
+        ember_stream_free(st);
+        CHECKF(r.done.n_cached == f.p[2].n - 1, "n_cached %d", r.done.n_cached);
+        CHECK(r.n == 24 && !memcmp(r.ids, f.p[2].greedy, sizeof(int32_t) * 24));
+        /* stop ids end generation with STOP, the stop token included */
+        g = gp(f.p[0].ids, f.p[0].n, 24, 0, 0);
+        int32_t stop = f.p[0].greedy[3];
+        g.stop_ids = &stop;
+        g.n_stop_ids = 1;
+        CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_OK);
+        drain(st, &r);
+        ember_stream_free(st);
+        int first = 0;
+        while (f.p[0].greedy[first] != stop) first++;
+        CHECK(r.done.finish == EMBER_FINISH_STOP && r.n == first + 1 && r.ids[r.n - 1] == stop);
+        /* cancel mid-stream */
+        g = gp(f.p[1].ids, f.p[1].n, 60, 0.5f, 3);
+        CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_OK);
+        ember_event ev;
+        CHECK(ember_stream_next(st, &ev, 20000) == 1 && ev.kind == EMBER_EV_TOKEN);
+        ember_stream_cancel(st);
+        int extra = 0;
+        while (ember_stream_next(st, &ev, 20000) == 1 && ev.kind == EMBER_EV_TOKEN) extra++;
+        CHECK(ev.kind == EMBER_EV_DONE && ev.finish == EMBER_FINISH_CANCELLED && extra < 60);
+        ember_stream_free(st);
+        /* bad requests */
+        g = gp(f.p[0].ids, 0, 5, 0, 0);
+        CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_ERR_INVALID_ARG);
+        int32_t bad = 99999;
+        g = gp(&bad, 1, 5, 0, 0);
+        CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_ERR_INVALID_ARG && strstr(err.msg, "vocabulary"));
+        g = gp(f.p[0].ids, f.p[0].n, 5, -1, 0);
+        CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_ERR_INVALID_ARG);
+        g = gp(f.p[0].ids, f.p[0].n, 0, 0, 0);
+        CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_ERR_INVALID_ARG);
+        g = gp(f.p[0].ids, f.p[0].n, 5, 0, 0);
+        g.top_logprobs = 21;
+        CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_ERR_INVALID_ARG);
+        ember_logit_bias lb = {7, NAN};
+        g.top_logprobs = 0;
+        g.logit_bias = &lb;
+        g.n_logit_bias = 1;
+        CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_ERR_INVALID_ARG);
+        /* a huge logit bias forces a token */
+        lb.bias = 100.0f;
+        CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_OK);
+        drain(st, &r);
+        ember_stream_free(st);
+        CHECK(r.n == 5 && r.ids[0] == 7 && r.ids[4] == 7);
+        ember_engine_stats stt;
+        ember_engine_get_stats(e, &stt);
+        CHECK(stt.kv_bytes_used == 0 && stt.running == 0);
+        ember_engine_free(e);
+        ember_model_free(m);
+    }
+
+    /* queue bound and shutdown with requests in flight */
+    {
+        ember_model *m = load(f.dir, 1);
+        ember_engine_params ep = {.max_queue = 2};
+        ember_engine *e;
+        CHECK(ember_engine_new(m, &ep, &e, &err) == EMBER_OK);
+        ember_stream *s[8];
+        int accepted = 0, limited = 0;
+        for (int i = 0; i < 8; i++) {
+            ember_gen_params g = gp(f.p[2].ids, f.p[2].n, 200, 0.7f, (uint64_t)i);
+            int rc = ember_engine_submit(e, &g, &s[accepted], &err);
+            if (rc == EMBER_OK)
+                accepted++;
+            else
+                limited += rc == EMBER_ERR_LIMIT;
+        }
+        CHECK(limited >= 5 && accepted + limited == 8);
+        ember_engine_free(e); /* cancels everything */
+        for (int i = 0; i < accepted; i++) {
+            result r;
+            drain(s[i], &r);
+            CHECK(r.done.kind == EMBER_EV_DONE &&
+                  (r.done.finish == EMBER_FINISH_CANCELLED || r.done.finish == EMBER_FINISH_LENGTH));
+            ember_stream_free(s[i]);
+        }
+        ember_model_free(m);
+    }
+    fixture_close(&f);
+    return test_done();
+}
