@@ -101,7 +101,9 @@ EMBER_API void ember_model_params_init(ember_model_params *p);
 
 /*
  * Loads a model from a HuggingFace-style directory (config.json,
- * model.safetensors or a sharded index, generation_config.json).
+ * model.safetensors or a sharded index, generation_config.json) or from a
+ * GGUF file (llama / qwen2 / qwen3 architectures; F32, F16, BF16, Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K tensors).
  * On success *out owns the model; free it with ember_model_free.
  */
 EMBER_API int ember_model_load(const char *path, const ember_model_params *params,
@@ -258,8 +260,11 @@ typedef struct ember_engine_stats {
 /* Starts an engine thread over m (which must outlive the engine). */
 EMBER_API int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine **out,
                                ember_error *err);
-/* Cancels every request, joins the thread, frees the engine. Streams stay
-   valid (they end with a CANCELLED event) until ember_stream_free. */
+/* Cancels every request and stops the engine thread; afterwards submit
+   fails (EMBER_ERR_LIMIT, "shutting down") but stats stay readable. Streams
+   stay valid (they end with a CANCELLED event) until ember_stream_free. */
+EMBER_API void ember_engine_shutdown(ember_engine *e);
+/* Shuts the engine down if needed and frees it. */
 EMBER_API void ember_engine_free(ember_engine *e);
 
 /*

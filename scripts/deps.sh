@@ -3,7 +3,7 @@
 # Skips apt entirely when everything is already there; uses sudo when not root.
 set -euo pipefail
 
-PKGS=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev
+PKGS=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
       clang libclang-rt-14-dev)
 
 missing=()

@@ -4,11 +4,17 @@
 # Installs the Debian packages it needs first (scripts/deps.sh).
 #
 # usage: scripts/test.sh            (from anywhere; build dirs go in the repo)
-# env:   JOBS=N (default: cores), SKIP_SANITIZE=1 to run only the first pass
+# A third pass runs every libFuzzer target for a bounded time (clang).
+# env:   JOBS=N (default: cores), SKIP_SANITIZE=1 / SKIP_FUZZ=1 to leave a pass out,
+#        FUZZ_SECONDS=N per fuzz target (default 30; scripts/fuzz.sh runs them for hours)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 JOBS=${JOBS:-$(nproc)}
+# the SDKs of the end-to-end test (pinned in tests/e2e/package-lock.json)
+if [ ! -d tests/e2e/node_modules ]; then
+  (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
+fi
 
 run_suite() { # build-dir cmake-args...
   local dir=$1; shift
@@ -23,5 +29,12 @@ if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DEMBER_SANITIZE=ON
+fi
+if [ "${SKIP_FUZZ:-0}" != 1 ]; then
+  echo "== fuzz targets (clang, libFuzzer + ASan + UBSan, ${FUZZ_SECONDS:-30} s each)"
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DEMBER_FUZZ=ON -DEMBER_TESTS=OFF \
+    -DEMBER_FUZZ_SECONDS="${FUZZ_SECONDS:-30}" >/dev/null
+  cmake --build build-fuzz -j"$JOBS"
+  (cd build-fuzz && ctest -L fuzz --output-on-failure)
 fi
 echo "== all tests passed"

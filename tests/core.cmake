@@ -9,3 +9,29 @@ ember_test(test_config test_config.c)
 ember_test(test_sampler test_sampler.c)
 ember_test(test_cli test_cli.c)
 ember_test(test_engine test_engine.c)
+ember_test(test_server test_server.c)
+
+# The official OpenAI and Anthropic SDKs against `ember serve` (node; the SDKs
+# are installed by scripts/test.sh with npm ci in tests/e2e). Skipped (77)
+# when node or the SDKs are missing.
+find_program(NODE_EXE node)
+if(NODE_EXE)
+  set(EMBER_E2E_MODEL ${CMAKE_CURRENT_BINARY_DIR}/tmp/e2e_demo)
+  add_test(NAME e2e_demo_model COMMAND ember mkmodel --preset demo --out ${EMBER_E2E_MODEL})
+  set_tests_properties(e2e_demo_model PROPERTIES FIXTURES_SETUP e2e_model)
+  add_test(NAME test_sdk COMMAND ${NODE_EXE} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/sdk_test.mjs $<TARGET_FILE:ember>
+                                  ${EMBER_E2E_MODEL})
+  set_tests_properties(test_sdk PROPERTIES FIXTURES_REQUIRED e2e_model SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
+
+add_test(NAME check_rules COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/check_rules.sh)
+
+# The soak test: ember serve under mixed load for SOAK_SECONDS (default 240).
+add_executable(soak soak.c)
+target_include_directories(soak PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_link_libraries(soak PRIVATE PkgConfig::JANSSON Threads::Threads)
+set(EMBER_SOAK_MODEL ${CMAKE_CURRENT_BINARY_DIR}/tmp/soak_demo)
+add_test(NAME soak_demo_model COMMAND ember mkmodel --preset demo --out ${EMBER_SOAK_MODEL})
+set_tests_properties(soak_demo_model PROPERTIES FIXTURES_SETUP soak_model)
+add_test(NAME soak COMMAND soak $<TARGET_FILE:ember> ${EMBER_SOAK_MODEL})
+set_tests_properties(soak PROPERTIES FIXTURES_REQUIRED soak_model TIMEOUT 900 LABELS soak)

@@ -3,6 +3,7 @@
  * model, KV cache, run state, in that order) and freeing in reverse.
  */
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -36,20 +37,35 @@ void ember_model_free(ember_model *m) {
     free(m);
 }
 
+/* true when path is a regular file that starts with the GGUF magic. */
+static bool is_gguf_file(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return false;
+    char magic[4] = {0};
+    bool ok = fread(magic, 1, 4, fp) == 4 && memcmp(magic, "GGUF", 4) == 0;
+    fclose(fp);
+    return ok;
+}
+
 int ember_model_load(const char *path, const ember_model_params *params, ember_model **out, ember_error *err) {
     if (!out) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_model_load: out is NULL");
     *out = NULL;
     if (!path || !*path) return ember_err(err, EMBER_ERR_INVALID_ARG, "no model path given");
     struct stat st;
     if (stat(path, &st) != 0) return ember_err(err, EMBER_ERR_IO, "%s: no such file or directory", path);
-    if (!S_ISDIR(st.st_mode))
-        return ember_err(err, EMBER_ERR_UNSUPPORTED,
-                         "%s: not a model directory (expected config.json and *.safetensors)", path);
-    char *cfg_path = ember_path_join(path, "config.json");
-    bool has_cfg = cfg_path && stat(cfg_path, &st) == 0;
-    free(cfg_path);
-    if (!has_cfg)
-        return ember_err(err, EMBER_ERR_FORMAT, "%s: not a model directory: config.json not found", path);
+    bool gguf = false;
+    if (!S_ISDIR(st.st_mode)) {
+        gguf = is_gguf_file(path);
+        if (!gguf)
+            return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                             "%s: not a model directory (config.json and *.safetensors) nor a GGUF file", path);
+    } else {
+        char *cfg_path = ember_path_join(path, "config.json");
+        bool has_cfg = cfg_path && stat(cfg_path, &st) == 0;
+        free(cfg_path);
+        if (!has_cfg)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: not a model directory: config.json not found", path);
+    }
     ember_model_params p;
     if (params)
         p = *params;
@@ -61,11 +77,16 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
     if (!m) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     m->log = (ember_logger){p.log, p.log_user};
     int rc;
-    if ((rc = ember_config_load(path, &m->cfg, err))) goto fail;
-    if ((rc = ember_weights_open(path, &m->weights, err))) goto fail;
     ember_cpu_params cp = {p.n_threads, p.isa, p.use_mmap != 0, m->log};
-    if ((rc = ember_backend_cpu_new(&cp, &m->be, err))) goto fail;
-    if ((rc = ember_llm_load(&m->cfg, m->weights, m->be, &m->llm, err))) goto fail;
+    if (gguf) {
+        if ((rc = ember_backend_cpu_new(&cp, &m->be, err))) goto fail;
+        if ((rc = ember_llm_load_gguf(path, m->be, &m->cfg, &m->llm, err))) goto fail;
+    } else {
+        if ((rc = ember_config_load(path, &m->cfg, err))) goto fail;
+        if ((rc = ember_weights_open(path, &m->weights, err))) goto fail;
+        if ((rc = ember_backend_cpu_new(&cp, &m->be, err))) goto fail;
+        if ((rc = ember_llm_load(&m->cfg, m->weights, m->be, &m->llm, err))) goto fail;
+    }
     if (p.n_rows <= 0) p.n_rows = 1;
     if (p.n_ctx <= 0) p.n_ctx = m->cfg.max_pos < 4096 ? m->cfg.max_pos : 4096;
     if (p.n_ctx > m->cfg.max_pos)

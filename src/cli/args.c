@@ -95,6 +95,10 @@ static int set_value(cli_cmd *cmd, cli_opt *o, const char *v) {
 }
 
 int cli_parse(cli_cmd *cmd, int argc, char **argv) {
+    return cli_parse_arg(cmd, argc, argv, NULL);
+}
+
+int cli_parse_arg(cli_cmd *cmd, int argc, char **argv, const char **positional) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -110,6 +114,9 @@ int cli_parse(cli_cmd *cmd, int argc, char **argv) {
             if (eq) inline_val = eq + 1;
         } else if (a[0] == '-' && a[1] && !a[2]) {
             o = find(cmd, NULL, 0, a[1]);
+        } else if (positional && !*positional && a[0] != '-') {
+            *positional = a;
+            continue;
         } else {
             return cli_fail(cmd->name, "unexpected argument '%s' (see 'ember %s --help')", a, cmd->name);
         }

@@ -36,6 +36,8 @@ typedef struct cli_cmd {
 /* Parses argv[1..] of a verb. Returns 0 to go on, 1 after printing an error
    (to stderr), 2 after printing help (to stdout). */
 int cli_parse(cli_cmd *cmd, int argc, char **argv);
+/* The same, accepting one optional positional argument into *positional. */
+int cli_parse_arg(cli_cmd *cmd, int argc, char **argv, const char **positional);
 
 /* Prints "ember VERB: message" to stderr (one line). Returns 1. */
 int cli_fail(const char *verb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

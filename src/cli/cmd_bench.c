@@ -38,7 +38,7 @@ int cmd_bench(int argc, char **argv) {
     int n_prompt = 512, n_gen = 64, reps = 5;
     bool json = false, use_mmap = false;
     cli_opt opts[] = {
-        {"model", 'm', OPT_STR, &model, "DIR", "model directory", 0, 0, false},
+        {"model", 'm', OPT_STR, &model, "PATH", "model directory or GGUF file", 0, 0, false},
         {"n-prompt", 'p', OPT_INT, &n_prompt, "N", "prompt tokens for the pp test; 0 skips it (default 512)", 0,
          1 << 20, false},
         {"n-gen", 'n', OPT_INT, &n_gen, "N", "generated tokens for the tg test; 0 skips it (default 64)", 0, 1 << 20,
@@ -51,7 +51,7 @@ int cmd_bench(int argc, char **argv) {
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
     };
     cli_cmd cmd = {"bench", "Measure prompt processing (pp) and token generation (tg) speed in tokens/s.",
-                   "--model DIR [-p 512] [-n 64] [-t 1,2] [-r 5] [--json]",
+                   "--model DIR|FILE.gguf [-p 512] [-n 64] [-t 1,2] [-r 5] [--json]",
                    "pp: one prompt of -p synthetic tokens, prefilled in chunks of 512.\n"
                    "tg: -n tokens decoded one at a time after a 1-token prompt.\n"
                    "Each test runs once untimed to warm up, then -r times.",

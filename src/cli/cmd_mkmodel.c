@@ -15,6 +15,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
 #include "args.h"
 #include "cli.h"
 #include "core/dtype.h"
@@ -29,7 +31,13 @@ typedef struct preset {
 } preset;
 
 static const preset k_presets[] = {
-    {"tiny", "a small llama (hidden 256, 4 layers, vocab 4096): the demo model",
+    {"demo", "the server's demo: a small llama over a byte-level tokenizer with a ChatML template",
+     "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 259,"
+     " \"hidden_size\": 256, \"intermediate_size\": 688, \"num_hidden_layers\": 4, \"num_attention_heads\": 8,"
+     " \"num_key_value_heads\": 4, \"head_dim\": 32, \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-06,"
+     " \"rope_theta\": 10000.0, \"tie_word_embeddings\": true, \"hidden_act\": \"silu\","
+     " \"eos_token_id\": 258}"},
+    {"tiny", "a small llama (hidden 256, 4 layers, vocab 4096), no tokenizer",
      "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 4096,"
      " \"hidden_size\": 256, \"intermediate_size\": 688, \"num_hidden_layers\": 4, \"num_attention_heads\": 8,"
      " \"num_key_value_heads\": 4, \"head_dim\": 32, \"max_position_embeddings\": 2048, \"rms_norm_eps\": 1e-06,"
@@ -157,6 +165,58 @@ static int make_dirs(const char *dir) {
     return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* GPT-2's byte-to-character map: printable bytes stand for themselves, the
+   rest take code points from 256 up, in byte order. */
+static unsigned byte_char(unsigned b) {
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) return b;
+    unsigned n = 0;
+    for (unsigned x = 0; x < b; x++)
+        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) n++;
+    return 256 + n;
+}
+
+static const char *const k_demo_specials[3] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+
+/* tokenizer.json of the demo model: byte-level BPE over the 256 bytes (no
+   merges) plus three special tokens, ids 256..258. Caller frees. */
+static char *demo_tokenizer_json(void) {
+    json_t *vocab = json_object();
+    for (unsigned b = 0; b < 256; b++) {
+        unsigned cp = byte_char(b);
+        char u[4] = {0};
+        if (cp < 0x80) {
+            u[0] = (char)cp;
+        } else {
+            u[0] = (char)(0xc0 | (cp >> 6));
+            u[1] = (char)(0x80 | (cp & 0x3f));
+        }
+        json_object_set_new(vocab, u, json_integer(b));
+    }
+    json_t *added = json_array();
+    for (int i = 0; i < 3; i++)
+        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", 256 + i, "content",
+                                               k_demo_specials[i], "single_word", 0, "lstrip", 0, "rstrip", 0,
+                                               "normalized", 0, "special", 1));
+    json_t *bl = json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 1,
+                           "use_regex", 1);
+    json_t *root = json_pack("{s:s, s:n, s:n, s:o, s:n, s:O, s:O, s:O, s:{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:b, s:o, s:[]}}",
+                             "version", "1.0", "truncation", "padding", "added_tokens", added, "normalizer",
+                             "pre_tokenizer", bl, "post_processor", bl, "decoder", bl, "model", "type", "BPE",
+                             "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", 0,
+                             "byte_fallback", 0, "ignore_merges", 0, "vocab", vocab, "merges");
+    json_decref(bl);
+    char *s = root ? json_dumps(root, JSON_INDENT(1)) : NULL;
+    json_decref(root);
+    return s;
+}
+
+static const char k_demo_tokenizer_config[] =
+    "{\"bos_token\": null, \"eos_token\": \"<|im_end|>\", \"pad_token\": \"<|endoftext|>\",\n"
+    " \"add_bos_token\": false, \"model_max_length\": 4096,\n"
+    " \"chat_template\": \"{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\\\n' + "
+    "message['content'] + '<|im_end|>' + '\\\\n' }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant\\\\n' }}{% endif %}\"}\n";
+
 static int write_text(const char *dir, const char *file, const char *text) {
     char *p = ember_path_join(dir, file);
     FILE *fp = p ? fopen(p, "w") : NULL;
@@ -230,6 +290,12 @@ int cmd_mkmodel(int argc, char **argv) {
         for (int i = 0; i < cfg.n_eos; i++) k += snprintf(gen + k, sizeof gen - (size_t)k, "%s%d", i ? ", " : "", cfg.eos_ids[i]);
         snprintf(gen + k, sizeof gen - (size_t)k, "]}\n");
         rc = write_text(out, "generation_config.json", gen);
+    }
+    if (!rc && preset_name && strcmp(preset_name, "demo") == 0) {
+        char *tj = demo_tokenizer_json();
+        rc = tj ? write_text(out, "tokenizer.json", tj) : cli_fail("mkmodel", "out of memory");
+        if (!rc) rc = write_text(out, "tokenizer_config.json", k_demo_tokenizer_config);
+        free(tj);
     }
     if (!rc) {
         int n = list_tensors(&cfg, specs);

@@ -2,22 +2,49 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cpu.h"
 
+#include <stdint.h>
 #include <unistd.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+static uint64_t xgetbv0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+/* Reads CPUID directly (not the compiler's feature-name builtins, whose
+   names differ between compilers) and checks with XGETBV that the OS saves
+   the AVX and AVX-512 register state. */
 void ember_cpu_detect(ember_cpu_features *f) {
     *f = (ember_cpu_features){0};
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    f->avx2 = __builtin_cpu_supports("avx2");
-    f->fma = __builtin_cpu_supports("fma");
-    f->f16c = __builtin_cpu_supports("f16c");
-    f->avx512f = __builtin_cpu_supports("avx512f");
-    f->avx512bw = __builtin_cpu_supports("avx512bw");
-    f->avx512vl = __builtin_cpu_supports("avx512vl");
-    f->avx512dq = __builtin_cpu_supports("avx512dq");
-    f->avx512bf16 = __builtin_cpu_supports("avx512bf16");
-    f->avx512vnni = __builtin_cpu_supports("avx512vnni");
-    f->avxvnni = __builtin_cpu_supports("avxvnni");
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    bool osxsave = c >> 27 & 1, avx = c >> 28 & 1;
+    bool fma = c >> 12 & 1, f16c = c >> 29 & 1;
+    uint64_t xcr0 = osxsave ? xgetbv0() : 0;
+    bool ymm = avx && (xcr0 & 0x6) == 0x6;    /* SSE and AVX state */
+    bool zmm = ymm && (xcr0 & 0xe0) == 0xe0;  /* opmask, ZMM_Hi256, Hi16_ZMM */
+    f->fma = ymm && fma;
+    f->f16c = ymm && f16c;
+    unsigned max_leaf = __get_cpuid_max(0, NULL);
+    if (max_leaf < 7) return;
+    __cpuid_count(7, 0, a, b, c, d);
+    unsigned sub_max = a;
+    f->avx2 = ymm && (b >> 5 & 1);
+    f->avx512f = zmm && (b >> 16 & 1);
+    f->avx512dq = zmm && (b >> 17 & 1);
+    f->avx512bw = zmm && (b >> 30 & 1);
+    f->avx512vl = zmm && (b >> 31 & 1);
+    f->avx512vnni = zmm && (c >> 11 & 1);
+    if (sub_max >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        f->avxvnni = ymm && (a >> 4 & 1);
+        f->avx512bf16 = zmm && (a >> 5 & 1);
+    }
 #endif
 }
 

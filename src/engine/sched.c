@@ -199,15 +199,19 @@ static void row_free_mem(row *r) {
     ember_sampler_free(r->sampler);
 }
 
+void ember_engine_shutdown(ember_engine *e) {
+    if (!e || !e->started) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    e->started = false;
+}
+
 void ember_engine_free(ember_engine *e) {
     if (!e) return;
-    if (e->started) {
-        pthread_mutex_lock(&e->mu);
-        e->stop = true;
-        pthread_cond_broadcast(&e->cv);
-        pthread_mutex_unlock(&e->mu);
-        pthread_join(e->thread, NULL);
-    }
+    ember_engine_shutdown(e);
     for (int i = 0; i < e->n_rows; i++) row_free_mem(&e->rows[i]);
     free(e->rows);
     free(e->out_row);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "formats/quant.h"
 #include "model.h"
 #include "rope.h"
 
@@ -27,10 +28,52 @@
 
 typedef struct loader {
     ember_llm *m;
-    const ember_weights *w;
+    const ember_weights *w; /* safetensors, or */
+    const ember_gguf *gg;   /* a GGUF file */
+    const char *primary;    /* the file named in messages */
     ember_error *err;
-    int dtype_seen; /* bit mask of weight dtypes */
+    uint64_t dtype_seen; /* bit mask of weight dtypes */
 } loader;
+
+/* A weight as found in either kind of file. */
+typedef struct wview {
+    const char *file;
+    ember_dtype dtype;
+    int ndim;
+    int64_t shape[4];
+    const unsigned char *data;
+    size_t nbytes;
+} wview;
+
+/* Finds the weight with HuggingFace name `name` in the loader's source. */
+static bool find_weight(const loader *L, const char *name, wview *v) {
+    memset(v, 0, sizeof *v);
+    if (L->gg) {
+        char gn[128];
+        if (!ember_gguf_tensor_name(name, gn, sizeof gn)) return false;
+        const ember_gguf_tensor *t = ember_gguf_find_tensor(L->gg, gn);
+        if (!t) return false;
+        *v = (wview){L->gg->path, t->dtype, t->ndim, {0}, t->data, t->nbytes};
+        memcpy(v->shape, t->shape, sizeof v->shape);
+        return true;
+    }
+    const char *file = L->w->primary;
+    const ember_st_tensor *st = ember_weights_find(L->w, name, &file);
+    if (!st) return false;
+    *v = (wview){file, st->dtype, st->ndim, {0}, st->data, st->nbytes};
+    for (int i = 0; i < st->ndim && i < 4; i++) v->shape[i] = st->shape[i];
+    return true;
+}
+
+/* Weight dtypes the CPU backend multiplies with. */
+static bool weight_dtype_ok(ember_dtype t) {
+    switch (t) {
+    case EMBER_F32: case EMBER_F16: case EMBER_BF16: case EMBER_Q4_0: case EMBER_Q4_1: case EMBER_Q5_0:
+    case EMBER_Q5_1: case EMBER_Q8_0: case EMBER_Q4_K: case EMBER_Q5_K: case EMBER_Q6_K: case EMBER_Q8_K:
+        return true;
+    default: return false;
+    }
+}
 
 static int keep_buf(ember_llm *m, ember_buffer *b, ember_error *err) {
     if (m->n_bufs == m->cap_bufs) {
@@ -63,22 +106,23 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
 static int load(loader *L, ember_tensor *t, const char *name, int ndim, const int64_t *shape, bool as_f32,
                 bool optional) {
     ember_llm *m = L->m;
-    const char *file = L->w->primary;
-    const ember_st_tensor *st = ember_weights_find(L->w, name, &file);
+    wview st;
     memset(t, 0, sizeof *t);
-    if (!st) {
+    if (!find_weight(L, name, &st)) {
         if (optional) return EMBER_OK;
-        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: missing tensor '%s'", L->w->primary, name);
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: missing tensor '%s'", L->primary, name);
     }
-    if (st->dtype != EMBER_F32 && st->dtype != EMBER_F16 && st->dtype != EMBER_BF16)
+    const char *file = st.file;
+    if (!weight_dtype_ok(st.dtype) || (as_f32 && !ember_can_dequantize(st.dtype)))
         return ember_err(L->err, EMBER_ERR_UNSUPPORTED,
-                         "%s: tensor '%s' has unsupported dtype %s (supported: F32, F16, BF16)", file, name,
-                         ember_dtype_get(st->dtype)->st_name);
-    bool same = st->ndim == ndim;
-    for (int i = 0; same && i < ndim; i++) same = st->shape[i] == shape[i];
+                         "%s: tensor '%s' has unsupported dtype %s (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
+                         "Q8_0, Q4_K, Q5_K, Q6_K, Q8_K)",
+                         file, name, ember_dtype_get(st.dtype)->st_name);
+    bool same = st.ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = st.shape[i] == shape[i];
     if (!same) {
         char got[128], want[128];
-        shape_str(got, sizeof got, st->ndim, st->shape);
+        shape_str(got, sizeof got, st.ndim, st.shape);
         shape_str(want, sizeof want, ndim, shape);
         return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected %s", file, name, got,
                          want);
@@ -86,19 +130,12 @@ static int load(loader *L, ember_tensor *t, const char *name, int ndim, const in
     ember_buffer *b = NULL;
     int rc;
     if (as_f32) {
-        size_t n = st->nbytes / ember_dtype_get(st->dtype)->block_bytes;
+        size_t n = 1;
+        for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
         float *tmp = malloc(n * sizeof *tmp + 1);
         if (!tmp) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory loading '%s'", name);
-        for (size_t i = 0; i < n; i++) {
-            if (st->dtype == EMBER_F32) {
-                memcpy(&tmp[i], st->data + 4 * i, 4);
-            } else {
-                uint16_t h;
-                memcpy(&h, st->data + 2 * i, 2);
-                tmp[i] = st->dtype == EMBER_F16 ? ember_f16_to_f32(h) : ember_bf16_to_f32(h);
-            }
-        }
-        rc = ember_tensor_alloc(m->be, t, &b, EMBER_F32, ndim, shape, L->err);
+        rc = ember_dequantize(st.dtype, st.data, tmp, n, L->err);
+        if (!rc) rc = ember_tensor_alloc(m->be, t, &b, EMBER_F32, ndim, shape, L->err);
         if (!rc) rc = m->be->ops->write(m->be, t, 0, tmp, n * sizeof *tmp, L->err);
         free(tmp);
         if (rc) {
@@ -106,15 +143,15 @@ static int load(loader *L, ember_tensor *t, const char *name, int ndim, const in
             return rc;
         }
     } else {
-        rc = m->be->ops->buffer_from_host(m->be, st->data, st->nbytes, &b, L->err);
+        rc = m->be->ops->buffer_from_host(m->be, st.data, st.nbytes, &b, L->err);
         if (rc) return rc;
-        rc = ember_tensor_view(t, b, 0, st->dtype, ndim, shape, L->err);
+        rc = ember_tensor_view(t, b, 0, st.dtype, ndim, shape, L->err);
         if (rc) {
             ember_buffer_free(b);
             return rc;
         }
-        L->dtype_seen |= 1 << st->dtype;
-        m->weight_bytes += st->nbytes;
+        L->dtype_seen |= (uint64_t)1 << st.dtype;
+        m->weight_bytes += st.nbytes;
     }
     return keep_buf(m, b, L->err);
 }
@@ -125,6 +162,7 @@ void ember_llm_free(ember_llm *m) {
     free(m->bufs);
     free(m->layers);
     free(m->inv_freq);
+    ember_gguf_free(m->gguf);
     free(m);
 }
 
@@ -170,6 +208,51 @@ static int load_layer(loader *L, int i) {
     return EMBER_OK;
 }
 
+/* Applies a GGUF rope_freqs.weight (per-dimension divisors, llama 3). */
+static int apply_freq_factors(loader *L) {
+    ember_llm *m = L->m;
+    const ember_gguf_tensor *t = L->gg ? ember_gguf_find_tensor(L->gg, "rope_freqs.weight") : NULL;
+    if (!t) return EMBER_OK;
+    if (t->dtype != EMBER_F32 || t->nelem != (size_t)m->n_rot / 2)
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: rope_freqs.weight must be f32 [%d]", L->primary, m->n_rot / 2);
+    for (int i = 0; i < m->n_rot / 2; i++) {
+        float f;
+        memcpy(&f, t->data + 4 * (size_t)i, 4);
+        if (!(f > 0 && f < 1e30f))
+            return ember_err(L->err, EMBER_ERR_FORMAT, "%s: rope_freqs.weight[%d] is not a positive number", L->primary, i);
+        m->inv_freq[i] = m->inv_freq[i] / f;
+    }
+    return EMBER_OK;
+}
+
+static int build(ember_llm *m, loader *L) {
+    const ember_model_config *cfg = &m->cfg;
+    ember_error *err = L->err;
+    int rc;
+    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
+    m->inv_freq = calloc((size_t)cfg->head_dim / 2 + 1, sizeof *m->inv_freq);
+    if (!m->layers || !m->inv_freq) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    if ((rc = ember_rope_freqs(&cfg->rope, cfg->head_dim, m->inv_freq, &m->n_rot, &m->attn_factor, err))) return rc;
+    if ((rc = apply_freq_factors(L))) return rc;
+    const int64_t V = cfg->vocab_size, H = cfg->hidden_size;
+    if ((rc = load(L, &m->embed, "model.embed_tokens.weight", 2, (const int64_t[]){V, H}, false, false))) return rc;
+    size_t embed_bytes = m->embed.nbytes;
+    for (int i = 0; i < cfg->n_layers; i++)
+        if ((rc = load_layer(L, i))) return rc;
+    if ((rc = load(L, &m->out_norm, "model.norm.weight", 1, (const int64_t[]){H}, true, false))) return rc;
+    if (cfg->tie_embeddings) {
+        m->lm_head = m->embed; /* read in full per token as the output projection */
+    } else {
+        if ((rc = load(L, &m->lm_head, "lm_head.weight", 2, (const int64_t[]){V, H}, false, false))) return rc;
+        m->weight_bytes -= embed_bytes; /* only one embedding row is read per token */
+    }
+    uint64_t mask = L->dtype_seen;
+    m->weight_dtype = "mixed";
+    for (int t = 1; t < EMBER_DTYPE_COUNT; t++)
+        if (mask == (uint64_t)1 << t) m->weight_dtype = ember_dtype_get((ember_dtype)t)->name;
+    return EMBER_OK;
+}
+
 int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_backend *be, ember_llm **out,
                    ember_error *err) {
     *out = NULL;
@@ -177,38 +260,48 @@ int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_
     if (!m) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     m->cfg = *cfg;
     m->be = be;
-    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
-    m->inv_freq = calloc((size_t)cfg->head_dim / 2 + 1, sizeof *m->inv_freq);
-    int rc = EMBER_OK;
-    if (!m->layers || !m->inv_freq) {
-        rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
-        goto fail;
+    m->rope_mode = EMBER_ROPE_NEOX;
+    loader L = {m, w, NULL, w->primary, err, 0};
+    int rc = build(m, &L);
+    if (rc) {
+        ember_llm_free(m);
+        return rc;
     }
-    if ((rc = ember_rope_freqs(&cfg->rope, cfg->head_dim, m->inv_freq, &m->n_rot, &m->attn_factor, err))) goto fail;
-    loader L = {m, w, err, 0};
-    const int64_t V = cfg->vocab_size, H = cfg->hidden_size;
-    if ((rc = load(&L, &m->embed, "model.embed_tokens.weight", 2, (const int64_t[]){V, H}, false, false)))
-        goto fail;
-    size_t embed_bytes = m->embed.nbytes;
-    for (int i = 0; i < cfg->n_layers; i++)
-        if ((rc = load_layer(&L, i))) goto fail;
-    if ((rc = load(&L, &m->out_norm, "model.norm.weight", 1, (const int64_t[]){H}, true, false))) goto fail;
-    if (cfg->tie_embeddings) {
-        m->lm_head = m->embed; /* read in full per token as the output projection */
-    } else {
-        if ((rc = load(&L, &m->lm_head, "lm_head.weight", 2, (const int64_t[]){V, H}, false, false))) goto fail;
-        m->weight_bytes -= embed_bytes; /* only one embedding row is read per token */
-    }
-    int mask = L.dtype_seen;
-    m->weight_dtype = mask == (1 << EMBER_F32)    ? "f32"
-                      : mask == (1 << EMBER_F16)  ? "f16"
-                      : mask == (1 << EMBER_BF16) ? "bf16"
-                                                  : "mixed";
     *out = m;
     return EMBER_OK;
-fail:
-    ember_llm_free(m);
-    return rc;
+}
+
+int ember_llm_from_gguf(ember_gguf *f, ember_backend *be, ember_model_config *cfg, ember_llm **out,
+                        ember_error *err) {
+    *out = NULL;
+    ember_llm *m = calloc(1, sizeof *m);
+    if (!m) {
+        ember_gguf_free(f);
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
+    m->be = be;
+    m->gguf = f;
+    int rc = ember_gguf_model_config(m->gguf, &m->cfg, &m->rope_mode, err);
+    if (!rc) {
+        loader L = {m, NULL, m->gguf, m->gguf->path, err, 0};
+        rc = build(m, &L);
+    }
+    if (rc) {
+        ember_llm_free(m);
+        return rc;
+    }
+    *cfg = m->cfg;
+    *out = m;
+    return EMBER_OK;
+}
+
+int ember_llm_load_gguf(const char *path, ember_backend *be, ember_model_config *cfg, ember_llm **out,
+                        ember_error *err) {
+    *out = NULL;
+    ember_gguf *f = NULL;
+    int rc = ember_gguf_open(path, &f, err);
+    if (rc) return rc;
+    return ember_llm_from_gguf(f, be, cfg, out, err);
 }
 
 /* ---- run state ------------------------------------------------------------------------ */
@@ -322,7 +415,7 @@ int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const emb
     ember_tensor qh = rows_view(&st->q, 2, (int64_t)T * Hq, D, 0), kh = rows_view(&st->k, 2, (int64_t)T * Hkv, D, 0);
     ember_tensor att = rows_view(&st->att, 2, T, (int64_t)Hq * D, 0);
     ember_tensor gate = rows_view(&st->gate, 2, T, I, 0), up = rows_view(&st->up, 2, T, I, 0);
-    ember_rope rope = {m->inv_freq, m->n_rot, EMBER_ROPE_NEOX, m->attn_factor};
+    ember_rope rope = {m->inv_freq, m->n_rot, m->rope_mode, m->attn_factor};
     const float scale = 1.0f / sqrtf((float)D);
 
     if ((rc = ops->get_rows(be, &x, &m->embed, b->tok, T, err))) return rc;

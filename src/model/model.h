@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "formats/config.h"
+#include "formats/gguf.h"
 #include "formats/weights.h"
 #include "kv/kv.h"
 
@@ -47,7 +48,9 @@ typedef struct ember_llm {
     int n_rot;
     float attn_factor;
     size_t weight_bytes;     /* bytes the forward pass reads per decode token */
-    const char *weight_dtype; /* "f32", "f16", "bf16" or "mixed" */
+    const char *weight_dtype; /* a dtype name ("f32", "q4_k", ...) or "mixed" */
+    ember_rope_mode rope_mode; /* NEOX for HF weights and qwen GGUFs, INTERLEAVED for llama GGUFs */
+    ember_gguf *gguf;        /* the GGUF file the weights view, owned (NULL for safetensors) */
 } ember_llm;
 
 /* Builds the model from a parsed config and an open weight store, checking
@@ -55,6 +58,22 @@ typedef struct ember_llm {
 int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_backend *be, ember_llm **out,
                    ember_error *err);
 void ember_llm_free(ember_llm *m);
+
+/* Loads a llama-family GGUF file (gguf_model.c describes the mapping). On
+   success *out owns the opened file (freed by ember_llm_free) and *cfg is
+   the model's config. */
+int ember_llm_load_gguf(const char *path, ember_backend *be, ember_model_config *cfg, ember_llm **out,
+                        ember_error *err);
+
+/* As ember_llm_load_gguf for an already parsed file, whose ownership passes
+   to the model (also on failure, when it is freed). */
+int ember_llm_from_gguf(ember_gguf *f, ember_backend *be, ember_model_config *cfg, ember_llm **out,
+                        ember_error *err);
+
+/* The config and RoPE layout of a GGUF file's metadata (gguf_model.c). */
+int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_rope_mode *mode, ember_error *err);
+/* The GGUF name of a HuggingFace llama-family tensor name; false if none. */
+bool ember_gguf_tensor_name(const char *hf, char *out, size_t n);
 
 typedef struct ember_llm_state {
     int max_tokens, max_logit_rows;

@@ -29,6 +29,7 @@
 #include "core/threadpool.h"
 #include "core/util.h"
 #include "kernels.h"
+#include "qkern.h"
 
 typedef struct cpu_backend {
     ember_backend base;
@@ -38,6 +39,8 @@ typedef struct cpu_backend {
     bool zero_copy; /* wrap host memory in buffer_from_host instead of copying */
     float *scratch; /* n_threads x scratch_floats */
     size_t scratch_floats;
+    void *act[3];     /* quantized activations per cpu_act_kind, grown on demand */
+    size_t act_cap[3];
 } cpu_backend;
 
 static cpu_backend *cpu(ember_backend *be) {
@@ -49,8 +52,11 @@ static void *host(const ember_tensor *t) {
 }
 
 const cpu_kernels *ember_cpu_kernels_for(ember_isa isa) {
+    ember_cpu_features f;
     switch (isa) {
-    case EMBER_ISA_AVX512: return &ember_cpu_kernels_avx512;
+    case EMBER_ISA_AVX512:
+        ember_cpu_detect(&f);
+        return f.avx512vnni ? &ember_cpu_kernels_avx512vnni : &ember_cpu_kernels_avx512;
     case EMBER_ISA_AVX2: return &ember_cpu_kernels_avx2;
     default: return &ember_cpu_kernels_scalar;
     }
@@ -158,8 +164,13 @@ static int need_f32(const ember_tensor *t, const char *op, const char *what, emb
     return EMBER_OK;
 }
 
-static bool is_weight_type(ember_dtype d) {
+static bool is_float_type(ember_dtype d) {
     return d == EMBER_F32 || d == EMBER_F16 || d == EMBER_BF16;
+}
+
+/* A dtype matmul accepts as weights: float, or a block type with kernels. */
+static bool is_weight_type(ember_dtype d) {
+    return is_float_type(d) || cpu_act_kind_for(d) != CPU_ACT_NONE;
 }
 
 static int ensure_scratch(cpu_backend *c, size_t floats, ember_error *err) {
@@ -177,38 +188,25 @@ static int ensure_scratch(cpu_backend *c, size_t floats, ember_error *err) {
 
 /* ---- get_rows ---------------------------------------------------------------- */
 
-static void convert_row(ember_dtype dt, const void *src, float *dst, int64_t n) {
-    if (dt == EMBER_F32) {
-        memcpy(dst, src, (size_t)n * 4);
-        return;
-    }
-    const uint16_t *s = src;
-    for (int64_t i = 0; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, s + i, 2);
-        dst[i] = dt == EMBER_F16 ? ember_f16_to_f32(h) : ember_bf16_to_f32(h);
-    }
-}
-
 static int cpu_get_rows(ember_backend *be, ember_tensor *dst, const ember_tensor *src,
                         const int32_t *ids, int n, ember_error *err) {
     (void)be;
     int rc = need_f32(dst, "get_rows", "dst", err);
     if (rc) return rc;
     if (!src->buf || !is_weight_type(src->dtype) || src->ndim != 2)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: src must be a 2-D f32/f16/bf16 tensor");
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: src must be a 2-D float or quantized tensor");
     int64_t D = src->shape[1], R = src->shape[0];
-    if (ember_tensor_row_len(dst) != D || ember_tensor_rows(dst) < n)
+    size_t row = cpu_row_bytes(src->dtype, D);
+    if (ember_tensor_row_len(dst) != D || ember_tensor_rows(dst) < n || row == 0)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: dst shape does not fit %d rows of %lld", n,
                          (long long)D);
-    size_t es = ember_dtype_get(src->dtype)->block_bytes;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= R)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "token id %d is outside the vocabulary [0, %lld)",
                              ids[i], (long long)R);
-        convert_row(src->dtype, (const char *)host(src) + (size_t)ids[i] * (size_t)D * es,
-                    (float *)host(dst) + (size_t)i * (size_t)D, D);
-    }
+    for (int i = 0; i < n; i++)
+        cpu_dequant_row(src->dtype, (const char *)host(src) + (size_t)ids[i] * row,
+                        (float *)host(dst) + (size_t)i * (size_t)D, D);
     return EMBER_OK;
 }
 
@@ -263,6 +261,7 @@ static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor
 typedef struct mm_job {
     const cpu_kernels *k;
     const float *x;
+    const void *act[3]; /* quantized x per cpu_act_kind (NULL when unused) */
     int M, K;
     int n;
     const ember_matmul *mm;
@@ -279,13 +278,18 @@ static void mm_task(void *ctx, int task, int thread) {
     int N = (int)m->w->shape[0];
     int n0 = (task - j->first_task[i]) * j->block;
     int nn = N - n0 < j->block ? N - n0 : j->block;
-    size_t es = ember_dtype_get(m->w->dtype)->block_bytes;
-    const char *w = (const char *)host(m->w) + (size_t)n0 * (size_t)j->K * es;
+    ember_dtype dt = m->w->dtype;
+    size_t row = cpu_row_bytes(dt, j->K);
+    const char *w = (const char *)host(m->w) + (size_t)n0 * row;
     float *out = (float *)host(m->out) + n0;
-    cpu_gemm_fn fn = m->w->dtype == EMBER_F32   ? j->k->gemm_f32
-                     : m->w->dtype == EMBER_F16 ? j->k->gemm_f16
-                                                : j->k->gemm_bf16;
-    fn(w, (size_t)j->K, nn, j->x, (size_t)j->K, j->M, j->K, out, (size_t)N);
+    cpu_act_kind ak = cpu_act_kind_for(dt);
+    if (ak != CPU_ACT_NONE) {
+        cpu_qgemm_fn_t fn = j->k->qgemm[dt] ? j->k->qgemm[dt] : cpu_qgemm_generic(dt);
+        fn(w, row, nn, j->act[ak], cpu_act_row_bytes(ak, j->K), j->M, j->K, out, (size_t)N);
+    } else {
+        cpu_gemm_fn fn = dt == EMBER_F32 ? j->k->gemm_f32 : dt == EMBER_F16 ? j->k->gemm_f16 : j->k->gemm_bf16;
+        fn(w, (size_t)j->K, nn, j->x, (size_t)j->K, j->M, j->K, out, (size_t)N);
+    }
     if (m->bias) {
         const float *b = (const float *)host(m->bias) + n0;
         for (int r = 0; r < j->M; r++) {
@@ -293,6 +297,48 @@ static void mm_task(void *ctx, int task, int thread) {
             for (int c = 0; c < nn; c++) o[c] = o[c] + b[c];
         }
     }
+}
+
+typedef struct act_job {
+    const float *x;
+    void *dst;
+    int K;
+    cpu_act_kind kind;
+} act_job;
+
+static void act_task(void *ctx, int row, int thread) {
+    (void)thread;
+    const act_job *j = ctx;
+    size_t rb = cpu_act_row_bytes(j->kind, j->K);
+    const float *x = j->x + (size_t)row * (size_t)j->K;
+    void *d = (char *)j->dst + (size_t)row * rb;
+    if (j->kind == CPU_ACT_32)
+        cpu_quantize_act32(x, j->K, d);
+    else
+        cpu_quantize_act256(x, j->K, d);
+}
+
+/* Quantizes the M rows of x into the backend's buffer for kind. */
+static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_kind kind, const void **out,
+                         ember_error *err) {
+    size_t bytes;
+    if (!ember_mul_ok(cpu_act_row_bytes(kind, K), (size_t)M, &bytes))
+        return ember_err(err, EMBER_ERR_NOMEM, "matmul: activation buffer size overflows");
+    if (bytes > c->act_cap[kind]) {
+        void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        if (!p) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of activations", bytes);
+        free(c->act[kind]);
+        c->act[kind] = p;
+        c->act_cap[kind] = bytes;
+    }
+    act_job j = {x, c->act[kind], K, kind};
+    if ((size_t)M * (size_t)K < 65536) {
+        for (int r = 0; r < M; r++) act_task(&j, r, 0);
+    } else {
+        ember_pool_run(c->pool, M, act_task, &j);
+    }
+    *out = c->act[kind];
+    return EMBER_OK;
 }
 
 static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm,
@@ -306,12 +352,17 @@ static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const emb
     if (K > INT32_MAX || M > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: input too large");
     int64_t total = 0;
+    bool need[3] = {false, false, false};
     for (int i = 0; i < n; i++) {
         const ember_matmul *m = &mm[i];
         if ((rc = need_f32(m->out, "matmul", "out", err))) return rc;
         if (!m->w->buf || !is_weight_type(m->w->dtype) || m->w->ndim != 2 || m->w->shape[1] != K)
             return ember_err(err, EMBER_ERR_INVALID_ARG,
-                             "matmul: weight must be a 2-D f32/f16/bf16 [N, %lld] tensor", (long long)K);
+                             "matmul: weight must be a 2-D float or quantized [N, %lld] tensor", (long long)K);
+        if (cpu_row_bytes(m->w->dtype, K) == 0)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: rows of %lld are not whole %s blocks",
+                             (long long)K, ember_dtype_get(m->w->dtype)->name);
+        need[cpu_act_kind_for(m->w->dtype)] = true;
         int64_t N = m->w->shape[0];
         if (ember_tensor_row_len(m->out) != N || ember_tensor_rows(m->out) != M)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output shape is not [%lld, %lld]",
@@ -322,6 +373,9 @@ static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const emb
     }
     if (total > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output too large");
     mm_job j = {.k = c->k, .x = host(x), .M = (int)M, .K = (int)K, .n = n, .mm = mm};
+    for (int kind = CPU_ACT_32; kind <= CPU_ACT_256; kind++)
+        if (need[kind] && (rc = quantize_acts(c, j.x, (int)M, (int)K, (cpu_act_kind)kind, &j.act[kind], err)))
+            return rc;
     int64_t want = total / ((int64_t)c->n_threads * 4);
     int block = (int)((want + 3) & ~(int64_t)3);
     if (block < 16) block = 16;
@@ -543,6 +597,7 @@ static void cpu_free(ember_backend *be) {
     cpu_backend *c = cpu(be);
     ember_pool_free(c->pool);
     free(c->scratch);
+    for (int i = 0; i < 3; i++) free(c->act[i]);
     free(c);
 }
 

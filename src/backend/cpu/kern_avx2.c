@@ -53,11 +53,16 @@ static void avx2_axpy(float *y, float a, const float *x, int n) {
     for (; i < n; i++) y[i] = __builtin_fmaf(a, x[i], y[i]);
 }
 
+#include "kern_qavx2.h"
+
 const cpu_kernels ember_cpu_kernels_avx2 = {
     .isa = EMBER_ISA_AVX2,
+    .variant = "avx2",
     .gemm_f32 = avx2_gemm_f32,
     .gemm_f16 = avx2_gemm_f16,
     .gemm_bf16 = avx2_gemm_bf16,
+    .qgemm = {[EMBER_Q8_0] = avx2_q8_0, [EMBER_Q4_0] = avx2_q4_0, [EMBER_Q5_0] = avx2_q5_0, [EMBER_Q4_K] = avx2_q4_k,
+              [EMBER_Q5_K] = avx2_q5_k, [EMBER_Q6_K] = avx2_q6_k},
     .dot = avx2_dot,
     .axpy = avx2_axpy,
 };

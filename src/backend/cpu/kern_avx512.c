@@ -45,11 +45,21 @@ static void avx512_axpy(float *y, float a, const float *x, int n) {
     for (; i < n; i++) y[i] = __builtin_fmaf(a, x[i], y[i]);
 }
 
-const cpu_kernels ember_cpu_kernels_avx512 = {
+#include "kern_qavx512.h"
+
+#ifndef AVX512_TABLE /* kern_avx512vnni.c builds this file again with VNNI */
+#define AVX512_TABLE ember_cpu_kernels_avx512
+#define AVX512_VARIANT "avx512"
+#endif
+
+const cpu_kernels AVX512_TABLE = {
     .isa = EMBER_ISA_AVX512,
+    .variant = AVX512_VARIANT,
     .gemm_f32 = avx512_gemm_f32,
     .gemm_f16 = avx512_gemm_f16,
     .gemm_bf16 = avx512_gemm_bf16,
+    .qgemm = {[EMBER_Q8_0] = avx512_q8_0, [EMBER_Q4_0] = avx512_q4_0, [EMBER_Q5_0] = avx512_q5_0,
+              [EMBER_Q4_K] = avx512_q4_k, [EMBER_Q5_K] = avx512_q5_k, [EMBER_Q6_K] = avx512_q6_k},
     .dot = avx512_dot,
     .axpy = avx512_axpy,
 };

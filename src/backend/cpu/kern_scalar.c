@@ -62,6 +62,7 @@ static void scalar_axpy(float *y, float a, const float *x, int n) {
 
 const cpu_kernels ember_cpu_kernels_scalar = {
     .isa = EMBER_ISA_SCALAR,
+    .variant = "scalar",
     .gemm_f32 = scalar_gemm_f32,
     .gemm_f16 = scalar_gemm_f16,
     .gemm_bf16 = scalar_gemm_bf16,

@@ -8,6 +8,11 @@
  * results; the scalar path multiplies and adds separately and agrees to
  * rounding. Matmul tiles only decide which dot products run together, never
  * how one is summed: a row's output does not depend on the batch.
+ *
+ * Quantized weights (qkern.h): the input rows are quantized one by one to
+ * 8-bit blocks, and every ISA (scalar, AVX2, AVX-512 with or without VNNI)
+ * computes the same canonical dot product bit for bit: exact integer
+ * partial sums, then a fixed sequence of f32 fused multiply-adds.
  */
 #ifndef EMBER_CPU_KERNELS_H
 #define EMBER_CPU_KERNELS_H
@@ -15,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/dtype.h"
 #include "ember.h"
 
 #define EMBER_LANES 16
@@ -23,9 +29,19 @@
 typedef void (*cpu_gemm_fn)(const void *w, size_t ldw, int nn, const float *x, size_t ldx, int mm,
                             int K, float *out, size_t ldo);
 
+/* Quantized weights (qkern.h): out[m * ldo + n] = canonical dot of weight
+   row n (w + n * w_row bytes) with quantized activation row m (xa + m *
+   xa_row bytes), for n < nn, m < mm. */
+typedef void (*cpu_qgemm_fn_t)(const void *w, size_t w_row, int nn, const void *xa, size_t xa_row, int mm, int K,
+                               float *out, size_t ldo);
+
 typedef struct cpu_kernels {
     ember_isa isa;
+    const char *variant; /* e.g. "avx512-vnni"; for logs and tests */
     cpu_gemm_fn gemm_f32, gemm_f16, gemm_bf16;
+    /* per quantized dtype; NULL: use the canonical plain-C kernel
+       (cpu_qgemm_generic), which gives the same bits */
+    cpu_qgemm_fn_t qgemm[EMBER_DTYPE_COUNT];
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n); /* y += a * x */
 } cpu_kernels;
@@ -33,6 +49,7 @@ typedef struct cpu_kernels {
 extern const cpu_kernels ember_cpu_kernels_scalar;
 extern const cpu_kernels ember_cpu_kernels_avx2;
 extern const cpu_kernels ember_cpu_kernels_avx512;
+extern const cpu_kernels ember_cpu_kernels_avx512vnni; /* AVX-512 + VNNI */
 
 /* The table for isa (which the CPU must support). */
 const cpu_kernels *ember_cpu_kernels_for(ember_isa isa);

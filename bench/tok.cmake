@@ -1,0 +1,4 @@
+# Tokenizer encode throughput (bench/RESULTS.md, section "Tokenizer").
+add_executable(tok_bench tok_bench.c)
+target_link_libraries(tok_bench PRIVATE ember_static)
+target_include_directories(tok_bench PRIVATE ${CMAKE_SOURCE_DIR}/src)

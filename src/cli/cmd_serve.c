@@ -1,0 +1,338 @@
+/*
+ * cmd_serve.c - `ember serve [MODEL]`: the OpenAI / Anthropic compatible
+ * server (src/serve) over one model.
+ *
+ * MODEL is a model directory, a GGUF file, or a name in the local
+ * HuggingFace cache (org/name). With none given, the first supported model
+ * found in that cache is served; with none there either, a small demo model
+ * with random weights is written to ~/.cache/ember/demo and served, labelled
+ * as such, so the server runs on a fresh offline machine.
+ *
+ * Signals: SIGINT and SIGTERM are blocked in every thread and taken by the
+ * main thread with sigwait; the server then drains (new requests get 503)
+ * for up to --drain seconds, cancels what is left and exits 0.
+ */
+#define _DEFAULT_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <signal.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "cli.h"
+#include "core/mapfile.h"
+#include "core/util.h"
+#include "serve/serve.h"
+
+/* out = a + b; false (and an empty out) when it does not fit. */
+static bool pcat(char *out, size_t n, const char *a, const char *b) {
+    int k = snprintf(out, n, "%s%s", a, b);
+    if (k < 0 || (size_t)k >= n) {
+        out[0] = 0;
+        return false;
+    }
+    return true;
+}
+
+static bool is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+static bool is_file(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* $HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub into buf. */
+static void hf_hub_dir(char *buf, size_t n) {
+    const char *e = getenv("HF_HUB_CACHE");
+    if (e && *e) {
+        snprintf(buf, n, "%s", e);
+        return;
+    }
+    e = getenv("HF_HOME");
+    if (e && *e) {
+        snprintf(buf, n, "%s/hub", e);
+        return;
+    }
+    const char *home = getenv("HOME");
+    snprintf(buf, n, "%s/.cache/huggingface/hub", home ? home : ".");
+}
+
+/* The snapshot directory of models--A--B: refs/main, else the only one. */
+static bool hf_snapshot(const char *repo_dir, char *out, size_t n) {
+    char p[4096], ref[128] = "";
+    snprintf(p, sizeof p, "%s/refs/main", repo_dir);
+    FILE *fp = fopen(p, "r");
+    if (fp) {
+        if (fgets(ref, sizeof ref, fp)) ref[strcspn(ref, "\r\n")] = 0;
+        fclose(fp);
+    }
+    if (ref[0] && !strchr(ref, '/')) {
+        snprintf(out, n, "%s/snapshots/%s", repo_dir, ref);
+        if (is_dir(out)) return true;
+    }
+    snprintf(p, sizeof p, "%s/snapshots", repo_dir);
+    DIR *d = opendir(p);
+    if (!d) return false;
+    struct dirent *de;
+    bool found = false;
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.') {
+            char sub[512];
+            snprintf(sub, sizeof sub, "/%.255s", de->d_name);
+            found = pcat(out, n, p, sub) && is_dir(out);
+            if (found) break;
+        }
+    closedir(d);
+    return found;
+}
+
+/* Whether dir holds a config.json of a model type ember runs and a tokenizer. */
+static bool servable(const char *dir) {
+    char p[4096], *text = NULL;
+    if (!pcat(p, sizeof p, dir, "/tokenizer.json") || !is_file(p)) return false;
+    if (!pcat(p, sizeof p, dir, "/config.json") || ember_read_file(p, 1 << 20, &text, NULL, NULL)) return false;
+    json_t *j = json_loads(text, 0, NULL);
+    free(text);
+    const char *mt = json_string_value(json_object_get(j, "model_type"));
+    bool ok = mt && (!strcmp(mt, "llama") || !strcmp(mt, "mistral") || !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3"));
+    json_decref(j);
+    return ok;
+}
+
+/* Resolves MODEL (see the file comment) into out; *demo when none was found. */
+static int resolve_model(const char *arg, char *out, size_t n, char *id, size_t idn, bool *demo) {
+    *demo = false;
+    char hub[2048];
+    hf_hub_dir(hub, sizeof hub);
+    if (arg) {
+        if (is_dir(arg) || is_file(arg)) {
+            snprintf(out, n, "%s", arg);
+            const char *b = ember_basename(arg);
+            snprintf(id, idn, "%s", *b ? b : arg);
+            return 0;
+        }
+        const char *slash = strchr(arg, '/');
+        if (slash && !strchr(slash + 1, '/') && slash != arg) {
+            char repo[4096];
+            snprintf(repo, sizeof repo, "%s/models--%.*s--%s", hub, (int)(slash - arg), arg, slash + 1);
+            if (hf_snapshot(repo, out, n)) {
+                snprintf(id, idn, "%s", arg);
+                return 0;
+            }
+        }
+        return cli_fail("serve", "model '%s' is not a directory, a file, or a model in the HuggingFace cache (%s)", arg,
+                        hub);
+    }
+    DIR *d = opendir(hub);
+    if (d) {
+        struct dirent *de;
+        char best[256] = "";
+        while ((de = readdir(d))) {
+            if (strncmp(de->d_name, "models--", 8) != 0) continue;
+            char repo[4096], snap[4096], sub[300];
+            snprintf(sub, sizeof sub, "/%.255s", de->d_name);
+            if (!pcat(repo, sizeof repo, hub, sub)) continue;
+            if (hf_snapshot(repo, snap, sizeof snap) && servable(snap) && (!best[0] || strcmp(de->d_name, best) < 0)) {
+                snprintf(best, sizeof best, "%s", de->d_name);
+                snprintf(out, n, "%s", snap);
+            }
+        }
+        closedir(d);
+        if (best[0]) { /* models--org--name -> org/name */
+            char *nm = best + 8, *sep = strstr(nm, "--");
+            if (sep) {
+                *sep = '/';
+                memmove(sep + 1, sep + 2, strlen(sep + 2) + 1);
+            }
+            snprintf(id, idn, "%s", nm);
+            return 0;
+        }
+    }
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg)
+        snprintf(out, n, "%s/ember/demo", xdg);
+    else
+        snprintf(out, n, "%s/.cache/ember/demo", home ? home : ".");
+    snprintf(id, idn, "ember-demo-random");
+    *demo = true;
+    return 0;
+}
+
+/* Reads the chat template: tokenizer_config.json, chat_template.jinja, or
+   NULL when the model has none (chat requests are then refused). */
+static int load_template(const char *model, ember_chat_template **out) {
+    *out = NULL;
+    if (!is_dir(model)) return 0; /* GGUF templates: read by the tokenizer work */
+    char p[4096], *text = NULL;
+    size_t len = 0;
+    ember_error err = {0};
+    const char *src = NULL;
+    json_t *cfg = NULL;
+    if (pcat(p, sizeof p, model, "/chat_template.jinja") && is_file(p) &&
+        !ember_read_file(p, 4 << 20, &text, &len, &err)) {
+        src = text;
+    } else {
+        if (pcat(p, sizeof p, model, "/tokenizer_config.json") && is_file(p) &&
+            !ember_read_file(p, 64 << 20, &text, &len, &err)) {
+            cfg = json_loadb(text, len, 0, NULL);
+            src = ember_chat_template_from_config(cfg, NULL);
+            if (src) len = strlen(src);
+        }
+    }
+    int rc = 0;
+    if (src && ember_chat_template_compile(src, len, out, &err))
+        rc = cli_fail("serve", "%s: chat template does not compile: %s", p, err.msg);
+    json_decref(cfg);
+    free(text);
+    return rc;
+}
+
+static size_t parse_size(const char *s, bool *ok) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    *ok = end != s && !*end && !errno && v > 0 && v * mul < 1e18;
+    return *ok ? (size_t)(v * mul) : 0;
+}
+
+static void log_stderr(void *user, ember_log_level level, const char *msg) {
+    int min = *(int *)user;
+    if ((int)level < min) return;
+    static const char *const names[] = {"debug", "info", "warning", "error"};
+    fprintf(stderr, "ember: %s: %s\n", names[level & 3], msg);
+}
+
+int cmd_serve(int argc, char **argv) {
+    const char *model_arg = NULL, *host = "127.0.0.1", *isa = NULL, *kv_budget_s = NULL, *max_body_s = NULL;
+    int port = 8080, parallel = 8, ctx = 0, threads = 0, max_queue = 256, default_max = 0;
+    float drain = 10.0f;
+    bool verbose = false, use_mmap = false;
+    cli_opt opts[] = {
+        {"host", 0, OPT_STR, &host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", 0, 0, false},
+        {"port", 'p', OPT_INT, &port, "N", "port (default 8080)", 1, 65535, false},
+        {"parallel", 'P', OPT_INT, &parallel, "N", "requests generated at once: rows of the batch (default 8)", 1, 1024,
+         false},
+        {"ctx", 'c', OPT_INT, &ctx, "N", "context per request (default: min(model max, 4096))", 16, 1 << 22, false},
+        {"kv-budget", 0, OPT_STR, &kv_budget_s, "SIZE", "KV cache memory limit, e.g. 2G (default: half the RAM)", 0, 0,
+         false},
+        {"max-queue", 0, OPT_INT, &max_queue, "N", "requests waiting for a row before 429 (default 256)", 1, 1 << 20,
+         false},
+        {"max-body", 0, OPT_STR, &max_body_s, "SIZE", "request body limit (default 4M); larger bodies get 413", 0, 0,
+         false},
+        {"default-max-tokens", 0, OPT_INT, &default_max, "N", "max_tokens when a request names none (default: the rest of the context)", 1,
+         1 << 22, false},
+        {"drain", 0, OPT_FLOAT, &drain, "SECONDS", "on SIGINT/SIGTERM, time running requests get to finish (default 10)", 0,
+         3600, false},
+        {"threads", 't', OPT_INT, &threads, "N", "compute threads (default: all cores)", 1, 1024, false},
+        {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512", 0, 0, false},
+        {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
+        {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log more (HTTP details) to stderr", 0, 0, false},
+    };
+    cli_cmd cmd = {"serve", "Serve a model over an OpenAI- and Anthropic-compatible HTTP API.", "[MODEL] [options]",
+                   "MODEL: a model directory, a GGUF file, or org/name from the HuggingFace cache\n"
+                   "($HF_HOME/hub or ~/.cache/huggingface/hub). Without MODEL the first supported model\n"
+                   "in that cache is served, else a demo model with random weights (~/.cache/ember/demo).\n"
+                   "Endpoints: POST /v1/chat/completions, /v1/completions, /v1/messages, /tokenize,\n"
+                   "/detokenize; GET /v1/models, /health, /metrics.",
+                   opts, (int)(sizeof opts / sizeof opts[0])};
+    int rc = cli_parse_arg(&cmd, argc, argv, &model_arg);
+    if (rc) return rc == 2 ? 0 : 1;
+    bool ok = true;
+    size_t kv_budget = 0, max_body = 4u << 20;
+    if (kv_budget_s && !(kv_budget = parse_size(kv_budget_s, &ok)))
+        return cli_fail("serve", "--kv-budget expects a size such as 512M or 4G, got '%s'", kv_budget_s);
+    if (max_body_s && !(max_body = parse_size(max_body_s, &ok)))
+        return cli_fail("serve", "--max-body expects a size such as 64K or 4M, got '%s'", max_body_s);
+    if (!kv_budget) {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        kv_budget = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 2 : (size_t)4 << 30;
+    }
+    /* signals go to sigwait below: block them before any thread exists */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char path[4096], id[256];
+    bool demo;
+    if (resolve_model(model_arg, path, sizeof path, id, sizeof id, &demo)) return 1;
+    if (demo) {
+        char cfgp[4200];
+        if (!pcat(cfgp, sizeof cfgp, path, "/tokenizer_config.json") || !is_file(cfgp)) {
+            fprintf(stderr, "ember: no model given and none found in the HuggingFace cache: writing a demo model with "
+                            "random weights to %s\n", path);
+            char *args[] = {"mkmodel", "--preset", "demo", "--out", path, NULL};
+            if (cmd_mkmodel(5, args)) return 1;
+        }
+    }
+    int min_level = verbose ? EMBER_LOG_DEBUG : EMBER_LOG_INFO;
+    ember_model *m;
+    cli_model_opts mo = {threads, ctx ? ctx : 0, parallel, isa, false, use_mmap};
+    if (cli_load_model("serve", path, &mo, &m)) return 1;
+    ember_model_info info;
+    ember_model_get_info(m, &info);
+    size_t kv = (size_t)info.n_layers * (size_t)info.n_rows * (size_t)info.n_ctx * (size_t)info.n_kv_heads *
+                (size_t)info.head_dim * 8;
+    if (kv > kv_budget) {
+        ember_model_free(m);
+        return cli_fail("serve", "the KV cache for %d requests x %d tokens needs %.1f GiB, over the budget of %.1f GiB: "
+                                 "lower --parallel or --ctx, or raise --kv-budget",
+                        info.n_rows, info.n_ctx, (double)kv / (1 << 30), (double)kv_budget / (1 << 30));
+    }
+    ember_tokenizer *tok = NULL;
+    ember_error err = {0};
+    if (ember_tok_load(path, &tok, &err)) {
+        ember_model_free(m);
+        return cli_fail("serve", "%s", err.msg);
+    }
+    ember_chat_template *tmpl = NULL;
+    if (load_template(path, &tmpl)) {
+        ember_tok_free(tok);
+        ember_model_free(m);
+        return 1;
+    }
+    ember_server_opts so = {0};
+    so.host = host;
+    so.port = port;
+    so.model_id = id;
+    so.model_note = demo ? "demo model with random weights: its output is meaningless" : NULL;
+    so.max_queue = max_queue;
+    so.max_body = max_body;
+    so.default_max_tokens = default_max;
+    so.log = (ember_logger){log_stderr, &min_level};
+    ember_server *srv;
+    if (ember_server_start(m, tok, tmpl, &so, &srv, &err)) {
+        ember_chat_template_free(tmpl);
+        ember_tok_free(tok);
+        ember_model_free(m);
+        return cli_fail("serve", "%s", err.msg);
+    }
+    fprintf(stderr, "ember: serving %s%s on http://%s:%d (%d parallel x %d tokens, %s, %d threads%s)\n", id,
+            demo ? " (demo, random weights)" : "", host, port, info.n_rows, info.n_ctx, ember_isa_name(info.isa),
+            info.n_threads, tmpl ? "" : ", no chat template");
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "ember: %s: finishing running requests (up to %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+            (double)drain);
+    ember_server_stop(srv, drain);
+    ember_chat_template_free(tmpl);
+    ember_tok_free(tok);
+    ember_model_free(m);
+    fprintf(stderr, "ember: stopped\n");
+    return 0;
+}

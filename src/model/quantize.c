@@ -1,0 +1,385 @@
+/*
+ * quantize.c - see quantize.h. Reads every weight of a safetensors model,
+ * converts it to f32, permutes llama Q/K rows, encodes each tensor in the
+ * type its scheme picks (formats/quant.h encoders, rows split over a
+ * worker pool) and writes one GGUF file.
+ *
+ * Ownership: everything allocated here is freed before returning; the
+ * GGUF writer owns tensor buffers once added. Called from one thread; the
+ * pool's workers only encode disjoint row ranges.
+ */
+#include "quantize.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cpu.h"
+#include "core/threadpool.h"
+#include "core/util.h"
+#include "formats/config.h"
+#include "formats/gguf_write.h"
+#include "formats/quant.h"
+#include "formats/weights.h"
+#include "model.h"
+#include "rope.h"
+
+bool ember_qscheme_parse(const char *name, ember_qscheme *out) {
+    if (strcmp(name, "q8_0") == 0) *out = EMBER_QSCHEME_Q8_0;
+    else if (strcmp(name, "q4_0") == 0) *out = EMBER_QSCHEME_Q4_0;
+    else if (strcmp(name, "q4_k_m") == 0) *out = EMBER_QSCHEME_Q4_K_M;
+    else return false;
+    return true;
+}
+
+static bool more_bits(int i, int n) {
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+ember_dtype ember_qscheme_type(ember_qscheme s, const char *name, int ndim, int64_t row_len, int layer, int n_layers,
+                               bool tied) {
+    if (ndim < 2) return EMBER_F32;
+    ember_dtype base = s == EMBER_QSCHEME_Q8_0 ? EMBER_Q8_0 : s == EMBER_QSCHEME_Q4_0 ? EMBER_Q4_0 : EMBER_Q4_K;
+    ember_dtype t = base;
+    if (strcmp(name, "output.weight") == 0 || (tied && strcmp(name, "token_embd.weight") == 0)) {
+        if (s == EMBER_QSCHEME_Q8_0 || row_len % (int64_t)ember_dtype_get(base)->block_elems) t = EMBER_Q8_0;
+        else t = EMBER_Q6_K;
+    } else if (s == EMBER_QSCHEME_Q4_K_M && (ends_with(name, "attn_v.weight") || ends_with(name, "ffn_down.weight"))) {
+        if (more_bits(layer, n_layers)) t = EMBER_Q6_K;
+    }
+    if (row_len % 256) {
+        if (t == EMBER_Q4_K) t = EMBER_Q5_0;
+        else if (t == EMBER_Q5_K) t = EMBER_Q5_1;
+        else if (t == EMBER_Q6_K) t = EMBER_Q8_0;
+    }
+    if (row_len % (int64_t)ember_dtype_get(t)->block_elems) t = EMBER_F16;
+    return t;
+}
+
+/* ---- fast K-quant encoders ------------------------------------------------
+   formats/quant.h's K encoders search hard for the best scales (tens of
+   roundings per element), too slow for billion-weight models. These do a
+   min/max fit plus two least-squares refinements per sub-block; the blocks
+   are valid Q4_K / Q5_K / Q6_K and are read back by the exact decoders. */
+
+static inline int clampi(int v, int lo, int hi) {
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* x ~ a * q - b, q in [0, nmax], a, b >= 0; returns a, *b_out = b. */
+static float fast_affine(const float *x, int n, int nmax, float *b_out) {
+    float lo = 0.0f, hi = 0.0f;
+    for (int i = 0; i < n; i++) {
+        if (x[i] < lo) lo = x[i];
+        if (x[i] > hi) hi = x[i];
+    }
+    float a = (hi - lo) / (float)nmax, b = -lo;
+    if (!(a > 0.0f) || !isfinite(a)) {
+        *b_out = isfinite(b) ? b : 0.0f;
+        return 0.0f;
+    }
+    float best_a = a, best_b = b, best_e = INFINITY;
+    for (int it = 0; it < 3; it++) {
+        double sq = 0, sx = 0, sqq = 0, sqx = 0, e = 0;
+        for (int i = 0; i < n; i++) {
+            int q = clampi((int)lrintf((x[i] + b) / a), 0, nmax);
+            double r = (double)a * q - b - x[i];
+            e += r * r;
+            sq += q;
+            sx += x[i];
+            sqq += (double)q * q;
+            sqx += (double)q * x[i];
+        }
+        if (e < best_e) {
+            best_e = (float)e;
+            best_a = a;
+            best_b = b;
+        }
+        double den = n * sqq - sq * sq;
+        if (den <= 0) break;
+        double na = (n * sqx - sq * sx) / den, nb = (na * sq - sx) / n;
+        if (!(na > 0) || nb < 0) break;
+        a = (float)na;
+        b = (float)nb;
+    }
+    *b_out = best_b;
+    return best_a;
+}
+
+static void pack_k4_scales(uint8_t s[12], const int sc[8], const int mn[8]) {
+    memset(s, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            s[j] |= (uint8_t)(sc[j] & 63);
+            s[j + 4] |= (uint8_t)(mn[j] & 63);
+        } else {
+            s[j + 4] = (uint8_t)((sc[j] & 15) | ((mn[j] & 15) << 4));
+            s[j - 4] |= (uint8_t)((sc[j] >> 4) << 6);
+            s[j] |= (uint8_t)((mn[j] >> 4) << 6);
+        }
+    }
+}
+
+/* One Q4_K (nmax 15) or Q5_K (nmax 31) block from 256 floats. */
+static void fast_k45(const float *x, int nmax, unsigned char *blk) {
+    float a[8], b[8], amax = 0, bmax = 0;
+    for (int j = 0; j < 8; j++) {
+        a[j] = fast_affine(x + 32 * j, 32, nmax, &b[j]);
+        amax = fmaxf(amax, a[j]);
+        bmax = fmaxf(bmax, b[j]);
+    }
+    uint16_t dh = ember_f32_to_f16(amax / 63.0f), mh = ember_f32_to_f16(bmax / 63.0f);
+    float d = ember_f16_to_f32(dh), dm = ember_f16_to_f32(mh);
+    int sc[8], mn[8];
+    for (int j = 0; j < 8; j++) {
+        sc[j] = d > 0 ? clampi((int)lrintf(a[j] / d), 0, 63) : 0;
+        mn[j] = dm > 0 ? clampi((int)lrintf(b[j] / dm), 0, 63) : 0;
+    }
+    uint8_t q[256];
+    for (int e = 0; e < 256; e++) {
+        int j = e / 32;
+        float a1 = d * (float)sc[j], b1 = dm * (float)mn[j];
+        q[e] = (uint8_t)(a1 > 0 ? clampi((int)lrintf((x[e] + b1) / a1), 0, nmax) : 0);
+    }
+    memcpy(blk, &dh, 2);
+    memcpy(blk + 2, &mh, 2);
+    pack_k4_scales(blk + 4, sc, mn);
+    unsigned char *qs = blk + (nmax == 15 ? 16 : 48);
+    if (nmax == 31) memset(blk + 16, 0, 32);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            int lo = q[64 * c + l], hi = q[64 * c + 32 + l];
+            qs[32 * c + l] = (uint8_t)((lo & 15) | ((hi & 15) << 4));
+            if (nmax == 31) {
+                blk[16 + l] |= (uint8_t)(((lo >> 4) & 1) << (2 * c));
+                blk[16 + l] |= (uint8_t)(((hi >> 4) & 1) << (2 * c + 1));
+            }
+        }
+}
+
+/* One Q6_K block from 256 floats: 16 scales of 16 elements, q - 32 in
+   [-32, 31]. */
+static void fast_q6k(const float *x, unsigned char *blk) {
+    float a[16], amax = 0;
+    for (int j = 0; j < 16; j++) {
+        float m = 0, mv = 0;
+        for (int i = 0; i < 16; i++)
+            if (fabsf(x[16 * j + i]) > m) {
+                m = fabsf(x[16 * j + i]);
+                mv = x[16 * j + i];
+            }
+        a[j] = mv / -32.0f; /* the largest magnitude lands on level -32 */
+        amax = fmaxf(amax, fabsf(a[j]));
+    }
+    uint16_t dh = ember_f32_to_f16(amax / 127.0f);
+    float d = ember_f16_to_f32(dh);
+    int8_t sc[16];
+    uint8_t q[256];
+    for (int j = 0; j < 16; j++) sc[j] = (int8_t)(d > 0 ? clampi((int)lrintf(a[j] / d), -127, 127) : 0);
+    for (int e = 0; e < 256; e++) {
+        float a1 = d * (float)sc[e / 16];
+        q[e] = (uint8_t)(a1 != 0 ? clampi((int)lrintf(x[e] / a1) + 32, 0, 63) : 32);
+    }
+    memset(blk, 0, 192);
+    for (int e = 0; e < 256; e++) {
+        int n = e / 128, r = e % 128, k = r / 32, l = r % 32;
+        unsigned char *lb = blk + 64 * n + l + 32 * (k % 2);
+        *lb |= (uint8_t)(k < 2 ? (q[e] & 15) : ((q[e] & 15) << 4));
+        blk[128 + 32 * n + l] |= (uint8_t)((q[e] >> 4) << (2 * k));
+    }
+    memcpy(blk + 192, sc, 16);
+    memcpy(blk + 208, &dh, 2);
+}
+
+/* Encodes one row: the fast K encoders, formats/quant.h for the rest. */
+static void encode_row(ember_dtype t, const float *x, unsigned char *dst, int64_t K) {
+    const ember_dtype_info *di = ember_dtype_get(t);
+    if (t == EMBER_Q4_K || t == EMBER_Q5_K || t == EMBER_Q6_K) {
+        for (int64_t b = 0; b < K / 256; b++) {
+            if (t == EMBER_Q6_K) fast_q6k(x + 256 * b, dst + (size_t)b * di->block_bytes);
+            else fast_k45(x + 256 * b, t == EMBER_Q4_K ? 15 : 31, dst + (size_t)b * di->block_bytes);
+        }
+        return;
+    }
+    ember_quantize(t, x, dst, (size_t)K, NULL);
+}
+
+typedef struct enc_job {
+    ember_dtype t;
+    const float *src;
+    unsigned char *dst;
+    int64_t rows, K;
+    size_t row_bytes;
+    int rows_per_task;
+} enc_job;
+
+static void enc_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const enc_job *j = ctx;
+    int64_t r0 = (int64_t)task * j->rows_per_task, r1 = r0 + j->rows_per_task < j->rows ? r0 + j->rows_per_task : j->rows;
+    for (int64_t r = r0; r < r1; r++)
+        encode_row(j->t, j->src + r * j->K, j->dst + (size_t)r * j->row_bytes, j->K);
+}
+
+/* llama.cpp's permutation of llama Q/K rows for interleaved RoPE: within
+   each head of hd rows, new row 2i + j takes old row j * hd / 2 + i. */
+static int permute_rows(float *w, int64_t rows, int64_t cols, int heads, ember_error *err) {
+    if (heads < 1 || rows % heads || (rows / heads) % 2)
+        return ember_err(err, EMBER_ERR_FORMAT, "cannot permute %lld rows into %d heads", (long long)rows, heads);
+    int64_t hd = rows / heads;
+    float *tmp = malloc((size_t)(hd * cols) * sizeof *tmp);
+    if (!tmp) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    for (int h = 0; h < heads; h++) {
+        float *head = w + (size_t)(h * hd * cols);
+        memcpy(tmp, head, (size_t)(hd * cols) * sizeof *tmp);
+        for (int64_t i = 0; i < hd / 2; i++)
+            for (int j = 0; j < 2; j++)
+                memcpy(head + (size_t)((2 * i + j) * cols), tmp + (size_t)((j * hd / 2 + i) * cols),
+                       (size_t)cols * sizeof *tmp);
+    }
+    free(tmp);
+    return EMBER_OK;
+}
+
+static int write_metadata(ember_gguf_writer *g, const ember_model_config *c, const char *arch, ember_qscheme s,
+                          ember_error *err) {
+    char k[128];
+    int rc = 0;
+#define KEY(x) (snprintf(k, sizeof k, "%s.%s", arch, x), k)
+    static const uint32_t k_ftype[] = {7, 2, 15}; /* llama.cpp's LLAMA_FTYPE_MOSTLY_{Q8_0, Q4_0, Q4_K_M} */
+    int n_rot = (int)(c->head_dim * c->rope.partial_rotary_factor);
+    n_rot -= n_rot % 2;
+    if ((rc = ember_gguf_set_str(g, "general.architecture", arch, err)) ||
+        (rc = ember_gguf_set_str(g, "general.name", "ember quantized model", err)) ||
+        (rc = ember_gguf_set_u32(g, "general.file_type", k_ftype[s], err)) ||
+        (rc = ember_gguf_set_u32(g, "general.quantization_version", 2, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("context_length"), (uint32_t)c->max_pos, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("embedding_length"), (uint32_t)c->hidden_size, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("block_count"), (uint32_t)c->n_layers, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("feed_forward_length"), (uint32_t)c->intermediate_size, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("attention.head_count"), (uint32_t)c->n_heads, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("attention.head_count_kv"), (uint32_t)c->n_kv_heads, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("attention.key_length"), (uint32_t)c->head_dim, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("attention.value_length"), (uint32_t)c->head_dim, err)) ||
+        (rc = ember_gguf_set_f32(g, KEY("attention.layer_norm_rms_epsilon"), c->rms_norm_eps, err)) ||
+        (rc = ember_gguf_set_f32(g, KEY("rope.freq_base"), (float)c->rope.theta, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("rope.dimension_count"), (uint32_t)n_rot, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("vocab_size"), (uint32_t)c->vocab_size, err)))
+        return rc;
+    if (c->rope.type == EMBER_ROPE_LINEAR || c->rope.type == EMBER_ROPE_YARN) {
+        if ((rc = ember_gguf_set_str(g, KEY("rope.scaling.type"), c->rope.type == EMBER_ROPE_LINEAR ? "linear" : "yarn", err)) ||
+            (rc = ember_gguf_set_f32(g, KEY("rope.scaling.factor"), (float)c->rope.factor, err)) ||
+            (rc = ember_gguf_set_u32(g, KEY("rope.scaling.original_context_length"), (uint32_t)c->rope.original_max_pos,
+                                     err)))
+            return rc;
+    }
+    /* one sliding window for every layer (mistral): llama.cpp ignores the
+       key for these architectures, Ember applies it */
+    bool same = c->layer_window[0] > 0;
+    for (int i = 1; i < c->n_layers; i++) same &= c->layer_window[i] == c->layer_window[0];
+    if (same && (rc = ember_gguf_set_u32(g, KEY("attention.sliding_window"), (uint32_t)c->layer_window[0], err)))
+        return rc;
+#undef KEY
+    /* No tokenizer export yet: llama.cpp's "none" vocabulary (dummy tokens
+       of ARCH.vocab_size), plus the special ids Ember reads. */
+    if ((rc = ember_gguf_set_str(g, "tokenizer.ggml.model", "none", err))) return rc;
+    if (c->bos_id >= 0 && (rc = ember_gguf_set_u32(g, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id, err)))
+        return rc;
+    if (c->n_eos > 0 && (rc = ember_gguf_set_u32(g, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos_ids[0], err)))
+        return rc;
+    return EMBER_OK;
+}
+
+/* llama 3 scaling as llama.cpp stores it: per-dimension divisors of the
+   default frequencies. */
+static int add_rope_freqs(ember_gguf_writer *g, const ember_model_config *c, ember_error *err) {
+    ember_rope_config def = c->rope;
+    def.type = EMBER_ROPE_DEFAULT;
+    int half = c->head_dim / 2 + 1, n_rot, n_rot2;
+    float af, *a = calloc((size_t)half, 4), *b = calloc((size_t)half, 4);
+    int rc = !a || !b ? ember_err(err, EMBER_ERR_NOMEM, "out of memory") : EMBER_OK;
+    if (!rc) rc = ember_rope_freqs(&def, c->head_dim, a, &n_rot, &af, err);
+    if (!rc) rc = ember_rope_freqs(&c->rope, c->head_dim, b, &n_rot2, &af, err);
+    if (!rc) {
+        for (int i = 0; i < n_rot / 2; i++) a[i] = a[i] / b[i];
+        rc = ember_gguf_add_tensor(g, "rope_freqs.weight", EMBER_F32, 1, (const int64_t[]){n_rot / 2}, a, err);
+        a = NULL;
+    }
+    free(a);
+    free(b);
+    return rc;
+}
+
+int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qscheme s, ember_error *err) {
+    ember_model_config cfg;
+    ember_weights *w = NULL;
+    ember_gguf_writer *g = NULL;
+    ember_pool *pool = NULL;
+    int rc = ember_config_load(in_dir, &cfg, err);
+    if (!rc) rc = ember_weights_open(in_dir, &w, err);
+    if (rc) goto done;
+    g = ember_gguf_writer_new();
+    pool = ember_pool_new(ember_cpu_count(), err);
+    if (!g || !pool) {
+        rc = g ? (err ? err->code : EMBER_ERR_NOMEM) : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    bool llama = strcmp(cfg.model_type, "llama") == 0 || strcmp(cfg.model_type, "mistral") == 0;
+    const char *arch = llama ? "llama" : cfg.model_type;
+    if ((rc = write_metadata(g, &cfg, arch, s, err))) goto done;
+    if (cfg.rope.type == EMBER_ROPE_LLAMA3 && (rc = add_rope_freqs(g, &cfg, err))) goto done;
+    bool tied = cfg.tie_embeddings || !ember_weights_find(w, "lm_head.weight", NULL);
+    for (int f = 0; f < w->n_files && !rc; f++) {
+        for (int i = 0; i < w->files[f]->n_tensors && !rc; i++) {
+            const ember_st_tensor *t = &w->files[f]->tensors[i];
+            char gn[128];
+            if (!ember_gguf_tensor_name(t->name, gn, sizeof gn)) continue; /* e.g. rotary inv_freq buffers */
+            if (tied && strcmp(gn, "output.weight") == 0) continue;
+            if (t->ndim < 1 || t->ndim > 2 || !ember_can_dequantize(t->dtype)) {
+                rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: tensor '%s' is not a 1-D or 2-D float tensor", in_dir,
+                               t->name);
+                break;
+            }
+            int64_t rows = t->ndim == 2 ? t->shape[0] : 1, K = t->shape[t->ndim - 1];
+            size_t n = (size_t)(rows * K);
+            float *x = malloc(n * sizeof *x + 1);
+            if (!x) {
+                rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+                break;
+            }
+            rc = ember_dequantize(t->dtype, t->data, x, n, err);
+            int layer = -1;
+            sscanf(gn, "blk.%d.", &layer);
+            if (!rc && llama && t->ndim == 2 && (ends_with(gn, "attn_q.weight") || ends_with(gn, "attn_k.weight")))
+                rc = permute_rows(x, rows, K, ends_with(gn, "attn_q.weight") ? cfg.n_heads : cfg.n_kv_heads, err);
+            if (!rc && llama && t->ndim == 1 && (ends_with(gn, "attn_q.bias") || ends_with(gn, "attn_k.bias")))
+                rc = permute_rows(x, K, 1, ends_with(gn, "attn_q.bias") ? cfg.n_heads : cfg.n_kv_heads, err);
+            ember_dtype qt = ember_qscheme_type(s, gn, t->ndim, K, layer, cfg.n_layers, tied);
+            size_t bytes = 0;
+            void *q = NULL;
+            if (!rc && (!ember_dtype_nbytes(qt, n, &bytes) || !(q = malloc(bytes + 1))))
+                rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+            if (!rc) {
+                enc_job j = {qt, x, q, rows, K, bytes / (size_t)rows, 16};
+                ember_pool_run(pool, (int)((rows + 15) / 16), enc_task, &j);
+                int64_t shape[2] = {rows, K};
+                rc = ember_gguf_add_tensor(g, gn, qt, t->ndim, t->ndim == 2 ? shape : shape + 1, q, err);
+            } else {
+                free(q);
+            }
+            free(x);
+        }
+    }
+    if (!rc) rc = ember_gguf_write_file(g, out_path, err);
+done:
+    ember_pool_free(pool);
+    ember_gguf_writer_free(g);
+    ember_weights_free(w);
+    return rc;
+}

@@ -1,0 +1,51 @@
+/*
+ * quantize.h - writing a HuggingFace llama-family model (F32 / F16 / BF16
+ * safetensors) as a quantized GGUF file that both Ember and llama.cpp load.
+ */
+#ifndef EMBER_MODEL_QUANTIZE_H
+#define EMBER_MODEL_QUANTIZE_H
+
+#include <stdbool.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+typedef enum ember_qscheme {
+    EMBER_QSCHEME_Q8_0 = 0,
+    EMBER_QSCHEME_Q4_0,
+    EMBER_QSCHEME_Q4_K_M
+} ember_qscheme;
+
+/* "q8_0", "q4_0", "q4_k_m" -> scheme; false for other names. */
+bool ember_qscheme_parse(const char *name, ember_qscheme *out);
+
+/*
+ * The type of one tensor under a scheme, following llama.cpp's
+ * llama-quantize rules for these three file types (read in its
+ * src/llama-quant.cpp and re-implemented here):
+ *   - 1-D tensors (norms, biases) stay F32;
+ *   - output.weight, and token_embd.weight when the embeddings are tied
+ *     (no output.weight): Q8_0 under q8_0 or when the row length is not a
+ *     multiple of the scheme's block, else Q6_K;
+ *   - q4_k_m: attn_v.weight and ffn_down.weight of layer i of n get Q6_K
+ *     when i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2, else Q4_K; every
+ *     other matrix Q4_K;
+ *   - q4_0 / q8_0: every other matrix Q4_0 / Q8_0;
+ *   - a K type whose row length is not a multiple of 256 falls back
+ *     (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), and any type whose row
+ *     length is not a multiple of its block falls back to F16.
+ * gguf_name is the GGUF tensor name, row_len its innermost dimension.
+ */
+ember_dtype ember_qscheme_type(ember_qscheme s, const char *gguf_name, int ndim, int64_t row_len, int layer,
+                               int n_layers, bool tied);
+
+/* Reads the model directory in_dir and writes out_path (GGUF v3). The
+   metadata carries what Ember's and llama.cpp's loaders need; a model
+   without tokenizer metadata gets tokenizer.ggml.model = "none" and
+   ARCH.vocab_size (llama.cpp then creates a dummy vocabulary of that size,
+   enough for llama-bench). Llama Q/K rows are permuted to the interleaved
+   RoPE layout llama.cpp expects; llama 3 RoPE scaling is written as a
+   rope_freqs.weight tensor. */
+int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qscheme s, ember_error *err);
+
+#endif

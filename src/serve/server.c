@@ -1,0 +1,1313 @@
+/*
+ * server.c - the HTTP front of ember: routing, limits, OpenAI / Anthropic
+ * protocol handling, SSE streaming and metrics (see serve.h).
+ *
+ * Threads: libmicrohttpd gives every connection its own thread; a request's
+ * whole life (body, validation, template, tokenization, submit, waiting on
+ * the engine's events, writing the response) runs on it. Shared state is
+ * the engine (thread-safe API), the tokenizer and template (immutable), and
+ * the metrics (under srv->mu).
+ *
+ * Ownership: a req_ctx belongs to its connection and is freed when MHD
+ * reports the request completed. A streaming response owns a gen_run (the
+ * engine stream, text state, protocol state) freed by MHD's free callback,
+ * which also cancels the engine request: a client that disconnects stops
+ * its row at the next step.
+ *
+ * Errors: every failure a client can cause is an HTTP status with a JSON
+ * body in the protocol's own shape; messages come from our validation and
+ * never contain addresses or internals.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include "core/util.h"
+#include "serve.h"
+#include "textgen.h"
+
+#define MAX_JSON_DEPTH 64
+#define MAX_STOPS 16
+#define MAX_STOP_LEN 512
+#define POLL_MS 100
+
+enum { PROTO_CHAT = 1, PROTO_COMPLETION, PROTO_ANTHROPIC };
+
+/* ---- metrics ---------------------------------------------------------------------- */
+
+#define N_TTFT 11
+#define N_ITL 11
+static const double k_ttft_b[N_TTFT] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+static const double k_itl_b[N_ITL] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+
+typedef struct histo {
+    uint64_t counts[16]; /* per bucket, plus +Inf last */
+    double sum;
+    uint64_t n;
+} histo;
+
+struct ember_server {
+    ember_model *m;
+    const ember_tokenizer *tok;
+    const ember_chat_template *tmpl;
+    ember_engine *eng;
+    struct MHD_Daemon *d;
+    ember_server_opts o;
+    ember_model_info info;
+    char *bos_text, *eos_text;
+    time_t created;
+    atomic_int draining;
+    atomic_int active; /* generation requests in flight */
+    atomic_ulong next_id;
+    pthread_mutex_t mu; /* metrics */
+    histo ttft, itl;
+    uint64_t http_by_code[6]; /* 1xx..5xx */
+    uint64_t finished[5];     /* by ember_finish */
+};
+
+static void histo_add(histo *h, const double *bounds, int nb, double v) {
+    int i = 0;
+    while (i < nb && v > bounds[i]) i++;
+    h->counts[i]++;
+    h->sum += v;
+    h->n++;
+}
+
+/* ---- small helpers ------------------------------------------------------------------ */
+
+/* Maximum nesting depth of a JSON text (brackets outside strings). */
+static int json_depth(const char *s, size_t n) {
+    int depth = 0, max = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > max) max = depth;
+        } else if (c == ']' || c == '}') {
+            depth--;
+        }
+    }
+    return max;
+}
+
+/* Copies s[0..n) replacing invalid UTF-8 with U+FFFD (malloc'd, NUL-terminated). */
+static char *utf8_clean(const char *s, size_t n) {
+    char *o = malloc(n * 3 + 1), *p = o;
+    if (!o) return NULL;
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++) ok = (u[i + k] & 0xc0) == 0x80;
+        if (ok && len > 1) { /* no overlongs, surrogates or > U+10FFFF */
+            unsigned cp = len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
+            for (size_t k = 1; k < len; k++) cp = (cp << 6) | (u[i + k] & 0x3f);
+            ok = !(len == 2 && cp < 0x80) && !(len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) &&
+                 !(len == 4 && (cp < 0x10000 || cp > 0x10ffff));
+        }
+        if (ok) {
+            memcpy(p, s + i, len);
+            p += len;
+            i += len;
+        } else {
+            memcpy(p, "\xef\xbf\xbd", 3);
+            p += 3;
+            i++;
+        }
+    }
+    *p = 0;
+    return o;
+}
+
+static json_t *jstr_clean(const char *s, size_t n) {
+    char *c = utf8_clean(s, n);
+    json_t *j = c ? json_string(c) : NULL;
+    free(c);
+    return j ? j : json_string("");
+}
+
+static const char *jtype(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* ---- responses -------------------------------------------------------------------------- */
+
+static void count_code(ember_server *s, unsigned code) {
+    pthread_mutex_lock(&s->mu);
+    if (code >= 100 && code < 600) s->http_by_code[code / 100]++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static enum MHD_Result send_body(ember_server *s, struct MHD_Connection *c, unsigned code, const char *type,
+                                 const char *body, size_t len, int retry_after) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    if (retry_after > 0) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", retry_after);
+        MHD_add_response_header(r, "Retry-After", ra);
+    }
+    enum MHD_Result ret = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    count_code(s, code);
+    return ret;
+}
+
+static enum MHD_Result send_json(ember_server *s, struct MHD_Connection *c, unsigned code, json_t *j) {
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!body) return send_body(s, c, 500, "application/json", "{\"error\":{\"message\":\"out of memory\"}}", 37, 0);
+    enum MHD_Result r = send_body(s, c, code, "application/json", body, strlen(body), 0);
+    free(body);
+    return r;
+}
+
+/* An error in the protocol's shape. */
+static enum MHD_Result send_error(ember_server *s, struct MHD_Connection *c, int proto, unsigned code,
+                                  const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+static enum MHD_Result send_error(ember_server *s, struct MHD_Connection *c, int proto, unsigned code,
+                                  const char *param, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *type;
+    json_t *j;
+    if (proto == PROTO_ANTHROPIC) {
+        type = code == 400   ? "invalid_request_error"
+               : code == 404 ? "not_found_error"
+               : code == 413 ? "request_too_large"
+               : code == 429 ? "rate_limit_error"
+               : code == 503 ? "overloaded_error"
+                             : "api_error";
+        j = json_pack("{s:s, s:{s:s, s:o}}", "type", "error", "error", "type", type, "message", jstr_clean(msg, strlen(msg)));
+    } else {
+        type = code == 400   ? "invalid_request_error"
+               : code == 404 ? "not_found_error"
+               : code == 413 ? "invalid_request_error"
+               : code == 429 ? "rate_limit_exceeded"
+               : code == 503 ? "service_unavailable"
+                             : "server_error";
+        j = json_pack("{s:{s:o, s:s, s:o, s:n}}", "error", "message", jstr_clean(msg, strlen(msg)), "type", type,
+                      "param", param ? json_string(param) : json_null(), "code");
+    }
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    enum MHD_Result r;
+    if (!body)
+        r = send_body(s, c, 500, "application/json", "{\"error\":{\"message\":\"out of memory\"}}", 37, 0);
+    else
+        r = send_body(s, c, code, "application/json", body, strlen(body), (code == 429 || code == 503) ? 1 : 0);
+    free(body);
+    return r;
+}
+
+/* Whether the peer has closed the connection (EOF or error on a peek). */
+static bool client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return true;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return true;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
+    return false;
+}
+
+/* ---- request validation ------------------------------------------------------------------ */
+
+typedef struct bad {
+    unsigned code;
+    char param[64];
+    char msg[400];
+} bad;
+
+static int fail(bad *b, unsigned code, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int fail(bad *b, unsigned code, const char *param, const char *fmt, ...) {
+    b->code = code;
+    snprintf(b->param, sizeof b->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->msg, sizeof b->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Optional number field in [lo, hi]; absent or null leaves *out. */
+static int opt_num(const json_t *o, const char *k, double lo, double hi, double *out, bad *b) {
+    const json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return fail(b, 400, k, "'%s' must be a number, not %s", k, jtype(v));
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi) return fail(b, 400, k, "'%s' must be between %g and %g, got %g", k, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int opt_int(const json_t *o, const char *k, long long lo, long long hi, long long *out, bad *b) {
+    const json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v)) return fail(b, 400, k, "'%s' must be an integer, not %s", k, jtype(v));
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return fail(b, 400, k, "'%s' must be between %lld and %lld, got %lld", k, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int opt_bool(const json_t *o, const char *k, bool *out, bad *b) {
+    const json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return fail(b, 400, k, "'%s' must be a boolean, not %s", k, jtype(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* Everything a generation request needs, protocol aside. */
+typedef struct gen_req {
+    int proto;
+    bool stream, include_usage;
+    int32_t *ids; /* malloc'd prompt */
+    int n_ids;
+    ember_gen_params g;
+    ember_logit_bias *bias;
+    char *stops[MAX_STOPS];
+    int n_stops;
+    bool max_tokens_given;
+    int lp_mode; /* 0 none, 1 chat logprobs, 2 completion logprobs */
+} gen_req;
+
+static void gen_req_free(gen_req *q) {
+    free(q->ids);
+    free(q->bias);
+    for (int i = 0; i < q->n_stops; i++) free(q->stops[i]);
+    memset(q, 0, sizeof *q);
+}
+
+static int parse_stops(const json_t *o, const char *k, gen_req *q, bad *b) {
+    const json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    const json_t *one[1] = {v};
+    size_t n = 1;
+    if (json_is_array(v)) {
+        n = json_array_size(v);
+        if (n > MAX_STOPS) return fail(b, 400, k, "'%s' may hold at most %d strings", k, MAX_STOPS);
+    } else if (!json_is_string(v)) {
+        return fail(b, 400, k, "'%s' must be a string or an array of strings, not %s", k, jtype(v));
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_is_array(v) ? json_array_get(v, i) : one[0];
+        if (!json_is_string(e)) return fail(b, 400, k, "'%s' entries must be strings", k);
+        size_t len = json_string_length(e);
+        if (len == 0) continue; /* an empty stop string never matches */
+        if (len > MAX_STOP_LEN) return fail(b, 400, k, "stop strings are limited to %d bytes", MAX_STOP_LEN);
+        if (memchr(json_string_value(e), 0, len)) return fail(b, 400, k, "stop strings may not contain NUL");
+        q->stops[q->n_stops] = ember_strndup(json_string_value(e), len);
+        if (!q->stops[q->n_stops]) return fail(b, 500, NULL, "out of memory");
+        q->n_stops++;
+    }
+    return 0;
+}
+
+/* Sampling fields shared by the OpenAI endpoints (and most of Anthropic's). */
+static int parse_sampling(ember_server *s, const json_t *o, gen_req *q, bad *b) {
+    double temp = 1.0, top_p = 1.0, min_p = 0.0, pres = 0, freq = 0, rep = 1.0;
+    long long top_k = 0, seed = 0, n = 1, max_tokens = -1;
+    bool anth = q->proto == PROTO_ANTHROPIC;
+    if (opt_num(o, "temperature", 0, anth ? 1 : 2, &temp, b) || opt_num(o, "top_p", 0, 1, &top_p, b) ||
+        opt_num(o, "min_p", 0, 1, &min_p, b) || opt_int(o, "top_k", -1, 1 << 24, &top_k, b) ||
+        opt_int(o, "seed", INT64_MIN, INT64_MAX, &seed, b))
+        return -1;
+    if (!anth && (opt_num(o, "presence_penalty", -2, 2, &pres, b) || opt_num(o, "frequency_penalty", -2, 2, &freq, b) ||
+                  opt_num(o, "repetition_penalty", 1e-3, 10, &rep, b) || opt_int(o, "n", 1, 128, &n, b)))
+        return -1;
+    if (n != 1) return fail(b, 400, "n", "only n = 1 is supported");
+    const char *mt_key = json_object_get(o, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if (opt_int(o, mt_key, 1, 1 << 30, &max_tokens, b)) return -1;
+    if (anth && max_tokens < 0) return fail(b, 400, "max_tokens", "'max_tokens' is required");
+    q->max_tokens_given = max_tokens > 0;
+    q->g.max_tokens = max_tokens > 0 ? (int)max_tokens : 0;
+    ember_sampling_init(&q->g.sampling);
+    q->g.sampling.temperature = (float)temp;
+    q->g.sampling.top_p = top_p > 0 ? (float)top_p : 1e-9f;
+    q->g.sampling.min_p = (float)min_p;
+    q->g.sampling.top_k = top_k > 0 ? (int)top_k : 0;
+    q->g.sampling.seed = (uint64_t)seed;
+    q->g.presence_penalty = (float)pres;
+    q->g.frequency_penalty = (float)freq;
+    q->g.repetition_penalty = (float)rep;
+    bool ignore_eos = false;
+    if (opt_bool(o, "stream", &q->stream, b) || opt_bool(o, "ignore_eos", &ignore_eos, b)) return -1;
+    q->g.ignore_eos = ignore_eos;
+    const json_t *so = json_object_get(o, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) return fail(b, 400, "stream_options", "'stream_options' must be an object");
+        if (opt_bool(so, "include_usage", &q->include_usage, b)) return -1;
+    }
+    if (parse_stops(o, anth ? "stop_sequences" : "stop", q, b)) return -1;
+    const json_t *lb = json_object_get(o, "logit_bias");
+    if (!anth && lb && !json_is_null(lb)) {
+        if (!json_is_object(lb)) return fail(b, 400, "logit_bias", "'logit_bias' must be an object");
+        size_t nb = json_object_size(lb);
+        if (nb > 1024) return fail(b, 400, "logit_bias", "'logit_bias' may hold at most 1024 entries");
+        q->bias = calloc(nb ? nb : 1, sizeof *q->bias);
+        if (!q->bias) return fail(b, 500, NULL, "out of memory");
+        const char *key;
+        const json_t *val;
+        json_object_foreach((json_t *)lb, key, val) {
+            char *end;
+            errno = 0;
+            long t = strtol(key, &end, 10);
+            if (!*key || *end || errno || t < 0 || t >= s->info.vocab_size)
+                return fail(b, 400, "logit_bias", "logit_bias key '%.32s' is not a token id of this model", key);
+            if (!json_is_number(val) || !isfinite(json_number_value(val)) || fabs(json_number_value(val)) > 100)
+                return fail(b, 400, "logit_bias", "logit_bias values must be numbers between -100 and 100");
+            q->bias[q->g.n_logit_bias++] = (ember_logit_bias){(int32_t)t, (float)json_number_value(val)};
+        }
+        q->g.logit_bias = q->bias;
+    }
+    return 0;
+}
+
+/* Text of a message's content: a string, or text parts joined by "\n". */
+static int content_text(const json_t *c, strbuf *out, bool *ok) {
+    *ok = true;
+    if (!c || json_is_null(c)) return 0;
+    if (json_is_string(c)) return sb_append(out, json_string_value(c), json_string_length(c));
+    if (!json_is_array(c)) {
+        *ok = false;
+        return 0;
+    }
+    size_t i;
+    const json_t *part;
+    bool first = true;
+    json_array_foreach(c, i, part) {
+        const json_t *t = json_object_get(part, "type"), *tx = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(t) || strcmp(json_string_value(t), "text") || !json_is_string(tx)) {
+            *ok = false;
+            return 0;
+        }
+        if ((!first && sb_append(out, "\n", 1)) || sb_append(out, json_string_value(tx), json_string_length(tx)))
+            return -1;
+        first = false;
+    }
+    return 0;
+}
+
+/* Builds the template's messages: roles checked, contents as strings,
+   tool-call arguments given as JSON text turned into objects. */
+static json_t *normalize_messages(const json_t *msgs, bool anthropic, const json_t *system, bad *b) {
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+        fail(b, 400, "messages", "'messages' must be a non-empty array");
+        return NULL;
+    }
+    if (json_array_size(msgs) > 100000) {
+        fail(b, 400, "messages", "too many messages");
+        return NULL;
+    }
+    json_t *out = json_array();
+    if (system && !json_is_null(system)) {
+        strbuf sb = {0};
+        bool ok;
+        if (content_text(system, &sb, &ok) || !ok) {
+            sb_free(&sb);
+            json_decref(out);
+            fail(b, 400, "system", "'system' must be a string or an array of text blocks");
+            return NULL;
+        }
+        json_array_append_new(out, json_pack("{s:s, s:s%}", "role", "system", "content", sb.data ? sb.data : "", sb.len));
+        sb_free(&sb);
+    }
+    size_t i;
+    const json_t *m;
+    json_array_foreach(msgs, i, m) {
+        const json_t *role = json_object_get(m, "role");
+        if (!json_is_object(m) || !json_is_string(role)) {
+            json_decref(out);
+            fail(b, 400, "messages", "messages[%zu] must be an object with a string 'role'", i);
+            return NULL;
+        }
+        const char *r = json_string_value(role);
+        bool known = anthropic ? (!strcmp(r, "user") || !strcmp(r, "assistant"))
+                               : (!strcmp(r, "system") || !strcmp(r, "user") || !strcmp(r, "assistant") ||
+                                  !strcmp(r, "tool") || !strcmp(r, "developer"));
+        if (!known) {
+            json_decref(out);
+            fail(b, 400, "messages", "messages[%zu]: unknown role '%.32s'", i, r);
+            return NULL;
+        }
+        json_t *copy = json_deep_copy(m);
+        if (!strcmp(r, "developer")) json_object_set_new(copy, "role", json_string("system"));
+        strbuf sb = {0};
+        bool ok;
+        const json_t *c = json_object_get(m, "content");
+        if (content_text(c, &sb, &ok) || !ok) {
+            sb_free(&sb);
+            json_decref(copy);
+            json_decref(out);
+            fail(b, 400, "messages", "messages[%zu].content must be a string or an array of text parts", i);
+            return NULL;
+        }
+        if (c && !json_is_null(c))
+            json_object_set_new(copy, "content", json_stringn(sb.data ? sb.data : "", sb.len));
+        else if (!json_object_get(m, "tool_calls")) {
+            sb_free(&sb);
+            json_decref(copy);
+            json_decref(out);
+            fail(b, 400, "messages", "messages[%zu] has no content", i);
+            return NULL;
+        }
+        sb_free(&sb);
+        json_t *tcs = json_object_get(copy, "tool_calls");
+        size_t k;
+        json_t *tc;
+        if (json_is_array(tcs)) json_array_foreach(tcs, k, tc) {
+                json_t *fn = json_object_get(tc, "function");
+                json_t *args = json_object_get(fn, "arguments");
+                if (json_is_string(args)) {
+                    json_t *parsed = json_loads(json_string_value(args), 0, NULL);
+                    if (json_is_object(parsed))
+                        json_object_set_new(fn, "arguments", parsed);
+                    else
+                        json_decref(parsed);
+                }
+            }
+        json_array_append_new(out, copy);
+    }
+    return out;
+}
+
+/* Renders the chat template and tokenizes the prompt. */
+static int chat_prompt(ember_server *s, const json_t *body, const json_t *msgs, gen_req *q, bad *b) {
+    if (!s->tmpl)
+        return fail(b, 400, "messages", "this model has no chat template: use /v1/completions with a raw prompt");
+    json_t *vars = json_object();
+    json_t *kw = json_object_get(body, "chat_template_kwargs");
+    if (json_is_object(kw)) json_object_update(vars, kw);
+    json_object_set(vars, "messages", (json_t *)msgs);
+    const json_t *tools = json_object_get(body, "tools");
+    if (json_is_array(tools) && json_array_size(tools)) json_object_set(vars, "tools", (json_t *)tools);
+    json_object_set_new(vars, "add_generation_prompt", json_true());
+    json_object_set_new(vars, "bos_token", json_string(s->bos_text ? s->bos_text : ""));
+    json_object_set_new(vars, "eos_token", json_string(s->eos_text ? s->eos_text : ""));
+    char *text = NULL;
+    size_t len = 0;
+    ember_error err = {0};
+    /* Python Jinja2 features the reference lacks are on: they only change
+       renders the reference would refuse, as transformers would accept them */
+    ember_chat_opts copts;
+    memset(&copts, 0, sizeof copts);
+    copts.extensions = true;
+    int rc = ember_chat_template_render(s->tmpl, vars, &copts, &text, &len, &err);
+    json_decref(vars);
+    if (rc) return fail(b, rc == EMBER_ERR_NOMEM ? 500 : 400, "messages", "chat template: %s", err.msg);
+    size_t n = 0;
+    int32_t *ids = NULL;
+    rc = ember_tok_encode(s->tok, NULL, text, len, 0, &ids, &n, &err);
+    free(text);
+    if (rc) return fail(b, rc == EMBER_ERR_NOMEM ? 500 : 400, "messages", "tokenizer: %s", err.msg);
+    q->ids = ids;
+    q->n_ids = (int)n;
+    return 0;
+}
+
+/* prompt: a string, [string] or [int, ...] (one prompt: n = 1). */
+static int completion_prompt(ember_server *s, const json_t *p, gen_req *q, bad *b) {
+    ember_error err = {0};
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        size_t n = 0;
+        int rc = ember_tok_encode(s->tok, NULL, json_string_value(p), json_string_length(p), EMBER_TOK_ADD_SPECIAL,
+                                  &q->ids, &n, &err);
+        if (rc) return fail(b, rc == EMBER_ERR_NOMEM ? 500 : 400, "prompt", "tokenizer: %s", err.msg);
+        q->n_ids = (int)n;
+        return 0;
+    }
+    if (!json_is_array(p) || json_array_size(p) == 0)
+        return fail(b, 400, "prompt", "'prompt' must be a string or a non-empty array of token ids");
+    size_t n = json_array_size(p);
+    if (n > (size_t)s->info.n_ctx + 1)
+        return fail(b, 400, "prompt", "the prompt has %zu tokens; this model's context holds %d", n, s->info.n_ctx);
+    q->ids = malloc(n * sizeof *q->ids);
+    if (!q->ids) return fail(b, 500, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(p, i);
+        if (!json_is_integer(v))
+            return fail(b, 400, "prompt", "'prompt' must be a string or an array of token ids (one prompt only)");
+        long long t = json_integer_value(v);
+        if (t < 0 || t >= s->info.vocab_size)
+            return fail(b, 400, "prompt", "prompt token %zu (%lld) is not a token id of this model", i, t);
+        q->ids[i] = (int32_t)t;
+    }
+    q->n_ids = (int)n;
+    return 0;
+}
+
+/* Parses and validates a generation body into q (the prompt tokenized). */
+static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q, bad *b) {
+    memset(q, 0, sizeof *q);
+    q->proto = proto;
+    if (!json_is_object(body)) return fail(b, 400, NULL, "the request body must be a JSON object");
+    const json_t *model = json_object_get(body, "model");
+    if (model && !json_is_string(model) && !json_is_null(model)) return fail(b, 400, "model", "'model' must be a string");
+    if (parse_sampling(s, body, q, b)) return -1;
+    if (proto == PROTO_CHAT) {
+        bool lp = false;
+        long long top = 0;
+        if (opt_bool(body, "logprobs", &lp, b) || opt_int(body, "top_logprobs", 0, EMBER_MAX_TOP_LOGPROBS, &top, b))
+            return -1;
+        if (top > 0 && !lp) return fail(b, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        q->g.logprobs = lp;
+        q->g.top_logprobs = (int)top;
+        q->lp_mode = lp ? 1 : 0;
+        const json_t *rf = json_object_get(body, "response_format");
+        const json_t *rft = json_object_get(rf, "type");
+        if (rf && !json_is_null(rf) && !(json_is_string(rft) && !strcmp(json_string_value(rft), "text")))
+            return fail(b, 400, "response_format", "only response_format {\"type\": \"text\"} is supported");
+        json_t *msgs = normalize_messages(json_object_get(body, "messages"), false, NULL, b);
+        if (!msgs) return -1;
+        int rc = chat_prompt(s, body, msgs, q, b);
+        json_decref(msgs);
+        if (rc) return rc;
+    } else if (proto == PROTO_ANTHROPIC) {
+        json_t *msgs = normalize_messages(json_object_get(body, "messages"), true, json_object_get(body, "system"), b);
+        if (!msgs) return -1;
+        int rc = chat_prompt(s, body, msgs, q, b);
+        json_decref(msgs);
+        if (rc) return rc;
+    } else {
+        long long lp = -1;
+        bool echo = false;
+        if (opt_int(body, "logprobs", 0, 5, &lp, b) || opt_bool(body, "echo", &echo, b)) return -1;
+        if (echo) return fail(b, 400, "echo", "'echo' is not supported");
+        const json_t *sfx = json_object_get(body, "suffix");
+        if (sfx && !json_is_null(sfx)) return fail(b, 400, "suffix", "'suffix' is not supported");
+        if (lp >= 0) {
+            q->g.logprobs = 1;
+            q->g.top_logprobs = (int)lp;
+            q->lp_mode = 2;
+        }
+        const json_t *p = json_object_get(body, "prompt");
+        if (!p) return fail(b, 400, "prompt", "'prompt' is required");
+        if (completion_prompt(s, p, q, b)) return -1;
+    }
+    if (q->n_ids < 1) return fail(b, 400, proto == PROTO_COMPLETION ? "prompt" : "messages", "the prompt is empty");
+    const int C = s->info.n_ctx;
+    if (q->max_tokens_given && (long)q->n_ids + q->g.max_tokens > C)
+        return fail(b, 400, q->proto == PROTO_COMPLETION ? "prompt" : "messages",
+                    "This model's maximum context length is %d tokens. However, you requested %ld tokens (%d in the "
+                    "prompt, %d in the completion). Please reduce the length of the prompt or completion.",
+                    C, (long)q->n_ids + q->g.max_tokens, q->n_ids, q->g.max_tokens);
+    if (!q->max_tokens_given) {
+        if (q->n_ids >= C)
+            return fail(b, 400, "messages", "This model's maximum context length is %d tokens, but the prompt has %d",
+                        C, q->n_ids);
+        q->g.max_tokens = C - q->n_ids;
+        if (s->o.default_max_tokens > 0 && q->g.max_tokens > s->o.default_max_tokens)
+            q->g.max_tokens = s->o.default_max_tokens;
+    }
+    q->g.prompt = q->ids;
+    q->g.n_prompt = q->n_ids;
+    return 0;
+}
+
+/* ---- a running generation ---------------------------------------------------------------- */
+
+typedef struct gen_run {
+    ember_server *srv;
+    struct MHD_Connection *conn;
+    gen_req q;
+    ember_stream *es;
+    textgen tg;
+    strbuf out;        /* SSE bytes not yet written */
+    strbuf delta;      /* text released by the last token */
+    json_t *lp;        /* logprobs entries (chat: content array; completion: object of arrays) */
+    char id[48];
+    long created;
+    double t_start, t_last;
+    int n_tokens;      /* tokens given to the text (up to a stop string) */
+    bool sent_first, done, finished;
+    ember_event final;
+    char finish_reason[24];
+} gen_run;
+
+static void run_free(gen_run *r) {
+    if (!r) return;
+    if (r->es) ember_stream_free(r->es);
+    textgen_free(&r->tg);
+    sb_free(&r->out);
+    sb_free(&r->delta);
+    json_decref(r->lp);
+    gen_req_free(&r->q);
+    atomic_fetch_sub(&r->srv->active, 1);
+    free(r);
+}
+
+/* A token's text for logprobs: its own decoding, cleaned to valid UTF-8. */
+static json_t *token_entry(ember_server *s, int32_t id, float lp, bool with_bytes) {
+    char *text = NULL;
+    size_t len = 0;
+    ember_error err;
+    if (ember_tok_decode(s->tok, &id, 1, 0, &text, &len, &err) != EMBER_OK) {
+        text = NULL;
+        len = 0;
+    }
+    json_t *e = json_object();
+    json_object_set_new(e, "token", jstr_clean(text ? text : "", len));
+    json_object_set_new(e, "logprob", json_real(lp));
+    if (with_bytes) {
+        json_t *bytes = json_array();
+        for (size_t i = 0; i < len; i++) json_array_append_new(bytes, json_integer((unsigned char)text[i]));
+        json_object_set_new(e, "bytes", bytes);
+    }
+    free(text);
+    return e;
+}
+
+static const char *finish_name(const gen_run *r) {
+    bool anth = r->q.proto == PROTO_ANTHROPIC;
+    if (r->tg.stopped) return anth ? "stop_sequence" : "stop";
+    if (r->final.finish == EMBER_FINISH_LENGTH) return anth ? "max_tokens" : "length";
+    return anth ? "end_turn" : "stop";
+}
+
+static json_t *usage_json(const gen_run *r) {
+    int p = r->final.n_prompt, c = r->n_tokens;
+    if (r->q.proto == PROTO_ANTHROPIC)
+        return json_pack("{s:i, s:i, s:i}", "input_tokens", p, "output_tokens", c, "cache_read_input_tokens",
+                         r->final.n_cached);
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", p, "completion_tokens", c, "total_tokens", p + c,
+                     "prompt_tokens_details", "cached_tokens", r->final.n_cached);
+}
+
+/* Records a token's logprobs for the response; returns the entry for a
+   streaming chunk (chat) or NULL. */
+static json_t *record_logprobs(gen_run *r, const ember_event *ev) {
+    ember_server *s = r->srv;
+    if (r->q.lp_mode == 1) {
+        json_t *e = token_entry(s, ev->token, ev->logprob, true);
+        json_t *tops = json_array();
+        for (int i = 0; i < ev->n_top; i++)
+            json_array_append_new(tops, token_entry(s, ev->top_ids[i], ev->top_logprobs[i], true));
+        json_object_set_new(e, "top_logprobs", tops);
+        if (!r->lp) r->lp = json_array();
+        json_array_append(r->lp, e);
+        return e;
+    }
+    if (r->q.lp_mode == 2) {
+        if (!r->lp)
+            r->lp = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+        json_t *e = token_entry(s, ev->token, ev->logprob, false);
+        json_array_append(json_object_get(r->lp, "tokens"), json_object_get(e, "token"));
+        json_array_append_new(json_object_get(r->lp, "token_logprobs"), json_real(ev->logprob));
+        json_t *tops = json_object();
+        for (int i = 0; i < ev->n_top; i++) {
+            json_t *t = token_entry(s, ev->top_ids[i], ev->top_logprobs[i], false);
+            json_object_set(tops, json_string_value(json_object_get(t, "token")), json_object_get(t, "logprob"));
+            json_decref(t);
+        }
+        json_array_append_new(json_object_get(r->lp, "top_logprobs"), tops);
+        json_array_append_new(json_object_get(r->lp, "text_offset"), json_integer((json_int_t)r->tg.text.len));
+        json_decref(e);
+    }
+    return NULL;
+}
+
+static void sse_data(strbuf *o, json_t *j) {
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s) return;
+    sb_puts(o, "data: ");
+    sb_puts(o, s);
+    sb_puts(o, "\n\n");
+    free(s);
+}
+
+static void sse_event(strbuf *o, const char *name, json_t *j) {
+    sb_puts(o, "event: ");
+    sb_puts(o, name);
+    sb_puts(o, "\n");
+    sse_data(o, j);
+}
+
+static json_t *chunk_base(const gen_run *r) {
+    if (r->q.proto == PROTO_CHAT)
+        return json_pack("{s:s, s:s, s:i, s:s}", "id", r->id, "object", "chat.completion.chunk", "created",
+                         (json_int_t)r->created, "model", r->srv->o.model_id);
+    return json_pack("{s:s, s:s, s:i, s:s}", "id", r->id, "object", "text_completion", "created",
+                     (json_int_t)r->created, "model", r->srv->o.model_id);
+}
+
+/* SSE bytes for newly released text (and a token's logprobs). */
+static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_entry) {
+    if (r->q.proto == PROTO_ANTHROPIC) {
+        json_decref(lp_entry);
+        if (!len) return;
+        sse_event(&r->out, "content_block_delta",
+                  json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", 0, "delta", "type",
+                            "text_delta", "text", jstr_clean(text, len)));
+        return;
+    }
+    if (!len && !lp_entry) return;
+    json_t *c = chunk_base(r);
+    json_t *choice;
+    if (r->q.proto == PROTO_CHAT) {
+        json_t *lp = lp_entry ? json_pack("{s:[o]}", "content", lp_entry) : json_null();
+        choice = json_pack("{s:i, s:{s:o}, s:o, s:n}", "index", 0, "delta", "content", jstr_clean(text, len),
+                           "logprobs", lp, "finish_reason");
+    } else {
+        json_decref(lp_entry);
+        choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", jstr_clean(text, len), "logprobs",
+                           "finish_reason");
+    }
+    json_object_set_new(c, "choices", json_pack("[o]", choice));
+    sse_data(&r->out, c);
+}
+
+static void stream_start(gen_run *r) {
+    if (r->q.proto == PROTO_ANTHROPIC) {
+        json_t *u = json_pack("{s:i, s:i}", "input_tokens", r->q.n_ids, "output_tokens", 0);
+        sse_event(&r->out, "message_start",
+                  json_pack("{s:s, s:{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:o}}", "type", "message_start", "message",
+                            "id", r->id, "type", "message", "role", "assistant", "content", "model",
+                            r->srv->o.model_id, "stop_reason", "stop_sequence", "usage", u));
+        sse_event(&r->out, "content_block_start",
+                  json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
+                            "type", "text", "text", ""));
+        sse_event(&r->out, "ping", json_pack("{s:s}", "type", "ping"));
+    } else if (r->q.proto == PROTO_CHAT) {
+        json_t *c = chunk_base(r);
+        json_object_set_new(c, "choices",
+                            json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", 0, "delta", "role", "assistant",
+                                      "content", "", "logprobs", "finish_reason"));
+        sse_data(&r->out, c);
+    }
+}
+
+static void stream_end(gen_run *r) {
+    const char *fr = finish_name(r);
+    if (r->q.proto == PROTO_ANTHROPIC) {
+        sse_event(&r->out, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", 0));
+        json_t *seq = r->tg.stopped ? json_string(r->q.stops[r->tg.stop_index]) : json_null();
+        sse_event(&r->out, "message_delta",
+                  json_pack("{s:s, s:{s:s, s:o}, s:{s:i}}", "type", "message_delta", "delta", "stop_reason", fr,
+                            "stop_sequence", seq, "usage", "output_tokens", r->n_tokens));
+        sse_event(&r->out, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+        return;
+    }
+    json_t *c = chunk_base(r);
+    json_t *choice = r->q.proto == PROTO_CHAT
+                         ? json_pack("{s:i, s:{}, s:n, s:s}", "index", 0, "delta", "logprobs", "finish_reason", fr)
+                         : json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "", "logprobs", "finish_reason", fr);
+    json_object_set_new(c, "choices", json_pack("[o]", choice));
+    sse_data(&r->out, c);
+    if (r->q.include_usage) {
+        c = chunk_base(r);
+        json_object_set_new(c, "choices", json_array());
+        json_object_set_new(c, "usage", usage_json(r));
+        sse_data(&r->out, c);
+    }
+    sb_puts(&r->out, "data: [DONE]\n\n");
+}
+
+/* Handles one engine event: text, logprobs, metrics, and (streaming) SSE. */
+static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
+    ember_server *s = r->srv;
+    if (ev->kind == EMBER_EV_TOKEN) {
+        double now = ember_now();
+        pthread_mutex_lock(&s->mu);
+        if (!r->sent_first)
+            histo_add(&s->ttft, k_ttft_b, N_TTFT, now - r->t_start);
+        else
+            histo_add(&s->itl, k_itl_b, N_ITL, now - r->t_last);
+        pthread_mutex_unlock(&s->mu);
+        r->sent_first = true;
+        r->t_last = now;
+        if (r->tg.stopped) return; /* tokens after a stop string are dropped */
+        r->n_tokens++;
+        json_t *lp = record_logprobs(r, ev);
+        r->delta.len = 0;
+        ember_error err;
+        if (textgen_push(&r->tg, ev->token, &r->delta, &err) != EMBER_OK) ember_stream_cancel(r->es);
+        if (r->tg.stopped) ember_stream_cancel(r->es);
+        if (streaming)
+            stream_text(r, r->delta.data ? r->delta.data : "", r->delta.len, lp);
+        else
+            json_decref(lp);
+        return;
+    }
+    r->final = *ev;
+    r->done = true;
+    pthread_mutex_lock(&s->mu);
+    if (ev->finish < 5) s->finished[ev->finish]++;
+    pthread_mutex_unlock(&s->mu);
+    r->delta.len = 0;
+    ember_error err;
+    textgen_finish(&r->tg, &r->delta, &err);
+    if (streaming) {
+        if (r->delta.len) stream_text(r, r->delta.data, r->delta.len, NULL);
+        if (ev->finish == EMBER_FINISH_ERROR && !r->tg.stopped) {
+            json_t *e = json_pack("{s:{s:s, s:s}}", "error", "message", "generation failed", "type", "server_error");
+            if (r->q.proto == PROTO_ANTHROPIC)
+                sse_event(&r->out, "error", json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                                                      "api_error", "message", "generation failed"));
+            else
+                sse_data(&r->out, e), e = NULL;
+            json_decref(e);
+        } else {
+            stream_end(r);
+        }
+    }
+}
+
+/* MHD content reader of a streaming response. */
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    gen_run *r = cls;
+    while (r->out.len == 0) {
+        if (r->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (r->done) {
+            r->finished = true;
+            continue;
+        }
+        ember_event ev;
+        if (ember_stream_next(r->es, &ev, POLL_MS) == 0) {
+            if (client_gone(r->conn)) {
+                ember_stream_cancel(r->es);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+            continue;
+        }
+        on_event(r, &ev, true);
+    }
+    size_t n = r->out.len < max ? r->out.len : max;
+    memcpy(buf, r->out.data, n);
+    sb_consume(&r->out, n);
+    return (ssize_t)n;
+}
+
+static void sse_free(void *cls) {
+    run_free(cls);
+}
+
+/* The complete (non-streaming) response body. */
+static json_t *full_response(gen_run *r) {
+    const char *text = r->tg.text.data ? r->tg.text.data : "";
+    size_t len = r->tg.text.len;
+    const char *fr = finish_name(r);
+    if (r->q.proto == PROTO_ANTHROPIC) {
+        json_t *seq = r->tg.stopped ? json_string(r->q.stops[r->tg.stop_index]) : json_null();
+        return json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:o}], s:s, s:o, s:o}", "id", r->id, "type", "message", "role",
+                         "assistant", "model", r->srv->o.model_id, "content", "type", "text", "text",
+                         jstr_clean(text, len), "stop_reason", fr, "stop_sequence", seq, "usage", usage_json(r));
+    }
+    json_t *choice;
+    if (r->q.proto == PROTO_CHAT) {
+        json_t *lp = r->lp ? json_pack("{s:O}", "content", r->lp) : json_null();
+        choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role", "assistant", "content",
+                           jstr_clean(text, len), "logprobs", lp, "finish_reason", fr);
+    } else {
+        choice = json_pack("{s:i, s:o, s:O, s:s}", "index", 0, "text", jstr_clean(text, len), "logprobs",
+                           r->lp ? r->lp : json_null(), "finish_reason", fr);
+    }
+    return json_pack("{s:s, s:s, s:i, s:s, s:[o], s:o}", "id", r->id, "object",
+                     r->q.proto == PROTO_CHAT ? "chat.completion" : "text_completion", "created",
+                     (json_int_t)r->created, "model", r->srv->o.model_id, "choices", choice, "usage", usage_json(r));
+}
+
+static enum MHD_Result run_generation(ember_server *s, struct MHD_Connection *c, int proto, const json_t *body) {
+    bad b = {0};
+    gen_run *r = calloc(1, sizeof *r);
+    if (!r) return send_error(s, c, proto, 500, NULL, "out of memory");
+    atomic_fetch_add(&s->active, 1);
+    r->srv = s;
+    r->conn = c;
+    r->t_start = ember_now();
+    r->created = (long)time(NULL);
+    unsigned long id = atomic_fetch_add(&s->next_id, 1);
+    snprintf(r->id, sizeof r->id, "%s%lx%lx", proto == PROTO_CHAT ? "chatcmpl-" : proto == PROTO_ANTHROPIC ? "msg_" : "cmpl-",
+             (unsigned long)r->created, id);
+    if (parse_gen(s, proto, body, &r->q, &b)) {
+        enum MHD_Result ret = send_error(s, c, proto, b.code, b.param[0] ? b.param : NULL, "%s", b.msg);
+        run_free(r);
+        return ret;
+    }
+    ember_error err = {0};
+    if (textgen_init(&r->tg, s->tok, r->q.stops, r->q.n_stops, &err)) {
+        run_free(r);
+        return send_error(s, c, proto, 500, NULL, "out of memory");
+    }
+    int rc = ember_engine_submit(s->eng, &r->q.g, &r->es, &err);
+    if (rc) {
+        unsigned code = rc == EMBER_ERR_LIMIT ? (atomic_load(&s->draining) ? 503 : 429) : rc == EMBER_ERR_NOMEM ? 500 : 400;
+        run_free(r);
+        return send_error(s, c, proto, code, NULL, "%s", code == 429 ? "the server is busy: too many requests waiting; retry later" : err.msg);
+    }
+    if (r->q.stream) {
+        stream_start(r);
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, r, sse_free);
+        if (!resp) {
+            run_free(r);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        count_code(s, 200);
+        return ret;
+    }
+    while (!r->done) {
+        ember_event ev;
+        if (ember_stream_next(r->es, &ev, POLL_MS) == 0) {
+            if (client_gone(c)) { /* nobody to answer: stop the row, drop the connection */
+                run_free(r);
+                return MHD_NO;
+            }
+            continue;
+        }
+        on_event(r, &ev, false);
+    }
+    enum MHD_Result ret;
+    if (r->final.finish == EMBER_FINISH_ERROR && !r->tg.stopped)
+        ret = send_error(s, c, proto, 500, NULL, "generation failed");
+    else
+        ret = send_json(s, c, 200, full_response(r));
+    run_free(r);
+    return ret;
+}
+
+/* ---- other endpoints ------------------------------------------------------------------------ */
+
+static enum MHD_Result do_models(ember_server *s, struct MHD_Connection *c) {
+    json_t *m = json_pack("{s:s, s:s, s:i, s:s, s:i}", "id", s->o.model_id, "object", "model", "created",
+                          (json_int_t)s->created, "owned_by", "ember", "context_length", s->info.n_ctx);
+    if (s->o.model_note) json_object_set_new(m, "description", json_string(s->o.model_note));
+    return send_json(s, c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+}
+
+static void metric(strbuf *o, const char *name, const char *type, const char *help, double v) {
+    char line[512];
+    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+    sb_puts(o, line);
+}
+
+static void histogram(strbuf *o, const char *name, const char *help, const histo *h, const double *b, int nb) {
+    char line[256];
+    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    sb_puts(o, line);
+    uint64_t cum = 0;
+    for (int i = 0; i < nb; i++) {
+        cum += h->counts[i];
+        snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %llu\n", name, b[i], (unsigned long long)cum);
+        sb_puts(o, line);
+    }
+    cum += h->counts[nb];
+    snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name,
+             (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->n);
+    sb_puts(o, line);
+}
+
+static enum MHD_Result do_metrics(ember_server *s, struct MHD_Connection *c) {
+    ember_engine_stats st;
+    ember_engine_get_stats(s->eng, &st);
+    strbuf o = {0};
+    metric(&o, "ember_requests_running", "gauge", "Requests being generated (rows in the batch).", st.running);
+    metric(&o, "ember_requests_waiting", "gauge", "Requests waiting for a row.", st.waiting);
+    metric(&o, "ember_batch_rows", "gauge", "Rows of the batch (maximum concurrent requests).", st.rows);
+    metric(&o, "ember_kv_cache_used_bytes", "gauge", "KV cache bytes held by running requests.", (double)st.kv_bytes_used);
+    metric(&o, "ember_kv_cache_total_bytes", "gauge", "KV cache bytes allocated.", (double)st.kv_bytes_total);
+    metric(&o, "ember_kv_cache_usage_ratio", "gauge", "Fraction of the KV cache held by running requests.",
+           st.kv_bytes_total ? (double)st.kv_bytes_used / (double)st.kv_bytes_total : 0);
+    metric(&o, "ember_requests_total", "counter", "Requests accepted by the engine.", (double)st.requests_total);
+    metric(&o, "ember_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", (double)st.prompt_tokens_total);
+    metric(&o, "ember_prompt_tokens_cached_total", "counter", "Prompt tokens reused from the prefix cache.",
+           (double)st.cached_tokens_total);
+    metric(&o, "ember_generation_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens_total);
+    metric(&o, "ember_engine_steps_total", "counter", "Forward steps run by the engine.", (double)st.steps_total);
+    pthread_mutex_lock(&s->mu);
+    histo ttft = s->ttft, itl = s->itl;
+    uint64_t codes[6], fin[5];
+    memcpy(codes, s->http_by_code, sizeof codes);
+    memcpy(fin, s->finished, sizeof fin);
+    pthread_mutex_unlock(&s->mu);
+    histogram(&o, "ember_time_to_first_token_seconds", "Time from request arrival to its first token.", &ttft, k_ttft_b,
+              N_TTFT);
+    histogram(&o, "ember_inter_token_latency_seconds", "Time between consecutive tokens of a request.", &itl, k_itl_b,
+              N_ITL);
+    char line[256];
+    sb_puts(&o, "# HELP ember_http_responses_total HTTP responses by status class.\n# TYPE ember_http_responses_total counter\n");
+    for (int i = 1; i < 6; i++) {
+        snprintf(line, sizeof line, "ember_http_responses_total{code=\"%dxx\"} %llu\n", i, (unsigned long long)codes[i]);
+        sb_puts(&o, line);
+    }
+    static const char *const fn[5] = {"none", "length", "stop", "cancelled", "error"};
+    sb_puts(&o, "# HELP ember_requests_finished_total Finished requests by reason.\n# TYPE ember_requests_finished_total counter\n");
+    for (int i = 1; i < 5; i++) {
+        snprintf(line, sizeof line, "ember_requests_finished_total{reason=\"%s\"} %llu\n", fn[i], (unsigned long long)fin[i]);
+        sb_puts(&o, line);
+    }
+    enum MHD_Result r = send_body(s, c, 200, "text/plain; version=0.0.4", o.data ? o.data : "", o.len, 0);
+    sb_free(&o);
+    return r;
+}
+
+static enum MHD_Result do_tokenize(ember_server *s, struct MHD_Connection *c, const json_t *body) {
+    const json_t *t = json_object_get(body, "content");
+    if (!t) t = json_object_get(body, "prompt");
+    if (!json_is_string(t)) return send_error(s, c, PROTO_CHAT, 400, "content", "'content' must be a string");
+    bool add_special = false;
+    bad b;
+    if (opt_bool(body, "add_special", &add_special, &b)) return send_error(s, c, PROTO_CHAT, 400, b.param, "%s", b.msg);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ember_error err = {0};
+    if (ember_tok_encode(s->tok, NULL, json_string_value(t), json_string_length(t), add_special ? EMBER_TOK_ADD_SPECIAL : 0,
+                         &ids, &n, &err))
+        return send_error(s, c, PROTO_CHAT, 400, "content", "%s", err.msg);
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    return send_json(s, c, 200, json_pack("{s:o}", "tokens", arr));
+}
+
+static enum MHD_Result do_detokenize(ember_server *s, struct MHD_Connection *c, const json_t *body) {
+    const json_t *t = json_object_get(body, "tokens");
+    if (!json_is_array(t)) return send_error(s, c, PROTO_CHAT, 400, "tokens", "'tokens' must be an array of token ids");
+    size_t n = json_array_size(t);
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) return send_error(s, c, PROTO_CHAT, 500, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(t, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= s->info.vocab_size) {
+            free(ids);
+            return send_error(s, c, PROTO_CHAT, 400, "tokens", "tokens[%zu] is not a token id of this model", i);
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    ember_error err = {0};
+    int rc = ember_tok_decode(s->tok, ids, n, 0, &text, &len, &err);
+    free(ids);
+    if (rc) return send_error(s, c, PROTO_CHAT, 400, "tokens", "%s", err.msg);
+    json_t *j = json_pack("{s:o}", "content", jstr_clean(text, len));
+    free(text);
+    return send_json(s, c, 200, j);
+}
+
+/* ---- routing ------------------------------------------------------------------------------------ */
+
+typedef struct req_ctx {
+    strbuf body;
+    bool too_large;
+} req_ctx;
+
+static enum MHD_Result route(ember_server *s, struct MHD_Connection *c, const char *url, const char *method,
+                             req_ctx *rq) {
+    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    int proto = !strcmp(url, "/v1/messages") ? PROTO_ANTHROPIC : PROTO_CHAT;
+    if (!strcmp(url, "/health") || !strcmp(url, "/v1/health")) {
+        if (!get) return send_error(s, c, proto, 405, NULL, "use GET for %s", url);
+        if (atomic_load(&s->draining))
+            return send_json(s, c, 503, json_pack("{s:s}", "status", "shutting down"));
+        return send_json(s, c, 200, json_pack("{s:s}", "status", "ok"));
+    }
+    if (!strcmp(url, "/v1/models")) {
+        if (!get) return send_error(s, c, proto, 405, NULL, "use GET for %s", url);
+        return do_models(s, c);
+    }
+    if (!strcmp(url, "/metrics")) {
+        if (!get) return send_error(s, c, proto, 405, NULL, "use GET for %s", url);
+        return do_metrics(s, c);
+    }
+    int kind = !strcmp(url, "/v1/chat/completions") ? 1
+               : !strcmp(url, "/v1/completions")    ? 2
+               : !strcmp(url, "/v1/messages")       ? 3
+               : !strcmp(url, "/tokenize")          ? 4
+               : !strcmp(url, "/detokenize")        ? 5
+                                                    : 0;
+    if (!kind) return send_error(s, c, proto, 404, NULL, "no endpoint %s %s", method, url);
+    if (!post) return send_error(s, c, proto, 405, NULL, "use POST for %s", url);
+    if (rq->too_large)
+        return send_error(s, c, proto, 413, NULL, "the request body is larger than the %zu-byte limit", s->o.max_body);
+    if (kind <= 3 && atomic_load(&s->draining))
+        return send_error(s, c, proto, 503, NULL, "the server is shutting down");
+    const char *text = rq->body.data ? rq->body.data : "";
+    if (json_depth(text, rq->body.len) > MAX_JSON_DEPTH)
+        return send_error(s, c, proto, 400, NULL, "the JSON body is nested deeper than %d levels", MAX_JSON_DEPTH);
+    json_error_t je;
+    json_t *body = json_loadb(text, rq->body.len, 0, &je);
+    if (!body) return send_error(s, c, proto, 400, NULL, "invalid JSON body: %s (line %d, column %d)", je.text, je.line, je.column);
+    enum MHD_Result r;
+    if (!json_is_object(body))
+        r = send_error(s, c, proto, 400, NULL, "the request body must be a JSON object");
+    else if (kind == 4)
+        r = do_tokenize(s, c, body);
+    else if (kind == 5)
+        r = do_detokenize(s, c, body);
+    else
+        r = run_generation(s, c, kind == 1 ? PROTO_CHAT : kind == 2 ? PROTO_COMPLETION : PROTO_ANTHROPIC, body);
+    json_decref(body);
+    return r;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    ember_server *s = cls;
+    req_ctx *rq = *con_cls;
+    if (!rq) {
+        rq = calloc(1, sizeof *rq);
+        if (!rq) return MHD_NO;
+        *con_cls = rq;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->o.max_body) rq->too_large = true;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!rq->too_large) {
+            if (rq->body.len + *upload_size > s->o.max_body || sb_append(&rq->body, upload, *upload_size))
+                rq->too_large = true;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    return route(s, c, url, method, rq);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    req_ctx *rq = *con_cls;
+    if (!rq) return;
+    sb_free(&rq->body);
+    free(rq);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    ember_server *s = cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && msg[n - 1] == '\n') msg[--n] = 0;
+    ember_log(&s->o.log, EMBER_LOG_DEBUG, "http: %s", msg);
+}
+
+/* ---- life cycle ------------------------------------------------------------------------------------ */
+
+static char *token_text(const ember_tokenizer *t, int32_t id) {
+    if (id < 0) return NULL;
+    size_t n;
+    const char *s = ember_tok_id_text(t, id, &n);
+    return s ? ember_strndup(s, n) : NULL;
+}
+
+int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_chat_template *tmpl,
+                       const ember_server_opts *o, ember_server **out, ember_error *err) {
+    *out = NULL;
+    ember_server *s = calloc(1, sizeof *s);
+    if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    s->m = m;
+    s->tok = tok;
+    s->tmpl = tmpl;
+    s->o = *o;
+    if (!s->o.host) s->o.host = "127.0.0.1";
+    if (!s->o.port) s->o.port = 8080;
+    if (!s->o.max_body) s->o.max_body = 4u << 20;
+    if (!s->o.max_connections) s->o.max_connections = 512;
+    if (!s->o.model_id) s->o.model_id = "ember";
+    s->created = time(NULL);
+    pthread_mutex_init(&s->mu, NULL);
+    ember_model_get_info(m, &s->info);
+    s->bos_text = token_text(tok, ember_tok_bos_id(tok));
+    s->eos_text = token_text(tok, ember_tok_eos_id(tok));
+    ember_engine_params ep = {.max_queue = o->max_queue};
+    int rc = ember_engine_new(m, &ep, &s->eng, err);
+    if (rc) {
+        free(s->bos_text);
+        free(s->eos_text);
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return rc;
+    }
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)s->o.port);
+    if (inet_pton(AF_INET, s->o.host, &addr.sin_addr) != 1) {
+        ember_server_stop(s, 0);
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "host '%s' is not an IPv4 address", o->host);
+    }
+    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+                                MHD_USE_ERROR_LOG,
+                            (uint16_t)s->o.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)s->o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        ember_server_stop(s, 0);
+        return ember_err(err, EMBER_ERR_IO, "cannot listen on %s:%d (address in use, or not allowed)", o->host ? o->host : "127.0.0.1",
+                         o->port ? o->port : 8080);
+    }
+    *out = s;
+    return EMBER_OK;
+}
+
+int ember_server_port(const ember_server *s) {
+    return s->o.port;
+}
+
+void ember_server_stop(ember_server *s, double drain_seconds) {
+    if (!s) return;
+    atomic_store(&s->draining, 1);
+    if (s->d) {
+        MHD_socket ls = MHD_quiesce_daemon(s->d); /* no new connections */
+        if (ls != MHD_INVALID_SOCKET) close(ls);
+        double until = ember_now() + drain_seconds;
+        while (atomic_load(&s->active) > 0 && ember_now() < until) {
+            struct timespec ts = {0, 20 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    /* whatever is still running is cancelled; handlers then answer and end */
+    ember_engine_shutdown(s->eng);
+    if (s->d) MHD_stop_daemon(s->d);
+    ember_engine_free(s->eng);
+    free(s->bos_text);
+    free(s->eos_text);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

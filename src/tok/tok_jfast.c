@@ -1,0 +1,360 @@
+/*
+ * tok_jfast.c - a fast path for the two large values of a tokenizer.json,
+ * model.vocab (an object of token -> id) and model.merges (an array of
+ * "a b" strings or [a, b] pairs), which make up most of the file: they are
+ * located by a light scan, blanked out of the text given to jansson, and
+ * read here directly into the tokenizer (jansson would allocate an object
+ * per string).
+ *
+ * Owner: tokenizer module; runs on the loading thread.
+ *
+ * The fast path only accepts the plain form those values always have
+ * (strict JSON strings, non-negative integer ids without exponent). On
+ * anything else it reports "not applicable" and the caller loads the file
+ * again through jansson alone, so error messages and edge cases (escaped
+ * keys, duplicate keys, reals, ...) stay those of the slow path.
+ */
+#include <string.h>
+
+#include "tok_internal.h"
+
+typedef struct cur {
+    const char *p, *e;
+} cur;
+
+static void sp(cur *c) {
+    while (c->p < c->e && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r')) c->p++;
+}
+
+/* Skips a string at c->p ('"'); false when unterminated. *esc: it had a backslash. */
+static bool skip_str(cur *c, bool *esc) {
+    if (c->p >= c->e || *c->p != '"') return false;
+    c->p++;
+    if (esc) *esc = false;
+    while (c->p < c->e) {
+        char ch = *c->p++;
+        if (ch == '"') return true;
+        if (ch == '\\') {
+            if (esc) *esc = true;
+            if (c->p >= c->e) return false;
+            c->p++;
+        }
+    }
+    return false;
+}
+
+/* Skips any value; depth-bounded. */
+static bool skip_val(cur *c, int depth) {
+    if (depth > 512) return false;
+    sp(c);
+    if (c->p >= c->e) return false;
+    char ch = *c->p;
+    if (ch == '"') return skip_str(c, NULL);
+    if (ch == '{' || ch == '[') {
+        char close = ch == '{' ? '}' : ']';
+        c->p++;
+        sp(c);
+        if (c->p < c->e && *c->p == close) {
+            c->p++;
+            return true;
+        }
+        for (;;) {
+            if (ch == '{') {
+                sp(c);
+                if (!skip_str(c, NULL)) return false;
+                sp(c);
+                if (c->p >= c->e || *c->p != ':') return false;
+                c->p++;
+            }
+            if (!skip_val(c, depth + 1)) return false;
+            sp(c);
+            if (c->p >= c->e) return false;
+            if (*c->p == ',') {
+                c->p++;
+                continue;
+            }
+            if (*c->p == close) {
+                c->p++;
+                return true;
+            }
+            return false;
+        }
+    }
+    /* literal or number */
+    const char *s = c->p;
+    while (c->p < c->e && !strchr(",}] \t\r\n", *c->p)) c->p++;
+    return c->p > s;
+}
+
+static bool key_is(const char *k, size_t n, const char *lit) { return strlen(lit) == n && memcmp(k, lit, n) == 0; }
+
+int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges) {
+    cur c = {json, json + n};
+    vocab->p = merges->p = NULL;
+    vocab->n = merges->n = 0;
+    sp(&c);
+    if (c.p >= c.e || *c.p != '{') return 0;
+    c.p++;
+    bool seen_model = false;
+    for (;;) {
+        sp(&c);
+        if (c.p < c.e && *c.p == '}') break;
+        const char *k = c.p + 1;
+        bool esc;
+        if (!skip_str(&c, &esc) || esc) return 0;
+        size_t kn = (size_t)(c.p - 1 - k);
+        sp(&c);
+        if (c.p >= c.e || *c.p != ':') return 0;
+        c.p++;
+        sp(&c);
+        if (key_is(k, kn, "model")) {
+            if (seen_model || c.p >= c.e || *c.p != '{') return 0;
+            seen_model = true;
+            c.p++;
+            for (;;) {
+                sp(&c);
+                if (c.p < c.e && *c.p == '}') {
+                    c.p++;
+                    break;
+                }
+                const char *mk = c.p + 1;
+                if (!skip_str(&c, &esc) || esc) return 0;
+                size_t mkn = (size_t)(c.p - 1 - mk);
+                sp(&c);
+                if (c.p >= c.e || *c.p != ':') return 0;
+                c.p++;
+                sp(&c);
+                const char *vs = c.p;
+                if (!skip_val(&c, 0)) return 0;
+                if (key_is(mk, mkn, "vocab")) {
+                    if (vocab->p || *vs != '{') return 0;
+                    vocab->p = vs;
+                    vocab->n = (size_t)(c.p - vs);
+                } else if (key_is(mk, mkn, "merges")) {
+                    if (merges->p || *vs != '[') return 0;
+                    merges->p = vs;
+                    merges->n = (size_t)(c.p - vs);
+                }
+                sp(&c);
+                if (c.p < c.e && *c.p == ',') {
+                    c.p++;
+                    continue;
+                }
+                if (c.p < c.e && *c.p == '}') {
+                    c.p++;
+                    break;
+                }
+                return 0;
+            }
+        } else if (!skip_val(&c, 0)) {
+            return 0;
+        }
+        sp(&c);
+        if (c.p < c.e && *c.p == ',') {
+            c.p++;
+            continue;
+        }
+        if (c.p < c.e && *c.p == '}') break;
+        return 0;
+    }
+    return vocab->p != NULL;
+}
+
+void tok_jfast_blank(char *copy, const tok_sv *span, const char *base, char open, char close) {
+    if (!span->p) return;
+    char *d = copy + (span->p - base);
+    for (size_t i = 0; i < span->n; i++)
+        if (d[i] != '\n') d[i] = ' ';
+    d[0] = open;
+    d[1] = close;
+}
+
+/* A strict JSON string at c->p into b (unescaped); false when not plain. */
+static bool read_str(cur *c, tok_buf *b) {
+    b->n = 0;
+    if (c->p >= c->e || *c->p != '"') return false;
+    c->p++;
+    const char *run = c->p;
+    while (c->p < c->e) {
+        unsigned char ch = (unsigned char)*c->p;
+        if (ch == '"') {
+            if (tok_buf_put(b, run, (size_t)(c->p - run))) return false;
+            c->p++;
+            return tok_utf8_valid(b->p ? b->p : "", b->n);
+        }
+        if (ch < 0x20) return false;
+        if (ch != '\\') {
+            c->p++;
+            continue;
+        }
+        if (tok_buf_put(b, run, (size_t)(c->p - run))) return false;
+        c->p++;
+        if (c->p >= c->e) return false;
+        char e = *c->p++;
+        uint32_t cp;
+        switch (e) {
+        case '"': cp = '"'; break;
+        case '\\': cp = '\\'; break;
+        case '/': cp = '/'; break;
+        case 'b': cp = 8; break;
+        case 'f': cp = 12; break;
+        case 'n': cp = 10; break;
+        case 'r': cp = 13; break;
+        case 't': cp = 9; break;
+        case 'u': {
+            uint32_t v = 0;
+            for (int k = 0; k < 4; k++) {
+                if (c->p >= c->e) return false;
+                char h = *c->p++;
+                int d = (h >= '0' && h <= '9') ? h - '0' : ((h | 32) >= 'a' && (h | 32) <= 'f') ? (h | 32) - 'a' + 10 : -1;
+                if (d < 0) return false;
+                v = v * 16 + (uint32_t)d;
+            }
+            if (v >= 0xDC00 && v <= 0xDFFF) return false;
+            if (v >= 0xD800 && v <= 0xDBFF) {
+                if (c->e - c->p < 6 || c->p[0] != '\\' || c->p[1] != 'u') return false;
+                uint32_t lo = 0;
+                for (int k = 2; k < 6; k++) {
+                    char h = c->p[k];
+                    int d = (h >= '0' && h <= '9') ? h - '0' : ((h | 32) >= 'a' && (h | 32) <= 'f') ? (h | 32) - 'a' + 10 : -1;
+                    if (d < 0) return false;
+                    lo = lo * 16 + (uint32_t)d;
+                }
+                if (lo < 0xDC00 || lo > 0xDFFF) return false;
+                c->p += 6;
+                v = 0x10000 + ((v - 0xD800) << 10) + (lo - 0xDC00);
+            }
+            cp = v;
+            break;
+        }
+        default: return false;
+        }
+        if (tok_buf_put_cp(b, cp)) return false;
+        run = c->p;
+    }
+    return false;
+}
+
+int tok_jfast_vocab(ember_tokenizer *t, tok_sv span, ember_error *err) {
+    cur c = {span.p, span.p + span.n};
+    tok_buf b = {0};
+    int rc = 0; /* 0 = not applicable */
+    size_t count = 0;
+    if (tok_smap_reserve(&t->map, span.n / 12 + 1024)) goto done;
+    sp(&c);
+    if (c.p >= c.e || *c.p != '{') goto done;
+    c.p++;
+    sp(&c);
+    if (c.p < c.e && *c.p == '}') {
+        rc = 1;
+        goto done;
+    }
+    for (;;) {
+        sp(&c);
+        if (!read_str(&c, &b) || b.n > TOK_MAX_TOKEN_BYTES) goto done;
+        sp(&c);
+        if (c.p >= c.e || *c.p != ':') goto done;
+        c.p++;
+        sp(&c);
+        long long id = 0;
+        const char *ds = c.p;
+        while (c.p < c.e && *c.p >= '0' && *c.p <= '9' && c.p - ds < 10) id = id * 10 + (*c.p++ - '0');
+        if (c.p == ds || (c.p - ds > 1 && *ds == '0') || id >= TOK_MAX_VOCAB) goto done;
+        if (c.p < c.e && (*c.p == '.' || *c.p == 'e' || *c.p == 'E' || (*c.p >= '0' && *c.p <= '9'))) goto done;
+        if (++count > TOK_MAX_VOCAB) goto done;
+        if (tok_set_text(t, (int32_t)id, b.p ? b.p : "", b.n, err)) {
+            rc = -1;
+            goto done;
+        }
+        sp(&c);
+        if (c.p < c.e && *c.p == ',') {
+            c.p++;
+            continue;
+        }
+        if (c.p < c.e && *c.p == '}') {
+            c.p++;
+            break;
+        }
+        goto done;
+    }
+    sp(&c);
+    rc = c.p == c.e ? 1 : 0;
+done:
+    tok_buf_free(&b);
+    return rc;
+}
+
+int tok_jfast_merges(ember_tokenizer *t, tok_sv span, ember_error *err) {
+    cur c = {span.p, span.p + span.n};
+    tok_buf a = {0}, b = {0};
+    int rc = 0;
+    uint32_t rank = 0;
+    if (tok_umap_init(&t->model.merges, span.n / 10 + 16)) goto done;
+    sp(&c);
+    if (c.p >= c.e || *c.p != '[') goto done;
+    c.p++;
+    sp(&c);
+    if (c.p < c.e && *c.p == ']') {
+        c.p++;
+        rc = 1;
+        goto done;
+    }
+    for (;;) {
+        sp(&c);
+        const char *ap, *bp;
+        size_t an, bn;
+        if (c.p < c.e && *c.p == '"') {
+            if (!read_str(&c, &a)) goto done;
+            const char *s = a.p ? a.p : "";
+            const char *space = memchr(s, ' ', a.n);
+            if (!space) goto done; /* the slow path names the bad merge */
+            ap = s;
+            an = (size_t)(space - s);
+            bp = space + 1;
+            const char *sp2 = memchr(bp, ' ', a.n - an - 1);
+            bn = sp2 ? (size_t)(sp2 - bp) : a.n - an - 1;
+        } else if (c.p < c.e && *c.p == '[') {
+            c.p++;
+            sp(&c);
+            if (!read_str(&c, &a)) goto done;
+            sp(&c);
+            if (c.p >= c.e || *c.p != ',') goto done;
+            c.p++;
+            sp(&c);
+            if (!read_str(&c, &b)) goto done;
+            sp(&c);
+            if (c.p >= c.e || *c.p != ']') goto done;
+            c.p++;
+            ap = a.p ? a.p : "";
+            an = a.n;
+            bp = b.p ? b.p : "";
+            bn = b.n;
+        } else {
+            goto done;
+        }
+        if (an > TOK_MAX_TOKEN_BYTES || bn > TOK_MAX_TOKEN_BYTES || rank >= TOK_MAX_MERGES) goto done;
+        int32_t ia, ib;
+        if (tok_id_or_phantom(t, ap, an, &ia, err) || tok_id_or_phantom(t, bp, bn, &ib, err) ||
+            tok_add_merge(t, ia, ib, rank, err)) {
+            rc = -1;
+            goto done;
+        }
+        rank++;
+        sp(&c);
+        if (c.p < c.e && *c.p == ',') {
+            c.p++;
+            continue;
+        }
+        if (c.p < c.e && *c.p == ']') {
+            c.p++;
+            break;
+        }
+        goto done;
+    }
+    sp(&c);
+    rc = c.p == c.e ? 1 : 0;
+done:
+    tok_buf_free(&a);
+    tok_buf_free(&b);
+    return rc;
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The grep-able house rules of docs/rules.md.
+set -u
+cd "$(dirname "$0")/.."
+fail=0
+hits=$(grep -rnE '\bassert[[:space:]]*\(|#[[:space:]]*include[[:space:]]*<assert\.h>' src/ | grep -vE 'static_assert|_Static_assert')
+if [ -n "$hits" ]; then
+  echo "assert() in the product (docs/rules.md):"; echo "$hits"; fail=1
+fi
+prints=$(grep -rnE '\b(printf|puts|perror)[[:space:]]*\(|fprintf[[:space:]]*\([[:space:]]*(stdout|stderr)' src/ | grep -v '^src/cli/')
+if [ -n "$prints" ]; then
+  echo "printing outside src/cli (docs/rules.md):"; echo "$prints"; fail=1
+fi
+[ $fail = 0 ] && echo "rules ok"
+exit $fail

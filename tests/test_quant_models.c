@@ -1,0 +1,341 @@
+/*
+ * test_quant_models.c - GGUF and quantized models end to end:
+ *   1. stories260K.gguf (real trained weights): logits at positions 0-3 of
+ *      the BOS run within 1e-4 of llama2.c's (expected/logits_bos_pos0-3.txt)
+ *      and the greedy ids of expected/greedy.jsonl exactly, on every ISA;
+ *   2. llama-2-tiny-random.gguf (F16, 32000-token vocab) loads and runs;
+ *   3. the fixture models quantized by `ember quantize`'s library call to
+ *      q8_0 / q4_0 / q4_k_m: mean KL(f32 || quantized) over every position
+ *      of the fixture prompts below 1e-3 (q8_0) and 5e-2 (4-bit); a random
+ *      model whose rows are multiples of 256 (so Q4_K / Q6_K really run)
+ *      likewise;
+ *   4. batch invariance of a quantized model: three prompts together equal
+ *      each alone, and 1 thread equals 2 threads, bit for bit.
+ * Exits 77 when ../shared is absent.
+ */
+#include <jansson.h>
+
+#include "ember.h"
+#include "fixture.h"
+#include "core/cpu.h"
+#include "model/model.h"
+#include "model/quantize.h"
+
+static ember_model *load(const char *path, ember_isa isa, int threads, int rows) {
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.isa = isa;
+    mp.n_threads = threads;
+    mp.n_rows = rows;
+    ember_model *m = NULL;
+    ember_error err = {0};
+    if (ember_model_load(path, &mp, &m, &err)) {
+        fprintf(stderr, "load %s: %s\n", path, err.msg);
+        return NULL;
+    }
+    return m;
+}
+
+/* 1 */
+static void test_stories(void) {
+    char path[600], exp[600];
+    snprintf(path, sizeof path, "%s/testdata/models/stories260K/stories260K.gguf", shared_dir());
+    snprintf(exp, sizeof exp, "%s/testdata/models/stories260K/expected", shared_dir());
+    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
+    for (int a = 0; a < 3; a++) {
+        if (!ember_isa_supported(isas[a])) continue;
+        ember_model *m = load(path, isas[a], 2, 1);
+        CHECK(m != NULL);
+        if (!m) continue;
+        ember_model_info info;
+        ember_model_get_info(m, &info);
+        CHECK(info.vocab_size == 512 && info.n_layers == 5 && info.bos_id == 1);
+        /* logits at positions 0..3 */
+        char lp[700];
+        snprintf(lp, sizeof lp, "%s/logits_bos_pos0-3.txt", exp);
+        FILE *fp = fopen(lp, "r");
+        CHECK(fp != NULL);
+        int32_t ids[4] = {1, 403, 407, 261};
+        float *lg = malloc(4 * 512 * sizeof *lg);
+        ember_error err = {0};
+        CHECKF(ember_logits(m, ids, 4, lg, &err) == EMBER_OK, "%s", err.msg);
+        float worst = 0;
+        for (int p = 0; fp && p < 4; p++) {
+            int pos, tok;
+            CHECK(fscanf(fp, " logits pos=%d input_token=%d:", &pos, &tok) == 2 && pos == p && tok == ids[p]);
+            for (int v = 0; v < 512; v++) {
+                float e;
+                CHECK(fscanf(fp, "%f", &e) == 1);
+                worst = fmaxf(worst, fabsf(e - lg[p * 512 + v]));
+            }
+        }
+        if (fp) fclose(fp);
+        CHECKF(worst <= 1e-4f, "stories260K %s: logits differ from llama2.c by %g", ember_isa_name(isas[a]), worst);
+        free(lg);
+        /* greedy ids */
+        char gp[700];
+        snprintf(gp, sizeof gp, "%s/greedy.jsonl", exp);
+        fp = fopen(gp, "r");
+        CHECK(fp != NULL);
+        char line[16384];
+        int lines = 0;
+        while (fp && fgets(line, sizeof line, fp)) {
+            json_error_t je;
+            json_t *o = json_loads(line, 0, &je);
+            CHECK(o != NULL);
+            if (!o) continue;
+            json_t *pi = json_object_get(o, "prompt_ids"), *gi = json_object_get(o, "generated_ids");
+            int np = (int)json_array_size(pi), ng = (int)json_array_size(gi);
+            int32_t prompt[64], *want = malloc((size_t)ng * 4), *got = malloc((size_t)ng * 4);
+            for (int i = 0; i < np && i < 64; i++) prompt[i] = (int32_t)json_integer_value(json_array_get(pi, (size_t)i));
+            for (int i = 0; i < ng; i++) want[i] = (int32_t)json_integer_value(json_array_get(gi, (size_t)i));
+            ember_request r = {0};
+            r.prompt = prompt;
+            r.n_prompt = np;
+            r.max_new_tokens = ng;
+            r.ignore_eos = 1;
+            ember_sampling_init(&r.sampling);
+            r.out_ids = got;
+            CHECKF(ember_generate(m, &r, 1, &err) == EMBER_OK, "%s", err.msg);
+            CHECKF(r.n_out == ng && memcmp(got, want, (size_t)ng * 4) == 0, "stories260K %s: greedy ids of prompt %d differ",
+                   ember_isa_name(isas[a]), lines);
+            free(want);
+            free(got);
+            json_decref(o);
+            lines++;
+        }
+        CHECK(lines == 3);
+        if (fp) fclose(fp);
+        ember_model_free(m);
+    }
+}
+
+/* 2 */
+static void test_tiny_random(void) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/testdata/models/llama-2-tiny-random/llama-2-tiny-random.gguf", shared_dir());
+    ember_model *m = load(path, EMBER_ISA_AUTO, 2, 1);
+    CHECK(m != NULL);
+    if (!m) return;
+    ember_model_info info;
+    ember_model_get_info(m, &info);
+    CHECK(info.vocab_size == 32000 && info.n_layers == 1);
+    int32_t ids[3] = {1, 450, 4996}, out[8];
+    ember_request r = {0};
+    r.prompt = ids;
+    r.n_prompt = 3;
+    r.max_new_tokens = 8;
+    r.ignore_eos = 1;
+    ember_sampling_init(&r.sampling);
+    r.out_ids = out;
+    ember_error err = {0};
+    CHECKF(ember_generate(m, &r, 1, &err) == EMBER_OK && r.n_out == 8, "%s", err.msg);
+    float *lg = malloc(3 * 32000 * sizeof *lg);
+    CHECK(ember_logits(m, ids, 3, lg, &err) == EMBER_OK);
+    bool finite = true;
+    for (int i = 0; i < 3 * 32000; i++) finite &= isfinite(lg[i]) != 0;
+    CHECK(finite);
+    free(lg);
+    ember_model_free(m);
+}
+
+/* mean over rows of KL(softmax(a) || softmax(b)) */
+static double mean_kl(const float *a, const float *b, int rows, int V) {
+    double total = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *x = a + (size_t)r * V, *y = b + (size_t)r * V;
+        double mx = -INFINITY, my = -INFINITY, sx = 0, sy = 0;
+        for (int v = 0; v < V; v++) {
+            mx = fmax(mx, x[v]);
+            my = fmax(my, y[v]);
+        }
+        for (int v = 0; v < V; v++) {
+            sx += exp(x[v] - mx);
+            sy += exp(y[v] - my);
+        }
+        double kl = 0;
+        for (int v = 0; v < V; v++) {
+            double lp = x[v] - mx - log(sx), lq = y[v] - my - log(sy);
+            kl += exp(lp) * (lp - lq);
+        }
+        total += kl;
+    }
+    return total / rows;
+}
+
+/* Logits of the fixture prompts for the model at path (rows concatenated). */
+static int prompt_logits(const char *path, const fixture *f, int nprompts, float *out) {
+    ember_model *m = load(path, EMBER_ISA_AUTO, 2, 1);
+    if (!m) return 1;
+    ember_error err = {0};
+    int rows = 0, rc = 0;
+    for (int i = 0; i < nprompts && !rc; i++) {
+        rc = ember_logits(m, f->p[i].ids, f->p[i].n, out + (size_t)rows * f->vocab, &err);
+        rows += f->p[i].n;
+    }
+    if (rc) fprintf(stderr, "%s: %s\n", path, err.msg);
+    ember_model_free(m);
+    return rc;
+}
+
+static const char *const k_schemes[] = {"q8_0", "q4_0", "q4_k_m"};
+
+/* 3, on one model directory whose prompts come from fixture f */
+static void kl_model(const char *dir, const char *tag, const fixture *f) {
+    int rows = f->p[0].n + f->p[1].n + f->p[2].n;
+    float *ref = malloc((size_t)rows * f->vocab * 4), *q = malloc((size_t)rows * f->vocab * 4);
+    CHECK(prompt_logits(dir, f, 3, ref) == 0);
+    for (int s = 0; s < 3; s++) {
+        ember_qscheme qs;
+        CHECK(ember_qscheme_parse(k_schemes[s], &qs));
+        char out[700];
+        snprintf(out, sizeof out, "%s/%s-%s.gguf", EMBER_TEST_TMP, tag, k_schemes[s]);
+        ember_error err = {0};
+        CHECKF(ember_quantize_to_gguf(dir, out, qs, &err) == EMBER_OK, "%s", err.msg);
+        CHECK(prompt_logits(out, f, 3, q) == 0);
+        double kl = mean_kl(ref, q, rows, f->vocab);
+        double bound = s == 0 ? 1e-3 : 5e-2;
+        fprintf(stderr, "%-8s %-7s mean KL %.3g (bound %g)\n", tag, k_schemes[s], kl, bound);
+        CHECKF(kl < bound, "%s %s: mean KL %g >= %g", tag, k_schemes[s], kl, bound);
+    }
+    free(ref);
+    free(q);
+}
+
+static void test_kl(void) {
+    static const char *const fams[] = {"llama", "qwen2", "qwen3", "mistral"};
+    for (int i = 0; i < 4; i++) {
+        fixture f;
+        fixture_open(&f, fams[i]);
+        kl_model(f.dir, fams[i], &f);
+        fixture_close(&f);
+    }
+    /* K types on real 256-multiples: a random llama, prompts of the llama fixture */
+    char dir[600], cfg[700], cmd[2048];
+    snprintf(dir, sizeof dir, "%s/qk256", EMBER_TEST_TMP);
+    snprintf(cfg, sizeof cfg, "%s/qk256.json", EMBER_TEST_TMP);
+    FILE *fp = fopen(cfg, "w");
+    CHECK(fp != NULL);
+    if (!fp) return;
+    fprintf(fp, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 512,"
+                " \"hidden_size\": 256, \"intermediate_size\": 512, \"num_hidden_layers\": 8, \"num_attention_heads\": 4,"
+                " \"num_key_value_heads\": 2, \"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-05,"
+                " \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}");
+    fclose(fp);
+    snprintf(cmd, sizeof cmd, "%s mkmodel --config %s --out %s --dtype f32 --std 0.02 --seed 7", EMBER_BIN, cfg, dir);
+    CHECK(system(cmd) == 0);
+    fixture f;
+    fixture_open(&f, "llama");
+    kl_model(dir, "qk256", &f);
+    fixture_close(&f);
+}
+
+/* 4 */
+static void test_batch_invariance(void) {
+    fixture f;
+    fixture_open(&f, "qwen2");
+    char out[700];
+    snprintf(out, sizeof out, "%s/bi-q4_k_m.gguf", EMBER_TEST_TMP);
+    ember_error err = {0};
+    CHECKF(ember_quantize_to_gguf(f.dir, out, EMBER_QSCHEME_Q4_K_M, &err) == EMBER_OK, "%s", err.msg);
+    snprintf(out, sizeof out, "%s/qwen2-q4_0.gguf", EMBER_TEST_TMP); /* written by test_kl */
+    const int V = f.vocab;
+    float *together[3], *alone[3];
+    for (int pass = 0; pass < 2; pass++) {
+        ember_model *m = load(out, EMBER_ISA_AUTO, pass ? 1 : 2, 3);
+        CHECK(m != NULL);
+        if (!m) return;
+        ember_request r[3];
+        memset(r, 0, sizeof r);
+        int32_t ids[3][8];
+        for (int i = 0; i < 3; i++) {
+            float **dst = pass ? alone : together;
+            dst[i] = malloc((size_t)(f.p[i].n + 7) * V * 4);
+            r[i].prompt = f.p[i].ids;
+            r[i].n_prompt = f.p[i].n;
+            r[i].max_new_tokens = 8;
+            r[i].ignore_eos = 1;
+            ember_sampling_init(&r[i].sampling);
+            r[i].out_ids = ids[i];
+            r[i].out_logits = dst[i];
+        }
+        if (pass == 0) {
+            CHECKF(ember_generate(m, r, 3, &err) == EMBER_OK, "%s", err.msg);
+        } else {
+            for (int i = 0; i < 3; i++) CHECKF(ember_generate(m, &r[i], 1, &err) == EMBER_OK, "%s", err.msg);
+        }
+        ember_model_free(m);
+    }
+    for (int i = 0; i < 3; i++) {
+        CHECKF(memcmp(together[i], alone[i], (size_t)(f.p[i].n + 7) * V * 4) == 0,
+               "quantized qwen2 prompt %d: batched (2 threads) and alone (1 thread) logits differ", i);
+        free(together[i]);
+        free(alone[i]);
+    }
+    fixture_close(&f);
+}
+
+/* 5: mutated copies of stories260K.gguf load or fail cleanly */
+static void test_corrupt(void) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/testdata/models/stories260K/stories260K.gguf", shared_dir());
+    FILE *fp = fopen(path, "rb");
+    CHECK(fp != NULL);
+    if (!fp) return;
+    fseek(fp, 0, SEEK_END);
+    size_t n = (size_t)ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *orig = malloc(n), *buf = malloc(n);
+    CHECK(fread(orig, 1, n, fp) == n);
+    fclose(fp);
+    const ember_gguf_tensor *first = NULL;
+    ember_gguf *g0 = NULL;
+    ember_error err = {0};
+    CHECK(ember_gguf_parse("x.gguf", orig, n, &g0, &err) == EMBER_OK);
+    size_t header = g0 ? g0->data_offset : 4096; /* mutate metadata and tensor infos */
+    (void)first;
+    ember_gguf_free(g0);
+    uint64_t rng = 12345;
+    int loaded = 0, failed = 0;
+    for (int it = 0; it < 400; it++) {
+        memcpy(buf, orig, n);
+        int flips = 1 + it % 4;
+        for (int k = 0; k < flips; k++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            size_t at = (size_t)(rng >> 33) % header;
+            buf[at] = (unsigned char)(rng >> 13);
+        }
+        size_t len = it % 10 == 9 ? (size_t)(rng >> 40) % n : n;
+        ember_gguf *f = NULL;
+        if (ember_gguf_parse("mut.gguf", buf, len, &f, &err) != EMBER_OK) {
+            failed++;
+            continue;
+        }
+        ember_backend *be = NULL;
+        ember_cpu_params cp = {1, EMBER_ISA_AUTO, true, {0}};
+        CHECK(ember_backend_cpu_new(&cp, &be, &err) == EMBER_OK);
+        ember_model_config cfg;
+        ember_llm *m = NULL;
+        if (ember_llm_from_gguf(f, be, &cfg, &m, &err) == EMBER_OK) loaded++;
+        else {
+            failed++;
+            CHECKF(err.msg[0] && !strchr(err.msg, '\n'), "bad message: %s", err.msg);
+        }
+        ember_llm_free(m);
+        ember_backend_free(be);
+    }
+    fprintf(stderr, "mutated stories260K: %d loaded, %d refused\n", loaded, failed);
+    CHECK(failed > 0);
+    free(orig);
+    free(buf);
+}
+
+int main(void) {
+    shared_dir();
+    test_stories();
+    test_tiny_random();
+    test_kl();
+    test_batch_invariance();
+    test_corrupt();
+    return test_done();
+}
