@@ -24,11 +24,11 @@ run_suite() { # build-dir cmake-args...
 }
 
 echo "== release build"
-run_suite build -DCMAKE_BUILD_TYPE=Release
+SOAK_SECONDS=${SOAK_SECONDS:-150} run_suite build -DCMAKE_BUILD_TYPE=Release
 if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DEMBER_SANITIZE=ON
+  SOAK_SECONDS=${ASAN_SOAK_SECONDS:-60} ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DEMBER_SANITIZE=ON
 fi
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
   echo "== fuzz targets (clang, libFuzzer + ASan + UBSan, ${FUZZ_SECONDS:-30} s each)"

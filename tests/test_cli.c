@@ -187,6 +187,33 @@ int main(void) {
         }
     }
 
+    /* text prompts: --prompt through the chat template gives the same tokens
+       as the template's text tokenized by hand and sent as --ids */
+    {
+        char demo[600], cmd[8192], out[8192], err[4096], ids[4096];
+        snprintf(demo, sizeof demo, "%s/demo", g_tmp);
+        snprintf(cmd, sizeof cmd, "%s mkmodel --preset demo --out %s", EMBER_BIN, demo);
+        CHECK(run(cmd, out, sizeof out, err, sizeof err) == 0);
+        snprintf(cmd, sizeof cmd, "%s tokenize --model %s --text '<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n'",
+                 EMBER_BIN, demo);
+        CHECK(run(cmd, ids, sizeof ids, err, sizeof err) == 0);
+        ids[strcspn(ids, "\n")] = 0;
+        for (char *q = ids; *q; q++)
+            if (*q == ' ') *q = ',';
+        char a[8192], b[8192];
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt Hello -n 12 --temp 0 --print-ids", EMBER_BIN, demo);
+        CHECK(run(cmd, a, sizeof a, err, sizeof err) == 0);
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s -n 12 --temp 0", EMBER_BIN, demo, ids);
+        CHECK(run(cmd, b, sizeof b, err, sizeof err) == 0);
+        CHECKF(a[0] && strcmp(a, b) == 0, "--prompt ids '%s' vs --ids '%s'", a, b);
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt Hello -n 12 --temp 0", EMBER_BIN, demo);
+        CHECK(run(cmd, a, sizeof a, err, sizeof err) == 0 && a[0]);
+        snprintf(args, sizeof args, "generate --model %s --prompt hi --ids 1", demo);
+        expect_fail(args, "exactly one of --ids and --prompt");
+        snprintf(args, sizeof args, "generate --model %s/fixtures/llama --prompt hi", EMBER_SHARED_DIR);
+        expect_fail(args, "tokenizer");
+    }
+
     /* paths that are not models */
     expect_fail("generate --model /nonexistent/model --ids 1", "/nonexistent/model: no such file");
     snprintf(d, sizeof d, "%s/empty", g_tmp);
@@ -270,7 +297,7 @@ int main(void) {
     expect_fail(args, "--seed expects a non-negative integer");
     expect_fail("generate --ids 1,2", "--model is required");
     snprintf(args, sizeof args, "generate --model %s", d);
-    expect_fail(args, "--ids is required");
+    expect_fail(args, "exactly one of --ids and --prompt");
     snprintf(args, sizeof args, "generate --model %s --ids", d);
     expect_fail(args, "--ids needs a value");
     snprintf(args, sizeof args, "logits --model %s --ids 1,2", d);

@@ -61,7 +61,8 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "%s tokenize --model %s/testdata/tokenizers/hf/qwen3 --file %s", EMBER_BIN, sd, path);
     CHECK(run(cmd, out, sizeof out, 0) == 0);
     char ids[1024];
-    snprintf(ids, sizeof ids, "%s", out);
+    int idn = snprintf(ids, sizeof ids, "%s", out);
+    CHECK(idn > 0 && (size_t)idn < sizeof ids);
     ids[strcspn(ids, "\n")] = 0;
     snprintf(cmd, sizeof cmd, "%s detokenize --model %s/testdata/tokenizers/hf/qwen3 --ids '%s'", EMBER_BIN, sd, ids);
     CHECK(run(cmd, out, sizeof out, 0) == 0 && strcmp(out, "line one\nline \xEF\xBF\xBD two\n\n") == 0);

@@ -29,4 +29,10 @@ typedef struct cli_model_opts {
 
 int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, ember_model **out);
 
+/* Reads a model directory's chat template (chat_template.jinja, else
+   tokenizer_config.json "chat_template"); *out stays NULL when there is
+   none. Prints the error and returns 1 when the template does not compile. */
+struct ember_chat_template;
+int cli_load_template(const char *verb, const char *model, struct ember_chat_template **out);
+
 #endif

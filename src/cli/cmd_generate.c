@@ -1,19 +1,83 @@
-/* cmd_generate.c - `ember generate`: prompt ids in, generated ids out. */
+/*
+ * cmd_generate.c - `ember generate`: a prompt in, generated tokens out.
+ * With --ids the prompt is token ids and the output is token ids; with
+ * --prompt the text goes through the model's chat template (unless --raw)
+ * and tokenizer, and the output is the generated text.
+ */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "args.h"
 #include "cli.h"
+#include "tok/chat.h"
+#include "tok/tokenizer.h"
+
+static char *id_text(const ember_tokenizer *t, int32_t id) {
+    size_t n;
+    const char *s = id >= 0 ? ember_tok_id_text(t, id, &n) : NULL;
+    char *r = malloc(s ? n + 1 : 1);
+    if (r && s) memcpy(r, s, n);
+    if (r) r[s ? n : 0] = 0;
+    return r;
+}
+
+/* Text prompt -> ids: the chat template (user message, optional system)
+   unless raw. Prints errors; returns 0 or 1. */
+static int text_prompt(const char *model, const ember_tokenizer *tok, const char *prompt, const char *system, bool raw,
+                       int32_t **ids, int *n_ids) {
+    ember_error err = {0};
+    char *text = NULL;
+    size_t len = 0;
+    unsigned flags = EMBER_TOK_ADD_SPECIAL;
+    if (!raw) {
+        ember_chat_template *tmpl = NULL;
+        if (cli_load_template("generate", model, &tmpl)) return 1;
+        if (!tmpl) return cli_fail("generate", "%s has no chat template: use --raw to send the text as it is", model);
+        json_t *msgs = json_array();
+        if (system) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
+        char *bos = id_text(tok, ember_tok_bos_id(tok)), *eos = id_text(tok, ember_tok_eos_id(tok));
+        json_t *vars = json_pack("{s:o, s:b, s:s, s:s}", "messages", msgs, "add_generation_prompt", 1, "bos_token",
+                                 bos ? bos : "", "eos_token", eos ? eos : "");
+        free(bos);
+        free(eos);
+        ember_chat_opts o;
+        memset(&o, 0, sizeof o);
+        o.extensions = true;
+        int rc = ember_chat_template_render(tmpl, vars, &o, &text, &len, &err);
+        json_decref(vars);
+        ember_chat_template_free(tmpl);
+        if (rc) return cli_fail("generate", "chat template: %s", err.msg);
+        prompt = text;
+        flags = 0; /* the template wrote the special tokens itself */
+    } else {
+        len = strlen(prompt);
+    }
+    size_t n = 0;
+    int rc = ember_tok_encode(tok, NULL, prompt, len, flags, ids, &n, &err);
+    free(text);
+    if (rc) return cli_fail("generate", "%s", err.msg);
+    if (n == 0) return cli_fail("generate", "the prompt is empty after tokenization");
+    *n_ids = (int)n;
+    return 0;
+}
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *ids_s = NULL, *isa = NULL;
+    const char *model = NULL, *ids_s = NULL, *isa = NULL, *prompt = NULL, *system = NULL;
     int n = 32, threads = 0, ctx = 0, top_k = 0;
     float temp = 0.8f, top_p = 1.0f, min_p = 0.0f;
     uint64_t seed = 0;
-    bool ignore_eos = false, verbose = false, use_mmap = false;
+    bool ignore_eos = false, verbose = false, use_mmap = false, raw = false, print_ids = false;
     cli_opt opts[] = {
         {"model", 'm', OPT_STR, &model, "DIR", "model directory (config.json + *.safetensors)", 0, 0, false},
-        {"ids", 0, OPT_STR, &ids_s, "LIST", "prompt token ids, e.g. 1,2,3", 0, 0, false},
+        {"ids", 0, OPT_STR, &ids_s, "LIST", "prompt token ids, e.g. 1,2,3 (output: ids)", 0, 0, false},
+        {"prompt", 'p', OPT_STR, &prompt, "TEXT", "prompt text, sent through the chat template (output: text)", 0, 0,
+         false},
+        {"system", 0, OPT_STR, &system, "TEXT", "a system message before the prompt", 0, 0, false},
+        {"raw", 0, OPT_FLAG, &raw, NULL, "tokenize --prompt as it is, without the chat template", 0, 0, false},
+        {"print-ids", 0, OPT_FLAG, &print_ids, NULL, "print token ids even for a text prompt", 0, 0, false},
         {"n", 'n', OPT_INT, &n, "N", "tokens to generate (default 32)", 0, 1 << 24, false},
         {"temp", 0, OPT_FLOAT, &temp, "T", "temperature; 0 = greedy (default 0.8)", 0, 100, false},
         {"top-k", 0, OPT_INT, &top_k, "K", "keep the K most likely tokens; 0 = off (default)", 0, 1 << 24, false},
@@ -27,21 +91,35 @@ int cmd_generate(int argc, char **argv) {
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
         {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log loading details to stderr", 0, 0, false},
     };
-    cli_cmd cmd = {"generate", "Generate tokens after a prompt and print their ids on one line, space-separated.",
-                   "--model DIR --ids LIST [options]",
+    cli_cmd cmd = {"generate",
+                   "Generate tokens after a prompt: ids in, ids out (one line, space-separated), or text in, text out.",
+                   "--model DIR (--ids LIST | --prompt TEXT) [options]",
                    "Generation stops after -n tokens or at an end-of-sequence id (printed) unless --ignore-eos.",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc) return rc == 2 ? 0 : 1;
     if (!model) return cli_fail("generate", "--model is required (see 'ember generate --help')");
-    if (!ids_s) return cli_fail("generate", "--ids is required (text prompts arrive with the tokenizer)");
-    int32_t *ids;
-    int n_ids;
-    if (cli_parse_ids("generate", "ids", ids_s, &ids, &n_ids)) return 1;
+    if (!ids_s == !prompt) return cli_fail("generate", "give exactly one of --ids and --prompt");
+    if ((raw || system) && !prompt) return cli_fail("generate", "--raw and --system go with --prompt");
+    if (raw && system) return cli_fail("generate", "--system needs the chat template (leave out --raw)");
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    ember_tokenizer *tok = NULL;
+    if (prompt) {
+        ember_error terr = {0};
+        if (ember_tok_load(model, &tok, &terr)) return cli_fail("generate", "%s", terr.msg);
+        if (text_prompt(model, tok, prompt, system, raw, &ids, &n_ids)) {
+            ember_tok_free(tok);
+            return 1;
+        }
+    } else if (cli_parse_ids("generate", "ids", ids_s, &ids, &n_ids)) {
+        return 1;
+    }
     ember_model *m;
     cli_model_opts mo = {threads, ctx, 1, isa, verbose, use_mmap};
     if (cli_load_model("generate", model, &mo, &m)) {
         free(ids);
+        ember_tok_free(tok);
         return 1;
     }
     int32_t *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
@@ -59,7 +137,21 @@ int cmd_generate(int argc, char **argv) {
     r.out_ids = out;
     ember_error err = {0};
     rc = out ? ember_generate(m, &r, 1, &err) : EMBER_ERR_NOMEM;
-    if (rc == EMBER_OK) {
+    if (rc == EMBER_OK && tok && !print_ids) {
+        char *text = NULL;
+        size_t len = 0;
+        int32_t nv = ember_tok_n_vocab(tok);
+        int k = 0; /* ids the tokenizer lacks (model padding rows) print nothing */
+        for (int i = 0; i < r.n_out; i++)
+            if (out[i] < nv) out[k++] = out[i];
+        if (ember_tok_decode(tok, out, (size_t)k, EMBER_TOK_SKIP_SPECIAL, &text, &len, &err) == EMBER_OK) {
+            fwrite(text, 1, len, stdout);
+            printf("\n");
+        } else {
+            rc = cli_fail("generate", "%s", err.msg);
+        }
+        free(text);
+    } else if (rc == EMBER_OK) {
         for (int i = 0; i < r.n_out; i++) printf("%s%d", i ? " " : "", out[i]);
         printf("\n");
     } else {
@@ -67,6 +159,7 @@ int cmd_generate(int argc, char **argv) {
     }
     free(out);
     free(ids);
+    ember_tok_free(tok);
     ember_model_free(m);
     return rc == EMBER_OK ? 0 : 1;
 }

@@ -166,35 +166,6 @@ static int resolve_model(const char *arg, char *out, size_t n, char *id, size_t 
     return 0;
 }
 
-/* Reads the chat template: tokenizer_config.json, chat_template.jinja, or
-   NULL when the model has none (chat requests are then refused). */
-static int load_template(const char *model, ember_chat_template **out) {
-    *out = NULL;
-    if (!is_dir(model)) return 0; /* GGUF templates: read by the tokenizer work */
-    char p[4096], *text = NULL;
-    size_t len = 0;
-    ember_error err = {0};
-    const char *src = NULL;
-    json_t *cfg = NULL;
-    if (pcat(p, sizeof p, model, "/chat_template.jinja") && is_file(p) &&
-        !ember_read_file(p, 4 << 20, &text, &len, &err)) {
-        src = text;
-    } else {
-        if (pcat(p, sizeof p, model, "/tokenizer_config.json") && is_file(p) &&
-            !ember_read_file(p, 64 << 20, &text, &len, &err)) {
-            cfg = json_loadb(text, len, 0, NULL);
-            src = ember_chat_template_from_config(cfg, NULL);
-            if (src) len = strlen(src);
-        }
-    }
-    int rc = 0;
-    if (src && ember_chat_template_compile(src, len, out, &err))
-        rc = cli_fail("serve", "%s: chat template does not compile: %s", p, err.msg);
-    json_decref(cfg);
-    free(text);
-    return rc;
-}
-
 static size_t parse_size(const char *s, bool *ok) {
     char *end;
     errno = 0;
@@ -301,7 +272,7 @@ int cmd_serve(int argc, char **argv) {
         return cli_fail("serve", "%s", err.msg);
     }
     ember_chat_template *tmpl = NULL;
-    if (load_template(path, &tmpl)) {
+    if (cli_load_template("serve", path, &tmpl)) {
         ember_tok_free(tok);
         ember_model_free(m);
         return 1;

@@ -1,8 +1,16 @@
 /* common.c - helpers shared by the verbs. */
+#define _POSIX_C_SOURCE 200809L
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 #include "args.h"
 #include "cli.h"
+#include "core/mapfile.h"
+#include "formats/gguf.h"
+#include "tok/chat.h"
 
 static void log_stderr(void *user, ember_log_level level, const char *msg) {
     (void)user;
@@ -27,3 +35,48 @@ int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, 
     if (ember_model_load(path, &p, out, &err) != EMBER_OK) return cli_fail(verb, "%s", err.msg);
     return 0;
 }
+
+/* Reads the chat template: tokenizer_config.json, chat_template.jinja, or
+   NULL when the model has none (chat requests are then refused). */
+int cli_load_template(const char *verb, const char *model, ember_chat_template **out) {
+    *out = NULL;
+    struct stat st;
+    if (stat(model, &st) != 0) return 0;
+    if (!S_ISDIR(st.st_mode)) { /* a GGUF file: tokenizer.chat_template */
+        ember_gguf *g = NULL;
+        ember_error gerr = {0};
+        if (ember_gguf_open(model, &g, &gerr)) return 0; /* not ours to report: loading the model will */
+        const char *src = NULL;
+        size_t n = 0;
+        int rc = 0;
+        if (ember_gguf_find_kv(g, "tokenizer.chat_template") &&
+            ember_gguf_get_str(g, "tokenizer.chat_template", &src, &n, &gerr) == EMBER_OK &&
+            ember_chat_template_compile(src, n, out, &gerr))
+            rc = cli_fail(verb, "%s: chat template does not compile: %s", model, gerr.msg);
+        ember_gguf_free(g);
+        return rc;
+    }
+    char p[4096], *text = NULL;
+    size_t len = 0;
+    ember_error err = {0};
+    const char *src = NULL;
+    json_t *cfg = NULL;
+    snprintf(p, sizeof p, "%.4000s/chat_template.jinja", model);
+    if (stat(p, &st) == 0 && !ember_read_file(p, 4 << 20, &text, &len, &err)) {
+        src = text;
+    } else {
+        snprintf(p, sizeof p, "%.4000s/tokenizer_config.json", model);
+        if (stat(p, &st) == 0 && !ember_read_file(p, 64 << 20, &text, &len, &err)) {
+            cfg = json_loadb(text, len, 0, NULL);
+            src = ember_chat_template_from_config(cfg, NULL);
+            if (src) len = strlen(src);
+        }
+    }
+    int rc = 0;
+    if (src && ember_chat_template_compile(src, len, out, &err))
+        rc = cli_fail(verb, "%s: chat template does not compile: %s", p, err.msg);
+    json_decref(cfg);
+    free(text);
+    return rc;
+}
+

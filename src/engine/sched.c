@@ -221,9 +221,9 @@ void ember_engine_free(ember_engine *e) {
     free(e);
 }
 
-static void end_stream(ember_engine *e, ember_stream *s, ember_finish finish, int n_prompt, int n_gen, int n_cached,
-                       int code, const char *msg) {
-    (void)e;
+/* Pushes the final event and drops the engine's reference to s. */
+static void end_stream(ember_stream *s, ember_finish finish, int n_prompt, int n_gen, int n_cached, int code,
+                       const char *msg) {
     ember_event ev;
     memset(&ev, 0, sizeof ev);
     ev.kind = EMBER_EV_DONE;
@@ -256,7 +256,7 @@ static void release_row(ember_engine *e, row *r, ember_finish finish, int code, 
     e->stats.cached_tokens_total += (uint64_t)r->n_cached;
     pthread_mutex_unlock(&e->mu);
     publish_stats(e);
-    end_stream(e, s, finish, r->n_prompt, r->n_gen, r->n_cached, code, msg);
+    end_stream(s, finish, r->n_prompt, r->n_gen, r->n_cached, code, msg);
 }
 
 static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
@@ -291,7 +291,7 @@ static void admit(ember_engine *e) {
         row *r = &e->rows[best];
         ember_error err = {0};
         if (ember_sampler_configure(r->sampler, &s->g.sampling, &err) != EMBER_OK) {
-            end_stream(e, s, EMBER_FINISH_ERROR, s->g.n_prompt, 0, 0, err.code, err.msg);
+            end_stream(s, EMBER_FINISH_ERROR, s->g.n_prompt, 0, 0, err.code, err.msg);
             continue;
         }
         ember_kv_trim(m->kv, best, best_len, NULL);
@@ -319,7 +319,7 @@ static void drop_cancelled_waiting(ember_engine *e) {
             pthread_mutex_lock(&e->mu);
             e->queued--;
             pthread_mutex_unlock(&e->mu);
-            end_stream(e, s, EMBER_FINISH_CANCELLED, s->g.n_prompt, 0, 0, 0, NULL);
+            end_stream(s, EMBER_FINISH_CANCELLED, s->g.n_prompt, 0, 0, 0, NULL);
         } else {
             prev = s;
             pp = &s->next;
@@ -533,7 +533,7 @@ static void *engine_main(void *arg) {
     while (e->wait_head) {
         ember_stream *s = e->wait_head;
         e->wait_head = s->next;
-        end_stream(e, s, EMBER_FINISH_CANCELLED, s->g.n_prompt, 0, 0, 0, NULL);
+        end_stream(s, EMBER_FINISH_CANCELLED, s->g.n_prompt, 0, 0, 0, NULL);
     }
     e->wait_tail = NULL;
     publish_stats(e);

@@ -14,7 +14,11 @@
  * unsigned bytes, maddubs with the activations, then the sub-block scales
  * as int16 multipliers (dpwssd / madd); integer totals are reduced exactly
  * and combined in f32 as qkern.h defines.
- * No state; tiles write only their own outputs.
+ * Decode (fewer than QB_MIN_ROWS input rows) uses register tiles with a
+ * software prefetch of the next tile; prefill uses q32_big / qk_big, which
+ * unpack each weight tile once per 64 input rows. Both run the same
+ * per-output operation sequence, so they give the same bits.
+ * No state besides stack buffers; tiles write only their own outputs.
  */
 #include "qkern.h"
 
@@ -345,14 +349,40 @@ ALWAYS_INLINE void qk_unpack(const unsigned char *blk, qk_unpacked *u, const int
     }
 }
 
-ALWAYS_INLINE void qk_tile(const unsigned char *w, size_t w_row, const unsigned char *x, size_t x_row, int nb,
-                           float *out, size_t ldo, const int NW, const int NX, const int T) {
-    const size_t bb = T == EMBER_Q4_K ? 144 : T == EMBER_Q5_K ? 176 : 210;
-    float acc[2][4] = {{0}};
+/* acc after one weight super-block (unpacked) against activation block y. */
+ALWAYS_INLINE float qk_step(const qk_unpacked *u, const unsigned char *y, float acc, const int T) {
 #ifndef EMBER_VNNI
     const __m512i ones = _mm512_set1_epi16(1);
     (void)ones;
 #endif
+    float yd;
+    memcpy(&yd, y, 4);
+    __m256i bsums = _mm256_loadu_si256((const __m256i *)(y + 4));
+    __m512i s = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        __m512i t = _mm512_maddubs_epi16(u->q[c], _mm512_loadu_si512((const void *)(y + 36 + 64 * c)));
+#ifdef EMBER_VNNI
+        s = _mm512_dpwssd_epi32(s, t, u->sc[c]);
+#else
+        s = _mm512_add_epi32(s, _mm512_madd_epi16(t, u->sc[c]));
+#endif
+    }
+    int32_t s1 = _mm512_reduce_add_epi32(s);
+    __m256i m = _mm256_madd_epi16(bsums, u->bs_mul);
+    __m128i m2 = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    m2 = _mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0x4e));
+    m2 = _mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0xb1));
+    int32_t s2 = _mm_cvtsi128_si32(m2);
+    if (T == EMBER_Q6_K) return __builtin_fmaf(u->d * yd, (float)(s1 - 32 * s2), acc);
+    acc = __builtin_fmaf(u->d * yd, (float)s1, acc);
+    return __builtin_fmaf(-(u->dmin * yd), (float)s2, acc);
+}
+
+ALWAYS_INLINE void qk_tile(const unsigned char *w, size_t w_row, const unsigned char *x, size_t x_row, int nb,
+                           float *out, size_t ldo, const int NW, const int NX, const int T) {
+    const size_t bb = T == EMBER_Q4_K ? 144 : T == EMBER_Q5_K ? 176 : 210;
+    float acc[2][4] = {{0}};
     for (int b = 0; b < nb; b++) {
         qk_unpacked u[2];
         q_prefetch_next(w, (size_t)NW * w_row, b, nb);
@@ -361,43 +391,57 @@ ALWAYS_INLINE void qk_tile(const unsigned char *w, size_t w_row, const unsigned 
 #pragma GCC unroll 4
         for (int j = 0; j < NX; j++) {
             const unsigned char *y = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act256);
-            float yd;
-            memcpy(&yd, y, 4);
-            __m256i bsums = _mm256_loadu_si256((const __m256i *)(y + 4));
-            __m512i yv[4];
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) yv[c] = _mm512_loadu_si512((const void *)(y + 36 + 64 * c));
 #pragma GCC unroll 2
-            for (int i = 0; i < NW; i++) {
-                __m512i s = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    __m512i t = _mm512_maddubs_epi16(u[i].q[c], yv[c]);
-#ifdef EMBER_VNNI
-                    s = _mm512_dpwssd_epi32(s, t, u[i].sc[c]);
-#else
-                    s = _mm512_add_epi32(s, _mm512_madd_epi16(t, u[i].sc[c]));
-#endif
-                }
-                int32_t s1 = _mm512_reduce_add_epi32(s);
-                __m256i m = _mm256_madd_epi16(bsums, u[i].bs_mul);
-                __m128i m2 = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-                m2 = _mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0x4e));
-                m2 = _mm_add_epi32(m2, _mm_shuffle_epi32(m2, 0xb1));
-                int32_t s2 = _mm_cvtsi128_si32(m2);
-                if (T == EMBER_Q6_K) {
-                    acc[i][j] = __builtin_fmaf(u[i].d * yd, (float)(s1 - 32 * s2), acc[i][j]);
-                } else {
-                    acc[i][j] = __builtin_fmaf(u[i].d * yd, (float)s1, acc[i][j]);
-                    acc[i][j] = __builtin_fmaf(-(u[i].dmin * yd), (float)s2, acc[i][j]);
-                }
-            }
+            for (int i = 0; i < NW; i++) acc[i][j] = qk_step(&u[i], y, acc[i][j], T);
         }
     }
 #pragma GCC unroll 2
     for (int i = 0; i < NW; i++)
 #pragma GCC unroll 4
         for (int j = 0; j < NX; j++) out[(size_t)j * ldo + (size_t)i] = acc[i][j];
+}
+
+/* K types, many activation rows: each weight super-block of QK_NW rows is
+   unpacked once per chunk and reused by every row of a 64-row m-block; the
+   per-output sequence of qk_step calls is unchanged, so are the bits. */
+#define QK_NW 2
+#define QK_KC 8
+ALWAYS_INLINE void qk_big(const unsigned char *w, size_t w_row, int nn, const unsigned char *x, size_t x_row, int mm,
+                          int nb, float *out, size_t ldo, const int T) {
+    const size_t bb = T == EMBER_Q4_K ? 144 : T == EMBER_Q5_K ? 176 : 210;
+    qk_unpacked u[QK_NW][QK_KC];
+    float acc[QK_NW][QB_MB];
+    for (int n0 = 0; n0 < nn; n0 += QK_NW) {
+        const int nw = nn - n0 < QK_NW ? nn - n0 : QK_NW;
+        for (int m0 = 0; m0 < mm; m0 += QB_MB) {
+            const int mb = mm - m0 < QB_MB ? mm - m0 : QB_MB;
+            for (int i = 0; i < nw; i++)
+                for (int j = 0; j < mb; j++) acc[i][j] = 0.0f;
+            for (int b0 = 0; b0 < nb; b0 += QK_KC) {
+                const int bc = nb - b0 < QK_KC ? nb - b0 : QK_KC;
+                for (int i = 0; i < nw; i++)
+                    for (int b = 0; b < bc; b++) qk_unpack(w + (size_t)(n0 + i) * w_row + (size_t)(b0 + b) * bb, &u[i][b], T);
+                for (int j = 0; j < mb; j++) {
+                    const unsigned char *y = x + (size_t)(m0 + j) * x_row + (size_t)b0 * sizeof(cpu_act256);
+                    if (nw == QK_NW) {
+                        float a0 = acc[0][j], a1 = acc[1][j];
+                        for (int b = 0; b < bc; b++) {
+                            const unsigned char *yb = y + (size_t)b * sizeof(cpu_act256);
+                            a0 = qk_step(&u[0][b], yb, a0, T);
+                            a1 = qk_step(&u[1][b], yb, a1, T);
+                        }
+                        acc[0][j] = a0;
+                        acc[1][j] = a1;
+                    } else {
+                        for (int b = 0; b < bc; b++)
+                            acc[0][j] = qk_step(&u[0][b], y + (size_t)b * sizeof(cpu_act256), acc[0][j], T);
+                    }
+                }
+            }
+            for (int i = 0; i < nw; i++)
+                for (int j = 0; j < mb; j++) out[(size_t)(m0 + j) * ldo + (size_t)(n0 + i)] = acc[i][j];
+        }
+    }
 }
 
 /* Tiles over nn weight rows x mm activation rows, activation rows blocked
@@ -448,6 +492,17 @@ QGEMM_DRIVER(CAT(KPREFIX, q5_0_small), q32_tile, EMBER_Q5_0, QTW, QTX)
 Q32_ENTRY(CAT(KPREFIX, q8_0), CAT(KPREFIX, q8_0_small), EMBER_Q8_0)
 Q32_ENTRY(CAT(KPREFIX, q4_0), CAT(KPREFIX, q4_0_small), EMBER_Q4_0)
 Q32_ENTRY(CAT(KPREFIX, q5_0), CAT(KPREFIX, q5_0_small), EMBER_Q5_0)
-QGEMM_DRIVER(CAT(KPREFIX, q4_k), qk_tile, EMBER_Q4_K, 2, 4)
-QGEMM_DRIVER(CAT(KPREFIX, q5_k), qk_tile, EMBER_Q5_K, 2, 4)
-QGEMM_DRIVER(CAT(KPREFIX, q6_k), qk_tile, EMBER_Q6_K, 2, 4)
+QGEMM_DRIVER(CAT(KPREFIX, q4_k_small), qk_tile, EMBER_Q4_K, 2, 4)
+QGEMM_DRIVER(CAT(KPREFIX, q5_k_small), qk_tile, EMBER_Q5_K, 2, 4)
+QGEMM_DRIVER(CAT(KPREFIX, q6_k_small), qk_tile, EMBER_Q6_K, 2, 4)
+#define QK_ENTRY(name, small, T)                                                                                  \
+    static void name(const void *w, size_t w_row, int nn, const void *xa, size_t xa_row, int mm, int K, float *out, \
+                     size_t ldo) {                                                                                \
+        if (mm < QB_MIN_ROWS)                                                                                     \
+            small(w, w_row, nn, xa, xa_row, mm, K, out, ldo);                                                     \
+        else                                                                                                      \
+            qk_big(w, w_row, nn, xa, xa_row, mm, K / 256, out, ldo, T);                                           \
+    }
+QK_ENTRY(CAT(KPREFIX, q4_k), CAT(KPREFIX, q4_k_small), EMBER_Q4_K)
+QK_ENTRY(CAT(KPREFIX, q5_k), CAT(KPREFIX, q5_k_small), EMBER_Q5_K)
+QK_ENTRY(CAT(KPREFIX, q6_k), CAT(KPREFIX, q6_k_small), EMBER_Q6_K)
