@@ -89,6 +89,9 @@ typedef struct ember_model_params {
     int n_ctx;            /* max tokens per row; <= 0: min(model max, 4096) */
     int n_rows;           /* rows (sequences) the KV cache holds; <= 0: 1 */
     int max_batch_tokens; /* tokens per forward step; <= 0: 512 */
+    size_t kv_budget;     /* > 0: bytes the KV cache may take; a default
+                             context is lowered to fit, an explicit one that
+                             does not fit is an error */
     int use_mmap;         /* nonzero: compute straight from the mapped files
                              (less memory, slower decode on most machines);
                              0: copy weights into huge-page backed memory */

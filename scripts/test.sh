@@ -27,7 +27,9 @@ echo "== release build"
 SOAK_SECONDS=${SOAK_SECONDS:-150} run_suite build -DCMAKE_BUILD_TYPE=Release
 if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
-  SOAK_SECONDS=${ASAN_SOAK_SECONDS:-60} ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  # ASan's quarantine grows RSS by design: the soak's RSS check is lifted here and
+  # LeakSanitizer (non-zero exit of the server on a leak) does that job instead
+  SOAK_SECONDS=${ASAN_SOAK_SECONDS:-60} SOAK_MAX_RSS_SLOPE_KIB=1000000000 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DEMBER_SANITIZE=ON
 fi
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then

@@ -88,7 +88,25 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
         if ((rc = ember_llm_load(&m->cfg, m->weights, m->be, &m->llm, err))) goto fail;
     }
     if (p.n_rows <= 0) p.n_rows = 1;
-    if (p.n_ctx <= 0) p.n_ctx = m->cfg.max_pos < 4096 ? m->cfg.max_pos : 4096;
+    bool ctx_default = p.n_ctx <= 0;
+    if (ctx_default) p.n_ctx = m->cfg.max_pos < 4096 ? m->cfg.max_pos : 4096;
+    if (p.kv_budget > 0) { /* rows x context must fit the KV budget */
+        size_t per_pos = ember_kv_bytes(m->cfg.n_layers, p.n_rows, 1, m->cfg.n_kv_heads, m->cfg.head_dim);
+        size_t fit = per_pos ? p.kv_budget / per_pos : 0;
+        if ((size_t)p.n_ctx > fit) {
+            if (!ctx_default || fit < 16) {
+                rc = ember_err(err, EMBER_ERR_NOMEM,
+                               "the KV cache for %d rows x %d positions needs %.2f GiB, over the budget of %.2f GiB "
+                               "(fewer rows or a shorter context would fit)",
+                               p.n_rows, p.n_ctx, (double)per_pos * p.n_ctx / (1 << 30),
+                               (double)p.kv_budget / (1 << 30));
+                goto fail;
+            }
+            ember_log(&m->log, EMBER_LOG_WARN, "context lowered from %d to %d positions to fit the KV budget", p.n_ctx,
+                      (int)(fit & ~(size_t)15));
+            p.n_ctx = (int)(fit & ~(size_t)15);
+        }
+    }
     if (p.n_ctx > m->cfg.max_pos)
         ember_log(&m->log, EMBER_LOG_WARN, "context %d exceeds the model's max_position_embeddings %d", p.n_ctx,
                   m->cfg.max_pos);

@@ -25,6 +25,7 @@ typedef struct cli_model_opts {
     int threads, ctx, rows;
     const char *isa; /* NULL: auto */
     bool verbose, use_mmap;
+    size_t kv_budget; /* 0: none */
 } cli_model_opts;
 
 int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, ember_model **out);

@@ -69,7 +69,7 @@ int cmd_bench(int argc, char **argv) {
     for (int ti = 0; ti < n_thr; ti++) {
         int ctx = n_prompt + n_gen + 1;
         ember_model *m;
-        cli_model_opts mo = {thr[ti], ctx, 1, isa, false, use_mmap};
+        cli_model_opts mo = {thr[ti], ctx, 1, isa, false, use_mmap, 0};
         if (cli_load_model("bench", model, &mo, &m)) return 1;
         ember_model_info info;
         ember_model_get_info(m, &info);

@@ -116,7 +116,7 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     ember_model *m;
-    cli_model_opts mo = {threads, ctx, 1, isa, verbose, use_mmap};
+    cli_model_opts mo = {threads, ctx, 1, isa, verbose, use_mmap, 0};
     if (cli_load_model("generate", model, &mo, &m)) {
         free(ids);
         ember_tok_free(tok);

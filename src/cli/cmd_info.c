@@ -14,7 +14,7 @@ int cmd_info(int argc, char **argv) {
     if (rc) return rc == 2 ? 0 : 1;
     if (!model) return cli_fail("info", "--model is required");
     ember_model *m;
-    cli_model_opts mo = {1, 0, 1, NULL, false, true};
+    cli_model_opts mo = {1, 0, 1, NULL, false, true, 0};
     if (cli_load_model("info", model, &mo, &m)) return 1;
     ember_model_info i;
     ember_model_get_info(m, &i);

@@ -30,7 +30,7 @@ int cmd_logits(int argc, char **argv) {
     int n_ids;
     if (cli_parse_ids("logits", "ids", ids_s, &ids, &n_ids)) return 1;
     ember_model *m;
-    cli_model_opts mo = {threads, ctx, 1, isa, verbose, use_mmap};
+    cli_model_opts mo = {threads, ctx, 1, isa, verbose, use_mmap, 0};
     if (cli_load_model("logits", model, &mo, &m)) {
         free(ids);
         return 1;

@@ -1,8 +1,11 @@
 /*
  * cmd_quantize.c - `ember quantize`: writes a quantized copy of an F32 /
- * F16 / BF16 safetensors model as a GGUF file (q8_0, q4_0, q4_k_m) that
- * Ember and llama.cpp both load. The tensor type rules are in
- * src/model/quantize.h. Runs on the calling thread plus a worker pool.
+ * F16 / BF16 safetensors model, either as a GGUF file (q8_0, q4_0, q4_k_m)
+ * that Ember and llama.cpp both load, or as an MLX affine-quantized model
+ * directory in the mlx-community layout (mlx2 .. mlx8, mlx_mixed_B_H) that
+ * Ember and mlx-lm both load. The tensor type rules are in
+ * src/model/quantize.h and src/model/quantize_mlx.h. Runs on the calling
+ * thread plus a worker pool.
  */
 #include <stdio.h>
 #include <string.h>
@@ -10,27 +13,56 @@
 #include "args.h"
 #include "cli.h"
 #include "model/quantize.h"
+#include "model/quantize_mlx.h"
 
 int cmd_quantize(int argc, char **argv) {
-    const char *model = NULL, *type = NULL, *out = NULL;
+    const char *model = NULL, *type = NULL, *out = NULL, *scale_dtype = NULL;
+    int group_size = 64;
     cli_opt opts[] = {
         {"model", 'm', OPT_STR, &model, "DIR", "input model directory (config.json + F32/F16/BF16 safetensors)", 0, 0,
          false},
-        {"type", 0, OPT_STR, &type, "TYPE", "q8_0, q4_0 or q4_k_m", 0, 0, false},
-        {"out", 'o', OPT_STR, &out, "FILE", "the GGUF file to write", 0, 0, false},
+        {"type", 0, OPT_STR, &type, "TYPE", "q8_0, q4_0, q4_k_m, mlx2..mlx8 (mlx2, mlx3, mlx4, mlx5, mlx6, mlx8) or mlx_mixed_B_H",
+         0, 0, false},
+        {"out", 'o', OPT_STR, &out, "PATH", "the GGUF file (q*) or model directory (mlx*) to write", 0, 0, false},
+        {"group-size", 0, OPT_INT, &group_size, "N", "mlx types: elements per scale / bias group (32, 64, 128)", 32, 128,
+         false},
+        {"scale-dtype", 0, OPT_STR, &scale_dtype, "T",
+         "mlx types: dtype of scales and biases (f32, f16, bf16; default: each matrix's own)", 0, 0, false},
     };
-    cli_cmd cmd = {"quantize", "Write a quantized GGUF copy of a model.", "--model DIR --type q8_0|q4_0|q4_k_m --out FILE",
+    cli_cmd cmd = {"quantize", "Write a quantized copy of a model (GGUF file or MLX directory).",
+                   "--model DIR --type q8_0|q4_0|q4_k_m|mlx4|mlx8|... --out PATH",
                    "q4_k_m follows llama.cpp's mix: Q4_K, with Q6_K for the output matrix and for attn_v /\n"
                    "ffn_down of some layers (rows not a multiple of 256 fall back to Q5_0 / Q8_0).\n"
-                   "Models without a tokenizer get llama.cpp's 'none' vocabulary of vocab_size dummy tokens.",
+                   "GGUF models without a tokenizer get llama.cpp's 'none' vocabulary of vocab_size dummy tokens.\n"
+                   "mlx<B> quantizes every matrix whose rows are whole groups to B bits with mlx-lm's\n"
+                   "affine quantizer and writes config.json, model.safetensors and the tokenizer files;\n"
+                   "mlx_mixed_B_H is mlx-lm's mixed recipe (H bits for lm_head and some v_proj / down_proj).",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc) return rc == 2 ? 0 : 1;
     if (!model || !type || !out) return cli_fail("quantize", "--model, --type and --out are required");
-    ember_qscheme s;
-    if (!ember_qscheme_parse(type, &s))
-        return cli_fail("quantize", "unknown --type '%s' (expected q8_0, q4_0 or q4_k_m)", type);
     ember_error err = {0};
-    if (ember_quantize_to_gguf(model, out, s, &err)) return cli_fail("quantize", "%s", err.msg);
+    ember_qscheme s;
+    ember_mlx_qopts mo = {0, group_size, 0, EMBER_DTYPE_INVALID};
+    if (ember_qscheme_parse(type, &s)) {
+        if (ember_quantize_to_gguf(model, out, s, &err)) return cli_fail("quantize", "%s", err.msg);
+        return 0;
+    }
+    if (!ember_mlx_qtype_parse(type, &mo.bits, &mo.high_bits))
+        return cli_fail("quantize",
+                        "unknown --type '%s' (expected q8_0, q4_0, q4_k_m, mlx2, mlx3, mlx4, mlx5, mlx6, mlx8 or "
+                        "mlx_mixed_B_H)",
+                        type);
+    if (group_size != 32 && group_size != 64 && group_size != 128)
+        return cli_fail("quantize", "--group-size must be 32, 64 or 128");
+    if (scale_dtype) {
+        mo.scale_dtype = strcmp(scale_dtype, "f32") == 0    ? EMBER_F32
+                         : strcmp(scale_dtype, "f16") == 0  ? EMBER_F16
+                         : strcmp(scale_dtype, "bf16") == 0 ? EMBER_BF16
+                                                            : EMBER_DTYPE_INVALID;
+        if (mo.scale_dtype == EMBER_DTYPE_INVALID)
+            return cli_fail("quantize", "--scale-dtype must be f32, f16 or bf16");
+    }
+    if (ember_quantize_to_mlx(model, out, &mo, &err)) return cli_fail("quantize", "%s", err.msg);
     return 0;
 }

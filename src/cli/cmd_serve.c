@@ -253,18 +253,10 @@ int cmd_serve(int argc, char **argv) {
     }
     int min_level = verbose ? EMBER_LOG_DEBUG : EMBER_LOG_INFO;
     ember_model *m;
-    cli_model_opts mo = {threads, ctx ? ctx : 0, parallel, isa, false, use_mmap};
+    cli_model_opts mo = {threads, ctx, parallel, isa, false, use_mmap, kv_budget};
     if (cli_load_model("serve", path, &mo, &m)) return 1;
     ember_model_info info;
     ember_model_get_info(m, &info);
-    size_t kv = (size_t)info.n_layers * (size_t)info.n_rows * (size_t)info.n_ctx * (size_t)info.n_kv_heads *
-                (size_t)info.head_dim * 8;
-    if (kv > kv_budget) {
-        ember_model_free(m);
-        return cli_fail("serve", "the KV cache for %d requests x %d tokens needs %.1f GiB, over the budget of %.1f GiB: "
-                                 "lower --parallel or --ctx, or raise --kv-budget",
-                        info.n_rows, info.n_ctx, (double)kv / (1 << 30), (double)kv_budget / (1 << 30));
-    }
     ember_tokenizer *tok = NULL;
     ember_error err = {0};
     if (ember_tok_load(path, &tok, &err)) {
