@@ -9,6 +9,7 @@
  * pool's workers only encode disjoint row ranges.
  */
 #include "quantize.h"
+#include "tok_export.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -247,7 +248,7 @@ static int permute_rows(float *w, int64_t rows, int64_t cols, int heads, ember_e
     return EMBER_OK;
 }
 
-static int write_metadata(ember_gguf_writer *g, const ember_model_config *c, const char *arch, ember_qscheme s,
+static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_model_config *c, const char *arch, ember_qscheme s,
                           ember_error *err) {
     char k[128];
     int rc = 0;
@@ -286,8 +287,12 @@ static int write_metadata(ember_gguf_writer *g, const ember_model_config *c, con
     if (same && (rc = ember_gguf_set_u32(g, KEY("attention.sliding_window"), (uint32_t)c->layer_window[0], err)))
         return rc;
 #undef KEY
-    /* No tokenizer export yet: llama.cpp's "none" vocabulary (dummy tokens
-       of ARCH.vocab_size), plus the special ids Ember reads. */
+    /* the model's own tokenizer when it has one we can write; otherwise
+       llama.cpp's "none" vocabulary (dummy tokens of ARCH.vocab_size), plus
+       the special ids Ember reads */
+    ember_error terr = {0};
+    if (in_dir && ember_gguf_write_tokenizer(g, in_dir, c->vocab_size, &terr) == EMBER_OK) return EMBER_OK;
+    if (terr.code != EMBER_ERR_UNSUPPORTED && terr.code != EMBER_OK) return ember_err(err, terr.code, "%s", terr.msg);
     if ((rc = ember_gguf_set_str(g, "tokenizer.ggml.model", "none", err))) return rc;
     if (c->bos_id >= 0 && (rc = ember_gguf_set_u32(g, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id, err)))
         return rc;
@@ -332,7 +337,7 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
     }
     bool llama = strcmp(cfg.model_type, "llama") == 0 || strcmp(cfg.model_type, "mistral") == 0;
     const char *arch = llama ? "llama" : cfg.model_type;
-    if ((rc = write_metadata(g, &cfg, arch, s, err))) goto done;
+    if ((rc = write_metadata(g, in_dir, &cfg, arch, s, err))) goto done;
     if (cfg.rope.type == EMBER_ROPE_LLAMA3 && (rc = add_rope_freqs(g, &cfg, err))) goto done;
     bool tied = cfg.tie_embeddings || !ember_weights_find(w, "lm_head.weight", NULL);
     for (int f = 0; f < w->n_files && !rc; f++) {
