@@ -4,15 +4,18 @@
 # threads, for random-weight models of Qwen2.5-0.5B's and Llama-3.2-1B's
 # shapes in Q8_0, Q4_0 and Q4_K_M written by `ember quantize`.
 #
-# usage: bench/quant_vs_llamacpp.sh EMBER_BIN LLAMA_BENCH_BIN MODELS_DIR [ROUNDS] [REPEATS]
+# usage: bench/quant_vs_llamacpp.sh EMBER_BIN LLAMA_BENCH_BIN MODELS_DIR [ROUNDS] [REPEATS] [FILTER]
 #   MODELS_DIR gets <preset>/ (bf16 safetensors) and <preset>-<type>.gguf once.
 #   Each (model, type, threads) runs Ember and llama.cpp back to back, ROUNDS
-#   times (default 2); the best round of each side is kept (the machine is
-#   shared, so the best is the least disturbed). Prints one markdown row per
-#   (model, type, threads) with both speeds and the ratio ember / llama.cpp.
+#   times (default 3), alternating which side goes first; each run is a
+#   warm-up plus REPEATS (default 2) timed repeats, whose mean is that
+#   round's number. The machine is shared, so a table cell is the median
+#   over rounds, with [min-max] across rounds; the ratio is of the medians.
+#   FILTER (a grep -E pattern on "model type threads", e.g. 'q4_0 2$') keeps
+#   only the matching rows. Raw per-round numbers go to stderr.
 # llama.cpp is built separately, outside this repository (see RESULTS.md).
 set -euo pipefail
-EMBER=$1 LLB=$2 DIR=$3 ROUNDS=${4:-2} REPS=${5:-2}
+EMBER=$1 LLB=$2 DIR=$3 ROUNDS=${4:-3} REPS=${5:-2} FILTER=${6:-.}
 mkdir -p "$DIR"
 for p in qwen2.5-0.5b llama3.2-1b; do
   [ -f "$DIR/$p/model.safetensors" ] || "$EMBER" mkmodel --preset "$p" --dtype bf16 --out "$DIR/$p"
@@ -20,6 +23,24 @@ for p in qwen2.5-0.5b llama3.2-1b; do
     [ -f "$DIR/$p-$t.gguf" ] || "$EMBER" quantize --model "$DIR/$p" --type "$t" --out "$DIR/$p-$t.gguf"
   done
 done
+
+# ember_run FILE THREADS -> "pp tg" (tokens/s)
+ember_run() {
+  "$EMBER" bench --model "$1" -p 512 -n 64 -t "$2" -r "$REPS" --json | python3 -c 'import sys,json
+r={}
+for l in sys.stdin:
+    o=json.loads(l); r[o["test"]]=o["tokens_per_s"]
+print(r["pp512"], r["tg64"])'
+}
+# llama_run FILE THREADS -> "pp tg"
+llama_run() {
+  "$LLB" -m "$1" -p 512 -n 64 -t "$2" -r "$REPS" -o jsonl 2>/dev/null | python3 -c 'import sys,json
+r={}
+for l in sys.stdin:
+    o=json.loads(l); r["pp" if o["n_prompt"] > 0 else "tg"]=o["avg_ts"]
+print(r["pp"], r["tg"])'
+}
+
 echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| model | type | threads | ember pp512 | llama.cpp pp512 | ratio | ember tg64 | llama.cpp tg64 | ratio |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -27,26 +48,23 @@ for p in qwen2.5-0.5b llama3.2-1b; do
   for t in q8_0 q4_0 q4_k_m; do
     f="$DIR/$p-$t.gguf"
     for th in 1 2; do
-      ep=0 eg=0 lp=0 lg=0
+      echo "$p $t $th" | grep -qE "$FILTER" || continue
+      E="" L=""
       for r in $(seq "$ROUNDS"); do
-        out=$("$EMBER" bench --model "$f" -p 512 -n 64 -t "$th" -r "$REPS" --json)
-        v=$(echo "$out" | sed -n 's/.*"test": "pp512".*"tokens_per_s": \([0-9.]*\).*/\1/p')
-        ep=$(python3 -c "print(max($ep, $v))")
-        v=$(echo "$out" | sed -n 's/.*"test": "tg64".*"tokens_per_s": \([0-9.]*\).*/\1/p')
-        eg=$(python3 -c "print(max($eg, $v))")
-        out=$("$LLB" -m "$f" -p 512 -n 64 -t "$th" -r "$REPS" -o jsonl 2>/dev/null)
-        v=$(echo "$out" | python3 -c 'import sys,json
-for l in sys.stdin:
-    o=json.loads(l)
-    if o["n_prompt"]>0: print(o["avg_ts"])')
-        lp=$(python3 -c "print(max($lp, $v))")
-        v=$(echo "$out" | python3 -c 'import sys,json
-for l in sys.stdin:
-    o=json.loads(l)
-    if o["n_gen"]>0: print(o["avg_ts"])')
-        lg=$(python3 -c "print(max($lg, $v))")
+        if [ $((r % 2)) = 1 ]; then e=$(ember_run "$f" "$th"); l=$(llama_run "$f" "$th")
+        else l=$(llama_run "$f" "$th"); e=$(ember_run "$f" "$th"); fi
+        echo "$p $t t$th round $r: ember $e | llama.cpp $l (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+        E="$E $e" L="$L $l"
       done
-      python3 -c "print('| $p | $t | $th | %.1f | %.1f | **%.2f** | %.2f | %.2f | **%.2f** |' % ($ep, $lp, $ep/$lp, $eg, $lg, $eg/$lg))"
+      python3 - "$p" "$t" "$th" "$E" "$L" <<'EOF'
+import sys, statistics as st
+p, t, th, E, L = sys.argv[1:]
+E = [float(v) for v in E.split()]; L = [float(v) for v in L.split()]
+def cell(xs): return "%.1f [%.1f-%.1f]" % (st.median(xs), min(xs), max(xs))
+ep, eg, lp, lg = E[0::2], E[1::2], L[0::2], L[1::2]
+print("| %s | %s | %s | %s | %s | **%.2f** | %s | %s | **%.2f** |" % (p, t, th, cell(ep), cell(lp),
+      st.median(ep) / st.median(lp), cell(eg), cell(lg), st.median(eg) / st.median(lg)))
+EOF
     done
   done
 done

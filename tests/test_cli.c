@@ -208,6 +208,21 @@ int main(void) {
         CHECKF(a[0] && strcmp(a, b) == 0, "--prompt ids '%s' vs --ids '%s'", a, b);
         snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt Hello -n 12 --temp 0", EMBER_BIN, demo);
         CHECK(run(cmd, a, sizeof a, err, sizeof err) == 0 && a[0]);
+        /* the tokenizer and template travel into a quantized GGUF */
+        char gguf[700], t1[4096], t2[4096];
+        snprintf(gguf, sizeof gguf, "%s/demo-q8_0.gguf", g_tmp);
+        snprintf(cmd, sizeof cmd, "%s quantize --model %s --type q8_0 --out %s", EMBER_BIN, demo, gguf);
+        CHECK(run(cmd, out, sizeof out, err, sizeof err) == 0);
+        const char *texts[] = {"Hello <|im_end|> world", "  spaces\ttabs\nnewlines 12345", "\xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(cmd, sizeof cmd, "%s tokenize --model %s --text '%s'", EMBER_BIN, demo, texts[i]);
+            CHECK(run(cmd, t1, sizeof t1, err, sizeof err) == 0);
+            snprintf(cmd, sizeof cmd, "%s tokenize --model %s --text '%s'", EMBER_BIN, gguf, texts[i]);
+            CHECK(run(cmd, t2, sizeof t2, err, sizeof err) == 0);
+            CHECKF(t1[0] && !strcmp(t1, t2), "GGUF tokenizer '%s' vs directory '%s'", t2, t1);
+        }
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt Hello -n 6 --temp 0 --print-ids", EMBER_BIN, gguf);
+        CHECK(run(cmd, t2, sizeof t2, err, sizeof err) == 0 && t2[0]); /* the chat template came along */
         snprintf(args, sizeof args, "generate --model %s --prompt hi --ids 1", demo);
         expect_fail(args, "exactly one of --ids and --prompt");
         snprintf(args, sizeof args, "generate --model %s/fixtures/llama --prompt hi", EMBER_SHARED_DIR);

@@ -80,7 +80,10 @@ int main(void) {
     expect_err("[]", EMBER_ERR_FORMAT, "not a JSON object");
     expect_err("{\"model_type\":", EMBER_ERR_FORMAT, "not valid JSON");
     expect_err("{" BASE ",\"head_dim\":7}", EMBER_ERR_FORMAT, "head_dim");
-    expect_err("{" BASE ",\"quantization\":{\"bits\":4}}", EMBER_ERR_UNSUPPORTED, "quantized");
+    /* MLX's affine quantization is read (tests/test_mlx.c); other schemes are refused */
+    expect_err("{" BASE ",\"quantization\":{\"bits\":4}}", EMBER_ERR_FORMAT, "quantization.group_size");
+    expect_err("{" BASE ",\"quantization_config\":{\"quant_method\":\"gptq\",\"bits\":4}}", EMBER_ERR_UNSUPPORTED,
+               "gptq");
 
     /* RoPE: default, linear, llama3, yarn against double-precision formulas */
     float f[64];

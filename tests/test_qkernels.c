@@ -5,11 +5,18 @@
  *      block type (formats/quant.h encoders), then dequantized by the
  *      backend (cpu_dequant_row) and by formats/quant.h's straightforward
  *      reference: bit-identical. Also random block bytes.
- *   2. every ISA's quantized gemm equals the canonical plain-C kernel bit
- *      for bit, for odd and even block counts and ragged tiles, and each
- *      output row equals the row computed alone (batch invariance).
+ *   2. every ISA's quantized gemm (cpu_qmatmul: packed kernels on weights
+ *      packed in memory and on row-major weights packed on the fly, or the
+ *      row-major kernels) equals the canonical plain-C kernel bit for bit,
+ *      for odd and even block counts, ragged groups and every register
+ *      tile remainder, and each output row equals the row computed alone
+ *      (batch invariance).
  *   3. the canonical dot product is close to the f32 dot of the dequantized
  *      weights with the activations.
+ *   4. packing is lossless: unpacking gives the original bytes, and packed
+ *      rows dequantize exactly as the original rows.
+ *   5. every ISA's activation quantizers give the plain-C bytes, also for
+ *      zeros, NaN and infinities.
  */
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/qkern.h"
@@ -90,6 +97,54 @@ static void test_fixture_dequant(void) {
     fixture_close(&f);
 }
 
+/* The available kernel tables: each ISA this CPU has, and AVX-512 without
+   VNNI as well. */
+static int all_tables(const cpu_kernels *tables[4]) {
+    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
+    int nt = 0;
+    for (int a = 0; a < 3; a++)
+        if (ember_isa_supported(isas[a])) tables[nt++] = ember_cpu_kernels_for(isas[a]);
+    if (ember_isa_supported(EMBER_ISA_AVX512) && tables[nt - 1] != &ember_cpu_kernels_avx512)
+        tables[nt++] = &ember_cpu_kernels_avx512; /* non-VNNI too */
+    return nt;
+}
+
+/* The whole groups of w (N rows) packed, the last N % 16 rows row-major. */
+static unsigned char *pack_matrix(ember_dtype t, const unsigned char *w, int N, int K) {
+    size_t row = cpu_row_bytes(t, K);
+    unsigned char *p = malloc(row * (size_t)N + 1);
+    int g = 0;
+    for (; (g + 1) * CPU_QP_ROWS <= N; g++)
+        cpu_qpack_group(t, w + (size_t)g * CPU_QP_ROWS * row, row, CPU_QP_ROWS, K, p + (size_t)g * CPU_QP_ROWS * row);
+    memcpy(p + (size_t)g * CPU_QP_ROWS * row, w + (size_t)g * CPU_QP_ROWS * row, row * (size_t)(N - g * CPU_QP_ROWS));
+    return p;
+}
+
+/* 4: packing round trip and packed-row dequantization */
+static void check_packing(ember_dtype t, const unsigned char *w, int N, int K) {
+    if (!cpu_qpack_has(t)) return;
+    size_t row = cpu_row_bytes(t, K);
+    unsigned char *p = pack_matrix(t, w, N, K), *back = malloc(row * (size_t)N + 1);
+    float *a = malloc((size_t)K * 4), *b = malloc((size_t)K * 4);
+    int groups = N / CPU_QP_ROWS;
+    memcpy(back, p, row * (size_t)N);
+    for (int g = 0; g < groups; g++)
+        cpu_qunpack_group(t, p + (size_t)g * CPU_QP_ROWS * row, K, back + (size_t)g * CPU_QP_ROWS * row, row,
+                          CPU_QP_ROWS);
+    CHECKF(memcmp(back, w, row * (size_t)N) == 0, "%s N=%d K=%d: unpack(pack(w)) differs from w",
+           ember_dtype_get(t)->name, N, K);
+    for (int n = 0; n < groups * CPU_QP_ROWS; n++) {
+        CHECK(cpu_dequant_row(t, w + (size_t)n * row, a, K));
+        cpu_qpack_dequant_row(t, p + (size_t)(n / CPU_QP_ROWS) * CPU_QP_ROWS * row, n % CPU_QP_ROWS, K, b);
+        CHECKF(memcmp(a, b, (size_t)K * 4) == 0, "%s: packed row %d dequantizes differently", ember_dtype_get(t)->name,
+               n);
+    }
+    free(p);
+    free(back);
+    free(a);
+    free(b);
+}
+
 static void quant_acts(cpu_act_kind kind, const float *x, int M, int K, unsigned char *xa) {
     size_t rb = cpu_act_row_bytes(kind, K);
     for (int m = 0; m < M; m++) {
@@ -127,26 +182,29 @@ static void test_gemm(ember_dtype t, int N, int K, int M) {
             if (e > worst) worst = e;
         }
     CHECKF(worst < 0.02, "%s: canonical dot off the f32 product by %g of sum|w x|", ember_dtype_get(t)->name, worst);
-    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
+    check_packing(t, w, N, K);
     const cpu_kernels *tables[4];
-    int nt = 0;
-    for (int a = 0; a < 3; a++)
-        if (ember_isa_supported(isas[a])) tables[nt++] = ember_cpu_kernels_for(isas[a]);
-    ember_cpu_features f;
-    ember_cpu_detect(&f);
-    if (ember_isa_supported(EMBER_ISA_AVX512)) tables[nt++] = &ember_cpu_kernels_avx512; /* non-VNNI too */
+    int nt = all_tables(tables);
+    unsigned char *wp = cpu_qpack_has(t) ? pack_matrix(t, w, N, K) : NULL;
+    void *scratch = aligned_alloc(64, (cpu_qmatmul_scratch_bytes(t, K, M) + 63) / 64 * 64);
     for (int a = 0; a < nt; a++) {
-        cpu_qgemm_fn_t fn = tables[a]->qgemm[t] ? tables[a]->qgemm[t] : cpu_qgemm_generic(t);
-        memset(got, 0xff, (size_t)M * N * 4);
-        fn(w, wr, N, xa, xr, M, K, got, (size_t)N);
-        CHECKF(memcmp(got, ref, (size_t)M * N * 4) == 0, "%s %s N=%d K=%d M=%d: differs from the canonical kernel",
-               tables[a]->variant, ember_dtype_get(t)->name, N, K, M);
-        for (int m = 0; m < M; m++) { /* each row alone */
-            fn(w, wr, N, xa + (size_t)m * xr, xr, 1, K, one, (size_t)N);
-            CHECKF(memcmp(one, got + (size_t)m * N, (size_t)N * 4) == 0, "%s %s: row %d alone differs",
-                   tables[a]->variant, ember_dtype_get(t)->name, m);
+        for (int packed = 0; packed < 2; packed++) {
+            if (packed && !(wp && tables[a]->qgemm_packed[t])) continue;
+            const unsigned char *wm = packed ? wp : w;
+            memset(got, 0xff, (size_t)M * N * 4);
+            cpu_qmatmul(tables[a], t, wm, packed, N, xa, xr, M, K, got, (size_t)N, scratch);
+            CHECKF(memcmp(got, ref, (size_t)M * N * 4) == 0,
+                   "%s %s%s N=%d K=%d M=%d: differs from the canonical kernel", tables[a]->variant,
+                   packed ? "packed " : "", ember_dtype_get(t)->name, N, K, M);
+            for (int m = 0; m < M; m++) { /* each row alone */
+                cpu_qmatmul(tables[a], t, wm, packed, N, xa + (size_t)m * xr, xr, 1, K, one, (size_t)N, scratch);
+                CHECKF(memcmp(one, got + (size_t)m * N, (size_t)N * 4) == 0, "%s %s%s: row %d alone differs",
+                       tables[a]->variant, packed ? "packed " : "", ember_dtype_get(t)->name, m);
+            }
         }
     }
+    free(wp);
+    free(scratch);
     free(wf);
     free(x);
     free(wd);
@@ -157,14 +215,55 @@ static void test_gemm(ember_dtype t, int N, int K, int M) {
     free(one);
 }
 
+/* 5: every ISA's activation quantizers against the plain-C ones */
+static void test_act_quant(void) {
+    const int K = 2048;
+    float *x = malloc((size_t)K * 4);
+    unsigned char *a = malloc(cpu_act_row_bytes(CPU_ACT_256, K) + cpu_act_row_bytes(CPU_ACT_32, K));
+    unsigned char *b = malloc(cpu_act_row_bytes(CPU_ACT_256, K) + cpu_act_row_bytes(CPU_ACT_32, K));
+    const cpu_kernels *tables[4];
+    int nt = all_tables(tables);
+    for (int trial = 0; trial < 8; trial++) {
+        for (int i = 0; i < K; i++) x[i] = frnd() * (float)(1 << (trial * 3 % 17)) * (i % 37 == 0 ? 50.0f : 1.0f);
+        if (trial == 1) memset(x, 0, 256 * 4); /* an all-zero block */
+        if (trial == 2) x[5] = NAN, x[300] = INFINITY, x[700] = -INFINITY, x[1000] = -NAN;
+        if (trial == 3)
+            for (int i = 0; i < K; i++) x[i] = (float)((i % 255) - 127) * 0.5f; /* ties of the rounding */
+        for (int kind = CPU_ACT_32; kind <= CPU_ACT_256; kind++) {
+            size_t bytes = cpu_act_row_bytes((cpu_act_kind)kind, K);
+            if (kind == CPU_ACT_32)
+                cpu_quantize_act32(x, K, a);
+            else
+                cpu_quantize_act256(x, K, a);
+            for (int t = 0; t < nt; t++) {
+                memset(b, 0x5a, bytes);
+                if (kind == CPU_ACT_32)
+                    tables[t]->quantize_act32(x, K, b);
+                else
+                    tables[t]->quantize_act256(x, K, b);
+                CHECKF(memcmp(a, b, bytes) == 0, "%s: A%d activations differ from the plain-C quantizer (trial %d)",
+                       tables[t]->variant, kind == CPU_ACT_32 ? 32 : 256, trial);
+            }
+        }
+    }
+    free(x);
+    free(a);
+    free(b);
+}
+
 int main(void) {
     test_fixture_dequant();
+    test_act_quant();
     for (size_t k = 0; k < NTYPES; k++) {
         bool kq = ember_dtype_get(k_types[k])->block_elems == 256;
         test_gemm(k_types[k], 13, kq ? 512 : 96, 7);
         test_gemm(k_types[k], 5, kq ? 768 : 64, 1);
         test_gemm(k_types[k], 9, kq ? 256 : 352, 4);
-        test_gemm(k_types[k], 13, kq ? 2304 : 2144, 70); /* the many-rows paths, K chunks, odd block count */
+        test_gemm(k_types[k], 37, kq ? 512 : 160, 15);    /* two groups and a tail; tiles 8 + 4 + 2 + 1 */
+        test_gemm(k_types[k], 48, kq ? 256 : 32, 1);      /* decode: whole groups, one block */
+        test_gemm(k_types[k], 16, kq ? 1024 : 800, 11);   /* 8 + 2 + 1 */
+        test_gemm(k_types[k], 13, kq ? 2304 : 2144, 70); /* many rows, odd block count */
+        test_gemm(k_types[k], 35, kq ? 768 : 992, 70);
     }
     return test_done();
 }

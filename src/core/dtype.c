@@ -35,6 +35,25 @@ static const ember_dtype_info k_info[EMBER_DTYPE_COUNT] = {
     [EMBER_Q5_K] = {"q5_k", "Q5_K", 256, 176},
     [EMBER_Q6_K] = {"q6_k", "Q6_K", 256, 210},
     [EMBER_Q8_K] = {"q8_k", "Q8_K", 256, 292},
+    /* MLX: one group per block (f32 scale, f32 bias, codes); see formats/mlx_quant.h */
+    [EMBER_MLX2_G32] = {"mlx2_g32", "MLX2_G32", 32, 16},
+    [EMBER_MLX2_G64] = {"mlx2_g64", "MLX2_G64", 64, 24},
+    [EMBER_MLX2_G128] = {"mlx2_g128", "MLX2_G128", 128, 40},
+    [EMBER_MLX3_G32] = {"mlx3_g32", "MLX3_G32", 32, 20},
+    [EMBER_MLX3_G64] = {"mlx3_g64", "MLX3_G64", 64, 32},
+    [EMBER_MLX3_G128] = {"mlx3_g128", "MLX3_G128", 128, 56},
+    [EMBER_MLX4_G32] = {"mlx4_g32", "MLX4_G32", 32, 24},
+    [EMBER_MLX4_G64] = {"mlx4_g64", "MLX4_G64", 64, 40},
+    [EMBER_MLX4_G128] = {"mlx4_g128", "MLX4_G128", 128, 72},
+    [EMBER_MLX5_G32] = {"mlx5_g32", "MLX5_G32", 32, 28},
+    [EMBER_MLX5_G64] = {"mlx5_g64", "MLX5_G64", 64, 48},
+    [EMBER_MLX5_G128] = {"mlx5_g128", "MLX5_G128", 128, 88},
+    [EMBER_MLX6_G32] = {"mlx6_g32", "MLX6_G32", 32, 32},
+    [EMBER_MLX6_G64] = {"mlx6_g64", "MLX6_G64", 64, 56},
+    [EMBER_MLX6_G128] = {"mlx6_g128", "MLX6_G128", 128, 104},
+    [EMBER_MLX8_G32] = {"mlx8_g32", "MLX8_G32", 32, 40},
+    [EMBER_MLX8_G64] = {"mlx8_g64", "MLX8_G64", 64, 72},
+    [EMBER_MLX8_G128] = {"mlx8_g128", "MLX8_G128", 128, 136},
 };
 
 /* GGUF tensor type id -> dtype; ids not listed have no Ember dtype. */
@@ -75,6 +94,23 @@ bool ember_dtype_nbytes(ember_dtype t, size_t n, size_t *out) {
     const ember_dtype_info *d = ember_dtype_get(t);
     if (d->block_bytes == 0 || n % d->block_elems) return false;
     return ember_mul_ok(n / d->block_elems, d->block_bytes, out);
+}
+
+static const int k_mlx_bits[] = {2, 3, 4, 5, 6, 8};
+
+ember_dtype ember_dtype_mlx(int bits, int group_size) {
+    int g = group_size == 32 ? 0 : group_size == 64 ? 1 : group_size == 128 ? 2 : -1;
+    for (int i = 0; g >= 0 && i < 6; i++)
+        if (k_mlx_bits[i] == bits) return (ember_dtype)(EMBER_MLX2_G32 + 3 * i + g);
+    return EMBER_DTYPE_INVALID;
+}
+
+bool ember_dtype_mlx_params(ember_dtype t, int *bits, int *group_size) {
+    if (t < EMBER_MLX2_G32 || t > EMBER_MLX8_G128) return false;
+    int i = (int)(t - EMBER_MLX2_G32);
+    if (bits) *bits = k_mlx_bits[i / 3];
+    if (group_size) *group_size = 32 << (i % 3);
+    return true;
 }
 
 float ember_f16_to_f32(uint16_t h) {

@@ -43,6 +43,15 @@ typedef enum ember_dtype {
     EMBER_Q5_K, /* 256 elements, 176 bytes */
     EMBER_Q6_K, /* 256 elements, 210 bytes */
     EMBER_Q8_K, /* 256 elements, 292 bytes */
+    /* MLX affine group-wise types, repacked at load (layout in
+       formats/mlx_quant.h): one block per group of G elements, f32 scale and
+       bias then the codes; EMBER_MLX<bits>_G<G>, 8 + G * bits / 8 bytes. */
+    EMBER_MLX2_G32, EMBER_MLX2_G64, EMBER_MLX2_G128,
+    EMBER_MLX3_G32, EMBER_MLX3_G64, EMBER_MLX3_G128,
+    EMBER_MLX4_G32, EMBER_MLX4_G64, EMBER_MLX4_G128,
+    EMBER_MLX5_G32, EMBER_MLX5_G64, EMBER_MLX5_G128,
+    EMBER_MLX6_G32, EMBER_MLX6_G64, EMBER_MLX6_G128,
+    EMBER_MLX8_G32, EMBER_MLX8_G64, EMBER_MLX8_G128,
     EMBER_DTYPE_COUNT
 } ember_dtype;
 
@@ -74,6 +83,16 @@ ember_dtype ember_dtype_from_gguf(uint32_t ggml_type);
 /* The GGUF tensor type id of t, or -1 when GGUF has no type for t
    (U8, BOOL, F8_*, ...). */
 int ember_dtype_to_gguf(ember_dtype t);
+
+/* ---- MLX affine group-wise types ------------------------------------ */
+
+/* The MLX dtype for bits (2, 3, 4, 5, 6, 8) and group size (32, 64, 128),
+   or EMBER_DTYPE_INVALID for any other pair. */
+ember_dtype ember_dtype_mlx(int bits, int group_size);
+
+/* true when t is an MLX dtype; then *bits and *group_size (either may be
+   NULL) receive its parameters. */
+bool ember_dtype_mlx_params(ember_dtype t, int *bits, int *group_size);
 
 /* ---- exact conversions ---------------------------------------------- */
 

@@ -244,6 +244,139 @@ static int parse_windows(const char *file, const json_t *root, ember_model_confi
     return EMBER_OK;
 }
 
+/* ---- MLX quantization ---------------------------------------------------------- */
+
+static const char *const k_layer_modules[EMBER_QUANT_LAYER_MODULES] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+
+/* The override slot of a module path: 0 embed, 1 lm_head, 2 + 7 * layer +
+   module for layer matrices; -1 for paths that are not llama matrices.
+   *bad_layer is set when the path names a layer >= n_layers. */
+static long quant_slot(int n_layers, const char *path, bool *bad_layer) {
+    *bad_layer = false;
+    if (strcmp(path, "model.embed_tokens") == 0) return 0;
+    if (strcmp(path, "lm_head") == 0) return 1;
+    static const char prefix[] = "model.layers.";
+    if (strncmp(path, prefix, sizeof prefix - 1) != 0) return -1;
+    const char *p = path + sizeof prefix - 1;
+    long layer = 0;
+    int digits = 0;
+    while (*p >= '0' && *p <= '9' && digits < 9) layer = layer * 10 + (*p++ - '0'), digits++;
+    if (!digits || *p != '.') return -1;
+    for (int i = 0; i < EMBER_QUANT_LAYER_MODULES; i++)
+        if (strcmp(p + 1, k_layer_modules[i]) == 0) {
+            if (layer >= n_layers) {
+                *bad_layer = true;
+                return -1;
+            }
+            return 2 + EMBER_QUANT_LAYER_MODULES * layer + i;
+        }
+    return -1;
+}
+
+static uint8_t *slot_at(ember_quant_config *q, long i) {
+    return i == 0 ? &q->embed : i == 1 ? &q->lm_head : &q->layer[(i - 2) / EMBER_QUANT_LAYER_MODULES][(i - 2) % EMBER_QUANT_LAYER_MODULES];
+}
+
+/* mode: absent, or "affine". */
+static int quant_mode(const char *file, const char *where, const json_t *o, ember_error *err) {
+    const json_t *m = json_object_get(o, "mode");
+    if (!m || json_is_null(m)) return EMBER_OK;
+    if (!json_is_string(m) || strcmp(json_string_value(m), "affine") != 0)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                         "%s: %s.mode '%.32s' is not supported (only MLX affine quantization)", file, where,
+                         json_is_string(m) ? json_string_value(m) : jtype(m));
+    return EMBER_OK;
+}
+
+/* group_size and bits of an object; absent ones take def_g / def_b (0: required). */
+static int quant_params(const char *file, const char *where, const json_t *o, int def_g, int def_b, int *g, int *b,
+                        ember_error *err) {
+    int rc;
+    char key[160];
+    snprintf(key, sizeof key, "%.120s.group_size", where);
+    const json_t *gv = json_object_get(o, "group_size"), *bv = json_object_get(o, "bits");
+    if ((!gv || json_is_null(gv)) && !def_g)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: missing required field '%s'", file, key);
+    if ((rc = get_int(file, o, "group_size", false, def_g, 1, 1 << 20, g, err))) return rc;
+    if (*g != 32 && *g != 64 && *g != 128)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' is %d; MLX group sizes are 32, 64 and 128", file, key,
+                         *g);
+    snprintf(key, sizeof key, "%.120s.bits", where);
+    if ((!bv || json_is_null(bv)) && !def_b)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: missing required field '%s'", file, key);
+    if ((rc = get_int(file, o, "bits", false, def_b, 0, 64, b, err))) return rc;
+    if (*b != 2 && *b != 3 && *b != 4 && *b != 5 && *b != 6 && *b != 8)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' is %d; MLX bit widths are 2, 3, 4, 5, 6 and 8", file,
+                         key, *b);
+    return quant_mode(file, where, o, err);
+}
+
+/*
+ * "quantization" (else "quantization_config"): MLX's affine scheme with
+ * per-module entries. Other schemes (GPTQ, AWQ, bitsandbytes, FP8, ...:
+ * a "quant_method" other than "mlx", or a mode other than "affine") are
+ * refused as unsupported.
+ */
+static int parse_quant(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
+    const char *key = "quantization";
+    json_t *q = json_object_get(root, key);
+    if (!q || json_is_null(q)) {
+        key = "quantization_config";
+        q = json_object_get(root, key);
+    }
+    if (!q || json_is_null(q)) return EMBER_OK;
+    if (!json_is_object(q))
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be an object, got %s", file, key, jtype(q));
+    const json_t *method = json_object_get(q, "quant_method");
+    if (method && !json_is_null(method) &&
+        (!json_is_string(method) || strcmp(json_string_value(method), "mlx") != 0))
+        return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                         "%s: %s.quant_method '%.32s' is not supported (Ember reads MLX affine quantization)", file, key,
+                         json_is_string(method) ? json_string_value(method) : jtype(method));
+    ember_quant_config *qc = &cfg->quant;
+    int rc = quant_params(file, key, q, 0, 0, &qc->group_size, &qc->bits, err);
+    if (rc) return rc;
+    const char *name;
+    json_t *v;
+    json_object_foreach(q, name, v) {
+        if (!json_is_object(v) && !json_is_boolean(v)) continue; /* group_size, bits, mode, other scalars */
+        char where[200];
+        snprintf(where, sizeof where, "%s.%.150s", key, name);
+        uint8_t code;
+        if (json_is_object(v)) {
+            int g, b; /* absent fields take the affine mode's defaults, as MLX's to_quantized does */
+            if ((rc = quant_params(file, where, v, 64, 4, &g, &b, err))) return rc;
+            code = (uint8_t)(b | (g / 32) << 4);
+        } else {
+            code = json_is_true(v) ? (uint8_t)(qc->bits | (qc->group_size / 32) << 4) : EMBER_QUANT_FLOAT;
+        }
+        bool bad_layer;
+        long slot = quant_slot(cfg->n_layers, name, &bad_layer);
+        if (bad_layer)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: %s names a layer beyond num_hidden_layers %d", file, where,
+                             cfg->n_layers);
+        if (slot >= 0) *slot_at(qc, slot) = code; /* entries for modules the family does not have are ignored */
+    }
+    return EMBER_OK;
+}
+
+ember_qmod_kind ember_config_quant_module(const ember_model_config *cfg, const char *path, int *bits, int *group_size) {
+    const ember_quant_config *q = &cfg->quant;
+    *bits = q->bits;
+    *group_size = q->group_size;
+    bool bad;
+    long i = q->bits ? quant_slot(cfg->n_layers, path, &bad) : -1;
+    uint8_t code = i < 0 ? 0 : i == 0 ? q->embed : i == 1 ? q->lm_head
+                                      : q->layer[(i - 2) / EMBER_QUANT_LAYER_MODULES][(i - 2) % EMBER_QUANT_LAYER_MODULES];
+    if (code == 0) return EMBER_QMOD_DEFAULT;
+    if (code == EMBER_QUANT_FLOAT) return EMBER_QMOD_FLOAT;
+    *bits = code & 15;
+    *group_size = (code >> 4) * 32;
+    return EMBER_QMOD_QUANT;
+}
+
 int ember_config_parse(const char *file, const char *text, size_t len, ember_model_config *cfg,
                        ember_error *err) {
     memset(cfg, 0, sizeof *cfg);
@@ -273,10 +406,6 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
         goto done;
     }
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
-    if (json_object_get(root, "quantization") || json_object_get(root, "quantization_config")) {
-        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: quantized models are not supported yet", file);
-        goto done;
-    }
     if ((rc = get_int(file, root, "vocab_size", true, 0, 1, 1 << 24, &cfg->vocab_size, err)) ||
         (rc = get_int(file, root, "hidden_size", true, 0, 1, 1 << 20, &cfg->hidden_size, err)) ||
         (rc = get_int(file, root, "intermediate_size", true, 0, 1, 1 << 22, &cfg->intermediate_size, err)) ||
@@ -319,6 +448,7 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
     if (strcmp(mt, "llama") != 0) cfg->mlp_bias = false;
     cfg->qk_norm = strcmp(mt, "qwen3") == 0;
     if ((rc = parse_rope(file, root, cfg, err)) || (rc = parse_windows(file, root, cfg, err))) goto done;
+    if ((rc = parse_quant(file, root, cfg, err))) goto done;
     if ((rc = get_bos(file, root, cfg, err)) || (rc = get_eos(file, root, cfg, err))) goto done;
 done:
     json_decref(root);

@@ -10,6 +10,7 @@
 #define EMBER_FORMATS_CONFIG_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "core/error.h"
 
@@ -36,6 +37,24 @@ typedef struct ember_rope_config {
     bool truncate;                /* yarn */
 } ember_rope_config;
 
+/* MLX affine quantization from config.json "quantization" (or its copy
+   "quantization_config"); formats/mlx_quant.h describes the format. */
+#define EMBER_QUANT_LAYER_MODULES 7 /* q, k, v, o, gate, up, down projections */
+#define EMBER_QUANT_FLOAT 1         /* override code: the module stays float */
+
+typedef struct ember_quant_config {
+    int bits, group_size; /* the defaults; bits 0: no quantization in config.json */
+    /* per-module overrides: 0 none, EMBER_QUANT_FLOAT, or bits | (group_size / 32) << 4 */
+    uint8_t embed, lm_head;
+    uint8_t layer[EMBER_MAX_LAYERS][EMBER_QUANT_LAYER_MODULES];
+} ember_quant_config;
+
+typedef enum ember_qmod_kind {
+    EMBER_QMOD_DEFAULT = 0, /* no entry: quantized with the defaults iff "<module>.scales" exists */
+    EMBER_QMOD_FLOAT,       /* entry false: the module is a float matrix */
+    EMBER_QMOD_QUANT        /* entry true or an object: quantized with the given parameters */
+} ember_qmod_kind;
+
 typedef struct ember_model_config {
     char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3" */
     int vocab_size;
@@ -57,6 +76,7 @@ typedef struct ember_model_config {
     int bos_id;                         /* -1 if none */
     int n_eos;
     int eos_ids[EMBER_MAX_EOS];
+    ember_quant_config quant;
 } ember_model_config;
 
 /* Parses config.json text. name is used in messages. */
@@ -66,6 +86,12 @@ int ember_config_parse(const char *name, const char *text, size_t len, ember_mod
 /* Applies generation_config.json text (eos / bos ids) to cfg. */
 int ember_generation_config_parse(const char *name, const char *text, size_t len,
                                   ember_model_config *cfg, ember_error *err);
+
+/* How module `path` ("model.layers.3.mlp.down_proj", "lm_head",
+   "model.embed_tokens") is quantized; *bits and *group_size receive its
+   parameters (the defaults for EMBER_QMOD_DEFAULT; 0 when the config has no
+   quantization). Paths that are not llama-family matrices give DEFAULT. */
+ember_qmod_kind ember_config_quant_module(const ember_model_config *cfg, const char *path, int *bits, int *group_size);
 
 /* Reads DIR/config.json and, if present, DIR/generation_config.json. */
 int ember_config_load(const char *dir, ember_model_config *cfg, ember_error *err);

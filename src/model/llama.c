@@ -19,6 +19,7 @@
 
 #include "core/util.h"
 #include "formats/quant.h"
+#include "mlx_load.h"
 #include "model.h"
 #include "rope.h"
 
@@ -98,6 +99,24 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
+/* Binds t to a copy of repacked MLX blocks (mlx_load.h), which it frees. */
+static int load_blocks(loader *L, ember_tensor *t, void *blocks, size_t nbytes, ember_dtype dt, int ndim,
+                       const int64_t *shape) {
+    ember_llm *m = L->m;
+    ember_buffer *b = NULL;
+    int rc = ember_tensor_alloc(m->be, t, &b, dt, ndim, shape, L->err);
+    if (!rc) rc = m->be->ops->write(m->be, t, 0, blocks, nbytes, L->err);
+    free(blocks);
+    if (rc) {
+        ember_buffer_free(b);
+        return rc;
+    }
+    _Static_assert(EMBER_DTYPE_COUNT <= 64, "dtype_seen is a 64-bit mask");
+    L->dtype_seen |= (uint64_t)1 << dt;
+    m->weight_bytes += nbytes;
+    return keep_buf(m, b, L->err);
+}
+
 /*
  * Binds t to the weight called name with the expected shape. as_f32: the
  * tensor is small (norm, bias) and is converted to an f32 copy. Missing
@@ -108,6 +127,14 @@ static int load(loader *L, ember_tensor *t, const char *name, int ndim, const in
     ember_llm *m = L->m;
     wview st;
     memset(t, 0, sizeof *t);
+    if (L->w && !as_f32 && ndim == 2) { /* an MLX-quantized matrix? */
+        void *blocks;
+        size_t nb;
+        ember_dtype dt;
+        int rc = ember_mlx_load_weight(L->w, &m->cfg, name, shape[0], shape[1], &blocks, &nb, &dt, L->err);
+        if (rc) return rc;
+        if (blocks) return load_blocks(L, t, blocks, nb, dt, ndim, shape);
+    }
     if (!find_weight(L, name, &st)) {
         if (optional) return EMBER_OK;
         return ember_err(L->err, EMBER_ERR_FORMAT, "%s: missing tensor '%s'", L->primary, name);

@@ -16,6 +16,14 @@
  * Threading: ops are called from one thread; each op splits its outputs into
  * tasks, so every output element is computed entirely by one task and the
  * thread count never changes a result.
+ *
+ * Packed weights: the first matmul with a quantized weight whose dtype has
+ * a packed kernel for this ISA (qkern.h) permutes the weight's bytes in
+ * place into 16-row groups, when the backend owns the memory (not with
+ * zero_copy). A small registry (c->packed) remembers which tensor ranges
+ * are packed; get_rows reads packed rows directly, and read, write and
+ * buffer_free first restore (or forget) any packed range they touch, so
+ * packing is invisible outside the matmul kernels.
  */
 #define _DEFAULT_SOURCE
 #include <math.h>
@@ -28,12 +36,14 @@
 #include "core/cpu.h"
 #include "core/threadpool.h"
 #include "core/util.h"
+#include "kern_mlx.h"
 #include "kernels.h"
 #include "qkern.h"
 
 typedef struct cpu_backend {
     ember_backend base;
     const cpu_kernels *k;
+    cpu_mlx_gemm_fn mlx_gemm; /* MLX weights (kern_mlx.h) for this ISA */
     ember_pool *pool;
     int n_threads;
     bool zero_copy; /* wrap host memory in buffer_from_host instead of copying */
@@ -41,11 +51,25 @@ typedef struct cpu_backend {
     size_t scratch_floats;
     void *act[3];     /* quantized activations per cpu_act_kind, grown on demand */
     size_t act_cap[3];
+    unsigned char *qscratch; /* n_threads x qscratch_bytes: cpu_qmatmul and packing */
+    size_t qscratch_bytes;
+    struct cpu_packed *packed; /* the weight ranges kept packed */
+    int n_packed, cap_packed;
 } cpu_backend;
+
+/* A weight tensor whose bytes are packed in place (qkern.h). */
+typedef struct cpu_packed {
+    const ember_buffer *buf;
+    size_t off, nbytes;
+    ember_dtype dt;
+    int64_t N, K;
+} cpu_packed;
 
 static cpu_backend *cpu(ember_backend *be) {
     return (cpu_backend *)be->impl;
 }
+
+static void packed_release(cpu_backend *c, const ember_buffer *buf, size_t off, size_t n, bool restore);
 
 static void *host(const ember_tensor *t) {
     return (char *)t->buf->data + t->offset;
@@ -123,6 +147,7 @@ static int cpu_buffer_from_host(ember_backend *be, const void *h, size_t size, e
 
 static void cpu_buffer_free(ember_buffer *b) {
     if (!b) return;
+    packed_release(cpu(b->be), b, 0, SIZE_MAX, false);
     if (b->owned && b->map_len)
         munmap(b->data, b->map_len);
     else if (b->owned)
@@ -140,18 +165,18 @@ static int check_range(const ember_tensor *t, size_t off, size_t n, ember_error 
 
 static int cpu_write(ember_backend *be, ember_tensor *dst, size_t off, const void *src, size_t n,
                      ember_error *err) {
-    (void)be;
     int rc = check_range(dst, off, n, err);
     if (rc) return rc;
+    packed_release(cpu(be), dst->buf, dst->offset + off, n, true);
     if (n) memcpy((char *)host(dst) + off, src, n);
     return EMBER_OK;
 }
 
 static int cpu_read(ember_backend *be, const ember_tensor *src, size_t off, void *dst, size_t n,
                     ember_error *err) {
-    (void)be;
     int rc = check_range(src, off, n, err);
     if (rc) return rc;
+    packed_release(cpu(be), src->buf, src->offset + off, n, true);
     if (n) memcpy(dst, (const char *)host(src) + off, n);
     return EMBER_OK;
 }
@@ -168,9 +193,15 @@ static bool is_float_type(ember_dtype d) {
     return d == EMBER_F32 || d == EMBER_F16 || d == EMBER_BF16;
 }
 
+/* The activation format a weight dtype multiplies with: qkern.h's, and
+   A32 for the MLX types (kern_mlx.h). */
+static cpu_act_kind act_kind(ember_dtype d) {
+    return cpu_mlx_is(d) ? CPU_ACT_32 : cpu_act_kind_for(d);
+}
+
 /* A dtype matmul accepts as weights: float, or a block type with kernels. */
 static bool is_weight_type(ember_dtype d) {
-    return is_float_type(d) || cpu_act_kind_for(d) != CPU_ACT_NONE;
+    return is_float_type(d) || act_kind(d) != CPU_ACT_NONE;
 }
 
 static int ensure_scratch(cpu_backend *c, size_t floats, ember_error *err) {
@@ -186,11 +217,113 @@ static int ensure_scratch(cpu_backend *c, size_t floats, ember_error *err) {
     return EMBER_OK;
 }
 
+/* Per-thread scratch for cpu_qmatmul and for packing, at least bytes each. */
+static int ensure_qscratch(cpu_backend *c, size_t bytes, ember_error *err) {
+    if (bytes <= c->qscratch_bytes) return EMBER_OK;
+    bytes = (bytes + 63) & ~(size_t)63;
+    size_t total;
+    if (!ember_mul_ok(bytes, (size_t)c->n_threads, &total))
+        return ember_err(err, EMBER_ERR_NOMEM, "scratch size overflows");
+    unsigned char *s = aligned_alloc(64, total);
+    if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of scratch", total);
+    free(c->qscratch);
+    c->qscratch = s;
+    c->qscratch_bytes = bytes;
+    return EMBER_OK;
+}
+
+/* ---- packed weights -------------------------------------------------------------- */
+
+typedef struct pack_job {
+    cpu_backend *c;
+    ember_dtype dt;
+    unsigned char *base; /* the first group */
+    size_t row;          /* bytes per row */
+    int K;
+    bool pack; /* else unpack */
+} pack_job;
+
+/* Group `task` in place, through this thread's scratch. */
+static void pack_task(void *ctx, int task, int thread) {
+    const pack_job *j = ctx;
+    const size_t gbytes = CPU_QP_ROWS * j->row;
+    unsigned char *g = j->base + (size_t)task * gbytes;
+    unsigned char *tmp = j->c->qscratch + (size_t)thread * j->c->qscratch_bytes;
+    memcpy(tmp, g, gbytes);
+    if (j->pack)
+        cpu_qpack_group(j->dt, tmp, j->row, CPU_QP_ROWS, j->K, g);
+    else
+        cpu_qunpack_group(j->dt, tmp, j->K, g, j->row, CPU_QP_ROWS);
+}
+
+/* Packs or unpacks the whole groups of entry e in place. The scratch must
+   hold a group (ensured when the entry was made). */
+static void pack_run(cpu_backend *c, const cpu_packed *e, bool pack) {
+    pack_job j = {c, e->dt, (unsigned char *)e->buf->data + e->off, cpu_row_bytes(e->dt, e->K), (int)e->K, pack};
+    ember_pool_run(c->pool, (int)(e->N / CPU_QP_ROWS), pack_task, &j);
+}
+
+/* Every packed range of buf overlapping [off, off + n): restored to the
+   original bytes (restore) or just forgotten (the buffer is going away). */
+static void packed_release(cpu_backend *c, const ember_buffer *buf, size_t off, size_t n, bool restore) {
+    if (!c || !buf) return;
+    size_t end = n > SIZE_MAX - off ? SIZE_MAX : off + n;
+    for (int i = 0; i < c->n_packed;) {
+        cpu_packed *e = &c->packed[i];
+        if (e->buf == buf && e->off < end && off < e->off + e->nbytes) {
+            if (restore) pack_run(c, e, false);
+            *e = c->packed[--c->n_packed];
+        } else {
+            i++;
+        }
+    }
+}
+
+/* The registry entry of w when w is packed, else -1. */
+static int packed_find(const cpu_backend *c, const ember_tensor *w) {
+    for (int i = 0; i < c->n_packed; i++) {
+        const cpu_packed *e = &c->packed[i];
+        if (e->buf == w->buf && e->off == w->offset && e->dt == w->dtype && e->N == w->shape[0] &&
+            e->K == w->shape[1])
+            return i;
+    }
+    return -1;
+}
+
+/* Whether matmul may read w as packed; packs it on first use when the ISA
+   has a packed kernel for its dtype and the backend owns its memory. Out of
+   memory for the registry only means w stays row-major. */
+static int packed_ensure(cpu_backend *c, const ember_tensor *w, bool *packed, ember_error *err) {
+    *packed = false;
+    if (!c->k->qgemm_packed[w->dtype] || !w->buf->owned || w->ndim != 2 || w->shape[1] > INT32_MAX) return EMBER_OK;
+    if (packed_find(c, w) >= 0) {
+        *packed = true;
+        return EMBER_OK;
+    }
+    packed_release(c, w->buf, w->offset, w->nbytes, true);
+    size_t row = cpu_row_bytes(w->dtype, w->shape[1]);
+    if (w->shape[0] < CPU_QP_ROWS || row == 0 || w->shape[0] / CPU_QP_ROWS > INT32_MAX) return EMBER_OK;
+    int rc = ensure_qscratch(c, CPU_QP_ROWS * row, err);
+    if (rc) return rc;
+    if (c->n_packed == c->cap_packed) {
+        int cap = c->cap_packed ? 2 * c->cap_packed : 64;
+        cpu_packed *p = realloc(c->packed, (size_t)cap * sizeof *p);
+        if (!p) return EMBER_OK;
+        c->packed = p;
+        c->cap_packed = cap;
+    }
+    cpu_packed *e = &c->packed[c->n_packed++];
+    *e = (cpu_packed){w->buf, w->offset, w->nbytes, w->dtype, w->shape[0], w->shape[1]};
+    pack_run(c, e, true);
+    *packed = true;
+    return EMBER_OK;
+}
+
 /* ---- get_rows ---------------------------------------------------------------- */
 
 static int cpu_get_rows(ember_backend *be, ember_tensor *dst, const ember_tensor *src,
                         const int32_t *ids, int n, ember_error *err) {
-    (void)be;
+    cpu_backend *c = cpu(be);
     int rc = need_f32(dst, "get_rows", "dst", err);
     if (rc) return rc;
     if (!src->buf || !is_weight_type(src->dtype) || src->ndim != 2)
@@ -204,9 +337,20 @@ static int cpu_get_rows(ember_backend *be, ember_tensor *dst, const ember_tensor
         if (ids[i] < 0 || ids[i] >= R)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "token id %d is outside the vocabulary [0, %lld)",
                              ids[i], (long long)R);
-    for (int i = 0; i < n; i++)
-        cpu_dequant_row(src->dtype, (const char *)host(src) + (size_t)ids[i] * row,
-                        (float *)host(dst) + (size_t)i * (size_t)D, D);
+    /* a packed weight (an embedding tied to the output head): its whole
+       groups are read in place, the rows after them are row-major */
+    int pk = packed_find(c, src);
+    if (pk < 0) packed_release(c, src->buf, src->offset, src->nbytes, true);
+    const int64_t packed_rows = pk >= 0 ? R / CPU_QP_ROWS * CPU_QP_ROWS : 0;
+    for (int i = 0; i < n; i++) {
+        const char *s = (const char *)host(src) + (size_t)ids[i] * row;
+        float *d = (float *)host(dst) + (size_t)i * (size_t)D;
+        if (ids[i] < packed_rows)
+            cpu_qpack_dequant_row(src->dtype, (const char *)host(src) + (size_t)(ids[i] / CPU_QP_ROWS) * CPU_QP_ROWS * row,
+                                  ids[i] % CPU_QP_ROWS, (int)D, d);
+        else if (!cpu_mlx_dequant_row(src->dtype, s, d, D))
+            cpu_dequant_row(src->dtype, s, d, D);
+    }
     return EMBER_OK;
 }
 
@@ -260,17 +404,20 @@ static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor
 
 typedef struct mm_job {
     const cpu_kernels *k;
+    cpu_mlx_gemm_fn mlx_gemm;
     const float *x;
     const void *act[3]; /* quantized x per cpu_act_kind (NULL when unused) */
     int M, K;
     int n;
     const ember_matmul *mm;
-    int block;             /* weight rows per task */
+    int block;             /* weight rows per task (a multiple of CPU_QP_ROWS) */
     int first_task[MAX_MM + 1];
+    bool packed[MAX_MM]; /* mm[i].w is packed (qkern.h) */
+    unsigned char *qscratch; /* per thread, qscratch_bytes each */
+    size_t qscratch_bytes;
 } mm_job;
 
 static void mm_task(void *ctx, int task, int thread) {
-    (void)thread;
     const mm_job *j = ctx;
     int i = 0;
     while (task >= j->first_task[i + 1]) i++;
@@ -282,10 +429,14 @@ static void mm_task(void *ctx, int task, int thread) {
     size_t row = cpu_row_bytes(dt, j->K);
     const char *w = (const char *)host(m->w) + (size_t)n0 * row;
     float *out = (float *)host(m->out) + n0;
-    cpu_act_kind ak = cpu_act_kind_for(dt);
-    if (ak != CPU_ACT_NONE) {
-        cpu_qgemm_fn_t fn = j->k->qgemm[dt] ? j->k->qgemm[dt] : cpu_qgemm_generic(dt);
-        fn(w, row, nn, j->act[ak], cpu_act_row_bytes(ak, j->K), j->M, j->K, out, (size_t)N);
+    cpu_act_kind ak = act_kind(dt);
+    int mlx_bits, mlx_group;
+    if (ember_dtype_mlx_params(dt, &mlx_bits, &mlx_group)) {
+        j->mlx_gemm(mlx_bits, mlx_group, w, row, nn, j->act[ak], cpu_act_row_bytes(ak, j->K), j->M, j->K, out,
+                    (size_t)N);
+    } else if (ak != CPU_ACT_NONE) {
+        cpu_qmatmul(j->k, dt, w, j->packed[i], nn, j->act[ak], cpu_act_row_bytes(ak, j->K), j->M, j->K, out, (size_t)N,
+                    j->qscratch + (size_t)thread * j->qscratch_bytes);
     } else {
         cpu_gemm_fn fn = dt == EMBER_F32 ? j->k->gemm_f32 : dt == EMBER_F16 ? j->k->gemm_f16 : j->k->gemm_bf16;
         fn(w, (size_t)j->K, nn, j->x, (size_t)j->K, j->M, j->K, out, (size_t)N);
@@ -300,6 +451,7 @@ static void mm_task(void *ctx, int task, int thread) {
 }
 
 typedef struct act_job {
+    const cpu_kernels *k;
     const float *x;
     void *dst;
     int K;
@@ -313,9 +465,9 @@ static void act_task(void *ctx, int row, int thread) {
     const float *x = j->x + (size_t)row * (size_t)j->K;
     void *d = (char *)j->dst + (size_t)row * rb;
     if (j->kind == CPU_ACT_32)
-        cpu_quantize_act32(x, j->K, d);
+        j->k->quantize_act32(x, j->K, d);
     else
-        cpu_quantize_act256(x, j->K, d);
+        j->k->quantize_act256(x, j->K, d);
 }
 
 /* Quantizes the M rows of x into the backend's buffer for kind. */
@@ -331,7 +483,7 @@ static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_k
         c->act[kind] = p;
         c->act_cap[kind] = bytes;
     }
-    act_job j = {x, c->act[kind], K, kind};
+    act_job j = {c->k, x, c->act[kind], K, kind};
     if ((size_t)M * (size_t)K < 65536) {
         for (int r = 0; r < M; r++) act_task(&j, r, 0);
     } else {
@@ -362,7 +514,7 @@ static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const emb
         if (cpu_row_bytes(m->w->dtype, K) == 0)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: rows of %lld are not whole %s blocks",
                              (long long)K, ember_dtype_get(m->w->dtype)->name);
-        need[cpu_act_kind_for(m->w->dtype)] = true;
+        need[act_kind(m->w->dtype)] = true;
         int64_t N = m->w->shape[0];
         if (ember_tensor_row_len(m->out) != N || ember_tensor_rows(m->out) != M)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output shape is not [%lld, %lld]",
@@ -372,13 +524,26 @@ static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const emb
         total += N;
     }
     if (total > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output too large");
-    mm_job j = {.k = c->k, .x = host(x), .M = (int)M, .K = (int)K, .n = n, .mm = mm};
+    mm_job j = {.k = c->k, .mlx_gemm = c->mlx_gemm, .x = host(x), .M = (int)M, .K = (int)K, .n = n, .mm = mm};
     for (int kind = CPU_ACT_32; kind <= CPU_ACT_256; kind++)
         if (need[kind] && (rc = quantize_acts(c, j.x, (int)M, (int)K, (cpu_act_kind)kind, &j.act[kind], err)))
             return rc;
-    int64_t want = total / ((int64_t)c->n_threads * 4);
-    int block = (int)((want + 3) & ~(int64_t)3);
-    if (block < 16) block = 16;
+    size_t qs = 0;
+    for (int i = 0; i < n; i++) {
+        ember_dtype dt = mm[i].w->dtype;
+        if (!c->k->qgemm_packed[dt]) continue;
+        size_t b = cpu_qmatmul_scratch_bytes(dt, (int)K, (int)M);
+        if (b > qs) qs = b;
+        if ((rc = packed_ensure(c, mm[i].w, &j.packed[i], err))) return rc;
+    }
+    if ((rc = ensure_qscratch(c, qs, err))) return rc;
+    j.qscratch = c->qscratch;
+    j.qscratch_bytes = c->qscratch_bytes;
+    /* about 8 tasks per thread (taken dynamically, so a thread slowed by
+       other load takes fewer), in whole packed groups */
+    int64_t want = total / ((int64_t)c->n_threads * 8);
+    int block = (int)((want + CPU_QP_ROWS - 1) & ~(int64_t)(CPU_QP_ROWS - 1));
+    if (block < CPU_QP_ROWS) block = CPU_QP_ROWS;
     j.block = block;
     j.first_task[0] = 0;
     for (int i = 0; i < n; i++) {
@@ -597,6 +762,8 @@ static void cpu_free(ember_backend *be) {
     cpu_backend *c = cpu(be);
     ember_pool_free(c->pool);
     free(c->scratch);
+    free(c->qscratch);
+    free(c->packed);
     for (int i = 0; i < 3; i++) free(c->act[i]);
     free(c);
 }
@@ -639,6 +806,7 @@ int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_
     c->n_threads = n;
     c->zero_copy = p && p->zero_copy;
     c->k = ember_cpu_kernels_for(isa);
+    c->mlx_gemm = cpu_mlx_gemm_for(c->k);
     c->base.ops = &k_cpu_ops;
     c->base.impl = c;
     if (p) c->base.log = p->log;

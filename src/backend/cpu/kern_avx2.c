@@ -61,8 +61,9 @@ const cpu_kernels ember_cpu_kernels_avx2 = {
     .gemm_f32 = avx2_gemm_f32,
     .gemm_f16 = avx2_gemm_f16,
     .gemm_bf16 = avx2_gemm_bf16,
-    .qgemm = {[EMBER_Q8_0] = avx2_q8_0, [EMBER_Q4_0] = avx2_q4_0, [EMBER_Q5_0] = avx2_q5_0, [EMBER_Q4_K] = avx2_q4_k,
-              [EMBER_Q5_K] = avx2_q5_k, [EMBER_Q6_K] = avx2_q6_k},
+    QP_TABLE,
+    .quantize_act32 = avx2_quant_act32,
+    .quantize_act256 = avx2_quant_act256,
     .dot = avx2_dot,
     .axpy = avx2_axpy,
 };

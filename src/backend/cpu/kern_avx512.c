@@ -58,8 +58,9 @@ const cpu_kernels AVX512_TABLE = {
     .gemm_f32 = avx512_gemm_f32,
     .gemm_f16 = avx512_gemm_f16,
     .gemm_bf16 = avx512_gemm_bf16,
-    .qgemm = {[EMBER_Q8_0] = avx512_q8_0, [EMBER_Q4_0] = avx512_q4_0, [EMBER_Q5_0] = avx512_q5_0,
-              [EMBER_Q4_K] = avx512_q4_k, [EMBER_Q5_K] = avx512_q5_k, [EMBER_Q6_K] = avx512_q6_k},
+    QP_TABLE,
+    .quantize_act32 = avx512_quant_act32,
+    .quantize_act256 = avx512_quant_act256,
     .dot = avx512_dot,
     .axpy = avx512_axpy,
 };

@@ -1,14 +1,17 @@
 /*
  * kern_quant.c - the plain-C side of quantized weights in the CPU backend
  * (see qkern.h): activation quantizers, exact row dequantization for
- * get_rows, and the canonical dot products, which are the scalar kernels
- * and the reference every SIMD kernel must match bit for bit.
+ * get_rows, the canonical dot products, which are the scalar kernels and
+ * the reference every SIMD kernel must match bit for bit, the packed
+ * (16-row interleaved) layouts, and cpu_qmatmul, which runs a kernel on
+ * packed or row-major weights.
  *
  * Compiled with baseline flags only; -ffp-contract=off keeps every
  * multiply and add as written, and fmaf is the C library's correctly
  * rounded fused multiply-add. No state; any thread may call anything here.
  */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -57,17 +60,21 @@ static float absmax(const float *x, int n) {
 }
 
 void cpu_quantize_act32(const float *x, int K, void *dst) {
-    cpu_act32 *b = dst;
-    for (int i = 0; i < K / 32; i++, x += 32, b++) {
+    unsigned char *p = dst;
+    for (int i = 0; i < K / 32; i++, x += 32, p += sizeof(cpu_act32)) {
+        cpu_act32 b;
+        memset(&b, 0, sizeof b);
         float a = absmax(x, 32);
         float d = a / 127.0f, id = a > 0 ? 127.0f / a : 0.0f;
         int s = 0;
         for (int e = 0; e < 32; e++) {
-            b->q[e] = q127(x[e] * id);
-            s += b->q[e];
+            b.q[e] = q127(x[e] * id);
+            s += b.q[e];
         }
-        b->d = d;
-        b->ds = d * (float)s;
+        b.d = d;
+        b.ds = d * (float)s;
+        b.s = s;
+        memcpy(p, &b, sizeof b);
     }
 }
 
@@ -75,6 +82,7 @@ void cpu_quantize_act256(const float *x, int K, void *dst) {
     unsigned char *p = dst;
     for (int i = 0; i < K / 256; i++, x += 256, p += sizeof(cpu_act256)) {
         cpu_act256 b;
+        memset(&b, 0, sizeof b);
         float a = absmax(x, 256);
         float id = a > 0 ? 127.0f / a : 0.0f;
         b.d = a / 127.0f;
@@ -85,7 +93,9 @@ void cpu_quantize_act256(const float *x, int K, void *dst) {
                 s += b.q[e];
             }
             b.bsums[j] = (int16_t)s;
+            b.bs16[j] = s;
         }
+        for (int j = 0; j < 8; j++) b.bs32[j] = b.bs16[2 * j] + b.bs16[2 * j + 1];
         memcpy(p, &b, sizeof b);
     }
 }
@@ -204,26 +214,192 @@ bool cpu_dequant_row(ember_dtype t, const void *src, float *dst, int64_t n) {
     }
 }
 
+/* ---- packed layouts (qkern.h) --------------------------------------------------- */
+
+bool cpu_qpack_has(ember_dtype t) {
+    return t == EMBER_Q4_0 || t == EMBER_Q5_0 || t == EMBER_Q8_0 || t == EMBER_Q4_K || t == EMBER_Q5_K ||
+           t == EMBER_Q6_K;
+}
+
+static inline uint32_t ld32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline void st32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+
+/* The 4 bytes of dword [k][r] of the array at off in a block group. */
+static inline size_t qp_dw(size_t off, int k, int r) {
+    return off + 4 * (16 * (size_t)k + (size_t)r);
+}
+
+/* Q5_0's high bits: bit e of qh (element e) <-> bit 8 (e % 4) + e / 4 of h. */
+static uint32_t q5_spread(uint32_t qh) {
+    uint32_t h = 0;
+    for (int e = 0; e < 32; e++) h |= ((qh >> e) & 1u) << (8 * (e % 4) + e / 4);
+    return h;
+}
+static uint32_t q5_gather(uint32_t h) {
+    uint32_t qh = 0;
+    for (int e = 0; e < 32; e++) qh |= ((h >> (8 * (e % 4) + e / 4)) & 1u) << e;
+    return qh;
+}
+
+/* One direction of the block <-> block-group mapping: put copies blk into
+   the group, get copies it back. Every byte of a block has one place. */
+static void qp_move(ember_dtype t, unsigned char *bg, int r, unsigned char *blk, bool put) {
+#define MV(goff, boff, n) (put ? memcpy(bg + (goff), blk + (boff), n) : memcpy(blk + (boff), bg + (goff), n))
+    switch (t) {
+    case EMBER_Q8_0:
+        MV(2 * (size_t)r, 0, 2);
+        for (int g = 0; g < 8; g++)
+            for (int i = 0; i < 4; i++) {
+                size_t o = qp_dw(32, g, r) + (size_t)i;
+                if (put)
+                    bg[o] = blk[2 + 4 * g + i] ^ 0x80;
+                else
+                    blk[2 + 4 * g + i] = bg[o] ^ 0x80;
+            }
+        break;
+    case EMBER_Q4_0:
+        MV(2 * (size_t)r, 0, 2);
+        for (int k = 0; k < 4; k++) MV(qp_dw(32, k, r), 2 + 4 * (size_t)k, 4);
+        break;
+    case EMBER_Q5_0:
+        MV(2 * (size_t)r, 0, 2);
+        if (put)
+            st32(bg + qp_dw(32, 0, r), q5_spread(ld32(blk + 2)));
+        else
+            st32(blk + 2, q5_gather(ld32(bg + qp_dw(32, 0, r))));
+        for (int k = 0; k < 4; k++) MV(qp_dw(96, k, r), 6 + 4 * (size_t)k, 4);
+        break;
+    case EMBER_Q4_K:
+    case EMBER_Q5_K: {
+        MV(2 * (size_t)r, 0, 2);
+        MV(32 + 2 * (size_t)r, 2, 2);
+        for (int k = 0; k < 3; k++) MV(qp_dw(64, k, r), 4 + 4 * (size_t)k, 4);
+        size_t qoff = 256, qs = 16;
+        if (t == EMBER_Q5_K) {
+            for (int k = 0; k < 8; k++) MV(qp_dw(256, k, r), 16 + 4 * (size_t)k, 4);
+            qoff = 768;
+            qs = 48;
+        }
+        for (int k = 0; k < 32; k++) MV(qp_dw(qoff, k, r), qs + 4 * (size_t)k, 4);
+        break;
+    }
+    case EMBER_Q6_K:
+        MV(2 * (size_t)r, 208, 2);
+        for (int j = 0; j < 16; j++) MV(32 + 16 * (size_t)j + (size_t)r, 192 + (size_t)j, 1);
+        for (int k = 0; k < 32; k++) MV(qp_dw(288, k, r), 4 * (size_t)k, 4);
+        for (int k = 0; k < 16; k++) MV(qp_dw(2336, k, r), 128 + 4 * (size_t)k, 4);
+        break;
+    default: break;
+    }
+#undef MV
+}
+
+void cpu_qpack_put_block(ember_dtype t, void *bg, int r, const void *blk) {
+    qp_move(t, bg, r, (unsigned char *)(uintptr_t)blk, true);
+}
+
+void cpu_qpack_get_block(ember_dtype t, const void *bg, int r, void *blk) {
+    qp_move(t, (unsigned char *)(uintptr_t)bg, r, blk, false);
+}
+
+void cpu_qpack_group(ember_dtype t, const void *src, size_t src_row, int nrows, int K, void *dst) {
+    static const unsigned char zero[292];
+    const ember_dtype_info *di = ember_dtype_get(t);
+    const size_t bb = di->block_bytes;
+    const int nb = K / (int)di->block_elems;
+    for (int b = 0; b < nb; b++) {
+        unsigned char *bg = (unsigned char *)dst + (size_t)b * CPU_QP_ROWS * bb;
+        for (int r = 0; r < CPU_QP_ROWS; r++)
+            cpu_qpack_put_block(t, bg, r,
+                                r < nrows ? (const unsigned char *)src + (size_t)r * src_row + (size_t)b * bb : zero);
+    }
+}
+
+void cpu_qunpack_group(ember_dtype t, const void *src, int K, void *dst, size_t dst_row, int nrows) {
+    const ember_dtype_info *di = ember_dtype_get(t);
+    const size_t bb = di->block_bytes;
+    const int nb = K / (int)di->block_elems;
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *bg = (const unsigned char *)src + (size_t)b * CPU_QP_ROWS * bb;
+        for (int r = 0; r < nrows; r++)
+            cpu_qpack_get_block(t, bg, r, (unsigned char *)dst + (size_t)r * dst_row + (size_t)b * bb);
+    }
+}
+
+void cpu_qpack_dequant_row(ember_dtype t, const void *g, int r, int K, float *dst) {
+    const ember_dtype_info *di = ember_dtype_get(t);
+    const size_t bb = di->block_bytes;
+    const int nb = K / (int)di->block_elems;
+    unsigned char blk[292];
+    for (int b = 0; b < nb; b++) {
+        cpu_qpack_get_block(t, (const unsigned char *)g + (size_t)b * CPU_QP_ROWS * bb, r, blk);
+        cpu_dequant_row(t, blk, dst + (size_t)b * di->block_elems, (int64_t)di->block_elems);
+    }
+}
+
+static size_t round64(size_t n) {
+    return (n + 63) & ~(size_t)63;
+}
+
+size_t cpu_qmatmul_scratch_bytes(ember_dtype t, int K, int mm) {
+    return round64(CPU_QP_ROWS * cpu_row_bytes(t, K)) + round64((size_t)mm * CPU_QP_ROWS * sizeof(float));
+}
+
+void cpu_qmatmul(const cpu_kernels *k, ember_dtype t, const void *w, bool packed, int nn, const void *xa,
+                 size_t xa_row, int mm, int K, float *out, size_t ldo, void *scratch) {
+    const size_t row = cpu_row_bytes(t, K);
+    cpu_qgemm_packed_fn pf = k->qgemm_packed[t];
+    if (!pf) {
+        cpu_qgemm_fn_t fn = k->qgemm[t] ? k->qgemm[t] : cpu_qgemm_generic(t);
+        fn(w, row, nn, xa, xa_row, mm, K, out, ldo);
+        return;
+    }
+    const unsigned char *wb = w;
+    const size_t gbytes = CPU_QP_ROWS * row;
+    unsigned char *gbuf = scratch;
+    float *tout = (float *)(void *)(gbuf + round64(gbytes));
+    const int full = nn / CPU_QP_ROWS, tail = nn % CPU_QP_ROWS;
+    if (packed && full > 0) {
+        pf(wb, full, xa, xa_row, mm, K, out, ldo);
+    } else {
+        for (int g = 0; g < full; g++) {
+            cpu_qpack_group(t, wb + (size_t)g * gbytes, row, CPU_QP_ROWS, K, gbuf);
+            pf(gbuf, 1, xa, xa_row, mm, K, out + (size_t)g * CPU_QP_ROWS, ldo);
+        }
+    }
+    if (tail) {
+        cpu_qpack_group(t, wb + (size_t)full * gbytes, row, tail, K, gbuf);
+        pf(gbuf, 1, xa, xa_row, mm, K, tout, CPU_QP_ROWS);
+        for (int m = 0; m < mm; m++)
+            memcpy(out + (size_t)m * ldo + (size_t)full * CPU_QP_ROWS, tout + (size_t)m * CPU_QP_ROWS,
+                   (size_t)tail * sizeof(float));
+    }
+}
+
 /* ---- canonical dot products ---------------------------------------------------------- */
 
-static float dot32(ember_dtype t, const unsigned char *w, const cpu_act32 *y, int nb) {
+static float dot32(ember_dtype t, const unsigned char *w, const unsigned char *ya, int nb) {
     const size_t bb = ember_dtype_get(t)->block_bytes;
     const bool has_min = t == EMBER_Q4_1 || t == EMBER_Q5_1;
-    float acc[16] = {0}, macc = 0.0f;
-    for (int b = 0; b < nb; b++, w += bb, y++) {
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++, w += bb, ya += sizeof(cpu_act32)) {
+        cpu_act32 y;
+        memcpy(&y, ya, sizeof y);
         int lv[32];
         levels32(t, w, lv);
-        float dd = cpu_h2f(w) * y->d;
-        for (int l = 0; l < 8; l++) {
-            int p = 0;
-            for (int e = 4 * l; e < 4 * l + 4; e++) p += lv[e] * y->q[e];
-            float *a = &acc[8 * (b % 2) + l];
-            *a = fmaf(dd, (float)p, *a);
-        }
-        if (has_min) macc = fmaf(cpu_h2f(w + 2), y->ds, macc);
+        int32_t s = 0;
+        for (int e = 0; e < 32; e++) s += lv[e] * y.q[e];
+        acc = fmaf(cpu_h2f(w) * y.d, (float)s, acc);
+        if (has_min) acc = fmaf(cpu_h2f(w + 2), y.ds, acc);
     }
-    float r = cpu_tree16(acc);
-    return has_min ? r + macc : r;
+    return acc;
 }
 
 static float dot256(ember_dtype t, const unsigned char *w, const unsigned char *ya, int nb) {
@@ -244,7 +420,7 @@ static float dot256(ember_dtype t, const unsigned char *w, const unsigned char *
                     p += q * y.q[e];
                 }
                 s1 += s * p;
-                s2 += m * (y.bsums[2 * j] + y.bsums[2 * j + 1]);
+                s2 += m * y.bs32[j];
             }
             acc = fmaf(cpu_h2f(w) * y.d, (float)s1, acc);
             acc = fmaf(-(cpu_h2f(w + 2) * y.d), (float)s2, acc);
@@ -276,7 +452,7 @@ static float dot256(ember_dtype t, const unsigned char *w, const unsigned char *
             for (int n = 0; n < nn; n++) {                                                                        \
                 const unsigned char *wr = (const unsigned char *)w + (size_t)n * w_row;                          \
                 out[(size_t)m * ldo + (size_t)n] =                                                                \
-                    KIND == 32 ? dot32(T, wr, (const cpu_act32 *)(const void *)x, K / 32) : dot256(T, wr, x, K / 256); \
+                    KIND == 32 ? dot32(T, wr, x, K / 32) : dot256(T, wr, x, K / 256);                            \
             }                                                                                                     \
         }                                                                                                         \
     }

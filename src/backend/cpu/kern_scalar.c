@@ -51,6 +51,8 @@ static inline float v_hsum(vec16 a) {
     return s0 + s1;
 }
 
+#include "qkern.h"
+
 #define TILE_W 2
 #define TILE_X 2
 #define KPREFIX scalar_
@@ -66,6 +68,8 @@ const cpu_kernels ember_cpu_kernels_scalar = {
     .gemm_f32 = scalar_gemm_f32,
     .gemm_f16 = scalar_gemm_f16,
     .gemm_bf16 = scalar_gemm_bf16,
+    .quantize_act32 = cpu_quantize_act32,
+    .quantize_act256 = cpu_quantize_act256,
     .dot = scalar_dot,
     .axpy = scalar_axpy,
 };

@@ -35,6 +35,12 @@ typedef void (*cpu_gemm_fn)(const void *w, size_t ldw, int nn, const float *x, s
 typedef void (*cpu_qgemm_fn_t)(const void *w, size_t w_row, int nn, const void *xa, size_t xa_row, int mm, int K,
                                float *out, size_t ldo);
 
+/* Packed quantized weights (qkern.h): out[m * ldo + 16 g + r] = canonical
+   dot of row r of packed group g (wp + g * 16 * row bytes) with activation
+   row m, for g < ngroups, r < 16, m < mm. */
+typedef void (*cpu_qgemm_packed_fn)(const void *wp, int ngroups, const void *xa, size_t xa_row, int mm, int K,
+                                    float *out, size_t ldo);
+
 typedef struct cpu_kernels {
     ember_isa isa;
     const char *variant; /* e.g. "avx512-vnni"; for logs and tests */
@@ -42,6 +48,12 @@ typedef struct cpu_kernels {
     /* per quantized dtype; NULL: use the canonical plain-C kernel
        (cpu_qgemm_generic), which gives the same bits */
     cpu_qgemm_fn_t qgemm[EMBER_DTYPE_COUNT];
+    /* per quantized dtype with a packed layout: the kernel on packed
+       weights; when set, the backend packs such weights (qkern.h) */
+    cpu_qgemm_packed_fn qgemm_packed[EMBER_DTYPE_COUNT];
+    /* the activation quantizers (qkern.h); same bytes on every ISA */
+    void (*quantize_act32)(const float *x, int K, void *dst);
+    void (*quantize_act256)(const float *x, int K, void *dst);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n); /* y += a * x */
 } cpu_kernels;

@@ -1,0 +1,108 @@
+/*
+ * kern_mlx_avx2.c - AVX2 MLX gemm, bit-identical to the canonical dot
+ * product of kern_mlx.h. Built with -mavx2 -mfma -mf16c and only called
+ * after runtime detection.
+ *
+ * Tiles of NW weight rows x MX activation rows: each 32-element sub-block
+ * is unpacked once per weight row and used for the MX activation rows, and
+ * the NW x MX accumulator chains are independent, so their latencies
+ * overlap (decode uses 4 weight rows x 1, prefill 2 x 3). Blocks go in
+ * pairs: the even block's lane partials accumulate in one ymm (canonical
+ * lanes 0-7), the odd block's in another (lanes 8-15). No state; a call
+ * writes only its own outputs.
+ */
+#include "kern_mlx_x86.h"
+
+#define NW_MAX 4
+#define MX_MAX 3
+
+MLX_AI void avx2_tile(const unsigned char *w, size_t w_row, const unsigned char *x, size_t xa_row, int nb, int G,
+                      float *out, size_t ldo, const int BITS, const int NW, const int MX) {
+    const int per_g = G / 32, sh = per_g == 1 ? 0 : per_g == 2 ? 1 : 2;
+    const size_t bb = 8 + (size_t)G * BITS / 8, sbb = 4 * (size_t)BITS, ys = sizeof(cpu_act32);
+    __m256 ev[NW_MAX][MX_MAX], od[NW_MAX][MX_MAX];
+    float macc[NW_MAX][MX_MAX];
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < MX; j++) {
+            ev[i][j] = od[i][j] = _mm256_setzero_ps();
+            macc[i][j] = 0.0f;
+        }
+    for (int b = 0; b < nb; b += 2) {
+        const bool pair = b + 1 < nb;
+        const size_t g0 = (size_t)(b >> sh) * bb, g1 = (size_t)((b + 1) >> sh) * bb;
+        const size_t c0 = 8 + (size_t)(b & (per_g - 1)) * sbb, c1 = 8 + (size_t)((b + 1) & (per_g - 1)) * sbb;
+        __m256i q0[NW_MAX], q1[NW_MAX];
+        float s0[NW_MAX], m0[NW_MAX], s1[NW_MAX], m1[NW_MAX];
+        for (int i = 0; i < NW; i++) {
+            const unsigned char *wr = w + (size_t)i * w_row;
+            s0[i] = mlx_f32(wr + g0);
+            m0[i] = mlx_f32(wr + g0 + 4);
+            q0[i] = mlx_unpack(wr + g0 + c0, BITS);
+            if (pair) {
+                s1[i] = mlx_f32(wr + g1);
+                m1[i] = mlx_f32(wr + g1 + 4);
+                q1[i] = mlx_unpack(wr + g1 + c1, BITS);
+            }
+        }
+        for (int j = 0; j < MX; j++) {
+            const unsigned char *y0 = x + (size_t)j * xa_row + (size_t)b * ys, *y1 = y0 + ys;
+            const __m256i yq0 = _mm256_loadu_si256((const __m256i *)(const void *)(y0 + MLX_YQ));
+            const float yd0 = mlx_f32(y0), yds0 = mlx_f32(y0 + 4);
+            for (int i = 0; i < NW; i++) {
+                __m256i p = mlx_dot4(q0[i], yq0, BITS);
+                ev[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(s0[i] * yd0), _mm256_cvtepi32_ps(p), ev[i][j]);
+                macc[i][j] = __builtin_fmaf(m0[i], yds0, macc[i][j]);
+            }
+            if (!pair) continue;
+            const __m256i yq1 = _mm256_loadu_si256((const __m256i *)(const void *)(y1 + MLX_YQ));
+            const float yd1 = mlx_f32(y1), yds1 = mlx_f32(y1 + 4);
+            for (int i = 0; i < NW; i++) {
+                __m256i p = mlx_dot4(q1[i], yq1, BITS);
+                od[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(s1[i] * yd1), _mm256_cvtepi32_ps(p), od[i][j]);
+                macc[i][j] = __builtin_fmaf(m1[i], yds1, macc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < MX; j++) out[(size_t)j * ldo + (size_t)i] = mlx_hsum(ev[i][j], od[i][j]) + macc[i][j];
+}
+
+#define TILE(NW, MX) avx2_tile(wr, w_row, x, xa_row, nb, G, o + n, ldo, BITS, NW, MX)
+
+MLX_AI void avx2_gemm(int G, const void *w, size_t w_row, int nn, const void *xa, size_t xa_row, int mm, int K,
+                      float *out, size_t ldo, const int BITS) {
+    const int nb = K / 32;
+    for (int m0 = 0; m0 < mm; m0 += MX_MAX) {
+        const int mx = mm - m0 < MX_MAX ? mm - m0 : MX_MAX;
+        const unsigned char *x = (const unsigned char *)xa + (size_t)m0 * xa_row;
+        float *o = out + (size_t)m0 * ldo;
+        int n = 0;
+        for (; mx == 1 && n + 4 <= nn; n += 4) {
+            const unsigned char *wr = (const unsigned char *)w + (size_t)n * w_row;
+            TILE(4, 1);
+        }
+        for (; mx > 1 && n + 2 <= nn; n += 2) {
+            const unsigned char *wr = (const unsigned char *)w + (size_t)n * w_row;
+            if (mx == 3) TILE(2, 3);
+            else TILE(2, 2);
+        }
+        for (; n < nn; n++) {
+            const unsigned char *wr = (const unsigned char *)w + (size_t)n * w_row;
+            if (mx == 3) TILE(1, 3);
+            else if (mx == 2) TILE(1, 2);
+            else TILE(1, 1);
+        }
+    }
+}
+
+void cpu_mlx_gemm_avx2(int bits, int G, const void *w, size_t w_row, int nn, const void *xa, size_t xa_row, int mm,
+                       int K, float *out, size_t ldo) {
+    switch (bits) {
+    case 2: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 2); break;
+    case 3: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 3); break;
+    case 4: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 4); break;
+    case 5: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 5); break;
+    case 6: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 6); break;
+    default: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 8); break;
+    }
+}

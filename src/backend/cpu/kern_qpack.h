@@ -1,0 +1,317 @@
+/*
+ * kern_qpack.h - the quantized gemm kernels on packed weights (qkern.h:
+ * groups of 16 rows, one row per 32-bit lane), written once for every SIMD
+ * ISA. Included by kern_avx2.c and kern_avx512.c (twice: with and without
+ * VNNI) after they define, for vectors of QL 32-bit lanes (8 or 16):
+ *   qv, fv                      integer and f32 vectors
+ *   qv_zero, qv_load(p), qv_and, qv_add (i32), qv_mullo (i32), qv_set1 (i32),
+ *   qv_set8 (i8), qv_bcast(p)   (the dword at p in every lane),
+ *   qv_srl16(v, n), qv_sll32(v, n), qv_srl32(v, n),
+ *   qv_or_and(a, b, m)          a | (b & m),
+ *   qv_cvt_s8(p)                QL int8 at p sign-extended to i32 lanes,
+ *   qv_dot4(acc, w, y)          acc + per lane sum of the four products of
+ *                               unsigned bytes w (<= 63) and signed bytes y,
+ *   qv_dot4_q8(acc, w, y)       the same for Q8_0's stored bytes w = level ^
+ *                               0x80; Q8_INIT * sum(y) is the start value
+ *                               that makes the result sum(level * y) exact,
+ *   fv_zero, fv_load_h(p)       (QL halves), fv_bcast(p) (the f32 at p),
+ *   fv_mul, fv_fma(a, b, c) = a * b + c, fv_fnma(a, b, c) = -(a * b) + c
+ *   (one rounding each), fv_cvt (i32 -> f32), fv_store(p, v),
+ *   QP_NX                       activation rows per register tile (4 or 8),
+ *   KPREFIX                     the name prefix.
+ * With QL = 8 a group is processed as two halves (rows 0-7, 8-15).
+ *
+ * Every output is one lane of one f32 accumulator that takes exactly the
+ * canonical fused multiply-adds of qkern.h in block order; the integer sums
+ * before them are exact (no intermediate can overflow: see qkern.h's level
+ * ranges; the emulated dot4 stays below 2^15 per byte pair). So results are
+ * bit-identical across ISAs, tiles and batches.
+ *
+ * Loop order: for each group and half, activation rows in tiles of QP_NX
+ * (then 4, 2, 1 for the rest), and for each tile the blocks in order. The
+ * weights of a group (at most 139 KB, Q8_0 with K = 8192) stay in L2 while
+ * the activation tiles sweep them; decode (one row) streams each group once.
+ * No state; a call writes only its own outputs.
+ */
+
+/* Byte offsets of half h inside the per-row arrays of a block group. */
+#define QP_DW(h) ((size_t)(4 * QL) * (size_t)(h))
+#define QP_HF(h) ((size_t)(2 * QL) * (size_t)(h))
+#define QP_B8(h) ((size_t)QL * (size_t)(h))
+
+/* v shifted left by n bits (right by -n), per 32-bit lane. */
+#define QP_SHIFT(v, n) ((n) > 0 ? qv_sll32(v, (n) > 0 ? (n) : 0) : (n) < 0 ? qv_srl32(v, (n) < 0 ? -(n) : 0) : (v))
+
+/* ---- 32-element types ------------------------------------------------------ */
+
+/* Dword groups 4q .. 4q+3 of block group p as unsigned levels (Q4_0: the
+   nibble, Q5_0: nibble + 16 * high bit, Q8_0: the stored byte). */
+ALWAYS_INLINE void qp32_quad(const unsigned char *p, int q, qv w[4], const int T, const int h) {
+    if (T == EMBER_Q8_0) {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) w[k] = qv_load(p + 32 + 64 * (4 * q + k) + QP_DW(h));
+        return;
+    }
+    const qv m4 = qv_set8(0x0F);
+    const size_t qo = T == EMBER_Q4_0 ? 32 : 96;
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        qv v = qv_load(p + qo + 64 * k + QP_DW(h));
+        w[k] = q ? qv_and(qv_srl16(v, 4), m4) : qv_and(v, m4);
+    }
+    if (T == EMBER_Q5_0) {
+        const qv m10 = qv_set8(0x10);
+        const qv H = qv_load(p + 32 + QP_DW(h));
+        /* group g's high bits sit at bit g of each byte: move them to bit 4 */
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) w[k] = qv_or_and(w[k], QP_SHIFT(H, 4 - (4 * q + k)), m10);
+    }
+}
+
+ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned char *x, size_t x_row, float *out,
+                             size_t ldo, const int NX, const int T, const int h) {
+    const size_t BG = 16 * (size_t)(T == EMBER_Q8_0 ? 34 : T == EMBER_Q4_0 ? 18 : 22);
+    const int init = T == EMBER_Q8_0 ? Q8_INIT : T == EMBER_Q4_0 ? -8 : -16;
+    const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row */
+    fv acc[QP_NX];
+#pragma GCC unroll 8
+    for (int j = 0; j < NX; j++) acc[j] = fv_zero();
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *p = wg + (size_t)b * BG;
+        qv s[QP_NX][2];
+#pragma GCC unroll 8
+        for (int j = 0; j < NX; j++) {
+            int32_t ys;
+            memcpy(&ys, x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) + offsetof(cpu_act32, s), 4);
+            s[j][0] = qv_set1(init * ys);
+            s[j][1] = qv_zero();
+        }
+#pragma GCC unroll 2
+        for (int q = 0; q < 2; q++) {
+            qv w[4];
+            qp32_quad(p, q, w, T, h);
+#pragma GCC unroll 8
+            for (int j = 0; j < NX; j++) {
+                const unsigned char *yq = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) +
+                                          offsetof(cpu_act32, q) + 16 * (size_t)q;
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    qv *sk = &s[j][NS == 2 ? k & 1 : 0];
+                    *sk = T == EMBER_Q8_0 ? qv_dot4_q8(*sk, w[k], qv_bcast(yq + 4 * k))
+                                          : qv_dot4(*sk, w[k], qv_bcast(yq + 4 * k));
+                }
+            }
+        }
+        const fv dw = fv_load_h(p + QP_HF(h));
+#pragma GCC unroll 8
+        for (int j = 0; j < NX; j++) {
+            const unsigned char *y = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32);
+            qv t = NS == 2 ? qv_add(s[j][0], s[j][1]) : s[j][0];
+            acc[j] = fv_fma(fv_mul(dw, fv_bcast(y + offsetof(cpu_act32, d))), fv_cvt(t), acc[j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NX; j++) fv_store(out + (size_t)j * ldo + QL * (size_t)h, acc[j]);
+}
+
+/* ---- Q4_K, Q5_K -------------------------------------------------------------------- */
+
+/* Sub-block j's 6-bit scale and min for the lanes' rows, from the three
+   scale dwords D[0..2] (qkern.h cpu_k4_scale_min, lane-wise). */
+ALWAYS_INLINE void qpk_scale_min(const qv D[3], int j, qv *sc, qv *mn) {
+    const qv m63 = qv_set1(63), m15 = qv_set1(15), m48 = qv_set1(0x30);
+    if (j < 4) {
+        *sc = qv_and(qv_srl32(D[0], 8 * j), m63);
+        *mn = qv_and(qv_srl32(D[1], 8 * j), m63);
+    } else {
+        const int s = 8 * (j - 4);
+        *sc = qv_or_and(qv_and(qv_srl32(D[2], s), m15), qv_srl32(D[0], s + 2), m48);
+        *mn = qv_or_and(qv_and(qv_srl32(D[2], s + 4), m15), qv_srl32(D[1], s + 2), m48);
+    }
+}
+
+ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned char *x, size_t x_row, float *out,
+                             size_t ldo, const int NX, const int T, const int h) {
+    const size_t BG = T == EMBER_Q4_K ? 2304 : 2816, qoff = T == EMBER_Q4_K ? 256 : 768;
+    const int NS = NX <= 2 ? 2 : 1;
+    const qv m4 = qv_set8(0x0F), m10 = qv_set8(0x10);
+    fv acc[QP_NX];
+#pragma GCC unroll 8
+    for (int j = 0; j < NX; j++) acc[j] = fv_zero();
+    for (int b = 0; b < nsb; b++) {
+        const unsigned char *p = wg + (size_t)b * BG;
+        const unsigned char *yb = x + (size_t)b * sizeof(cpu_act256);
+        qv D[3];
+#pragma GCC unroll 3
+        for (int k = 0; k < 3; k++) D[k] = qv_load(p + 64 + 64 * k + QP_DW(h));
+        qv S1[QP_NX], S2[QP_NX];
+#pragma GCC unroll 8
+        for (int c = 0; c < NX; c++) S1[c] = S2[c] = qv_zero();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            qv sc, mn;
+            qpk_scale_min(D, j, &sc, &mn);
+            qv P[QP_NX][2];
+#pragma GCC unroll 8
+            for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                qv v = qv_load(p + qoff + 64 * (8 * (j / 2) + t) + QP_DW(h));
+                qv w = j & 1 ? qv_and(qv_srl16(v, 4), m4) : qv_and(v, m4);
+                if (T == EMBER_Q5_K) /* bit j of qh byte 4t + i: element 32j + 4t + i */
+                    w = qv_or_and(w, QP_SHIFT(qv_load(p + 256 + 64 * t + QP_DW(h)), 4 - j), m10);
+#pragma GCC unroll 8
+                for (int c = 0; c < NX; c++) {
+                    qv *pc = &P[c][NS == 2 ? t & 1 : 0];
+                    *pc = qv_dot4(*pc, w, qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 32 * j + 4 * t));
+                }
+            }
+#pragma GCC unroll 8
+            for (int c = 0; c < NX; c++) {
+                const unsigned char *y = yb + (size_t)c * x_row;
+                qv pj = NS == 2 ? qv_add(P[c][0], P[c][1]) : P[c][0];
+                S1[c] = qv_add(S1[c], qv_mullo(pj, sc));
+                S2[c] = qv_add(S2[c], qv_mullo(mn, qv_bcast(y + offsetof(cpu_act256, bs32) + 4 * j)));
+            }
+        }
+        const fv d = fv_load_h(p + QP_HF(h)), dm = fv_load_h(p + 32 + QP_HF(h));
+#pragma GCC unroll 8
+        for (int c = 0; c < NX; c++) {
+            const fv yd = fv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, d));
+            acc[c] = fv_fma(fv_mul(d, yd), fv_cvt(S1[c]), acc[c]);
+            acc[c] = fv_fnma(fv_mul(dm, yd), fv_cvt(S2[c]), acc[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < NX; c++) fv_store(out + (size_t)c * ldo + QL * (size_t)h, acc[c]);
+}
+
+/* ---- Q6_K ------------------------------------------------------------------------ */
+
+ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned char *x, size_t x_row, float *out,
+                             size_t ldo, const int NX, const int T, const int h) {
+    (void)T;
+    const int NS = NX <= 2 ? 2 : 1;
+    const qv m4 = qv_set8(0x0F), m48 = qv_set8(0x30);
+    fv acc[QP_NX];
+#pragma GCC unroll 8
+    for (int j = 0; j < NX; j++) acc[j] = fv_zero();
+    for (int b = 0; b < nsb; b++) {
+        const unsigned char *p = wg + (size_t)b * 3360;
+        const unsigned char *yb = x + (size_t)b * sizeof(cpu_act256);
+        qv S1[QP_NX];
+#pragma GCC unroll 8
+        for (int c = 0; c < NX; c++) S1[c] = qv_zero();
+        for (int n = 0; n < 2; n++) {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+#pragma GCC unroll 2
+                for (int u = 0; u < 2; u++) {
+                    const int j = 8 * n + 2 * k + u; /* sub-block: elements 16j .. 16j+15 */
+                    qv P[QP_NX][2];
+#pragma GCC unroll 8
+                    for (int c = 0; c < NX; c++) {
+                        int32_t bs;
+                        memcpy(&bs, yb + (size_t)c * x_row + offsetof(cpu_act256, bs16) + 4 * (size_t)j, 4);
+                        P[c][0] = qv_set1(-32 * bs);
+                        P[c][1] = qv_zero();
+                    }
+#pragma GCC unroll 4
+                    for (int t = 4 * u; t < 4 * u + 4; t++) {
+                        qv l = qv_load(p + 288 + 64 * (16 * n + 8 * (k & 1) + t) + QP_DW(h));
+                        qv hb = qv_load(p + 2336 + 64 * (8 * n + t) + QP_DW(h));
+                        qv w = qv_or_and(k < 2 ? qv_and(l, m4) : qv_and(qv_srl16(l, 4), m4), QP_SHIFT(hb, 4 - 2 * k),
+                                         m48);
+#pragma GCC unroll 8
+                        for (int c = 0; c < NX; c++) {
+                            qv *pc = &P[c][NS == 2 ? t & 1 : 0];
+                            *pc = qv_dot4(*pc, w,
+                                          qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 128 * n + 32 * k +
+                                                   4 * t));
+                        }
+                    }
+                    const qv sc = qv_cvt_s8(p + 32 + 16 * j + QP_B8(h));
+#pragma GCC unroll 8
+                    for (int c = 0; c < NX; c++) {
+                        qv pj = NS == 2 ? qv_add(P[c][0], P[c][1]) : P[c][0];
+                        S1[c] = qv_add(S1[c], qv_mullo(pj, sc));
+                    }
+                }
+            }
+        }
+        const fv d = fv_load_h(p + QP_HF(h));
+#pragma GCC unroll 8
+        for (int c = 0; c < NX; c++) {
+            const fv yd = fv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, d));
+            acc[c] = fv_fma(fv_mul(d, yd), fv_cvt(S1[c]), acc[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < NX; c++) fv_store(out + (size_t)c * ldo + QL * (size_t)h, acc[c]);
+}
+
+/* ---- drivers --------------------------------------------------------------------- */
+
+#define QP_TILE(T)                                                                                                 \
+    ((T) == EMBER_Q4_K || (T) == EMBER_Q5_K ? 1 : (T) == EMBER_Q6_K ? 2 : 0)
+
+ALWAYS_INLINE void qp_call(const unsigned char *wg, int nb, const unsigned char *x, size_t x_row, float *out,
+                           size_t ldo, const int NX, const int T, const int h) {
+    if (QP_TILE(T) == 1)
+        qpk4_tile(wg, nb, x, x_row, out, ldo, NX, T, h);
+    else if (QP_TILE(T) == 2)
+        qpk6_tile(wg, nb, x, x_row, out, ldo, NX, T, h);
+    else
+        qp32_tile(wg, nb, x, x_row, out, ldo, NX, T, h);
+}
+
+ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t xa_row, int mm, int K, float *out,
+                            size_t ldo, const int T) {
+    const int kq = QP_TILE(T) != 0;
+    const int nb = kq ? K / 256 : K / 32;
+    const size_t bb = T == EMBER_Q8_0   ? 34
+                      : T == EMBER_Q4_0 ? 18
+                      : T == EMBER_Q5_0 ? 22
+                      : T == EMBER_Q4_K ? 144
+                      : T == EMBER_Q5_K ? 176
+                                        : 210;
+    const size_t gbytes = 16 * bb * (size_t)nb;
+    const unsigned char *x = xa;
+    for (int g = 0; g < ngroups; g++) {
+        const unsigned char *wg = (const unsigned char *)wp + (size_t)g * gbytes;
+        float *og = out + 16 * (size_t)g;
+        for (int h = 0; h < 16 / QL; h++) {
+            int m = 0;
+            for (; m + QP_NX <= mm; m += QP_NX)
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, QP_NX, T, h);
+#if QP_NX > 4
+            if (m + 4 <= mm) {
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 4, T, h);
+                m += 4;
+            }
+#endif
+            if (m + 2 <= mm) {
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 2, T, h);
+                m += 2;
+            }
+            if (m < mm) qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 1, T, h);
+        }
+    }
+}
+
+#define QP_ENTRY(name, T)                                                                                          \
+    static void CAT(KPREFIX, name)(const void *wp, int ngroups, const void *xa, size_t xa_row, int mm, int K,      \
+                                   float *out, size_t ldo) {                                                       \
+        qp_drive(wp, ngroups, xa, xa_row, mm, K, out, ldo, T);                                                     \
+    }
+QP_ENTRY(qp_q8_0, EMBER_Q8_0)
+QP_ENTRY(qp_q4_0, EMBER_Q4_0)
+QP_ENTRY(qp_q5_0, EMBER_Q5_0)
+QP_ENTRY(qp_q4_k, EMBER_Q4_K)
+QP_ENTRY(qp_q5_k, EMBER_Q5_K)
+QP_ENTRY(qp_q6_k, EMBER_Q6_K)
+
+#define QP_TABLE                                                                                                   \
+    .qgemm_packed = {[EMBER_Q8_0] = CAT(KPREFIX, qp_q8_0), [EMBER_Q4_0] = CAT(KPREFIX, qp_q4_0),                   \
+                     [EMBER_Q5_0] = CAT(KPREFIX, qp_q5_0), [EMBER_Q4_K] = CAT(KPREFIX, qp_q4_k),                   \
+                     [EMBER_Q5_K] = CAT(KPREFIX, qp_q5_k), [EMBER_Q6_K] = CAT(KPREFIX, qp_q6_k)}

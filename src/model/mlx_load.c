@@ -1,0 +1,64 @@
+/*
+ * mlx_load.c - see mlx_load.h. Decides from config.json's quantization
+ * entries and the tensors present whether a matrix is MLX-quantized (as
+ * mlx-lm does: an explicit per-module entry wins, otherwise the presence
+ * of "<module>.scales"), then hands the three tensors to
+ * formats/mlx_quant.h to be checked and repacked.
+ *
+ * Ownership: the returned block buffer belongs to the caller. No state.
+ */
+#include "mlx_load.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "formats/mlx_quant.h"
+
+int ember_mlx_load_weight(const ember_weights *w, const ember_model_config *cfg, const char *name, int64_t N,
+                          int64_t K, void **blocks, size_t *nbytes, ember_dtype *dtype, ember_error *err) {
+    *blocks = NULL;
+    *nbytes = 0;
+    *dtype = EMBER_DTYPE_INVALID;
+    static const char suffix[] = ".weight";
+    size_t len = strlen(name), sl = sizeof suffix - 1;
+    if (len <= sl || len - sl >= 200 || strcmp(name + len - sl, suffix) != 0) return EMBER_OK;
+    char module[200], sname[216], bname[216];
+    memcpy(module, name, len - sl);
+    module[len - sl] = '\0';
+    snprintf(sname, sizeof sname, "%s.scales", module);
+    snprintf(bname, sizeof bname, "%s.biases", module);
+    const char *wfile = w->primary, *sfile = w->primary, *bfile = w->primary;
+    const ember_st_tensor *wt = ember_weights_find(w, name, &wfile);
+    const ember_st_tensor *st = ember_weights_find(w, sname, &sfile);
+    const ember_st_tensor *bt = ember_weights_find(w, bname, &bfile);
+    int bits, G;
+    ember_qmod_kind kind = ember_config_quant_module(cfg, module, &bits, &G);
+    if (cfg->quant.bits == 0) {
+        if (st)
+            return ember_err(err, EMBER_ERR_FORMAT,
+                             "%s: tensor '%s' is present but config.json has no \"quantization\" (MLX group_size / bits)",
+                             sfile, sname);
+        return EMBER_OK;
+    }
+    if (kind == EMBER_QMOD_FLOAT) {
+        if (st)
+            return ember_err(err, EMBER_ERR_FORMAT,
+                             "%s: tensor '%s' is present but config.json's quantization marks '%s' false (unquantized)",
+                             sfile, sname, module);
+        return EMBER_OK;
+    }
+    if (!st) {
+        if (kind == EMBER_QMOD_QUANT || (wt && wt->dtype == EMBER_U32))
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: missing tensor '%s' for the MLX-quantized '%s' (%d bits, group %d)",
+                             w->primary, sname, name, bits, G);
+        return EMBER_OK;
+    }
+    if (!wt) return ember_err(err, EMBER_ERR_FORMAT, "%s: missing tensor '%s' (its scales are in %s)", w->primary, name, sfile);
+    if (!bt)
+        return ember_err(err, EMBER_ERR_FORMAT,
+                         "%s: missing tensor '%s' (MLX affine quantization needs scales and biases)", w->primary, bname);
+    ember_mlx_part pw = {name, wfile, wt}, ps = {sname, sfile, st}, pb = {bname, bfile, bt};
+    int rc = ember_mlx_repack(&pw, &ps, &pb, bits, G, N, K, blocks, nbytes, err);
+    if (!rc) *dtype = ember_dtype_mlx(bits, G);
+    return rc;
+}

@@ -1,0 +1,31 @@
+/*
+ * mlx_load.h - loading MLX-quantized matrices (the mlx-community layout:
+ * "<module>.weight" packed U32 codes, "<module>.scales", "<module>.biases")
+ * from a safetensors weight store into Ember's MLX block dtypes.
+ */
+#ifndef EMBER_MODEL_MLX_LOAD_H
+#define EMBER_MODEL_MLX_LOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "formats/config.h"
+#include "formats/weights.h"
+
+/*
+ * Looks at the weight `name` ("<module>.weight", a [N, K] matrix) of w. If
+ * it is MLX-quantized (its module has "<module>.scales", or config.json
+ * quantizes it explicitly), checks the three tensors against the module's
+ * bits and group size from cfg and repacks them: *blocks is then a malloc'd
+ * buffer of *nbytes bytes of dtype *dtype, which the caller frees. When the
+ * weight is a plain float matrix, returns EMBER_OK with *blocks NULL.
+ * Errors are one line naming the file and tensor: scales without a
+ * quantization config, scales for a module the config marks false, missing
+ * scales or biases, wrong shapes or dtypes, a wrong packed width.
+ */
+int ember_mlx_load_weight(const ember_weights *w, const ember_model_config *cfg, const char *name, int64_t N,
+                          int64_t K, void **blocks, size_t *nbytes, ember_dtype *dtype, ember_error *err);
+
+#endif

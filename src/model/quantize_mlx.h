@@ -1,0 +1,44 @@
+/*
+ * quantize_mlx.h - writing a HuggingFace llama-family model (F32 / F16 /
+ * BF16 safetensors) as an MLX affine-quantized model directory in the
+ * mlx-community layout, as mlx-lm's converter would (formats/mlx_quant.h
+ * describes the format and the quantizer).
+ */
+#ifndef EMBER_MODEL_QUANTIZE_MLX_H
+#define EMBER_MODEL_QUANTIZE_MLX_H
+
+#include <stdbool.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+typedef struct ember_mlx_qopts {
+    int bits;       /* 2, 3, 4, 5, 6 or 8 */
+    int group_size; /* 32, 64 or 128 */
+    /* 0, or mlx-lm's mixed recipe (mixed_<bits>_<high_bits>): the v_proj
+       and down_proj of layers i < n/8, i >= 7n/8 and (i - n/8) % 3 == 2,
+       and lm_head, get high_bits; every quantized module is then listed in
+       config.json with its parameters, as mlx-lm writes it. */
+    int high_bits;
+    /* dtype of scales and biases (F32, F16, BF16), or EMBER_DTYPE_INVALID:
+       each matrix's own dtype, as mlx-lm does. */
+    ember_dtype scale_dtype;
+} ember_mlx_qopts;
+
+/* "mlx2" .. "mlx8" (*bits, *high_bits 0) and "mlx_mixed_<b>_<h>"; false
+   for other names or unsupported widths. */
+bool ember_mlx_qtype_parse(const char *name, int *bits, int *high_bits);
+
+/*
+ * Reads the model directory in_dir and writes out_dir (created if missing):
+ * config.json (the input's, plus "quantization" and "quantization_config":
+ * {"group_size", "bits", "mode": "affine"} and any per-module entries),
+ * model.safetensors, and copies of the tokenizer and generation config
+ * files that exist. Every 2-D float "<module>.weight" whose rows are whole
+ * groups becomes "<module>.weight" (U32 packed codes), "<module>.scales" and
+ * "<module>.biases"; other tensors are copied unchanged (lm_head.weight is
+ * dropped when the embeddings are tied, rotary inv_freq buffers always).
+ */
+int ember_quantize_to_mlx(const char *in_dir, const char *out_dir, const ember_mlx_qopts *opts, ember_error *err);
+
+#endif
