@@ -7,13 +7,15 @@
  * usage: loadgen --port P [--concurrency 4] [--requests 32] [--prompt-len 128]
  *                [--max-tokens 128] [--vocab 32000] [--timeout 600] [--json]
  *
- * Prompts are random token ids (so no tokenizer differences enter), sent as
+ * Prompts are random token ids below --vocab (so no tokenizer differences
+ * enter; request i's prompt is the same in every run), sent as
  * {"prompt": [ids], "max_tokens": N, "stream": true, "ignore_eos": true,
  *  "temperature": 0, "stream_options": {"include_usage": true}}.
  * Output tokens come from each response's final usage when present,
  * otherwise from the number of SSE chunks. TTFT is measured from sending the
  * request to the first chunk carrying text; ITL is the gap between
- * consecutive text chunks.
+ * consecutive text chunks. "short_requests" counts the answers with fewer
+ * output tokens than max_tokens (a server that stopped early).
  *
  * Loopback only (127.0.0.1): it is a benchmark, not a stress tool for
  * other hosts.
@@ -44,7 +46,7 @@ static double g_deadline;
 typedef struct stats {
     double *ttft, *itl;
     size_t n_ttft, n_itl, cap_itl;
-    long tokens, errors, done;
+    long tokens, errors, done, short_reqs; /* short: fewer output tokens than max_tokens */
 } stats;
 
 static double now(void) {
@@ -151,16 +153,18 @@ static int one_request(unsigned *seed, stats *st) {
     close(fd);
     free(buf);
     if (!ok_status || first) return -1;
-    st->tokens += usage_tokens >= 0 ? usage_tokens : chunks;
+    long got = usage_tokens >= 0 ? usage_tokens : chunks;
+    st->tokens += got;
+    if (got < g_max_tokens) st->short_reqs++;
     return 0;
 }
 
 static void *worker(void *arg) {
     stats *st = arg;
-    unsigned seed = (unsigned)(uintptr_t)arg;
     for (;;) {
         int i = atomic_fetch_add(&g_next, 1);
         if (i >= g_requests || now() > g_deadline) break;
+        unsigned seed = 0x9e3779b9u * (unsigned)(i + 1); /* request i's prompt is the same in every run */
         if (one_request(&seed, st))
             st->errors++;
         else
@@ -227,6 +231,7 @@ int main(int argc, char **argv) {
         all.tokens += st[i].tokens;
         all.errors += st[i].errors;
         all.done += st[i].done;
+        all.short_reqs += st[i].short_reqs;
     }
     double tps = all.tokens / wall;
     double t50 = pct(all.ttft, all.n_ttft, 50), t99 = pct(all.ttft, all.n_ttft, 99);
@@ -234,8 +239,9 @@ int main(int argc, char **argv) {
     if (g_json)
         printf("{\"concurrency\": %d, \"requests\": %ld, \"errors\": %ld, \"output_tokens\": %ld, \"seconds\": %.3f, "
                "\"output_tokens_per_s\": %.2f, \"ttft_p50_ms\": %.1f, \"ttft_p99_ms\": %.1f, \"itl_p50_ms\": %.2f, "
-               "\"itl_p99_ms\": %.2f}\n",
-               g_conc, all.done, all.errors, all.tokens, wall, tps, t50 * 1e3, t99 * 1e3, i50 * 1e3, i99 * 1e3);
+               "\"itl_p99_ms\": %.2f, \"short_requests\": %ld}\n",
+               g_conc, all.done, all.errors, all.tokens, wall, tps, t50 * 1e3, t99 * 1e3, i50 * 1e3, i99 * 1e3,
+               all.short_reqs);
     else
         printf("concurrency %d: %ld requests (%ld errors), %ld tokens in %.1f s = %.1f tok/s; TTFT p50 %.0f ms p99 %.0f "
                "ms; ITL p50 %.1f ms p99 %.1f ms\n",
