@@ -14,12 +14,12 @@ typedef struct verb {
 
 static const verb k_verbs[] = {
     {"serve", cmd_serve, "serve a model over an OpenAI / Anthropic compatible HTTP API"},
-    {"generate", cmd_generate, "generate tokens after a prompt of token ids"},
+    {"generate", cmd_generate, "generate tokens after a prompt (text or token ids)"},
     {"logits", cmd_logits, "write the logits of every prompt position to a .npy file"},
     {"bench", cmd_bench, "measure prompt processing and generation speed"},
     {"info", cmd_info, "describe a model"},
     {"mkmodel", cmd_mkmodel, "write a model with random weights (demo, tests, benchmarks)"},
-    {"quantize", cmd_quantize, "write a quantized GGUF copy of a model"},
+    {"quantize", cmd_quantize, "write a quantized copy of a model (GGUF or MLX)"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},
 };
