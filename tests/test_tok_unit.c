@@ -344,6 +344,39 @@ static void t_fast(void) {
         "invalid JSON");
 }
 
+/* ---- a word with no ids --------------------------------------------------------------------- */
+
+/* A BPE model without an unk_token drops the characters it has no token for
+   (here: byte fallback without the <0x..> tokens), so a word can give no ids,
+   also when it comes from the word cache the second time. (The fuzz_tokenizer
+   long run of 2026-11-30 found pointer arithmetic on a NULL output vector in
+   that case; its input is fuzz/corpus/tokenizer/regress-bpe-no-ids.bin, which
+   the fuzz stage replays with UBSan stopping on any report. This simpler case
+   did not reach the same path.) */
+static void t_no_ids(void) {
+    const char *j = "{\"added_tokens\": [{\"id\": 1, \"content\": \"<s>\", \"special\": true}],"
+                    " \"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {\"a\": 0, \"<s>\": 1},"
+                    " \"merges\": []}}";
+    ember_tokenizer *t;
+    ember_error err = {0};
+    CHECKF(ember_tok_load_json_mem("noids.json", j, strlen(j), NULL, 0, &t, &err) == 0, "%s", err.msg);
+    if (err.code) return;
+    ember_tok_ws *ws = ember_tok_ws_new(t);
+    CHECK(ws != NULL);
+    for (int rep = 0; rep < 2; rep++) { /* the second time the word comes from the cache */
+        int32_t *ids = NULL;
+        size_t n = 99;
+        CHECK(ember_tok_encode(t, ws, "bc", 2, 0, &ids, &n, &err) == 0);
+        CHECKF(n == 0, "rep %d: n=%zu", rep, n);
+        free(ids);
+        CHECK(ember_tok_encode(t, ws, "bca", 3, 0, &ids, &n, &err) == 0);
+        CHECKF(n == 1 && ids[0] == 0, "rep %d: n=%zu", rep, n);
+        free(ids);
+    }
+    ember_tok_ws_free(ws);
+    ember_tok_free(t);
+}
+
 /* ---- added-token options ---------------------------------------------------------------- */
 
 static void t_added(void) {
@@ -666,6 +699,7 @@ int main(void) {
     t_malformed();
     t_gguf();
     t_added();
+    t_no_ids();
     t_fast();
     t_api(q, l3);
     t_stream(l3, q);

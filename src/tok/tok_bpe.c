@@ -280,7 +280,8 @@ int tok_bpe_word(const ember_tokenizer *t, struct ember_tok_ws *ws, const char *
             if (emit_unknown(t, b->p, b->n, out)) return nomem(err);
         }
     }
-    if (cacheable) cache_put(ws, p, n, h, out->v + first, out->n - first);
+    /* out->v is NULL while nothing was ever pushed: no pointer arithmetic on it then */
+    if (cacheable) cache_put(ws, p, n, h, out->n > first ? out->v + first : NULL, out->n - first);
     return EMBER_OK;
 }
 
