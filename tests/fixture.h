@@ -5,6 +5,7 @@
 #ifndef EMBER_TEST_FIXTURE_H
 #define EMBER_TEST_FIXTURE_H
 
+#include "ember.h"
 #include "formats/safetensors.h"
 #include "test.h"
 
@@ -74,6 +75,47 @@ static inline void fixture_open(fixture *f, const char *family) {
 
 static inline void fixture_close(fixture *f) {
     ember_st_free(f->refs);
+}
+
+/* Loads a model with the given kernels, threads and batch rows; prints the
+   error and returns NULL on failure. The caller frees the model. */
+static inline ember_model *fx_load_model(const char *path, ember_isa isa, int threads, int rows) {
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.isa = isa;
+    mp.n_threads = threads;
+    mp.n_rows = rows;
+    ember_model *m = NULL;
+    ember_error err = {0};
+    if (ember_model_load(path, &mp, &m, &err)) {
+        fprintf(stderr, "load %s: %s\n", path, err.msg);
+        return NULL;
+    }
+    return m;
+}
+
+/* Mean over rows of KL(softmax(a) || softmax(b)), rows of V logits each. */
+static inline double mean_kl(const float *a, const float *b, int rows, int V) {
+    double total = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *x = a + (size_t)r * V, *y = b + (size_t)r * V;
+        double mx = -INFINITY, my = -INFINITY, sx = 0, sy = 0;
+        for (int v = 0; v < V; v++) {
+            mx = fmax(mx, x[v]);
+            my = fmax(my, y[v]);
+        }
+        for (int v = 0; v < V; v++) {
+            sx += exp(x[v] - mx);
+            sy += exp(y[v] - my);
+        }
+        double kl = 0;
+        for (int v = 0; v < V; v++) {
+            double lp = x[v] - mx - log(sx), lq = y[v] - my - log(sy);
+            kl += exp(lp) * (lp - lq);
+        }
+        total += kl;
+    }
+    return total / rows;
 }
 
 static inline float max_abs(const float *x, size_t n) {

@@ -51,6 +51,22 @@ static inline uint32_t ulp_diff(float a, float b) {
     return (uint32_t)(d < 0 ? -d : d);
 }
 
+/* Deterministic test data: xorshift64, seeded per file by defining
+   TEST_RNG_SEED before including this header (different files keep their
+   own streams). rnd(): 21 random bits; frnd(): uniform in [-1, 1). */
+#ifdef TEST_RNG_SEED
+static uint64_t g_rng = TEST_RNG_SEED;
+static inline uint32_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 11);
+}
+static inline float frnd(void) {
+    return (float)((double)(rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0);
+}
+#endif
+
 static inline int path_exists(const char *p) {
     struct stat st;
     return stat(p, &st) == 0;

@@ -30,11 +30,13 @@
  *      load and run.
  * Exits 77 when ../shared is absent.
  */
+#define TEST_RNG_SEED 0x2545f4914f6cdd1dull
 #include <sys/stat.h>
 
 #include "backend/cpu/kern_mlx.h"
 #include "backend/cpu/qkern.h"
 #include "core/cpu.h"
+#include "core/mapfile.h"
 #include "ember.h"
 #include "fixture.h"
 #include "formats/config.h"
@@ -43,16 +45,6 @@
 #include "model/model.h"
 #include "model/quantize_mlx.h"
 
-static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 11);
-}
-static float frnd(void) {
-    return (float)((double)(rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0);
-}
 
 static const int k_bits[] = {2, 3, 4, 5, 6, 8};
 static const int k_groups[] = {32, 64, 128};
@@ -156,32 +148,11 @@ static int quantize(const char *in, const char *out, int bits, int G, int high, 
     return rc;
 }
 
-static ember_model *load_model(const char *path, ember_isa isa, int threads, int rows) {
-    ember_model_params mp;
-    ember_model_params_init(&mp);
-    mp.isa = isa;
-    mp.n_threads = threads;
-    mp.n_rows = rows;
-    ember_model *m = NULL;
-    ember_error err = {0};
-    if (ember_model_load(path, &mp, &m, &err)) {
-        fprintf(stderr, "load %s: %s\n", path, err.msg);
-        return NULL;
-    }
-    return m;
-}
-
+/* The whole file, NUL-terminated (caller frees); NULL when unreadable. */
 static char *read_text(const char *path) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (fread(s, 1, (size_t)n, fp) != (size_t)n) n = 0;
-    s[n] = 0;
-    fclose(fp);
-    return s;
+    char *s = NULL;
+    ember_error err = {0};
+    return ember_read_file(path, (size_t)1 << 26, &s, NULL, &err) ? NULL : s;
 }
 
 static void write_text(const char *path, const char *text) {
@@ -452,31 +423,8 @@ static void test_kernels(void) {
 
 /* ---- 4: KL bounds ----------------------------------------------------------------- */
 
-static double mean_kl(const float *a, const float *b, int rows, int V) {
-    double total = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *x = a + (size_t)r * V, *y = b + (size_t)r * V;
-        double mx = -INFINITY, my = -INFINITY, sx = 0, sy = 0;
-        for (int v = 0; v < V; v++) {
-            mx = fmax(mx, x[v]);
-            my = fmax(my, y[v]);
-        }
-        for (int v = 0; v < V; v++) {
-            sx += exp(x[v] - mx);
-            sy += exp(y[v] - my);
-        }
-        double kl = 0;
-        for (int v = 0; v < V; v++) {
-            double lp = x[v] - mx - log(sx), lq = y[v] - my - log(sy);
-            kl += exp(lp) * (lp - lq);
-        }
-        total += kl;
-    }
-    return total / rows;
-}
-
 static int prompt_logits(const char *path, const fixture *f, float *out) {
-    ember_model *m = load_model(path, EMBER_ISA_AUTO, 2, 1);
+    ember_model *m = fx_load_model(path, EMBER_ISA_AUTO, 2, 1);
     if (!m) return 1;
     ember_error err = {0};
     int rows = 0, rc = 0;
@@ -685,7 +633,7 @@ static void test_layouts(void) {
                      {"model.layers.1.mlp.up_proj.biases", MUT_DROP, 0, 0, 0, NULL}};
     snprintf(dir, sizeof dir, "%s/layout-false", EMBER_TEST_TMP);
     make_variant(q4, f.dir, dir, mf, 3, c3);
-    ember_model *m = load_model(dir, EMBER_ISA_AUTO, 2, 1);
+    ember_model *m = fx_load_model(dir, EMBER_ISA_AUTO, 2, 1);
     CHECK(m != NULL);
     ember_model_free(m);
     kl = kl_of(dir, &f, ref);
@@ -741,7 +689,7 @@ static void test_batch_invariance(void) {
     const int V = f.vocab;
     float *together[3], *alone[3];
     for (int pass = 0; pass < 2; pass++) {
-        ember_model *m = load_model(out, EMBER_ISA_AUTO, pass ? 1 : 2, 3);
+        ember_model *m = fx_load_model(out, EMBER_ISA_AUTO, pass ? 1 : 2, 3);
         CHECK(m != NULL);
         if (!m) return;
         ember_request r[3];
@@ -882,7 +830,7 @@ static void test_malformed(void) {
                 fputc((int)(rnd() & 0xff), fp);
             }
             fclose(fp);
-            ember_model *m = load_model(dir, EMBER_ISA_AUTO, 2, 1);
+            ember_model *m = fx_load_model(dir, EMBER_ISA_AUTO, 2, 1);
             CHECK(m != NULL);
             float *lg = malloc((size_t)f.p[0].n * f.vocab * 4);
             if (m) CHECK(ember_logits(m, f.p[0].ids, f.p[0].n, lg, &err) == EMBER_OK);

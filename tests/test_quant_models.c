@@ -21,21 +21,6 @@
 #include "model/model.h"
 #include "model/quantize.h"
 
-static ember_model *load(const char *path, ember_isa isa, int threads, int rows) {
-    ember_model_params mp;
-    ember_model_params_init(&mp);
-    mp.isa = isa;
-    mp.n_threads = threads;
-    mp.n_rows = rows;
-    ember_model *m = NULL;
-    ember_error err = {0};
-    if (ember_model_load(path, &mp, &m, &err)) {
-        fprintf(stderr, "load %s: %s\n", path, err.msg);
-        return NULL;
-    }
-    return m;
-}
-
 /* 1 */
 static void test_stories(void) {
     char path[600], exp[600];
@@ -44,7 +29,7 @@ static void test_stories(void) {
     const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
     for (int a = 0; a < 3; a++) {
         if (!ember_isa_supported(isas[a])) continue;
-        ember_model *m = load(path, isas[a], 2, 1);
+        ember_model *m = fx_load_model(path, isas[a], 2, 1);
         CHECK(m != NULL);
         if (!m) continue;
         ember_model_info info;
@@ -114,7 +99,7 @@ static void test_stories(void) {
 static void test_tiny_random(void) {
     char path[600];
     snprintf(path, sizeof path, "%s/testdata/models/llama-2-tiny-random/llama-2-tiny-random.gguf", shared_dir());
-    ember_model *m = load(path, EMBER_ISA_AUTO, 2, 1);
+    ember_model *m = fx_load_model(path, EMBER_ISA_AUTO, 2, 1);
     CHECK(m != NULL);
     if (!m) return;
     ember_model_info info;
@@ -139,33 +124,9 @@ static void test_tiny_random(void) {
     ember_model_free(m);
 }
 
-/* mean over rows of KL(softmax(a) || softmax(b)) */
-static double mean_kl(const float *a, const float *b, int rows, int V) {
-    double total = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *x = a + (size_t)r * V, *y = b + (size_t)r * V;
-        double mx = -INFINITY, my = -INFINITY, sx = 0, sy = 0;
-        for (int v = 0; v < V; v++) {
-            mx = fmax(mx, x[v]);
-            my = fmax(my, y[v]);
-        }
-        for (int v = 0; v < V; v++) {
-            sx += exp(x[v] - mx);
-            sy += exp(y[v] - my);
-        }
-        double kl = 0;
-        for (int v = 0; v < V; v++) {
-            double lp = x[v] - mx - log(sx), lq = y[v] - my - log(sy);
-            kl += exp(lp) * (lp - lq);
-        }
-        total += kl;
-    }
-    return total / rows;
-}
-
 /* Logits of the fixture prompts for the model at path (rows concatenated). */
 static int prompt_logits(const char *path, const fixture *f, int nprompts, float *out) {
-    ember_model *m = load(path, EMBER_ISA_AUTO, 2, 1);
+    ember_model *m = fx_load_model(path, EMBER_ISA_AUTO, 2, 1);
     if (!m) return 1;
     ember_error err = {0};
     int rows = 0, rc = 0;
@@ -242,7 +203,7 @@ static void test_batch_invariance(void) {
     const int V = f.vocab;
     float *together[3], *alone[3];
     for (int pass = 0; pass < 2; pass++) {
-        ember_model *m = load(out, EMBER_ISA_AUTO, pass ? 1 : 2, 3);
+        ember_model *m = fx_load_model(out, EMBER_ISA_AUTO, pass ? 1 : 2, 3);
         CHECK(m != NULL);
         if (!m) return;
         ember_request r[3];

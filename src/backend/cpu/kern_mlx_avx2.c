@@ -67,42 +67,6 @@ MLX_AI void avx2_tile(const unsigned char *w, size_t w_row, const unsigned char 
         for (int j = 0; j < MX; j++) out[(size_t)j * ldo + (size_t)i] = mlx_hsum(ev[i][j], od[i][j]) + macc[i][j];
 }
 
-#define TILE(NW, MX) avx2_tile(wr, w_row, x, xa_row, nb, G, o + n, ldo, BITS, NW, MX)
-
-MLX_AI void avx2_gemm(int G, const void *w, size_t w_row, int nn, const void *xa, size_t xa_row, int mm, int K,
-                      float *out, size_t ldo, const int BITS) {
-    const int nb = K / 32;
-    for (int m0 = 0; m0 < mm; m0 += MX_MAX) {
-        const int mx = mm - m0 < MX_MAX ? mm - m0 : MX_MAX;
-        const unsigned char *x = (const unsigned char *)xa + (size_t)m0 * xa_row;
-        float *o = out + (size_t)m0 * ldo;
-        int n = 0;
-        for (; mx == 1 && n + 4 <= nn; n += 4) {
-            const unsigned char *wr = (const unsigned char *)w + (size_t)n * w_row;
-            TILE(4, 1);
-        }
-        for (; mx > 1 && n + 2 <= nn; n += 2) {
-            const unsigned char *wr = (const unsigned char *)w + (size_t)n * w_row;
-            if (mx == 3) TILE(2, 3);
-            else TILE(2, 2);
-        }
-        for (; n < nn; n++) {
-            const unsigned char *wr = (const unsigned char *)w + (size_t)n * w_row;
-            if (mx == 3) TILE(1, 3);
-            else if (mx == 2) TILE(1, 2);
-            else TILE(1, 1);
-        }
-    }
-}
-
-void cpu_mlx_gemm_avx2(int bits, int G, const void *w, size_t w_row, int nn, const void *xa, size_t xa_row, int mm,
-                       int K, float *out, size_t ldo) {
-    switch (bits) {
-    case 2: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 2); break;
-    case 3: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 3); break;
-    case 4: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 4); break;
-    case 5: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 5); break;
-    case 6: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 6); break;
-    default: avx2_gemm(G, w, w_row, nn, xa, xa_row, mm, K, out, ldo, 8); break;
-    }
-}
+#define MLX_TILE avx2_tile
+#define MLX_GEMM_NAME cpu_mlx_gemm_avx2
+#include "kern_mlx_gemm.h"

@@ -92,7 +92,7 @@ static inline void fv_store(float *p, fv v) {
 #define QP_NX 4
 #include "kern_qpack.h"
 
-/* ---- activation quantizers (qkern.h; the same bytes as kern_quant.c) ------ */
+/* ---- activation quantizers (kern_qact.h) ----------------------------------- */
 
 static inline float qa_hmax8(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -101,11 +101,11 @@ static inline float qa_hmax8(__m256 v) {
     return _mm_cvtss_f32(m);
 }
 
-/* max |x| over 8 k floats; NaN elements are skipped as fmaxf does. */
-static inline float qa_absmax(const float *x, int k) {
+/* max |x| over n floats (n a multiple of 8); NaN elements are skipped as fmaxf does. */
+static inline float qa_absmax(const float *x, int n) {
     const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 a = _mm256_setzero_ps();
-    for (int i = 0; i < k; i++) a = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + 8 * i), abs), a);
+    for (int i = 0; i < n; i += 8) a = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), abs), a);
     return qa_hmax8(a);
 }
 
@@ -124,44 +124,14 @@ static inline int qa_hsum8(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* Levels of 16 floats as bytes at q; returns their sum. */
-static inline int qa_16(const float *x, __m256 id, int8_t *q) {
-    __m256i a = qa_levels(x, id), b = qa_levels(x + 8, id);
+/* The levels of 16 floats as bytes at q; returns their sum. */
+static inline int qa_16(const float *x, float id, int8_t *q) {
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i a = qa_levels(x, idv), b = qa_levels(x + 8, idv);
     __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8); /* 16 x i16 in order */
     __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
     _mm_storeu_si128((__m128i *)(void *)q, bytes);
     return qa_hsum8(_mm256_add_epi32(a, b));
 }
 
-static void CAT(KPREFIX, quant_act32)(const float *x, int K, void *dst) {
-    unsigned char *p = dst;
-    for (int i = 0; i < K / 32; i++, x += 32, p += sizeof(cpu_act32)) {
-        cpu_act32 b;
-        memset(&b, 0, sizeof b);
-        float a = qa_absmax(x, 4);
-        float d = a / 127.0f, id = a > 0 ? 127.0f / a : 0.0f;
-        int s = qa_16(x, _mm256_set1_ps(id), b.q) + qa_16(x + 16, _mm256_set1_ps(id), b.q + 16);
-        b.d = d;
-        b.ds = d * (float)s;
-        b.s = s;
-        memcpy(p, &b, sizeof b);
-    }
-}
-
-static void CAT(KPREFIX, quant_act256)(const float *x, int K, void *dst) {
-    unsigned char *p = dst;
-    for (int i = 0; i < K / 256; i++, x += 256, p += sizeof(cpu_act256)) {
-        cpu_act256 b;
-        memset(&b, 0, sizeof b);
-        float a = qa_absmax(x, 32);
-        float id = a > 0 ? 127.0f / a : 0.0f;
-        b.d = a / 127.0f;
-        for (int j = 0; j < 16; j++) {
-            int s = qa_16(x + 16 * j, _mm256_set1_ps(id), b.q + 16 * j);
-            b.bsums[j] = (int16_t)s;
-            b.bs16[j] = s;
-        }
-        for (int j = 0; j < 8; j++) b.bs32[j] = b.bs16[2 * j] + b.bs16[2 * j + 1];
-        memcpy(p, &b, sizeof b);
-    }
-}
+#include "kern_qact.h"

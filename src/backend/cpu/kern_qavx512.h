@@ -105,57 +105,24 @@ static inline void fv_store(float *p, fv v) {
 #define QP_NX 8
 #include "kern_qpack.h"
 
-/* ---- activation quantizers (qkern.h; the same bytes as kern_quant.c) ------ */
+/* ---- activation quantizers (kern_qact.h) ----------------------------------- */
 
-/* max |x| over 16 k floats; NaN elements are skipped as fmaxf does. */
-static inline float qa_absmax(const float *x, int k) {
+/* max |x| over n floats (n a multiple of 16); NaN elements are skipped as fmaxf does. */
+static inline float qa_absmax(const float *x, int n) {
     __m512 a = _mm512_setzero_ps();
-    for (int i = 0; i < k; i++) a = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 16 * i)), a);
+    for (int i = 0; i < n; i += 16) a = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + i)), a);
     return _mm512_reduce_max_ps(a);
 }
 
-/* 16 levels round(x * id) clamped to [-127, 127] (NaN -> -127), as int32. */
-static inline __m512i qa_levels(const float *x, __m512 id) {
-    __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x), id);
+/* The levels round(x * id) of 16 floats, clamped to [-127, 127] (NaN ->
+   -127), stored as bytes at q; returns their sum. */
+static inline int qa_16(const float *x, float id, int8_t *q) {
+    __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(id));
     v = _mm512_max_ps(v, _mm512_set1_ps(-127.0f)); /* NaN -> -127 */
     v = _mm512_min_ps(v, _mm512_set1_ps(127.0f));
-    return _mm512_cvtps_epi32(v); /* round to nearest even */
+    __m512i l = _mm512_cvtps_epi32(v); /* round to nearest even */
+    _mm_storeu_si128((__m128i *)(void *)q, _mm512_cvtepi32_epi8(l));
+    return _mm512_reduce_add_epi32(l);
 }
 
-static void CAT(KPREFIX, quant_act32)(const float *x, int K, void *dst) {
-    unsigned char *p = dst;
-    for (int i = 0; i < K / 32; i++, x += 32, p += sizeof(cpu_act32)) {
-        cpu_act32 b;
-        memset(&b, 0, sizeof b);
-        float a = qa_absmax(x, 2);
-        float d = a / 127.0f, id = a > 0 ? 127.0f / a : 0.0f;
-        __m512i l0 = qa_levels(x, _mm512_set1_ps(id)), l1 = qa_levels(x + 16, _mm512_set1_ps(id));
-        _mm_storeu_si128((__m128i *)(void *)b.q, _mm512_cvtepi32_epi8(l0));
-        _mm_storeu_si128((__m128i *)(void *)(b.q + 16), _mm512_cvtepi32_epi8(l1));
-        int s = _mm512_reduce_add_epi32(_mm512_add_epi32(l0, l1));
-        b.d = d;
-        b.ds = d * (float)s;
-        b.s = s;
-        memcpy(p, &b, sizeof b);
-    }
-}
-
-static void CAT(KPREFIX, quant_act256)(const float *x, int K, void *dst) {
-    unsigned char *p = dst;
-    for (int i = 0; i < K / 256; i++, x += 256, p += sizeof(cpu_act256)) {
-        cpu_act256 b;
-        memset(&b, 0, sizeof b);
-        float a = qa_absmax(x, 16);
-        float id = a > 0 ? 127.0f / a : 0.0f;
-        b.d = a / 127.0f;
-        for (int j = 0; j < 16; j++) {
-            __m512i l = qa_levels(x + 16 * j, _mm512_set1_ps(id));
-            _mm_storeu_si128((__m128i *)(void *)(b.q + 16 * j), _mm512_cvtepi32_epi8(l));
-            int s = _mm512_reduce_add_epi32(l);
-            b.bsums[j] = (int16_t)s;
-            b.bs16[j] = s;
-        }
-        for (int j = 0; j < 8; j++) b.bs32[j] = b.bs16[2 * j] + b.bs16[2 * j + 1];
-        memcpy(p, &b, sizeof b);
-    }
-}
+#include "kern_qact.h"
