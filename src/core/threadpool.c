@@ -1,18 +1,45 @@
 /*
  * threadpool.c - see threadpool.h.
  *
- * Protocol: the runner publishes (fn, ctx, n_tasks), resets the task counter,
- * sets `active` to the number of workers and bumps `gen`. A worker that sees
- * a new gen takes tasks with an atomic counter until none remain, then
- * decrements `active`. The runner takes tasks too and then waits for
- * `active` to reach zero. Sleeping uses a mutex/condvar pair; `n_sleeping`
- * and `gen` are sequentially consistent so a wake-up is never lost.
+ * Protocol. One 64-bit atomic word `work` describes the current run:
+ *
+ *     bits 63..40  generation (24 bits, wraps)
+ *     bits 39..20  n_tasks    (20 bits)
+ *     bits 19..0   next task  (20 bits)
+ *
+ * The runner publishes fn and ctx, zeroes `done`, then stores (gen + 1,
+ * n_tasks, 0) into `work`. Anyone (runner and workers) claims task t by a
+ * compare-and-swap of the whole word from (g, n, t) to (g, n, t + 1), which
+ * it tries only when t < n; it then reads fn and ctx, runs the task and
+ * increments `done`. The runner returns once `done` reaches n_tasks.
+ *
+ * Why this is safe:
+ * - The bound n and the claim counter live in the same word, so a claim is
+ *   always checked against the bound of the run it claims from. (An earlier
+ *   version kept n_tasks in a separate field: a worker that read an old
+ *   word and a new n_tasks could claim a task past the end of a finished
+ *   run while the next one was being published.)
+ * - A successful claim means the word was (g, n, t) with t < n at that
+ *   instant: task t of the published run was unclaimed, so `done` < n and
+ *   the runner is still waiting; it cannot publish another run (and change
+ *   fn, ctx or `done`) before this task's increment. Even if the generation
+ *   wrapped while a worker slept between its load and its compare-and-swap,
+ *   an identical word still means "task t of the run now published".
+ * - A run waits only for tasks that were actually claimed: a worker the OS
+ *   has not scheduled yet (the machine is shared) never holds up a run; it
+ *   later finds nothing left to take.
+ * - The generation only tells an idle worker that something new was
+ *   published. Idle workers spin briefly, then sleep on a mutex/condvar
+ *   pair; `n_sleeping` and `work` are sequentially consistent, so either the
+ *   runner sees a sleeper and broadcasts, or the sleeper sees the new word.
+ * Runs of more than TP_MAX_TASKS tasks are split into consecutive runs.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "threadpool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,20 +52,27 @@
 
 #define SPIN_ITERS 20000
 
+#define TP_TASK_BITS 20
+#define TP_MAX_TASKS ((1 << TP_TASK_BITS) - 1)
+#define TP_FIELD ((uint64_t)TP_MAX_TASKS)
+#define TP_GEN(w) ((uint32_t)((w) >> (2 * TP_TASK_BITS)))
+#define TP_N(w) ((uint32_t)(((w) >> TP_TASK_BITS) & TP_FIELD))
+#define TP_NEXT(w) ((uint32_t)((w)&TP_FIELD))
+#define TP_GEN_MASK ((1u << (64 - 2 * TP_TASK_BITS)) - 1u)
+
 struct ember_pool {
     int n_threads;
     pthread_t *threads;
     int n_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint gen;
+    _Atomic uint64_t work; /* (generation, n_tasks, next task), see above */
+    atomic_uint done;      /* tasks finished in the current run */
     atomic_int n_sleeping;
     atomic_int quit;
-    atomic_int next_task;
-    atomic_int active;
+    uint32_t gen; /* the runner's last generation; only the runner touches it */
     ember_task_fn fn;
     void *ctx;
-    int n_tasks;
 };
 
 typedef struct worker_arg {
@@ -46,11 +80,19 @@ typedef struct worker_arg {
     int index;
 } worker_arg;
 
-static void take_tasks(ember_pool *p, int thread) {
+/* Claims and runs tasks of whatever run is published until none is left.
+   Returns the generation of the last word it looked at. */
+static uint32_t take_tasks(ember_pool *p, int thread) {
+    uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
     for (;;) {
-        int t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
-        if (t >= p->n_tasks) break;
-        p->fn(p->ctx, t, thread);
+        if (TP_NEXT(w) >= TP_N(w)) return TP_GEN(w);
+        /* acquire on success: fn and ctx were stored before the word */
+        if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acquire,
+                                                   memory_order_acquire))
+            continue; /* w now holds the current word */
+        p->fn(p->ctx, (int)TP_NEXT(w), thread);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        w = atomic_load_explicit(&p->work, memory_order_acquire);
     }
 }
 
@@ -59,27 +101,24 @@ static void *worker_main(void *argp) {
     ember_pool *p = a->p;
     int index = a->index;
     free(a);
-    unsigned seen = 0; /* gen at pool creation: a run may start before this thread does */
+    uint32_t seen = 0; /* gen at pool creation: a run may start before this thread does */
     for (;;) {
-        unsigned g;
         int spins = 0;
-        while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->quit)) {
+        while (TP_GEN(atomic_load(&p->work)) == seen && !atomic_load(&p->quit)) {
             if (++spins < SPIN_ITERS) {
                 CPU_RELAX();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
             atomic_fetch_add(&p->n_sleeping, 1);
-            while (atomic_load(&p->gen) == seen && !atomic_load(&p->quit))
+            while (TP_GEN(atomic_load(&p->work)) == seen && !atomic_load(&p->quit))
                 pthread_cond_wait(&p->cv, &p->mu);
             atomic_fetch_sub(&p->n_sleeping, 1);
             pthread_mutex_unlock(&p->mu);
             spins = 0;
         }
         if (atomic_load(&p->quit)) break;
-        seen = g;
-        take_tasks(p, index);
-        atomic_fetch_sub_explicit(&p->active, 1, memory_order_release);
+        seen = take_tasks(p, index);
     }
     return NULL;
 }
@@ -98,11 +137,10 @@ ember_pool *ember_pool_new(int n_threads, ember_error *err) {
     p->n_threads = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
-    atomic_init(&p->gen, 0);
+    atomic_init(&p->work, 0);
+    atomic_init(&p->done, 0);
     atomic_init(&p->n_sleeping, 0);
     atomic_init(&p->quit, 0);
-    atomic_init(&p->next_task, 0);
-    atomic_init(&p->active, 0);
     if (n_threads > 1) {
         p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
         if (!p->threads) {
@@ -143,23 +181,47 @@ int ember_pool_size(const ember_pool *p) {
     return p ? p->n_threads : 1;
 }
 
-void ember_pool_run(ember_pool *p, int n_tasks, ember_task_fn fn, void *ctx) {
-    if (n_tasks <= 0) return;
-    if (!p || p->n_started == 0 || n_tasks == 1) {
-        for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
-        return;
-    }
+/* One published run of n (1 <= n <= TP_MAX_TASKS) tasks. */
+static void run_once(ember_pool *p, int n, ember_task_fn fn, void *ctx) {
     p->fn = fn;
     p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->active, p->n_started, memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes the fields above */
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    p->gen = (p->gen + 1) & TP_GEN_MASK;
+    uint64_t w = ((uint64_t)p->gen << (2 * TP_TASK_BITS)) | ((uint64_t)n << TP_TASK_BITS);
+    atomic_store(&p->work, w); /* seq_cst: publishes fn, ctx and done */
     if (atomic_load(&p->n_sleeping) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
     take_tasks(p, 0);
-    while (atomic_load_explicit(&p->active, memory_order_acquire) > 0) CPU_RELAX();
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < (unsigned)n) CPU_RELAX();
+}
+
+typedef struct chunk_job {
+    ember_task_fn fn;
+    void *ctx;
+    int base;
+} chunk_job;
+
+static void chunk_task(void *ctx, int t, int thread) {
+    chunk_job *j = ctx;
+    j->fn(j->ctx, j->base + t, thread);
+}
+
+void ember_pool_run(ember_pool *p, int n_tasks, ember_task_fn fn, void *ctx) {
+    if (n_tasks <= 0) return;
+    if (!p || p->n_started == 0 || n_tasks == 1) {
+        for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+        return;
+    }
+    if (n_tasks <= TP_MAX_TASKS) {
+        run_once(p, n_tasks, fn, ctx);
+        return;
+    }
+    for (int base = 0; base < n_tasks; base += TP_MAX_TASKS) {
+        int n = n_tasks - base < TP_MAX_TASKS ? n_tasks - base : TP_MAX_TASKS;
+        chunk_job j = {fn, ctx, base};
+        run_once(p, n, chunk_task, &j);
+    }
 }
