@@ -77,21 +77,26 @@ static inline void fixture_close(fixture *f) {
     ember_st_free(f->refs);
 }
 
-/* Loads a model with the given kernels, threads and batch rows; prints the
-   error and returns NULL on failure. The caller frees the model. */
+/* Loads a model with the given parameters; prints the error and returns
+   NULL on failure. The caller frees the model. */
+static inline ember_model *fx_load_params(const char *path, const ember_model_params *mp) {
+    ember_model *m = NULL;
+    ember_error err = {0};
+    if (ember_model_load(path, mp, &m, &err)) {
+        fprintf(stderr, "load %s: %s\n", path, err.msg);
+        return NULL;
+    }
+    return m;
+}
+
+/* fx_load_params with the given kernels, threads and batch rows. */
 static inline ember_model *fx_load_model(const char *path, ember_isa isa, int threads, int rows) {
     ember_model_params mp;
     ember_model_params_init(&mp);
     mp.isa = isa;
     mp.n_threads = threads;
     mp.n_rows = rows;
-    ember_model *m = NULL;
-    ember_error err = {0};
-    if (ember_model_load(path, &mp, &m, &err)) {
-        fprintf(stderr, "load %s: %s\n", path, err.msg);
-        return NULL;
-    }
-    return m;
+    return fx_load_params(path, &mp);
 }
 
 /* Mean over rows of KL(softmax(a) || softmax(b)), rows of V logits each. */

@@ -21,12 +21,8 @@ static ember_model *load(const char *dir, int rows, int threads, int max_batch) 
     mp.n_rows = rows;
     mp.n_threads = threads;
     mp.max_batch_tokens = max_batch;
-    ember_model *m = NULL;
-    ember_error err = {0};
-    if (ember_model_load(dir, &mp, &m, &err)) {
-        fprintf(stderr, "load %s: %s\n", dir, err.msg);
-        exit(1);
-    }
+    ember_model *m = fx_load_params(dir, &mp);
+    if (!m) exit(1);
     return m;
 }
 

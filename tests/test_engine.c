@@ -20,12 +20,8 @@ static ember_model *load(const char *dir, int rows) {
     mp.n_rows = rows;
     mp.n_threads = 2;
     mp.max_batch_tokens = 64; /* small: forces chunked prefill beside decode */
-    ember_model *m = NULL;
-    ember_error err = {0};
-    if (ember_model_load(dir, &mp, &m, &err)) {
-        fprintf(stderr, "%s\n", err.msg);
-        exit(1);
-    }
+    ember_model *m = fx_load_params(dir, &mp);
+    if (!m) exit(1);
     return m;
 }
 

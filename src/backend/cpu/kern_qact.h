@@ -1,13 +1,14 @@
 /*
  * kern_qact.h - the activation quantizers of qkern.h (cpu_act32 for the
  * 32-element types, cpu_act256 for the K types), written once for every
- * SIMD ISA. Included by kern_qavx2.h and kern_qavx512.h after they define
+ * ISA. Included by kern_quant.c (plain C: the scalar path and the
+ * reference), kern_qavx2.h and kern_qavx512.h after they define
  *   qa_absmax(x, n)     max |x| over n floats (NaN skipped, as fmaxf),
  *   qa_16(x, id, q)     the levels round(x * id) of 16 floats, clamped to
  *                       [-127, 127] (NaN -> -127), stored as bytes at q;
  *                       returns their sum,
- * and KPREFIX. The bytes equal kern_quant.c's plain-C quantizers (tests
- * check it for every ISA). No state.
+ * and KPREFIX. The SIMD primitives must give the bytes of the plain-C ones
+ * (tests check every ISA against cpu_quantize_act32 / _act256). No state.
  */
 
 static void CAT(KPREFIX, quant_act32)(const float *x, int K, void *dst) {

@@ -53,51 +53,36 @@ static inline int8_t q127(float v) {
     return (int8_t)nearbyintf(v);
 }
 
-static float absmax(const float *x, int n) {
+/* max |x| over n floats; NaN elements are skipped (fmaxf). */
+static inline float qa_absmax(const float *x, int n) {
     float a = 0.0f;
     for (int i = 0; i < n; i++) a = fmaxf(a, fabsf(x[i]));
     return a;
 }
 
-void cpu_quantize_act32(const float *x, int K, void *dst) {
-    unsigned char *p = dst;
-    for (int i = 0; i < K / 32; i++, x += 32, p += sizeof(cpu_act32)) {
-        cpu_act32 b;
-        memset(&b, 0, sizeof b);
-        float a = absmax(x, 32);
-        float d = a / 127.0f, id = a > 0 ? 127.0f / a : 0.0f;
-        int s = 0;
-        for (int e = 0; e < 32; e++) {
-            b.q[e] = q127(x[e] * id);
-            s += b.q[e];
-        }
-        b.d = d;
-        b.ds = d * (float)s;
-        b.s = s;
-        memcpy(p, &b, sizeof b);
+/* The levels of 16 floats stored at q; returns their sum. */
+static inline int qa_16(const float *x, float id, int8_t *q) {
+    int s = 0;
+    for (int e = 0; e < 16; e++) {
+        q[e] = q127(x[e] * id);
+        s += q[e];
     }
+    return s;
+}
+
+/* The block layout is written once, in kern_qact.h, over the primitives
+   above; the SIMD files give the same template their own primitives. */
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define KPREFIX plain_
+#include "kern_qact.h"
+
+void cpu_quantize_act32(const float *x, int K, void *dst) {
+    plain_quant_act32(x, K, dst);
 }
 
 void cpu_quantize_act256(const float *x, int K, void *dst) {
-    unsigned char *p = dst;
-    for (int i = 0; i < K / 256; i++, x += 256, p += sizeof(cpu_act256)) {
-        cpu_act256 b;
-        memset(&b, 0, sizeof b);
-        float a = absmax(x, 256);
-        float id = a > 0 ? 127.0f / a : 0.0f;
-        b.d = a / 127.0f;
-        for (int j = 0; j < 16; j++) {
-            int s = 0;
-            for (int e = 16 * j; e < 16 * j + 16; e++) {
-                b.q[e] = q127(x[e] * id);
-                s += b.q[e];
-            }
-            b.bsums[j] = (int16_t)s;
-            b.bs16[j] = s;
-        }
-        for (int j = 0; j < 8; j++) b.bs32[j] = b.bs16[2 * j] + b.bs16[2 * j + 1];
-        memcpy(p, &b, sizeof b);
-    }
+    plain_quant_act256(x, K, dst);
 }
 
 /* ---- element levels of each block type --------------------------------------- */
