@@ -89,9 +89,17 @@ typedef struct ember_model_params {
     int n_ctx;            /* max tokens per row; <= 0: min(model max, 4096) */
     int n_rows;           /* rows (sequences) the KV cache holds; <= 0: 1 */
     int max_batch_tokens; /* tokens per forward step; <= 0: 512 */
-    size_t kv_budget;     /* > 0: bytes the KV cache may take; a default
-                             context is lowered to fit, an explicit one that
-                             does not fit is an error */
+    size_t kv_budget;     /* > 0: bytes the KV cache may take (its blocks
+                             are shared by all rows, each taking what its
+                             length needs); a default context is lowered so
+                             one row fits, an explicit one that does not is
+                             an error. 0: n_rows full rows */
+    const char *kv_type;  /* KV cache kind: "f32" (NULL: f32), "f16", "bf16",
+                             "q8", "q4" (affine group-wise), "tq-kKvV"
+                             (rotation-based, K and V bits 2..8) */
+    int kv_group_size;    /* q8 / q4: values per scale (32, 64, 128; 0: 64) */
+    int kv_quant_start;   /* > 0 with a quantized kind: rows stay f32 until
+                             this many positions, then convert */
     int use_mmap;         /* nonzero: compute straight from the mapped files
                              (less memory, slower decode on most machines);
                              0: copy weights into huge-page backed memory */
@@ -131,6 +139,9 @@ typedef struct ember_model_info {
     size_t weight_bytes;    /* bytes of all weights used by the forward pass */
     ember_isa isa;          /* the ISA in use */
     int n_threads;
+    char kv_type[64];       /* the KV kind, described ("q4 (group 64)") */
+    size_t kv_bytes_per_token; /* every layer, final kind */
+    size_t kv_capacity;     /* bytes of KV blocks the budget allows */
 } ember_model_info;
 
 EMBER_API void ember_model_get_info(const ember_model *m, ember_model_info *info);
@@ -254,8 +265,12 @@ typedef struct ember_event {
 typedef struct ember_engine_stats {
     int rows;                 /* rows of the batch (max concurrent requests) */
     int running, waiting;
-    size_t kv_bytes_used;     /* KV positions held by running requests, in bytes */
-    size_t kv_bytes_total;
+    size_t kv_bytes_used;     /* bytes of KV blocks running requests hold */
+    size_t kv_bytes_held;     /* bytes of KV blocks held in all (running requests
+                                 and prompts kept for reuse) */
+    size_t kv_bytes_total;    /* the KV budget */
+    int kv_blocks_used;       /* blocks of 16 positions held */
+    uint64_t preempted_total; /* requests paused (their KV dropped) for lack of KV memory */
     uint64_t requests_total, prompt_tokens_total, cached_tokens_total, generated_tokens_total;
     uint64_t steps_total;
 } ember_engine_stats;
@@ -301,6 +316,10 @@ typedef struct ember_bench_result {
  */
 EMBER_API int ember_bench_run(ember_model *m, int n_prompt, int n_gen,
                               ember_bench_result *res, ember_error *err);
+/* As ember_bench_run after n_depth untimed tokens already in the context
+   (llama-bench -d); n_prompt may then be 0 (decode only). */
+EMBER_API int ember_bench_run_at(ember_model *m, int n_depth, int n_prompt, int n_gen,
+                                 ember_bench_result *res, ember_error *err);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,7 @@ shared=${EMBER_SHARED_DIR:-$root/../shared}
 prepare() {
   local b=$1
   mkdir -p "$b/corpus"
-  for t in safetensors config gguf gguf_model tokenizer template http; do
+  for t in safetensors config gguf gguf_model tokenizer template http kv_codec; do
     mkdir -p "$b/corpus/$t"
     [ -d "fuzz/corpus/$t" ] && cp -n fuzz/corpus/$t/* "$b/corpus/$t/" 2>/dev/null || true
   done
@@ -27,6 +27,10 @@ prepare() {
     done
     for f in "$shared"/testdata/chat-templates/llama.cpp/*.jinja; do cp -n "$f" "$b/corpus/template/"; done
     cp -n "$shared"/fixtures/llama/model.safetensors "$b/corpus/safetensors/llama.safetensors" 2>/dev/null || true
+  fi
+  # valid KV row blobs of the target's own caches
+  if [ -x "$b/fuzz/fuzz_kv_codec" ] && [ ! -f "$b/corpus/kv_codec/seed0.bin" ]; then
+    EMBER_FUZZ_KV_SEEDS="$b/corpus/kv_codec" "$b/fuzz/fuzz_kv_codec" -runs=1 "$b/corpus/kv_codec" >/dev/null 2>&1 || true
   fi
   [ -f "$b/fuzz_model/tokenizer.json" ] || "$b/ember" mkmodel --preset demo --out "$b/fuzz_model" >/dev/null
   if [ -f "$b/fuzz_model/tokenizer.json" ] && [ ! -f "$b/corpus/tokenizer/demo.bin" ]; then

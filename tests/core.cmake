@@ -35,3 +35,5 @@ add_test(NAME soak_demo_model COMMAND ember mkmodel --preset demo --out ${EMBER_
 set_tests_properties(soak_demo_model PROPERTIES FIXTURES_SETUP soak_model)
 add_test(NAME soak COMMAND soak $<TARGET_FILE:ember> ${EMBER_SOAK_MODEL})
 set_tests_properties(soak PROPERTIES FIXTURES_REQUIRED soak_model TIMEOUT 900 LABELS soak)
+ember_test(test_kv test_kv.c)
+ember_test(test_kv_codec test_kv_codec.c)

@@ -2,7 +2,10 @@
  * test_engine.c - the serving engine: continuous batching gives each
  * request exactly the tokens it gets alone (greedy and seeded sampling),
  * matches the reference greedy ids, honours cancellation, queue bounds,
- * stop ids, prefix reuse and logprobs, and returns to an empty KV.
+ * stop ids, prefix reuse and logprobs, and returns to an empty KV. Under a
+ * KV budget far below rows x context, requests are admitted by the blocks
+ * they need, rows whose memory runs out are preempted and recomputed, and
+ * every request still gets exactly its solo tokens, for every KV kind.
  */
 #include "ember.h"
 #include "fixture.h"
@@ -191,6 +194,76 @@ int main(void) {
         ember_engine_get_stats(e, &stt);
         CHECK(stt.kv_bytes_used == 0 && stt.running == 0);
         ember_engine_free(e);
+        ember_model_free(m);
+    }
+
+    /* a KV budget of about 2.5 requests for 6 rows: admission waits for
+       blocks, decoding rows get preempted and recomputed; tokens unchanged */
+    static const char *const kinds[] = {"f32", "q8", "tq-k4v3"};
+    for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
+        enum { NB = 10, MAXT = 60 };
+        ember_model_params mp;
+        ember_model_params_init(&mp);
+        mp.n_rows = 6;
+        mp.n_threads = 2;
+        mp.n_ctx = 256;
+        mp.max_batch_tokens = 64;
+        mp.kv_type = kinds[ki];
+        ember_model *probe = fx_load_params(f.dir, &mp);
+        if (!probe) exit(1);
+        ember_model_info info;
+        ember_model_get_info(probe, &info);
+        ember_model_free(probe);
+        /* one request: up to 100 prompt + 60 generated positions */
+        mp.kv_budget = (size_t)(2.5 * 160 * (double)info.kv_bytes_per_token);
+        ember_model *m = fx_load_params(f.dir, &mp);
+        if (!m) exit(1);
+        ember_engine *e;
+        CHECK(ember_engine_new(m, NULL, &e, &err) == EMBER_OK);
+        result solo[NB], batched[NB];
+        ember_stream *ss[NB];
+        for (int i = 0; i < NB; i++) {
+            ember_gen_params g = gp(prompts[i], plen[i], MAXT, 0, 0);
+            CHECKF(ember_engine_submit(e, &g, &ss[i], &err) == EMBER_OK, "%s", err.msg);
+            drain(ss[i], &solo[i]);
+            ember_stream_free(ss[i]);
+        }
+        for (int i = 0; i < NB; i++) {
+            ember_gen_params g = gp(prompts[i], plen[i], MAXT, 0, 0);
+            CHECKF(ember_engine_submit(e, &g, &ss[i], &err) == EMBER_OK, "%s", err.msg);
+        }
+        for (int i = 0; i < NB; i++) {
+            drain(ss[i], &batched[i]);
+            ember_stream_free(ss[i]);
+            CHECKF(batched[i].done.finish == EMBER_FINISH_LENGTH && batched[i].n == MAXT &&
+                       !memcmp(batched[i].ids, solo[i].ids, sizeof(int32_t) * MAXT),
+                   "KV %s request %d: tokens differ from its solo run under a tight budget (finish %d: %s)",
+                   kinds[ki], i, batched[i].done.finish, batched[i].done.error);
+        }
+        ember_engine_stats st;
+        ember_engine_get_stats(e, &st);
+        CHECKF(st.preempted_total > 0, "KV %s: the budget never forced a preemption", kinds[ki]);
+        CHECK(st.running == 0 && st.kv_bytes_used == 0 && st.kv_bytes_held <= st.kv_bytes_total);
+        fprintf(stderr, "KV %s budget %zu: %llu preemptions, %zu bytes cached after\n", kinds[ki], st.kv_bytes_total,
+                (unsigned long long)st.preempted_total, st.kv_bytes_held);
+        ember_engine_free(e);
+        ember_model_free(m);
+    }
+
+    /* a context one row of which cannot fit the budget is refused at load */
+    {
+        ember_model_params mp;
+        ember_model_params_init(&mp);
+        mp.n_ctx = 512;
+        mp.kv_budget = 512 * 64; /* 64 bytes a position: less than qwen2's KV needs */
+        ember_model *m = NULL;
+        CHECK(ember_model_load(f.dir, &mp, &m, &err) == EMBER_ERR_NOMEM && strstr(err.msg, "over the budget"));
+        CHECK(m == NULL);
+        mp.n_ctx = 0; /* the default context is lowered instead */
+        CHECKF(ember_model_load(f.dir, &mp, &m, &err) == EMBER_OK, "%s", err.msg);
+        ember_model_info info;
+        ember_model_get_info(m, &info);
+        CHECK(info.n_ctx > 0 && info.n_ctx < 512 && (size_t)info.n_ctx * info.kv_bytes_per_token <= mp.kv_budget);
         ember_model_free(m);
     }
 

@@ -6,17 +6,26 @@
  * greedy ids exactly.
  */
 #include "ember.h"
+#include "engine/engine.h"
 #include "fixture.h"
+#include "kv/kv.h"
 
 static const char *const k_families[] = {"llama", "llama_bf16", "qwen2", "qwen3", "mistral"};
 
-static void run_family(const char *family, ember_isa isa) {
+/* Relative logit tolerance per KV kind (f32: the fixtures' 1e-4 mark). */
+typedef struct kv_tol {
+    const char *type;
+    float tol;
+} kv_tol;
+
+static void run_family(const char *family, ember_isa isa, const kv_tol *kv) {
     fixture f;
     fixture_open(&f, family);
     ember_model_params mp;
     ember_model_params_init(&mp);
     mp.isa = isa;
     mp.n_threads = 2;
+    mp.kv_type = kv->type;
     ember_model *m = NULL;
     ember_error err = {0};
     int rc = ember_model_load(f.dir, &mp, &m, &err);
@@ -45,26 +54,95 @@ static void run_family(const char *family, ember_isa isa) {
         float ref_max = max_abs(p->logits, (size_t)p->n * (size_t)V);
         float d = 0;
         for (size_t k = 0; k < (size_t)p->n * (size_t)V; k++) d = fmaxf(d, fabsf(lg[k] - p->logits[k]));
-        CHECKF(d / ref_max <= 1e-4f, "%s/%s p%d: max|dlogit| %g (rel %g)", family, ember_isa_name(isa), i, d,
-               d / ref_max);
+        CHECKF(d / ref_max <= kv->tol, "%s/%s/%s p%d: max|dlogit| %g (rel %g)", family, ember_isa_name(isa), kv->type,
+               i, d, d / ref_max);
         worst = fmaxf(worst, d / ref_max);
-        if (i == 0) { /* decode-step logits: row k predicts greedy[k] */
-            float dg = 0;
-            for (int s = 0; s < 24; s++)
-                for (int v = 0; v < V; v++)
-                    dg = fmaxf(dg, fabsf(lg[(size_t)(p->n - 1 + s) * V + v] - f.p0_gen_logits[(size_t)s * V + v]));
-            CHECKF(dg / ref_max <= 1e-4f, "%s p0 decode logits: max diff %g", family, dg);
-            worst = fmaxf(worst, dg / ref_max);
-        }
         int first_diff = -1;
         for (int s = 0; s < 24 && first_diff < 0; s++)
             if (out[s] != p->greedy[s]) first_diff = s;
-        CHECKF(first_diff < 0, "%s/%s p%d: greedy ids differ from step %d (margin there %g)", family,
-               ember_isa_name(isa), i, first_diff, first_diff >= 0 ? p->margin[first_diff] : 0.0);
+        /* f32 KV: identical greedy ids. A 16-bit KV may pick the other token
+           only where the reference's top-2 margin is within its error; the
+           continuation is compared up to there. */
+        int agree = first_diff < 0 ? 24 : first_diff;
+        CHECKF(first_diff < 0 || (kv->tol > 1e-4f && p->margin[first_diff] <= 2 * kv->tol * ref_max),
+               "%s/%s/%s p%d: greedy ids differ from step %d (margin there %g)", family, ember_isa_name(isa), kv->type,
+               i, first_diff, first_diff >= 0 ? p->margin[first_diff] : 0.0);
+        if (first_diff >= 0)
+            fprintf(stderr, "note: %s/%s p%d: greedy ids part at step %d, where the reference margin is %g\n", family,
+                    kv->type, i, first_diff, p->margin[first_diff]);
+        if (i == 0) { /* decode-step logits: row k predicts greedy[k] (while the ids agree) */
+            float dg = 0;
+            for (int s = 0; s <= agree && s < 24; s++)
+                for (int v = 0; v < V; v++)
+                    dg = fmaxf(dg, fabsf(lg[(size_t)(p->n - 1 + s) * V + v] - f.p0_gen_logits[(size_t)s * V + v]));
+            CHECKF(dg / ref_max <= kv->tol, "%s/%s p0 decode logits: max diff %g", family, kv->type, dg);
+            worst = fmaxf(worst, dg / ref_max);
+        }
         free(lg);
     }
-    fprintf(stderr, "%-10s %-6s worst relative logit error %.3g\n", family, ember_isa_name(isa), worst);
+    fprintf(stderr, "%-10s %-6s %-5s worst relative logit error %.3g\n", family, ember_isa_name(isa), kv->type, worst);
     ember_model_free(m);
+    fixture_close(&f);
+}
+
+/* Mistral (sliding window 16 on every layer) far past its window: a row
+   of the rotating cache holds about window + retain positions however long
+   it gets, and gives the same tokens and logits as a cache that keeps every
+   position (retain = the whole context). */
+static void mistral_long(void) {
+    fixture f;
+    fixture_open(&f, "mistral");
+    enum { NEW = 380 };
+    int32_t out[2][NEW];
+    float *lg[2];
+    size_t held[2];
+    for (int k = 0; k < 2; k++) {
+        ember_model_params mp;
+        ember_model_params_init(&mp);
+        mp.n_threads = 2;
+        mp.n_ctx = 512;
+        mp.max_batch_tokens = 32;
+        ember_model *m = fx_load_params(f.dir, &mp);
+        if (!m) exit(1);
+        if (k == 1) { /* the same cache, never giving a block back */
+            ember_kv_free(m->kv);
+            int heads[64], dims[64], win[64];
+            for (int l = 0; l < m->cfg.n_layers; l++) {
+                heads[l] = m->cfg.n_kv_heads;
+                dims[l] = m->cfg.head_dim;
+                win[l] = m->llm->layers[l].window;
+            }
+            ember_kv_type t;
+            ember_error err = {0};
+            ember_kv_type_parse("f32", 0, 0, &t, &err);
+            ember_kv_params kp = {t, m->cfg.n_layers, heads, dims, win, 1, 512, 0, 1 << 20, 32};
+            CHECK(ember_kv_new(m->be, &kp, &m->kv, &err) == EMBER_OK);
+        }
+        lg[k] = malloc(sizeof(float) * (size_t)(f.p[2].n + NEW) * (size_t)f.vocab);
+        ember_request r = {0};
+        r.prompt = f.p[2].ids;
+        r.n_prompt = f.p[2].n;
+        r.max_new_tokens = NEW;
+        r.ignore_eos = 1;
+        ember_sampling_init(&r.sampling);
+        r.out_ids = out[k];
+        r.out_logits = lg[k];
+        ember_error err = {0};
+        CHECKF(ember_generate(m, &r, 1, &err) == EMBER_OK, "%s", err.msg);
+        held[k] = ember_kv_row_bytes(m->kv, 0);
+        if (k == 0) { /* window 16 + retain 64 + one block of slack, out of 480 positions */
+            size_t bound = (size_t)((16 + 64) / EMBER_KV_BLOCK + 2) * EMBER_KV_BLOCK * ember_kv_bytes_per_token(m->kv, false);
+            CHECKF(held[0] <= bound, "mistral: a 480-position row holds %zu bytes of KV, over %zu", held[0], bound);
+            CHECK(!memcmp(out[0], f.p[2].greedy, sizeof(int32_t) * 24)); /* the reference's first 24 */
+        }
+        ember_model_free(m);
+    }
+    CHECK(!memcmp(out[0], out[1], sizeof out[0]));
+    CHECK(!memcmp(lg[0], lg[1], sizeof(float) * (size_t)(f.p[2].n + NEW - 1) * (size_t)f.vocab));
+    CHECK(held[1] > 4 * held[0]);
+    fprintf(stderr, "mistral 480 positions: rotating row %zu bytes, unrotated %zu\n", held[0], held[1]);
+    free(lg[0]);
+    free(lg[1]);
     fixture_close(&f);
 }
 
@@ -78,7 +156,14 @@ int main(void) {
             fprintf(stderr, "note: %s not supported by this CPU, not tested here\n", ember_isa_name(isas[i]));
             continue;
         }
-        for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++) run_family(k_families[k], isas[i]);
+        static const kv_tol f32 = {"f32", 1e-4f};
+        for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++) run_family(k_families[k], isas[i], &f32);
     }
+    mistral_long();
+    /* the 16-bit dense KV kinds, on the best ISA */
+    static const kv_tol half[] = {{"f16", 1e-3f}, {"bf16", 1e-2f}};
+    for (size_t h = 0; h < 2; h++)
+        for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++)
+            run_family(k_families[k], ember_isa_detect(), &half[h]);
     return test_done();
 }

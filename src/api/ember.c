@@ -37,6 +37,55 @@ void ember_model_free(ember_model *m) {
     free(m);
 }
 
+/* Creates m->kv for params p (n_ctx lowered when it is the default and one
+   row of it would not fit the budget). */
+static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, ember_error *err) {
+    ember_kv_type kt;
+    int rc = ember_kv_type_parse(p->kv_type, p->kv_group_size, p->kv_quant_start, &kt, err);
+    if (rc) return rc;
+    const int L = m->cfg.n_layers;
+    int *heads = malloc((size_t)L * sizeof *heads), *dims = malloc((size_t)L * sizeof *dims),
+        *win = malloc((size_t)L * sizeof *win);
+    if (!heads || !dims || !win) {
+        free(heads);
+        free(dims);
+        free(win);
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
+    for (int l = 0; l < L; l++) {
+        heads[l] = m->cfg.n_kv_heads;
+        dims[l] = m->cfg.head_dim;
+        win[l] = m->llm->layers[l].window;
+    }
+    ember_kv_params kp = {kt, L, heads, dims, win, p->n_rows, p->n_ctx, p->kv_budget, -1, p->max_batch_tokens};
+    for (;;) {
+        rc = ember_kv_new(m->be, &kp, &m->kv, err);
+        if (rc) break;
+        size_t need = ember_kv_request_bytes(m->kv, kp.n_ctx), cap = ember_kv_capacity_bytes(m->kv);
+        if (need <= cap) break;
+        /* one row of the context does not fit the budget */
+        size_t per = ember_kv_bytes_per_token(m->kv, false);
+        ember_kv_free(m->kv);
+        m->kv = NULL;
+        int fit = per ? (int)((cap / per) & ~(size_t)15) - 32 : 0;
+        if (!ctx_default || fit < 16) {
+            rc = ember_err(err, EMBER_ERR_NOMEM,
+                           "one row of %d positions needs %.2f GiB of KV cache, over the budget of %.2f GiB (a "
+                           "shorter context or a smaller KV kind would fit)",
+                           kp.n_ctx, (double)need / (1 << 30), (double)cap / (1 << 30));
+            break;
+        }
+        ember_log(&m->log, EMBER_LOG_WARN, "context lowered from %d to %d positions to fit the KV budget", kp.n_ctx,
+                  fit);
+        kp.n_ctx = fit;
+        p->n_ctx = fit;
+    }
+    free(heads);
+    free(dims);
+    free(win);
+    return rc;
+}
+
 /* true when path is a regular file that starts with the GGUF magic. */
 static bool is_gguf_file(const char *path) {
     FILE *fp = fopen(path, "rb");
@@ -90,23 +139,6 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
     if (p.n_rows <= 0) p.n_rows = 1;
     bool ctx_default = p.n_ctx <= 0;
     if (ctx_default) p.n_ctx = m->cfg.max_pos < 4096 ? m->cfg.max_pos : 4096;
-    if (p.kv_budget > 0) { /* rows x context must fit the KV budget */
-        size_t per_pos = ember_kv_bytes(m->cfg.n_layers, p.n_rows, 1, m->cfg.n_kv_heads, m->cfg.head_dim);
-        size_t fit = per_pos ? p.kv_budget / per_pos : 0;
-        if ((size_t)p.n_ctx > fit) {
-            if (!ctx_default || fit < 16) {
-                rc = ember_err(err, EMBER_ERR_NOMEM,
-                               "the KV cache for %d rows x %d positions needs %.2f GiB, over the budget of %.2f GiB "
-                               "(fewer rows or a shorter context would fit)",
-                               p.n_rows, p.n_ctx, (double)per_pos * p.n_ctx / (1 << 30),
-                               (double)p.kv_budget / (1 << 30));
-                goto fail;
-            }
-            ember_log(&m->log, EMBER_LOG_WARN, "context lowered from %d to %d positions to fit the KV budget", p.n_ctx,
-                      (int)(fit & ~(size_t)15));
-            p.n_ctx = (int)(fit & ~(size_t)15);
-        }
-    }
     if (p.n_ctx > m->cfg.max_pos)
         ember_log(&m->log, EMBER_LOG_WARN, "context %d exceeds the model's max_position_embeddings %d", p.n_ctx,
                   m->cfg.max_pos);
@@ -114,11 +146,11 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
     if (p.max_batch_tokens < p.n_rows) p.max_batch_tokens = p.n_rows;
     p.n_threads = ember_backend_cpu_threads(m->be);
     p.isa = ember_backend_cpu_isa(m->be);
-    m->params = p;
-    if ((rc = ember_kv_new(m->be, m->cfg.n_layers, p.n_rows, p.n_ctx, m->cfg.n_kv_heads, m->cfg.head_dim, &m->kv,
-                           err)) ||
+    if ((rc = make_kv(m, &p, ctx_default, err)) ||
         (rc = ember_llm_state_new(m->llm, p.max_batch_tokens, p.n_rows, &m->st, err)))
         goto fail;
+    p.kv_type = ember_kv_get_type(m->kv)->name; /* owned by the cache */
+    m->params = p;
     size_t B = (size_t)p.max_batch_tokens;
     m->b_tok = malloc(B * sizeof(int32_t));
     m->b_pos = malloc(B * sizeof(int32_t));
@@ -159,4 +191,7 @@ void ember_model_get_info(const ember_model *m, ember_model_info *info) {
     info->weight_bytes = m->llm->weight_bytes;
     info->isa = m->params.isa;
     info->n_threads = m->params.n_threads;
+    ember_kv_describe(m->kv, info->kv_type, sizeof info->kv_type);
+    info->kv_bytes_per_token = ember_kv_bytes_per_token(m->kv, false);
+    info->kv_capacity = ember_kv_capacity_bytes(m->kv);
 }

@@ -61,6 +61,89 @@ typedef struct ember_attn {
     float softcap; /* > 0: scores = softcap * tanh(scores / softcap) */
 } ember_attn;
 
+/* ---- paged KV storage ------------------------------------------------------
+ *
+ * A KV pool is one u8 buffer of equal blocks; a block holds EMBER_KV_BLOCK
+ * consecutive positions of one row for every layer that uses the pool. A
+ * row finds its positions through a block table: position j lives in block
+ * blocks[j / EMBER_KV_BLOCK - first], slot j % EMBER_KV_BLOCK. The kv part
+ * (src/kv) owns pools and tables; the backend only encodes, decodes and
+ * attends through them.
+ *
+ * Inside a block, each layer owns a K region then a V region, one
+ * head_bytes piece per KV head. The codec of a piece (the bytes of 16
+ * positions of one head, D = head_dim, G = group, b = bits):
+ *   F32/F16/BF16  K: transposed, [D][16] values; V: [16][D] values
+ *   Q8  (affine)  K: codes [D][16] u8; V: codes [16][D] u8; then scales
+ *                 [D/G][16] f16 and biases [D/G][16] f16 (K), or [16][D/G]
+ *                 each (V): x = scale * code + bias, code in 0..255.
+ *                 K only: then mu [D] f16 and sigma [D] f16, a running mean
+ *                 and spread of each dimension over the row's earlier
+ *                 blocks (kv_codec.c), set when slot 0 is written (sigma 0:
+ *                 none, read as 1); the codes hold (k - mu) / sigma: k =
+ *                 sigma (scale code + bias) + mu. Outlier channels then cost
+ *                 no precision elsewhere.
+ *   Q4  (affine)  as Q8 with 4-bit codes: K byte [d/2][i] holds dims d
+ *                 (low nibble) and d + 1 (high) of position i; V byte
+ *                 [i][d/2] holds dims d (low) and d + 1 (high)
+ *   TQ  (rotation)the vector is rotated, y = H S x / sqrt(n) per power-of-two
+ *                 segment of D (H Walsh-Hadamard, S the signs), then each y_d
+ *                 is code c_d of a b-bit codebook: y ~ scale * codebook[c].
+ *                 K: codes [D][16] packed in 2b bytes per d (LSB first),
+ *                 scales [16] f16, then mu and sigma as for Q8 (the rotated
+ *                 vector is that of (k - mu) / sigma); V: codes [16] rows of
+ *                 ceil(D b / 8) bytes, scales [16] f16.
+ * K is transposed so that one vector load holds a dimension of 16 keys.
+ */
+#define EMBER_KV_BLOCK 16
+
+typedef enum ember_kv_enc {
+    EMBER_KVE_F32 = 0,
+    EMBER_KVE_F16,
+    EMBER_KVE_BF16,
+    EMBER_KVE_Q8,
+    EMBER_KVE_Q4,
+    EMBER_KVE_TQ
+} ember_kv_enc;
+
+/* How one of K or V is stored. */
+typedef struct ember_kv_codec {
+    ember_kv_enc enc;
+    int group;              /* Q8 / Q4: values per scale and bias (divides head_dim) */
+    int bits;               /* TQ: 2..8 */
+    const float *codebook;  /* TQ: [1 << bits] increasing centroids (static) */
+    const float *bounds;    /* TQ: [(1 << bits) - 1] decision thresholds (static) */
+    const float *signs;     /* TQ: [head_dim] +-1, owned by the cache */
+    size_t head_bytes;      /* bytes of one head's EMBER_KV_BLOCK positions */
+} ember_kv_codec;
+
+/* One layer's view of one pool. */
+typedef struct ember_kv_layer {
+    ember_tensor *pool;    /* u8 [n_blocks * block_bytes] */
+    size_t block_bytes;    /* bytes of one block (every layer of the pool) */
+    size_t k_off, v_off;   /* this layer's K and V regions inside a block */
+    int n_heads, head_dim;
+    ember_kv_codec k, v;
+} ember_kv_layer;
+
+/* How a row of a batch reaches its positions. */
+typedef struct ember_kv_rowref {
+    const int32_t *blocks; /* block of logical block first + i, for i < n_blocks */
+    int32_t first, n_blocks;
+    int32_t layer_set;     /* which of the op's layer views (pools) the row uses */
+} ember_kv_rowref;
+
+/* The arguments every paged op shares: views[layer_set] for each pool,
+   refs[r] for cache row r, and per token t its row row[t] and position
+   pos[t]. */
+typedef struct ember_kv_map {
+    const ember_kv_layer *views;
+    int n_views;
+    const ember_kv_rowref *refs;
+    int n_refs;
+    const int32_t *row, *pos; /* [T] */
+} ember_kv_map;
+
 typedef struct ember_backend_ops {
     const char *name;
     void (*free)(ember_backend *be);
@@ -93,17 +176,24 @@ typedef struct ember_backend_ops {
     /* In place on x [T, H, head_dim]; pos[T] host array. */
     int (*rope)(ember_backend *be, ember_tensor *x, const int32_t *pos, const ember_rope *r,
                 ember_error *err);
-    /* cache[slot[t], h, pos[t], :] = src[t, h, :] for k and v; caches are
-       [S, H, C, D] f32, k and v [T, H, D]. */
-    int (*kv_store)(ember_backend *be, ember_tensor *k_cache, ember_tensor *v_cache,
-                    const ember_tensor *k, const ember_tensor *v, const int32_t *slot,
-                    const int32_t *pos, ember_error *err);
-    /* out[t, h, :] = softmax(q[t,h,:] . K[slot[t], h/g, j, :] * scale) V over
-       the causal (and windowed) keys j <= pos[t] of that slot. q, out [T, Hq, D]. */
-    int (*attention)(ember_backend *be, ember_tensor *out, const ember_tensor *q,
-                     const ember_tensor *k_cache, const ember_tensor *v_cache,
-                     const int32_t *slot, const int32_t *pos, const ember_attn *a,
-                     ember_error *err);
+    /* Encodes k[t] and v[t] (f32 [T, H, D]) into position pos[t] of row
+       row[t] (map); the blocks must exist. */
+    int (*kv_write)(ember_backend *be, const ember_kv_map *map, const ember_tensor *k, const ember_tensor *v,
+                    ember_error *err);
+    /* The reverse: decodes position pos[t] of row[t] into k[t], v[t] (f32). */
+    int (*kv_read)(ember_backend *be, const ember_kv_map *map, ember_tensor *k, ember_tensor *v,
+                   ember_error *err);
+    /* out[t, h, :] = softmax(q[t,h,:] . K_j * scale) V_j over the keys j of
+       row[t] with j <= pos[t] (and pos[t] - j < window), K/V head h / (Hq /
+       Hkv). q, out [T, Hq, D] f32. Each token's result depends only on its
+       own query and keys: keys are reduced in spans of fixed absolute
+       position, so neither the batch nor the thread count changes a bit. */
+    int (*attention)(ember_backend *be, ember_tensor *out, const ember_tensor *q, const ember_kv_map *map,
+                     const ember_attn *a, ember_error *err);
+    /* dst bytes [doff, doff + n) = src bytes [soff, soff + n); tensors of the
+       same backend, ranges must not overlap. */
+    int (*copy)(ember_backend *be, ember_tensor *dst, size_t doff, const ember_tensor *src, size_t soff, size_t n,
+                ember_error *err);
     /* dst = silu(gate) * up, elementwise. */
     int (*swiglu)(ember_backend *be, ember_tensor *dst, const ember_tensor *gate,
                   const ember_tensor *up, ember_error *err);

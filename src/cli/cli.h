@@ -26,7 +26,19 @@ typedef struct cli_model_opts {
     const char *isa; /* NULL: auto */
     bool verbose, use_mmap;
     size_t kv_budget; /* 0: none */
+    const char *kv_type; /* NULL: the library's default (f32) */
+    int kv_group, kv_quant_start;
 } cli_model_opts;
+
+/* The KV cache options every model verb takes, as cli_opt entries writing
+   into a cli_model_opts `mo`. */
+#define CLI_KV_OPTS(mo)                                                                                              \
+    {"kv-type", 0, OPT_STR, &(mo).kv_type, "KIND", "KV cache kind: f32, f16, bf16, q8, q4, tq-kKvV (K/V bits 2..8)", \
+     0, 0, false},                                                                                                     \
+    {"kv-group-size", 0, OPT_INT, &(mo).kv_group, "N", "q8 / q4 KV: values per scale, 32, 64 or 128 (default 64)", \
+     1, 1 << 20, false},                                                                                               \
+    {"kv-quant-start", 0, OPT_INT, &(mo).kv_quant_start, "N",                                                        \
+     "with a quantized KV kind: keep rows f32 until N positions, then convert", 1, 1 << 28, false}
 
 int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, ember_model **out);
 

@@ -70,6 +70,7 @@ int cmd_generate(int argc, char **argv) {
     float temp = 0.8f, top_p = 1.0f, min_p = 0.0f;
     uint64_t seed = 0;
     bool ignore_eos = false, verbose = false, use_mmap = false, raw = false, print_ids = false;
+    cli_model_opts mo = {0};
     cli_opt opts[] = {
         {"model", 'm', OPT_STR, &model, "DIR", "model directory (config.json + *.safetensors)", 0, 0, false},
         {"ids", 0, OPT_STR, &ids_s, "LIST", "prompt token ids, e.g. 1,2,3 (output: ids)", 0, 0, false},
@@ -90,6 +91,7 @@ int cmd_generate(int argc, char **argv) {
         {"ctx", 'c', OPT_INT, &ctx, "N", "context length (default: min(model max, 4096))", 1, 1 << 24, false},
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
         {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log loading details to stderr", 0, 0, false},
+        CLI_KV_OPTS(mo),
     };
     cli_cmd cmd = {"generate",
                    "Generate tokens after a prompt: ids in, ids out (one line, space-separated), or text in, text out.",
@@ -116,7 +118,7 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     ember_model *m;
-    cli_model_opts mo = {threads, ctx, 1, isa, verbose, use_mmap, 0};
+    mo = (cli_model_opts){threads, ctx, 1, isa, verbose, use_mmap, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start};
     if (cli_load_model("generate", model, &mo, &m)) {
         free(ids);
         ember_tok_free(tok);

@@ -6,15 +6,21 @@
 
 int cmd_info(int argc, char **argv) {
     const char *model = NULL;
+    int ctx = 0;
+    cli_model_opts mo = {0};
     cli_opt opts[] = {
         {"model", 'm', OPT_STR, &model, "DIR", "model directory", 0, 0, false},
+        {"ctx", 'c', OPT_INT, &ctx, "N", "context for the KV figures (default: min(model max, 4096))", 1, 1 << 24,
+         false},
+        CLI_KV_OPTS(mo),
     };
-    cli_cmd cmd = {"info", "Print a model's architecture, sizes and weight type.", "--model DIR", NULL, opts, 1};
+    cli_cmd cmd = {"info", "Print a model's architecture, sizes, weight type and KV cache kind.",
+                   "--model DIR [--kv-type KIND]", NULL, opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc) return rc == 2 ? 0 : 1;
     if (!model) return cli_fail("info", "--model is required");
     ember_model *m;
-    cli_model_opts mo = {1, 0, 1, NULL, false, true, 0};
+    mo = (cli_model_opts){1, ctx, 1, NULL, false, true, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start};
     if (cli_load_model("info", model, &mo, &m)) return 1;
     ember_model_info i;
     ember_model_get_info(m, &i);
@@ -25,6 +31,8 @@ int cmd_info(int argc, char **argv) {
     printf("vocab         %d\n", i.vocab_size);
     printf("max positions %d\n", i.max_position_embeddings);
     printf("weights       %s, %.1f MiB read per token\n", i.weight_dtype, (double)i.weight_bytes / (1 << 20));
+    printf("kv cache      %s, %zu bytes per token (%.1f KiB), budget %.1f MiB (context %d)\n", i.kv_type,
+           i.kv_bytes_per_token, (double)i.kv_bytes_per_token / 1024, (double)i.kv_capacity / (1 << 20), i.n_ctx);
     printf("eos ids      ");
     for (int k = 0; k < i.n_eos; k++) printf(" %d", i.eos_ids[k]);
     printf("\nbos id        %d\n", i.bos_id);

@@ -10,6 +10,7 @@ int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *out_path = NULL, *isa = NULL;
     int threads = 0, ctx = 0;
     bool verbose = false, use_mmap = false;
+    cli_model_opts mo = {0};
     cli_opt opts[] = {
         {"model", 'm', OPT_STR, &model, "DIR", "model directory", 0, 0, false},
         {"ids", 0, OPT_STR, &ids_s, "LIST", "token ids, e.g. 1,2,3", 0, 0, false},
@@ -19,6 +20,7 @@ int cmd_logits(int argc, char **argv) {
         {"ctx", 'c', OPT_INT, &ctx, "N", "context length (default: min(model max, 4096))", 1, 1 << 24, false},
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
         {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log loading details to stderr", 0, 0, false},
+        CLI_KV_OPTS(mo),
     };
     cli_cmd cmd = {"logits", "Write the logits at every position of a prompt as a NumPy .npy file.",
                    "--model DIR --ids LIST --out FILE.npy [options]", NULL, opts, (int)(sizeof opts / sizeof opts[0])};
@@ -30,7 +32,7 @@ int cmd_logits(int argc, char **argv) {
     int n_ids;
     if (cli_parse_ids("logits", "ids", ids_s, &ids, &n_ids)) return 1;
     ember_model *m;
-    cli_model_opts mo = {threads, ctx, 1, isa, verbose, use_mmap, 0};
+    mo = (cli_model_opts){threads, ctx, 1, isa, verbose, use_mmap, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start};
     if (cli_load_model("logits", model, &mo, &m)) {
         free(ids);
         return 1;

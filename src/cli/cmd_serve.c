@@ -191,6 +191,8 @@ int cmd_serve(int argc, char **argv) {
     int port = 8080, parallel = 8, ctx = 0, threads = 0, max_queue = 256, default_max = 0;
     float drain = 10.0f;
     bool verbose = false, use_mmap = false;
+    cli_model_opts mo = {0};
+    mo.kv_type = "f16"; /* serve's default: see the README */
     cli_opt opts[] = {
         {"host", 0, OPT_STR, &host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", 0, 0, false},
         {"port", 'p', OPT_INT, &port, "N", "port (default 8080)", 1, 65535, false},
@@ -211,13 +213,16 @@ int cmd_serve(int argc, char **argv) {
         {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512", 0, 0, false},
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
         {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log more (HTTP details) to stderr", 0, 0, false},
+        CLI_KV_OPTS(mo),
     };
     cli_cmd cmd = {"serve", "Serve a model over an OpenAI- and Anthropic-compatible HTTP API.", "[MODEL] [options]",
                    "MODEL: a model directory, a GGUF file, or org/name from the HuggingFace cache\n"
                    "($HF_HOME/hub or ~/.cache/huggingface/hub). Without MODEL the first supported model\n"
                    "in that cache is served, else a demo model with random weights (~/.cache/ember/demo).\n"
                    "Endpoints: POST /v1/chat/completions, /v1/completions, /v1/messages, /tokenize,\n"
-                   "/detokenize; GET /v1/models, /health, /metrics.",
+                   "/detokenize; GET /v1/models, /health, /metrics.\n"
+                   "KV cache: f16 unless --kv-type says otherwise; rows take blocks of 16 positions\n"
+                   "as they grow, from a pool of --kv-budget bytes shared by all requests.",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse_arg(&cmd, argc, argv, &model_arg);
     if (rc) return rc == 2 ? 0 : 1;
@@ -253,7 +258,8 @@ int cmd_serve(int argc, char **argv) {
     }
     int min_level = verbose ? EMBER_LOG_DEBUG : EMBER_LOG_INFO;
     ember_model *m;
-    cli_model_opts mo = {threads, ctx, parallel, isa, false, use_mmap, kv_budget};
+    mo = (cli_model_opts){threads, ctx, parallel, isa, false, use_mmap, kv_budget, mo.kv_type, mo.kv_group,
+                          mo.kv_quant_start};
     if (cli_load_model("serve", path, &mo, &m)) return 1;
     ember_model_info info;
     ember_model_get_info(m, &info);

@@ -26,6 +26,9 @@ int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, 
     p.n_rows = o->rows;
     p.use_mmap = o->use_mmap;
     p.kv_budget = o->kv_budget;
+    p.kv_type = o->kv_type;
+    p.kv_group_size = o->kv_group;
+    p.kv_quant_start = o->kv_quant_start;
     if (o->isa) {
         int v = cli_isa_from_name(o->isa);
         if (v < 0) return cli_fail(verb, "--isa must be one of auto, scalar, avx2, avx512; got '%s'", o->isa);

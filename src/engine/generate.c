@@ -100,7 +100,8 @@ int ember_generate(ember_model *m, ember_request *reqs, int n, ember_error *err)
         int nt = 0, no = 0;
         for (int i = cur; i < n && nt < B; i++) {
             ember_request *r = rows[i].req;
-            while (rows[i].prefilled < r->n_prompt && nt < B) {
+            int lim = ember_kv_max_append(m->kv, i); /* chunks stop at a KV conversion offset */
+            for (int k = 0; rows[i].prefilled < r->n_prompt && nt < B && k < lim; k++) {
                 int p = rows[i].prefilled++;
                 m->b_tok[nt] = r->prompt[p];
                 m->b_pos[nt] = p;
@@ -153,8 +154,10 @@ int ember_logits(ember_model *m, const int32_t *ids, int n_ids, float *out, embe
         return ember_err(err, EMBER_ERR_LIMIT, "%d tokens do not fit the context of %d", n_ids, m->params.n_ctx);
     const int B = m->params.max_batch_tokens;
     ember_kv_clear(m->kv, 0);
-    for (int s = 0; s < n_ids; s += B) {
-        int nt = n_ids - s < B ? n_ids - s : B;
+    for (int s = 0, nt; s < n_ids; s += nt) {
+        nt = n_ids - s < B ? n_ids - s : B;
+        int lim = ember_kv_max_append(m->kv, 0);
+        if (nt > lim) nt = lim;
         for (int i = 0; i < nt; i++) {
             m->b_tok[i] = ids[s + i];
             m->b_pos[i] = s + i;
@@ -168,31 +171,46 @@ int ember_logits(ember_model *m, const int32_t *ids, int n_ids, float *out, embe
     return EMBER_OK;
 }
 
-int ember_bench_run(ember_model *m, int n_prompt, int n_gen, ember_bench_result *res, ember_error *err) {
-    if (!m || !res || n_prompt < 1 || n_gen < 0 || n_prompt + n_gen > m->params.n_ctx)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "benchmark of %d + %d tokens does not fit the context of %d",
-                         n_prompt, n_gen, m ? m->params.n_ctx : 0);
+/* Feeds n synthetic tokens to row 0 from position start, in chunks; the
+   last chunk's last logits land in m->logits. */
+static int bench_prefill(ember_model *m, int start, int n, ember_error *err) {
     const int B = m->params.max_batch_tokens, V = m->cfg.vocab_size;
-    int rc = ember_engine_reserve_logits(m, 1, err);
-    if (rc) return rc;
-    ember_kv_clear(m->kv, 0);
-    double t0 = ember_now();
-    for (int s = 0; s < n_prompt; s += B) {
-        int nt = n_prompt - s < B ? n_prompt - s : B;
+    for (int s = 0, nt; s < n; s += nt) {
+        nt = n - s < B ? n - s : B;
+        int lim = ember_kv_max_append(m->kv, 0);
+        if (nt > lim) nt = lim;
         for (int i = 0; i < nt; i++) {
-            m->b_tok[i] = (int32_t)(((uint32_t)(s + i) * 2654435761u) % (uint32_t)V);
-            m->b_pos[i] = s + i;
+            m->b_tok[i] = (int32_t)(((uint32_t)(start + s + i) * 2654435761u) % (uint32_t)V);
+            m->b_pos[i] = start + s + i;
             m->b_row[i] = 0;
         }
         m->b_out[0] = nt - 1;
         ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, 1, m->b_out};
-        if ((rc = ember_llm_forward(m->llm, m->st, m->kv, &b, m->logits, err))) return rc;
+        int rc = ember_llm_forward(m->llm, m->st, m->kv, &b, m->logits, err);
+        if (rc) return rc;
     }
+    return EMBER_OK;
+}
+
+int ember_bench_run_at(ember_model *m, int n_depth, int n_prompt, int n_gen, ember_bench_result *res,
+                       ember_error *err) {
+    if (!m || !res || n_depth < 0 || n_prompt < 0 || n_gen < 0 || n_depth + n_prompt + n_gen < 1 ||
+        (long)n_depth + n_prompt + n_gen > m->params.n_ctx)
+        return ember_err(err, EMBER_ERR_INVALID_ARG,
+                         "benchmark of %d + %d + %d tokens does not fit the context of %d", n_depth, n_prompt, n_gen,
+                         m ? m->params.n_ctx : 0);
+    const int V = m->cfg.vocab_size;
+    int rc = ember_engine_reserve_logits(m, 1, err);
+    if (rc) return rc;
+    ember_kv_clear(m->kv, 0);
+    if ((rc = bench_prefill(m, 0, n_depth, err))) return rc;
+    double t0 = ember_now();
+    if ((rc = bench_prefill(m, n_depth, n_prompt, err))) return rc;
     double t1 = ember_now();
-    int32_t tok = ember_argmax(m->logits, V);
+    int32_t tok = n_depth + n_prompt > 0 ? ember_argmax(m->logits, V) : 1 % V;
     for (int g = 0; g < n_gen; g++) {
         m->b_tok[0] = tok;
-        m->b_pos[0] = n_prompt + g;
+        m->b_pos[0] = n_depth + n_prompt + g;
         m->b_row[0] = 0;
         m->b_out[0] = 0;
         ember_batch b = {1, m->b_tok, m->b_pos, m->b_row, 1, m->b_out};
@@ -203,4 +221,9 @@ int ember_bench_run(ember_model *m, int n_prompt, int n_gen, ember_bench_result 
     res->prefill_seconds = t1 - t0;
     res->decode_seconds = t2 - t1;
     return EMBER_OK;
+}
+
+int ember_bench_run(ember_model *m, int n_prompt, int n_gen, ember_bench_result *res, ember_error *err) {
+    if (n_prompt < 1) return ember_err(err, EMBER_ERR_INVALID_ARG, "a benchmark needs at least one prompt token");
+    return ember_bench_run_at(m, 0, n_prompt, n_gen, res, err);
 }

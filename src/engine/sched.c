@@ -162,9 +162,11 @@ typedef struct row {
     int32_t *hist;      /* [n_ctx + 1] prompt then generated tokens */
     int n_hist;         /* tokens in hist */
     int n_prompt, n_fed; /* prompt length; positions already in the KV cache */
+    int n_target;       /* positions to prefill: the prompt, or after a preemption the whole history */
     int n_gen, n_cached;
     uint64_t order;     /* admission order: prefill goes first-come first-served */
     uint64_t stamp;     /* the step that last took a prefill chunk from this row */
+    uint64_t used;      /* the step this row last ran: free rows' KV is evicted oldest first */
     ember_sampler *sampler;
     uint32_t *counts;   /* [V] generated-token counts (penalties) */
     uint8_t *seen;      /* [V / 8 + 1] tokens of prompt and output (repetition penalty) */
@@ -188,7 +190,7 @@ struct ember_engine {
     uint64_t steps;
     int *out_row; /* [n_rows] row of each logits row of a step */
     float *raw; /* [V] a row's logits before penalties, for logprobs */
-    size_t kv_bytes_per_pos;
+    int *plan;          /* [n_rows] tokens each row takes in this step */
     ember_engine_stats stats; /* published under mu */
 };
 
@@ -215,6 +217,7 @@ void ember_engine_free(ember_engine *e) {
     for (int i = 0; i < e->n_rows; i++) row_free_mem(&e->rows[i]);
     free(e->rows);
     free(e->out_row);
+    free(e->plan);
     free(e->raw);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
@@ -250,7 +253,8 @@ static void release_row(ember_engine *e, row *r, ember_finish finish, int code, 
     }
     r->s = NULL;
     r->phase = ROW_FREE;
-    r->n_hist = e->m->kv->len[r - e->rows]; /* tokens beyond the KV were never fed */
+    r->n_hist = ember_kv_len(e->m->kv, (int)(r - e->rows)); /* tokens beyond the KV were never fed */
+    r->used = e->steps;
     pthread_mutex_lock(&e->mu);
     e->stats.generated_tokens_total += (uint64_t)r->n_gen;
     e->stats.cached_tokens_total += (uint64_t)r->n_cached;
@@ -265,28 +269,83 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     return i;
 }
 
-/* Moves waiting requests into free rows while there are both. */
+/* KV bytes the admitted rows still need for the rest of their prefill,
+   plus one block of growth per running row. */
+static size_t kv_committed(ember_engine *e) {
+    ember_kv *kv = e->m->kv;
+    size_t c = 0, blk = ember_kv_bytes_per_token(kv, false) * EMBER_KV_BLOCK;
+    for (int i = 0; i < e->n_rows; i++) {
+        const row *r = &e->rows[i];
+        if (r->phase == ROW_FREE) continue;
+        if (r->phase == ROW_PREFILL) c += ember_kv_need_bytes(kv, i, r->n_target - r->n_fed);
+        c += blk;
+    }
+    return c;
+}
+
+/* Drops the KV a free row keeps for prefix reuse (the least recently used
+   one, except row keep); false when no free row holds any. */
+static bool evict_cached(ember_engine *e, int keep) {
+    ember_kv *kv = e->m->kv;
+    int best = -1;
+    for (int i = 0; i < e->n_rows; i++)
+        if (i != keep && e->rows[i].phase == ROW_FREE && ember_kv_len(kv, i) > 0 &&
+            (best < 0 || e->rows[i].used < e->rows[best].used))
+            best = i;
+    if (best < 0) return false;
+    ember_kv_clear(kv, best);
+    e->rows[best].n_hist = 0;
+    return true;
+}
+
+/* Moves waiting requests into free rows while there are both and the KV
+   memory allows: a request is admitted when the blocks its prompt needs
+   (beyond a reused prefix) fit beside what admitted rows still need. */
 static void admit(ember_engine *e) {
     ember_model *m = e->m;
+    ember_kv *kv = m->kv;
     while (e->wait_head) {
         ember_stream *s = e->wait_head;
         int best = -1, best_len = -1;
         for (int i = 0; i < e->n_rows; i++) {
             row *r = &e->rows[i];
             if (r->phase != ROW_FREE) continue;
-            int c = common_prefix(r->hist, m->kv->len[i], s->prompt, s->g.n_prompt - 1);
-            if (c > best_len) {
+            int c = common_prefix(r->hist, ember_kv_len(kv, i), s->prompt, s->g.n_prompt - 1);
+            if (c > 0 && c < ember_kv_min_reuse(kv, i)) c = 0; /* the row cannot go back that far */
+            if (c > best_len || (c == best_len && ember_kv_len(kv, i) < ember_kv_len(kv, best))) {
                 best = i;
                 best_len = c;
             }
         }
         if (best < 0) return; /* no free row: wait */
+        /* memory: the prompt's blocks beside what admitted rows still need */
+        size_t need = ember_kv_request_bytes(kv, s->g.n_prompt) - ember_kv_request_bytes(kv, best_len);
+        for (;;) {
+            size_t have = ember_kv_free_bytes(kv), held = kv_committed(e);
+            if (ember_kv_len(kv, best) > best_len) /* the part of the row's cache not reused comes back */
+                have += ember_kv_request_bytes(kv, ember_kv_len(kv, best)) - ember_kv_request_bytes(kv, best_len);
+            if (need + held <= have) break;
+            if (!evict_cached(e, best)) break;
+        }
+        size_t have = ember_kv_free_bytes(kv), held = kv_committed(e);
+        if (ember_kv_len(kv, best) > best_len)
+            have += ember_kv_request_bytes(kv, ember_kv_len(kv, best)) - ember_kv_request_bytes(kv, best_len);
+        bool running = false;
+        for (int i = 0; i < e->n_rows && !running; i++) running = e->rows[i].phase != ROW_FREE;
+        if (need + held > have && running) return; /* wait for running requests to give blocks back */
         e->wait_head = s->next;
         if (!e->wait_head) e->wait_tail = NULL;
         s->next = NULL;
         pthread_mutex_lock(&e->mu);
         e->queued--;
         pthread_mutex_unlock(&e->mu);
+        if (need + held > have) { /* alone and still too big: it can never run */
+            char msg[200];
+            snprintf(msg, sizeof msg, "the prompt needs %.1f MiB of KV cache, more than the %.1f MiB available",
+                     (double)need / (1 << 20), (double)have / (1 << 20));
+            end_stream(s, EMBER_FINISH_ERROR, s->g.n_prompt, 0, 0, EMBER_ERR_NOMEM, msg);
+            continue;
+        }
         /* prepare the row; nothing in the running batch changes on failure */
         row *r = &e->rows[best];
         ember_error err = {0};
@@ -294,12 +353,16 @@ static void admit(ember_engine *e) {
             end_stream(s, EMBER_FINISH_ERROR, s->g.n_prompt, 0, 0, err.code, err.msg);
             continue;
         }
-        ember_kv_trim(m->kv, best, best_len, NULL);
+        if (ember_kv_trim(kv, best, best_len, NULL) != EMBER_OK) {
+            ember_kv_clear(kv, best);
+            best_len = 0;
+        }
         memcpy(r->hist, s->prompt, (size_t)s->g.n_prompt * sizeof *r->hist);
         r->n_hist = s->g.n_prompt;
         for (int i = 0; i < r->n_hist; i++) r->seen[r->hist[i] >> 3] |= (uint8_t)(1u << (r->hist[i] & 7));
         r->s = s;
         r->n_prompt = s->g.n_prompt;
+        r->n_target = s->g.n_prompt;
         r->n_fed = best_len;
         r->n_cached = best_len;
         r->n_gen = 0;
@@ -408,39 +471,110 @@ static void take_token(ember_engine *e, row *r, float *lg) {
         r->phase = ROW_DECODE;
 }
 
+/* Drops a running row's KV to free memory (the most recently admitted one
+   that is not `keep` and came after `after`): it goes back to prefilling its whole history, which
+   reproduces its KV exactly (batch and chunk invariance), so its output is
+   unchanged. false when there is no other running row. */
+static bool preempt_newest(ember_engine *e, int keep, uint64_t after) {
+    row *v = NULL;
+    for (int i = 0; i < e->n_rows; i++) {
+        row *r = &e->rows[i];
+        if (i != keep && r->phase != ROW_FREE && r->order > after && ember_kv_len(e->m->kv, i) > 0 &&
+            (!v || r->order > v->order))
+            v = r;
+    }
+    if (!v) return false;
+    int i = (int)(v - e->rows);
+    ember_kv_clear(e->m->kv, i);
+    /* a decoding row feeds its last token next: prefill everything up to it
+       and sample from the last position, as its decode step would */
+    v->n_target = v->n_hist;
+    v->n_fed = 0;
+    v->phase = ROW_PREFILL;
+    pthread_mutex_lock(&e->mu);
+    e->stats.preempted_total++;
+    pthread_mutex_unlock(&e->mu);
+    return true;
+}
+
 /* One step over the batch; returns false when there was nothing to do. */
 static bool step(ember_engine *e) {
     ember_model *m = e->m;
+    ember_kv *kv = m->kv;
     const int V = m->cfg.vocab_size, B = m->params.max_batch_tokens;
     for (int i = 0; i < e->n_rows; i++) /* cancellations take effect at step boundaries */
         if (e->rows[i].phase != ROW_FREE && atomic_load(&e->rows[i].s->cancel))
             release_row(e, &e->rows[i], EMBER_FINISH_CANCELLED, 0, NULL);
+    /* decode rows first: each needs its next position, the oldest first */
+    for (;;) {
+        size_t need = 0;
+        for (int i = 0; i < e->n_rows; i++)
+            if (e->rows[i].phase == ROW_DECODE) need += ember_kv_need_bytes(kv, i, 1);
+        if (need <= ember_kv_free_bytes(kv)) break;
+        if (evict_cached(e, -1)) continue;
+        int oldest = -1;
+        for (int i = 0; i < e->n_rows; i++)
+            if (e->rows[i].phase == ROW_DECODE && (oldest < 0 || e->rows[i].order < e->rows[oldest].order)) oldest = i;
+        if (!preempt_newest(e, oldest, 0)) {
+            /* one row alone has filled the KV budget: its context ends here */
+            if (oldest >= 0) release_row(e, &e->rows[oldest], EMBER_FINISH_LENGTH, 0, NULL);
+            break;
+        }
+    }
     int nt = 0, no = 0;
     int *out_row = e->out_row;
     for (int i = 0; i < e->n_rows; i++) {
         row *r = &e->rows[i];
+        e->plan[i] = 0;
         if (r->phase != ROW_DECODE) continue;
         m->b_tok[nt] = r->hist[r->n_hist - 1];
         m->b_pos[nt] = r->n_hist - 1;
         m->b_row[nt] = i;
         m->b_out[no] = nt;
         out_row[no++] = i;
+        e->plan[i] = 1;
+        r->used = e->steps;
         nt++;
     }
+    size_t spare = ember_kv_free_bytes(kv);
+    for (int i = 0; i < e->n_rows; i++)
+        if (e->plan[i]) spare -= ember_kv_need_bytes(kv, i, 1);
     int budget = e->p.prefill_chunk;
-    while (nt < B && budget > 0) { /* prefill the oldest admitted rows first */
+    while (nt < B && budget > 0) { /* prefill the oldest admitted rows first, in the memory left */
         row *r = NULL;
         for (int i = 0; i < e->n_rows; i++) {
             row *c = &e->rows[i];
-            if (c->phase == ROW_PREFILL && c->n_fed < c->n_prompt && c->stamp != e->steps &&
+            if (c->phase == ROW_PREFILL && c->n_fed < c->n_target && c->stamp != e->steps &&
                 (!r || c->order < r->order))
                 r = c;
         }
         if (!r) break;
         int i = (int)(r - e->rows);
-        int k = r->n_prompt - r->n_fed;
+        r->stamp = e->steps; /* one chunk per row per step */
+        int k = r->n_target - r->n_fed;
         if (k > B - nt) k = B - nt;
         if (k > budget) k = budget;
+        int lim = ember_kv_max_append(kv, i); /* chunks stop at a KV conversion offset */
+        if (k > lim) k = lim;
+        while (k > 0 && ember_kv_need_bytes(kv, i, k) > spare) k = k > EMBER_KV_BLOCK ? k - EMBER_KV_BLOCK : k - 1;
+        if (k <= 0) {
+            /* no memory for this row now. With nothing else in the step, make
+               room: cached prefixes first, then rows admitted after it (so the
+               oldest always progresses); alone, it can never fit. */
+            if (nt > 0) continue;
+            if (evict_cached(e, i) || preempt_newest(e, i, r->order)) {
+                r->stamp = 0; /* try again within this step */
+                spare = ember_kv_free_bytes(kv);
+                continue;
+            }
+            bool older = false;
+            for (int j = 0; j < e->n_rows && !older; j++)
+                older = j != i && e->rows[j].phase != ROW_FREE && e->rows[j].order < r->order;
+            if (!older)
+                release_row(e, r, EMBER_FINISH_ERROR, EMBER_ERR_NOMEM, "the KV cache budget cannot hold this request");
+            continue;
+        }
+        spare -= ember_kv_need_bytes(kv, i, k);
         for (int j = 0; j < k; j++) {
             m->b_tok[nt] = r->hist[r->n_fed + j];
             m->b_pos[nt] = r->n_fed + j;
@@ -448,8 +582,8 @@ static bool step(ember_engine *e) {
             nt++;
         }
         budget -= k;
-        r->stamp = e->steps; /* one chunk per row per step */
-        if (r->n_fed + k == r->n_prompt) {
+        r->used = e->steps;
+        if (r->n_fed + k == r->n_target) {
             m->b_out[no] = nt - 1;
             out_row[no++] = i;
         }
@@ -459,12 +593,12 @@ static bool step(ember_engine *e) {
     if (nt == 0) return false;
     ember_error err = {0};
     ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out};
-    int rc = ember_llm_forward(m->llm, m->st, m->kv, &b, m->logits, &err);
+    int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
     if (rc) { /* nothing was stored: every row in the batch fails */
         for (int k = 0; k < nt; k++) {
             row *r = &e->rows[m->b_row[k]];
             if (r->phase == ROW_FREE) continue;
-            ember_kv_clear(m->kv, (int)(r - e->rows));
+            ember_kv_clear(kv, (int)(r - e->rows));
             release_row(e, r, EMBER_FINISH_ERROR, rc, err.msg);
         }
         return true;
@@ -485,11 +619,13 @@ static void publish_stats(ember_engine *e) {
     for (int i = 0; i < e->n_rows; i++)
         if (e->rows[i].phase != ROW_FREE) {
             running++;
-            used += (size_t)e->m->kv->len[i] * e->kv_bytes_per_pos;
+            used += ember_kv_row_bytes(e->m->kv, i);
         }
     pthread_mutex_lock(&e->mu);
     e->stats.running = running;
     e->stats.kv_bytes_used = used;
+    e->stats.kv_bytes_held = ember_kv_used_bytes(e->m->kv);
+    e->stats.kv_blocks_used = ember_kv_blocks_used(e->m->kv);
     int waiting = 0;
     for (ember_stream *s = e->wait_head; s; s = s->next) waiting++;
     for (ember_stream *s = e->inbox; s; s = s->next) waiting++;
@@ -554,12 +690,12 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
         e->p.prefill_chunk = m->params.max_batch_tokens;
     const int V = m->cfg.vocab_size;
     e->n_rows = m->params.n_rows;
-    e->kv_bytes_per_pos = ember_kv_bytes(m->cfg.n_layers, 1, 1, m->cfg.n_kv_heads, m->cfg.head_dim);
     e->rows = calloc((size_t)e->n_rows, sizeof *e->rows);
     e->raw = malloc((size_t)V * sizeof *e->raw);
     e->out_row = malloc((size_t)e->n_rows * sizeof *e->out_row);
+    e->plan = calloc((size_t)e->n_rows, sizeof *e->plan);
     e->steps = 1;
-    int rc = e->rows && e->raw && e->out_row ? EMBER_OK : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    int rc = e->rows && e->raw && e->out_row && e->plan ? EMBER_OK : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     ember_sampling sp;
     ember_sampling_init(&sp);
     for (int i = 0; i < e->n_rows && !rc; i++) {
@@ -573,8 +709,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     }
     if (!rc) rc = ember_engine_reserve_logits(m, (size_t)e->n_rows, err);
     e->stats.rows = e->n_rows;
-    e->stats.kv_bytes_total = ember_kv_bytes(m->cfg.n_layers, e->n_rows, m->params.n_ctx, m->cfg.n_kv_heads,
-                                             m->cfg.head_dim);
+    e->stats.kv_bytes_total = ember_kv_capacity_bytes(m->kv);
     if (!rc && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         rc = ember_err(err, EMBER_ERR_NOMEM, "cannot start the engine thread");
     if (rc) {
@@ -596,6 +731,11 @@ int ember_engine_submit(ember_engine *e, const ember_gen_params *g, ember_stream
         return ember_err(err, EMBER_ERR_INVALID_ARG, "the prompt has %d tokens but the context holds %d", g->n_prompt,
                          C);
     if (g->max_tokens < 1) return ember_err(err, EMBER_ERR_INVALID_ARG, "max_tokens must be at least 1");
+    if (ember_kv_request_bytes(m->kv, g->n_prompt) > ember_kv_capacity_bytes(m->kv))
+        return ember_err(err, EMBER_ERR_INVALID_ARG,
+                         "the prompt of %d tokens needs %.1f MiB of KV cache, more than its whole budget of %.1f MiB",
+                         g->n_prompt, (double)ember_kv_request_bytes(m->kv, g->n_prompt) / (1 << 20),
+                         (double)ember_kv_capacity_bytes(m->kv) / (1 << 20));
     for (int i = 0; i < g->n_prompt; i++)
         if (g->prompt[i] < 0 || g->prompt[i] >= V)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "prompt token %d (id %d) is outside the vocabulary [0, %d)",

@@ -337,7 +337,6 @@ void ember_llm_state_free(ember_llm_state *st) {
     if (!st) return;
     for (size_t i = 0; i < EMBER_ARRAY_LEN(st->bufs); i++) ember_buffer_free(st->bufs[i]);
     free(st->tmp_idx);
-    free(st->next_pos);
     free(st);
 }
 
@@ -365,8 +364,7 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
         rc = ember_tensor_alloc(m->be, want[i].t, &st->bufs[i], EMBER_F32, 2, (const int64_t[]){want[i].rows, want[i].cols},
                                 err);
     st->tmp_idx = calloc((size_t)max_tokens, sizeof *st->tmp_idx);
-    st->next_pos = calloc((size_t)n_kv_rows, sizeof *st->next_pos);
-    if (!rc && (!st->tmp_idx || !st->next_pos)) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    if (!rc && !st->tmp_idx) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if (rc) {
         ember_llm_state_free(st);
         return rc;
@@ -391,30 +389,16 @@ static ember_tensor rows_view(const ember_tensor *t, int ndim, int64_t d0, int64
     return v;
 }
 
-static int check_batch(const ember_llm *m, ember_llm_state *st, const ember_kv *kv, const ember_batch *b,
-                       ember_error *err) {
+/* Checks what the KV cache does not: sizes, token ids, wanted rows. */
+static int check_batch(const ember_llm *m, ember_llm_state *st, const ember_batch *b, ember_error *err) {
     if (b->n < 1 || b->n > st->max_tokens)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "batch of %d tokens (1..%d allowed)", b->n, st->max_tokens);
     if (b->n_out < 0 || b->n_out > b->n)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%d logit rows wanted from %d tokens", b->n_out, b->n);
-    if (kv->n_rows > st->n_rows || kv->n_layers != m->cfg.n_layers)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "KV cache does not match the model");
-    for (int r = 0; r < kv->n_rows; r++) st->next_pos[r] = kv->len[r];
-    for (int i = 0; i < b->n; i++) {
-        int t = b->tok[i], r = b->row[i], p = b->pos[i];
-        if (t < 0 || t >= m->cfg.vocab_size)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "token id %d is outside the vocabulary [0, %d)", t,
+    for (int i = 0; i < b->n; i++)
+        if (b->tok[i] < 0 || b->tok[i] >= m->cfg.vocab_size)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "token id %d is outside the vocabulary [0, %d)", b->tok[i],
                              m->cfg.vocab_size);
-        if (r < 0 || r >= kv->n_rows)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "row %d is outside the KV cache's %d rows", r, kv->n_rows);
-        if (p != st->next_pos[r])
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "row %d: position %d does not continue the row (next is %d)",
-                             r, p, st->next_pos[r]);
-        if (p >= kv->n_ctx)
-            return ember_err(err, EMBER_ERR_LIMIT, "row %d: position %d is beyond the context of %d tokens", r, p,
-                             kv->n_ctx);
-        st->next_pos[r]++;
-    }
     for (int i = 0; i < b->n_out; i++)
         if (b->out[i] < 0 || b->out[i] >= b->n || (i > 0 && b->out[i] <= b->out[i - 1]))
             return ember_err(err, EMBER_ERR_INVALID_ARG, "logit rows must be increasing indices into the batch");
@@ -425,10 +409,10 @@ static const ember_tensor *opt(const ember_tensor *t) {
     return t->buf ? t : NULL;
 }
 
-int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, float *logits,
-                      ember_error *err) {
-    int rc = check_batch(m, st, kv, b, err);
-    if (rc) return rc;
+/* The forward pass proper, between ember_kv_begin and ember_kv_end. */
+static int forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, float *logits,
+                   ember_error *err) {
+    int rc;
     ember_backend *be = m->be;
     const ember_backend_ops *ops = be->ops;
     const ember_model_config *c = &m->cfg;
@@ -450,6 +434,9 @@ int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const emb
         const ember_llm_layer *ly = &m->layers[l];
         ember_matmul qkv[3] = {{&q, &ly->wq, opt(&ly->bq)}, {&k, &ly->wk, opt(&ly->bk)}, {&v, &ly->wv, opt(&ly->bv)}};
         ember_attn ap = {scale, ly->window, 0.0f};
+        ember_kv_layer views[2];
+        ember_kv_map map;
+        ember_kv_map_for(kv, l, b->row, b->pos, views, &map);
         if ((rc = ops->rms_norm(be, &h, &x, &ly->attn_norm, c->rms_norm_eps, false, err)) ||
             (rc = ops->matmul(be, &h, 3, qkv, err)))
             return rc;
@@ -458,8 +445,7 @@ int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const emb
             return rc;
         ember_matmul o = {&h, &ly->wo, opt(&ly->bo)};
         if ((rc = ops->rope(be, &q3, b->pos, &rope, err)) || (rc = ops->rope(be, &k3, b->pos, &rope, err)) ||
-            (rc = ops->kv_store(be, &kv->k[l], &kv->v[l], &k3, &v3, b->row, b->pos, err)) ||
-            (rc = ops->attention(be, &att3, &q3, &kv->k[l], &kv->v[l], b->row, b->pos, &ap, err)) ||
+            (rc = ops->kv_write(be, &map, &k3, &v3, err)) || (rc = ops->attention(be, &att3, &q3, &map, &ap, err)) ||
             (rc = ops->matmul(be, &att, 1, &o, err)) || (rc = ops->add(be, &x, &x, &h, err)))
             return rc;
         ember_matmul gu[2] = {{&gate, &ly->w_gate, opt(&ly->b_gate)}, {&up, &ly->w_up, opt(&ly->b_up)}};
@@ -469,8 +455,6 @@ int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const emb
             (rc = ops->matmul(be, &gate, 1, &dn, err)) || (rc = ops->add(be, &x, &x, &h, err)))
             return rc;
     }
-    for (int i = 0; i < b->n; i++) kv->len[b->row[i]] = b->pos[i] + 1;
-
     /* logits of the wanted rows, LOGIT_ROWS at a time */
     const int V = c->vocab_size;
     for (int o0 = 0; o0 < b->n_out; o0 += st->max_logit_rows) {
@@ -484,4 +468,14 @@ int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const emb
             return rc;
     }
     return EMBER_OK;
+}
+
+int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, float *logits,
+                      ember_error *err) {
+    int rc = check_batch(m, st, b, err);
+    if (!rc) rc = ember_kv_begin(kv, b->row, b->pos, b->n, err);
+    if (rc) return rc;
+    rc = forward(m, st, kv, b, logits, err);
+    ember_kv_end(kv, rc == EMBER_OK);
+    return rc;
 }

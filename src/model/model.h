@@ -81,7 +81,6 @@ typedef struct ember_llm_state {
     ember_tensor sel, logits;                  /* [max_logit_rows, H], [max_logit_rows, V] */
     ember_buffer *bufs[10];
     int32_t *tmp_idx; /* [max_tokens] */
-    int *next_pos;    /* [kv rows] used while validating a batch */
     int n_rows;
 } ember_llm_state;
 

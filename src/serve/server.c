@@ -1012,6 +1012,8 @@ static enum MHD_Result do_models(ember_server *s, struct MHD_Connection *c) {
     json_t *m = json_pack("{s:s, s:s, s:i, s:s, s:i}", "id", s->o.model_id, "object", "model", "created",
                           (json_int_t)s->created, "owned_by", "ember", "context_length", s->info.n_ctx);
     if (s->o.model_note) json_object_set_new(m, "description", json_string(s->o.model_note));
+    json_object_set_new(m, "kv_cache", json_pack("{s:s, s:I}", "kind", s->info.kv_type, "bytes_per_token",
+                                                  (json_int_t)s->info.kv_bytes_per_token));
     return send_json(s, c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
 }
 
@@ -1045,9 +1047,24 @@ static enum MHD_Result do_metrics(ember_server *s, struct MHD_Connection *c) {
     metric(&o, "ember_requests_waiting", "gauge", "Requests waiting for a row.", st.waiting);
     metric(&o, "ember_batch_rows", "gauge", "Rows of the batch (maximum concurrent requests).", st.rows);
     metric(&o, "ember_kv_cache_used_bytes", "gauge", "KV cache bytes held by running requests.", (double)st.kv_bytes_used);
-    metric(&o, "ember_kv_cache_total_bytes", "gauge", "KV cache bytes allocated.", (double)st.kv_bytes_total);
-    metric(&o, "ember_kv_cache_usage_ratio", "gauge", "Fraction of the KV cache held by running requests.",
+    metric(&o, "ember_kv_cache_held_bytes", "gauge", "KV cache bytes held in all (running requests and cached prompts).",
+           (double)st.kv_bytes_held);
+    metric(&o, "ember_kv_cache_total_bytes", "gauge", "KV cache budget in bytes.", (double)st.kv_bytes_total);
+    metric(&o, "ember_kv_cache_usage_ratio", "gauge", "Fraction of the KV cache budget held by running requests.",
            st.kv_bytes_total ? (double)st.kv_bytes_used / (double)st.kv_bytes_total : 0);
+    metric(&o, "ember_kv_cache_blocks_used", "gauge", "KV cache blocks (16 positions each) held.", st.kv_blocks_used);
+    metric(&o, "ember_kv_cache_bytes_per_token", "gauge", "KV cache bytes one position takes in every layer.",
+           (double)s->info.kv_bytes_per_token);
+    metric(&o, "ember_requests_preempted_total", "counter",
+           "Requests whose KV was dropped for memory and recomputed later.", (double)st.preempted_total);
+    {
+        char line[256];
+        snprintf(line, sizeof line,
+                 "# HELP ember_kv_cache_info The KV cache kind.\n# TYPE ember_kv_cache_info gauge\n"
+                 "ember_kv_cache_info{kind=\"%s\"} 1\n",
+                 s->info.kv_type);
+        sb_puts(&o, line);
+    }
     metric(&o, "ember_requests_total", "counter", "Requests accepted by the engine.", (double)st.requests_total);
     metric(&o, "ember_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", (double)st.prompt_tokens_total);
     metric(&o, "ember_prompt_tokens_cached_total", "counter", "Prompt tokens reused from the prefix cache.",

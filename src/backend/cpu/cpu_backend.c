@@ -33,6 +33,7 @@
 #include <sys/mman.h>
 
 #include "backend/backend.h"
+#include "backend/kv_codec.h"
 #include "core/cpu.h"
 #include "core/threadpool.h"
 #include "core/util.h"
@@ -54,6 +55,8 @@ typedef struct cpu_backend {
     unsigned char *qscratch; /* n_threads x qscratch_bytes: cpu_qmatmul and packing */
     size_t qscratch_bytes;
     struct cpu_packed *packed; /* the weight ranges kept packed */
+    float *attn_parts;         /* attention span states (split mode), grown on demand */
+    size_t attn_parts_cap;
     int n_packed, cap_packed;
 } cpu_backend;
 
@@ -602,105 +605,318 @@ static int cpu_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, cons
     return EMBER_OK;
 }
 
-/* ---- kv_store ---------------------------------------------------------------------- */
+/* ---- paged KV: write, read, attention ----------------------------------------------- */
 
-static int cpu_kv_store(ember_backend *be, ember_tensor *kc, ember_tensor *vc, const ember_tensor *k,
-                        const ember_tensor *v, const int32_t *slot, const int32_t *pos,
-                        ember_error *err) {
-    (void)be;
-    int rc;
-    if ((rc = need_f32(kc, "kv_store", "k cache", err)) || (rc = need_f32(vc, "kv_store", "v cache", err)) ||
-        (rc = need_f32(k, "kv_store", "k", err)) || (rc = need_f32(v, "kv_store", "v", err)))
-        return rc;
-    if (kc->ndim != 4 || vc->ndim != 4 || k->ndim != 3 || v->ndim != 3)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "kv_store: bad ranks");
-    int64_t S = kc->shape[0], H = kc->shape[1], C = kc->shape[2], D = kc->shape[3];
-    for (int i = 0; i < 4; i++)
-        if (vc->shape[i] != kc->shape[i])
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "kv_store: k and v caches differ in shape");
-    if (k->shape[1] != H || k->shape[2] != D || v->shape[0] != k->shape[0] || v->shape[1] != H ||
-        v->shape[2] != D)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "kv_store: k/v do not match the cache");
-    int64_t T = k->shape[0];
-    for (int64_t t = 0; t < T; t++) {
-        if (slot[t] < 0 || slot[t] >= S || pos[t] < 0 || pos[t] >= C)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "kv_store: slot %d / position %d outside the cache",
-                             slot[t], pos[t]);
-        for (int64_t h = 0; h < H; h++) {
-            size_t dst = ((((size_t)slot[t] * (size_t)H + (size_t)h) * (size_t)C) + (size_t)pos[t]) * (size_t)D;
-            size_t src = ((size_t)t * (size_t)H + (size_t)h) * (size_t)D;
-            memcpy((float *)host(kc) + dst, (const float *)host(k) + src, (size_t)D * 4);
-            memcpy((float *)host(vc) + dst, (const float *)host(v) + src, (size_t)D * 4);
-        }
+/* Checks a map against the k/v-shaped tensor x ([T, H, D] f32, or NULL) and
+   that every token's position lies in its row's blocks and pools. */
+static int check_map(const ember_kv_map *map, int T, int H, int D, const char *op, ember_error *err) {
+    if (!map || !map->views || map->n_views < 1 || !map->refs || map->n_refs < 1 || !map->row || !map->pos)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: incomplete KV map", op);
+    for (int i = 0; i < map->n_views; i++) {
+        const ember_kv_layer *L = &map->views[i];
+        size_t kh = ember_kv_head_bytes(&L->k, L->head_dim, true), vh = ember_kv_head_bytes(&L->v, L->head_dim, false);
+        if (!L->pool || !L->pool->buf || L->n_heads != H || L->head_dim != D || !kh || !vh || kh != L->k.head_bytes ||
+            vh != L->v.head_bytes || L->block_bytes == 0 || L->k_off + (size_t)H * kh > L->block_bytes ||
+            L->v_off + (size_t)H * vh > L->block_bytes || L->pool->nbytes % L->block_bytes)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: KV layer view %d does not match [%d heads, %d dims]", op,
+                             i, H, D);
+        if (((L->k.enc == EMBER_KVE_TQ) && (!L->k.codebook || !L->k.bounds || !L->k.signs)) ||
+            ((L->v.enc == EMBER_KVE_TQ) && (!L->v.codebook || !L->v.bounds || !L->v.signs)) || D > 1024)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: incomplete TQ codec", op);
+    }
+    for (int t = 0; t < T; t++) {
+        int r = map->row[t], p = map->pos[t];
+        if (r < 0 || r >= map->n_refs || p < 0)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: token %d: row %d / position %d invalid", op, t, r, p);
+        const ember_kv_rowref *ref = &map->refs[r];
+        if (ref->layer_set < 0 || ref->layer_set >= map->n_views || !ref->blocks || ref->first < 0 ||
+            ref->n_blocks < 0)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: row %d has no block table", op, r);
     }
     return EMBER_OK;
 }
 
-/* ---- attention ---------------------------------------------------------------------- */
+/* Checks that row r's blocks for positions [lo, hi] exist in its pool. */
+static int check_blocks(const ember_kv_map *map, int r, int lo, int hi, const char *op, ember_error *err) {
+    const ember_kv_rowref *ref = &map->refs[r];
+    const ember_kv_layer *L = &map->views[ref->layer_set];
+    size_t nb = L->pool->nbytes / L->block_bytes;
+    if (lo / EMBER_KV_BLOCK < ref->first || hi / EMBER_KV_BLOCK - ref->first >= ref->n_blocks)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: row %d does not hold positions %d..%d", op, r, lo, hi);
+    for (int b = lo / EMBER_KV_BLOCK; b <= hi / EMBER_KV_BLOCK; b++) {
+        int32_t id = ref->blocks[b - ref->first];
+        if (id < 0 || (size_t)id >= nb)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: row %d has no valid block for position %d", op, r,
+                             b * EMBER_KV_BLOCK);
+    }
+    return EMBER_OK;
+}
+
+/* The piece of head h, K (is_k) or V, holding position p of ref. */
+static unsigned char *kv_piece(const ember_kv_map *map, const ember_kv_rowref *ref, int p, int h, bool is_k) {
+    const ember_kv_layer *L = &map->views[ref->layer_set];
+    int32_t blk = ref->blocks[p / EMBER_KV_BLOCK - ref->first];
+    unsigned char *b = (unsigned char *)host(L->pool) + (size_t)blk * L->block_bytes;
+    return is_k ? b + L->k_off + (size_t)h * L->k.head_bytes : b + L->v_off + (size_t)h * L->v.head_bytes;
+}
+
+typedef struct kvrw_job {
+    const ember_kv_map *map;
+    float *k, *v;
+    int T, H, D;
+    bool write;
+} kvrw_job;
+
+/* One head of every token: pieces of different heads never share bytes. */
+static void kvrw_task(void *ctx, int h, int thread) {
+    (void)thread;
+    const kvrw_job *j = ctx;
+    for (int t = 0; t < j->T; t++) {
+        const ember_kv_rowref *ref = &j->map->refs[j->map->row[t]];
+        const ember_kv_layer *L = &j->map->views[ref->layer_set];
+        int p = j->map->pos[t], slot = p % EMBER_KV_BLOCK;
+        size_t off = ((size_t)t * (size_t)j->H + (size_t)h) * (size_t)j->D;
+        unsigned char *kp = kv_piece(j->map, ref, p, h, true), *vp = kv_piece(j->map, ref, p, h, false);
+        if (j->write) {
+            /* the row's previous block, which a block's first slot may read */
+            int pb = p / EMBER_KV_BLOCK - 1;
+            const unsigned char *prev = NULL;
+            if (slot == 0 && pb >= ref->first && ref->blocks[pb - ref->first] >= 0)
+                prev = kv_piece(j->map, ref, pb * EMBER_KV_BLOCK, h, true);
+            ember_kv_encode(&L->k, j->D, true, j->k + off, kp, slot, prev, NULL);
+            ember_kv_encode(&L->v, j->D, false, j->v + off, vp, slot, NULL, NULL);
+        } else {
+            ember_kv_decode(&L->k, j->D, true, kp, slot, j->k + off);
+            ember_kv_decode(&L->v, j->D, false, vp, slot, j->v + off);
+        }
+    }
+}
+
+static int cpu_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_tensor *k, const ember_tensor *v,
+                     bool write, ember_error *err) {
+    const char *op = write ? "kv_write" : "kv_read";
+    int rc;
+    if ((rc = need_f32(k, op, "k", err)) || (rc = need_f32(v, op, "v", err))) return rc;
+    if (k->ndim != 3 || v->ndim != 3 || v->shape[0] != k->shape[0] || v->shape[1] != k->shape[1] ||
+        v->shape[2] != k->shape[2] || k->shape[0] > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: k and v must both be [T, H, D]", op);
+    int T = (int)k->shape[0], H = (int)k->shape[1], D = (int)k->shape[2];
+    if ((rc = check_map(map, T, H, D, op, err))) return rc;
+    for (int t = 0; t < T; t++)
+        if ((rc = check_blocks(map, map->row[t], map->pos[t], map->pos[t], op, err))) return rc;
+    kvrw_job j = {map, host(k), host(v), T, H, D, write};
+    ember_pool_run(cpu(be)->pool, H, kvrw_task, &j);
+    return EMBER_OK;
+}
+
+static int cpu_kv_write(ember_backend *be, const ember_kv_map *map, const ember_tensor *k, const ember_tensor *v,
+                        ember_error *err) {
+    return cpu_kv_rw(be, map, k, v, true, err);
+}
+
+static int cpu_kv_read(ember_backend *be, const ember_kv_map *map, ember_tensor *k, ember_tensor *v,
+                       ember_error *err) {
+    return cpu_kv_rw(be, map, k, v, false, err);
+}
+
+/* Keys per attention span: a token's keys are reduced span by span, each
+   span's softmax state computed alone and the states combined in order. */
+#define ATTN_SPAN 512
 
 typedef struct attn_job {
     cpu_backend *c;
     float *out;
-    const float *q, *kc, *vc;
-    const int32_t *slot, *pos;
+    const float *q;  /* [T, Hq, D] */
+    const ember_kv_map *map;
     const ember_attn *a;
-    int Hq, Hkv, C, D, rep;
+    int T, Hq, Hkv, D, Dp, rep;
+    int n_span;      /* spans per unit in the split mode (0: whole units) */
+    float *parts;    /* split mode: [unit][span][rep][Dp + 2] */
 } attn_job;
 
-static void attn_task(void *ctx, int task, int thread) {
-    const attn_job *j = ctx;
-    const cpu_kernels *k = j->c->k;
-    int t = task / j->Hkv, hk = task % j->Hkv;
-    int p = j->pos[t];
-    int lo = j->a->window > 0 && p - j->a->window + 1 > 0 ? p - j->a->window + 1 : 0;
-    int n = p - lo + 1;
-    size_t head = ((size_t)j->slot[t] * (size_t)j->Hkv + (size_t)hk) * (size_t)j->C;
-    const float *K = j->kc + (head + (size_t)lo) * (size_t)j->D;
-    const float *V = j->vc + (head + (size_t)lo) * (size_t)j->D;
-    float *s = j->c->scratch + (size_t)thread * j->c->scratch_floats;
-    for (int r = 0; r < j->rep; r++) {
-        int hq = hk * j->rep + r;
-        const float *q = j->q + ((size_t)t * (size_t)j->Hq + (size_t)hq) * (size_t)j->D;
-        float *o = j->out + ((size_t)t * (size_t)j->Hq + (size_t)hq) * (size_t)j->D;
-        float mx = -INFINITY;
-        for (int i = 0; i < n; i++) {
-            float sc = k->dot(q, K + (size_t)i * (size_t)j->D, j->D) * j->a->scale;
-            if (j->a->softcap > 0) sc = tanhf(sc / j->a->softcap) * j->a->softcap;
-            s[i] = sc;
-            if (sc > mx) mx = sc;
-        }
-        float sum = 0;
-        for (int i = 0; i < n; i++) {
-            s[i] = expf(s[i] - mx);
-            sum += s[i];
-        }
-        memset(o, 0, (size_t)j->D * 4);
-        for (int i = 0; i < n; i++) k->axpy(o, s[i] / sum, V + (size_t)i * (size_t)j->D, j->D);
+/* Keys [lo, hi] of token t. */
+static void attn_keys(const attn_job *j, int t, int *lo, int *hi) {
+    int p = j->map->pos[t], w = j->a->window;
+    *hi = p;
+    *lo = w > 0 && p - w + 1 > 0 ? p - w + 1 : 0;
+}
+
+static void attn_setup(const attn_job *j, int t, int hk, cpu_attn_part *ap) {
+    const ember_kv_rowref *ref = &j->map->refs[j->map->row[t]];
+    const ember_kv_layer *L = &j->map->views[ref->layer_set];
+    *ap = (cpu_attn_part){
+        .q = j->q + ((size_t)t * (size_t)j->Hq + (size_t)hk * (size_t)j->rep) * (size_t)j->D,
+        .rep = j->rep,
+        .D = j->D,
+        .pool = (const unsigned char *)host(L->pool),
+        .block_bytes = L->block_bytes,
+        .k_off = L->k_off + (size_t)hk * L->k.head_bytes,
+        .v_off = L->v_off + (size_t)hk * L->v.head_bytes,
+        .kc = &L->k,
+        .vc = &L->v,
+        .blocks = ref->blocks,
+        .first = ref->first,
+        .scale = j->a->scale,
+        .softcap = j->a->softcap,
+    };
+}
+
+/* (M, L, A) = combine((M, L, A), (m, l, a)) per head: plain C, the same on every ISA. */
+static void attn_combine(int rep, int Dp, float *M, float *L, float *A, const float *m, const float *l,
+                         const float *a) {
+    for (int h = 0; h < rep; h++) {
+        float mn = M[h] > m[h] ? M[h] : m[h];
+        float ca = M[h] == -INFINITY ? 0.0f : expf(M[h] - mn), cb = m[h] == -INFINITY ? 0.0f : expf(m[h] - mn);
+        L[h] = L[h] * ca + l[h] * cb;
+        float *Ah = A + (size_t)h * (size_t)Dp;
+        const float *ah = a + (size_t)h * (size_t)Dp;
+        for (int d = 0; d < Dp; d++) Ah[d] = Ah[d] * ca + ah[d] * cb;
+        M[h] = mn;
     }
 }
 
-static int cpu_attention(ember_backend *be, ember_tensor *out, const ember_tensor *q,
-                         const ember_tensor *kc, const ember_tensor *vc, const int32_t *slot,
-                         const int32_t *pos, const ember_attn *a, ember_error *err) {
+/* out = A / L per head, rotated back where V is TQ. */
+static void attn_finish(const attn_job *j, int t, int hk, const float *L, const float *A) {
+    const ember_kv_rowref *ref = &j->map->refs[j->map->row[t]];
+    const ember_kv_layer *Ly = &j->map->views[ref->layer_set];
+    for (int h = 0; h < j->rep; h++) {
+        float *o = j->out + ((size_t)t * (size_t)j->Hq + (size_t)hk * (size_t)j->rep + (size_t)h) * (size_t)j->D;
+        float inv = L[h] > 0 ? 1.0f / L[h] : 0.0f;
+        for (int d = 0; d < j->D; d++) o[d] = A[(size_t)h * (size_t)j->Dp + (size_t)d] * inv;
+        if (Ly->v.enc == EMBER_KVE_TQ) ember_tq_unrotate(Ly->v.signs, j->D, o, o);
+    }
+}
+
+/* Per-thread scratch of an attention task, in floats. */
+static size_t attn_part_floats(int rep, int Dp) {
+    return (size_t)16 * (size_t)Dp + 32 + ((size_t)rep + 2) * (size_t)Dp + (size_t)rep;
+}
+static size_t attn_scratch_floats(int rep, int Dp) {
+    return attn_part_floats(rep, Dp) + 2 * ((size_t)rep * ((size_t)Dp + 2));
+}
+
+/* A whole unit (token, KV head): every span in order, combined as it goes. */
+static void attn_unit_task(void *ctx, int task, int thread) {
+    const attn_job *j = ctx;
+    int t = task / j->Hkv, hk = task % j->Hkv, lo, hi;
+    attn_keys(j, t, &lo, &hi);
+    cpu_attn_part ap;
+    attn_setup(j, t, hk, &ap);
+    const size_t R = (size_t)j->rep, Dp = (size_t)j->Dp;
+    float *s = j->c->scratch + (size_t)thread * j->c->scratch_floats;
+    float *m = s + attn_part_floats(j->rep, j->Dp), *l = m + R, *acc = l + R, *M = acc + R * Dp, *Lt = M + R,
+          *A = Lt + R;
+    for (size_t h = 0; h < R; h++) {
+        M[h] = -INFINITY;
+        Lt[h] = 0;
+    }
+    memset(A, 0, R * Dp * sizeof *A);
+    for (int s0 = lo / ATTN_SPAN; s0 <= hi / ATTN_SPAN; s0++) {
+        int j0 = s0 * ATTN_SPAN > lo ? s0 * ATTN_SPAN : lo, j1 = (s0 + 1) * ATTN_SPAN < hi + 1 ? (s0 + 1) * ATTN_SPAN : hi + 1;
+        j->c->k->attn_part(&ap, j0, j1, m, l, acc, s);
+        attn_combine(j->rep, j->Dp, M, Lt, A, m, l, acc);
+    }
+    attn_finish(j, t, hk, Lt, A);
+}
+
+/* Split mode, pass 1: one span of one unit into its slot of j->parts. */
+static void attn_span_task(void *ctx, int task, int thread) {
+    const attn_job *j = ctx;
+    int unit = task / j->n_span, sp = task % j->n_span;
+    int t = unit / j->Hkv, hk = unit % j->Hkv, lo, hi;
+    attn_keys(j, t, &lo, &hi);
+    int s0 = lo / ATTN_SPAN + sp;
+    if (s0 > hi / ATTN_SPAN) return;
+    int j0 = s0 * ATTN_SPAN > lo ? s0 * ATTN_SPAN : lo, j1 = (s0 + 1) * ATTN_SPAN < hi + 1 ? (s0 + 1) * ATTN_SPAN : hi + 1;
+    cpu_attn_part ap;
+    attn_setup(j, t, hk, &ap);
+    const size_t R = (size_t)j->rep, Dp = (size_t)j->Dp;
+    float *part = j->parts + ((size_t)unit * (size_t)j->n_span + (size_t)sp) * R * (Dp + 2);
+    float *s = j->c->scratch + (size_t)thread * j->c->scratch_floats;
+    j->c->k->attn_part(&ap, j0, j1, part, part + R, part + 2 * R, s);
+}
+
+/* Split mode, pass 2: combine a unit's spans in order. */
+static void attn_merge_task(void *ctx, int unit, int thread) {
+    const attn_job *j = ctx;
+    int t = unit / j->Hkv, hk = unit % j->Hkv, lo, hi;
+    attn_keys(j, t, &lo, &hi);
+    const size_t R = (size_t)j->rep, Dp = (size_t)j->Dp;
+    float *s = j->c->scratch + (size_t)thread * j->c->scratch_floats;
+    float *M = s, *Lt = M + R, *A = Lt + R;
+    for (size_t h = 0; h < R; h++) {
+        M[h] = -INFINITY;
+        Lt[h] = 0;
+    }
+    memset(A, 0, R * Dp * sizeof *A);
+    int ns = hi / ATTN_SPAN - lo / ATTN_SPAN + 1;
+    for (int sp = 0; sp < ns; sp++) {
+        const float *part = j->parts + ((size_t)unit * (size_t)j->n_span + (size_t)sp) * R * (Dp + 2);
+        attn_combine(j->rep, j->Dp, M, Lt, A, part, part + R, part + 2 * R);
+    }
+    attn_finish(j, t, hk, Lt, A);
+}
+
+static int cpu_attention(ember_backend *be, ember_tensor *out, const ember_tensor *q, const ember_kv_map *map,
+                         const ember_attn *a, ember_error *err) {
     cpu_backend *c = cpu(be);
     int rc;
-    if ((rc = need_f32(out, "attention", "out", err)) || (rc = need_f32(q, "attention", "q", err)) ||
-        (rc = need_f32(kc, "attention", "k cache", err)) || (rc = need_f32(vc, "attention", "v cache", err)))
-        return rc;
-    if (q->ndim != 3 || out->ndim != 3 || kc->ndim != 4 || vc->ndim != 4)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: bad ranks");
+    if ((rc = need_f32(out, "attention", "out", err)) || (rc = need_f32(q, "attention", "q", err))) return rc;
+    if (q->ndim != 3 || out->ndim != 3 || out->shape[0] != q->shape[0] || out->shape[1] != q->shape[1] ||
+        out->shape[2] != q->shape[2] || q->shape[0] > INT32_MAX / 64)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: q and out must both be [T, Hq, D]");
     int T = (int)q->shape[0], Hq = (int)q->shape[1], D = (int)q->shape[2];
-    int S = (int)kc->shape[0], Hkv = (int)kc->shape[1], C = (int)kc->shape[2];
-    if (kc->shape[3] != D || Hkv < 1 || Hq % Hkv || out->shape[0] != T || out->shape[1] != Hq ||
-        out->shape[2] != D)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: shapes do not match");
-    for (int t = 0; t < T; t++)
-        if (slot[t] < 0 || slot[t] >= S || pos[t] < 0 || pos[t] >= C)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: slot %d / position %d outside the cache",
-                             slot[t], pos[t]);
-    if ((rc = ensure_scratch(c, (size_t)C, err))) return rc;
-    attn_job j = {c, host(out), host(q), host(kc), host(vc), slot, pos, a, Hq, Hkv, C, D, Hq / Hkv};
-    ember_pool_run(c->pool, T * Hkv, attn_task, &j);
+    if (!map || !map->views || map->n_views < 1)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: incomplete KV map");
+    int Hkv = map->views[0].n_heads;
+    if (Hkv < 1 || Hq % Hkv) return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: %d query heads over %d KV heads", Hq, Hkv);
+    if ((rc = check_map(map, T, Hkv, D, "attention", err))) return rc;
+    for (int t = 0; t < T; t++) { /* every key of the window must be there */
+        int p = map->pos[t], lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        if ((rc = check_blocks(map, map->row[t], lo, p, "attention", err))) return rc;
+    }
+    const int rep = Hq / Hkv, Dp = (D + 15) & ~15, units = T * Hkv;
+    const float *qd = host(q);
+    if ((rc = ensure_scratch(c, attn_scratch_floats(rep, Dp), err))) return rc;
+    attn_job j = {c, host(out), qd, map, a, T, Hq, Hkv, D, Dp, rep, 0, NULL};
+    int max_span = 1;
+    for (int t = 0; t < T; t++) {
+        int lo, hi;
+        attn_keys(&j, t, &lo, &hi);
+        int ns = hi / ATTN_SPAN - lo / ATTN_SPAN + 1;
+        if (ns > max_span) max_span = ns;
+    }
+    if (units >= 2 * c->n_threads || max_span == 1 || c->n_threads == 1) {
+        ember_pool_run(c->pool, units, attn_unit_task, &j);
+        return EMBER_OK;
+    }
+    /* few units and long contexts: spans run in parallel, then merge */
+    size_t need = (size_t)units * (size_t)max_span * (size_t)rep * ((size_t)Dp + 2);
+    if (need > c->attn_parts_cap) {
+        float *np = realloc(c->attn_parts, need * sizeof *np);
+        if (!np) return ember_err(err, EMBER_ERR_NOMEM, "attention: out of memory");
+        c->attn_parts = np;
+        c->attn_parts_cap = need;
+    }
+    j.n_span = max_span;
+    j.parts = c->attn_parts;
+    ember_pool_run(c->pool, units * max_span, attn_span_task, &j);
+    ember_pool_run(c->pool, units, attn_merge_task, &j);
+    return EMBER_OK;
+}
+
+static int cpu_copy(ember_backend *be, ember_tensor *dst, size_t doff, const ember_tensor *src, size_t soff, size_t n,
+                    ember_error *err) {
+    (void)be;
+    size_t de, se;
+    if (!dst || !src || !dst->buf || !src->buf || !ember_add_ok(doff, n, &de) || !ember_add_ok(soff, n, &se) ||
+        de > dst->nbytes || se > src->nbytes)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "copy: range outside its tensor");
+    unsigned char *d = (unsigned char *)host(dst) + doff;
+    const unsigned char *s = (const unsigned char *)host(src) + soff;
+    if (n && ((d < s && d + n > s) || (s < d && s + n > d)))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "copy: ranges overlap");
+    if (n) memcpy(d, s, n);
     return EMBER_OK;
 }
 
@@ -764,6 +980,7 @@ static void cpu_free(ember_backend *be) {
     free(c->scratch);
     free(c->qscratch);
     free(c->packed);
+    free(c->attn_parts);
     for (int i = 0; i < 3; i++) free(c->act[i]);
     free(c);
 }
@@ -780,8 +997,10 @@ static const ember_backend_ops k_cpu_ops = {
     .rms_norm = cpu_rms_norm,
     .matmul = cpu_matmul,
     .rope = cpu_rope,
-    .kv_store = cpu_kv_store,
+    .kv_write = cpu_kv_write,
+    .kv_read = cpu_kv_read,
     .attention = cpu_attention,
+    .copy = cpu_copy,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
 };

@@ -55,6 +55,52 @@ static void avx2_axpy(float *y, float a, const float *x, int n) {
 
 #include "kern_qavx2.h"
 
+static inline vec16 v_set1(float f) {
+    return (vec16){_mm256_set1_ps(f), _mm256_set1_ps(f)};
+}
+static inline vec16 v_mul(vec16 a, vec16 b) {
+    return (vec16){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)};
+}
+static inline void v_store(float *p, vec16 a) {
+    _mm256_storeu_ps(p, a.lo);
+    _mm256_storeu_ps(p + 8, a.hi);
+}
+static inline vec16 v_load_u8(const unsigned char *p) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
+    return (vec16){_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
+                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+}
+static inline vec16 v_load_u4(const unsigned char *p, int hi) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (hi) b = _mm_srli_epi16(b, 4);
+    b = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+    return (vec16){_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
+                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+}
+/* e^x, the same operations as the AVX-512 version lane for lane. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+static inline vec16 v_exp(vec16 a) {
+    return (vec16){exp8(a.lo), exp8(a.hi)};
+}
+#include "kern_attn.h"
+
 const cpu_kernels ember_cpu_kernels_avx2 = {
     .isa = EMBER_ISA_AVX2,
     .variant = "avx2",
@@ -66,4 +112,5 @@ const cpu_kernels ember_cpu_kernels_avx2 = {
     .quantize_act256 = avx2_quant_act256,
     .dot = avx2_dot,
     .axpy = avx2_axpy,
+    .attn_part = avx2_attn_part,
 };

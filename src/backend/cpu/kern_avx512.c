@@ -47,6 +47,45 @@ static void avx512_axpy(float *y, float a, const float *x, int n) {
 
 #include "kern_qavx512.h"
 
+static inline vec16 v_set1(float f) {
+    return _mm512_set1_ps(f);
+}
+static inline vec16 v_mul(vec16 a, vec16 b) {
+    return _mm512_mul_ps(a, b);
+}
+static inline void v_store(float *p, vec16 a) {
+    _mm512_storeu_ps(p, a);
+}
+static inline vec16 v_load_u8(const unsigned char *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)));
+}
+static inline vec16 v_load_u4(const unsigned char *p, int hi) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (hi) b = _mm_srli_epi16(b, 4);
+    b = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+}
+/* e^x, the same operations as the AVX2 version lane for lane. */
+static inline vec16 v_exp(vec16 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+    p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+#include "kern_attn.h"
+
 #ifndef AVX512_TABLE /* kern_avx512vnni.c builds this file again with VNNI */
 #define AVX512_TABLE ember_cpu_kernels_avx512
 #define AVX512_VARIANT "avx512"
@@ -63,4 +102,5 @@ const cpu_kernels AVX512_TABLE = {
     .quantize_act256 = avx512_quant_act256,
     .dot = avx512_dot,
     .axpy = avx512_axpy,
+    .attn_part = avx512_attn_part,
 };

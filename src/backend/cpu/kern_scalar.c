@@ -3,6 +3,7 @@
  * Multiplies and adds separately (no FMA), so results agree with the SIMD
  * paths to rounding, not bit for bit.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -62,6 +63,34 @@ static void scalar_axpy(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] = y[i] + a * x[i];
 }
 
+static inline vec16 v_set1(float f) {
+    vec16 r;
+    for (int l = 0; l < 16; l++) r.v[l] = f;
+    return r;
+}
+static inline vec16 v_mul(vec16 a, vec16 b) {
+    for (int l = 0; l < 16; l++) a.v[l] *= b.v[l];
+    return a;
+}
+static inline void v_store(float *p, vec16 a) {
+    memcpy(p, a.v, sizeof a.v);
+}
+static inline vec16 v_load_u8(const unsigned char *p) {
+    vec16 r;
+    for (int l = 0; l < 16; l++) r.v[l] = (float)p[l];
+    return r;
+}
+static inline vec16 v_load_u4(const unsigned char *p, int hi) {
+    vec16 r;
+    for (int l = 0; l < 16; l++) r.v[l] = (float)((p[l] >> (hi ? 4 : 0)) & 0xf);
+    return r;
+}
+static inline vec16 v_exp(vec16 a) {
+    for (int l = 0; l < 16; l++) a.v[l] = expf(a.v[l]);
+    return a;
+}
+#include "kern_attn.h"
+
 const cpu_kernels ember_cpu_kernels_scalar = {
     .isa = EMBER_ISA_SCALAR,
     .variant = "scalar",
@@ -72,4 +101,5 @@ const cpu_kernels ember_cpu_kernels_scalar = {
     .quantize_act256 = cpu_quantize_act256,
     .dot = scalar_dot,
     .axpy = scalar_axpy,
+    .attn_part = scalar_attn_part,
 };

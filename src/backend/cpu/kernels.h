@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "core/dtype.h"
 #include "ember.h"
 
@@ -41,6 +42,23 @@ typedef void (*cpu_qgemm_fn_t)(const void *w, size_t w_row, int nn, const void *
 typedef void (*cpu_qgemm_packed_fn)(const void *wp, int ngroups, const void *xa, size_t xa_row, int mm, int K,
                                     float *out, size_t ldo);
 
+/* One KV head's keys for the attention kernel (kern_attn.h). */
+typedef struct cpu_attn_part {
+    const float *q;              /* [rep][D] query heads of this KV head */
+    int rep, D;
+    const unsigned char *pool;   /* the pool's bytes */
+    size_t block_bytes;
+    size_t k_off, v_off;         /* this layer's and head's pieces inside a block */
+    const ember_kv_codec *kc, *vc;
+    const int32_t *blocks;       /* the row's block table */
+    int first;                   /* logical index of blocks[0] */
+    float scale, softcap;
+} cpu_attn_part;
+
+/* Runs keys [j0, j1) of a (see kern_attn.h): m, l [rep], acc [rep][Dp]. */
+typedef void (*cpu_attn_part_fn)(const cpu_attn_part *a, int j0, int j1, float *m, float *l, float *acc,
+                                 float *scratch);
+
 typedef struct cpu_kernels {
     ember_isa isa;
     const char *variant; /* e.g. "avx512-vnni"; for logs and tests */
@@ -56,6 +74,7 @@ typedef struct cpu_kernels {
     void (*quantize_act256)(const float *x, int K, void *dst);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n); /* y += a * x */
+    cpu_attn_part_fn attn_part;
 } cpu_kernels;
 
 extern const cpu_kernels ember_cpu_kernels_scalar;

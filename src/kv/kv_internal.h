@@ -1,0 +1,78 @@
+/*
+ * kv_internal.h - the KV cache's structures, shared by kv.c (pools, tables,
+ * the row contract) and kv_blob.c (the row codec). Not for other parts.
+ */
+#ifndef EMBER_KV_INTERNAL_H
+#define EMBER_KV_INTERNAL_H
+
+#include "kv.h"
+
+/* The seed of the TQ rotation's signs: part of the format of saved rows. */
+#define EMBER_KV_TQ_SEED 0x656d6265724b5631ull /* "emberKV1" */
+
+typedef struct kv_pool {
+    ember_buffer *buf;
+    ember_tensor t;      /* u8 [cap * block_bytes] */
+    size_t block_bytes;
+    int cap, next;       /* blocks; ids >= next were never handed out */
+    int32_t *free;       /* [cap] stack of freed ids */
+    int n_free;
+    uint32_t *ref;       /* [cap] reference counts */
+    ember_kv_codec k, v; /* head_bytes filled */
+} kv_pool;
+
+typedef struct kv_group {
+    int n_layers, n_heads, head_dim, window;
+    int *layers;    /* [n_layers] model layer of each member */
+    int n_pools;    /* 1, or 2 when transitioning (0: f32, 1: quantized) */
+    kv_pool pool[2];
+    float *signs;   /* [head_dim] TQ rotation signs */
+} kv_group;
+
+typedef struct kv_tab {
+    int32_t *blk; /* [cap], n used: block of logical block first + i */
+    int first, n, cap;
+} kv_tab;
+
+typedef struct kv_row {
+    int len;
+    int spec_base; /* -1: no speculative round */
+    bool converted;
+} kv_row;
+
+typedef struct kv_jent {
+    int kind, g, r, idx;
+    int32_t old, nw;
+    kv_tab saved; /* J_CONV: the row's f32 table */
+} kv_jent;
+
+struct ember_kv {
+    ember_backend *be;
+    ember_kv_type type;
+    int n_layers, n_rows, n_ctx, retain, max_chunk;
+    int *layer_group, *layer_index; /* [n_layers] */
+    kv_group *g;
+    int n_groups;
+    kv_row *rows;          /* [n_rows] */
+    kv_tab *tabs;          /* [n_groups * n_rows] */
+    ember_kv_rowref *refs; /* [n_groups * n_rows], valid for the rows of the open forward */
+    size_t budget, used;
+    /* the open forward */
+    bool open;
+    const int32_t *batch_row, *batch_pos;
+    int batch_n;
+    int *in_batch; /* [n_rows] scratch of ember_kv_begin */
+    kv_jent *jr;
+    int n_j, cap_j;
+};
+
+#define EMBER_KV_MAX_GROUPS 64
+
+kv_tab *kv_tab_of(ember_kv *kv, int g, int r);
+/* A block of pool p with reference count 1, or -1 when the pool or the
+   budget is full; and its release. */
+int32_t kv_pool_take(ember_kv *kv, kv_pool *p);
+void kv_pool_unref(ember_kv *kv, kv_pool *p, int32_t id);
+kv_pool *kv_pool_of(ember_kv *kv, int g, int r);
+
+#endif
