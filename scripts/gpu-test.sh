@@ -10,7 +10,8 @@
 #                         libraries), unpacked into a private prefix for a
 #                         machine that lacks them (docs/cuda.md says which)
 #        JOBS=N (default: cores), BUILD_DIR (default: build-cuda),
-#        SKIP_SANITIZE=1, BENCH_ARGS (e.g. "--quick")
+#        SKIP_SANITIZE=1, BENCH_ARGS (e.g. "--quick"), SANITIZE_TIMEOUT / BENCH_TIMEOUT
+#        (seconds per sanitizer run / for the benchmark; 200 / 240)
 # Files written: results.md (machine, versions, outcome of each step, the
 # benchmark table), build.log, test.log, memcheck.log, racecheck.log,
 # initcheck.log, bench.txt. Exit status: 0 when every step passed.
@@ -90,16 +91,19 @@ fi
 
 # ---- tests ----------------------------------------------------------------------------------
 TEST=$BUILD/tests/test_cuda_ops
-step "ctest -R cuda" "$OUTDIR/test.log" "${RUN_ENV[@]}" bash -c "cd '$BUILD' && ctest -R cuda --output-on-failure -V"
+step "ctest -R cuda" "$OUTDIR/test.log" "${RUN_ENV[@]}" bash -c "cd '$BUILD' && ctest -R cuda --output-on-failure -V --timeout 300"
 grep -E 'checks,|skipped' "$OUTDIR/test.log" | sed 's/^[0-9]*: //' | sed 's/^/  /' | tee -a "$RES"
 if grep -q 'skipped: no CUDA device' "$OUTDIR/test.log"; then note "  (no CUDA device: the GPU tests were skipped)"; status=1; fi
 
-if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer \
+      /usr/local/cuda/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -z "$SAN" ]; then note "- compute-sanitizer: NOT FOUND"; status=1; fi
+if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -n "$SAN" ]; then
   for tool in memcheck racecheck initcheck; do
     extra=()
     [ $tool = memcheck ] && extra=(--leak-check full)
     step "compute-sanitizer --tool $tool" "$OUTDIR/$tool.log" "${RUN_ENV[@]}" \
-      compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 99 "$TEST"
+      timeout "${SANITIZE_TIMEOUT:-200}" "$SAN" --tool $tool "${extra[@]}" --error-exitcode 99 "$TEST"
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|checks,' "$OUTDIR/$tool.log" | sed 's/^/  /' | tee -a "$RES"
   done
 fi
@@ -107,11 +111,10 @@ fi
 # ---- benchmark ----------------------------------------------------------------------------------
 note ""
 if step "bench/cuda_ops_bench ${BENCH_ARGS:-}" "$OUTDIR/bench.txt" "${RUN_ENV[@]}" \
-  "$BUILD/bench/cuda_ops_bench" ${BENCH_ARGS:-}; then
-  note ""
-  cat "$OUTDIR/bench.txt" >>"$RES"
-  cat "$OUTDIR/bench.txt"
-fi
+  timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/cuda_ops_bench" ${BENCH_ARGS:-}; then :; fi
+note ""
+cat "$OUTDIR/bench.txt" >>"$RES"
+cat "$OUTDIR/bench.txt"
 note ""
 note "overall: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status
