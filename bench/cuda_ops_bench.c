@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_kernels.h"
 #include "core/dtype.h"
 
 #define CK(call)                                                                               \
@@ -230,6 +231,75 @@ static mm_res bench_mm(const char *what, ember_dtype dt, int M, int K, int n, co
     return (mm_res){tg, bytes};
 }
 
+/* ---- decode-kernel shapes ------------------------------------------------------------------ */
+
+typedef struct var_ctx {
+    ember_cu_mm a[MAX_COPIES];
+    int n_copies;
+} var_ctx;
+
+static void var_pass(void *p) {
+    var_ctx *c = p;
+    for (int i = 0; i < c->n_copies; i++) CK(ember_cu_matmul(g_stream, &c->a[i]));
+}
+
+static void *dptr(const ember_tensor *t) {
+    return (char *)t->buf->data + t->offset;
+}
+
+/* Every (M, R, U) variant of the bf16 decode kernel on an N x K weight,
+   against the default kernel for that M: time, and the same bits. */
+static void bench_variants(int N, int K) {
+    size_t wbytes = (size_t)N * (size_t)K * 2;
+    int copies = (int)((400u << 20) / wbytes) + 1;
+    if (copies > MAX_COPIES) copies = MAX_COPIES;
+    tens w[MAX_COPIES], out[MAX_COPIES], x;
+    int64_t xs[2] = {8, K};
+    EK(ember_tensor_alloc(g_be, &x.t, &x.b, EMBER_F32, 2, xs, &err_));
+    float *h = malloc((size_t)8 * (size_t)K * 4);
+    for (size_t i = 0; i < (size_t)8 * (size_t)K; i++) h[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f + 1e-4f;
+    EK(g_be->ops->write(g_be, &x.t, 0, h, (size_t)8 * (size_t)K * 4, &err_));
+    free(h);
+    for (int r = 0; r < copies; r++) {
+        w[r] = make(EMBER_BF16, N, K);
+        int64_t os[2] = {8, N};
+        EK(ember_tensor_alloc(g_be, &out[r].t, &out[r].b, EMBER_F32, 2, os, &err_));
+    }
+    float *ref = malloc((size_t)8 * (size_t)N * 4), *got = malloc((size_t)8 * (size_t)N * 4);
+    static var_ctx c;
+    const int Ms[4] = {1, 2, 4, 8};
+    for (int mi = 0; mi < 4; mi++) {
+        int M = Ms[mi];
+        for (int v = 0;; v++) {
+            int vm, R, U;
+            if (!ember_cu_gemv_variant(v, &vm, &R, &U)) break;
+            if (v && vm != M) continue;
+            c.n_copies = copies;
+            for (int r = 0; r < copies; r++)
+                c.a[r] = (ember_cu_mm){.x = dptr(&x.t), .M = M, .K = K, .dtype = EMBER_CU_BF16, .n = 1, .variant = v,
+                                       .p = {{.w = dptr(&w[r].t), .out = dptr(&out[r].t), .N = N}}};
+            double t = time_pass(var_pass, &c, 1) / copies;
+            CK(cudaMemcpy(v ? got : ref, dptr(&out[0].t), (size_t)M * (size_t)N * 4, cudaMemcpyDeviceToHost));
+            double bytes = (double)wbytes + (double)M * K * 4 + (double)M * N * 4;
+            char name[48];
+            if (v)
+                snprintf(name, sizeof name, "variant %d: R %d, U %d", v, R, U);
+            else
+                snprintf(name, sizeof name, "default");
+            printf("| %dx%d | %d | %s | %.1f | %.1f | %s |\n", N, K, M, name, t * 1e6, 100.0 * bytes / t / g_copy_bw,
+                   v ? (memcmp(ref, got, (size_t)M * (size_t)N * 4) ? "DIFFER" : "yes") : "-");
+            fflush(stdout);
+        }
+    }
+    free(ref);
+    free(got);
+    for (int r = 0; r < copies; r++) {
+        drop(&w[r]);
+        drop(&out[r]);
+    }
+    drop(&x);
+}
+
 int main(int argc, char **argv) {
     int device = 0, quick = 0;
     for (int i = 1; i < argc; i++) {
@@ -285,6 +355,11 @@ int main(int argc, char **argv) {
         bench_mm("4096x4096 tiled", EMBER_BF16, 256, 4096, 1, n4096);
         bench_mm("4096x4096 tiled", EMBER_BF16, 2048, 4096, 1, n4096);
     }
+    printf("\nbf16 decode kernel shapes (R weight rows per warp, U chunks in flight per lane):\n\n");
+    printf("| weight | M | kernel | us (graph) | %% of copy | same bits as default |\n| --- | --- | --- | --- | --- | --- |\n");
+    bench_variants(4096, 4096);
+    bench_variants(14336, 4096);
+    bench_variants(4096, 14336);
     double lt = a.t + o.t + b.t + down.t, lb = a.bytes + o.bytes + b.bytes + down.bytes;
     double tok = 32 * lt + hd.t;
     printf("\n8B layer products at M = 1 (q,k,v + o + gate,up + down): %.1f us, %.0f GB/s, %.1f%% of copy bandwidth\n",

@@ -51,8 +51,15 @@ typedef struct ember_cu_mm {
     int M, K;
     int dtype; /* EMBER_CU_*, shared by every product of the launch */
     int n;     /* products, 1 .. EMBER_CU_MAX_MM */
+    int variant; /* 0: the kernel the launcher picks; > 0: ember_cu_gemv_variant */
     ember_cu_mm_prod p[EMBER_CU_MAX_MM];
 } ember_cu_mm;
+
+/* Measuring aid: variant v > 0 of the bf16 decode kernel takes M input rows,
+   R weight rows per warp and U chunks in flight per lane; returns 0 past
+   the last variant. The default choice per M is GEMV_R / GEMV_U in
+   cuda_matmul.cu. Every variant gives the same bits. */
+int ember_cu_gemv_variant(int variant, int *M, int *R, int *U);
 
 /* out_i = x w_i^T (+ bias_i) for each product i. Picks the kernel: vector
    loads when K % 8 == 0 and x and every w are 16-byte aligned, else element

@@ -237,7 +237,50 @@ GEMV_KERNELS(EMBER_CU_F32, f32)
 GEMV_KERNELS(EMBER_CU_F16, f16)
 GEMV_KERNELS(EMBER_CU_BF16, bf16)
 
+/* Other (M, R, U) shapes of the bf16 decode kernel, for measuring
+   (ember_cu_mm.variant, bench/cuda_ops_bench.c); the same bits as the
+   default, by construction. */
+#define GEMV_VARIANTS(X) \
+    X(1, 1, 1, 16)       \
+    X(2, 1, 2, 8)        \
+    X(3, 1, 1, 4)        \
+    X(4, 2, 1, 8)        \
+    X(5, 2, 2, 2)        \
+    X(6, 4, 2, 2)        \
+    X(7, 4, 4, 2)        \
+    X(8, 4, 1, 8)        \
+    X(9, 8, 4, 2)        \
+    X(10, 8, 2, 2)       \
+    X(11, 8, 2, 4)       \
+    X(12, 8, 2, 1)
+#define GEMV_VAR_KERNEL(V, M, R, U)                                                              \
+    static __global__ void __launch_bounds__(WARPS *LANES) gemv_var##V(const ember_cu_mm a) { \
+        gemv_body(a, EMBER_CU_BF16, M, R, U);                                                    \
+    }
+GEMV_VARIANTS(GEMV_VAR_KERNEL)
+
 typedef void (*mm_kernel)(const ember_cu_mm);
+typedef struct gemv_var {
+    mm_kernel k;
+    int M, R, U;
+} gemv_var;
+#define GEMV_VAR_ROW(V, M, R, U) {gemv_var##V, M, R, U},
+static const gemv_var k_gemv_var[] = {GEMV_VARIANTS(GEMV_VAR_ROW)};
+#define N_GEMV_VAR ((int)(sizeof k_gemv_var / sizeof k_gemv_var[0]))
+
+extern "C" int ember_cu_gemv_variant(int variant, int *M, int *R, int *U) {
+    if (variant == 0) {
+        *M = 0;
+        *R = *U = 0;
+        return 1;
+    }
+    if (variant < 1 || variant > N_GEMV_VAR) return 0;
+    const gemv_var *v = &k_gemv_var[variant - 1];
+    *M = v->M;
+    *R = v->R;
+    *U = v->U;
+    return 1;
+}
 #define GEMV_ROW(DTNAME)                                                                            \
     {gemv_##DTNAME##_m1, gemv_##DTNAME##_m2, gemv_##DTNAME##_m3, gemv_##DTNAME##_m4, gemv_##DTNAME##_m5, \
      gemv_##DTNAME##_m6, gemv_##DTNAME##_m7, gemv_##DTNAME##_m8}
@@ -351,7 +394,13 @@ extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
     for (int i = 0; i < a->n; i++) vec = vec && aligned16(a->p[i].w);
     mm_kernel k;
     int rows_per_block, grid_y = 1;
-    if (vec && a->M <= 8) {
+    if (a->variant) {
+        if (a->variant < 0 || a->variant > N_GEMV_VAR) return cudaErrorInvalidValue;
+        const gemv_var *v = &k_gemv_var[a->variant - 1];
+        if (!vec || a->dtype != EMBER_CU_BF16 || a->M != v->M) return cudaErrorInvalidValue;
+        k = v->k;
+        rows_per_block = WARPS * v->R;
+    } else if (vec && a->M <= 8) {
         k = k_gemv[a->dtype][a->M - 1];
         rows_per_block = WARPS * GEMV_R(a->M);
     } else if (vec) {
