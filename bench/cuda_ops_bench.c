@@ -271,8 +271,8 @@ static void bench_variants(int N, int K) {
     for (int mi = 0; mi < 4; mi++) {
         int M = Ms[mi];
         for (int v = 0;; v++) {
-            int vm, R, U, pipe;
-            if (!ember_cu_gemv_variant(v, &vm, &R, &U, &pipe)) break;
+            int vm, R, U;
+            if (!ember_cu_gemv_variant(v, &vm, &R, &U)) break;
             if (v && vm != M) continue;
             c.n_copies = copies;
             for (int r = 0; r < copies; r++)
@@ -283,10 +283,7 @@ static void bench_variants(int N, int K) {
             double bytes = (double)wbytes + (double)M * K * 4 + (double)M * N * 4;
             char name[48];
             if (v)
-                if (pipe)
-                    snprintf(name, sizeof name, "variant %d: shared-memory pipeline, R %d", v, R);
-                else
-                    snprintf(name, sizeof name, "variant %d: registers, R %d, U %d", v, R, U);
+                snprintf(name, sizeof name, "variant %d: R %d, U %d", v, R, U);
             else
                 snprintf(name, sizeof name, "default");
             printf("| %dx%d | %d | %s | %.1f | %.1f | %s |\n", N, K, M, name, t * 1e6, 100.0 * bytes / t / g_copy_bw,
@@ -358,7 +355,7 @@ int main(int argc, char **argv) {
         bench_mm("4096x4096 tiled", EMBER_BF16, 256, 4096, 1, n4096);
         bench_mm("4096x4096 tiled", EMBER_BF16, 2048, 4096, 1, n4096);
     }
-    printf("\nbf16 decode kernels (R weight rows per warp, U chunks in flight per lane):\n\n");
+    printf("\nbf16 decode kernel shapes (R weight rows per warp, U chunks in flight per lane):\n\n");
     printf("| weight | M | kernel | us (graph) | %% of copy | same bits as default |\n| --- | --- | --- | --- | --- | --- |\n");
     bench_variants(4096, 4096);
     bench_variants(14336, 4096);

@@ -88,7 +88,7 @@ fi
 # the kernels' registers and spills, from the compiler's report of the built object
 if command -v cuobjdump >/dev/null; then
   { echo; echo "kernel resources (cuobjdump --dump-resource-usage):";
-    cuobjdump --dump-resource-usage "$BUILD"/CMakeFiles/ember_cuda.dir/src/backend/cuda/*.o 2>&1 | head -200; } \
+    find "$BUILD" -name 'cuda_*.cu.o' -exec cuobjdump --dump-resource-usage {} \; 2>&1 | head -200; } \
     >>"$OUTDIR/build.log"
 fi
 

@@ -486,7 +486,6 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     if (!c) return ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the CUDA backend");
     c->device = device;
     cudaError_t e = cudaSetDevice(device);
-    if (e == cudaSuccess) e = ember_cu_init();
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(c);

@@ -56,21 +56,14 @@ typedef struct ember_cu_mm {
 } ember_cu_mm;
 
 /* Measuring aid: variant v > 0 is another shape of the bf16 decode kernel:
-   M input rows, R weight rows per warp, and either the register kernel
-   (pipe 0, U chunks in flight per lane) or the shared-memory pipeline
-   (pipe 1). Returns 0 past the last variant. The defaults per dtype and M
-   are the tables in cuda_matmul.cu. Every variant gives the same bits. */
-int ember_cu_gemv_variant(int variant, int *M, int *R, int *U, int *pipe);
-
-/* Once per device, before the first matmul: lets the kernels that need it
-   use more than 48 KB of shared memory. */
-cudaError_t ember_cu_init(void);
+   M input rows, R weight rows per warp, U chunks in flight per lane.
+   Returns 0 past the last variant. The defaults per dtype and M are the
+   tables in cuda_matmul.cu. Every variant gives the same bits. */
+int ember_cu_gemv_variant(int variant, int *M, int *R, int *U);
 
 /* out_i = x w_i^T (+ bias_i) for each product i. Picks the kernel: vector
    loads when K % 8 == 0 and x and every w are 16-byte aligned, else element
-   loads; for M <= 8 a decode kernel (registers at M = 1 or f32 weights,
-   a shared-memory pipeline for 16-bit weights at M >= 2), a tiled one
-   above. Every kernel gives the same bits (the canonical order above). */
+   loads; a decode kernel for M <= 8, a tiled one above. Every kernel gives the same bits (the canonical order above). */
 cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a);
 
 /* dst[i, :] = src[ids[i], :] as f32; ids is device memory holding n ids,

@@ -22,7 +22,11 @@
  *   gemv   M <= 8, 16-byte weight loads. A warp owns R weight rows and all
  *          M input rows; each lane keeps U chunks of each row in flight
  *          (U x R x 16 bytes), reads the input chunks (2 x 16 bytes per
- *          row) through L1, where all warps of the SM share them.
+ *          row) through L1, where all warps of the SM share them. (R, U)
+ *          per M were measured (docs/cuda.md). Known limit: from M = 4 on,
+ *          the input no longer stays in L1 and each warp re-reads it from
+ *          L2, which bounds the time (36-60% of the copy bandwidth); a
+ *          shared-memory pipeline tried for it was slower.
  *   tiled  M > 8, 16-byte loads. A warp owns an 8 (input rows) x 4 (weight
  *          rows) tile: 32 accumulators per lane, the weights of a chunk
  *          converted once and used for 8 input rows. Eight warps per block
@@ -214,190 +218,66 @@ static __device__ __forceinline__ void gemv_body(const ember_cu_mm &a, const int
             if (lane == m * R + r && n0 + r < p.N) store_out(p, m, n0 + r, acc[m][r]);
 }
 
-/* ---- gemv_pipe: M <= 8, 16-bit weights, through shared memory ---------------------------- */
-
-/* The register kernel above reads each lane's input chunks through L1; for
-   M >= 2 the input (M x K x 4 bytes, 458 KB at M = 8, K = 14336) no longer
-   stays in L1, every warp re-reads it from L2, and that, not the weights,
-   bounds the time. Here a block stages each 256-element slice of the input
-   once in shared memory, with the weight chunks of all its warps, by
-   asynchronous copies PIPE_ST slices ahead (cp.async, completion per
-   thread, then a barrier). Lanes still own the same chunks in the same
-   order: the bits are those of every other kernel. */
-#define PIPE_ST 3
-/* Dynamic shared memory: [PIPE_ST][M][2 halves][32] float4 of input, then
-   [PIPE_ST][WARPS][R][32] uint4 of weights. */
-#define PIPE_SMEM(M, R) (PIPE_ST * ((M) * 2 * LANES * 16 + WARPS * (R) * LANES * 16))
-#define PIPE_SMEM_MAX PIPE_SMEM(8, 4)
-
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    const unsigned int s = (unsigned int)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-static __device__ __forceinline__ void cp_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-/* Waits until at most PIPE_ST - 1 of this thread's copy groups are pending. */
-static __device__ __forceinline__ void cp_wait_pipe(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PIPE_ST - 1) : "memory");
-}
-
-/* Copies slice s (chunks 32 s .. 32 s + 31) of the input and of this warp's
-   weight rows into stage s % PIPE_ST; one copy group per call, even when
-   empty, so every thread counts the same groups. */
-static __device__ __forceinline__ void pipe_issue(float4 *xs, uint4 *ws, const ember_cu_mm &a, const char *const *wr,
-                                                  int s, int C, int warp, int lane, const int M, const int R) {
-    const int st = s % PIPE_ST;
-    if (32 * s < C) {
-        for (int f = (int)threadIdx.x; f < M * 2 * LANES; f += WARPS * LANES) {
-            const int m = f / (2 * LANES), half = f / LANES % 2, ch = f % LANES, gc = 32 * s + ch;
-            if (gc < C)
-                cp_async16(xs + (size_t)st * M * 2 * LANES + f,
-                           a.x + (size_t)m * (size_t)a.K + (size_t)gc * 8 + (size_t)half * 4);
-        }
-        const int gc = 32 * s + lane;
-        if (gc < C)
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                cp_async16(ws + (((size_t)st * WARPS + warp) * R + r) * LANES + lane, (const uint4 *)wr[r] + gc);
-    }
-    cp_commit();
-}
-
-static __device__ __forceinline__ void gemv_pipe_body(const ember_cu_mm &a, const int dt, const int M, const int R) {
-    extern __shared__ uint4 pipe_smem[];
-    float4 *xs = (float4 *)pipe_smem;
-    uint4 *ws = pipe_smem + PIPE_ST * M * 2 * LANES;
-    const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
-    const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES;
-    const int n0 = ((int)blockIdx.x - p.first_block) * (WARPS * R) + warp * R;
-    const int C = a.K / 8, S = (C + LANES - 1) / LANES;
-    /* every warp takes part in the copies and barriers; rows past N read row N - 1 */
-    const char *wr[4];
-#pragma unroll
-    for (int r = 0; r < R; r++) wr[r] = (const char *)p.w + (size_t)min(n0 + r, p.N - 1) * (size_t)a.K * 2;
-    float acc[8][4];
-#pragma unroll
-    for (int m = 0; m < M; m++)
-#pragma unroll
-        for (int r = 0; r < R; r++) acc[m][r] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < PIPE_ST - 1; s++) pipe_issue(xs, ws, a, wr, s, C, warp, lane, M, R);
-    for (int s = 0; s < S; s++) {
-        pipe_issue(xs, ws, a, wr, s + PIPE_ST - 1, C, warp, lane, M, R);
-        cp_wait_pipe();
-        __syncthreads(); /* slice s is in shared memory, from every thread's copies */
-        const int st = s % PIPE_ST, c = 32 * s + lane;
-        if (c < C) {
-            float wf[4][8];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                wchunk w;
-                w.a = ws[(((size_t)st * WARPS + warp) * R + r) * LANES + lane];
-                w.b = make_uint4(0, 0, 0, 0);
-                cvt_wchunk(w, dt, wf[r]);
-            }
-#pragma unroll
-            for (int m = 0; m < M; m++) {
-                const float4 lo = xs[((size_t)st * M + m) * 2 * LANES + lane];
-                const float4 hi = xs[((size_t)st * M + m) * 2 * LANES + LANES + lane];
-                const float xf[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-                for (int r = 0; r < R; r++)
-#pragma unroll
-                    for (int j = 0; j < 8; j++) acc[m][r] = fmaf(wf[r][j], xf[j], acc[m][r]);
-            }
-        }
-        __syncthreads(); /* stage st is free for the copies of slice s + PIPE_ST */
-    }
-    if (n0 >= p.N) return;
-#pragma unroll
-    for (int m = 0; m < M; m++)
-#pragma unroll
-        for (int r = 0; r < R; r++) acc[m][r] = lane_sum(acc[m][r]);
-#pragma unroll
-    for (int m = 0; m < M; m++)
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (lane == m * R + r && n0 + r < p.N) store_out(p, m, n0 + r, acc[m][r]);
-}
-
 /* ---- kernel tables --------------------------------------------------------------------------- */
 
 typedef void (*mm_kernel)(const ember_cu_mm);
 
-/* A decode kernel: the register kernel (pipe 0) with R rows per warp and U
-   chunks in flight, or the shared-memory pipeline (pipe 1) with R rows. */
+/* A decode kernel: M input rows, R weight rows per warp, U chunks in flight. */
 typedef struct gemv_kind {
     mm_kernel k;
-    int pipe, M, R, U;
+    int M, R, U;
 } gemv_kind;
 
-#define REG_KERNEL(NAME, DT, M, R, U)                                                     \
-    static_assert((R) <= 4 && (U) <= 16 && (M) * (R) <= LANES, "register kernel shape"); \
-    static __global__ void __launch_bounds__(WARPS *LANES) NAME(const ember_cu_mm a) {   \
-        gemv_body(a, DT, M, R, U);                                                        \
-    }
-#define PIPE_KERNEL(NAME, DT, M, R)                                                     \
-    static_assert((M) <= 8 && (R) <= 4 && (M) * (R) <= LANES, "pipeline kernel shape"); \
+#define GEMV_KERNEL(NAME, DT, M, R, U)                                                   \
+    static_assert((R) <= 4 && (U) <= 16 && (M) * (R) <= LANES, "decode kernel shape"); \
     static __global__ void __launch_bounds__(WARPS *LANES) NAME(const ember_cu_mm a) { \
-        gemv_pipe_body(a, DT, M, R);                                                    \
+        gemv_body(a, DT, M, R, U);                                                      \
     }
 
-/* The defaults, per weight dtype and M (measured on an H200, docs/cuda.md):
-   f32 weights, and M = 1: the register kernel; 16-bit weights at M >= 2:
-   the pipeline. */
-#define F32_R(M) ((M) == 1 ? 1 : (M) <= 4 ? 2 : 4)
-#define F32_U(M) ((M) == 1 ? 4 : (M) <= 4 ? 4 : 1)
-#define PIPE_R(M) ((M) <= 2 ? 1 : (M) <= 4 ? 2 : 4)
-#define F32_KERNELS(M) REG_KERNEL(gemv_f32_m##M, EMBER_CU_F32, M, F32_R(M), F32_U(M))
-#define H16_KERNELS(M)                                               \
-    PIPE_KERNEL(gemv_f16_m##M, EMBER_CU_F16, M, PIPE_R(M))         \
-    PIPE_KERNEL(gemv_bf16_m##M, EMBER_CU_BF16, M, PIPE_R(M))
-REG_KERNEL(gemv_f16_m1, EMBER_CU_F16, 1, 1, 4)
-REG_KERNEL(gemv_bf16_m1, EMBER_CU_BF16, 1, 1, 4)
-F32_KERNELS(1) F32_KERNELS(2) F32_KERNELS(3) F32_KERNELS(4) F32_KERNELS(5) F32_KERNELS(6) F32_KERNELS(7)
-F32_KERNELS(8)
-H16_KERNELS(2) H16_KERNELS(3) H16_KERNELS(4) H16_KERNELS(5) H16_KERNELS(6) H16_KERNELS(7) H16_KERNELS(8)
+/* The defaults per M, measured on an H200 (docs/cuda.md): one weight row
+   per warp and 128 bytes in flight per lane at M = 1 (U = 4 chunks of
+   16-bit weights, 8 of f32); more rows per warp as M grows, so each input
+   chunk read serves more weight rows. */
+#define GEMV_R(M) ((M) == 1 ? 1 : (M) <= 4 ? 2 : 4)
+#define GEMV_U(M, DT) ((M) == 1 ? ((DT) == EMBER_CU_F32 ? 8 : 4) : (M) <= 4 ? 4 : 1)
+#define GEMV_KERNELS(DT, DTNAME, M) GEMV_KERNEL(gemv_##DTNAME##_m##M, DT, M, GEMV_R(M), GEMV_U(M, DT))
+#define GEMV_ALL(DT, DTNAME)                                                                        \
+    GEMV_KERNELS(DT, DTNAME, 1) GEMV_KERNELS(DT, DTNAME, 2) GEMV_KERNELS(DT, DTNAME, 3)             \
+        GEMV_KERNELS(DT, DTNAME, 4) GEMV_KERNELS(DT, DTNAME, 5) GEMV_KERNELS(DT, DTNAME, 6)         \
+            GEMV_KERNELS(DT, DTNAME, 7) GEMV_KERNELS(DT, DTNAME, 8)
+GEMV_ALL(EMBER_CU_F32, f32)
+GEMV_ALL(EMBER_CU_F16, f16)
+GEMV_ALL(EMBER_CU_BF16, bf16)
 
-#define F32_ROW(M) {gemv_f32_m##M, 0, M, F32_R(M), F32_U(M)}
-#define H16_ROW(DTNAME, M) {gemv_##DTNAME##_m##M, 1, M, PIPE_R(M), 0}
-#define H16_TABLE(DTNAME)                                                                                    \
-    {{gemv_##DTNAME##_m1, 0, 1, 1, 4}, H16_ROW(DTNAME, 2), H16_ROW(DTNAME, 3), H16_ROW(DTNAME, 4),            \
-     H16_ROW(DTNAME, 5), H16_ROW(DTNAME, 6), H16_ROW(DTNAME, 7), H16_ROW(DTNAME, 8)}
-static const gemv_kind k_gemv[3][8] = {
-    {F32_ROW(1), F32_ROW(2), F32_ROW(3), F32_ROW(4), F32_ROW(5), F32_ROW(6), F32_ROW(7), F32_ROW(8)},
-    H16_TABLE(f16),
-    H16_TABLE(bf16),
-};
+#define GEMV_ROW1(DT, DTNAME, M) {gemv_##DTNAME##_m##M, M, GEMV_R(M), GEMV_U(M, DT)}
+#define GEMV_ROW(DT, DTNAME)                                                                             \
+    {GEMV_ROW1(DT, DTNAME, 1), GEMV_ROW1(DT, DTNAME, 2), GEMV_ROW1(DT, DTNAME, 3), GEMV_ROW1(DT, DTNAME, 4), \
+     GEMV_ROW1(DT, DTNAME, 5), GEMV_ROW1(DT, DTNAME, 6), GEMV_ROW1(DT, DTNAME, 7), GEMV_ROW1(DT, DTNAME, 8)}
+static const gemv_kind k_gemv[3][8] = {GEMV_ROW(EMBER_CU_F32, f32), GEMV_ROW(EMBER_CU_F16, f16),
+                                       GEMV_ROW(EMBER_CU_BF16, bf16)};
 
-/* Other shapes of the bf16 decode kernels, for measuring
-   (ember_cu_mm.variant, bench/cuda_ops_bench.c); the same bits as the
-   defaults, by construction. X(variant, pipe, M, R, U). */
+/* Other shapes of the bf16 decode kernel, for measuring (ember_cu_mm.variant,
+   bench/cuda_ops_bench.c); the same bits as the defaults, by construction.
+   X(variant, M, R, U). */
 #define GEMV_VARIANTS(X) \
-    X(1, 0, 1, 1, 8)     \
-    X(2, 0, 1, 1, 16)    \
-    X(3, 0, 1, 2, 8)     \
-    X(4, 1, 1, 1, 0)     \
-    X(5, 0, 2, 2, 4)     \
-    X(6, 1, 2, 2, 0)     \
-    X(7, 0, 4, 2, 4)     \
-    X(8, 1, 4, 1, 0)     \
-    X(9, 1, 4, 4, 0)     \
-    X(10, 0, 8, 4, 1)    \
-    X(11, 1, 8, 2, 0)    \
-    X(12, 0, 4, 4, 2)
-#define VAR_KERNEL(V, PIPE, M, R, U) VAR_KERNEL_##PIPE(V, M, R, U)
-#define VAR_KERNEL_0(V, M, R, U) REG_KERNEL(gemv_var##V, EMBER_CU_BF16, M, R, U)
-#define VAR_KERNEL_1(V, M, R, U) PIPE_KERNEL(gemv_var##V, EMBER_CU_BF16, M, R)
+    X(1, 1, 1, 8)        \
+    X(2, 1, 2, 8)        \
+    X(3, 1, 1, 2)        \
+    X(4, 2, 1, 8)        \
+    X(5, 2, 2, 2)        \
+    X(6, 4, 4, 2)        \
+    X(7, 4, 1, 8)        \
+    X(8, 8, 4, 2)        \
+    X(9, 8, 2, 2)
+#define VAR_KERNEL(V, M, R, U) GEMV_KERNEL(gemv_var##V, EMBER_CU_BF16, M, R, U)
 GEMV_VARIANTS(VAR_KERNEL)
-#define VAR_ROW(V, PIPE, M, R, U) {gemv_var##V, PIPE, M, R, U},
+#define VAR_ROW(V, M, R, U) {gemv_var##V, M, R, U},
 static const gemv_kind k_gemv_var[] = {GEMV_VARIANTS(VAR_ROW)};
 #define N_GEMV_VAR ((int)(sizeof k_gemv_var / sizeof k_gemv_var[0]))
 
-extern "C" int ember_cu_gemv_variant(int variant, int *M, int *R, int *U, int *pipe) {
+extern "C" int ember_cu_gemv_variant(int variant, int *M, int *R, int *U) {
     if (variant == 0) {
-        *M = *R = *U = *pipe = 0;
+        *M = *R = *U = 0;
         return 1;
     }
     if (variant < 1 || variant > N_GEMV_VAR) return 0;
@@ -405,27 +285,7 @@ extern "C" int ember_cu_gemv_variant(int variant, int *M, int *R, int *U, int *p
     *M = v->M;
     *R = v->R;
     *U = v->U;
-    *pipe = v->pipe;
     return 1;
-}
-
-/* Lets every pipeline kernel use PIPE_SMEM_MAX bytes of dynamic shared
-   memory on the current device (more than the default 48 KB). */
-extern "C" cudaError_t ember_cu_init(void) {
-    for (int d = 0; d < 3; d++)
-        for (int m = 0; m < 8; m++)
-            if (k_gemv[d][m].pipe) {
-                cudaError_t e = cudaFuncSetAttribute((const void *)k_gemv[d][m].k,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, PIPE_SMEM_MAX);
-                if (e != cudaSuccess) return e;
-            }
-    for (int v = 0; v < N_GEMV_VAR; v++)
-        if (k_gemv_var[v].pipe) {
-            cudaError_t e = cudaFuncSetAttribute((const void *)k_gemv_var[v].k,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, PIPE_SMEM_MAX);
-            if (e != cudaSuccess) return e;
-        }
-    return cudaSuccess;
 }
 
 /* ---- tiled: M > 8 ------------------------------------------------------------------------ */
@@ -536,7 +396,6 @@ extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
     for (int i = 0; i < a->n; i++) vec = vec && aligned16(a->p[i].w);
     mm_kernel k;
     int rows_per_block, grid_y = 1;
-    size_t smem = 0;
     const gemv_kind *g = NULL;
     if (a->variant) {
         if (a->variant < 0 || a->variant > N_GEMV_VAR) return cudaErrorInvalidValue;
@@ -548,7 +407,6 @@ extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
     if (g) {
         k = g->k;
         rows_per_block = WARPS * g->R;
-        smem = g->pipe ? (size_t)PIPE_SMEM(g->M, g->R) : 0;
     } else if (vec) {
         k = k_tiled[a->dtype];
         rows_per_block = TILE_N * TILE_WN;
@@ -567,7 +425,7 @@ extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
     if (blocks < 1) return cudaSuccess;
     void *args[] = {a};
     cudaError_t e = cudaLaunchKernel((const void *)k, dim3((unsigned)blocks, (unsigned)grid_y, 1),
-                                     dim3(WARPS * LANES, 1, 1), args, smem, stream);
+                                     dim3(WARPS * LANES, 1, 1), args, 0, stream);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
