@@ -234,10 +234,10 @@ typedef struct gemv_kind {
         gemv_body(a, DT, M, R, U);                                                      \
     }
 
-/* The defaults per M, measured on an H200 (docs/cuda.md): one weight row
-   per warp and 128 bytes in flight per lane at M = 1 (U = 4 chunks of
-   16-bit weights, 8 of f32); more rows per warp as M grows, so each input
-   chunk read serves more weight rows. */
+/* The defaults per M, measured on an H200 (docs/cuda.md): at M = 1 one
+   weight row per warp and 4 chunks in flight per lane (64 bytes of 16-bit
+   weights; f32 weights keep 8 chunks, 256 bytes); more rows per warp as M
+   grows, so each input chunk read serves more weight rows. */
 #define GEMV_R(M) ((M) == 1 ? 1 : (M) <= 4 ? 2 : 4)
 #define GEMV_U(M, DT) ((M) == 1 ? ((DT) == EMBER_CU_F32 ? 8 : 4) : (M) <= 4 ? 4 : 1)
 #define GEMV_KERNELS(DT, DTNAME, M) GEMV_KERNEL(gemv_##DTNAME##_m##M, DT, M, GEMV_R(M), GEMV_U(M, DT))
