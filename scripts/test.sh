@@ -5,7 +5,7 @@
 #
 # usage: scripts/test.sh            (from anywhere; build dirs go in the repo)
 # A third pass runs every libFuzzer target for a bounded time (clang).
-# env:   JOBS=N (default: cores), SKIP_SANITIZE=1 / SKIP_FUZZ=1 to leave a pass out,
+# env:   JOBS=N (default: cores), SKIP_SANITIZE=1 / SKIP_FUZZ=1 / SKIP_CUDA=1 to leave a pass out,
 #        FUZZ_SECONDS=N per fuzz target (default 30; scripts/fuzz.sh runs them for hours)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,18 @@ run_suite() { # build-dir cmake-args...
 
 echo "== release build"
 SOAK_SECONDS=${SOAK_SECONDS:-150} run_suite build -DCMAKE_BUILD_TYPE=Release
+# The CUDA backend where the toolkit is installed (CI has nvcc, no GPU): compile
+# it and run the GPU tests, which skip (77, "skipped: no CUDA device") without
+# a GPU. Only the library and the GPU test are built, to keep this stage short;
+# scripts/gpu-test.sh is the full run on a GPU machine.
+NVCC=$(command -v nvcc || true)
+if [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ]; then NVCC=/usr/local/cuda/bin/nvcc; fi
+if [ -n "$NVCC" ] && [ "${SKIP_CUDA:-0}" != 1 ]; then
+  echo "== CUDA build (-DEMBER_CUDA=ON with $NVCC) and GPU tests"
+  PATH=$PATH:$(dirname "$NVCC") cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON >/dev/null
+  PATH=$PATH:$(dirname "$NVCC") cmake --build build-cuda -j"$JOBS" --target test_cuda_ops
+  (cd build-cuda && ctest -R cuda --output-on-failure)
+fi
 if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
   # ASan's quarantine grows RSS by design: the soak's RSS check is lifted here and

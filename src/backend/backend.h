@@ -240,4 +240,24 @@ int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_
 ember_isa ember_backend_cpu_isa(const ember_backend *be);
 int ember_backend_cpu_threads(const ember_backend *be);
 
+/* The CUDA backend (src/backend/cuda, docs/cuda.md). Built with
+   -DEMBER_CUDA=ON; without it every function below fails with
+   EMBER_ERR_UNSUPPORTED "ember was built without CUDA (-DEMBER_CUDA=ON)". */
+typedef struct ember_cuda_params {
+    int device; /* CUDA device index: cuda:N */
+    ember_logger log;
+} ember_cuda_params;
+
+/* A backend on device p->device (0 when p is NULL). No device, no driver, a
+   driver older than the runtime, or a GPU older than compute capability 9.0:
+   a one-line EMBER_ERR_UNSUPPORTED; a device index out of range:
+   EMBER_ERR_INVALID_ARG. */
+int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, ember_error *err);
+/* *count = the CUDA devices present (0 where there is no driver or device);
+   an error only for a broken installation (driver too old, ...). */
+int ember_cuda_device_count(int *count, ember_error *err);
+/* The cudaStream_t a CUDA backend runs every op on (for graph capture and
+   event timing by the caller); NULL for any other backend. */
+void *ember_backend_cuda_stream(const ember_backend *be);
+
 #endif

@@ -1,0 +1,373 @@
+/*
+ * cuda_ops_bench.c - the CUDA backend's matrix-vector rate against the
+ * GPU's own copy bandwidth (scripts/gpu-test.sh runs it; docs/cuda.md).
+ *
+ *   1. device-to-device copy bandwidth: a 2 GiB cudaMemcpy, counting bytes
+ *      read plus bytes written (the ceiling a decode step can approach);
+ *   2. the backend's matmul on Llama-3.1-8B-shaped bf16 weights (4096 x
+ *      4096, 14336 x 4096, 4096 x 14336, the 128256 x 4096 output head)
+ *      for M = 1, 2, 4, 8 rows, as bytes moved per second and as a share
+ *      of (1); one whole layer's products (q, k, v sharing the input; o;
+ *      gate and up sharing the input; down) at M = 1; the tiled kernel's
+ *      rate at M = 64, 256, 2048 in TFLOP/s.
+ *
+ * Method: weights are random (never zeros), several copies of each shape
+ * rotate so that the 50 MB L2 cannot hold them; a pass over the copies is
+ * captured once into a CUDA graph on the backend's stream and replayed
+ * (warm-up first), each replay timed with events; the median is reported.
+ * Each measurement also runs without the graph (plain launches) to show
+ * the host's launch cost.
+ *
+ * Ownership: the program owns everything it allocates and frees it; one
+ * thread. Prints a Markdown table on stdout; exits non-zero on any error.
+ *
+ * usage: cuda_ops_bench [--device N] [--reps N] [--quick]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "core/dtype.h"
+
+#define CK(call)                                                                               \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+#define EK(call)                                                                   \
+    do {                                                                           \
+        ember_error err_;                                                          \
+        if ((call) != EMBER_OK) {                                                  \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err_.msg); \
+            exit(1);                                                               \
+        }                                                                          \
+    } while (0)
+/* EK's calls name err_ as their error argument */
+
+static ember_backend *g_be;
+static cudaStream_t g_stream;
+static int g_reps = 20;
+static double g_copy_bw; /* bytes per second, read + write */
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd32(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+
+/* A host block of random bf16 values in [-1, 1), tiled into every weight. */
+#define RAND_HALVES (32u << 20)
+static uint16_t *g_rand;
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static float median(float *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_f);
+    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---- tensors ------------------------------------------------------------------------ */
+
+typedef struct tens {
+    ember_tensor t;
+    ember_buffer *b;
+} tens;
+
+static tens make(ember_dtype dt, int64_t rows, int64_t cols) {
+    tens r;
+    int64_t s[2] = {rows, cols};
+    EK(ember_tensor_alloc(g_be, &r.t, &r.b, dt, 2, s, &err_));
+    /* fill from the random block, starting at a random place */
+    size_t n = r.t.nbytes / 2, done = 0;
+    while (done < n) {
+        size_t start = rnd32() % (RAND_HALVES / 2), len = n - done < RAND_HALVES / 2 ? n - done : RAND_HALVES / 2;
+        EK(g_be->ops->write(g_be, &r.t, done * 2, g_rand + start, len * 2, &err_));
+        done += len;
+    }
+    return r;
+}
+
+static void drop(tens *t) {
+    ember_buffer_free(t->b);
+}
+
+/* ---- timing ---------------------------------------------------------------------------- */
+
+typedef void (*pass_fn)(void *ctx);
+
+/* Median seconds of one pass: graph replays when graph, else direct calls. */
+static double time_pass(pass_fn fn, void *ctx, int graph) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    cudaGraphExec_t exec = NULL;
+    if (graph) {
+        cudaGraph_t g;
+        CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+        fn(ctx);
+        CK(cudaStreamEndCapture(g_stream, &g));
+        CK(cudaGraphInstantiate(&exec, g, 0));
+        CK(cudaGraphDestroy(g));
+    }
+    float *ms = malloc((size_t)g_reps * sizeof *ms);
+    for (int i = -3; i < g_reps; i++) {
+        CK(cudaEventRecord(a, g_stream));
+        if (graph)
+            CK(cudaGraphLaunch(exec, g_stream));
+        else
+            fn(ctx);
+        CK(cudaEventRecord(b, g_stream));
+        CK(cudaEventSynchronize(b));
+        if (i >= 0) CK(cudaEventElapsedTime(&ms[i], a, b));
+    }
+    double med = median(ms, g_reps) * 1e-3;
+    free(ms);
+    if (exec) CK(cudaGraphExecDestroy(exec));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return med;
+}
+
+/* ---- copy bandwidth ---------------------------------------------------------------------- */
+
+typedef struct copy_ctx {
+    void *dst, *src;
+    size_t n;
+} copy_ctx;
+
+static void copy_pass(void *p) {
+    copy_ctx *c = p;
+    CK(cudaMemcpyAsync(c->dst, c->src, c->n, cudaMemcpyDeviceToDevice, g_stream));
+}
+
+static void bench_copy(void) {
+    copy_ctx c = {.n = (size_t)2 << 30};
+    CK(cudaMalloc(&c.src, c.n));
+    CK(cudaMalloc(&c.dst, c.n));
+    for (size_t o = 0; o < c.n; o += RAND_HALVES * 2)
+        CK(cudaMemcpy((char *)c.src + o, g_rand, RAND_HALVES * 2, cudaMemcpyHostToDevice));
+    double t = time_pass(copy_pass, &c, 0);
+    g_copy_bw = 2.0 * (double)c.n / t;
+    printf("| d2d copy | 2 GiB | - | %.1f | %.0f | 100 | - | - |\n", t * 1e6, g_copy_bw / 1e9);
+    CK(cudaFree(c.src));
+    CK(cudaFree(c.dst));
+}
+
+/* ---- matmul -------------------------------------------------------------------------------- */
+
+#define MAX_COPIES 32
+#define MAX_PER 8
+
+/* n_copies sets of n products sharing an input. */
+typedef struct mm_ctx {
+    tens x[1];
+    int n_copies, n;
+    tens w[MAX_COPIES][MAX_PER], out[MAX_COPIES][MAX_PER];
+    ember_matmul mm[MAX_COPIES][MAX_PER];
+} mm_ctx;
+
+static void mm_pass(void *p) {
+    mm_ctx *c = p;
+    for (int i = 0; i < c->n_copies; i++) EK(g_be->ops->matmul(g_be, &c->x[0].t, c->n, c->mm[i], &err_));
+}
+
+/* What one row measured. */
+typedef struct mm_res {
+    double t, bytes; /* seconds and bytes per pass over one copy (graph replay) */
+} mm_res;
+
+/* One row of the table for products of shapes N[i] x K at M rows. */
+static mm_res bench_mm(const char *what, ember_dtype dt, int M, int K, int n, const int *N) {
+    static mm_ctx c;
+    memset(&c, 0, sizeof c);
+    size_t wbytes = 0;
+    for (int i = 0; i < n; i++) wbytes += (size_t)N[i] * (size_t)K * ember_dtype_get(dt)->block_bytes;
+    /* enough copies to pass 400 MB, so that L2 (50 MB) holds a small part */
+    int copies = (int)((400u << 20) / wbytes) + 1;
+    if (copies > MAX_COPIES) copies = MAX_COPIES;
+    if (copies < 2) copies = 2;
+    c.n_copies = copies;
+    c.n = n;
+    int64_t xs[2] = {M, K};
+    EK(ember_tensor_alloc(g_be, &c.x[0].t, &c.x[0].b, EMBER_F32, 2, xs, &err_));
+    float *h = malloc((size_t)M * (size_t)K * 4);
+    for (size_t i = 0; i < (size_t)M * (size_t)K; i++) h[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f + 1e-4f;
+    EK(g_be->ops->write(g_be, &c.x[0].t, 0, h, (size_t)M * (size_t)K * 4, &err_));
+    free(h);
+    for (int r = 0; r < copies; r++)
+        for (int i = 0; i < n; i++) {
+            c.w[r][i] = make(dt, N[i], K);
+            int64_t os[2] = {M, N[i]};
+            EK(ember_tensor_alloc(g_be, &c.out[r][i].t, &c.out[r][i].b, EMBER_F32, 2, os, &err_));
+            c.mm[r][i] = (ember_matmul){&c.out[r][i].t, &c.w[r][i].t, NULL};
+        }
+    double tg = time_pass(mm_pass, &c, 1) / copies, td = time_pass(mm_pass, &c, 0) / copies;
+    size_t outn = 0;
+    for (int i = 0; i < n; i++) outn += (size_t)N[i];
+    double bytes = (double)wbytes + (double)M * K * 4 + (double)M * (double)outn * 4;
+    double flops = 2.0 * M * (double)K * (double)outn;
+    printf("| %s | %s | %d | %.1f | %.0f | %.1f | %.2f | %.1f |\n", what, ember_dtype_get(dt)->name, M, tg * 1e6,
+           bytes / tg / 1e9, 100.0 * bytes / tg / g_copy_bw, flops / tg / 1e12, td * 1e6);
+    fflush(stdout);
+    for (int r = 0; r < copies; r++)
+        for (int i = 0; i < n; i++) {
+            drop(&c.w[r][i]);
+            drop(&c.out[r][i]);
+        }
+    drop(&c.x[0]);
+    return (mm_res){tg, bytes};
+}
+
+/* ---- decode-kernel shapes ------------------------------------------------------------------ */
+
+typedef struct var_ctx {
+    ember_cu_mm a[MAX_COPIES];
+    int n_copies;
+} var_ctx;
+
+static void var_pass(void *p) {
+    var_ctx *c = p;
+    for (int i = 0; i < c->n_copies; i++) CK(ember_cu_matmul(g_stream, &c->a[i]));
+}
+
+static void *dptr(const ember_tensor *t) {
+    return (char *)t->buf->data + t->offset;
+}
+
+/* Every (M, R, U) variant of the bf16 decode kernel on an N x K weight,
+   against the default kernel for that M: time, and the same bits. */
+static void bench_variants(int N, int K) {
+    size_t wbytes = (size_t)N * (size_t)K * 2;
+    int copies = (int)((400u << 20) / wbytes) + 1;
+    if (copies > MAX_COPIES) copies = MAX_COPIES;
+    tens w[MAX_COPIES], out[MAX_COPIES], x;
+    int64_t xs[2] = {8, K};
+    EK(ember_tensor_alloc(g_be, &x.t, &x.b, EMBER_F32, 2, xs, &err_));
+    float *h = malloc((size_t)8 * (size_t)K * 4);
+    for (size_t i = 0; i < (size_t)8 * (size_t)K; i++) h[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f + 1e-4f;
+    EK(g_be->ops->write(g_be, &x.t, 0, h, (size_t)8 * (size_t)K * 4, &err_));
+    free(h);
+    for (int r = 0; r < copies; r++) {
+        w[r] = make(EMBER_BF16, N, K);
+        int64_t os[2] = {8, N};
+        EK(ember_tensor_alloc(g_be, &out[r].t, &out[r].b, EMBER_F32, 2, os, &err_));
+    }
+    float *ref = malloc((size_t)8 * (size_t)N * 4), *got = malloc((size_t)8 * (size_t)N * 4);
+    static var_ctx c;
+    const int Ms[4] = {1, 2, 4, 8};
+    for (int mi = 0; mi < 4; mi++) {
+        int M = Ms[mi];
+        for (int v = 0;; v++) {
+            int vm, R, U;
+            if (!ember_cu_gemv_variant(v, &vm, &R, &U)) break;
+            if (v && vm != M) continue;
+            c.n_copies = copies;
+            for (int r = 0; r < copies; r++)
+                c.a[r] = (ember_cu_mm){.x = dptr(&x.t), .M = M, .K = K, .dtype = EMBER_CU_BF16, .n = 1, .variant = v,
+                                       .p = {{.w = dptr(&w[r].t), .out = dptr(&out[r].t), .N = N}}};
+            double t = time_pass(var_pass, &c, 1) / copies;
+            CK(cudaMemcpy(v ? got : ref, dptr(&out[0].t), (size_t)M * (size_t)N * 4, cudaMemcpyDeviceToHost));
+            double bytes = (double)wbytes + (double)M * K * 4 + (double)M * N * 4;
+            char name[48];
+            if (v)
+                snprintf(name, sizeof name, "variant %d: R %d, U %d", v, R, U);
+            else
+                snprintf(name, sizeof name, "default");
+            printf("| %dx%d | %d | %s | %.1f | %.1f | %s |\n", N, K, M, name, t * 1e6, 100.0 * bytes / t / g_copy_bw,
+                   v ? (memcmp(ref, got, (size_t)M * (size_t)N * 4) ? "DIFFER" : "yes") : "-");
+            fflush(stdout);
+        }
+    }
+    free(ref);
+    free(got);
+    for (int r = 0; r < copies; r++) {
+        drop(&w[r]);
+        drop(&out[r]);
+    }
+    drop(&x);
+}
+
+int main(int argc, char **argv) {
+    int device = 0, quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            device = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            g_reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else {
+            fprintf(stderr, "usage: cuda_ops_bench [--device N] [--reps N] [--quick]\n");
+            return 2;
+        }
+    }
+    if (g_reps < 1) g_reps = 1;
+    ember_cuda_params p = {.device = device};
+    EK(ember_backend_cuda_new(&p, &g_be, &err_));
+    g_stream = (cudaStream_t)ember_backend_cuda_stream(g_be);
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, device));
+    int drv = 0, rt = 0;
+    CK(cudaDriverGetVersion(&drv));
+    CK(cudaRuntimeGetVersion(&rt));
+    printf("device %d: %s, %d SMs, %.1f GiB, L2 %d MiB, driver CUDA %d.%d, runtime %d.%d; median of %d runs\n\n", device,
+           prop.name, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1u << 30), prop.l2CacheSize >> 20,
+           drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, g_reps);
+    g_rand = malloc(RAND_HALVES * 2);
+    for (size_t i = 0; i < RAND_HALVES; i++)
+        g_rand[i] = ember_f32_to_bf16((float)((int)(rnd32() % 2001) - 1000) * 1e-3f + 1e-4f);
+
+    printf("| what | dtype | M | us (graph) | GB/s | %% of copy | TFLOP/s | us (launches) |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    bench_copy();
+    const int n4096[1] = {4096}, n14336[1] = {14336}, head[1] = {128256};
+    const int qkv[3] = {4096, 1024, 1024}, gu[2] = {14336, 14336};
+    const int Ms[] = {1, 2, 4, 8};
+    mm_res o = {0, 0}, down = {0, 0};
+    for (int m = 0; m < (quick ? 1 : 4); m++) {
+        mm_res r = bench_mm("4096x4096", EMBER_BF16, Ms[m], 4096, 1, n4096);
+        if (m == 0) o = r;
+        bench_mm("14336x4096", EMBER_BF16, Ms[m], 4096, 1, n14336);
+        r = bench_mm("4096x14336", EMBER_BF16, Ms[m], 14336, 1, n4096);
+        if (m == 0) down = r;
+    }
+    bench_mm("4096x4096", EMBER_F16, 1, 4096, 1, n4096);
+    bench_mm("4096x4096", EMBER_F32, 1, 4096, 1, n4096);
+    mm_res hd = bench_mm("head 128256x4096", EMBER_BF16, 1, 4096, 1, head);
+    /* the products of one Llama-3.1-8B layer at M = 1: q k v | o | gate up | down */
+    mm_res a = bench_mm("8B q,k,v (one launch)", EMBER_BF16, 1, 4096, 3, qkv);
+    mm_res b = bench_mm("8B gate,up (one launch)", EMBER_BF16, 1, 4096, 2, gu);
+    if (!quick) {
+        bench_mm("4096x4096 tiled", EMBER_BF16, 64, 4096, 1, n4096);
+        bench_mm("4096x4096 tiled", EMBER_BF16, 256, 4096, 1, n4096);
+        bench_mm("4096x4096 tiled", EMBER_BF16, 2048, 4096, 1, n4096);
+    }
+    printf("\nbf16 decode kernel shapes (R weight rows per warp, U chunks in flight per lane):\n\n");
+    printf("| weight | M | kernel | us (graph) | %% of copy | same bits as default |\n| --- | --- | --- | --- | --- | --- |\n");
+    bench_variants(4096, 4096);
+    bench_variants(14336, 4096);
+    bench_variants(4096, 14336);
+    double lt = a.t + o.t + b.t + down.t, lb = a.bytes + o.bytes + b.bytes + down.bytes;
+    double tok = 32 * lt + hd.t;
+    printf("\n8B layer products at M = 1 (q,k,v + o + gate,up + down): %.1f us, %.0f GB/s, %.1f%% of copy bandwidth\n",
+           lt * 1e6, lb / lt / 1e9, 100.0 * lb / lt / g_copy_bw);
+    printf("8B bf16 decode, matrix products only (32 layers + head, no attention / norms / launch gaps): "
+           "%.2f ms per token, at most %.0f tokens/s, %.1f%% of copy bandwidth\n",
+           tok * 1e3, 1.0 / tok, 100.0 * (32 * lb + hd.bytes) / tok / g_copy_bw);
+    free(g_rand);
+    ember_backend_free(g_be);
+    return 0;
+}

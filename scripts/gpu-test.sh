@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The one script for a GPU machine: builds ember with the CUDA backend, runs
+# the GPU tests (ctest -R cuda), runs them again under compute-sanitizer
+# (memcheck, racecheck, initcheck), runs the GPU benchmark
+# (bench/cuda_ops_bench.c), and writes logs and a results table to a folder.
+#
+# usage: scripts/gpu-test.sh [OUTDIR]     (default: $OUT when set, else gpu-results)
+# env:   EMBER_DEBS=DIR   .deb files of the build dependencies (jansson,
+#                         libmicrohttpd, pcre2, utf8proc, pkgconf and their
+#                         libraries), unpacked into a private prefix for a
+#                         machine that lacks them (docs/cuda.md says which)
+#        JOBS=N (default: cores), BUILD_DIR (default: build-cuda),
+#        SKIP_SANITIZE=1, BENCH_ARGS (e.g. "--quick"), SANITIZE_TIMEOUT / BENCH_TIMEOUT
+#        (seconds per sanitizer run / for the benchmark; 200 / 240)
+# Files written: results.md (machine, versions, outcome of each step, the
+# benchmark table), build.log, test.log, memcheck.log, racecheck.log,
+# initcheck.log, bench.txt. Exit status: 0 when every step passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUTDIR=${1:-${OUT:-gpu-results}}
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+JOBS=${JOBS:-$(nproc)}
+BUILD=${BUILD_DIR:-build-cuda}
+export PATH=$PATH:/usr/local/cuda/bin
+RES=$OUTDIR/results.md
+status=0
+
+note() { echo "$*" | tee -a "$RES"; }
+# step NAME LOG CMD...: runs CMD with its output in LOG, records the outcome
+step() {
+  local name=$1 log=$2; shift 2
+  local t0=$SECONDS rc
+  "$@" >"$log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then note "- $name: ok ($((SECONDS - t0)) s)"
+  else note "- $name: FAILED, exit $rc ($((SECONDS - t0)) s; $(basename "$log"))"; status=1; fi
+  return $rc
+}
+
+: >"$RES"
+note "# ember GPU test, $(date -u '+%Y-%m-%d %H:%M UTC')"
+note ""
+note "- commit: $(cat GIT_REV 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+note "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>&1 | head -1)"
+note "- nvcc: $(nvcc --version 2>&1 | grep -o 'release [0-9.]*, V[0-9.]*')"
+note "- host: $(uname -m), $(nproc) cores, $(gcc --version | head -1), $(cmake --version | head -1)"
+note ""
+
+# ---- build dependencies from .deb files, when asked ----------------------------------
+CMAKE_EXTRA=()
+RUN_ENV=()
+if [ -n "${EMBER_DEBS:-}" ]; then
+  PREFIX=${EMBER_DEPS_PREFIX:-/tmp/ember-deps}
+  mkdir -p "$PREFIX/bin"
+  for f in "$EMBER_DEBS"/*.deb; do dpkg -x "$f" "$PREFIX" || { note "- unpacking $f: FAILED"; exit 1; }; done
+  LIB=$PREFIX/usr/lib/x86_64-linux-gnu
+  PC=$LIB/pkgconfig
+  # libmicrohttpd.pc names gnutls (Requires.private); nothing of it is needed to build
+  [ -f "$PC/gnutls.pc" ] || printf 'Name: gnutls\nDescription: stub\nVersion: 3.7.9\nLibs:\nCflags:\n' >"$PC/gnutls.pc"
+  # pkg-config from the prefix, seeing only the prefix's .pc files, paths moved into it
+  cat >"$PREFIX/bin/pkg-config" <<EOF
+#!/bin/sh
+export LD_LIBRARY_PATH=$LIB PKG_CONFIG_LIBDIR=$PC:$PREFIX/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PREFIX
+export PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1
+exec $PREFIX/usr/bin/pkgconf "\$@"
+EOF
+  chmod +x "$PREFIX/bin/pkg-config"
+  # the linker finds the libraries' own dependencies there; the programs we run load them from there
+  CMAKE_EXTRA=(-DPKG_CONFIG_EXECUTABLE="$PREFIX/bin/pkg-config"
+               "-DCMAKE_EXE_LINKER_FLAGS=-Xlinker -rpath-link=$LIB")
+  RUN_ENV=(env "LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  note "- dependencies: $(ls "$EMBER_DEBS"/*.deb | wc -l) .deb files unpacked into $PREFIX"
+fi
+
+# ---- build ----------------------------------------------------------------------------------
+build() {
+  # gcc 13 (Ubuntu 24.04) reports a false maybe-uninitialized in kern_mlx_avx2.c
+  # that gcc 12 does not: a warning, not an error, on this machine
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON "${CMAKE_EXTRA[@]}" \
+    -DCMAKE_C_FLAGS="${EMBER_GPU_CFLAGS--Wno-error=maybe-uninitialized}" &&
+    cmake --build "$BUILD" -j"$JOBS" --target test_cuda_ops cuda_ops_bench ember
+}
+if ! step "build (-DEMBER_CUDA=ON; test_cuda_ops, cuda_ops_bench, ember)" "$OUTDIR/build.log" build; then
+  tail -30 "$OUTDIR/build.log"
+  exit 1
+fi
+# the kernels' registers and spills, from the compiler's report of the built object
+if command -v cuobjdump >/dev/null; then
+  { echo; echo "kernel resources (cuobjdump --dump-resource-usage):";
+    find "$BUILD" -name 'cuda_*.cu.o' -exec cuobjdump --dump-resource-usage {} \; 2>&1 | head -200; } \
+    >>"$OUTDIR/build.log"
+fi
+
+# ---- tests ----------------------------------------------------------------------------------
+TEST=$BUILD/tests/test_cuda_ops
+step "ctest -R cuda" "$OUTDIR/test.log" "${RUN_ENV[@]}" bash -c "cd '$BUILD' && ctest -R cuda --output-on-failure -V --timeout 300"
+grep -E 'checks,|skipped' "$OUTDIR/test.log" | sed 's/^[0-9]*: //' | sed 's/^/  /' | tee -a "$RES"
+if grep -q 'skipped: no CUDA device' "$OUTDIR/test.log"; then note "  (no CUDA device: the GPU tests were skipped)"; status=1; fi
+
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer \
+      /usr/local/cuda/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -z "$SAN" ]; then note "- compute-sanitizer: NOT FOUND"; status=1; fi
+if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -n "$SAN" ]; then
+  for tool in memcheck racecheck initcheck; do
+    extra=()
+    [ $tool = memcheck ] && extra=(--leak-check full)
+    step "compute-sanitizer --tool $tool" "$OUTDIR/$tool.log" "${RUN_ENV[@]}" \
+      timeout "${SANITIZE_TIMEOUT:-200}" "$SAN" --tool $tool "${extra[@]}" --error-exitcode 99 "$TEST"
+    grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|checks,' "$OUTDIR/$tool.log" | sed 's/^/  /' | tee -a "$RES"
+  done
+fi
+
+# ---- benchmark ----------------------------------------------------------------------------------
+note ""
+if step "bench/cuda_ops_bench ${BENCH_ARGS:-}" "$OUTDIR/bench.txt" "${RUN_ENV[@]}" \
+  timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/cuda_ops_bench" ${BENCH_ARGS:-}; then :; fi
+note ""
+cat "$OUTDIR/bench.txt" >>"$RES"
+cat "$OUTDIR/bench.txt"
+note ""
+note "overall: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+exit $status

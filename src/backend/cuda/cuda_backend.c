@@ -1,0 +1,527 @@
+/*
+ * cuda_backend.c - the CUDA backend: the ops table of backend.h over device
+ * memory of one NVIDIA GPU. Built with -DEMBER_CUDA=ON (cuda_stub.c
+ * otherwise).
+ *
+ * Ownership: the backend owns one CUDA stream on its device, an argument
+ * area in device memory (the small host arrays an op receives: token ids,
+ * positions, RoPE frequencies) and a pageable host bounce buffer for those.
+ * Buffers are plain cudaMalloc allocations (never managed memory), owned by
+ * whoever asked for them and freed with buffer_free; a tensor's data
+ * pointer is device memory that only the kernels dereference.
+ *
+ * Threads: the backend is driven by one host thread at a time (backend.h).
+ * Every entry point makes the backend's device current first, so the
+ * driving thread may change between calls. Ops only enqueue work on the
+ * stream and return; read, write, buffer_from_host and buffer_free wait for
+ * the stream, so errors raised by an earlier kernel surface there at the
+ * latest. Nothing here prints: every failure is an ember_error carrying
+ * cudaGetErrorString.
+ *
+ * Small arguments: an op copies its host arrays into the bounce buffer
+ * (pageable memory this backend allocated, so cudaMemcpyAsync has taken
+ * the bytes when it returns), then copies them to the argument area on the
+ * stream, ahead of the kernel that reads them. Reusing the area for the
+ * next op is safe because the stream orders that copy after the kernel.
+ *
+ * Not here yet: kv_write, kv_read and attention over the paged KV blocks
+ * (EMBER_ERR_UNSUPPORTED; copy works), quantized
+ * weights (EMBER_ERR_UNSUPPORTED), CUDA graphs.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "core/util.h"
+#include "cuda_kernels.h"
+
+typedef struct cuda_backend {
+    ember_backend base;
+    int device;
+    cudaStream_t stream;
+    void *args; /* device argument area */
+    size_t args_cap;
+    unsigned char *bounce; /* host staging for the argument area */
+    size_t bounce_cap;
+} cuda_backend;
+
+static const ember_backend_ops k_cuda_ops;
+
+static cuda_backend *cu(ember_backend *be) {
+    return (cuda_backend *)be->impl;
+}
+
+static void *dev(const ember_tensor *t) {
+    return (char *)t->buf->data + t->offset;
+}
+
+/* The ember status for a CUDA error. */
+static int cuda_code(cudaError_t e) {
+    switch (e) {
+    case cudaErrorMemoryAllocation: return EMBER_ERR_NOMEM;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion:
+    case cudaErrorInvalidDevice: return EMBER_ERR_UNSUPPORTED;
+    default: return EMBER_ERR_INTERNAL;
+    }
+}
+
+/* Fills err with "cuda: WHAT: <CUDA's message> (<its name>)"; returns the code. */
+static int cuda_fail(ember_error *err, cudaError_t e, const char *what) {
+    return ember_err(err, cuda_code(e), "cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+#define CU_TRY(call, what)                                \
+    do {                                                  \
+        cudaError_t e_ = (call);                          \
+        if (e_ != cudaSuccess) return cuda_fail(err, e_, what); \
+    } while (0)
+
+/* Makes the backend's device current for this host thread. */
+static int bind(cuda_backend *c, ember_error *err) {
+    CU_TRY(cudaSetDevice(c->device), "cudaSetDevice");
+    return EMBER_OK;
+}
+
+/* ---- buffers ------------------------------------------------------------------------- */
+
+static int cuda_buffer_alloc(ember_backend *be, size_t size, ember_buffer **out, ember_error *err) {
+    cuda_backend *c = cu(be);
+    *out = NULL;
+    int rc = bind(c, err);
+    if (rc) return rc;
+    ember_buffer *b = calloc(1, sizeof *b);
+    if (!b) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    void *d = NULL;
+    cudaError_t e = cudaMalloc(&d, size ? size : 1);
+    if (e == cudaSuccess) e = cudaMemsetAsync(d, 0, size, c->stream);
+    if (e != cudaSuccess) {
+        if (d) cudaFree(d);
+        free(b);
+        if (e == cudaErrorMemoryAllocation) {
+            size_t fr = 0, total = 0;
+            cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+            cudaMemGetInfo(&fr, &total);
+            return ember_err(err, EMBER_ERR_NOMEM, "cuda: out of device memory allocating %zu bytes (%zu of %zu free)",
+                             size, fr, total);
+        }
+        return cuda_fail(err, e, "allocating a buffer");
+    }
+    *b = (ember_buffer){.be = be, .data = d, .size = size, .owned = true};
+    *out = b;
+    return EMBER_OK;
+}
+
+static int cuda_buffer_from_host(ember_backend *be, const void *h, size_t size, ember_buffer **out,
+                                 ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc = cuda_buffer_alloc(be, size, out, err);
+    if (rc || !size) return rc;
+    cudaError_t e = cudaMemcpyAsync((*out)->data, h, size, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        ember_buffer_free(*out);
+        *out = NULL;
+        return cuda_fail(err, e, "copying to the device");
+    }
+    return EMBER_OK;
+}
+
+/* Waits for work that may still use the memory, then frees it. A failure
+   cannot be returned (the interface frees without a status): it goes to
+   the backend's logger, and the next call that synchronises reports it. */
+static void cuda_buffer_free(ember_buffer *b) {
+    if (!b) return;
+    cuda_backend *c = cu(b->be);
+    if (b->owned && b->data) {
+        cudaError_t e = cudaSetDevice(c->device);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        if (e == cudaSuccess) e = cudaFree(b->data);
+        if (e != cudaSuccess)
+            ember_log(&c->base.log, EMBER_LOG_ERROR, "cuda: freeing a buffer: %s", cudaGetErrorString(e));
+    }
+    free(b);
+}
+
+static int check_tensor(const ember_backend *be, const ember_tensor *t, const char *op, const char *what,
+                        ember_error *err) {
+    if (!t || !t->buf)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %s is not bound to a buffer", op, what);
+    if (t->buf->be != be)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %s lives in another backend's memory", op, what);
+    return EMBER_OK;
+}
+
+static int check_range(const ember_backend *be, const ember_tensor *t, size_t off, size_t n, const char *op,
+                       ember_error *err) {
+    int rc = check_tensor(be, t, op, "tensor", err);
+    if (rc) return rc;
+    size_t end;
+    if (!ember_add_ok(off, n, &end) || end > t->nbytes)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "copy of %zu bytes at %zu outside a %zu-byte tensor", n, off,
+                         t->nbytes);
+    return EMBER_OK;
+}
+
+static int cuda_write(ember_backend *be, ember_tensor *dst, size_t off, const void *src, size_t n,
+                      ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc = check_range(be, dst, off, n, "write", err);
+    if (rc || !n) return rc;
+    if ((rc = bind(c, err))) return rc;
+    CU_TRY(cudaMemcpyAsync((char *)dev(dst) + off, src, n, cudaMemcpyHostToDevice, c->stream), "write");
+    CU_TRY(cudaStreamSynchronize(c->stream), "write");
+    return EMBER_OK;
+}
+
+static int cuda_read(ember_backend *be, const ember_tensor *src, size_t off, void *dst, size_t n,
+                     ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc = check_range(be, src, off, n, "read", err);
+    if (rc || !n) return rc;
+    if ((rc = bind(c, err))) return rc;
+    CU_TRY(cudaMemcpyAsync(dst, (const char *)dev(src) + off, n, cudaMemcpyDeviceToHost, c->stream), "read");
+    CU_TRY(cudaStreamSynchronize(c->stream), "read");
+    return EMBER_OK;
+}
+
+/* ---- the argument area ------------------------------------------------------------------ */
+
+#define ARG_ALIGN 256
+
+/* Copies n host arrays (part[i], bytes[i]) to device memory on the stream;
+   *out[i] receives where array i will be when the ops after this run. */
+static int upload_args(cuda_backend *c, int n, const void *const *part, const size_t *bytes, void **out,
+                       ember_error *err) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        size_t padded = (bytes[i] + ARG_ALIGN - 1) & ~(size_t)(ARG_ALIGN - 1);
+        if (!ember_add_ok(total, padded, &total))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "cuda: op arguments too large");
+    }
+    if (total > c->bounce_cap) {
+        unsigned char *h = malloc(total);
+        if (!h) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of op arguments", total);
+        free(c->bounce);
+        c->bounce = h;
+        c->bounce_cap = total;
+    }
+    if (total > c->args_cap) {
+        size_t cap = c->args_cap ? c->args_cap : 65536;
+        while (cap < total) cap *= 2;
+        /* kernels queued earlier may still read the old area */
+        CU_TRY(cudaStreamSynchronize(c->stream), "growing the argument area");
+        if (c->args) CU_TRY(cudaFree(c->args), "growing the argument area");
+        c->args = NULL;
+        c->args_cap = 0;
+        CU_TRY(cudaMalloc(&c->args, cap), "growing the argument area");
+        c->args_cap = cap;
+    }
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        if (bytes[i]) memcpy(c->bounce + o, part[i], bytes[i]);
+        out[i] = (char *)c->args + o;
+        o += (bytes[i] + ARG_ALIGN - 1) & ~(size_t)(ARG_ALIGN - 1);
+    }
+    CU_TRY(cudaMemcpyAsync(c->args, c->bounce, total, cudaMemcpyHostToDevice, c->stream), "copying op arguments");
+    return EMBER_OK;
+}
+
+/* ---- shape checks ------------------------------------------------------------------------ */
+
+static int need_f32(const ember_backend *be, const ember_tensor *t, const char *op, const char *what,
+                    ember_error *err) {
+    int rc = check_tensor(be, t, op, what, err);
+    if (rc) return rc;
+    if (t->dtype != EMBER_F32)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %s must be an f32 tensor", op, what);
+    if ((uintptr_t)dev(t) & 3u)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %s is not 4-byte aligned", op, what);
+    return EMBER_OK;
+}
+
+/* EMBER_CU_* for a float dtype, -1 otherwise. */
+static int cu_dtype(ember_dtype d) {
+    return d == EMBER_F32 ? EMBER_CU_F32 : d == EMBER_F16 ? EMBER_CU_F16 : d == EMBER_BF16 ? EMBER_CU_BF16 : -1;
+}
+
+/* The error for a weight dtype this backend has no kernels for yet. */
+static int unsupported_weight(ember_dtype d, const char *op, ember_error *err) {
+    return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                     "%s on CUDA: %s weights are not supported yet (f32, f16 and bf16 are)", op,
+                     ember_dtype_get(d)->name);
+}
+
+/* ---- ops --------------------------------------------------------------------------------- */
+
+static int launched(cudaError_t e, const char *op, ember_error *err) {
+    return e == cudaSuccess ? EMBER_OK : cuda_fail(err, e, op);
+}
+
+static int cuda_get_rows(ember_backend *be, ember_tensor *dst, const ember_tensor *src, const int32_t *ids, int n,
+                         ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc;
+    if ((rc = need_f32(be, dst, "get_rows", "dst", err)) || (rc = check_tensor(be, src, "get_rows", "src", err)))
+        return rc;
+    if (src->ndim != 2) return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: src must be a 2-D tensor");
+    int dt = cu_dtype(src->dtype);
+    if (dt < 0) return unsupported_weight(src->dtype, "get_rows", err);
+    int64_t D = src->shape[1], R = src->shape[0];
+    if (n < 0 || ember_tensor_row_len(dst) != D || ember_tensor_rows(dst) < n)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: dst shape does not fit %d rows of %lld", n,
+                         (long long)D);
+    if ((uintptr_t)dev(src) % (dt == EMBER_CU_F32 ? 4u : 2u))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: src is not aligned to its element size");
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= R)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "token id %d is outside the vocabulary [0, %lld)", ids[i],
+                             (long long)R);
+    if (n == 0 || D == 0) return EMBER_OK;
+    if ((rc = bind(c, err))) return rc;
+    const void *part[1] = {ids};
+    size_t bytes[1] = {(size_t)n * sizeof *ids};
+    void *d_ids;
+    if ((rc = upload_args(c, 1, part, bytes, &d_ids, err))) return rc;
+    return launched(ember_cu_get_rows(c->stream, dev(dst), dev(src), dt, d_ids, n, D), "get_rows", err);
+}
+
+static int cuda_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor *x, const ember_tensor *w,
+                         float eps, bool plus_one, ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc;
+    if ((rc = need_f32(be, dst, "rms_norm", "dst", err)) || (rc = need_f32(be, x, "rms_norm", "x", err)) ||
+        (rc = need_f32(be, w, "rms_norm", "weight", err)))
+        return rc;
+    int64_t D = ember_tensor_row_len(x);
+    if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != ember_tensor_nelem(x) || D > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "rms_norm: shapes do not match");
+    if ((rc = bind(c, err))) return rc;
+    return launched(ember_cu_rms_norm(c->stream, dev(dst), dev(x), dev(w), ember_tensor_rows(x), D, eps, plus_one),
+                    "rms_norm", err);
+}
+
+static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm, ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc = need_f32(be, x, "matmul", "x", err);
+    if (rc) return rc;
+    if (n < 1 || n > EMBER_CU_MAX_MM)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: %d products (1..%d allowed)", n, EMBER_CU_MAX_MM);
+    int64_t K = ember_tensor_row_len(x), M = ember_tensor_rows(x);
+    if (K > INT32_MAX || M > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: input too large");
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const ember_matmul *m = &mm[i];
+        if ((rc = need_f32(be, m->out, "matmul", "out", err)) ||
+            (rc = check_tensor(be, m->w, "matmul", "weight", err)))
+            return rc;
+        if (m->w->ndim != 2 || m->w->shape[1] != K)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: weight must be a 2-D [N, %lld] tensor",
+                             (long long)K);
+        int dt = cu_dtype(m->w->dtype);
+        if (dt < 0) return unsupported_weight(m->w->dtype, "matmul", err);
+        if ((uintptr_t)dev(m->w) % (dt == EMBER_CU_F32 ? 4u : 2u))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: weight is not aligned to its element size");
+        int64_t N = m->w->shape[0];
+        if (ember_tensor_row_len(m->out) != N || ember_tensor_rows(m->out) != M)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output shape is not [%lld, %lld]", (long long)M,
+                             (long long)N);
+        if (m->bias && ((rc = need_f32(be, m->bias, "matmul", "bias", err)) || ember_tensor_nelem(m->bias) != N))
+            return rc ? rc : ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: bias must be f32 [%lld]", (long long)N);
+        total += N;
+    }
+    if (total > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output too large");
+    if (M == 0) return EMBER_OK;
+    if ((rc = bind(c, err))) return rc;
+    /* one launch per weight dtype; products keep their order inside it */
+    for (int dt = EMBER_CU_F32; dt <= EMBER_CU_BF16; dt++) {
+        ember_cu_mm a = {.x = dev(x), .M = (int)M, .K = (int)K, .dtype = dt, .n = 0};
+        for (int i = 0; i < n; i++) {
+            if (cu_dtype(mm[i].w->dtype) != dt) continue;
+            a.p[a.n++] = (ember_cu_mm_prod){.w = dev(mm[i].w),
+                                            .out = dev(mm[i].out),
+                                            .bias = mm[i].bias ? dev(mm[i].bias) : NULL,
+                                            .N = (int)mm[i].w->shape[0]};
+        }
+        if (a.n && (rc = launched(ember_cu_matmul(c->stream, &a), "matmul", err))) return rc;
+    }
+    return EMBER_OK;
+}
+
+static int cuda_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, const ember_rope *r, ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc = need_f32(be, x, "rope", "x", err);
+    if (rc) return rc;
+    if (x->ndim != 3) return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: x must be [T, H, D]");
+    if (x->shape[0] > INT32_MAX || x->shape[1] > INT32_MAX || x->shape[2] > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: x too large");
+    int T = (int)x->shape[0], H = (int)x->shape[1], D = (int)x->shape[2];
+    if (r->n_rot < 2 || r->n_rot % 2 || r->n_rot > D || r->n_rot > 1024)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: %d rotated dims for head size %d", r->n_rot, D);
+    if (r->mode != EMBER_ROPE_NEOX && r->mode != EMBER_ROPE_INTERLEAVED)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: unknown mode %d", (int)r->mode);
+    if (T == 0 || H == 0) return EMBER_OK;
+    if ((rc = bind(c, err))) return rc;
+    const void *part[2] = {pos, r->inv_freq};
+    size_t bytes[2] = {(size_t)T * sizeof *pos, (size_t)(r->n_rot / 2) * sizeof *r->inv_freq};
+    void *d[2];
+    if ((rc = upload_args(c, 2, part, bytes, d, err))) return rc;
+    return launched(ember_cu_rope(c->stream, dev(x), d[0], d[1], T, H, D, r->n_rot,
+                                  r->mode == EMBER_ROPE_INTERLEAVED, r->attn_factor),
+                    "rope", err);
+}
+
+/* The paged KV ops (backend.h): the block formats are not on the GPU yet. */
+static int cuda_kv_write(ember_backend *be, const ember_kv_map *map, const ember_tensor *k, const ember_tensor *v,
+                         ember_error *err) {
+    (void)be, (void)map, (void)k, (void)v;
+    return ember_err(err, EMBER_ERR_UNSUPPORTED, "kv_write on CUDA: not implemented yet");
+}
+
+static int cuda_kv_read(ember_backend *be, const ember_kv_map *map, ember_tensor *k, ember_tensor *v,
+                        ember_error *err) {
+    (void)be, (void)map, (void)k, (void)v;
+    return ember_err(err, EMBER_ERR_UNSUPPORTED, "kv_read on CUDA: not implemented yet");
+}
+
+static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tensor *q, const ember_kv_map *map,
+                          const ember_attn *a, ember_error *err) {
+    (void)be, (void)out, (void)q, (void)map, (void)a;
+    return ember_err(err, EMBER_ERR_UNSUPPORTED, "attention on CUDA: not implemented yet");
+}
+
+/* dst bytes [doff, +n) = src bytes [soff, +n), device to device on the stream. */
+static int cuda_copy(ember_backend *be, ember_tensor *dst, size_t doff, const ember_tensor *src, size_t soff, size_t n,
+                     ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc;
+    if ((rc = check_range(be, dst, doff, n, "copy", err)) || (rc = check_range(be, src, soff, n, "copy", err)) || !n)
+        return rc;
+    const char *d = (const char *)dev(dst) + doff, *s = (const char *)dev(src) + soff;
+    if ((d < s && d + n > s) || (s < d && s + n > d))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "copy: ranges overlap");
+    if ((rc = bind(c, err))) return rc;
+    CU_TRY(cudaMemcpyAsync((void *)d, s, n, cudaMemcpyDeviceToDevice, c->stream), "copy");
+    return EMBER_OK;
+}
+
+static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b, int kind,
+                  const char *op, ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc;
+    if ((rc = need_f32(be, dst, op, "dst", err)) || (rc = need_f32(be, a, op, "a", err)) ||
+        (rc = need_f32(be, b, op, "b", err)))
+        return rc;
+    int64_t n = ember_tensor_nelem(dst);
+    if (ember_tensor_nelem(a) != n || ember_tensor_nelem(b) != n)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: sizes differ", op);
+    if ((rc = bind(c, err))) return rc;
+    return launched(ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), n), op, err);
+}
+
+static int cuda_swiglu(ember_backend *be, ember_tensor *dst, const ember_tensor *gate, const ember_tensor *up,
+                       ember_error *err) {
+    return run_ew(be, dst, gate, up, 0, "swiglu", err);
+}
+
+static int cuda_add(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
+                    ember_error *err) {
+    return run_ew(be, dst, a, b, 1, "add", err);
+}
+
+/* ---- life cycle ------------------------------------------------------------------------- */
+
+static void cuda_free(ember_backend *be) {
+    if (!be) return;
+    cuda_backend *c = cu(be);
+    if (cudaSetDevice(c->device) == cudaSuccess) {
+        cudaStreamSynchronize(c->stream);
+        if (c->args) cudaFree(c->args);
+        cudaStreamDestroy(c->stream);
+    }
+    free(c->bounce);
+    free(c);
+}
+
+static const ember_backend_ops k_cuda_ops = {
+    .name = "cuda",
+    .free = cuda_free,
+    .buffer_alloc = cuda_buffer_alloc,
+    .buffer_from_host = cuda_buffer_from_host,
+    .buffer_free = cuda_buffer_free,
+    .write = cuda_write,
+    .read = cuda_read,
+    .get_rows = cuda_get_rows,
+    .rms_norm = cuda_rms_norm,
+    .matmul = cuda_matmul,
+    .rope = cuda_rope,
+    .kv_write = cuda_kv_write,
+    .kv_read = cuda_kv_read,
+    .attention = cuda_attention,
+    .copy = cuda_copy,
+    .swiglu = cuda_swiglu,
+    .add = cuda_add,
+};
+
+int ember_cuda_device_count(int *count, ember_error *err) {
+    *count = 0;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess) {
+        *count = n;
+        return EMBER_OK;
+    }
+    cudaGetLastError();
+    if (e == cudaErrorNoDevice) return EMBER_OK;
+    int drv = 0, rt = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    if (e == cudaErrorInsufficientDriver && drv == 0) return EMBER_OK; /* no NVIDIA driver installed */
+    if (e == cudaErrorInsufficientDriver)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                         "cuda: the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d runtime ember was "
+                         "built with: update the driver",
+                         drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+    return cuda_fail(err, e, "looking for devices");
+}
+
+int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, ember_error *err) {
+    *out = NULL;
+    int device = p ? p->device : 0, count;
+    int rc = ember_cuda_device_count(&count, err);
+    if (rc) return rc;
+    if (count == 0) return ember_err(err, EMBER_ERR_UNSUPPORTED, "cuda:%d: no CUDA device found", device);
+    if (device < 0 || device >= count)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "cuda:%d: no such device (%d found: cuda:0..cuda:%d)", device,
+                         count, count - 1);
+    int major = 0, minor = 0;
+    CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "reading the device");
+    CU_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "reading the device");
+    if (major < 9)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                         "cuda:%d has compute capability %d.%d; ember's CUDA kernels need 9.0 (Hopper) or newer",
+                         device, major, minor);
+    cuda_backend *c = calloc(1, sizeof *c);
+    if (!c) return ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the CUDA backend");
+    c->device = device;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        free(c);
+        return cuda_fail(err, e, "starting the device");
+    }
+    c->base.ops = &k_cuda_ops;
+    c->base.impl = c;
+    if (p) c->base.log = p->log;
+    *out = &c->base;
+    return EMBER_OK;
+}
+
+void *ember_backend_cuda_stream(const ember_backend *be) {
+    return be && be->ops == &k_cuda_ops ? (void *)((const cuda_backend *)be->impl)->stream : NULL;
+}

@@ -1,0 +1,91 @@
+/*
+ * cuda_kernels.h - the launch functions of the CUDA kernels (cuda_matmul.cu,
+ * cuda_ops.cu), called by the host side of the backend (cuda_backend.c).
+ *
+ * Ownership: every pointer here is device memory owned by the caller (the
+ * backend's buffers and its argument area); a launcher only enqueues work
+ * on the given stream and returns. Nothing here allocates, synchronises or
+ * keeps state between calls.
+ *
+ * Contract of every launcher: the caller has checked shapes, dtypes,
+ * bounds and alignment (cuda_backend.c does); the launcher enqueues its
+ * kernels on `stream` and returns cudaGetLastError() after the launches,
+ * i.e. cudaSuccess or the launch error. Errors raised while the kernel runs
+ * surface at the next synchronising call (read, write, free).
+ *
+ * Threading: called from the one thread that drives the backend, with that
+ * backend's device current.
+ */
+#ifndef EMBER_CUDA_KERNELS_H
+#define EMBER_CUDA_KERNELS_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element type of a float tensor, as the kernels see it. */
+enum { EMBER_CU_F32 = 0, EMBER_CU_F16 = 1, EMBER_CU_BF16 = 2 };
+
+/* The canonical dot product every matmul kernel computes (cuda_matmul.cu):
+   lanes l = 0..31, lane l sums the chunks c = l, l + 32, l + 64, ... of 8
+   consecutive elements (k = 8c .. 8c + 7, k < K) with one fused
+   multiply-add per element in k order; then the 32 lane sums are combined
+   by the butterfly s = 16, 8, 4, 2, 1 (lane l adds lane l ^ s). The order
+   depends on K alone, so a row's outputs never depend on M. */
+#define EMBER_CU_MAX_MM 8
+
+typedef struct ember_cu_mm_prod {
+    const void *w;     /* [N, K] of the launch's dtype */
+    float *out;        /* [M, N] */
+    const float *bias; /* [N] or NULL */
+    int N;
+    int first_block; /* filled by the launcher */
+} ember_cu_mm_prod;
+
+typedef struct ember_cu_mm {
+    const float *x; /* [M, K] */
+    int M, K;
+    int dtype; /* EMBER_CU_*, shared by every product of the launch */
+    int n;     /* products, 1 .. EMBER_CU_MAX_MM */
+    int variant; /* 0: the kernel the launcher picks; > 0: ember_cu_gemv_variant */
+    ember_cu_mm_prod p[EMBER_CU_MAX_MM];
+} ember_cu_mm;
+
+/* Measuring aid: variant v > 0 is another shape of the bf16 decode kernel:
+   M input rows, R weight rows per warp, U chunks in flight per lane.
+   Returns 0 past the last variant. The defaults per dtype and M are the
+   tables in cuda_matmul.cu. Every variant gives the same bits. */
+int ember_cu_gemv_variant(int variant, int *M, int *R, int *U);
+
+/* out_i = x w_i^T (+ bias_i) for each product i. Picks the kernel: vector
+   loads when K % 8 == 0 and x and every w are 16-byte aligned, else element
+   loads; a decode kernel for M <= 8, a tiled one above. Every kernel gives the same bits (the canonical order above). */
+cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a);
+
+/* dst[i, :] = src[ids[i], :] as f32; ids is device memory holding n ids,
+   each already checked to be in range. */
+cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const void *src, int dtype,
+                              const int32_t *ids, int n, int64_t D);
+
+/* dst = x * rsqrt(mean(x^2) + eps) * (w or 1 + w), rows of D; dst may be x. */
+cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const float *x, const float *w,
+                              int64_t rows, int64_t D, float eps, int plus_one);
+
+/* In place on x [T, H, D]; pos [T] and inv_freq [n_rot / 2] are device memory. */
+cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_t *pos, const float *inv_freq, int T,
+                          int H, int D, int n_rot, int interleaved, float attn_factor);
+
+/* dst = silu(gate) * up (kind 0) or dst = a + b (kind 1), n elements; dst
+   may alias either input. */
+cudaError_t ember_cu_elementwise(cudaStream_t stream, int kind, float *dst, const float *a, const float *b,
+                                 int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

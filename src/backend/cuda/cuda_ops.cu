@@ -1,0 +1,149 @@
+/*
+ * cuda_ops.cu - the row and elementwise ops of the CUDA backend: get_rows,
+ * rms_norm, rope, swiglu and add. Every output is f32.
+ *
+ * Each op's arithmetic is written as the CPU backend writes it
+ * (cpu_backend.c), built without contraction of multiplies and adds
+ * (--fmad=false), so results agree with the CPU to rounding of the library
+ * functions (expf, cos, sin in double) and of the one reduction (rms_norm).
+ *
+ * Determinism: every output element is written by one thread; the only
+ * reduction (the sum of squares of rms_norm) has an order fixed by the row
+ * length D and the constant block size, never by the number of rows.
+ *
+ * Ownership and threads: the launchers run on the host thread that drives
+ * the backend and only enqueue on its stream; the kernels touch device
+ * memory owned by the backend's buffers and its argument area (ids,
+ * positions, frequencies), which the host side filled before the launch
+ * on the same stream.
+ */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda_kernels.h"
+
+#define THREADS 256
+
+static __device__ __forceinline__ float elem_f32(const void *src, size_t i, const int dt) {
+    if (dt == EMBER_CU_F32) return ((const float *)src)[i];
+    unsigned int h = ((const unsigned short *)src)[i];
+    if (dt == EMBER_CU_BF16) return __uint_as_float(h << 16);
+    return __half2float(__ushort_as_half((unsigned short)h));
+}
+
+/* ---- get_rows ------------------------------------------------------------------------ */
+
+/* Block (i, y): row i of dst, columns y * THREADS + thread. */
+static __global__ void __launch_bounds__(THREADS)
+    get_rows_k(float *dst, const void *src, int dt, const int32_t *ids, int64_t D) {
+    const int64_t d = (int64_t)blockIdx.y * THREADS + threadIdx.x;
+    if (d >= D) return;
+    const size_t row = (size_t)ids[blockIdx.x];
+    dst[(size_t)blockIdx.x * (size_t)D + (size_t)d] = elem_f32(src, row * (size_t)D + (size_t)d, dt);
+}
+
+extern "C" cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const void *src, int dtype,
+                                         const int32_t *ids, int n, int64_t D) {
+    if (n < 1 || D < 1) return cudaSuccess;
+    const int64_t gy = (D + THREADS - 1) / THREADS;
+    if (gy > 65535 || dtype < 0 || dtype > 2) return cudaErrorInvalidValue;
+    get_rows_k<<<dim3((unsigned)n, (unsigned)gy, 1), THREADS, 0, stream>>>(dst, src, dtype, ids, D);
+    return cudaGetLastError();
+}
+
+/* ---- rms_norm -------------------------------------------------------------------------- */
+
+/* One block per row. The sum of squares: thread t sums x[i]^2 for i = t,
+   t + 256, ... (fused multiply-add, in i order), the warp's 32 sums by the
+   butterfly 16, 8, 4, 2, 1, then the 8 warp sums in warp order. */
+static __global__ void __launch_bounds__(THREADS)
+    rms_norm_k(float *dst, const float *x, const float *w, int64_t D, float eps, int plus_one) {
+    __shared__ float part[THREADS / 32];
+    const float *xr = x + (size_t)blockIdx.x * (size_t)D;
+    float *yr = dst + (size_t)blockIdx.x * (size_t)D;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < D; i += THREADS) ss = fmaf(xr[i], xr[i], ss);
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) ss = ss + __shfl_xor_sync(0xffffffffu, ss, s);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float tot = part[0];
+#pragma unroll
+    for (int i = 1; i < THREADS / 32; i++) tot = tot + part[i];
+    const float r = 1.0f / sqrtf(tot / (float)D + eps);
+    for (int64_t i = threadIdx.x; i < D; i += THREADS) {
+        const float wv = plus_one ? 1.0f + w[i] : w[i];
+        yr[i] = wv * (xr[i] * r);
+    }
+}
+
+extern "C" cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const float *x, const float *w,
+                                         int64_t rows, int64_t D, float eps, int plus_one) {
+    if (rows < 1 || D < 1) return cudaSuccess;
+    if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+    rms_norm_k<<<(unsigned)rows, THREADS, 0, stream>>>(dst, x, w, D, eps, plus_one);
+    return cudaGetLastError();
+}
+
+/* ---- rope ------------------------------------------------------------------------------- */
+
+/* One block per token t: first the cos / sin table of its position (in
+   double, rounded to f32, times attn_factor, as the CPU does), then every
+   (head, pair) rotated by one thread. */
+static __global__ void __launch_bounds__(THREADS) rope_k(float *x, const int32_t *pos, const float *inv_freq,
+                                                         int H, int D, int half, int interleaved, float af) {
+    extern __shared__ float tab[]; /* cos [half], then sin [half] */
+    const float p = (float)pos[blockIdx.x];
+    for (int i = threadIdx.x; i < half; i += THREADS) {
+        const float angle = p * inv_freq[i];
+        double s, c;
+        sincos((double)angle, &s, &c);
+        tab[i] = (float)c * af;
+        tab[half + i] = (float)s * af;
+    }
+    __syncthreads();
+    float *xt = x + (size_t)blockIdx.x * (size_t)H * (size_t)D;
+    for (int idx = threadIdx.x; idx < H * half; idx += THREADS) {
+        const int h = idx / half, i = idx - h * half;
+        float *v = xt + (size_t)h * (size_t)D;
+        const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+        const float x0 = v[a], x1 = v[b], cs = tab[i], sn = tab[half + i];
+        v[a] = x0 * cs - x1 * sn;
+        v[b] = x1 * cs + x0 * sn;
+    }
+}
+
+extern "C" cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_t *pos, const float *inv_freq,
+                                     int T, int H, int D, int n_rot, int interleaved, float attn_factor) {
+    if (T < 1 || H < 1) return cudaSuccess;
+    const int half = n_rot / 2;
+    if (half < 1 || (int64_t)H * half > 0x7fffffff) return cudaErrorInvalidValue;
+    rope_k<<<(unsigned)T, THREADS, (size_t)half * 2 * sizeof(float), stream>>>(x, pos, inv_freq, H, D, half,
+                                                                               interleaved, attn_factor);
+    return cudaGetLastError();
+}
+
+/* ---- swiglu, add -------------------------------------------------------------------------- */
+
+static __global__ void __launch_bounds__(THREADS)
+    elementwise_k(int kind, float *dst, const float *a, const float *b, int64_t n) {
+    const int64_t stride = (int64_t)gridDim.x * THREADS;
+    for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += stride) {
+        if (kind == 0) {
+            const float g = a[i];
+            dst[i] = (g / (1.0f + expf(-g))) * b[i];
+        } else {
+            dst[i] = a[i] + b[i];
+        }
+    }
+}
+
+extern "C" cudaError_t ember_cu_elementwise(cudaStream_t stream, int kind, float *dst, const float *a,
+                                            const float *b, int64_t n) {
+    if (n < 1) return cudaSuccess;
+    int64_t blocks = (n + THREADS - 1) / THREADS;
+    if (blocks > 132 * 16) blocks = 132 * 16; /* a grid-stride loop past a few waves */
+    elementwise_k<<<(unsigned)blocks, THREADS, 0, stream>>>(kind, dst, a, b, n);
+    return cudaGetLastError();
+}

@@ -1,0 +1,25 @@
+/*
+ * cuda_stub.c - the CUDA entry points of backend.h in a build without CUDA
+ * (-DEMBER_CUDA=OFF, the default): each fails with EMBER_ERR_UNSUPPORTED,
+ * so callers (--device cuda:N) get a one-line answer instead of a link
+ * error. Owns nothing; safe from any thread.
+ */
+#include "backend/backend.h"
+
+#define NO_CUDA_MSG "ember was built without CUDA (-DEMBER_CUDA=ON)"
+
+int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, ember_error *err) {
+    (void)p;
+    *out = NULL;
+    return ember_err(err, EMBER_ERR_UNSUPPORTED, NO_CUDA_MSG);
+}
+
+int ember_cuda_device_count(int *count, ember_error *err) {
+    *count = 0;
+    return ember_err(err, EMBER_ERR_UNSUPPORTED, NO_CUDA_MSG);
+}
+
+void *ember_backend_cuda_stream(const ember_backend *be) {
+    (void)be;
+    return NULL;
+}

@@ -1,0 +1,567 @@
+/*
+ * test_cuda_ops.c - every op of the CUDA backend against the CPU backend at
+ * EMBER_ISA_SCALAR, on random inputs drawn fresh for each check:
+ *   - outputs within 1e-5 of the largest reference magnitude (both sides
+ *     compute in f32; they differ in summation order and in the last bits
+ *     of expf / cos / sin);
+ *   - every output element written (outputs are poisoned with a NaN
+ *     pattern before each run);
+ *   - matmul batch invariance: a row's outputs are bit-identical for
+ *     M = 1, 3, 17, 64, 200 (the decode kernel and the tiled kernel), for
+ *     an unaligned copy of the input (the element-load kernel), and for
+ *     a weight cut into row ranges;
+ *   - buffers (zeroed allocation, copies at offsets, bounds) and the
+ *     errors: unsupported ops and dtypes, bad ids, foreign tensors, a
+ *     device index out of range.
+ * Where there is no CUDA device it prints "skipped: no CUDA device" and
+ * exits 77.
+ */
+#define TEST_RNG_SEED 0x6a09e667f3bcc909ull
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "test.h"
+
+#define TOL 1e-5
+#define POISON 0x7fbadbadu /* a NaN no op produces */
+
+static ember_backend *g_gpu, *g_cpu;
+
+/* The same tensor on both backends. */
+typedef struct pair {
+    ember_tensor g, c;
+    ember_buffer *gb, *cb;
+} pair;
+
+static size_t dt_size(ember_dtype dt) {
+    return dt == EMBER_F32 ? 4 : 2;
+}
+
+/* n random values in [-1, 1) stored as dt (exact both sides). */
+static void *rand_bytes(ember_dtype dt, size_t n) {
+    void *p = malloc(n * dt_size(dt) + 1);
+    for (size_t i = 0; i < n; i++) {
+        float v = frnd();
+        if (dt == EMBER_F32)
+            ((float *)p)[i] = v;
+        else if (dt == EMBER_F16)
+            ((uint16_t *)p)[i] = ember_f32_to_f16(v);
+        else
+            ((uint16_t *)p)[i] = ember_f32_to_bf16(v);
+    }
+    return p;
+}
+
+static void pair_alloc(pair *p, ember_dtype dt, int ndim, const int64_t *shape) {
+    ember_error err;
+    memset(p, 0, sizeof *p);
+    int rg = ember_tensor_alloc(g_gpu, &p->g, &p->gb, dt, ndim, shape, &err);
+    CHECKF(rg == EMBER_OK, "gpu alloc: %s", err.msg);
+    int rc = ember_tensor_alloc(g_cpu, &p->c, &p->cb, dt, ndim, shape, &err);
+    CHECKF(rc == EMBER_OK, "cpu alloc: %s", err.msg);
+    if (rg || rc) {
+        test_done();
+        exit(1);
+    }
+}
+
+/* A tensor holding the same fresh random values on both backends. */
+static void pair_rand(pair *p, ember_dtype dt, int ndim, const int64_t *shape) {
+    pair_alloc(p, dt, ndim, shape);
+    void *h = rand_bytes(dt, p->g.nbytes / dt_size(dt));
+    ember_error err;
+    CHECKF(g_gpu->ops->write(g_gpu, &p->g, 0, h, p->g.nbytes, &err) == EMBER_OK, "write: %s", err.msg);
+    CHECKF(g_cpu->ops->write(g_cpu, &p->c, 0, h, p->c.nbytes, &err) == EMBER_OK, "write: %s", err.msg);
+    free(h);
+}
+
+static void pair_free(pair *p) {
+    ember_buffer_free(p->gb);
+    ember_buffer_free(p->cb);
+    memset(p, 0, sizeof *p);
+}
+
+/* Fills an f32 tensor of either backend with the poison pattern. */
+static void poison(ember_backend *be, ember_tensor *t) {
+    size_t n = t->nbytes / 4;
+    uint32_t *h = malloc(n * 4 + 4);
+    for (size_t i = 0; i < n; i++) h[i] = POISON;
+    ember_error err;
+    CHECKF(be->ops->write(be, t, 0, h, n * 4, &err) == EMBER_OK, "poison: %s", err.msg);
+    free(h);
+}
+
+static float *read_f32(ember_backend *be, const ember_tensor *t) {
+    float *h = malloc(t->nbytes + 4);
+    ember_error err;
+    CHECKF(be->ops->read(be, t, 0, h, t->nbytes, &err) == EMBER_OK, "read: %s", err.msg);
+    return h;
+}
+
+/* The GPU tensor against the CPU one: every element written, finite, and
+   within TOL of the largest reference magnitude. */
+static void compare(const pair *p, const char *what) {
+    size_t n = p->g.nbytes / 4;
+    float *g = read_f32(g_gpu, &p->g), *c = read_f32(g_cpu, &p->c);
+    double maxref = 0, maxdiff = 0;
+    size_t unwritten = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &g[i], 4);
+        if (u == POISON) unwritten++;
+        else if (!isfinite(g[i]) || !isfinite(c[i])) bad++;
+        if (fabs(c[i]) > maxref) maxref = fabs(c[i]);
+        double d = fabs((double)g[i] - (double)c[i]);
+        if (d > maxdiff) maxdiff = d;
+    }
+    CHECKF(unwritten == 0, "%s: %zu of %zu outputs not written", what, unwritten, n);
+    CHECKF(bad == 0, "%s: %zu non-finite outputs", what, bad);
+    CHECKF(maxref > 0, "%s: the reference is all zeros", what);
+    CHECKF(maxdiff <= TOL * maxref, "%s: max |gpu - cpu| %.3g > %.0e x max |ref| %.3g", what, maxdiff, TOL, maxref);
+    free(g);
+    free(c);
+}
+
+/* ---- buffers --------------------------------------------------------------------------- */
+
+static void test_buffers(void) {
+    ember_error err;
+    ember_buffer *b;
+    /* zeroed allocation (the one place zeros are the point) */
+    size_t n = (1u << 20) + 3;
+    CHECK(g_gpu->ops->buffer_alloc(g_gpu, n, &b, &err) == EMBER_OK);
+    ember_tensor t;
+    int64_t shape[1] = {(int64_t)n};
+    CHECK(ember_tensor_view(&t, b, 0, EMBER_U8, 1, shape, &err) == EMBER_OK);
+    unsigned char *h = malloc(n);
+    memset(h, 0xa5, n);
+    CHECK(g_gpu->ops->read(g_gpu, &t, 0, h, n, &err) == EMBER_OK);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < n; i++) nonzero += h[i] != 0;
+    CHECKF(nonzero == 0, "buffer_alloc: %zu bytes not zeroed", nonzero);
+    /* write and read at offsets */
+    for (size_t i = 0; i < n; i++) h[i] = (unsigned char)rnd();
+    CHECK(g_gpu->ops->write(g_gpu, &t, 0, h, n, &err) == EMBER_OK);
+    unsigned char part[1000];
+    CHECK(g_gpu->ops->read(g_gpu, &t, 12345, part, sizeof part, &err) == EMBER_OK);
+    CHECK(!memcmp(part, h + 12345, sizeof part));
+    for (size_t i = 0; i < sizeof part; i++) part[i] = (unsigned char)rnd();
+    CHECK(g_gpu->ops->write(g_gpu, &t, 777, part, sizeof part, &err) == EMBER_OK);
+    memcpy(h + 777, part, sizeof part);
+    unsigned char *back = malloc(n);
+    CHECK(g_gpu->ops->read(g_gpu, &t, 0, back, n, &err) == EMBER_OK);
+    CHECK(!memcmp(back, h, n));
+    /* bounds */
+    CHECK(g_gpu->ops->read(g_gpu, &t, n - 10, part, 11, &err) == EMBER_ERR_INVALID_ARG);
+    CHECK(g_gpu->ops->write(g_gpu, &t, SIZE_MAX - 2, part, 11, &err) == EMBER_ERR_INVALID_ARG);
+    ember_buffer_free(b);
+    /* from_host copies */
+    ember_buffer *fb;
+    CHECK(g_gpu->ops->buffer_from_host(g_gpu, h, n, &fb, &err) == EMBER_OK);
+    memset(h, 0, n); /* the buffer must not depend on the host memory any more */
+    CHECK(ember_tensor_view(&t, fb, 0, EMBER_U8, 1, shape, &err) == EMBER_OK);
+    memset(part, 0, sizeof part);
+    CHECK(g_gpu->ops->read(g_gpu, &t, 777, part, sizeof part, &err) == EMBER_OK);
+    CHECK(!memcmp(part, back + 777, sizeof part));
+    ember_buffer_free(fb);
+    /* a tensor of the CPU backend given to the GPU backend */
+    pair p;
+    int64_t s2[2] = {4, 8};
+    pair_rand(&p, EMBER_F32, 2, s2);
+    CHECK(g_gpu->ops->rms_norm(g_gpu, &p.c, &p.c, &p.c, 1e-5f, false, &err) == EMBER_ERR_INVALID_ARG);
+    CHECKF(strstr(err.msg, "another backend"), "%s", err.msg);
+    pair_free(&p);
+    free(h);
+    free(back);
+}
+
+/* ---- get_rows ---------------------------------------------------------------------------- */
+
+static void test_get_rows(void) {
+    const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
+    const int64_t Ds[] = {300, 4096, 5};
+    ember_error err;
+    for (int d = 0; d < 3; d++)
+        for (int s = 0; s < 3; s++) {
+            int64_t R = 50, D = Ds[s];
+            pair src, dst;
+            int64_t ss[2] = {R, D}, ds[2] = {9, D};
+            pair_rand(&src, dts[d], 2, ss);
+            pair_alloc(&dst, EMBER_F32, 2, ds);
+            int32_t ids[9];
+            for (int i = 0; i < 9; i++) ids[i] = (int32_t)(rnd() % R);
+            ids[8] = ids[0]; /* a repeat */
+            poison(g_gpu, &dst.g);
+            CHECK(g_gpu->ops->get_rows(g_gpu, &dst.g, &src.g, ids, 9, &err) == EMBER_OK);
+            CHECK(g_cpu->ops->get_rows(g_cpu, &dst.c, &src.c, ids, 9, &err) == EMBER_OK);
+            char what[64];
+            snprintf(what, sizeof what, "get_rows %s D%lld", ember_dtype_get(dts[d])->name, (long long)D);
+            compare(&dst, what);
+            /* conversion is exact: bit-identical to the CPU */
+            float *g = read_f32(g_gpu, &dst.g), *c = read_f32(g_cpu, &dst.c);
+            CHECKF(!memcmp(g, c, dst.g.nbytes), "%s: not bit-identical", what);
+            free(g);
+            free(c);
+            ids[3] = (int32_t)R;
+            CHECK(g_gpu->ops->get_rows(g_gpu, &dst.g, &src.g, ids, 9, &err) == EMBER_ERR_INVALID_ARG);
+            CHECKF(strstr(err.msg, "outside the vocabulary"), "%s", err.msg);
+            pair_free(&src);
+            pair_free(&dst);
+        }
+    /* quantized rows: not yet */
+    ember_tensor q, dst;
+    ember_buffer *qb, *db;
+    int64_t qs[2] = {4, 64}, ds[2] = {1, 64};
+    CHECK(ember_tensor_alloc(g_gpu, &q, &qb, EMBER_Q8_0, 2, qs, &err) == EMBER_OK);
+    CHECK(ember_tensor_alloc(g_gpu, &dst, &db, EMBER_F32, 2, ds, &err) == EMBER_OK);
+    int32_t id = 1;
+    CHECK(g_gpu->ops->get_rows(g_gpu, &dst, &q, &id, 1, &err) == EMBER_ERR_UNSUPPORTED);
+    CHECKF(strstr(err.msg, "not supported yet"), "%s", err.msg);
+    ember_buffer_free(qb);
+    ember_buffer_free(db);
+}
+
+/* ---- rms_norm ------------------------------------------------------------------------------- */
+
+static void test_rms_norm(void) {
+    const int64_t Ds[] = {3, 64, 1000, 4096};
+    const int64_t rows[] = {1, 5};
+    ember_error err;
+    for (int s = 0; s < 4; s++)
+        for (int r = 0; r < 2; r++)
+            for (int po = 0; po < 2; po++)
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    pair x, w, y;
+                    int64_t xs[2] = {rows[r], Ds[s]}, ws[1] = {Ds[s]};
+                    pair_rand(&x, EMBER_F32, 2, xs);
+                    pair_rand(&w, EMBER_F32, 1, ws);
+                    pair *out = &x;
+                    if (!inplace) {
+                        pair_alloc(&y, EMBER_F32, 2, xs);
+                        poison(g_gpu, &y.g);
+                        out = &y;
+                    }
+                    CHECK(g_gpu->ops->rms_norm(g_gpu, &out->g, &x.g, &w.g, 1e-6f, po, &err) == EMBER_OK);
+                    CHECK(g_cpu->ops->rms_norm(g_cpu, &out->c, &x.c, &w.c, 1e-6f, po, &err) == EMBER_OK);
+                    char what[80];
+                    snprintf(what, sizeof what, "rms_norm D%lld rows%lld plus_one%d inplace%d", (long long)Ds[s],
+                             (long long)rows[r], po, inplace);
+                    compare(out, what);
+                    if (!inplace) pair_free(&y);
+                    pair_free(&x);
+                    pair_free(&w);
+                }
+    pair x, w;
+    int64_t xs[2] = {2, 8}, ws[1] = {7};
+    pair_rand(&x, EMBER_F32, 2, xs);
+    pair_rand(&w, EMBER_F32, 1, ws);
+    CHECK(g_gpu->ops->rms_norm(g_gpu, &x.g, &x.g, &w.g, 1e-6f, false, &err) == EMBER_ERR_INVALID_ARG);
+    pair_free(&x);
+    pair_free(&w);
+}
+
+/* ---- matmul ---------------------------------------------------------------------------------- */
+
+/* n products sharing x [M, K]: weight dtypes dts[i], N[i] rows, bias when
+   bias[i]; compares each output with the CPU. */
+static void check_matmul(int M, int K, int n, const ember_dtype *dts, const int *N, const bool *bias) {
+    ember_error err;
+    pair x, w[8], b[8], o[8];
+    int64_t xs[2] = {M, K};
+    pair_rand(&x, EMBER_F32, 2, xs);
+    ember_matmul mg[8], mc[8];
+    for (int i = 0; i < n; i++) {
+        int64_t ws[2] = {N[i], K}, bs[1] = {N[i]}, os[2] = {M, N[i]};
+        pair_rand(&w[i], dts[i], 2, ws);
+        if (bias[i]) pair_rand(&b[i], EMBER_F32, 1, bs);
+        pair_alloc(&o[i], EMBER_F32, 2, os);
+        poison(g_gpu, &o[i].g);
+        mg[i] = (ember_matmul){&o[i].g, &w[i].g, bias[i] ? &b[i].g : NULL};
+        mc[i] = (ember_matmul){&o[i].c, &w[i].c, bias[i] ? &b[i].c : NULL};
+    }
+    int rg = g_gpu->ops->matmul(g_gpu, &x.g, n, mg, &err);
+    CHECKF(rg == EMBER_OK, "gpu matmul: %s", err.msg);
+    CHECK(g_cpu->ops->matmul(g_cpu, &x.c, n, mc, &err) == EMBER_OK);
+    for (int i = 0; i < n; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "matmul %s M%d K%d N%d bias%d (product %d of %d)", ember_dtype_get(dts[i])->name,
+                 M, K, N[i], bias[i], i, n);
+        compare(&o[i], what);
+        pair_free(&w[i]);
+        pair_free(&o[i]);
+        if (bias[i]) pair_free(&b[i]);
+    }
+    pair_free(&x);
+}
+
+static void test_matmul(void) {
+    const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
+    const int Ks[] = {37, 1000, 4096};
+    const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 17, 64};
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < 3; k++)
+            for (int m = 0; m < 10; m++) {
+                int N = 67;
+                bool bias = (m + k) % 2;
+                check_matmul(Ms[m], Ks[k], 1, &dts[d], &N, &bias);
+            }
+    /* several products sharing the input, of mixed dtypes */
+    const ember_dtype mix[4] = {EMBER_BF16, EMBER_F32, EMBER_BF16, EMBER_F16};
+    const int Ns[4] = {130, 1, 33, 300};
+    const bool bias[4] = {true, false, false, true};
+    check_matmul(1, 512, 4, mix, Ns, bias);
+    check_matmul(3, 512, 4, mix, Ns, bias);
+    check_matmul(40, 512, 4, mix, Ns, bias);
+    /* a decode-sized product over many blocks */
+    const int bigN = 2048;
+    const bool nob = false;
+    check_matmul(1, 4096, 1, &mix[0], &bigN, &nob);
+    check_matmul(8, 4096, 1, &mix[0], &bigN, &nob);
+    /* errors: quantized weights, too many products, wrong shapes */
+    ember_error err;
+    pair x, o;
+    int64_t xs[2] = {2, 64}, os[2] = {2, 4}, qs[2] = {4, 64};
+    pair_rand(&x, EMBER_F32, 2, xs);
+    pair_alloc(&o, EMBER_F32, 2, os);
+    ember_tensor q;
+    ember_buffer *qb;
+    CHECK(ember_tensor_alloc(g_gpu, &q, &qb, EMBER_Q8_0, 2, qs, &err) == EMBER_OK);
+    ember_matmul mm = {&o.g, &q, NULL};
+    CHECK(g_gpu->ops->matmul(g_gpu, &x.g, 1, &mm, &err) == EMBER_ERR_UNSUPPORTED);
+    CHECKF(strstr(err.msg, "q8_0") && strstr(err.msg, "not supported yet"), "%s", err.msg);
+    ember_matmul nine[9];
+    for (int i = 0; i < 9; i++) nine[i] = mm;
+    CHECK(g_gpu->ops->matmul(g_gpu, &x.g, 9, nine, &err) == EMBER_ERR_INVALID_ARG);
+    mm.w = &x.g; /* [2, 64] as a weight: output must be [2, 2] */
+    CHECK(g_gpu->ops->matmul(g_gpu, &x.g, 1, &mm, &err) == EMBER_ERR_INVALID_ARG);
+    ember_buffer_free(qb);
+    pair_free(&x);
+    pair_free(&o);
+}
+
+/* ---- batch invariance ------------------------------------------------------------------------ */
+
+/* out [M, N] of x [M, K] (GPU only), read back to the host. x_rows are
+   host rows; the input tensor sits at byte offset `off` of its buffer. */
+static float *gpu_matmul(const float *x_rows, int M, int K, const ember_tensor *w, size_t off) {
+    ember_error err;
+    ember_buffer *xb, *ob;
+    ember_tensor x, o;
+    size_t xbytes = (size_t)M * (size_t)K * 4;
+    CHECK(g_gpu->ops->buffer_alloc(g_gpu, xbytes + off, &xb, &err) == EMBER_OK);
+    int64_t xs[2] = {M, K}, os[2] = {M, w->shape[0]};
+    CHECK(ember_tensor_view(&x, xb, off, EMBER_F32, 2, xs, &err) == EMBER_OK);
+    CHECK(g_gpu->ops->write(g_gpu, &x, 0, x_rows, xbytes, &err) == EMBER_OK);
+    CHECK(ember_tensor_alloc(g_gpu, &o, &ob, EMBER_F32, 2, os, &err) == EMBER_OK);
+    poison(g_gpu, &o);
+    ember_matmul mm = {&o, w, NULL};
+    int rc = g_gpu->ops->matmul(g_gpu, &x, 1, &mm, &err);
+    CHECKF(rc == EMBER_OK, "matmul: %s", err.msg);
+    float *h = read_f32(g_gpu, &o);
+    ember_buffer_free(xb);
+    ember_buffer_free(ob);
+    return h;
+}
+
+static void test_batch_invariance(void) {
+    const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
+    const int Ks[] = {4096, 1000, 37};
+    const int Ms[] = {1, 3, 17, 64, 200};
+    ember_error err;
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < 3; k++) {
+            const int K = Ks[k], N = 130;
+            pair w;
+            int64_t ws[2] = {N, K};
+            pair_rand(&w, dts[d], 2, ws);
+            float *target = malloc((size_t)K * 4);
+            for (int i = 0; i < K; i++) target[i] = frnd();
+            float *ref = NULL;
+            for (int mi = 0; mi < 5; mi++) {
+                int M = Ms[mi], at = M - 1 - (M / 3); /* the target row somewhere inside, other rows fresh */
+                float *xr = malloc((size_t)M * (size_t)K * 4);
+                for (size_t i = 0; i < (size_t)M * (size_t)K; i++) xr[i] = frnd();
+                memcpy(xr + (size_t)at * K, target, (size_t)K * 4);
+                for (int off = 0; off <= 4; off += 4) { /* off 4: an unaligned input, element loads */
+                    float *o = gpu_matmul(xr, M, K, &w.g, (size_t)off);
+                    if (!ref) {
+                        ref = malloc((size_t)N * 4);
+                        memcpy(ref, o + (size_t)at * N, (size_t)N * 4);
+                    } else {
+                        CHECKF(!memcmp(ref, o + (size_t)at * N, (size_t)N * 4),
+                               "batch invariance %s K%d: row differs at M=%d (input offset %d)",
+                               ember_dtype_get(dts[d])->name, K, M, off);
+                    }
+                    free(o);
+                }
+                free(xr);
+            }
+            /* the weight cut into two row ranges (views into the same buffer) */
+            ember_tensor lo, hi;
+            int64_t ls[2] = {61, K}, hs[2] = {N - 61, K};
+            size_t rowb = (size_t)K * dt_size(dts[d]);
+            CHECK(ember_tensor_view(&lo, w.gb, 0, dts[d], 2, ls, &err) == EMBER_OK);
+            CHECK(ember_tensor_view(&hi, w.gb, 61 * rowb, dts[d], 2, hs, &err) == EMBER_OK);
+            float *olo = gpu_matmul(target, 1, K, &lo, 0), *ohi = gpu_matmul(target, 1, K, &hi, 0);
+            CHECKF(!memcmp(ref, olo, 61 * 4) && !memcmp(ref + 61, ohi, (size_t)(N - 61) * 4),
+                   "batch invariance %s K%d: weight row ranges differ", ember_dtype_get(dts[d])->name, K);
+            free(olo);
+            free(ohi);
+            free(ref);
+            free(target);
+            pair_free(&w);
+        }
+}
+
+/* ---- rope ------------------------------------------------------------------------------------ */
+
+static void test_rope(void) {
+    const int cfg[][3] = {{128, 128, 8}, {128, 64, 4}, {64, 32, 2}}; /* D, n_rot, H */
+    ember_error err;
+    for (int s = 0; s < 3; s++)
+        for (int mode = 0; mode < 2; mode++)
+            for (int f = 0; f < 2; f++) {
+                const int T = 6, D = cfg[s][0], n_rot = cfg[s][1], H = cfg[s][2];
+                pair x;
+                int64_t xs[3] = {T, H, D};
+                pair_rand(&x, EMBER_F32, 3, xs);
+                float inv_freq[512];
+                for (int i = 0; i < n_rot / 2; i++)
+                    inv_freq[i] = (float)pow(500000.0, -2.0 * i / n_rot) * (1.0f + 0.01f * frnd());
+                int32_t pos[6];
+                for (int t = 0; t < T; t++) pos[t] = (int32_t)(rnd() % 131072);
+                pos[0] = 0;
+                ember_rope r = {inv_freq, n_rot, mode ? EMBER_ROPE_INTERLEAVED : EMBER_ROPE_NEOX,
+                                f ? 0.8f + 0.1f * frnd() : 1.0f};
+                CHECK(g_gpu->ops->rope(g_gpu, &x.g, pos, &r, &err) == EMBER_OK);
+                CHECK(g_cpu->ops->rope(g_cpu, &x.c, pos, &r, &err) == EMBER_OK);
+                char what[80];
+                snprintf(what, sizeof what, "rope D%d n_rot%d mode%d factor%d", D, n_rot, mode, f);
+                compare(&x, what);
+                pair_free(&x);
+            }
+    pair x;
+    int64_t xs[3] = {1, 1, 8};
+    pair_rand(&x, EMBER_F32, 3, xs);
+    float inv[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    int32_t pos = 3;
+    ember_rope bad = {inv, 10, EMBER_ROPE_NEOX, 1.0f};
+    CHECK(g_gpu->ops->rope(g_gpu, &x.g, &pos, &bad, &err) == EMBER_ERR_INVALID_ARG);
+    pair_free(&x);
+}
+
+/* ---- swiglu, add ------------------------------------------------------------------------------- */
+
+static void test_elementwise(void) {
+    const int64_t ns[] = {1000, (1 << 20) + 5};
+    ember_error err;
+    for (int s = 0; s < 2; s++)
+        for (int kind = 0; kind < 2; kind++)
+            for (int alias = 0; alias < 2; alias++) {
+                pair a, b, y;
+                int64_t sh[1] = {ns[s]};
+                pair_rand(&a, EMBER_F32, 1, sh);
+                pair_rand(&b, EMBER_F32, 1, sh);
+                pair *out = &a;
+                if (!alias) {
+                    pair_alloc(&y, EMBER_F32, 1, sh);
+                    poison(g_gpu, &y.g);
+                    out = &y;
+                }
+                if (kind == 0) {
+                    CHECK(g_gpu->ops->swiglu(g_gpu, &out->g, &a.g, &b.g, &err) == EMBER_OK);
+                    CHECK(g_cpu->ops->swiglu(g_cpu, &out->c, &a.c, &b.c, &err) == EMBER_OK);
+                } else {
+                    CHECK(g_gpu->ops->add(g_gpu, &out->g, &a.g, &b.g, &err) == EMBER_OK);
+                    CHECK(g_cpu->ops->add(g_cpu, &out->c, &a.c, &b.c, &err) == EMBER_OK);
+                }
+                char what[64];
+                snprintf(what, sizeof what, "%s n%lld alias%d", kind ? "add" : "swiglu", (long long)ns[s], alias);
+                compare(out, what);
+                if (!alias) pair_free(&y);
+                pair_free(&a);
+                pair_free(&b);
+            }
+}
+
+/* copy: device to device within a buffer and across buffers; overlaps and
+   out-of-range ranges refused. */
+static void test_copy(void) {
+    ember_error err;
+    ember_tensor a, b;
+    ember_buffer *ab, *bb;
+    const int64_t n[1] = {4096};
+    CHECK(ember_tensor_alloc(g_gpu, &a, &ab, EMBER_U8, 1, n, &err) == EMBER_OK);
+    CHECK(ember_tensor_alloc(g_gpu, &b, &bb, EMBER_U8, 1, n, &err) == EMBER_OK);
+    unsigned char src[4096], got[4096];
+    for (int i = 0; i < 4096; i++) src[i] = (unsigned char)(i * 7 + 3);
+    CHECK(g_gpu->ops->write(g_gpu, &a, 0, src, 4096, &err) == EMBER_OK);
+    CHECK(g_gpu->ops->copy(g_gpu, &a, 3000, &a, 17, 1000, &err) == EMBER_OK);
+    CHECK(g_gpu->ops->copy(g_gpu, &b, 0, &a, 0, 4096, &err) == EMBER_OK);
+    CHECK(g_gpu->ops->read(g_gpu, &b, 0, got, 4096, &err) == EMBER_OK);
+    bool ok = !memcmp(got, src, 3000) && !memcmp(got + 3000, src + 17, 1000) && !memcmp(got + 4000, src + 4000, 96);
+    CHECK(ok);
+    CHECK(g_gpu->ops->copy(g_gpu, &a, 10, &a, 0, 100, &err) == EMBER_ERR_INVALID_ARG); /* overlap */
+    CHECK(g_gpu->ops->copy(g_gpu, &b, 4000, &a, 0, 100, &err) == EMBER_ERR_INVALID_ARG); /* past the end */
+    ember_buffer_free(ab);
+    ember_buffer_free(bb);
+}
+
+/* ---- not yet, and device errors ------------------------------------------------------------------ */
+
+static void test_unsupported(void) {
+    ember_error err;
+    pair t;
+    int64_t s4[4] = {1, 1, 4, 8};
+    pair_rand(&t, EMBER_F32, 4, s4);
+    int32_t row = 0, pos = 0;
+    ember_attn a = {1.0f, 0, 0};
+    ember_kv_map map = {NULL, 0, NULL, 0, &row, &pos};
+    CHECK(g_gpu->ops->kv_write(g_gpu, &map, &t.g, &t.g, &err) == EMBER_ERR_UNSUPPORTED);
+    CHECKF(strstr(err.msg, "not implemented yet"), "%s", err.msg);
+    CHECK(g_gpu->ops->kv_read(g_gpu, &map, &t.g, &t.g, &err) == EMBER_ERR_UNSUPPORTED);
+    CHECK(g_gpu->ops->attention(g_gpu, &t.g, &t.g, &map, &a, &err) == EMBER_ERR_UNSUPPORTED);
+    CHECKF(!strcmp(err.msg, "attention on CUDA: not implemented yet"), "%s", err.msg);
+    pair_free(&t);
+    int count;
+    CHECK(ember_cuda_device_count(&count, &err) == EMBER_OK && count > 0);
+    ember_cuda_params p = {.device = count};
+    ember_backend *be = (ember_backend *)&p; /* must be overwritten */
+    CHECK(ember_backend_cuda_new(&p, &be, &err) == EMBER_ERR_INVALID_ARG && be == NULL);
+    CHECKF(strstr(err.msg, "no such device") && !strchr(err.msg, '\n'), "%s", err.msg);
+    CHECK(ember_backend_cuda_stream(g_gpu) != NULL && ember_backend_cuda_stream(g_cpu) == NULL);
+}
+
+int main(void) {
+    ember_error err;
+    int count = 0;
+    if (ember_cuda_device_count(&count, &err)) {
+        fprintf(stderr, "cuda: %s\n", err.msg);
+        return 1;
+    }
+    if (count == 0) {
+        fprintf(stderr, "skipped: no CUDA device\n");
+        return 77;
+    }
+    ember_cuda_params gp = {.device = 0};
+    if (ember_backend_cuda_new(&gp, &g_gpu, &err)) {
+        fprintf(stderr, "cuda backend: %s\n", err.msg);
+        return 1;
+    }
+    ember_cpu_params cp = {.n_threads = 2, .isa = EMBER_ISA_SCALAR};
+    if (ember_backend_cpu_new(&cp, &g_cpu, &err)) {
+        fprintf(stderr, "cpu backend: %s\n", err.msg);
+        return 1;
+    }
+    test_buffers();
+    test_get_rows();
+    test_rms_norm();
+    test_matmul();
+    test_batch_invariance();
+    test_rope();
+    test_elementwise();
+    test_copy();
+    test_unsupported();
+    ember_backend_free(g_gpu);
+    ember_backend_free(g_cpu);
+    return test_done();
+}
