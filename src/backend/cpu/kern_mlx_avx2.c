@@ -42,6 +42,9 @@ MLX_AI void avx2_tile(const unsigned char *w, size_t w_row, const unsigned char 
                 s1[i] = mlx_f32(wr + g1);
                 m1[i] = mlx_f32(wr + g1 + 4);
                 q1[i] = mlx_unpack(wr + g1 + c1, BITS);
+            } else { /* unused; set so no compiler sees them uninitialized */
+                s1[i] = m1[i] = 0.0f;
+                q1[i] = _mm256_setzero_si256();
             }
         }
         for (int j = 0; j < MX; j++) {
