@@ -75,8 +75,8 @@ typedef struct ember_attn {
  * positions of one head, D = head_dim, G = group, b = bits):
  *   F32/F16/BF16  K: transposed, [D][16] values; V: [16][D] values
  *   Q8  (affine)  K: codes [D][16] u8; V: codes [16][D] u8; then scales
- *                 [D/G][16] f16 and biases [D/G][16] f16 (K), or [16][D/G]
- *                 each (V): x = scale * code + bias, code in 0..255.
+ *                 [D/G][16] f16 and biases [D/G][16] f16 (K and V alike):
+ *                 x = scale * code + bias, code in 0..255.
  *                 K only: then mu [D] f16 and sigma [D] f16, a running mean
  *                 and spread of each dimension over the row's earlier
  *                 blocks (kv_codec.c), set when slot 0 is written (sigma 0:

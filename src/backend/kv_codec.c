@@ -361,7 +361,7 @@ static void encode_affine(const ember_kv_codec *c, int D, bool is_k, const float
         }
         uint16_t hs, hb;
         affine_params(mn, mx, qmax, &hs, &hb);
-        size_t si = is_k ? (size_t)g * S + (size_t)slot : (size_t)slot * (size_t)ng + (size_t)g;
+        size_t si = (size_t)g * S + (size_t)slot; /* [group][16] for K and V */
         st16(sc, si, hs);
         st16(bi, si, hb);
         float scale = ember_f16_to_f32(hs), bias = ember_f16_to_f32(hb);
@@ -384,7 +384,7 @@ static void decode_affine(const ember_kv_codec *c, int D, bool is_k, const unsig
     const size_t codes = aff_codes(D, q8);
     const unsigned char *sc = p + codes, *bi = sc + (size_t)S * (size_t)ng * 2;
     for (int g = 0; g < ng; g++) {
-        size_t si = is_k ? (size_t)g * S + (size_t)slot : (size_t)slot * (size_t)ng + (size_t)g;
+        size_t si = (size_t)g * S + (size_t)slot; /* [group][16] for K and V */
         float scale = ember_f16_to_f32(ld16(sc, si)), bias = ember_f16_to_f32(ld16(bi, si));
         for (int d = g * G; d < (g + 1) * G; d++) {
             unsigned q;

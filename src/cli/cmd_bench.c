@@ -62,7 +62,8 @@ int cmd_bench(int argc, char **argv) {
                    "--model DIR|FILE.gguf [-p 512] [-n 64] [-t 1,2] [-r 5] [--json]",
                    "pp: one prompt of -p synthetic tokens, prefilled in chunks of 512.\n"
                    "tg: -n tokens decoded one at a time after a 1-token prompt.\n"
-                   "With -d D, both start after D untimed tokens in the context (\"pp512 @ d4096\").\n"
+                   "With -d D, both start after D untimed tokens in the context (\"pp512 @ d4096\"),\n"
+                   "which also stand in for the warm-up run.\n"
                    "Each test runs once untimed to warm up, then -r times.",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse(&cmd, argc, argv);
@@ -96,8 +97,10 @@ int cmd_bench(int argc, char **argv) {
         for (int di = 0; di < n_dep && !rc; di++) {
             char at[24] = "";
             if (dep[di]) snprintf(at, sizeof at, " @ d%d", dep[di]);
+            /* a warm-up run first, except after a depth: its untimed prefill warms everything */
+            const int r0 = dep[di] > 0 ? 0 : -1;
             if (n_prompt > 0) {
-                for (int r = -1; r < reps && !rc; r++) {
+                for (int r = r0; r < reps && !rc; r++) {
                     if (ember_bench_run_at(m, dep[di], n_prompt, 0, &res, &err)) rc = cli_fail("bench", "%s", err.msg);
                     else if (r >= 0) tps[r] = n_prompt / res.prefill_seconds;
                 }
@@ -105,7 +108,7 @@ int cmd_bench(int argc, char **argv) {
                 if (!rc) report(json, model, &info, name, info.n_threads, tps, reps);
             }
             if (n_gen > 0) {
-                for (int r = -1; r < reps && !rc; r++) {
+                for (int r = r0; r < reps && !rc; r++) {
                     if (ember_bench_run_at(m, dep[di] ? dep[di] : 1, 0, n_gen, &res, &err))
                         rc = cli_fail("bench", "%s", err.msg);
                     else if (r >= 0) tps[r] = n_gen / res.decode_seconds;

@@ -788,8 +788,10 @@ static void attn_finish(const attn_job *j, int t, int hk, const float *L, const 
 }
 
 /* Per-thread scratch of an attention task, in floats. */
+/* kern_attn.h's scratch: vd, tmp, the scores, and TQ's rotated queries. */
 static size_t attn_part_floats(int rep, int Dp) {
-    return (size_t)16 * (size_t)Dp + 32 + ((size_t)rep + 2) * (size_t)Dp + (size_t)rep;
+    return (size_t)16 * (size_t)Dp + 32 + (size_t)rep * (ATTN_SPAN + 16) + ((size_t)rep + 2) * (size_t)Dp +
+           (size_t)rep + 2 * (size_t)rep * (size_t)Dp;
 }
 static size_t attn_scratch_floats(int rep, int Dp) {
     return attn_part_floats(rep, Dp) + 2 * ((size_t)rep * ((size_t)Dp + 2));

@@ -77,6 +77,42 @@ static inline vec16 v_load_u4(const unsigned char *p, int hi) {
     return (vec16){_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
+static inline vec16 v_max(vec16 a, vec16 b) {
+    return (vec16){_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)};
+}
+static inline float v_hmax(vec16 a) {
+    __m256 m8 = _mm256_max_ps(a.lo, a.hi);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 0x55));
+    return _mm_cvtss_f32(m4);
+}
+/* The 16 nibbles of 8 bytes, low nibble first, as 16 bytes. */
+static inline __m128i nib16(const unsigned char *p) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)p), m = _mm_set1_epi8(0x0f);
+    return _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+}
+static inline vec16 v_nib16(const unsigned char *p) {
+    __m128i n = nib16(p);
+    return (vec16){_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(n)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(n, 8)))};
+}
+/* t[idx] for 8 indices 0..15: two 8-entry permutes, then a blend on bit 3. */
+static inline __m256 lut16x8(__m256i idx, __m256 t0, __m256 t1) {
+    __m256 a = _mm256_permutevar8x32_ps(t0, idx), b = _mm256_permutevar8x32_ps(t1, idx);
+    __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)); /* bit 3 to the sign */
+    return _mm256_blendv_ps(a, b, hi);
+}
+static inline vec16 v_lut4(const unsigned char *p, const float *t) {
+    __m128i n = nib16(p);
+    __m256 t0 = _mm256_loadu_ps(t), t1 = _mm256_loadu_ps(t + 8);
+    return (vec16){lut16x8(_mm256_cvtepu8_epi32(n), t0, t1), lut16x8(_mm256_cvtepu8_epi32(_mm_srli_si128(n, 8)), t0, t1)};
+}
+static inline vec16 v_lut8(const unsigned char *p, const float *t) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
+    return (vec16){_mm256_i32gather_ps(t, _mm256_cvtepu8_epi32(b), 4),
+                   _mm256_i32gather_ps(t, _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), 4)};
+}
+#define ATTN_NH 4 /* 16 lanes are two registers: 4 heads' scores fill 8 */
 /* e^x, the same operations as the AVX-512 version lane for lane. */
 static inline __m256 exp8(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
@@ -98,6 +134,12 @@ static inline __m256 exp8(__m256 x) {
 }
 static inline vec16 v_exp(vec16 a) {
     return (vec16){exp8(a.lo), exp8(a.hi)};
+}
+static inline void v_load_u4x2(const unsigned char *p, vec16 *lo, vec16 *hi) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p), m = _mm_set1_epi8(0x0f);
+    __m128i l = _mm_and_si128(b, m), h = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    *lo = (vec16){_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(l, 8)))};
+    *hi = (vec16){_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(h, 8)))};
 }
 #include "kern_attn.h"
 

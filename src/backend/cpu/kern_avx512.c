@@ -65,6 +65,27 @@ static inline vec16 v_load_u4(const unsigned char *p, int hi) {
     b = _mm_and_si128(b, _mm_set1_epi8(0x0f));
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
 }
+static inline vec16 v_max(vec16 a, vec16 b) {
+    return _mm512_max_ps(a, b);
+}
+static inline float v_hmax(vec16 a) {
+    return _mm512_reduce_max_ps(a);
+}
+/* The 16 nibbles of 8 bytes, low nibble first, as 16 32-bit lanes. */
+static inline __m512i nib16(const unsigned char *p) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)p), m = _mm_set1_epi8(0x0f);
+    return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m)));
+}
+static inline vec16 v_nib16(const unsigned char *p) {
+    return _mm512_cvtepi32_ps(nib16(p));
+}
+static inline vec16 v_lut4(const unsigned char *p, const float *t) {
+    return _mm512_permutexvar_ps(nib16(p), _mm512_loadu_ps(t));
+}
+static inline vec16 v_lut8(const unsigned char *p, const float *t) {
+    return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), t, 4);
+}
+#define ATTN_NH 8
 /* e^x, the same operations as the AVX2 version lane for lane. */
 static inline vec16 v_exp(vec16 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
@@ -83,6 +104,11 @@ static inline vec16 v_exp(vec16 x) {
     p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
     __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+static inline void v_load_u4x2(const unsigned char *p, vec16 *lo, vec16 *hi) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p), m = _mm_set1_epi8(0x0f);
+    *lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, m)));
+    *hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m)));
 }
 #include "kern_attn.h"
 

@@ -85,9 +85,38 @@ static inline vec16 v_load_u4(const unsigned char *p, int hi) {
     for (int l = 0; l < 16; l++) r.v[l] = (float)((p[l] >> (hi ? 4 : 0)) & 0xf);
     return r;
 }
+static inline vec16 v_max(vec16 a, vec16 b) {
+    for (int l = 0; l < 16; l++) a.v[l] = a.v[l] > b.v[l] ? a.v[l] : b.v[l];
+    return a;
+}
+static inline float v_hmax(vec16 a) {
+    float m = a.v[0];
+    for (int l = 1; l < 16; l++) m = a.v[l] > m ? a.v[l] : m;
+    return m;
+}
+static inline vec16 v_nib16(const unsigned char *p) {
+    vec16 r;
+    for (int l = 0; l < 16; l++) r.v[l] = (float)((p[l / 2] >> ((l & 1) * 4)) & 0xf);
+    return r;
+}
+static inline vec16 v_lut4(const unsigned char *p, const float *t) {
+    vec16 r;
+    for (int l = 0; l < 16; l++) r.v[l] = t[(p[l / 2] >> ((l & 1) * 4)) & 0xf];
+    return r;
+}
+static inline vec16 v_lut8(const unsigned char *p, const float *t) {
+    vec16 r;
+    for (int l = 0; l < 16; l++) r.v[l] = t[p[l]];
+    return r;
+}
+#define ATTN_NH 4
 static inline vec16 v_exp(vec16 a) {
     for (int l = 0; l < 16; l++) a.v[l] = expf(a.v[l]);
     return a;
+}
+static inline void v_load_u4x2(const unsigned char *p, vec16 *lo, vec16 *hi) {
+    *lo = v_load_u4(p, 0);
+    *hi = v_load_u4(p, 1);
 }
 #include "kern_attn.h"
 
