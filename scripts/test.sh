@@ -6,7 +6,7 @@
 # usage: scripts/test.sh            (from anywhere; build dirs go in the repo)
 # A third pass runs every libFuzzer target for a bounded time (clang).
 # env:   JOBS=N (default: cores), SKIP_SANITIZE=1 / SKIP_FUZZ=1 / SKIP_CUDA=1 to leave a pass out,
-#        FUZZ_SECONDS=N per fuzz target (default 30; scripts/fuzz.sh runs them for hours)
+#        FUZZ_SECONDS=N per fuzz target (default 20; scripts/fuzz.sh runs them for hours)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -24,7 +24,7 @@ run_suite() { # build-dir cmake-args...
 }
 
 echo "== release build"
-SOAK_SECONDS=${SOAK_SECONDS:-150} run_suite build -DCMAKE_BUILD_TYPE=Release
+SOAK_SECONDS=${SOAK_SECONDS:-120} run_suite build -DCMAKE_BUILD_TYPE=Release
 # The CUDA backend where the toolkit is installed (CI has nvcc, no GPU): compile
 # it and run the GPU tests, which skip (77, "skipped: no CUDA device") without
 # a GPU. Only the library and the GPU test are built, to keep this stage short;
@@ -41,13 +41,13 @@ if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
   # ASan's quarantine grows RSS by design: the soak's RSS check is lifted here and
   # LeakSanitizer (non-zero exit of the server on a leak) does that job instead
-  SOAK_SECONDS=${ASAN_SOAK_SECONDS:-60} SOAK_MAX_RSS_SLOPE_KIB=1000000000 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  SOAK_SECONDS=${ASAN_SOAK_SECONDS:-45} SOAK_MAX_RSS_SLOPE_KIB=1000000000 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DEMBER_SANITIZE=ON
 fi
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
-  echo "== fuzz targets (clang, libFuzzer + ASan + UBSan, ${FUZZ_SECONDS:-30} s each)"
+  echo "== fuzz targets (clang, libFuzzer + ASan + UBSan, ${FUZZ_SECONDS:-20} s each)"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DEMBER_FUZZ=ON -DEMBER_TESTS=OFF \
-    -DEMBER_FUZZ_SECONDS="${FUZZ_SECONDS:-30}" >/dev/null
+    -DEMBER_FUZZ_SECONDS="${FUZZ_SECONDS:-20}" >/dev/null
   cmake --build build-fuzz -j"$JOBS"
   (cd build-fuzz && ctest -L fuzz --output-on-failure)
 fi

@@ -15,6 +15,7 @@
  *   v_nib16(p)         16 nibbles of 8 bytes (low nibble first) as floats
  *   v_lut4(p, t)       t[nibble] for the 16 nibbles of 8 bytes, t [16]
  *   v_lut8(p, t)       t[byte] for 16 bytes, t [256]
+ *   v_wht16(v)         the unnormalized 16-point Walsh-Hadamard transform
  *   ATTN_NH            query heads whose score vectors stay in registers
  *
  * One call runs a part of the keys of one KV head for its `rep` query heads
@@ -290,6 +291,34 @@ static void v_accum_n(float *acc, int Dp, const float *w, size_t ws, int G, cons
     }
 }
 
+/* x = R x for the TQ rotation (ember_tq_rotate's transform, summed in
+   another order): per power-of-two segment, the sign flips, the 16-point
+   transforms in registers (v_wht16), the stages across registers, then
+   1 / sqrt(n). Segments under 16 go through ember_tq_rotate. */
+static void tq_rotate_q(const float *signs, int D, float *x) {
+    for (int off = 0; off < D;) {
+        int n = 1;
+        while (n * 2 <= D - off) n *= 2;
+        if (n < 16) {
+            ember_tq_rotate(signs + off, D - off, x + off, x + off);
+            break;
+        }
+        float *y = x + off;
+        for (int i = 0; i < n; i += 16)
+            v_store(y + i, v_wht16(v_mul(v_load_f32(y + i), v_load_f32(signs + off + i))));
+        for (int h = 16; h < n; h *= 2)
+            for (int i = 0; i < n; i += 2 * h)
+                for (int j = i; j < i + h; j += 16) {
+                    vec16 a = v_load_f32(y + j), b = v_load_f32(y + j + h);
+                    v_store(y + j, v_fma(a, b, v_set1(1.0f)));
+                    v_store(y + j + h, v_fma(a, b, v_set1(-1.0f)));
+                }
+        vec16 sc = v_set1(1.0f / sqrtf((float)n));
+        for (int i = 0; i < n; i += 16) v_store(y + i, v_mul(v_load_f32(y + i), sc));
+        off += n;
+    }
+}
+
 /*
  * The attention part of keys [j0, j1) (j0 < j1, at most ATTN_PART_MAX keys
  * inside one span) for `rep` query heads q[rep][D]. m, l: [rep], acc:
@@ -315,13 +344,24 @@ static void CAT(KPREFIX, attn_part)(const cpu_attn_part *a, int j0, int j1, floa
         if (tq_k) { /* q . (sigma R^T y + mu) = R (q sigma) . y + q . mu, per block */
             for (int h = 0; h < rep; h++) {
                 const float *qh = a->q + (size_t)h * (size_t)D;
-                float *o = qn + (size_t)h * (size_t)D, cq = 0;
-                for (int d = 0; d < D; d++) {
-                    o[d] = qh[d] * ksg[d];
-                    cq += qh[d] * kmu[d];
+                float *o = qn + (size_t)h * (size_t)D;
+                if (D % 16 == 0) {
+                    vec16 cq = v_zero();
+                    for (int d = 0; d < D; d += 16) {
+                        vec16 x = v_load_f32(qh + d);
+                        v_store(o + d, v_mul(x, v_load_f32(ksg + d)));
+                        cq = v_fma(cq, x, v_load_f32(kmu + d));
+                    }
+                    qoff[h] = v_hsum(cq);
+                } else {
+                    float cq = 0;
+                    for (int d = 0; d < D; d++) {
+                        o[d] = qh[d] * ksg[d];
+                        cq += qh[d] * kmu[d];
+                    }
+                    qoff[h] = cq;
                 }
-                qoff[h] = cq;
-                ember_tq_rotate(kc->signs, D, o, o);
+                tq_rotate_q(kc->signs, D, o);
             }
             qb = qn;
         }

@@ -141,6 +141,20 @@ static inline void v_load_u4x2(const unsigned char *p, vec16 *lo, vec16 *hi) {
     *lo = (vec16){_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(l, 8)))};
     *hi = (vec16){_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(h, 8)))};
 }
+/* Stages h = 1, 2, 4 in each half (y_j = x_(j^h) + s_j x_j), then h = 8
+   across the halves; the same sums as the AVX-512 version. */
+static inline __m256 wht8_stage(__m256 x, __m256i idx, __m256 sign) {
+    return _mm256_fmadd_ps(sign, x, _mm256_permutevar8x32_ps(x, idx));
+}
+static inline vec16 v_wht16(vec16 x) {
+    const __m256i i1 = _mm256_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6), i2 = _mm256_setr_epi32(2, 3, 0, 1, 6, 7, 4, 5),
+                  i4 = _mm256_setr_epi32(4, 5, 6, 7, 0, 1, 2, 3);
+    const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1), s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1),
+                 s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
+    __m256 lo = wht8_stage(wht8_stage(wht8_stage(x.lo, i1, s1), i2, s2), i4, s4);
+    __m256 hi = wht8_stage(wht8_stage(wht8_stage(x.hi, i1, s1), i2, s2), i4, s4);
+    return (vec16){_mm256_fmadd_ps(_mm256_set1_ps(1.0f), lo, hi), _mm256_fmadd_ps(_mm256_set1_ps(-1.0f), hi, lo)};
+}
 #include "kern_attn.h"
 
 const cpu_kernels ember_cpu_kernels_avx2 = {

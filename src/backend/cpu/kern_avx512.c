@@ -110,6 +110,22 @@ static inline void v_load_u4x2(const unsigned char *p, vec16 *lo, vec16 *hi) {
     *lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, m)));
     *hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m)));
 }
+/* Stages h = 1, 2, 4, 8: y_j = x_(j^h) + s_j x_j, s_j = -1 where bit h of j
+   is set; the same sums as the AVX2 version. */
+static inline vec16 v_wht16(vec16 x) {
+    const __m512i i1 = _mm512_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14),
+                  i2 = _mm512_setr_epi32(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13),
+                  i4 = _mm512_setr_epi32(4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11),
+                  i8 = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512 s1 = _mm512_setr_ps(1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1),
+                 s2 = _mm512_setr_ps(1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1),
+                 s4 = _mm512_setr_ps(1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1),
+                 s8 = _mm512_setr_ps(1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1);
+    x = _mm512_fmadd_ps(s1, x, _mm512_permutexvar_ps(i1, x));
+    x = _mm512_fmadd_ps(s2, x, _mm512_permutexvar_ps(i2, x));
+    x = _mm512_fmadd_ps(s4, x, _mm512_permutexvar_ps(i4, x));
+    return _mm512_fmadd_ps(s8, x, _mm512_permutexvar_ps(i8, x));
+}
 #include "kern_attn.h"
 
 #ifndef AVX512_TABLE /* kern_avx512vnni.c builds this file again with VNNI */

@@ -118,6 +118,15 @@ static inline void v_load_u4x2(const unsigned char *p, vec16 *lo, vec16 *hi) {
     *lo = v_load_u4(p, 0);
     *hi = v_load_u4(p, 1);
 }
+/* Stages h = 1, 2, 4, 8: y_j = x_(j^h) + s_j x_j, s_j = -1 where bit h of j is set. */
+static inline vec16 v_wht16(vec16 x) {
+    for (int h = 1; h < 16; h *= 2) {
+        vec16 y;
+        for (int j = 0; j < 16; j++) y.v[j] = x.v[j ^ h] + ((j & h) ? -1.0f : 1.0f) * x.v[j];
+        x = y;
+    }
+    return x;
+}
 #include "kern_attn.h"
 
 const cpu_kernels ember_cpu_kernels_scalar = {
