@@ -180,15 +180,15 @@ int cli_parse_ids(const char *verb, const char *opt, const char *s, int32_t **id
     return 0;
 }
 
-int cli_parse_int_list(const char *verb, const char *opt, const char *s, int *out, int max, int *n) {
+int cli_parse_int_list(const char *verb, const char *opt, const char *s, int *out, int max, int lo, int hi, int *n) {
     *n = 0;
     const char *p = s;
     while (*p) {
         char *end;
         errno = 0;
         long x = strtol(p, &end, 10);
-        if (end == p || errno || x < 1 || x > 4096 || (*end && *end != ','))
-            return cli_fail(verb, "--%s expects positive integers separated by commas, got '%s'", opt, s);
+        if (end == p || errno || x < lo || x > hi || (*end && *end != ','))
+            return cli_fail(verb, "--%s expects integers from %d to %d separated by commas, got '%s'", opt, lo, hi, s);
         if (*n >= max) return cli_fail(verb, "--%s: at most %d values", opt, max);
         out[(*n)++] = (int)x;
         p = *end ? end + 1 : end;

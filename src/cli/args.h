@@ -46,8 +46,9 @@ int cli_fail(const char *verb, const char *fmt, ...) __attribute__((format(print
    Returns 0, or 1 after printing an error naming the verb and option. */
 int cli_parse_ids(const char *verb, const char *opt, const char *s, int32_t **ids, int *n);
 
-/* Parses a comma-separated list of positive ints (e.g. "-t 1,2"). */
-int cli_parse_int_list(const char *verb, const char *opt, const char *s, int *out, int max, int *n);
+/* Parses a comma-separated list of ints in [lo, hi] (e.g. "-t 1,2"), at
+   most max of them, into out; *n receives the count. */
+int cli_parse_int_list(const char *verb, const char *opt, const char *s, int *out, int max, int lo, int hi, int *n);
 
 /* "scalar" / "avx2" / "avx512" / "auto" -> ember_isa value, -1 if unknown. */
 int cli_isa_from_name(const char *s);

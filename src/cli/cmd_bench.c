@@ -72,8 +72,8 @@ int cmd_bench(int argc, char **argv) {
     int thr[16], n_thr = 1, dep[16], n_dep = 1;
     thr[0] = 0;
     dep[0] = 0;
-    if (threads_s && cli_parse_int_list("bench", "threads", threads_s, thr, 16, &n_thr)) return 1;
-    if (depth_s && cli_parse_int_list("bench", "depth", depth_s, dep, 16, &n_dep)) return 1;
+    if (threads_s && cli_parse_int_list("bench", "threads", threads_s, thr, 16, 1, 4096, &n_thr)) return 1;
+    if (depth_s && cli_parse_int_list("bench", "depth", depth_s, dep, 16, 0, 1 << 24, &n_dep)) return 1;
     int max_dep = 0;
     for (int i = 0; i < n_dep; i++) {
         if (dep[i] < 0) return cli_fail("bench", "--depth values must not be negative");
