@@ -321,6 +321,7 @@ int main(void) {
     expect_fail(args, "/nonexistent/dir/x.npy: cannot create");
     expect_fail("frobnicate", "unknown command 'frobnicate'");
     expect_fail("mkmodel --preset nope --out /tmp/x", "unknown preset 'nope'");
-    expect_fail("bench --model /nonexistent -t 0", "--threads expects positive integers");
+    expect_fail("bench --model /nonexistent -t 0", "--threads expects integers from 1 to");
+    expect_fail("bench --model /nonexistent -d -1", "--depth expects integers from 0 to");
     return test_done();
 }
