@@ -5,6 +5,9 @@
  * microseconds per layer and the KV bytes read per second.
  *
  * usage: kv_attn_bench [DEPTH] [THREADS] [TOKENS] [KIND ...]
+ * env:   ISA=scalar|avx2|avx512 (default: the best the CPU has),
+ *        REPS=N: exactly N timed calls (default: calls for at least 1 s),
+ *        for instruction counts under valgrind
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,8 +62,17 @@ int main(int argc, char **argv) {
     if (depth < T || T < 1 || T > 512) return fprintf(stderr, "bad arguments\n"), 2;
     ember_backend *be;
     ember_error err = {0};
-    ember_cpu_params cp = {threads, EMBER_ISA_AUTO, false, {0}};
+    ember_isa isa = EMBER_ISA_AUTO;
+    const char *isa_s = getenv("ISA");
+    if (isa_s && *isa_s) {
+        if (strcmp(isa_s, "scalar") == 0) isa = EMBER_ISA_SCALAR;
+        else if (strcmp(isa_s, "avx2") == 0) isa = EMBER_ISA_AVX2;
+        else if (strcmp(isa_s, "avx512") == 0) isa = EMBER_ISA_AVX512;
+        else return fprintf(stderr, "ISA: expected scalar, avx2 or avx512, got '%s'\n", isa_s), 2;
+    }
+    ember_cpu_params cp = {threads, isa, false, {0}};
     if (ember_backend_cpu_new(&cp, &be, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+    printf("# ISA %s\n", ember_isa_name(ember_backend_cpu_isa(be)));
     printf("| kind | depth | tokens | threads | us per layer | KV GB/s |\n|---|---|---|---|---|---|\n");
     for (int k = 0; k < n_kinds; k++) {
         ember_kv_type t;
@@ -86,13 +98,15 @@ int main(int argc, char **argv) {
         ember_kv_map map;
         ember_kv_map_for(kv, 0, row, pos, views, &map);
         ember_attn a = {0.125f, 0, 0};
+        const char *reps_s = getenv("REPS");
+        const int want = reps_s ? atoi(reps_s) : 0;
         int reps = 0;
         double t0 = ember_now(), t1;
         do {
             if (be->ops->attention(be, &ot, &qt, &map, &a, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
             reps++;
             t1 = ember_now();
-        } while (t1 - t0 < 1.0 || reps < 3);
+        } while (want > 0 ? reps < want : (t1 - t0 < 1.0 || reps < 3));
         double us = (t1 - t0) / reps * 1e6;
         double bytes = (double)ember_kv_bytes_per_token(kv, false) * depth;
         printf("| %s | %d | %d | %d | %.1f | %.2f |\n", kinds[k], depth, T, threads, us, bytes / (us * 1e-6) / 1e9);
