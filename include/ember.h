@@ -235,6 +235,9 @@ typedef struct ember_gen_params {
     const int32_t *stop_ids; /* extra token ids that end generation (copied) */
     int n_stop_ids;
     int ignore_eos;
+    int no_prompt_cache;   /* nonzero: neither reuse cached prompt blocks nor publish this one's */
+    uint64_t cache_salt;   /* mixed into the key of the prompt's first cached block: only requests
+                              with the same salt share blocks (0: the common pool) */
 } ember_gen_params;
 
 typedef enum ember_event_kind { EMBER_EV_TOKEN = 1, EMBER_EV_DONE = 2 } ember_event_kind;
@@ -273,6 +276,14 @@ typedef struct ember_engine_stats {
     uint64_t preempted_total; /* requests paused (their KV dropped) for lack of KV memory */
     uint64_t requests_total, prompt_tokens_total, cached_tokens_total, generated_tokens_total;
     uint64_t steps_total;
+    /* the prefix cache (full blocks of earlier prompts, shared by reference) */
+    int prefix_cache_entries;          /* cached blocks */
+    size_t prefix_cache_bytes;         /* bytes of those blocks */
+    size_t prefix_cache_bytes_unused;  /* of which no request holds (what eviction can free) */
+    uint64_t prefix_cache_hits;        /* requests admitted with reused positions (from the prefix
+                                          cache or the row they ran in) */
+    uint64_t prefix_cache_misses;      /* requests admitted with none (opted-out ones not counted) */
+    uint64_t prefix_cache_evictions;   /* cached blocks evicted */
 } ember_engine_stats;
 
 /* Starts an engine thread over m (which must outlive the engine). */

@@ -157,14 +157,19 @@ int main(void) {
         while (f.p[0].greedy[first] != stop) first++;
         CHECK(r.done.finish == EMBER_FINISH_STOP && r.n == first + 1 && r.ids[r.n - 1] == stop);
         /* cancel mid-stream */
-        g = gp(f.p[1].ids, f.p[1].n, 60, 0.5f, 3);
+        /* (a long generation: the engine must not finish before the cancel lands, even when
+           this thread is descheduled for a while on a loaded machine) */
+        const int long_gen = 480 - f.p[1].n;
+        g = gp(f.p[1].ids, f.p[1].n, long_gen, 0.5f, 3);
+        g.ignore_eos = 1;
         CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_OK);
         ember_event ev;
         CHECK(ember_stream_next(st, &ev, 20000) == 1 && ev.kind == EMBER_EV_TOKEN);
         ember_stream_cancel(st);
         int extra = 0;
         while (ember_stream_next(st, &ev, 20000) == 1 && ev.kind == EMBER_EV_TOKEN) extra++;
-        CHECK(ev.kind == EMBER_EV_DONE && ev.finish == EMBER_FINISH_CANCELLED && extra < 60);
+        CHECKF(ev.kind == EMBER_EV_DONE && ev.finish == EMBER_FINISH_CANCELLED && extra < long_gen - 1,
+               "cancel: finish %d after %d more tokens", ev.finish, extra);
         ember_stream_free(st);
         /* bad requests */
         g = gp(f.p[0].ids, 0, 5, 0, 0);
@@ -246,6 +251,84 @@ int main(void) {
         CHECK(st.running == 0 && st.kv_bytes_used == 0 && st.kv_bytes_held <= st.kv_bytes_total);
         fprintf(stderr, "KV %s budget %zu: %llu preemptions, %zu bytes cached after\n", kinds[ki], st.kv_bytes_total,
                 (unsigned long long)st.preempted_total, st.kv_bytes_held);
+        ember_engine_free(e);
+        ember_model_free(m);
+    }
+
+    /* the prefix cache: requests sharing a system prompt reuse its blocks
+       (full blocks only, from the cache or a free row), give exactly the
+       tokens they give without it, and a salt or cache_prompt: false opt out */
+    static const char *const pkinds[] = {"f32", "q8", "tq-k4v3"};
+    for (size_t ki = 0; ki < sizeof pkinds / sizeof pkinds[0]; ki++) {
+        enum { NP = 4, SYS = 80, SUF = 10, MAXT = 16 };
+        ember_model_params mp;
+        ember_model_params_init(&mp);
+        mp.n_rows = NP;
+        mp.n_threads = 2;
+        mp.n_ctx = 256;
+        mp.max_batch_tokens = 64;
+        mp.kv_type = pkinds[ki];
+        ember_model *m = fx_load_params(f.dir, &mp);
+        if (!m) exit(1);
+        ember_engine *e;
+        CHECK(ember_engine_new(m, NULL, &e, &err) == EMBER_OK);
+        int32_t pr[NP][SYS + SUF];
+        for (int i = 0; i < NP; i++)
+            for (int t = 0; t < SYS + SUF; t++) pr[i][t] = t < SYS ? (int32_t)((t * 37 + 11) % 500) : (int32_t)((i * 101 + t * 7) % 500);
+        result solo[NP], got[NP];
+        ember_stream *ss[NP];
+        for (int i = 0; i < NP; i++) { /* each alone, opted out of the cache */
+            ember_gen_params g = gp(pr[i], SYS + SUF, MAXT, 0, 0);
+            g.no_prompt_cache = 1;
+            CHECK(ember_engine_submit(e, &g, &ss[i], &err) == EMBER_OK);
+            drain(ss[i], &solo[i]);
+            ember_stream_free(ss[i]);
+            CHECK(solo[i].n == MAXT && solo[i].done.n_cached == 0);
+        }
+        ember_engine_stats st;
+        ember_engine_get_stats(e, &st);
+        CHECK(st.prefix_cache_entries == 0);
+        /* the first request fills the cache, the others take its system prompt concurrently */
+        ember_gen_params g0 = gp(pr[0], SYS + SUF, MAXT, 0, 0);
+        CHECK(ember_engine_submit(e, &g0, &ss[0], &err) == EMBER_OK);
+        drain(ss[0], &got[0]);
+        ember_stream_free(ss[0]);
+        CHECK(got[0].done.n_cached == 0);
+        for (int i = 1; i < NP; i++) {
+            ember_gen_params g = gp(pr[i], SYS + SUF, MAXT, 0, 0);
+            CHECK(ember_engine_submit(e, &g, &ss[i], &err) == EMBER_OK);
+        }
+        for (int i = 1; i < NP; i++) {
+            drain(ss[i], &got[i]);
+            ember_stream_free(ss[i]);
+            CHECKF(got[i].done.n_cached == SYS, "KV %s request %d: %d cached positions, want %d", pkinds[ki], i,
+                   got[i].done.n_cached, SYS);
+        }
+        for (int i = 0; i < NP; i++)
+            CHECKF(got[i].n == MAXT && !memcmp(got[i].ids, solo[i].ids, sizeof(int32_t) * MAXT),
+                   "KV %s request %d: tokens with the prefix cache differ from without", pkinds[ki], i);
+        ember_engine_get_stats(e, &st);
+        CHECKF(st.prefix_cache_hits >= 2 && st.prefix_cache_entries >= SYS / 16, "KV %s: %llu hits, %d entries",
+               pkinds[ki], (unsigned long long)st.prefix_cache_hits, st.prefix_cache_entries);
+        CHECK(st.prefix_cache_bytes_unused <= st.prefix_cache_bytes && st.prefix_cache_bytes <= st.kv_bytes_held);
+        /* another salt shares nothing; the same salt again does */
+        ember_gen_params g = gp(pr[1], SYS + SUF, MAXT, 0, 0);
+        g.cache_salt = 99;
+        for (int pass = 0; pass < 2; pass++) {
+            CHECK(ember_engine_submit(e, &g, &ss[0], &err) == EMBER_OK);
+            drain(ss[0], &got[0]);
+            ember_stream_free(ss[0]);
+            CHECKF(got[0].done.n_cached == (pass ? SYS + SUF - 1 : 0), "salted pass %d: %d cached", pass,
+                   got[0].done.n_cached);
+            CHECK(!memcmp(got[0].ids, solo[1].ids, sizeof(int32_t) * MAXT));
+        }
+        /* opted out: nothing reused, same tokens */
+        g = gp(pr[2], SYS + SUF, MAXT, 0, 0);
+        g.no_prompt_cache = 1;
+        CHECK(ember_engine_submit(e, &g, &ss[0], &err) == EMBER_OK);
+        drain(ss[0], &got[0]);
+        ember_stream_free(ss[0]);
+        CHECK(got[0].done.n_cached == 0 && !memcmp(got[0].ids, solo[2].ids, sizeof(int32_t) * MAXT));
         ember_engine_free(e);
         ember_model_free(m);
     }

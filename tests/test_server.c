@@ -253,6 +253,28 @@ static void protocol_checks(void) {
     json_decref(su);
     free(stext);
     http_resp_free(&r);
+    /* cache_prompt: false reuses nothing; a cache_salt shares only with its own salt */
+    {
+        static const char *const extra[] = {",\"cache_prompt\":false", ",\"cache_salt\":\"tenant-a\"",
+                                            ",\"cache_salt\":\"tenant-a\""};
+        const int want[] = {0, 0, prompt_tokens - 1};
+        for (int i = 0; i < 3; i++) {
+            snprintf(body, sizeof body, q, extra[i]);
+            json_t *jc = post("/v1/chat/completions", body, &st);
+            json_t *uc = json_object_get(jc, "usage");
+            CHECKF(st == 200 && json_integer_value(json_object_get(json_object_get(uc, "prompt_tokens_details"),
+                                                                   "cached_tokens")) == want[i],
+                   "cache option %d: status %d", i, st);
+            const char *t2 = json_string_value(json_object_get(
+                json_object_get(json_array_get(json_object_get(jc, "choices"), 0), "message"), "content"));
+            CHECK(t2 && text && !strcmp(t2, text)); /* the same answer either way */
+            json_decref(jc);
+        }
+        snprintf(body, sizeof body, q, ",\"cache_salt\":7");
+        json_t *jb = post("/v1/chat/completions", body, &st);
+        CHECK(st == 400 && strstr(json_string_value(json_object_get(json_object_get(jb, "error"), "message")), "cache_salt"));
+        json_decref(jb);
+    }
     /* stop strings: cut the text before the stop, finish "stop" */
     if (text && strlen(text) >= 4) {
         char stop[8];
@@ -364,6 +386,8 @@ static void protocol_checks(void) {
     http_request(g_port, "GET", "/metrics", NULL, &r);
     CHECK(r.status == 200 && strstr(r.body, "ember_requests_running 0") && strstr(r.body, "ember_time_to_first_token_seconds_bucket") &&
           strstr(r.body, "ember_inter_token_latency_seconds_count"));
+    CHECK(strstr(r.body, "ember_prefix_cache_hits_total ") && strstr(r.body, "ember_prefix_cache_bytes ") &&
+          strstr(r.body, "ember_prefix_cache_evictions_total "));
     http_resp_free(&r);
 }
 

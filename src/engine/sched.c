@@ -19,11 +19,19 @@
  * (sampler configured, history copied) before the row joins the batch; a
  * failure ends that request with an error and leaves the batch untouched.
  *
- * Prefix reuse: a free row keeps the KV of its last request. A new request
- * takes the free row sharing the longest prefix with its prompt and skips
- * those positions (reported as n_cached). Since every kernel is batch
- * invariant, reused positions hold exactly the values a fresh prefill
- * would compute.
+ * Prefix reuse, two ways, the longer one wins:
+ *   - the prefix cache (kv_prefix.h): rows publish their full blocks as
+ *     their prompt is prefilled and when they end; a new request installs
+ *     the longest cached run of its prompt into a free row by reference
+ *     (rows of one batch share those blocks). Cached blocks no request
+ *     holds are evicted least recently used first when memory is short,
+ *     before any running request is preempted.
+ *   - a free row keeps the KV of its last request: a new request may take
+ *     the free row sharing the longest prefix with its prompt (to the
+ *     token, partial blocks too).
+ * Either way the reused positions are skipped (reported as n_cached).
+ * Since every kernel is batch invariant, they hold exactly the values a
+ * fresh prefill would compute.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -38,6 +46,7 @@
 
 #include "core/util.h"
 #include "engine.h"
+#include "kv/kv_prefix.h"
 #include "sample/sampler.h"
 
 /* ---- streams ---------------------------------------------------------------------- */
@@ -167,6 +176,7 @@ typedef struct row {
     uint64_t order;     /* admission order: prefill goes first-come first-served */
     uint64_t stamp;     /* the step that last took a prefill chunk from this row */
     uint64_t used;      /* the step this row last ran: free rows' KV is evicted oldest first */
+    uint64_t salt;      /* cache_salt of the request whose KV the row holds: reuse needs the same */
     ember_sampler *sampler;
     uint32_t *counts;   /* [V] generated-token counts (penalties) */
     uint8_t *seen;      /* [V / 8 + 1] tokens of prompt and output (repetition penalty) */
@@ -191,6 +201,7 @@ struct ember_engine {
     int *out_row; /* [n_rows] row of each logits row of a step */
     float *raw; /* [V] a row's logits before penalties, for logprobs */
     int *plan;          /* [n_rows] tokens each row takes in this step */
+    ember_kv_prefix *px; /* the prefix cache; NULL when the cache's kinds cannot share */
     ember_engine_stats stats; /* published under mu */
 };
 
@@ -214,6 +225,7 @@ void ember_engine_shutdown(ember_engine *e) {
 void ember_engine_free(ember_engine *e) {
     if (!e) return;
     ember_engine_shutdown(e);
+    ember_kv_prefix_free(e->px);
     for (int i = 0; i < e->n_rows; i++) row_free_mem(&e->rows[i]);
     free(e->rows);
     free(e->out_row);
@@ -254,6 +266,12 @@ static void release_row(ember_engine *e, row *r, ember_finish finish, int code, 
     r->s = NULL;
     r->phase = ROW_FREE;
     r->n_hist = ember_kv_len(e->m->kv, (int)(r - e->rows)); /* tokens beyond the KV were never fed */
+    if (s->g.no_prompt_cache) { /* opted out: its KV is not kept for anyone */
+        ember_kv_clear(e->m->kv, (int)(r - e->rows));
+        r->n_hist = 0;
+    } else if (e->px) { /* best effort: out of memory only publishes less */
+        (void)ember_kv_prefix_publish(e->px, (int)(r - e->rows), r->hist, r->n_hist, s->g.cache_salt);
+    }
     r->used = e->steps;
     pthread_mutex_lock(&e->mu);
     e->stats.generated_tokens_total += (uint64_t)r->n_gen;
@@ -284,7 +302,8 @@ static size_t kv_committed(ember_engine *e) {
 }
 
 /* Drops the KV a free row keeps for prefix reuse (the least recently used
-   one, except row keep); false when no free row holds any. */
+   one, except row keep), or when none holds any, prefix-cache blocks no
+   request holds; false when there was nothing to drop. */
 static bool evict_cached(ember_engine *e, int keep) {
     ember_kv *kv = e->m->kv;
     int best = -1;
@@ -292,7 +311,8 @@ static bool evict_cached(ember_engine *e, int keep) {
         if (i != keep && e->rows[i].phase == ROW_FREE && ember_kv_len(kv, i) > 0 &&
             (best < 0 || e->rows[i].used < e->rows[best].used))
             best = i;
-    if (best < 0) return false;
+    if (best < 0) /* then the prefix cache's blocks no request holds, a block's worth at a time */
+        return e->px && ember_kv_prefix_evict(e->px, ember_kv_bytes_per_token(kv, false) * EMBER_KV_BLOCK) > 0;
     ember_kv_clear(kv, best);
     e->rows[best].n_hist = 0;
     return true;
@@ -310,7 +330,8 @@ static void admit(ember_engine *e) {
         for (int i = 0; i < e->n_rows; i++) {
             row *r = &e->rows[i];
             if (r->phase != ROW_FREE) continue;
-            int c = common_prefix(r->hist, ember_kv_len(kv, i), s->prompt, s->g.n_prompt - 1);
+            int c = r->salt == s->g.cache_salt ? common_prefix(r->hist, ember_kv_len(kv, i), s->prompt, s->g.n_prompt - 1)
+                                                : 0;
             if (c > 0 && c < ember_kv_min_reuse(kv, i)) c = 0; /* the row cannot go back that far */
             if (c > best_len || (c == best_len && ember_kv_len(kv, i) < ember_kv_len(kv, best))) {
                 best = i;
@@ -318,18 +339,40 @@ static void admit(ember_engine *e) {
             }
         }
         if (best < 0) return; /* no free row: wait */
+        if (s->g.no_prompt_cache) best_len = 0; /* opted out: no reuse (the row's old KV goes) */
+        /* the prefix cache, when it has more: into an empty free row, or the least recently used one */
+        bool from_px = false;
+        int pm = e->px && !s->g.no_prompt_cache
+                     ? ember_kv_prefix_match(e->px, s->prompt, s->g.n_prompt - 1, s->g.cache_salt)
+                     : 0;
+        if (pm > best_len) {
+            int pick = -1;
+            for (int i = 0; i < e->n_rows; i++) {
+                const row *r = &e->rows[i];
+                if (r->phase != ROW_FREE) continue;
+                if (pick < 0 || (ember_kv_len(kv, i) == 0 && ember_kv_len(kv, pick) > 0) ||
+                    ((ember_kv_len(kv, i) == 0) == (ember_kv_len(kv, pick) == 0) && r->used < e->rows[pick].used))
+                    pick = i;
+            }
+            best = pick;
+            best_len = pm;
+            from_px = true;
+        }
         /* memory: the prompt's blocks beside what admitted rows still need */
         size_t need = ember_kv_request_bytes(kv, s->g.n_prompt) - ember_kv_request_bytes(kv, best_len);
+        /* the part of the row's own cache not reused comes back (all of it when the prefix comes
+           from the prefix cache; an estimate: blocks it shares stay) */
+        int own = from_px ? 0 : best_len;
         for (;;) {
             size_t have = ember_kv_free_bytes(kv), held = kv_committed(e);
-            if (ember_kv_len(kv, best) > best_len) /* the part of the row's cache not reused comes back */
-                have += ember_kv_request_bytes(kv, ember_kv_len(kv, best)) - ember_kv_request_bytes(kv, best_len);
+            if (ember_kv_len(kv, best) > own)
+                have += ember_kv_request_bytes(kv, ember_kv_len(kv, best)) - ember_kv_request_bytes(kv, own);
             if (need + held <= have) break;
             if (!evict_cached(e, best)) break;
         }
         size_t have = ember_kv_free_bytes(kv), held = kv_committed(e);
-        if (ember_kv_len(kv, best) > best_len)
-            have += ember_kv_request_bytes(kv, ember_kv_len(kv, best)) - ember_kv_request_bytes(kv, best_len);
+        if (ember_kv_len(kv, best) > own)
+            have += ember_kv_request_bytes(kv, ember_kv_len(kv, best)) - ember_kv_request_bytes(kv, own);
         bool running = false;
         for (int i = 0; i < e->n_rows && !running; i++) running = e->rows[i].phase != ROW_FREE;
         if (need + held > have && running) return; /* wait for running requests to give blocks back */
@@ -353,7 +396,11 @@ static void admit(ember_engine *e) {
             end_stream(s, EMBER_FINISH_ERROR, s->g.n_prompt, 0, 0, err.code, err.msg);
             continue;
         }
-        if (ember_kv_trim(kv, best, best_len, NULL) != EMBER_OK) {
+        if (from_px) {
+            ember_kv_clear(kv, best);
+            if (ember_kv_prefix_attach(e->px, best, s->prompt, best_len, s->g.cache_salt, NULL) != EMBER_OK)
+                best_len = 0; /* evicted meanwhile, or no memory for the table: a full prefill */
+        } else if (ember_kv_trim(kv, best, best_len, NULL) != EMBER_OK) {
             ember_kv_clear(kv, best);
             best_len = 0;
         }
@@ -365,6 +412,15 @@ static void admit(ember_engine *e) {
         r->n_target = s->g.n_prompt;
         r->n_fed = best_len;
         r->n_cached = best_len;
+        r->salt = s->g.cache_salt;
+        if (!s->g.no_prompt_cache) { /* a hit: positions reused, from the prefix cache or the row */
+            pthread_mutex_lock(&e->mu);
+            if (best_len > 0)
+                e->stats.prefix_cache_hits++;
+            else
+                e->stats.prefix_cache_misses++;
+            pthread_mutex_unlock(&e->mu);
+        }
         r->n_gen = 0;
         r->order = e->next_order++;
         r->phase = ROW_PREFILL;
@@ -603,6 +659,12 @@ static bool step(ember_engine *e) {
         }
         return true;
     }
+    if (e->px) /* prompts' full blocks go into the prefix cache as they are prefilled */
+        for (int i = 0; i < e->n_rows; i++) {
+            row *r = &e->rows[i];
+            if (r->phase == ROW_PREFILL && r->stamp == e->steps - 1 && !r->s->g.no_prompt_cache)
+                (void)ember_kv_prefix_publish(e->px, i, r->hist, ember_kv_len(kv, i), r->s->g.cache_salt);
+        }
     for (int o = 0; o < no; o++) {
         row *r = &e->rows[out_row[o]];
         take_token(e, r, m->logits + (size_t)o * (size_t)V);
@@ -626,6 +688,14 @@ static void publish_stats(ember_engine *e) {
     e->stats.kv_bytes_used = used;
     e->stats.kv_bytes_held = ember_kv_used_bytes(e->m->kv);
     e->stats.kv_blocks_used = ember_kv_blocks_used(e->m->kv);
+    if (e->px) {
+        ember_kv_prefix_stats ps;
+        ember_kv_prefix_get_stats(e->px, &ps);
+        e->stats.prefix_cache_entries = ps.entries;
+        e->stats.prefix_cache_bytes = ps.bytes;
+        e->stats.prefix_cache_bytes_unused = ps.bytes_exclusive;
+        e->stats.prefix_cache_evictions = ps.evictions;
+    }
     int waiting = 0;
     for (ember_stream *s = e->wait_head; s; s = s->next) waiting++;
     for (ember_stream *s = e->inbox; s; s = s->next) waiting++;
@@ -708,6 +778,11 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
         ember_kv_clear(m->kv, i);
     }
     if (!rc) rc = ember_engine_reserve_logits(m, (size_t)e->n_rows, err);
+    if (!rc) rc = ember_kv_prefix_new(m->kv, &e->px, err);
+    if (!rc && !ember_kv_prefix_supported(e->px)) { /* a rotating group: reuse stays per row */
+        ember_kv_prefix_free(e->px);
+        e->px = NULL;
+    }
     e->stats.rows = e->n_rows;
     e->stats.kv_bytes_total = ember_kv_capacity_bytes(m->kv);
     if (!rc && pthread_create(&e->thread, NULL, engine_main, e) != 0)

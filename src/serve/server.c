@@ -365,9 +365,21 @@ static int parse_sampling(ember_server *s, const json_t *o, gen_req *q, bad *b) 
     q->g.presence_penalty = (float)pres;
     q->g.frequency_penalty = (float)freq;
     q->g.repetition_penalty = (float)rep;
-    bool ignore_eos = false;
-    if (opt_bool(o, "stream", &q->stream, b) || opt_bool(o, "ignore_eos", &ignore_eos, b)) return -1;
+    bool ignore_eos = false, cache_prompt = true;
+    if (opt_bool(o, "stream", &q->stream, b) || opt_bool(o, "ignore_eos", &ignore_eos, b) ||
+        opt_bool(o, "cache_prompt", &cache_prompt, b))
+        return -1;
     q->g.ignore_eos = ignore_eos;
+    q->g.no_prompt_cache = !cache_prompt;
+    const json_t *salt = json_object_get(o, "cache_salt");
+    if (salt && !json_is_null(salt)) { /* requests share cached prompt blocks only with the same salt */
+        if (!json_is_string(salt) || json_string_length(salt) == 0 || json_string_length(salt) > 1024)
+            return fail(b, 400, "cache_salt", "'cache_salt' must be a string of 1 to 1024 bytes");
+        uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+        const unsigned char *c = (const unsigned char *)json_string_value(salt);
+        for (size_t i = 0; i < json_string_length(salt); i++) h = (h ^ c[i]) * 0x100000001b3ull;
+        q->g.cache_salt = h ? h : 1;
+    }
     const json_t *so = json_object_get(o, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) return fail(b, 400, "stream_options", "'stream_options' must be an object");
@@ -1057,6 +1069,18 @@ static enum MHD_Result do_metrics(ember_server *s, struct MHD_Connection *c) {
            (double)s->info.kv_bytes_per_token);
     metric(&o, "ember_requests_preempted_total", "counter",
            "Requests whose KV was dropped for memory and recomputed later.", (double)st.preempted_total);
+    metric(&o, "ember_prefix_cache_blocks", "gauge", "KV blocks held by the prefix cache.", st.prefix_cache_entries);
+    metric(&o, "ember_prefix_cache_bytes", "gauge", "Bytes of the KV blocks the prefix cache holds.",
+           (double)st.prefix_cache_bytes);
+    metric(&o, "ember_prefix_cache_unused_bytes", "gauge",
+           "Bytes of prefix cache blocks no running request holds (evicted first when memory is short).",
+           (double)st.prefix_cache_bytes_unused);
+    metric(&o, "ember_prefix_cache_hits_total", "counter", "Requests that reused cached prompt positions.",
+           (double)st.prefix_cache_hits);
+    metric(&o, "ember_prefix_cache_misses_total", "counter", "Requests that reused no cached prompt position.",
+           (double)st.prefix_cache_misses);
+    metric(&o, "ember_prefix_cache_evictions_total", "counter", "Prefix cache blocks evicted.",
+           (double)st.prefix_cache_evictions);
     {
         char line[256];
         snprintf(line, sizeof line,
