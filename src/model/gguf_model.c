@@ -126,6 +126,7 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
         window = (int)(u > 1u << 30 ? 0 : u);
     }
     for (int i = 0; i < cfg->n_layers; i++) cfg->layer_window[i] = window;
+    cfg->rope_local = cfg->rope; /* one RoPE for every layer */
 #undef KEY
     const ember_gguf_tensor *emb = ember_gguf_find_tensor(f, "token_embd.weight");
     if (!emb || emb->ndim != 2)
