@@ -10,7 +10,8 @@
 #include "fixture.h"
 #include "kv/kv.h"
 
-static const char *const k_families[] = {"llama", "llama_bf16", "qwen2", "qwen3", "mistral"};
+static const char *const k_families[] = {"llama",  "llama_bf16", "qwen2",      "qwen3",
+                                         "mistral", "phi3",       "gemma2", "gemma3_text"};
 
 /* Relative logit tolerance per KV kind (f32: the fixtures' 1e-4 mark). */
 typedef struct kv_tol {
