@@ -1,6 +1,7 @@
 /*
  * test_fixtures.c - parity with HuggingFace transformers on the fixture
- * models: for every llama-family fixture and every instruction set this CPU
+ * models: for every fixture of a supported family (llama, qwen2, qwen3,
+ * mistral, phi3, gemma2, gemma3_text) and every instruction set this CPU
  * has, the logits of every prompt position within 1e-4 x max|logit| (the
  * fixtures' recommended mark), the decode-step logits of p0, and the 24
  * greedy ids exactly.
