@@ -8,7 +8,8 @@
  *      q8_0 / q4_0 / q4_k_m: mean KL(f32 || quantized) over every position
  *      of the fixture prompts below 1e-3 (q8_0) and 5e-2 (4-bit); a random
  *      model whose rows are multiples of 256 (so Q4_K / Q6_K really run)
- *      likewise;
+ *      likewise; every family written as an F32 GGUF gives the safetensors
+ *      logits;
  *   4. batch invariance of a quantized model: three prompts together equal
  *      each alone, and 1 thread equals 2 threads, bit for bit.
  * Exits 77 when ../shared is absent.
@@ -164,8 +165,8 @@ static void kl_model(const char *dir, const char *tag, const fixture *f) {
 }
 
 static void test_kl(void) {
-    static const char *const fams[] = {"llama", "qwen2", "qwen3", "mistral"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const fams[] = {"llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text"};
+    for (int i = 0; i < 7; i++) {
         fixture f;
         fixture_open(&f, fams[i]);
         kl_model(f.dir, fams[i], &f);
@@ -189,6 +190,39 @@ static void test_kl(void) {
     fixture_open(&f, "llama");
     kl_model(dir, "qk256", &f);
     fixture_close(&f);
+}
+
+/* 3b: every fixture family written as an F32 GGUF (llama.cpp's tensor names
+   and keys, Gemma norms stored as 1 + w, phi3's fused matrices) gives the
+   safetensors logits: bit for bit where the layout is the same, within
+   1e-5 relative for llama / mistral (Q/K rows permuted for interleaved
+   RoPE, so q.k sums in another order). */
+static void test_gguf_f32(void) {
+    static const char *const fams[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"};
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
+        fixture f;
+        fixture_open(&f, fams[i]);
+        int rows = f.p[0].n + f.p[1].n + f.p[2].n;
+        size_t n = (size_t)rows * (size_t)f.vocab;
+        float *ref = malloc(n * 4), *got = malloc(n * 4);
+        char out[700];
+        snprintf(out, sizeof out, "%s/%s-f32.gguf", EMBER_TEST_TMP, fams[i]);
+        ember_error err = {0};
+        CHECKF(ember_quantize_to_gguf(f.dir, out, EMBER_QSCHEME_F32, &err) == EMBER_OK, "%s: %s", fams[i], err.msg);
+        CHECK(prompt_logits(f.dir, &f, 3, ref) == 0);
+        CHECK(prompt_logits(out, &f, 3, got) == 0);
+        bool permuted = strcmp(fams[i], "llama") == 0 || strcmp(fams[i], "mistral") == 0;
+        float d = 0, mx = max_abs(ref, n);
+        for (size_t k = 0; k < n; k++) d = fmaxf(d, fabsf(ref[k] - got[k]));
+        if (permuted)
+            CHECKF(d <= 1e-5f * mx, "%s f32 GGUF: max|dlogit| %g", fams[i], d);
+        else
+            CHECKF(!memcmp(ref, got, n * 4), "%s f32 GGUF: logits differ from safetensors (max %g)", fams[i], d);
+        fprintf(stderr, "%-12s f32 GGUF vs safetensors: max|dlogit| %g\n", fams[i], d);
+        free(ref);
+        free(got);
+        fixture_close(&f);
+    }
 }
 
 /* 4 */
@@ -296,6 +330,7 @@ int main(void) {
     test_stories();
     test_tiny_random();
     test_kl();
+    test_gguf_f32();
     test_batch_invariance();
     test_corrupt();
     return test_done();

@@ -37,7 +37,7 @@ static bool find_weight(const ember_loader *L, const char *name, wview *v) {
     memset(v, 0, sizeof *v);
     if (L->gg) {
         char gn[128];
-        if (!ember_gguf_tensor_name(name, gn, sizeof gn)) return false;
+        if (!ember_gguf_tensor_name(L->m->cfg.model_type, name, gn, sizeof gn)) return false;
         const ember_gguf_tensor *t = ember_gguf_find_tensor(L->gg, gn);
         if (!t) return false;
         *v = (wview){L->gg->path, t->dtype, t->ndim, {0}, t->data, t->nbytes};
