@@ -115,6 +115,19 @@ int main(void) {
            "%s", err.msg);
     CHECK(c.act == EMBER_ACT_SILU && !c.attn_bias && !c.qk_norm && !c.tie_embeddings && c.layer_window[0] == 2047 &&
           c.layer_window[1] == 2047);
+    /* MLX per-module entries for phi3's fused projections are kept (mlx-lm's mixed recipe bumps qkv_proj) */
+    CHECKF(parse("{" PHI3 ",\"quantization\":{\"group_size\":64,\"bits\":4,\"model.layers.1.self_attn.qkv_proj\":"
+                 "{\"group_size\":64,\"bits\":6},\"model.layers.0.mlp.gate_up_proj\":false}}",
+                 &c, &err) == EMBER_OK,
+           "%s", err.msg);
+    {
+        int bits, g;
+        CHECK(ember_config_quant_module(&c, "model.layers.1.self_attn.qkv_proj", &bits, &g) == EMBER_QMOD_QUANT &&
+              bits == 6 && g == 64);
+        CHECK(ember_config_quant_module(&c, "model.layers.0.self_attn.qkv_proj", &bits, &g) == EMBER_QMOD_DEFAULT &&
+              bits == 4);
+        CHECK(ember_config_quant_module(&c, "model.layers.0.mlp.gate_up_proj", &bits, &g) == EMBER_QMOD_FLOAT);
+    }
     CHECK(parse("{" PHI3 ",\"sliding_window\":null}", &c, &err) == EMBER_OK);
     CHECK(c.layer_window[0] == 0 && c.layer_window[1] == 0);
 

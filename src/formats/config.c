@@ -329,7 +329,8 @@ static const char *const k_layer_modules[EMBER_QUANT_LAYER_MODULES] = {
     "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
 
 /* The override slot of a module path: 0 embed, 1 lm_head, 2 + 7 * layer +
-   module for layer matrices; -1 for paths that are not llama matrices.
+   module for layer matrices (phi3's qkv_proj and gate_up_proj share the q
+   and gate slots); -1 for paths that are not such matrices.
    *bad_layer is set when the path names a layer >= n_layers. */
 static long quant_slot(int n_layers, const char *path, bool *bad_layer) {
     *bad_layer = false;
@@ -342,6 +343,19 @@ static long quant_slot(int n_layers, const char *path, bool *bad_layer) {
     int digits = 0;
     while (*p >= '0' && *p <= '9' && digits < 9) layer = layer * 10 + (*p++ - '0'), digits++;
     if (!digits || *p != '.') return -1;
+    /* phi3's fused projections take the slots of q_proj and gate_proj, which phi3 lacks */
+    static const struct {
+        const char *name;
+        int slot;
+    } k_fused[] = {{"self_attn.qkv_proj", 0}, {"mlp.gate_up_proj", 4}};
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(k_fused); i++)
+        if (strcmp(p + 1, k_fused[i].name) == 0) {
+            if (layer >= n_layers) {
+                *bad_layer = true;
+                return -1;
+            }
+            return 2 + EMBER_QUANT_LAYER_MODULES * layer + k_fused[i].slot;
+        }
     for (int i = 0; i < EMBER_QUANT_LAYER_MODULES; i++)
         if (strcmp(p + 1, k_layer_modules[i]) == 0) {
             if (layer >= n_layers) {

@@ -39,7 +39,7 @@ typedef struct ember_rope_config {
 
 /* MLX affine quantization from config.json "quantization" (or its copy
    "quantization_config"); formats/mlx_quant.h describes the format. */
-#define EMBER_QUANT_LAYER_MODULES 7 /* q, k, v, o, gate, up, down projections */
+#define EMBER_QUANT_LAYER_MODULES 7 /* q (phi3: qkv), k, v, o, gate (phi3: gate_up), up, down projections */
 #define EMBER_QUANT_FLOAT 1         /* override code: the module stays float */
 
 typedef struct ember_quant_config {
