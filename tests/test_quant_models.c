@@ -9,7 +9,8 @@
  *      of the fixture prompts below 1e-3 (q8_0) and 5e-2 (4-bit); a random
  *      model whose rows are multiples of 256 (so Q4_K / Q6_K really run)
  *      likewise; every family written as an F32 GGUF gives the safetensors
- *      logits;
+ *      logits; the config of gemma2 / gemma3 / phi3 GGUF metadata (defaults,
+ *      stored keys) and the refusal of unknown architectures;
  *   4. batch invariance of a quantized model: three prompts together equal
  *      each alone, and 1 thread equals 2 threads, bit for bit.
  * Exits 77 when ../shared is absent.
@@ -20,6 +21,7 @@
 #include "fixture.h"
 #include "core/cpu.h"
 #include "model/model.h"
+#include "formats/gguf_write.h"
 #include "model/quantize.h"
 
 /* 1 */
@@ -225,6 +227,87 @@ static void test_gguf_f32(void) {
     }
 }
 
+/* 3c: the model config of gemma2 / gemma3 / phi3 GGUF metadata: llama.cpp's
+   defaults where keys are absent, and unknown architectures refused with
+   the supported ones named. kv: extra keys as {key, value} (u32 when the
+   value has no '.', f32 otherwise). */
+typedef struct kvpair {
+    const char *key, *val;
+} kvpair;
+
+static int gguf_cfg(const char *arch, int layers, const kvpair *kv, int n_kv, ember_model_config *cfg,
+                    ember_error *err) {
+    char path[700], k[128];
+    snprintf(path, sizeof path, "%s/cfg-%s.gguf", EMBER_TEST_TMP, arch);
+    ember_gguf_writer *g = ember_gguf_writer_new();
+#define KEY(x) (snprintf(k, sizeof k, "%s.%s", arch, x), k)
+    ember_gguf_set_str(g, "general.architecture", arch, err);
+    ember_gguf_set_u32(g, KEY("embedding_length"), 64, err);
+    ember_gguf_set_u32(g, KEY("block_count"), (uint32_t)layers, err);
+    ember_gguf_set_u32(g, KEY("feed_forward_length"), 128, err);
+    ember_gguf_set_u32(g, KEY("attention.head_count"), 4, err);
+    ember_gguf_set_u32(g, KEY("attention.head_count_kv"), 2, err);
+    ember_gguf_set_u32(g, KEY("attention.key_length"), 32, err);
+    for (int i = 0; i < n_kv; i++) {
+        if (strchr(kv[i].val, '.'))
+            ember_gguf_set_f32(g, KEY(kv[i].key), strtof(kv[i].val, NULL), err);
+        else
+            ember_gguf_set_u32(g, KEY(kv[i].key), (uint32_t)strtoul(kv[i].val, NULL, 10), err);
+    }
+#undef KEY
+    ember_gguf_add_tensor(g, "token_embd.weight", EMBER_F32, 2, (const int64_t[]){16, 64}, calloc(16 * 64, 4), err);
+    int rc = ember_gguf_write_file(g, path, err);
+    ember_gguf_writer_free(g);
+    if (rc) return rc;
+    ember_gguf *f = NULL;
+    if ((rc = ember_gguf_open(path, &f, err))) return rc;
+    ember_rope_mode mode;
+    rc = ember_gguf_model_config(f, cfg, &mode, err);
+    if (!rc && mode != EMBER_ROPE_NEOX) rc = ember_err(err, EMBER_ERR_FORMAT, "interleaved RoPE for %s", arch);
+    ember_gguf_free(f);
+    return rc;
+}
+
+static void test_gguf_config(void) {
+    ember_model_config c;
+    ember_error err = {0};
+    /* gemma2 with no optional key: soft-caps 50 / 30, window on even layers, scale head_dim^-0.5 */
+    const kvpair g2[] = {{"attention.sliding_window", "16"}};
+    CHECKF(gguf_cfg("gemma2", 4, g2, 1, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(strcmp(c.model_type, "gemma2") == 0 && c.act == EMBER_ACT_GELU_TANH && c.attn_softcap == 50.0f &&
+          c.final_softcap == 30.0f && c.query_pre_attn_scalar == 32.0f && c.tie_embeddings);
+    CHECK(c.layer_window[0] == 16 && c.layer_window[1] == 0 && c.layer_window[2] == 16 && c.layer_window[3] == 0);
+    /* the 27B shape (46 layers): (hidden / heads)^-0.5; stored values win */
+    CHECKF(gguf_cfg("gemma2", 46, g2, 1, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.query_pre_attn_scalar == 16.0f);
+    const kvpair g2b[] = {{"attention.sliding_window", "16"}, {"attn_logit_softcapping", "2.0"},
+                          {"final_logit_softcapping", "0.0"}, {"attention.scale", "0.125"}};
+    CHECKF(gguf_cfg("gemma2", 2, g2b, 4, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.attn_softcap == 2.0f && c.final_softcap == 0.0f && c.query_pre_attn_scalar == 64.0f);
+    /* gemma3: 5 sliding layers of 6, no soft-capping, the sliding layers' RoPE unscaled at 10000 */
+    const kvpair g3[] = {{"attention.sliding_window", "512"}, {"rope.freq_base", "1000000.0"}};
+    CHECKF(gguf_cfg("gemma3", 12, g3, 2, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(strcmp(c.model_type, "gemma3_text") == 0 && c.attn_softcap == 0 && c.final_softcap == 0);
+    CHECK(c.rope.theta == 1e6 && c.rope_local.theta == 1e4);
+    for (int i = 0; i < 12; i++)
+        CHECKF(c.layer_window[i] == (i % 6 == 5 ? 0 : 512) && c.layer_sliding[i] == (i % 6 != 5), "layer %d", i);
+    const kvpair g3b[] = {{"attention.sliding_window", "8"}, {"attention.sliding_window_pattern", "3"},
+                          {"rope.freq_base_swa", "20000.0"}};
+    CHECKF(gguf_cfg("gemma3", 6, g3b, 3, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.rope_local.theta == 20000.0);
+    for (int i = 0; i < 6; i++) CHECKF(c.layer_window[i] == (i % 3 == 2 ? 0 : 8), "pattern 3 layer %d", i);
+    /* phi3: silu, NEOX, its window on every layer */
+    const kvpair p3[] = {{"attention.sliding_window", "2047"}};
+    CHECKF(gguf_cfg("phi3", 2, p3, 1, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.act == EMBER_ACT_SILU && c.layer_window[0] == 2047 && c.layer_window[1] == 2047);
+    /* an unknown architecture: one line naming it and the supported ones */
+    CHECK(gguf_cfg("gemma4", 2, NULL, 0, &c, &err) == EMBER_ERR_UNSUPPORTED);
+    CHECKF(strstr(err.msg, "'gemma4'") && !strchr(err.msg, '\n'), "%s", err.msg);
+    static const char *const archs[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"};
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        CHECKF(strstr(err.msg, archs[i]), "'%s' missing from: %s", archs[i], err.msg);
+}
+
 /* 4 */
 static void test_batch_invariance(void) {
     fixture f;
@@ -331,6 +414,7 @@ int main(void) {
     test_tiny_random();
     test_kl();
     test_gguf_f32();
+    test_gguf_config();
     test_batch_invariance();
     test_corrupt();
     return test_done();
