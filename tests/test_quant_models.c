@@ -10,7 +10,8 @@
  *      model whose rows are multiples of 256 (so Q4_K / Q6_K really run)
  *      likewise; every family written as an F32 GGUF gives the safetensors
  *      logits; the config of gemma2 / gemma3 / phi3 GGUF metadata (defaults,
- *      stored keys) and the refusal of unknown architectures;
+ *      stored keys) and the refusal of unknown architectures; files holding
+ *      a tensor the architecture does not read are refused naming it;
  *   4. batch invariance of a quantized model: three prompts together equal
  *      each alone, and 1 thread equals 2 threads, bit for bit.
  * Exits 77 when ../shared is absent.
@@ -308,6 +309,89 @@ static void test_gguf_config(void) {
         CHECKF(strstr(err.msg, archs[i]), "'%s' missing from: %s", archs[i], err.msg);
 }
 
+/* 3d: a file holding a tensor its architecture does not read is refused,
+   naming the tensor. path: a copy of src with the first occurrence of `from`
+   replaced by `to` (same length). */
+static void patched_copy(const char *src, const char *dst, const char *from, const char *to) {
+    FILE *fp = fopen(src, "rb");
+    CHECK(fp != NULL);
+    if (!fp) return;
+    fseek(fp, 0, SEEK_END);
+    size_t n = (size_t)ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *buf = malloc(n);
+    CHECK(fread(buf, 1, n, fp) == n);
+    fclose(fp);
+    size_t fl = strlen(from);
+    bool done = false;
+    for (size_t i = 0; i + fl <= n && !done; i++)
+        if (!memcmp(buf + i, from, fl)) {
+            memcpy(buf + i, to, fl);
+            done = true;
+        }
+    CHECKF(done, "%s: '%s' not found", src, from);
+    fp = fopen(dst, "wb");
+    CHECK(fp && fwrite(buf, 1, n, fp) == n);
+    if (fp) fclose(fp);
+    free(buf);
+}
+
+static void expect_refused(const char *path, const char *needle) {
+    ember_model *m = NULL;
+    ember_error err = {0};
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.n_threads = 1;
+    int rc = ember_model_load(path, &mp, &m, &err);
+    CHECKF(rc == EMBER_ERR_FORMAT && strstr(err.msg, needle) && strstr(err.msg, "not part of"), "%s: rc %d: %s", path,
+           rc, err.msg);
+    ember_model_free(m);
+}
+
+static void test_foreign_tensors(void) {
+    char src[700], dst[700];
+    /* llama's output.weight renamed: without the check it would run tied to the embeddings */
+    snprintf(src, sizeof src, "%s/llama-f32.gguf", EMBER_TEST_TMP); /* written by test_gguf_f32 */
+    snprintf(dst, sizeof dst, "%s/llama-renamed.gguf", EMBER_TEST_TMP);
+    patched_copy(src, dst, "output.weight", "outpux.weight");
+    expect_refused(dst, "'outpux.weight'");
+    /* qwen3 with layer 0's q-norm renamed: the q/k norms are off, layer 1's is foreign */
+    snprintf(src, sizeof src, "%s/qwen3-f32.gguf", EMBER_TEST_TMP);
+    snprintf(dst, sizeof dst, "%s/qwen3-renamed.gguf", EMBER_TEST_TMP);
+    patched_copy(src, dst, "blk.0.attn_q_norm.weight", "blk.0.attn_q_morm.weight");
+    expect_refused(dst, "attn_");
+    /* a safetensors shard with a tensor gemma2 does not have */
+    fixture f;
+    fixture_open(&f, "gemma2");
+    char dir[700], path[3000];
+    snprintf(dir, sizeof dir, "%s/foreign-gemma2", EMBER_TEST_TMP);
+    snprintf(path, sizeof path, "mkdir -p %s && cp %s/config.json %s/model.safetensors %s/", dir, f.dir, f.dir, dir);
+    CHECK(system(path) == 0);
+    snprintf(path, sizeof path, "%s/extra.safetensors", dir);
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp != NULL);
+    if (fp) {
+        const char hdr[] = "{\"model.layers.0.mlp.extra_proj.weight\":{\"dtype\":\"F32\",\"shape\":[2],"
+                           "\"data_offsets\":[0,8]}}";
+        uint64_t hl = sizeof hdr - 1;
+        float data[2] = {1, 2};
+        fwrite(&hl, 8, 1, fp);
+        fwrite(hdr, 1, hl, fp);
+        fwrite(data, 4, 2, fp);
+        fclose(fp);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    fp = fopen(path, "w");
+    CHECK(fp != NULL);
+    if (fp) {
+        fprintf(fp, "{\"weight_map\": {\"model.embed_tokens.weight\": \"model.safetensors\","
+                    " \"model.layers.0.mlp.extra_proj.weight\": \"extra.safetensors\"}}");
+        fclose(fp);
+    }
+    expect_refused(dir, "'model.layers.0.mlp.extra_proj.weight'");
+    fixture_close(&f);
+}
+
 /* 4 */
 static void test_batch_invariance(void) {
     fixture f;
@@ -415,6 +499,7 @@ int main(void) {
     test_kl();
     test_gguf_f32();
     test_gguf_config();
+    test_foreign_tensors();
     test_batch_invariance();
     test_corrupt();
     return test_done();

@@ -52,6 +52,29 @@ static bool find_weight(const ember_loader *L, const char *name, wview *v) {
     return true;
 }
 
+void ember_load_claim(ember_loader *L, const char *name) {
+    if (!L->claimed) return;
+    if (L->gg) {
+        char gn[128];
+        const ember_gguf_tensor *t = ember_gguf_tensor_name(L->m->cfg.model_type, name, gn, sizeof gn)
+                                         ? ember_gguf_find_tensor(L->gg, gn)
+                                         : NULL;
+        if (t) L->claimed[t - L->gg->tensors] = 1;
+        return;
+    }
+    const char *file = NULL;
+    const ember_st_tensor *st = ember_weights_find(L->w, name, &file);
+    size_t base = 0;
+    for (int f = 0; st && f < L->w->n_files; f++) {
+        const ember_st_file *sf = L->w->files[f];
+        if (st >= sf->tensors && st < sf->tensors + sf->n_tensors) {
+            L->claimed[base + (size_t)(st - sf->tensors)] = 1;
+            return;
+        }
+        base += (size_t)sf->n_tensors;
+    }
+}
+
 /* Weight dtypes the CPU backend multiplies with. */
 static bool weight_dtype_ok(ember_dtype t) {
     switch (t) {
@@ -116,12 +139,22 @@ int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int nd
         ember_dtype dt;
         int rc = ember_mlx_load_weight(L->w, &m->cfg, name, shape[0], shape[1], &blocks, &nb, &dt, L->err);
         if (rc) return rc;
-        if (blocks) return load_blocks(L, t, blocks, nb, dt, ndim, shape);
+        if (blocks) {
+            char part[216];
+            size_t len = strlen(name) - (sizeof ".weight" - 1); /* the MLX loader checked the suffix */
+            ember_load_claim(L, name);
+            snprintf(part, sizeof part, "%.*s.scales", (int)len, name);
+            ember_load_claim(L, part);
+            snprintf(part, sizeof part, "%.*s.biases", (int)len, name);
+            ember_load_claim(L, part);
+            return load_blocks(L, t, blocks, nb, dt, ndim, shape);
+        }
     }
     if (!find_weight(L, name, &st)) {
         if (optional) return EMBER_OK;
         return ember_err(L->err, EMBER_ERR_FORMAT, "%s: missing tensor '%s'", L->primary, name);
     }
+    ember_load_claim(L, name);
     const char *file = st.file;
     if (!weight_dtype_ok(st.dtype) || (as_f32 && !ember_can_dequantize(st.dtype)))
         return ember_err(L->err, EMBER_ERR_UNSUPPORTED,

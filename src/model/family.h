@@ -31,7 +31,13 @@ typedef struct ember_loader {
     const char *primary;    /* the file named in messages */
     ember_error *err;
     uint64_t dtype_seen;    /* bit mask of the large weights' dtypes */
+    unsigned char *claimed; /* per tensor of the file(s), in order: 1 once the model used it */
+    size_t n_tensors;
 } ember_loader;
+
+/* Marks the file tensor with HuggingFace name `name` as used (no-op when
+   absent). ember_load_tensor and ember_load_split mark what they bind. */
+void ember_load_claim(ember_loader *L, const char *name);
 
 /*
  * Binds t to the weight called name (a HuggingFace name) with the expected

@@ -42,6 +42,38 @@ static int apply_freq_factors(ember_loader *L) {
             return ember_err(L->err, EMBER_ERR_FORMAT, "%s: rope_freqs.weight[%d] is not a positive number", L->primary, i);
         m->inv_freq[i] = m->inv_freq[i] / f;
     }
+    if (L->claimed) L->claimed[t - L->gg->tensors] = 1;
+    return EMBER_OK;
+}
+
+/* Tensors a file may hold that no family reads: transformers' rotary
+   buffers, and the output projection of a tied model (transformers ties it
+   to the embedding, ignoring the stored copy). */
+static bool ignorable(const ember_llm *m, const char *name) {
+    size_t n = strlen(name);
+    static const char inv[] = "rotary_emb.inv_freq";
+    if (n >= sizeof inv - 1 && strcmp(name + n - (sizeof inv - 1), inv) == 0) return true;
+    return m->cfg.tie_embeddings && strncmp(name, "lm_head.", 8) == 0;
+}
+
+/* Refuses a file holding a tensor the family did not read, naming it: a
+   renamed or foreign tensor must not load silently (a GGUF whose
+   output.weight is renamed would otherwise run tied to the embeddings). */
+static int check_unclaimed(const ember_loader *L) {
+    const ember_llm *m = L->m;
+    size_t k = 0;
+    if (L->gg) {
+        for (size_t i = 0; i < L->gg->n_tensors; i++)
+            if (!L->claimed[i])
+                return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' is not part of a %s model", L->primary,
+                                 L->gg->tensors[i].name, m->cfg.model_type);
+        return EMBER_OK;
+    }
+    for (int f = 0; f < L->w->n_files; f++)
+        for (int i = 0; i < L->w->files[f]->n_tensors; i++, k++)
+            if (!L->claimed[k] && !ignorable(m, L->w->files[f]->tensors[i].name))
+                return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' is not part of a %s model",
+                                 L->w->files[f]->path, L->w->files[f]->tensors[i].name, m->cfg.model_type);
     return EMBER_OK;
 }
 
@@ -65,12 +97,21 @@ static int build(ember_llm *m, ember_loader *L) {
     if ((rc = ember_rope_freqs(local, cfg->head_dim, m->inv_freq_local, &m->n_rot_local,
                                &m->attn_factor_local, err)))
         return rc;
+    size_t n = 0;
+    if (L->gg) {
+        n = L->gg->n_tensors;
+    } else {
+        for (int f = 0; f < L->w->n_files; f++) n += (size_t)L->w->files[f]->n_tensors;
+    }
+    L->claimed = calloc(n + 1, 1);
+    L->n_tensors = n;
+    if (!L->claimed) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if ((rc = apply_freq_factors(L))) return rc;
     for (int i = 0; i < cfg->n_layers; i++) {
         m->layers[i].window = cfg->layer_window[i];
         m->layers[i].local_rope = cfg->layer_sliding[i];
     }
-    if ((rc = m->family->load(L))) return rc;
+    if ((rc = m->family->load(L)) || (rc = check_unclaimed(L))) return rc;
     uint64_t mask = L->dtype_seen;
     m->weight_dtype = "mixed";
     for (int t = 1; t < EMBER_DTYPE_COUNT; t++)
@@ -87,8 +128,9 @@ int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_
     m->be = be;
     m->rope_mode = EMBER_ROPE_NEOX;
     m->norm_plus_one = true; /* HF stores gemma's norms as w of x * (1 + w) */
-    ember_loader L = {m, w, NULL, w->primary, err, 0};
+    ember_loader L = {m, w, NULL, w->primary, err, 0, NULL, 0};
     int rc = build(m, &L);
+    free(L.claimed);
     if (rc) {
         ember_llm_free(m);
         return rc;
@@ -109,8 +151,9 @@ int ember_llm_from_gguf(ember_gguf *f, ember_backend *be, ember_model_config *cf
     m->gguf = f;
     int rc = ember_gguf_model_config(m->gguf, &m->cfg, &m->rope_mode, err);
     if (!rc) {
-        ember_loader L = {m, NULL, m->gguf, m->gguf->path, err, 0};
+        ember_loader L = {m, NULL, m->gguf, m->gguf->path, err, 0, NULL, 0};
         rc = build(m, &L);
+        free(L.claimed);
     }
     if (rc) {
         ember_llm_free(m);
