@@ -506,7 +506,7 @@ static void t_gguf(void) {
                                  "deepseek-coder", "deepseek-v3", "falcon", "starcoder", "refact", "command-r", "bloom",
                                  "viking", "tekken", "gpt-4o", "chameleon", "seed-coder", "chatglm4"};
     for (size_t i = 0; i < sizeof pres / sizeof pres[0]; i++) gguf_pre(pres[i]);
-    const char *toks[] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a"};
+    const char *toks[] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", ("\xE2\x96\x81" "a")};
     gguf_case("llama", toks, 7, 0, 0, "");
     gguf_case("rwkv", toks, 7, 0, EMBER_ERR_UNSUPPORTED, "unsupported tokenizer.ggml.model 'rwkv'");
     gguf_case("llama", toks, 7, 3, EMBER_ERR_FORMAT, "token_type has 3 entries for 7 tokens");

@@ -9,8 +9,7 @@
  *   v_hmax(v)          the largest lane
  *   v_store(p, v)      16 floats
  *   v_load_u8(p)       16 bytes as floats 0..255
- *   v_load_u4(p, hi)   the low (hi = 0) or high nibbles of 16 bytes as floats
- *   v_load_u4x2(p, &lo, &hi)  both at once
+ *   v_load_u4x2(p, &lo, &hi)  the low and the high nibbles of 16 bytes as floats
  *   v_exp(v)           e^x per lane (inputs >= -87 give results > 0)
  *   v_nib16(p)         16 nibbles of 8 bytes (low nibble first) as floats
  *   v_lut4(p, t)       t[nibble] for the 16 nibbles of 8 bytes, t [16]

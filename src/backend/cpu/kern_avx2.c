@@ -70,13 +70,6 @@ static inline vec16 v_load_u8(const unsigned char *p) {
     return (vec16){_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
-static inline vec16 v_load_u4(const unsigned char *p, int hi) {
-    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
-    if (hi) b = _mm_srli_epi16(b, 4);
-    b = _mm_and_si128(b, _mm_set1_epi8(0x0f));
-    return (vec16){_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
-                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
-}
 static inline vec16 v_max(vec16 a, vec16 b) {
     return (vec16){_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)};
 }

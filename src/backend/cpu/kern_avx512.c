@@ -59,12 +59,6 @@ static inline void v_store(float *p, vec16 a) {
 static inline vec16 v_load_u8(const unsigned char *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)));
 }
-static inline vec16 v_load_u4(const unsigned char *p, int hi) {
-    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
-    if (hi) b = _mm_srli_epi16(b, 4);
-    b = _mm_and_si128(b, _mm_set1_epi8(0x0f));
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
-}
 static inline vec16 v_max(vec16 a, vec16 b) {
     return _mm512_max_ps(a, b);
 }
