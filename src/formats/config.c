@@ -469,6 +469,13 @@ ember_qmod_kind ember_config_quant_module(const ember_model_config *cfg, const c
     return EMBER_QMOD_QUANT;
 }
 
+bool ember_config_model_type_supported(const char *model_type) {
+    static const char *const k_supported[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"};
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(k_supported); i++)
+        if (strcmp(model_type, k_supported[i]) == 0) return true;
+    return false;
+}
+
 int ember_config_parse(const char *file, const char *text, size_t len, ember_model_config *cfg,
                        ember_error *err) {
     memset(cfg, 0, sizeof *cfg);
@@ -489,10 +496,7 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
         rc = ember_err(err, EMBER_ERR_FORMAT, "%s: missing required field 'model_type'", file);
         goto done;
     }
-    static const char *const k_supported[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"};
-    bool ok = false;
-    for (size_t i = 0; i < EMBER_ARRAY_LEN(k_supported); i++) ok |= strcmp(mt, k_supported[i]) == 0;
-    if (!ok) {
+    if (!ember_config_model_type_supported(mt)) {
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
                        "%s: model_type '%.32s' is not supported (supported: " EMBER_SUPPORTED_MODEL_TYPES ")", file,
                        mt);

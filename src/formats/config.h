@@ -97,6 +97,9 @@ typedef struct ember_model_config {
     ember_quant_config quant;
 } ember_model_config;
 
+/* Whether config.json's model_type names a family Ember runs. */
+bool ember_config_model_type_supported(const char *model_type);
+
 /* Parses config.json text. name is used in messages. */
 int ember_config_parse(const char *name, const char *text, size_t len, ember_model_config *cfg,
                        ember_error *err);
