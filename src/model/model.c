@@ -4,7 +4,6 @@
  * loader, the run state and the checks of a batch. The families themselves
  * are llama.c and gemma.c (family.h).
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
