@@ -231,7 +231,7 @@ static void test_gguf_f32(void) {
 /* 3c: the model config of gemma2 / gemma3 / phi3 GGUF metadata: llama.cpp's
    defaults where keys are absent, and unknown architectures refused with
    the supported ones named. kv: extra keys as {key, value} (u32 when the
-   value has no '.', f32 otherwise). */
+   value has no '.', f32 otherwise, bools for "[0110]"). */
 typedef struct kvpair {
     const char *key, *val;
 } kvpair;
@@ -250,7 +250,12 @@ static int gguf_cfg(const char *arch, int layers, const kvpair *kv, int n_kv, em
     ember_gguf_set_u32(g, KEY("attention.head_count_kv"), 2, err);
     ember_gguf_set_u32(g, KEY("attention.key_length"), 32, err);
     for (int i = 0; i < n_kv; i++) {
-        if (strchr(kv[i].val, '.'))
+        if (kv[i].val[0] == '[') { /* bools: "[101]" */
+            bool b[64];
+            size_t n = 0;
+            for (const char *p = kv[i].val + 1; *p && *p != ']' && n < 64; p++) b[n++] = *p == '1';
+            ember_gguf_set_bools(g, KEY(kv[i].key), b, n, err);
+        } else if (strchr(kv[i].val, '.'))
             ember_gguf_set_f32(g, KEY(kv[i].key), strtof(kv[i].val, NULL), err);
         else
             ember_gguf_set_u32(g, KEY(kv[i].key), (uint32_t)strtoul(kv[i].val, NULL, 10), err);
@@ -297,6 +302,11 @@ static void test_gguf_config(void) {
     CHECKF(gguf_cfg("gemma3", 6, g3b, 3, &c, &err) == EMBER_OK, "%s", err.msg);
     CHECK(c.rope_local.theta == 20000.0);
     for (int i = 0; i < 6; i++) CHECKF(c.layer_window[i] == (i % 3 == 2 ? 0 : 8), "pattern 3 layer %d", i);
+    /* one flag per layer, as llama.cpp writes gemma4's; a wrong count is refused */
+    const kvpair g3c[] = {{"attention.sliding_window", "8"}, {"attention.sliding_window_pattern", "[1101]"}};
+    CHECKF(gguf_cfg("gemma3", 4, g3c, 2, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.layer_window[0] == 8 && c.layer_window[1] == 8 && c.layer_window[2] == 0 && c.layer_window[3] == 8);
+    CHECK(gguf_cfg("gemma3", 5, g3c, 2, &c, &err) == EMBER_ERR_FORMAT && strstr(err.msg, "4 entries for 5 layers"));
     /* phi3: silu, NEOX, its window on every layer */
     const kvpair p3[] = {{"attention.sliding_window", "2047"}};
     CHECKF(gguf_cfg("phi3", 2, p3, 1, &c, &err) == EMBER_OK, "%s", err.msg);

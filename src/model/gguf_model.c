@@ -23,8 +23,9 @@
  * (defaults 50 / 30 for gemma2, none for gemma3, as llama.cpp),
  * ARCH.attention.sliding_window on the sliding layers: every other layer
  * (gemma2) or 5 of 6 (gemma3), or ARCH.attention.sliding_window_pattern (a
- * period, or one integer per layer, nonzero = sliding; written by `ember
- * quantize` when the layers follow no period). The attention scale is
+ * period, or one flag per layer, bool or integer, true = sliding, as
+ * llama.cpp writes it for gemma4; `ember quantize` writes the bools when the
+ * layers follow no period). The attention scale is
  * ARCH.attention.scale when present, else llama.cpp's rule: head_dim^-0.5,
  * (hidden / heads)^-0.5 for the 27B models. gemma3's sliding layers use
  * ARCH.rope.freq_base_swa (default 10000) without scaling. The converter
@@ -74,24 +75,31 @@ static int gemma_config(const ember_gguf *f, const char *arch, int window, ember
         if (!(v > 1e-6f && v < 1e6f)) return ember_err(err, EMBER_ERR_FORMAT, "%s: attention.scale out of range", f->path);
         cfg->query_pre_attn_scalar = (float)(1.0 / ((double)v * (double)v));
     }
-    /* sliding layers: a period, or one flag per layer */
+    /* sliding layers: a period, or one flag per layer (bools as llama.cpp writes them, or integers) */
     int period = g2 ? 2 : 6;
     int32_t *flags = NULL;
     size_t n_flags = 0;
     const ember_gguf_kv *kv = ember_gguf_find_kv(f, KEY("attention.sliding_window_pattern"));
-    if (kv && kv->type == EMBER_GGUF_ARRAY) {
-        if ((rc = ember_gguf_get_i32s(f, key, &flags, &n_flags, err))) return rc;
-        if (n_flags != (size_t)cfg->n_layers) {
-            free(flags);
-            return ember_err(err, EMBER_ERR_FORMAT, "%s: %s has %zu entries for %d layers", f->path, key, n_flags,
-                             cfg->n_layers);
+    if (kv && kv->type == EMBER_GGUF_ARRAY && kv->arr_type == EMBER_GGUF_BOOL) {
+        n_flags = kv->arr_len;
+        if (n_flags == (size_t)cfg->n_layers && kv->arr_bytes == n_flags) {
+            flags = malloc(n_flags * sizeof *flags + 1);
+            if (!flags) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+            for (size_t i = 0; i < n_flags; i++) flags[i] = kv->arr_data[i] != 0;
         }
+    } else if (kv && kv->type == EMBER_GGUF_ARRAY) {
+        if ((rc = ember_gguf_get_i32s(f, key, &flags, &n_flags, err))) return rc;
     } else if (kv) {
         uint32_t u;
         if ((rc = ember_gguf_get_u32(f, key, &u, err))) return rc;
         if (u < 1 || u > (uint32_t)EMBER_MAX_LAYERS)
             return ember_err(err, EMBER_ERR_FORMAT, "%s: %s %u out of range", f->path, key, u);
         period = (int)u;
+    }
+    if (kv && kv->type == EMBER_GGUF_ARRAY && (!flags || n_flags != (size_t)cfg->n_layers)) {
+        free(flags);
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: %s has %zu entries for %d layers", f->path, key, n_flags,
+                         cfg->n_layers);
     }
     for (int i = 0; i < cfg->n_layers; i++) {
         bool sliding = flags ? flags[i] != 0 : (i + 1) % period != 0;

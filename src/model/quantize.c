@@ -263,7 +263,7 @@ static int write_gemma(ember_gguf_writer *g, const ember_model_config *c, const 
         return rc;
     const int period = g2 ? 2 : 6;
     bool periodic = true;
-    int32_t *flags = malloc((size_t)c->n_layers * sizeof *flags);
+    bool *flags = malloc((size_t)c->n_layers * sizeof *flags);
     if (!flags) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     for (int i = 0; i < c->n_layers; i++) {
         flags[i] = c->layer_window[i] > 0;
@@ -277,7 +277,7 @@ static int write_gemma(ember_gguf_writer *g, const ember_model_config *c, const 
     if (window > 0) {
         rc = ember_gguf_set_u32(g, KEY("attention.sliding_window"), (uint32_t)window, err);
         if (!rc && !periodic)
-            rc = ember_gguf_set_i32s(g, KEY("attention.sliding_window_pattern"), flags, (size_t)c->n_layers, err);
+            rc = ember_gguf_set_bools(g, KEY("attention.sliding_window_pattern"), flags, (size_t)c->n_layers, err);
     }
     free(flags);
     if (rc) return rc;
