@@ -5,8 +5,8 @@
  *   - AVX2 and AVX-512 bit-identical (same 16-lane order, both FMA);
  *   - a row's output bit-identical whatever the batch (M) around it and
  *     however the weight rows are grouped (the heart of batch invariance).
- * And the CPU backend's elementwise geglu and scale ops against double
- * precision, on every ISA and thread count, in place and not.
+ * And the CPU backend's elementwise geglu, scale and softcap ops against
+ * double precision, on every ISA and thread count, in place and not.
  */
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
@@ -166,6 +166,12 @@ static void test_elementwise_ops(void) {
             bool exact = true;
             for (int i = 0; i < N; i++) exact &= got[i] == g[i] * 8.0f;
             CHECKF(exact, "scale %s: not the exact products", ember_isa_name(isas[a]));
+            CHECK(be->ops->softcap(be, &to, &tg, 4.0f, &err) == EMBER_OK); /* tg holds 8 g now */
+            be->ops->read(be, &to, 0, got, N * sizeof *got, &err);
+            worst = 0;
+            for (int i = 0; i < N; i++) worst = fmax(worst, fabs(got[i] - 4.0 * tanh(8.0 * g[i] / 4.0)));
+            CHECKF(worst <= 2e-6, "softcap %s: error %g", ember_isa_name(isas[a]), worst);
+            CHECK(be->ops->softcap(be, &to, &tg, 0.0f, &err) == EMBER_ERR_INVALID_ARG);
             const int64_t sh2[1] = {N - 1};
             ember_tensor small;
             CHECK(ember_tensor_view(&small, bo, 0, EMBER_F32, 1, sh2, &err) == EMBER_OK);

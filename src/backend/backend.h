@@ -203,6 +203,9 @@ typedef struct ember_backend_ops {
                  const ember_tensor *up, ember_error *err);
     /* dst = a * s, elementwise; dst may be a. */
     int (*scale)(ember_backend *be, ember_tensor *dst, const ember_tensor *a, float s, ember_error *err);
+    /* dst = cap * tanh(a / cap), elementwise (Gemma's final logit soft-capping;
+       cap > 0); dst may be a. */
+    int (*softcap)(ember_backend *be, ember_tensor *dst, const ember_tensor *a, float cap, ember_error *err);
     /* dst = a + b, elementwise; dst may alias a or b. */
     int (*add)(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
                ember_error *err);

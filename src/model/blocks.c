@@ -10,7 +10,6 @@
  * Forward blocks: each is a fixed sequence of backend ops on the run
  * state's views. The llama family's numerics are exactly these sequences.
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -344,14 +343,12 @@ int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, floa
         int n = b->n_out - o0 < st->max_logit_rows ? b->n_out - o0 : st->max_logit_rows;
         ember_tensor sel = rows_view(&st->sel, 2, n, H, 0), lg = rows_view(&st->logits, 2, n, V, 0);
         ember_matmul head = {&lg, &f->m->lm_head, NULL};
-        float *out = logits + (size_t)o0 * (size_t)V;
         if ((rc = ops->get_rows(be, &sel, &f->x, b->out + o0, n, f->err)) ||
             (rc = ops->rms_norm(be, &sel, &sel, norm, f->m->cfg.rms_norm_eps, plus_one, f->err)) ||
             (rc = ops->matmul(be, &sel, 1, &head, f->err)) ||
-            (rc = ops->read(be, &lg, 0, out, (size_t)n * (size_t)V * 4, f->err)))
+            (softcap > 0 && (rc = ops->softcap(be, &lg, &lg, softcap, f->err))) ||
+            (rc = ops->read(be, &lg, 0, logits + (size_t)o0 * (size_t)V, (size_t)n * (size_t)V * 4, f->err)))
             return rc;
-        if (softcap > 0)
-            for (size_t i = 0; i < (size_t)n * (size_t)V; i++) out[i] = tanhf(out[i] / softcap) * softcap;
     }
     return EMBER_OK;
 }

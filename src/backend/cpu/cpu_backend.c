@@ -930,8 +930,8 @@ typedef struct ew_job {
     float *dst;
     const float *a, *b;
     int64_t n;
-    int kind; /* 0 swiglu, 1 add, 2 geglu, 3 scale */
-    float s;  /* scale */
+    int kind; /* 0 swiglu, 1 add, 2 geglu, 3 scale, 4 softcap */
+    float s;  /* scale, cap */
 } ew_job;
 
 /* gelu with the tanh approximation, as torch computes it in f32. */
@@ -954,8 +954,10 @@ static void ew_task(void *ctx, int task, int thread) {
         for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] + j->b[i];
     } else if (j->kind == 2) {
         for (int64_t i = i0; i < i1; i++) j->dst[i] = gelu_tanh(j->a[i]) * j->b[i];
-    } else {
+    } else if (j->kind == 3) {
         for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] * j->s;
+    } else {
+        for (int64_t i = i0; i < i1; i++) j->dst[i] = tanhf(j->a[i] / j->s) * j->s;
     }
 }
 
@@ -987,6 +989,11 @@ static int cpu_geglu(ember_backend *be, ember_tensor *dst, const ember_tensor *g
 
 static int cpu_scale(ember_backend *be, ember_tensor *dst, const ember_tensor *a, float s, ember_error *err) {
     return run_ew(be, dst, a, a, 3, s, "scale", err);
+}
+
+static int cpu_softcap(ember_backend *be, ember_tensor *dst, const ember_tensor *a, float cap, ember_error *err) {
+    if (!(cap > 0)) return ember_err(err, EMBER_ERR_INVALID_ARG, "softcap: cap %g is not positive", (double)cap);
+    return run_ew(be, dst, a, a, 4, cap, "softcap", err);
 }
 
 static int cpu_add(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
@@ -1027,6 +1034,7 @@ static const ember_backend_ops k_cpu_ops = {
     .swiglu = cpu_swiglu,
     .geglu = cpu_geglu,
     .scale = cpu_scale,
+    .softcap = cpu_softcap,
     .add = cpu_add,
 };
 

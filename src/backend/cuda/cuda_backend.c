@@ -438,6 +438,11 @@ static int cuda_scale(ember_backend *be, ember_tensor *dst, const ember_tensor *
     return run_ew(be, dst, a, a, 3, s, "scale", err);
 }
 
+static int cuda_softcap(ember_backend *be, ember_tensor *dst, const ember_tensor *a, float cap, ember_error *err) {
+    if (!(cap > 0)) return ember_err(err, EMBER_ERR_INVALID_ARG, "softcap: cap %g is not positive", (double)cap);
+    return run_ew(be, dst, a, a, 4, cap, "softcap", err);
+}
+
 static int cuda_add(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
                     ember_error *err) {
     return run_ew(be, dst, a, b, 1, 0.0f, "add", err);
@@ -476,6 +481,7 @@ static const ember_backend_ops k_cuda_ops = {
     .swiglu = cuda_swiglu,
     .geglu = cuda_geglu,
     .scale = cuda_scale,
+    .softcap = cuda_softcap,
     .add = cuda_add,
 };
 

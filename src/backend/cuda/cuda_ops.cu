@@ -1,6 +1,6 @@
 /*
  * cuda_ops.cu - the row and elementwise ops of the CUDA backend: get_rows,
- * rms_norm, rope, swiglu, geglu, scale and add. Every output is f32.
+ * rms_norm, rope, swiglu, geglu, scale, softcap and add. Every output is f32.
  *
  * Each op's arithmetic is written as the CPU backend writes it
  * (cpu_backend.c), built without contraction of multiplies and adds
@@ -138,8 +138,10 @@ static __global__ void __launch_bounds__(THREADS)
         } else if (kind == 2) {
             const float g = a[i], inner = 0.7978845608028654f * (g + 0.044715f * (g * g * g));
             dst[i] = 0.5f * g * (1.0f + tanhf(inner)) * b[i];
-        } else {
+        } else if (kind == 3) {
             dst[i] = a[i] * s;
+        } else {
+            dst[i] = tanhf(a[i] / s) * s;
         }
     }
 }
