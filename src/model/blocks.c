@@ -252,6 +252,7 @@ static ember_tensor rows_view(const ember_tensor *t, int ndim, int64_t d0, int64
     return v;
 }
 
+/* t when bound, else NULL (an absent bias). */
 static const ember_tensor *opt(const ember_tensor *t) {
     return t->buf ? t : NULL;
 }

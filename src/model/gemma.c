@@ -25,6 +25,7 @@
 
 #include "family.h"
 
+/* Binds layer i's tensors (HuggingFace names), shapes from the config. */
 static int load_layer(ember_loader *L, int i) {
     ember_llm *m = L->m;
     const ember_model_config *c = &m->cfg;

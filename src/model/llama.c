@@ -20,6 +20,8 @@
 
 #include "family.h"
 
+/* Binds layer i's tensors (HuggingFace names), shapes from the config;
+   phi3's fused projections as row views. */
 static int load_layer(ember_loader *L, int i) {
     ember_llm *m = L->m;
     const ember_model_config *c = &m->cfg;
