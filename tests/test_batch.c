@@ -8,7 +8,8 @@
 #include "ember.h"
 #include "fixture.h"
 
-static const char *const k_families[] = {"llama", "llama_bf16", "qwen2", "qwen3", "mistral"};
+static const char *const k_families[] = {"llama",   "llama_bf16", "qwen2",  "qwen3",
+                                         "mistral", "phi3",       "gemma2", "gemma3_text"};
 
 typedef struct run {
     int32_t ids[3][24];

@@ -14,6 +14,13 @@ static int parse(const char *json, ember_model_config *c, ember_error *err) {
 #define BASE "\"model_type\":\"llama\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128," \
              "\"num_hidden_layers\":2,\"num_attention_heads\":4"
 
+#define GEMMA2 "\"model_type\":\"gemma2\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128," \
+               "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16"
+#define GEMMA3 "\"model_type\":\"gemma3_text\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128," \
+               "\"num_hidden_layers\":12,\"num_attention_heads\":4,\"num_key_value_heads\":1,\"head_dim\":16"
+#define PHI3 "\"model_type\":\"phi3\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128," \
+             "\"num_hidden_layers\":2,\"num_attention_heads\":4"
+
 static void expect_err(const char *json, int code, const char *needle) {
     ember_model_config c;
     ember_error err = {0};
@@ -60,6 +67,70 @@ int main(void) {
     CHECK(parse("{" BASE ",\"attention_bias\":true,\"mlp_bias\":true}", &c, &err) == EMBER_OK);
     CHECK(c.attn_bias && c.attn_out_bias && c.mlp_bias);
 
+    /* gemma2, transformers 5 format (as the fixture) */
+    CHECKF(parse("{" GEMMA2 ",\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\","
+                 "\"full_attention\"],\"sliding_window\":16,\"attn_logit_softcapping\":2.0,"
+                 "\"final_logit_softcapping\":4.0,\"query_pre_attn_scalar\":32,\"hidden_activation\":"
+                 "\"gelu_pytorch_tanh\",\"rope_parameters\":{\"rope_theta\":10000.0,\"rope_type\":\"default\"},"
+                 "\"tie_word_embeddings\":true,\"use_bidirectional_attention\":null}",
+                 &c, &err) == EMBER_OK,
+           "%s", err.msg);
+    CHECK(c.act == EMBER_ACT_GELU_TANH && c.attn_softcap == 2.0f && c.final_softcap == 4.0f &&
+          c.query_pre_attn_scalar == 32.0f && c.tie_embeddings && !c.qk_norm && !c.attn_bias);
+    CHECK(c.layer_window[0] == 16 && c.layer_window[1] == 0 && c.layer_window[2] == 16 && c.layer_window[3] == 0);
+    CHECK(c.layer_sliding[0] && !c.layer_sliding[1] && c.rope.theta == 10000.0 && c.rope_local.theta == 10000.0);
+    /* gemma2, hub format: transformers' defaults (softcaps 50 / 30, window 4096 on even layers, tied) */
+    CHECKF(parse("{" GEMMA2 ",\"rope_theta\":10000.0,\"hidden_act\":\"gelu_pytorch_tanh\"}", &c, &err) == EMBER_OK,
+           "%s", err.msg);
+    CHECK(c.attn_softcap == 50.0f && c.final_softcap == 30.0f && c.query_pre_attn_scalar == 256.0f && c.tie_embeddings);
+    CHECK(c.layer_window[0] == 4096 && c.layer_window[1] == 0 && c.layer_window[2] == 4096 && c.layer_window[3] == 0);
+    /* null soft-capping: none */
+    CHECK(parse("{" GEMMA2 ",\"attn_logit_softcapping\":null,\"final_logit_softcapping\":null}", &c, &err) ==
+          EMBER_OK);
+    CHECK(c.attn_softcap == 0 && c.final_softcap == 0);
+    /* gemma3_text, transformers 5: rope_parameters keyed by layer type */
+    CHECKF(parse("{" GEMMA3 ",\"sliding_window\":512,\"query_pre_attn_scalar\":16,\"rope_parameters\":"
+                 "{\"full_attention\":{\"rope_theta\":1000000.0,\"rope_type\":\"linear\",\"factor\":8.0},"
+                 "\"sliding_attention\":{\"rope_theta\":10000.0,\"rope_type\":\"default\"}},"
+                 "\"_sliding_window_pattern\":6}",
+                 &c, &err) == EMBER_OK,
+           "%s", err.msg);
+    CHECK(c.qk_norm && c.attn_softcap == 0 && c.final_softcap == 0 && c.act == EMBER_ACT_GELU_TANH);
+    CHECK(c.rope.theta == 1e6 && c.rope.type == EMBER_ROPE_LINEAR && c.rope.factor == 8.0);
+    CHECK(c.rope_local.theta == 1e4 && c.rope_local.type == EMBER_ROPE_DEFAULT);
+    for (int i = 0; i < 12; i++)
+        CHECKF(c.layer_window[i] == (i % 6 == 5 ? 0 : 512) && c.layer_sliding[i] == (i % 6 != 5), "gemma3 layer %d", i);
+    /* gemma3_text, hub format: rope_local_base_freq, rope_scaling for the global layers */
+    CHECKF(parse("{" GEMMA3 ",\"rope_theta\":1000000.0,\"rope_local_base_freq\":10000.0,\"rope_scaling\":"
+                 "{\"rope_type\":\"linear\",\"factor\":8.0},\"sliding_window_pattern\":4,\"sliding_window\":64}",
+                 &c, &err) == EMBER_OK,
+           "%s", err.msg);
+    CHECK(c.rope.theta == 1e6 && c.rope.type == EMBER_ROPE_LINEAR && c.rope.factor == 8.0);
+    CHECK(c.rope_local.theta == 1e4 && c.rope_local.type == EMBER_ROPE_DEFAULT && c.rope_local.factor == 1.0);
+    for (int i = 0; i < 12; i++) CHECKF(c.layer_window[i] == (i % 4 == 3 ? 0 : 64), "gemma3 hub layer %d", i);
+    /* phi3: silu, no biases, a window on every layer when set */
+    CHECKF(parse("{" PHI3 ",\"sliding_window\":2047,\"hidden_act\":\"silu\",\"rope_theta\":10000.0,"
+                 "\"rope_scaling\":null,\"original_max_position_embeddings\":4096}",
+                 &c, &err) == EMBER_OK,
+           "%s", err.msg);
+    CHECK(c.act == EMBER_ACT_SILU && !c.attn_bias && !c.qk_norm && !c.tie_embeddings && c.layer_window[0] == 2047 &&
+          c.layer_window[1] == 2047);
+    /* MLX per-module entries for phi3's fused projections are kept (mlx-lm's mixed recipe bumps qkv_proj) */
+    CHECKF(parse("{" PHI3 ",\"quantization\":{\"group_size\":64,\"bits\":4,\"model.layers.1.self_attn.qkv_proj\":"
+                 "{\"group_size\":64,\"bits\":6},\"model.layers.0.mlp.gate_up_proj\":false}}",
+                 &c, &err) == EMBER_OK,
+           "%s", err.msg);
+    {
+        int bits, g;
+        CHECK(ember_config_quant_module(&c, "model.layers.1.self_attn.qkv_proj", &bits, &g) == EMBER_QMOD_QUANT &&
+              bits == 6 && g == 64);
+        CHECK(ember_config_quant_module(&c, "model.layers.0.self_attn.qkv_proj", &bits, &g) == EMBER_QMOD_DEFAULT &&
+              bits == 4);
+        CHECK(ember_config_quant_module(&c, "model.layers.0.mlp.gate_up_proj", &bits, &g) == EMBER_QMOD_FLOAT);
+    }
+    CHECK(parse("{" PHI3 ",\"sliding_window\":null}", &c, &err) == EMBER_OK);
+    CHECK(c.layer_window[0] == 0 && c.layer_window[1] == 0);
+
     /* errors: missing, mistyped, out of range, unsupported */
     expect_err("{\"model_type\":\"llama\",\"vocab_size\":100}", EMBER_ERR_FORMAT, "'hidden_size'");
     expect_err("{" BASE ",\"num_key_value_heads\":\"2\"}", EMBER_ERR_FORMAT, "must be an integer, got string");
@@ -75,7 +146,21 @@ int main(void) {
     expect_err("{" BASE ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8}}", EMBER_ERR_FORMAT,
                "low_freq_factor");
     expect_err("{" BASE ",\"hidden_act\":\"gelu\"}", EMBER_ERR_UNSUPPORTED, "gelu");
-    expect_err("{\"model_type\":\"gemma2\"}", EMBER_ERR_UNSUPPORTED, "gemma2");
+    /* an unknown model_type: one line naming it and every supported one */
+    expect_err("{\"model_type\":\"gemma4_text\"}", EMBER_ERR_UNSUPPORTED, "gemma4_text");
+    {
+        ember_error e = {0};
+        CHECK(parse("{\"model_type\":\"mixtral\"}", &c, &e) == EMBER_ERR_UNSUPPORTED);
+        CHECKF(strstr(e.msg, "'mixtral'") && !strchr(e.msg, '\n'), "%s", e.msg);
+        static const char *const supported[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"};
+        for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
+            CHECKF(strstr(e.msg, supported[i]), "'%s' missing from: %s", supported[i], e.msg);
+    }
+    expect_err("{" GEMMA2 ",\"hidden_activation\":\"gelu\"}", EMBER_ERR_UNSUPPORTED, "hidden_activation");
+    expect_err("{" GEMMA3 ",\"use_bidirectional_attention\":true}", EMBER_ERR_UNSUPPORTED, "bidirectional");
+    expect_err("{" PHI3 ",\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1],\"long_factor\":[1]}}",
+               EMBER_ERR_UNSUPPORTED, "longrope");
+    expect_err("{" GEMMA3 ",\"rope_parameters\":{\"full_attention\":1}}", EMBER_ERR_FORMAT, "rope_parameters");
     expect_err("{\"vocab_size\":1}", EMBER_ERR_FORMAT, "model_type");
     expect_err("[]", EMBER_ERR_FORMAT, "not a JSON object");
     expect_err("{\"model_type\":", EMBER_ERR_FORMAT, "not valid JSON");

@@ -449,13 +449,13 @@ static void test_rope(void) {
     pair_free(&x);
 }
 
-/* ---- swiglu, add ------------------------------------------------------------------------------- */
+/* ---- swiglu, add, geglu, scale, softcap ------------------------------------------------------------------------------- */
 
 static void test_elementwise(void) {
     const int64_t ns[] = {1000, (1 << 20) + 5};
     ember_error err;
     for (int s = 0; s < 2; s++)
-        for (int kind = 0; kind < 2; kind++)
+        for (int kind = 0; kind < 5; kind++)
             for (int alias = 0; alias < 2; alias++) {
                 pair a, b, y;
                 int64_t sh[1] = {ns[s]};
@@ -470,12 +470,22 @@ static void test_elementwise(void) {
                 if (kind == 0) {
                     CHECK(g_gpu->ops->swiglu(g_gpu, &out->g, &a.g, &b.g, &err) == EMBER_OK);
                     CHECK(g_cpu->ops->swiglu(g_cpu, &out->c, &a.c, &b.c, &err) == EMBER_OK);
-                } else {
+                } else if (kind == 1) {
                     CHECK(g_gpu->ops->add(g_gpu, &out->g, &a.g, &b.g, &err) == EMBER_OK);
                     CHECK(g_cpu->ops->add(g_cpu, &out->c, &a.c, &b.c, &err) == EMBER_OK);
+                } else if (kind == 2) {
+                    CHECK(g_gpu->ops->geglu(g_gpu, &out->g, &a.g, &b.g, &err) == EMBER_OK);
+                    CHECK(g_cpu->ops->geglu(g_cpu, &out->c, &a.c, &b.c, &err) == EMBER_OK);
+                } else if (kind == 3) {
+                    CHECK(g_gpu->ops->scale(g_gpu, &out->g, &a.g, 8.0f, &err) == EMBER_OK);
+                    CHECK(g_cpu->ops->scale(g_cpu, &out->c, &a.c, 8.0f, &err) == EMBER_OK);
+                } else {
+                    CHECK(g_gpu->ops->softcap(g_gpu, &out->g, &a.g, 0.5f, &err) == EMBER_OK);
+                    CHECK(g_cpu->ops->softcap(g_cpu, &out->c, &a.c, 0.5f, &err) == EMBER_OK);
                 }
+                static const char *const names[] = {"swiglu", "add", "geglu", "scale", "softcap"};
                 char what[64];
-                snprintf(what, sizeof what, "%s n%lld alias%d", kind ? "add" : "swiglu", (long long)ns[s], alias);
+                snprintf(what, sizeof what, "%s n%lld alias%d", names[kind], (long long)ns[s], alias);
                 compare(out, what);
                 if (!alias) pair_free(&y);
                 pair_free(&a);

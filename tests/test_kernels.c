@@ -5,7 +5,10 @@
  *   - AVX2 and AVX-512 bit-identical (same 16-lane order, both FMA);
  *   - a row's output bit-identical whatever the batch (M) around it and
  *     however the weight rows are grouped (the heart of batch invariance).
+ * And the CPU backend's elementwise geglu, scale and softcap ops against
+ * double precision, on every ISA and thread count, in place and not.
  */
+#include "backend/backend.h"
 #include "backend/cpu/kernels.h"
 #include "core/cpu.h"
 #include "core/dtype.h"
@@ -121,6 +124,69 @@ static void test_axpy(void) {
     if (ember_isa_supported(EMBER_ISA_AVX512)) CHECK(!memcmp(y[1], y[2], sizeof y[1]));
 }
 
+/* gelu_pytorch_tanh(g) * u in double precision. */
+static double geglu_ref(double g, double u) {
+    return 0.5 * g * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g))) * u;
+}
+
+static void test_elementwise_ops(void) {
+    enum { N = 40000 }; /* more than one task's chunk */
+    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
+    float *g = malloc(N * sizeof *g), *u = malloc(N * sizeof *u), *got = malloc(N * sizeof *got);
+    for (int i = 0; i < N; i++) {
+        g[i] = frand() * (i % 7 == 0 ? 12.0f : 3.0f); /* tanh saturates for the large ones */
+        u[i] = frand();
+    }
+    for (int a = 0; a < 3; a++) {
+        if (!ember_isa_supported(isas[a])) continue;
+        for (int threads = 1; threads <= 2; threads++) {
+            ember_backend *be;
+            ember_error err = {0};
+            ember_cpu_params cp = {threads, isas[a], false, {0}};
+            CHECK(ember_backend_cpu_new(&cp, &be, &err) == EMBER_OK);
+            ember_tensor tg, tu, to;
+            ember_buffer *bg, *bu, *bo;
+            const int64_t sh[1] = {N};
+            CHECK(ember_tensor_alloc(be, &tg, &bg, EMBER_F32, 1, sh, &err) == EMBER_OK);
+            CHECK(ember_tensor_alloc(be, &tu, &bu, EMBER_F32, 1, sh, &err) == EMBER_OK);
+            CHECK(ember_tensor_alloc(be, &to, &bo, EMBER_F32, 1, sh, &err) == EMBER_OK);
+            be->ops->write(be, &tg, 0, g, N * sizeof *g, &err);
+            be->ops->write(be, &tu, 0, u, N * sizeof *u, &err);
+            CHECK(be->ops->geglu(be, &to, &tg, &tu, &err) == EMBER_OK);
+            be->ops->read(be, &to, 0, got, N * sizeof *got, &err);
+            double worst = 0;
+            for (int i = 0; i < N; i++) {
+                double want = geglu_ref(g[i], u[i]);
+                /* relative to |g u|: 1 + tanh cancels for negative g, in f32 as in torch */
+                worst = fmax(worst, fabs(got[i] - want) / (fabs((double)g[i] * u[i]) + 1e-30));
+            }
+            CHECKF(worst <= 3e-7, "geglu %s: error %g x |g u|", ember_isa_name(isas[a]), worst);
+            CHECK(be->ops->scale(be, &tg, &tg, 8.0f, &err) == EMBER_OK); /* in place */
+            be->ops->read(be, &tg, 0, got, N * sizeof *got, &err);
+            bool exact = true;
+            for (int i = 0; i < N; i++) exact &= got[i] == g[i] * 8.0f;
+            CHECKF(exact, "scale %s: not the exact products", ember_isa_name(isas[a]));
+            CHECK(be->ops->softcap(be, &to, &tg, 4.0f, &err) == EMBER_OK); /* tg holds 8 g now */
+            be->ops->read(be, &to, 0, got, N * sizeof *got, &err);
+            worst = 0;
+            for (int i = 0; i < N; i++) worst = fmax(worst, fabs(got[i] - 4.0 * tanh(8.0 * g[i] / 4.0)));
+            CHECKF(worst <= 2e-6, "softcap %s: error %g", ember_isa_name(isas[a]), worst);
+            CHECK(be->ops->softcap(be, &to, &tg, 0.0f, &err) == EMBER_ERR_INVALID_ARG);
+            const int64_t sh2[1] = {N - 1};
+            ember_tensor small;
+            CHECK(ember_tensor_view(&small, bo, 0, EMBER_F32, 1, sh2, &err) == EMBER_OK);
+            CHECK(be->ops->geglu(be, &small, &tg, &tu, &err) == EMBER_ERR_INVALID_ARG); /* sizes differ */
+            ember_buffer_free(bg);
+            ember_buffer_free(bu);
+            ember_buffer_free(bo);
+            ember_backend_free(be);
+        }
+    }
+    free(g);
+    free(u);
+    free(got);
+}
+
 int main(void) {
     const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
     const int shapes[][3] = {{1, 16, 1}, {7, 33, 5}, {64, 64, 9}, {33, 100, 17}, {130, 257, 70}, {5, 1, 3}, {9, 15, 2}};
@@ -128,6 +194,7 @@ int main(void) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_shape(dts[d], shapes[s][0], shapes[s][1], shapes[s][2]);
     test_axpy();
+    test_elementwise_ops();
     for (int i = EMBER_ISA_SCALAR; i <= EMBER_ISA_AVX512; i++)
         if (!ember_isa_supported((ember_isa)i)) fprintf(stderr, "note: %s not available here\n", ember_isa_name((ember_isa)i));
     return test_done();

@@ -8,7 +8,10 @@
  *      q8_0 / q4_0 / q4_k_m: mean KL(f32 || quantized) over every position
  *      of the fixture prompts below 1e-3 (q8_0) and 5e-2 (4-bit); a random
  *      model whose rows are multiples of 256 (so Q4_K / Q6_K really run)
- *      likewise;
+ *      likewise; every family written as an F32 GGUF gives the safetensors
+ *      logits; the config of gemma2 / gemma3 / phi3 GGUF metadata (defaults,
+ *      stored keys) and the refusal of unknown architectures; files holding
+ *      a tensor the architecture does not read are refused naming it;
  *   4. batch invariance of a quantized model: three prompts together equal
  *      each alone, and 1 thread equals 2 threads, bit for bit.
  * Exits 77 when ../shared is absent.
@@ -19,6 +22,7 @@
 #include "fixture.h"
 #include "core/cpu.h"
 #include "model/model.h"
+#include "formats/gguf_write.h"
 #include "model/quantize.h"
 
 /* 1 */
@@ -164,8 +168,8 @@ static void kl_model(const char *dir, const char *tag, const fixture *f) {
 }
 
 static void test_kl(void) {
-    static const char *const fams[] = {"llama", "qwen2", "qwen3", "mistral"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const fams[] = {"llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text"};
+    for (int i = 0; i < 7; i++) {
         fixture f;
         fixture_open(&f, fams[i]);
         kl_model(f.dir, fams[i], &f);
@@ -188,6 +192,213 @@ static void test_kl(void) {
     fixture f;
     fixture_open(&f, "llama");
     kl_model(dir, "qk256", &f);
+    fixture_close(&f);
+}
+
+/* 3b: every fixture family written as an F32 GGUF (llama.cpp's tensor names
+   and keys, Gemma norms stored as 1 + w, phi3's fused matrices) gives the
+   safetensors logits: bit for bit where the layout is the same, within
+   1e-5 relative for llama / mistral (Q/K rows permuted for interleaved
+   RoPE, so q.k sums in another order). */
+static void test_gguf_f32(void) {
+    static const char *const fams[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"};
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
+        fixture f;
+        fixture_open(&f, fams[i]);
+        int rows = f.p[0].n + f.p[1].n + f.p[2].n;
+        size_t n = (size_t)rows * (size_t)f.vocab;
+        float *ref = malloc(n * 4), *got = malloc(n * 4);
+        char out[700];
+        snprintf(out, sizeof out, "%s/%s-f32.gguf", EMBER_TEST_TMP, fams[i]);
+        ember_error err = {0};
+        CHECKF(ember_quantize_to_gguf(f.dir, out, EMBER_QSCHEME_F32, &err) == EMBER_OK, "%s: %s", fams[i], err.msg);
+        CHECK(prompt_logits(f.dir, &f, 3, ref) == 0);
+        CHECK(prompt_logits(out, &f, 3, got) == 0);
+        bool permuted = strcmp(fams[i], "llama") == 0 || strcmp(fams[i], "mistral") == 0;
+        float d = 0, mx = max_abs(ref, n);
+        for (size_t k = 0; k < n; k++) d = fmaxf(d, fabsf(ref[k] - got[k]));
+        if (permuted)
+            CHECKF(d <= 1e-5f * mx, "%s f32 GGUF: max|dlogit| %g", fams[i], d);
+        else
+            CHECKF(!memcmp(ref, got, n * 4), "%s f32 GGUF: logits differ from safetensors (max %g)", fams[i], d);
+        fprintf(stderr, "%-12s f32 GGUF vs safetensors: max|dlogit| %g\n", fams[i], d);
+        free(ref);
+        free(got);
+        fixture_close(&f);
+    }
+}
+
+/* 3c: the model config of gemma2 / gemma3 / phi3 GGUF metadata: llama.cpp's
+   defaults where keys are absent, and unknown architectures refused with
+   the supported ones named. kv: extra keys as {key, value} (u32 when the
+   value has no '.', f32 otherwise, bools for "[0110]"). */
+typedef struct kvpair {
+    const char *key, *val;
+} kvpair;
+
+static int gguf_cfg(const char *arch, int layers, const kvpair *kv, int n_kv, ember_model_config *cfg,
+                    ember_error *err) {
+    char path[700], k[128];
+    snprintf(path, sizeof path, "%s/cfg-%s.gguf", EMBER_TEST_TMP, arch);
+    ember_gguf_writer *g = ember_gguf_writer_new();
+#define KEY(x) (snprintf(k, sizeof k, "%s.%s", arch, x), k)
+    ember_gguf_set_str(g, "general.architecture", arch, err);
+    ember_gguf_set_u32(g, KEY("embedding_length"), 64, err);
+    ember_gguf_set_u32(g, KEY("block_count"), (uint32_t)layers, err);
+    ember_gguf_set_u32(g, KEY("feed_forward_length"), 128, err);
+    ember_gguf_set_u32(g, KEY("attention.head_count"), 4, err);
+    ember_gguf_set_u32(g, KEY("attention.head_count_kv"), 2, err);
+    ember_gguf_set_u32(g, KEY("attention.key_length"), 32, err);
+    for (int i = 0; i < n_kv; i++) {
+        if (kv[i].val[0] == '[') { /* bools: "[101]" */
+            bool b[64];
+            size_t n = 0;
+            for (const char *p = kv[i].val + 1; *p && *p != ']' && n < 64; p++) b[n++] = *p == '1';
+            ember_gguf_set_bools(g, KEY(kv[i].key), b, n, err);
+        } else if (strchr(kv[i].val, '.'))
+            ember_gguf_set_f32(g, KEY(kv[i].key), strtof(kv[i].val, NULL), err);
+        else
+            ember_gguf_set_u32(g, KEY(kv[i].key), (uint32_t)strtoul(kv[i].val, NULL, 10), err);
+    }
+#undef KEY
+    ember_gguf_add_tensor(g, "token_embd.weight", EMBER_F32, 2, (const int64_t[]){16, 64}, calloc(16 * 64, 4), err);
+    int rc = ember_gguf_write_file(g, path, err);
+    ember_gguf_writer_free(g);
+    if (rc) return rc;
+    ember_gguf *f = NULL;
+    if ((rc = ember_gguf_open(path, &f, err))) return rc;
+    ember_rope_mode mode;
+    rc = ember_gguf_model_config(f, cfg, &mode, err);
+    if (!rc && mode != EMBER_ROPE_NEOX) rc = ember_err(err, EMBER_ERR_FORMAT, "interleaved RoPE for %s", arch);
+    ember_gguf_free(f);
+    return rc;
+}
+
+static void test_gguf_config(void) {
+    ember_model_config c;
+    ember_error err = {0};
+    /* gemma2 with no optional key: soft-caps 50 / 30, window on even layers, scale head_dim^-0.5 */
+    const kvpair g2[] = {{"attention.sliding_window", "16"}};
+    CHECKF(gguf_cfg("gemma2", 4, g2, 1, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(strcmp(c.model_type, "gemma2") == 0 && c.act == EMBER_ACT_GELU_TANH && c.attn_softcap == 50.0f &&
+          c.final_softcap == 30.0f && c.query_pre_attn_scalar == 32.0f && c.tie_embeddings);
+    CHECK(c.layer_window[0] == 16 && c.layer_window[1] == 0 && c.layer_window[2] == 16 && c.layer_window[3] == 0);
+    /* the 27B shape (46 layers): (hidden / heads)^-0.5; stored values win */
+    CHECKF(gguf_cfg("gemma2", 46, g2, 1, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.query_pre_attn_scalar == 16.0f);
+    const kvpair g2b[] = {{"attention.sliding_window", "16"}, {"attn_logit_softcapping", "2.0"},
+                          {"final_logit_softcapping", "0.0"}, {"attention.scale", "0.125"}};
+    CHECKF(gguf_cfg("gemma2", 2, g2b, 4, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.attn_softcap == 2.0f && c.final_softcap == 0.0f && c.query_pre_attn_scalar == 64.0f);
+    /* gemma3: 5 sliding layers of 6, no soft-capping, the sliding layers' RoPE unscaled at 10000 */
+    const kvpair g3[] = {{"attention.sliding_window", "512"}, {"rope.freq_base", "1000000.0"}};
+    CHECKF(gguf_cfg("gemma3", 12, g3, 2, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(strcmp(c.model_type, "gemma3_text") == 0 && c.attn_softcap == 0 && c.final_softcap == 0);
+    CHECK(c.rope.theta == 1e6 && c.rope_local.theta == 1e4);
+    for (int i = 0; i < 12; i++)
+        CHECKF(c.layer_window[i] == (i % 6 == 5 ? 0 : 512) && c.layer_sliding[i] == (i % 6 != 5), "layer %d", i);
+    const kvpair g3b[] = {{"attention.sliding_window", "8"}, {"attention.sliding_window_pattern", "3"},
+                          {"rope.freq_base_swa", "20000.0"}};
+    CHECKF(gguf_cfg("gemma3", 6, g3b, 3, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.rope_local.theta == 20000.0);
+    for (int i = 0; i < 6; i++) CHECKF(c.layer_window[i] == (i % 3 == 2 ? 0 : 8), "pattern 3 layer %d", i);
+    /* one flag per layer, as llama.cpp writes gemma4's; a wrong count is refused */
+    const kvpair g3c[] = {{"attention.sliding_window", "8"}, {"attention.sliding_window_pattern", "[1101]"}};
+    CHECKF(gguf_cfg("gemma3", 4, g3c, 2, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.layer_window[0] == 8 && c.layer_window[1] == 8 && c.layer_window[2] == 0 && c.layer_window[3] == 8);
+    CHECK(gguf_cfg("gemma3", 5, g3c, 2, &c, &err) == EMBER_ERR_FORMAT && strstr(err.msg, "4 entries for 5 layers"));
+    /* phi3: silu, NEOX, its window on every layer */
+    const kvpair p3[] = {{"attention.sliding_window", "2047"}};
+    CHECKF(gguf_cfg("phi3", 2, p3, 1, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.act == EMBER_ACT_SILU && c.layer_window[0] == 2047 && c.layer_window[1] == 2047);
+    /* an unknown architecture: one line naming it and the supported ones */
+    CHECK(gguf_cfg("gemma4", 2, NULL, 0, &c, &err) == EMBER_ERR_UNSUPPORTED);
+    CHECKF(strstr(err.msg, "'gemma4'") && !strchr(err.msg, '\n'), "%s", err.msg);
+    static const char *const archs[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"};
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        CHECKF(strstr(err.msg, archs[i]), "'%s' missing from: %s", archs[i], err.msg);
+}
+
+/* 3d: a file holding a tensor its architecture does not read is refused,
+   naming the tensor. path: a copy of src with the first occurrence of `from`
+   replaced by `to` (same length). */
+static void patched_copy(const char *src, const char *dst, const char *from, const char *to) {
+    FILE *fp = fopen(src, "rb");
+    CHECK(fp != NULL);
+    if (!fp) return;
+    fseek(fp, 0, SEEK_END);
+    size_t n = (size_t)ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *buf = malloc(n);
+    CHECK(fread(buf, 1, n, fp) == n);
+    fclose(fp);
+    size_t fl = strlen(from);
+    bool done = false;
+    for (size_t i = 0; i + fl <= n && !done; i++)
+        if (!memcmp(buf + i, from, fl)) {
+            memcpy(buf + i, to, fl);
+            done = true;
+        }
+    CHECKF(done, "%s: '%s' not found", src, from);
+    fp = fopen(dst, "wb");
+    CHECK(fp && fwrite(buf, 1, n, fp) == n);
+    if (fp) fclose(fp);
+    free(buf);
+}
+
+static void expect_refused(const char *path, const char *needle) {
+    ember_model *m = NULL;
+    ember_error err = {0};
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.n_threads = 1;
+    int rc = ember_model_load(path, &mp, &m, &err);
+    CHECKF(rc == EMBER_ERR_FORMAT && strstr(err.msg, needle) && strstr(err.msg, "not part of"), "%s: rc %d: %s", path,
+           rc, err.msg);
+    ember_model_free(m);
+}
+
+static void test_foreign_tensors(void) {
+    char src[700], dst[700];
+    /* llama's output.weight renamed: without the check it would run tied to the embeddings */
+    snprintf(src, sizeof src, "%s/llama-f32.gguf", EMBER_TEST_TMP); /* written by test_gguf_f32 */
+    snprintf(dst, sizeof dst, "%s/llama-renamed.gguf", EMBER_TEST_TMP);
+    patched_copy(src, dst, "output.weight", "outpux.weight");
+    expect_refused(dst, "'outpux.weight'");
+    /* qwen3 with layer 0's q-norm renamed: the q/k norms are off, layer 1's is foreign */
+    snprintf(src, sizeof src, "%s/qwen3-f32.gguf", EMBER_TEST_TMP);
+    snprintf(dst, sizeof dst, "%s/qwen3-renamed.gguf", EMBER_TEST_TMP);
+    patched_copy(src, dst, "blk.0.attn_q_norm.weight", "blk.0.attn_q_morm.weight");
+    expect_refused(dst, "attn_");
+    /* a safetensors shard with a tensor gemma2 does not have */
+    fixture f;
+    fixture_open(&f, "gemma2");
+    char dir[700], path[3000];
+    snprintf(dir, sizeof dir, "%s/foreign-gemma2", EMBER_TEST_TMP);
+    snprintf(path, sizeof path, "mkdir -p %s && cp %s/config.json %s/model.safetensors %s/", dir, f.dir, f.dir, dir);
+    CHECK(system(path) == 0);
+    snprintf(path, sizeof path, "%s/extra.safetensors", dir);
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp != NULL);
+    if (fp) {
+        const char hdr[] = "{\"model.layers.0.mlp.extra_proj.weight\":{\"dtype\":\"F32\",\"shape\":[2],"
+                           "\"data_offsets\":[0,8]}}";
+        uint64_t hl = sizeof hdr - 1;
+        float data[2] = {1, 2};
+        fwrite(&hl, 8, 1, fp);
+        fwrite(hdr, 1, hl, fp);
+        fwrite(data, 4, 2, fp);
+        fclose(fp);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    fp = fopen(path, "w");
+    CHECK(fp != NULL);
+    if (fp) {
+        fprintf(fp, "{\"weight_map\": {\"model.embed_tokens.weight\": \"model.safetensors\","
+                    " \"model.layers.0.mlp.extra_proj.weight\": \"extra.safetensors\"}}");
+        fclose(fp);
+    }
+    expect_refused(dir, "'model.layers.0.mlp.extra_proj.weight'");
     fixture_close(&f);
 }
 
@@ -296,6 +507,9 @@ int main(void) {
     test_stories();
     test_tiny_random();
     test_kl();
+    test_gguf_f32();
+    test_gguf_config();
+    test_foreign_tensors();
     test_batch_invariance();
     test_corrupt();
     return test_done();

@@ -197,6 +197,15 @@ typedef struct ember_backend_ops {
     /* dst = silu(gate) * up, elementwise. */
     int (*swiglu)(ember_backend *be, ember_tensor *dst, const ember_tensor *gate,
                   const ember_tensor *up, ember_error *err);
+    /* dst = gelu_tanh(gate) * up, elementwise (GeGLU), with gelu_tanh(g) =
+       0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))). */
+    int (*geglu)(ember_backend *be, ember_tensor *dst, const ember_tensor *gate,
+                 const ember_tensor *up, ember_error *err);
+    /* dst = a * s, elementwise; dst may be a. */
+    int (*scale)(ember_backend *be, ember_tensor *dst, const ember_tensor *a, float s, ember_error *err);
+    /* dst = cap * tanh(a / cap), elementwise (Gemma's final logit soft-capping;
+       cap > 0); dst may be a. */
+    int (*softcap)(ember_backend *be, ember_tensor *dst, const ember_tensor *a, float cap, ember_error *err);
     /* dst = a + b, elementwise; dst may alias a or b. */
     int (*add)(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
                ember_error *err);

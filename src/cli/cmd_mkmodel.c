@@ -58,6 +58,15 @@ static const preset k_presets[] = {
      " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192},"
      " \"tie_word_embeddings\": true, \"hidden_act\": \"silu\", \"bos_token_id\": 128000,"
      " \"eos_token_id\": [128001, 128008, 128009]}"},
+    {"gemma3-1b", "Gemma-3-1B's shape (hidden 1152, 26 layers, 4 heads of 256, 1 KV head, 5 of 6 layers sliding 512, "
+                  "vocab 262144, tied)",
+     "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", \"vocab_size\": 262144,"
+     " \"hidden_size\": 1152, \"intermediate_size\": 6912, \"num_hidden_layers\": 26, \"num_attention_heads\": 4,"
+     " \"num_key_value_heads\": 1, \"head_dim\": 256, \"max_position_embeddings\": 32768, \"rms_norm_eps\": 1e-06,"
+     " \"rope_theta\": 1000000.0, \"rope_local_base_freq\": 10000.0, \"sliding_window\": 512,"
+     " \"sliding_window_pattern\": 6, \"query_pre_attn_scalar\": 256, \"hidden_activation\": \"gelu_pytorch_tanh\","
+     " \"attn_logit_softcapping\": null, \"final_logit_softcapping\": null, \"tie_word_embeddings\": true,"
+     " \"bos_token_id\": 2, \"eos_token_id\": [1, 106]}"},
 };
 
 typedef struct tensor_spec {
@@ -108,19 +117,26 @@ static int add_spec(tensor_spec *s, int *n, const char *name, int64_t d0, int64_
     return 0;
 }
 
-/* The tensors the llama-family loader reads for cfg (see model/llama.c). */
+/* The tensors the model loader reads for cfg (model/llama.c, model/gemma.c).
+   Gemma's norms scale by 1 + w, so their weights are noise around 0. */
 static int list_tensors(const ember_model_config *c, tensor_spec *s) {
     int n = 0;
     const int64_t H = c->hidden_size, D = c->head_dim, Q = (int64_t)c->n_heads * D, KV = (int64_t)c->n_kv_heads * D,
                   I = c->intermediate_size;
+    const bool gemma = strncmp(c->model_type, "gemma", 5) == 0, phi3 = strcmp(c->model_type, "phi3") == 0;
+    const bool norm = !gemma;
     char nm[128];
     add_spec(s, &n, "model.embed_tokens.weight", c->vocab_size, H, false);
     for (int l = 0; l < c->n_layers; l++) {
 #define L(suffix) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), nm)
-        add_spec(s, &n, L("input_layernorm.weight"), H, 0, true);
-        add_spec(s, &n, L("self_attn.q_proj.weight"), Q, H, false);
-        add_spec(s, &n, L("self_attn.k_proj.weight"), KV, H, false);
-        add_spec(s, &n, L("self_attn.v_proj.weight"), KV, H, false);
+        add_spec(s, &n, L("input_layernorm.weight"), H, 0, norm);
+        if (phi3) {
+            add_spec(s, &n, L("self_attn.qkv_proj.weight"), Q + 2 * KV, H, false);
+        } else {
+            add_spec(s, &n, L("self_attn.q_proj.weight"), Q, H, false);
+            add_spec(s, &n, L("self_attn.k_proj.weight"), KV, H, false);
+            add_spec(s, &n, L("self_attn.v_proj.weight"), KV, H, false);
+        }
         add_spec(s, &n, L("self_attn.o_proj.weight"), H, Q, false);
         if (c->attn_bias) {
             add_spec(s, &n, L("self_attn.q_proj.bias"), Q, 0, false);
@@ -129,12 +145,20 @@ static int list_tensors(const ember_model_config *c, tensor_spec *s) {
         }
         if (c->attn_out_bias) add_spec(s, &n, L("self_attn.o_proj.bias"), H, 0, false);
         if (c->qk_norm) {
-            add_spec(s, &n, L("self_attn.q_norm.weight"), D, 0, true);
-            add_spec(s, &n, L("self_attn.k_norm.weight"), D, 0, true);
+            add_spec(s, &n, L("self_attn.q_norm.weight"), D, 0, norm);
+            add_spec(s, &n, L("self_attn.k_norm.weight"), D, 0, norm);
         }
-        add_spec(s, &n, L("post_attention_layernorm.weight"), H, 0, true);
-        add_spec(s, &n, L("mlp.gate_proj.weight"), I, H, false);
-        add_spec(s, &n, L("mlp.up_proj.weight"), I, H, false);
+        add_spec(s, &n, L("post_attention_layernorm.weight"), H, 0, norm);
+        if (gemma) {
+            add_spec(s, &n, L("pre_feedforward_layernorm.weight"), H, 0, norm);
+            add_spec(s, &n, L("post_feedforward_layernorm.weight"), H, 0, norm);
+        }
+        if (phi3) {
+            add_spec(s, &n, L("mlp.gate_up_proj.weight"), 2 * I, H, false);
+        } else {
+            add_spec(s, &n, L("mlp.gate_proj.weight"), I, H, false);
+            add_spec(s, &n, L("mlp.up_proj.weight"), I, H, false);
+        }
         add_spec(s, &n, L("mlp.down_proj.weight"), H, I, false);
         if (c->mlp_bias) {
             add_spec(s, &n, L("mlp.gate_proj.bias"), I, 0, false);
@@ -143,7 +167,7 @@ static int list_tensors(const ember_model_config *c, tensor_spec *s) {
         }
 #undef L
     }
-    add_spec(s, &n, "model.norm.weight", H, 0, true);
+    add_spec(s, &n, "model.norm.weight", H, 0, norm);
     if (!c->tie_embeddings) add_spec(s, &n, "lm_head.weight", c->vocab_size, H, false);
     return n;
 }

@@ -26,6 +26,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "formats/config.h"
 #include "core/mapfile.h"
 #include "core/util.h"
 #include "serve/serve.h"
@@ -102,7 +103,7 @@ static bool servable(const char *dir) {
     json_t *j = json_loads(text, 0, NULL);
     free(text);
     const char *mt = json_string_value(json_object_get(j, "model_type"));
-    bool ok = mt && (!strcmp(mt, "llama") || !strcmp(mt, "mistral") || !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3"));
+    bool ok = mt && ember_config_model_type_supported(mt);
     json_decref(j);
     return ok;
 }

@@ -131,26 +131,12 @@ static int get_bos(const char *file, const json_t *o, ember_model_config *cfg, e
     return rc;
 }
 
-static int parse_rope(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
-    ember_rope_config *r = &cfg->rope;
+/* One RoPE from src (an object holding rope_type and its parameters, or
+   NULL); rope_theta and partial_rotary_factor fall back to the top level. */
+static int parse_rope_obj(const char *file, const json_t *root, const json_t *src, const ember_model_config *cfg,
+                          ember_rope_config *r, ember_error *err) {
     int rc;
-    const json_t *rp = json_object_get(root, "rope_parameters");
-    const json_t *rs = json_object_get(root, "rope_scaling");
-    const json_t *src = NULL; /* the object holding scaling parameters */
-    if (rp && !json_is_null(rp)) {
-        if (!json_is_object(rp))
-            return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'rope_parameters' must be an object, got %s", file,
-                             jtype(rp));
-        /* keyed by layer type (gemma-style)? the llama family has one kind */
-        const json_t *full = json_object_get(rp, "full_attention");
-        src = json_is_object(full) ? full : rp;
-    } else if (rs && !json_is_null(rs)) {
-        if (!json_is_object(rs))
-            return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'rope_scaling' must be an object, got %s", file,
-                             jtype(rs));
-        src = rs;
-    }
-    /* theta: inside rope_parameters, else top level */
+    memset(r, 0, sizeof *r);
     const json_t *theta_holder = src && json_object_get(src, "rope_theta") ? src : root;
     if ((rc = get_num(file, theta_holder, "rope_theta", false, 10000.0, 1e-3, 1e12, &r->theta, err))) return rc;
     const json_t *prf_holder = src && json_object_get(src, "partial_rotary_factor") ? src : root;
@@ -202,13 +188,60 @@ static int parse_rope(const char *file, const json_t *root, ember_model_config *
     return EMBER_OK;
 }
 
+/*
+ * cfg->rope (full-attention layers) and cfg->rope_local (sliding layers).
+ * transformers 5 writes rope_parameters, either one object or one per layer
+ * type ("full_attention", "sliding_attention"); the hub format has
+ * top-level rope_theta and rope_scaling, and gemma3's rope_local_base_freq
+ * for the sliding layers (default RoPE).
+ */
+static int parse_rope(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
+    int rc;
+    const json_t *rp = json_object_get(root, "rope_parameters");
+    const json_t *rs = json_object_get(root, "rope_scaling");
+    const json_t *src = NULL, *local = NULL; /* the objects holding the parameters */
+    if (rp && !json_is_null(rp)) {
+        if (!json_is_object(rp))
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'rope_parameters' must be an object, got %s", file,
+                             jtype(rp));
+        const json_t *full = json_object_get(rp, "full_attention"), *sliding = json_object_get(rp, "sliding_attention");
+        if ((full && !json_is_object(full)) || (sliding && !json_is_object(sliding)))
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: rope_parameters per layer type must be objects", file);
+        src = full ? full : sliding ? sliding : rp;
+        local = sliding ? sliding : src;
+    } else if (rs && !json_is_null(rs)) {
+        if (!json_is_object(rs))
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'rope_scaling' must be an object, got %s", file,
+                             jtype(rs));
+        src = local = rs;
+    }
+    if ((rc = parse_rope_obj(file, root, src, cfg, &cfg->rope, err))) return rc;
+    if (local == src) {
+        cfg->rope_local = cfg->rope;
+    } else if ((rc = parse_rope_obj(file, root, local, cfg, &cfg->rope_local, err))) {
+        return rc;
+    }
+    bool gemma3 = strcmp(cfg->model_type, "gemma3_text") == 0;
+    const json_t *lb = json_object_get(root, "rope_local_base_freq");
+    if (gemma3 && (local == src || (lb && !json_is_null(lb)))) { /* the hub format */
+        double theta;
+        if ((rc = get_num(file, root, "rope_local_base_freq", false, 10000.0, 1e-3, 1e12, &theta, err))) return rc;
+        if ((rc = parse_rope_obj(file, root, NULL, cfg, &cfg->rope_local, err))) return rc;
+        cfg->rope_local.theta = theta;
+    }
+    return EMBER_OK;
+}
+
 static int parse_windows(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
     int rc, window = 0;
     const json_t *sw = json_object_get(root, "sliding_window");
-    if (sw && !json_is_null(sw) &&
-        (rc = get_int(file, root, "sliding_window", false, 0, 0, 1 << 30, &window, err)))
-        return rc;
-    for (int i = 0; i < cfg->n_layers; i++) cfg->layer_window[i] = 0;
+    bool gemma = strncmp(cfg->model_type, "gemma", 5) == 0;
+    if ((sw && !json_is_null(sw)) || gemma) /* gemma: 4096 when absent, as transformers */
+        if ((rc = get_int(file, root, "sliding_window", false, 4096, 0, 1 << 30, &window, err))) return rc;
+    for (int i = 0; i < cfg->n_layers; i++) {
+        cfg->layer_window[i] = 0;
+        cfg->layer_sliding[i] = false;
+    }
     const json_t *lt = json_object_get(root, "layer_types");
     bool is_qwen = strncmp(cfg->model_type, "qwen", 4) == 0;
     if (lt && !json_is_null(lt)) {
@@ -220,17 +253,30 @@ static int parse_windows(const char *file, const json_t *root, ember_model_confi
         for (int i = 0; i < cfg->n_layers; i++) {
             const json_t *e = json_array_get(lt, (size_t)i);
             const char *s = json_is_string(e) ? json_string_value(e) : "";
-            if (strcmp(s, "full_attention") == 0)
+            if (strcmp(s, "full_attention") == 0) {
                 cfg->layer_window[i] = 0;
-            else if (strcmp(s, "sliding_attention") == 0)
+            } else if (strcmp(s, "sliding_attention") == 0) {
                 cfg->layer_window[i] = use_sw ? window : 0;
-            else
+                cfg->layer_sliding[i] = true;
+            } else {
                 return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: layer_types[%d] '%.32s' is not supported", file, i,
                                  s);
+            }
         }
         return EMBER_OK;
     }
-    if (strcmp(cfg->model_type, "mistral") == 0) {
+    if (gemma) { /* hub format: every other layer (gemma2), or 5 of every sliding_window_pattern (gemma3) */
+        int pattern = 2;
+        if (strcmp(cfg->model_type, "gemma3_text") == 0) {
+            const char *key = json_object_get(root, "sliding_window_pattern") ? "sliding_window_pattern"
+                                                                               : "_sliding_window_pattern";
+            if ((rc = get_int(file, root, key, false, 6, 1, 1 << 20, &pattern, err))) return rc;
+        }
+        for (int i = 0; i < cfg->n_layers; i++) {
+            cfg->layer_sliding[i] = (i + 1) % pattern != 0;
+            cfg->layer_window[i] = cfg->layer_sliding[i] ? window : 0;
+        }
+    } else if (strcmp(cfg->model_type, "mistral") == 0 || strcmp(cfg->model_type, "phi3") == 0) {
         for (int i = 0; i < cfg->n_layers; i++) cfg->layer_window[i] = window;
     } else if (is_qwen) {
         bool use_sw = false;
@@ -244,6 +290,38 @@ static int parse_windows(const char *file, const json_t *root, ember_model_confi
     return EMBER_OK;
 }
 
+/* A soft-capping value: absent -> def, null -> 0 (none). */
+static int get_softcap(const char *file, const json_t *root, const char *key, double def, float *out,
+                       ember_error *err) {
+    const json_t *v = json_object_get(root, key);
+    double x = 0;
+    int rc = EMBER_OK;
+    if (!v)
+        x = def;
+    else if (!json_is_null(v))
+        rc = get_num(file, root, key, false, 0.0, 0.0, 1e6, &x, err);
+    *out = (float)x;
+    return rc;
+}
+
+/* The gemma-specific fields (gemma2, gemma3_text), with transformers' defaults. */
+static int parse_gemma(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
+    int rc;
+    bool g2 = strcmp(cfg->model_type, "gemma2") == 0;
+    double qpas;
+    if ((rc = get_num(file, root, "query_pre_attn_scalar", false, 256.0, 1e-6, 1e9, &qpas, err)) ||
+        (rc = get_softcap(file, root, "attn_logit_softcapping", g2 ? 50.0 : 0.0, &cfg->attn_softcap, err)) ||
+        (rc = get_softcap(file, root, "final_logit_softcapping", g2 ? 30.0 : 0.0, &cfg->final_softcap, err)))
+        return rc;
+    cfg->query_pre_attn_scalar = (float)qpas;
+    bool bidir = false;
+    if ((rc = get_bool(file, root, "use_bidirectional_attention", false, &bidir, err))) return rc;
+    if (bidir)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: use_bidirectional_attention (an encoder) is not supported",
+                         file);
+    return EMBER_OK;
+}
+
 /* ---- MLX quantization ---------------------------------------------------------- */
 
 static const char *const k_layer_modules[EMBER_QUANT_LAYER_MODULES] = {
@@ -251,7 +329,8 @@ static const char *const k_layer_modules[EMBER_QUANT_LAYER_MODULES] = {
     "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
 
 /* The override slot of a module path: 0 embed, 1 lm_head, 2 + 7 * layer +
-   module for layer matrices; -1 for paths that are not llama matrices.
+   module for layer matrices (phi3's qkv_proj and gate_up_proj share the q
+   and gate slots); -1 for paths that are not such matrices.
    *bad_layer is set when the path names a layer >= n_layers. */
 static long quant_slot(int n_layers, const char *path, bool *bad_layer) {
     *bad_layer = false;
@@ -264,6 +343,19 @@ static long quant_slot(int n_layers, const char *path, bool *bad_layer) {
     int digits = 0;
     while (*p >= '0' && *p <= '9' && digits < 9) layer = layer * 10 + (*p++ - '0'), digits++;
     if (!digits || *p != '.') return -1;
+    /* phi3's fused projections take the slots of q_proj and gate_proj, which phi3 lacks */
+    static const struct {
+        const char *name;
+        int slot;
+    } k_fused[] = {{"self_attn.qkv_proj", 0}, {"mlp.gate_up_proj", 4}};
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(k_fused); i++)
+        if (strcmp(p + 1, k_fused[i].name) == 0) {
+            if (layer >= n_layers) {
+                *bad_layer = true;
+                return -1;
+            }
+            return 2 + EMBER_QUANT_LAYER_MODULES * layer + k_fused[i].slot;
+        }
     for (int i = 0; i < EMBER_QUANT_LAYER_MODULES; i++)
         if (strcmp(p + 1, k_layer_modules[i]) == 0) {
             if (layer >= n_layers) {
@@ -377,6 +469,13 @@ ember_qmod_kind ember_config_quant_module(const ember_model_config *cfg, const c
     return EMBER_QMOD_QUANT;
 }
 
+bool ember_config_model_type_supported(const char *model_type) {
+    static const char *const k_supported[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"};
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(k_supported); i++)
+        if (strcmp(model_type, k_supported[i]) == 0) return true;
+    return false;
+}
+
 int ember_config_parse(const char *file, const char *text, size_t len, ember_model_config *cfg,
                        ember_error *err) {
     memset(cfg, 0, sizeof *cfg);
@@ -397,12 +496,10 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
         rc = ember_err(err, EMBER_ERR_FORMAT, "%s: missing required field 'model_type'", file);
         goto done;
     }
-    static const char *const k_supported[] = {"llama", "mistral", "qwen2", "qwen3"};
-    bool ok = false;
-    for (size_t i = 0; i < EMBER_ARRAY_LEN(k_supported); i++) ok |= strcmp(mt, k_supported[i]) == 0;
-    if (!ok) {
+    if (!ember_config_model_type_supported(mt)) {
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
-                       "%s: model_type '%.32s' is not supported (supported: llama, mistral, qwen2, qwen3)", file, mt);
+                       "%s: model_type '%.32s' is not supported (supported: " EMBER_SUPPORTED_MODEL_TYPES ")", file,
+                       mt);
         goto done;
     }
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
@@ -428,25 +525,31 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
     double eps;
     if ((rc = get_num(file, root, "rms_norm_eps", false, 1e-6, 0.0, 1.0, &eps, err))) goto done;
     cfg->rms_norm_eps = (float)eps;
+    const bool gemma = strncmp(mt, "gemma", 5) == 0;
     const char *act;
-    if ((rc = get_str(file, root, "hidden_act", &act, err))) goto done;
-    if (act && strcmp(act, "silu") != 0) {
-        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: hidden_act '%.32s' is not supported (only silu)", file, act);
+    /* gemma reads hidden_activation (gelu_pytorch_tanh when absent), the others hidden_act (silu) */
+    const char *act_key = gemma ? "hidden_activation" : "hidden_act", *act_want = gemma ? "gelu_pytorch_tanh" : "silu";
+    if ((rc = get_str(file, root, act_key, &act, err))) goto done;
+    if (act && strcmp(act, act_want) != 0) {
+        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: %s '%.32s' is not supported for %s (only %s)", file, act_key,
+                       act, mt, act_want);
         goto done;
     }
-    if ((rc = get_bool(file, root, "tie_word_embeddings", false, &cfg->tie_embeddings, err))) goto done;
+    cfg->act = gemma ? EMBER_ACT_GELU_TANH : EMBER_ACT_SILU;
+    if ((rc = get_bool(file, root, "tie_word_embeddings", gemma, &cfg->tie_embeddings, err))) goto done;
     bool attention_bias = false;
     if ((rc = get_bool(file, root, "attention_bias", false, &attention_bias, err)) ||
         (rc = get_bool(file, root, "mlp_bias", false, &cfg->mlp_bias, err)))
         goto done;
     if (strcmp(mt, "qwen2") == 0) {
         cfg->attn_bias = true; /* Qwen2 always has q/k/v biases, no o bias */
-    } else if (strcmp(mt, "mistral") != 0) {
+    } else if (strcmp(mt, "mistral") != 0 && strcmp(mt, "phi3") != 0) {
         cfg->attn_bias = attention_bias; /* llama / qwen3: q, k, v and o */
         cfg->attn_out_bias = attention_bias;
     }
     if (strcmp(mt, "llama") != 0) cfg->mlp_bias = false;
-    cfg->qk_norm = strcmp(mt, "qwen3") == 0;
+    cfg->qk_norm = strcmp(mt, "qwen3") == 0 || strcmp(mt, "gemma3_text") == 0;
+    if (gemma && (rc = parse_gemma(file, root, cfg, err))) goto done;
     if ((rc = parse_rope(file, root, cfg, err)) || (rc = parse_windows(file, root, cfg, err))) goto done;
     if ((rc = parse_quant(file, root, cfg, err))) goto done;
     if ((rc = get_bos(file, root, cfg, err)) || (rc = get_eos(file, root, cfg, err))) goto done;

@@ -39,7 +39,7 @@ typedef struct ember_rope_config {
 
 /* MLX affine quantization from config.json "quantization" (or its copy
    "quantization_config"); formats/mlx_quant.h describes the format. */
-#define EMBER_QUANT_LAYER_MODULES 7 /* q, k, v, o, gate, up, down projections */
+#define EMBER_QUANT_LAYER_MODULES 7 /* q (phi3: qkv), k, v, o, gate (phi3: gate_up), up, down projections */
 #define EMBER_QUANT_FLOAT 1         /* override code: the module stays float */
 
 typedef struct ember_quant_config {
@@ -55,8 +55,17 @@ typedef enum ember_qmod_kind {
     EMBER_QMOD_QUANT        /* entry true or an object: quantized with the given parameters */
 } ember_qmod_kind;
 
+/* The MLP's activation: down(act(gate(x)) * up(x)). */
+typedef enum ember_act {
+    EMBER_ACT_SILU = 0,  /* SwiGLU */
+    EMBER_ACT_GELU_TANH  /* GeGLU, gelu_pytorch_tanh (gemma) */
+} ember_act;
+
+/* The model types config.json may name, comma-separated (for messages). */
+#define EMBER_SUPPORTED_MODEL_TYPES "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text"
+
 typedef struct ember_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3" */
+    char model_type[32]; /* one of EMBER_SUPPORTED_MODEL_TYPES */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -71,13 +80,25 @@ typedef struct ember_model_config {
     bool attn_bias; /* q/k/v biases (qwen2 always) */
     bool attn_out_bias;
     bool mlp_bias;
-    bool qk_norm; /* qwen3 */
+    bool qk_norm; /* qwen3, gemma3_text */
+    ember_act act;
+    /* gemma: attention scale query_pre_attn_scalar^-0.5 (0: head_dim^-0.5),
+       tanh soft-capping of attention scores and of the final logits (0: none) */
+    float query_pre_attn_scalar;
+    float attn_softcap, final_softcap;
+    /* RoPE of sliding-window layers where it differs (gemma3: rope_local_base_freq
+       or rope_parameters.sliding_attention); equal to rope otherwise */
+    ember_rope_config rope_local;
     int layer_window[EMBER_MAX_LAYERS]; /* per layer: sliding window, 0 = full */
+    bool layer_sliding[EMBER_MAX_LAYERS]; /* per layer: a sliding_attention layer (uses rope_local) */
     int bos_id;                         /* -1 if none */
     int n_eos;
     int eos_ids[EMBER_MAX_EOS];
     ember_quant_config quant;
 } ember_model_config;
+
+/* Whether config.json's model_type names a family Ember runs. */
+bool ember_config_model_type_supported(const char *model_type);
 
 /* Parses config.json text. name is used in messages. */
 int ember_config_parse(const char *name, const char *text, size_t len, ember_model_config *cfg,

@@ -148,6 +148,17 @@ int ember_gguf_set_f32s(ember_gguf_writer *w, const char *key, const float *vals
 int ember_gguf_set_i32s(ember_gguf_writer *w, const char *key, const int32_t *vals, size_t n, ember_error *err) {
     return set_arr(w, key, 5, vals, n, err);
 }
+int ember_gguf_set_bools(ember_gguf_writer *w, const char *key, const bool *vals, size_t n, ember_error *err) {
+    size_t mark;
+    int rc = begin(w, key, 9, &mark, err);
+    if (rc) return rc;
+    bool ok = put_u32(w, 7) && put_u64(w, n);
+    for (size_t i = 0; ok && i < n; i++) {
+        uint8_t b = vals[i] ? 1 : 0;
+        ok = put(w, &b, 1);
+    }
+    return end(w, key, ok, mark, err);
+}
 
 int ember_gguf_add_tensor(ember_gguf_writer *w, const char *name, ember_dtype t, int ndim, const int64_t *shape,
                           void *data, ember_error *err) {

@@ -9,6 +9,7 @@
 #ifndef EMBER_FORMATS_GGUF_WRITE_H
 #define EMBER_FORMATS_GGUF_WRITE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,10 +30,11 @@ int ember_gguf_set_u32(ember_gguf_writer *w, const char *key, uint32_t val, embe
 int ember_gguf_set_i32(ember_gguf_writer *w, const char *key, int32_t val, ember_error *err);
 int ember_gguf_set_f32(ember_gguf_writer *w, const char *key, float val, ember_error *err);
 int ember_gguf_set_bool(ember_gguf_writer *w, const char *key, int val, ember_error *err);
-/* Arrays of strings (copied), of f32 and of i32 (copied). */
+/* Arrays of strings (copied), of f32, of i32 and of bools (copied). */
 int ember_gguf_set_strs(ember_gguf_writer *w, const char *key, const char *const *vals, size_t n, ember_error *err);
 int ember_gguf_set_f32s(ember_gguf_writer *w, const char *key, const float *vals, size_t n, ember_error *err);
 int ember_gguf_set_i32s(ember_gguf_writer *w, const char *key, const int32_t *vals, size_t n, ember_error *err);
+int ember_gguf_set_bools(ember_gguf_writer *w, const char *key, const bool *vals, size_t n, ember_error *err);
 
 /* Adds a tensor of dtype t with Ember's row-major shape (shape[ndim-1]
    contiguous; written to the file innermost first). data (malloc'd,

@@ -1,7 +1,8 @@
 /*
- * gguf_model.c - llama-family GGUF files (llama.cpp's llama, qwen2, qwen3;
- * mistral as llama) mapped onto the same model config and tensor names as
- * HuggingFace safetensors, so one model code path (llama.c) runs both.
+ * gguf_model.c - GGUF files as llama.cpp's converter writes them
+ * (architectures llama, mistral as llama, qwen2, qwen3, phi3, gemma2,
+ * gemma3) mapped onto the same model config and tensor names as HuggingFace
+ * safetensors, so each family's code (llama.c, gemma.c) runs both.
  *
  * Metadata (ARCH = general.architecture):
  *   ARCH.embedding_length -> hidden_size, ARCH.block_count -> n_layers,
@@ -18,15 +19,110 @@
  *   embeddings (no output.weight). A rope_freqs.weight tensor (llama 3's
  *   per-dimension frequency divisors) is applied by llama.c.
  *
+ * gemma2 / gemma3: ARCH.attn_logit_softcapping and ARCH.final_logit_softcapping
+ * (defaults 50 / 30 for gemma2, none for gemma3, as llama.cpp),
+ * ARCH.attention.sliding_window on the sliding layers: every other layer
+ * (gemma2) or 5 of 6 (gemma3), or ARCH.attention.sliding_window_pattern (a
+ * period, or one flag per layer, bool or integer, true = sliding, as
+ * llama.cpp writes it for gemma4; `ember quantize` writes the bools when the
+ * layers follow no period). The attention scale is
+ * ARCH.attention.scale when present, else llama.cpp's rule: head_dim^-0.5,
+ * (hidden / heads)^-0.5 for the 27B models. gemma3's sliding layers use
+ * ARCH.rope.freq_base_swa (default 10000) without scaling. The converter
+ * stores Gemma norm weights with the 1 of x * (1 + w) added, so they are
+ * used as they are (ember_llm.norm_plus_one false).
+ * phi3: fused blk.N.attn_qkv and blk.N.ffn_up (gate rows, then up rows), as
+ * HF's qkv_proj and gate_up_proj; the sliding window on every layer.
+ *
  * RoPE layout: llama.cpp's converter permutes llama Q/K rows so that llama
- * GGUFs rotate interleaved pairs; qwen2/qwen3 GGUFs keep HF's NEOX halves.
+ * GGUFs rotate interleaved pairs; the other architectures keep HF's NEOX
+ * halves.
  *
  * Ownership: pure functions over a parsed, validated ember_gguf (gguf.h).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model.h"
+
+/* The gemma2 / gemma3 keys (see the top of the file); cfg's dimensions and
+   RoPE are set. */
+static int gemma_config(const ember_gguf *f, const char *arch, int window, ember_model_config *cfg, ember_error *err) {
+    const bool g2 = strcmp(arch, "gemma2") == 0;
+    char key[160];
+    int rc;
+#define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
+    cfg->act = EMBER_ACT_GELU_TANH;
+    cfg->attn_softcap = g2 ? 50.0f : 0.0f;
+    cfg->final_softcap = g2 ? 30.0f : 0.0f;
+    float v;
+    if (ember_gguf_find_kv(f, KEY("attn_logit_softcapping"))) {
+        if ((rc = ember_gguf_get_f32(f, key, &v, err))) return rc;
+        cfg->attn_softcap = v;
+    }
+    if (ember_gguf_find_kv(f, KEY("final_logit_softcapping"))) {
+        if ((rc = ember_gguf_get_f32(f, key, &v, err))) return rc;
+        cfg->final_softcap = v;
+    }
+    if (!(cfg->attn_softcap >= 0 && cfg->attn_softcap < 1e6f) || !(cfg->final_softcap >= 0 && cfg->final_softcap < 1e6f))
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: soft-capping values out of range", f->path);
+    /* the attention scale: llama.cpp's rule unless stored */
+    const bool big = cfg->n_layers == (g2 ? 46 : 62); /* the 27B models */
+    cfg->query_pre_attn_scalar = big ? (float)(cfg->hidden_size / cfg->n_heads) : (float)cfg->head_dim;
+    if (ember_gguf_find_kv(f, KEY("attention.scale"))) {
+        if ((rc = ember_gguf_get_f32(f, key, &v, err))) return rc;
+        if (!(v > 1e-6f && v < 1e6f)) return ember_err(err, EMBER_ERR_FORMAT, "%s: attention.scale out of range", f->path);
+        cfg->query_pre_attn_scalar = (float)(1.0 / ((double)v * (double)v));
+    }
+    /* sliding layers: a period, or one flag per layer (bools as llama.cpp writes them, or integers) */
+    int period = g2 ? 2 : 6;
+    int32_t *flags = NULL;
+    size_t n_flags = 0;
+    const ember_gguf_kv *kv = ember_gguf_find_kv(f, KEY("attention.sliding_window_pattern"));
+    if (kv && kv->type == EMBER_GGUF_ARRAY && kv->arr_type == EMBER_GGUF_BOOL) {
+        n_flags = kv->arr_len;
+        if (n_flags == (size_t)cfg->n_layers && kv->arr_bytes == n_flags) {
+            flags = malloc(n_flags * sizeof *flags + 1);
+            if (!flags) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+            for (size_t i = 0; i < n_flags; i++) flags[i] = kv->arr_data[i] != 0;
+        }
+    } else if (kv && kv->type == EMBER_GGUF_ARRAY) {
+        if ((rc = ember_gguf_get_i32s(f, key, &flags, &n_flags, err))) return rc;
+    } else if (kv) {
+        uint32_t u;
+        if ((rc = ember_gguf_get_u32(f, key, &u, err))) return rc;
+        if (u < 1 || u > (uint32_t)EMBER_MAX_LAYERS)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: %s %u out of range", f->path, key, u);
+        period = (int)u;
+    }
+    if (kv && kv->type == EMBER_GGUF_ARRAY && (!flags || n_flags != (size_t)cfg->n_layers)) {
+        free(flags);
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: %s has %zu entries for %d layers", f->path, key, n_flags,
+                         cfg->n_layers);
+    }
+    for (int i = 0; i < cfg->n_layers; i++) {
+        bool sliding = flags ? flags[i] != 0 : (i + 1) % period != 0;
+        cfg->layer_sliding[i] = sliding && window > 0;
+        cfg->layer_window[i] = sliding ? window : 0;
+    }
+    free(flags);
+    if (!g2) { /* gemma3: the sliding layers' RoPE, unscaled */
+        ember_rope_config *l = &cfg->rope_local;
+        *l = cfg->rope;
+        l->type = EMBER_ROPE_DEFAULT;
+        l->factor = 1.0;
+        l->theta = 10000.0;
+        if (ember_gguf_find_kv(f, KEY("rope.freq_base_swa"))) {
+            if ((rc = ember_gguf_get_f32(f, key, &v, err))) return rc;
+            if (!(v > 1e-3f && v < 1e12f))
+                return ember_err(err, EMBER_ERR_FORMAT, "%s: rope.freq_base_swa out of range", f->path);
+            l->theta = v;
+        }
+    }
+#undef KEY
+    return EMBER_OK;
+}
 
 int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_rope_mode *mode, ember_error *err) {
     memset(cfg, 0, sizeof *cfg);
@@ -35,11 +131,13 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
     int rc = ember_gguf_get_str(f, "general.architecture", &arch, NULL, err);
     if (rc) return rc;
     bool llama = strcmp(arch, "llama") == 0 || strcmp(arch, "mistral") == 0;
-    if (!llama && strcmp(arch, "qwen2") != 0 && strcmp(arch, "qwen3") != 0)
+    bool gemma2 = strcmp(arch, "gemma2") == 0, gemma3 = strcmp(arch, "gemma3") == 0, gemma = gemma2 || gemma3;
+    bool phi3 = strcmp(arch, "phi3") == 0;
+    if (!llama && !gemma && !phi3 && strcmp(arch, "qwen2") != 0 && strcmp(arch, "qwen3") != 0)
         return ember_err(err, EMBER_ERR_UNSUPPORTED,
-                         "%s: architecture '%.32s' is not supported (supported: llama, mistral, qwen2, qwen3)", f->path,
-                         arch);
-    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", strcmp(arch, "mistral") == 0 ? "llama" : arch);
+                         "%s: architecture '%.32s' is not supported (supported: " EMBER_GGUF_ARCHS ")", f->path, arch);
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s",
+             strcmp(arch, "mistral") == 0 ? "llama" : gemma3 ? "gemma3_text" : arch);
     *mode = llama ? EMBER_ROPE_INTERLEAVED : EMBER_ROPE_NEOX;
     char key[160];
 #define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
@@ -126,6 +224,8 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
         window = (int)(u > 1u << 30 ? 0 : u);
     }
     for (int i = 0; i < cfg->n_layers; i++) cfg->layer_window[i] = window;
+    cfg->rope_local = cfg->rope; /* one RoPE for every layer */
+    if (gemma && (rc = gemma_config(f, arch, window, cfg, err))) return rc;
 #undef KEY
     const ember_gguf_tensor *emb = ember_gguf_find_tensor(f, "token_embd.weight");
     if (!emb || emb->ndim != 2)
@@ -155,7 +255,13 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
     return EMBER_OK;
 }
 
-bool ember_gguf_tensor_name(const char *hf, char *out, size_t n) {
+const char *ember_gguf_arch_of(const char *model_type) {
+    if (strcmp(model_type, "mistral") == 0) return "llama";
+    if (strcmp(model_type, "gemma3_text") == 0) return "gemma3";
+    return model_type;
+}
+
+bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, size_t n) {
     static const struct {
         const char *hf, *gg;
     } k_top[] = {{"model.embed_tokens.weight", "token_embd.weight"},
@@ -163,29 +269,48 @@ bool ember_gguf_tensor_name(const char *hf, char *out, size_t n) {
                  {"lm_head.weight", "output.weight"}};
     for (size_t i = 0; i < sizeof k_top / sizeof k_top[0]; i++)
         if (strcmp(hf, k_top[i].hf) == 0) return (size_t)snprintf(out, n, "%s", k_top[i].gg) < n;
-    static const struct {
+    typedef struct {
         const char *hf, *gg;
-    } k_layer[] = {{"input_layernorm.weight", "attn_norm.weight"},
-                   {"self_attn.q_proj.weight", "attn_q.weight"},
-                   {"self_attn.k_proj.weight", "attn_k.weight"},
-                   {"self_attn.v_proj.weight", "attn_v.weight"},
-                   {"self_attn.o_proj.weight", "attn_output.weight"},
-                   {"self_attn.q_proj.bias", "attn_q.bias"},
-                   {"self_attn.k_proj.bias", "attn_k.bias"},
-                   {"self_attn.v_proj.bias", "attn_v.bias"},
-                   {"self_attn.o_proj.bias", "attn_output.bias"},
-                   {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-                   {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-                   {"post_attention_layernorm.weight", "ffn_norm.weight"},
-                   {"mlp.gate_proj.weight", "ffn_gate.weight"},
-                   {"mlp.up_proj.weight", "ffn_up.weight"},
-                   {"mlp.down_proj.weight", "ffn_down.weight"},
-                   {"mlp.gate_proj.bias", "ffn_gate.bias"},
-                   {"mlp.up_proj.bias", "ffn_up.bias"},
-                   {"mlp.down_proj.bias", "ffn_down.bias"}};
+    } pair;
+    static const pair k_layer[] = {{"input_layernorm.weight", "attn_norm.weight"},
+                                   {"self_attn.q_proj.weight", "attn_q.weight"},
+                                   {"self_attn.k_proj.weight", "attn_k.weight"},
+                                   {"self_attn.v_proj.weight", "attn_v.weight"},
+                                   {"self_attn.o_proj.weight", "attn_output.weight"},
+                                   {"self_attn.q_proj.bias", "attn_q.bias"},
+                                   {"self_attn.k_proj.bias", "attn_k.bias"},
+                                   {"self_attn.v_proj.bias", "attn_v.bias"},
+                                   {"self_attn.o_proj.bias", "attn_output.bias"},
+                                   {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+                                   {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+                                   {"mlp.gate_proj.weight", "ffn_gate.weight"},
+                                   {"mlp.up_proj.weight", "ffn_up.weight"},
+                                   {"mlp.down_proj.weight", "ffn_down.weight"},
+                                   {"mlp.gate_proj.bias", "ffn_gate.bias"},
+                                   {"mlp.up_proj.bias", "ffn_up.bias"},
+                                   {"mlp.down_proj.bias", "ffn_down.bias"}};
+    /* the names that depend on the family */
+    static const pair k_llama[] = {{"post_attention_layernorm.weight", "ffn_norm.weight"}};
+    static const pair k_phi3[] = {{"post_attention_layernorm.weight", "ffn_norm.weight"},
+                                  {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+                                  {"mlp.gate_up_proj.weight", "ffn_up.weight"}};
+    static const pair k_gemma[] = {{"post_attention_layernorm.weight", "post_attention_norm.weight"},
+                                   {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+                                   {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"}};
+    const pair *fam = k_llama;
+    size_t n_fam = sizeof k_llama / sizeof k_llama[0];
+    if (strncmp(model_type, "gemma", 5) == 0) {
+        fam = k_gemma;
+        n_fam = sizeof k_gemma / sizeof k_gemma[0];
+    } else if (strcmp(model_type, "phi3") == 0) {
+        fam = k_phi3;
+        n_fam = sizeof k_phi3 / sizeof k_phi3[0];
+    }
     int layer, used = 0;
     if (sscanf(hf, "model.layers.%d.%n", &layer, &used) != 1 || used == 0 || layer < 0) return false;
     const char *rest = hf + used;
+    for (size_t i = 0; i < n_fam; i++)
+        if (strcmp(rest, fam[i].hf) == 0) return (size_t)snprintf(out, n, "blk.%d.%s", layer, fam[i].gg) < n;
     for (size_t i = 0; i < sizeof k_layer / sizeof k_layer[0]; i++)
         if (strcmp(rest, k_layer[i].hf) == 0) return (size_t)snprintf(out, n, "blk.%d.%s", layer, k_layer[i].gg) < n;
     return false;

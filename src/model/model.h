@@ -1,5 +1,6 @@
 /*
- * model.h - the llama family (llama, mistral, qwen2, qwen3) as a forward pass
+ * model.h - a decoder-only model (every family: llama, mistral, qwen2,
+ * qwen3, phi3 in llama.c; gemma2, gemma3_text in gemma.c) as a forward pass
  * over a batch of rows.
  *
  * A batch is a flat list of tokens; each token carries its row (a KV cache
@@ -21,22 +22,27 @@
 #include "formats/weights.h"
 #include "kv/kv.h"
 
+typedef struct ember_family ember_family; /* family.h */
+
 typedef struct ember_llm_layer {
     ember_tensor attn_norm;      /* [H] f32 */
-    ember_tensor wq;             /* [Hq * D, H] */
+    ember_tensor wq;             /* [Hq * D, H] (phi3: views of the fused qkv_proj) */
     ember_tensor wk, wv;         /* [Hkv * D, H] */
     ember_tensor wo;             /* [H, Hq * D] */
     ember_tensor bq, bk, bv, bo; /* f32 biases; buf NULL when absent */
     ember_tensor q_norm, k_norm; /* [D] f32 (qwen3); buf NULL when absent */
-    ember_tensor ffn_norm;       /* [H] f32 */
-    ember_tensor w_gate, w_up;   /* [I, H] */
+    ember_tensor ffn_norm;       /* [H] f32 (gemma: pre_feedforward_layernorm) */
+    ember_tensor post_attn_norm, post_ffn_norm; /* [H] f32, gemma's sandwich norms; buf NULL when absent */
+    ember_tensor w_gate, w_up;   /* [I, H] (phi3: views of the fused gate_up_proj) */
     ember_tensor w_down;         /* [H, I] */
     ember_tensor b_gate, b_up, b_down;
     int window;                  /* sliding window, 0 = full attention */
+    bool local_rope;             /* RoPE with inv_freq_local (gemma3's sliding layers) */
 } ember_llm_layer;
 
 typedef struct ember_llm {
     ember_model_config cfg;
+    const ember_family *family; /* the architecture's loader and forward pass */
     ember_backend *be;       /* not owned */
     ember_llm_layer *layers; /* [n_layers] */
     ember_tensor embed;      /* [V, H] */
@@ -47,6 +53,10 @@ typedef struct ember_llm {
     float *inv_freq;         /* [n_rot / 2] */
     int n_rot;
     float attn_factor;
+    float *inv_freq_local;   /* [n_rot_local / 2]: layers with local_rope */
+    int n_rot_local;
+    float attn_factor_local;
+    bool norm_plus_one;      /* gemma RMSNorm x * (1 + w) (false: GGUF, where the 1 is stored) */
     size_t weight_bytes;     /* bytes the forward pass reads per decode token */
     const char *weight_dtype; /* a dtype name ("f32", "q4_k", ...) or "mixed" */
     ember_rope_mode rope_mode; /* NEOX for HF weights and qwen GGUFs, INTERLEAVED for llama GGUFs */
@@ -59,7 +69,7 @@ int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_
                    ember_error *err);
 void ember_llm_free(ember_llm *m);
 
-/* Loads a llama-family GGUF file (gguf_model.c describes the mapping). On
+/* Loads a GGUF file (gguf_model.c describes the mapping). On
    success *out owns the opened file (freed by ember_llm_free) and *cfg is
    the model's config. */
 int ember_llm_load_gguf(const char *path, ember_backend *be, ember_model_config *cfg, ember_llm **out,
@@ -72,8 +82,18 @@ int ember_llm_from_gguf(ember_gguf *f, ember_backend *be, ember_model_config *cf
 
 /* The config and RoPE layout of a GGUF file's metadata (gguf_model.c). */
 int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_rope_mode *mode, ember_error *err);
-/* The GGUF name of a HuggingFace llama-family tensor name; false if none. */
-bool ember_gguf_tensor_name(const char *hf, char *out, size_t n);
+/* The GGUF architectures ember_llm_load_gguf reads, for messages. */
+#define EMBER_GGUF_ARCHS "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3"
+
+/* The GGUF name (llama.cpp's) of the HuggingFace tensor name hf of a model
+   of the given model_type (the names of some tensors depend on the family:
+   gemma's post_attention_layernorm is post_attention_norm, llama's is
+   ffn_norm); false if none. */
+bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, size_t n);
+
+/* The GGUF architecture of a model_type ("gemma3_text" -> "gemma3",
+   "mistral" -> "llama"). */
+const char *ember_gguf_arch_of(const char *model_type);
 
 typedef struct ember_llm_state {
     int max_tokens, max_logit_rows;

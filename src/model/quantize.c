@@ -27,7 +27,8 @@
 #include "rope.h"
 
 bool ember_qscheme_parse(const char *name, ember_qscheme *out) {
-    if (strcmp(name, "q8_0") == 0) *out = EMBER_QSCHEME_Q8_0;
+    if (strcmp(name, "f32") == 0) *out = EMBER_QSCHEME_F32;
+    else if (strcmp(name, "q8_0") == 0) *out = EMBER_QSCHEME_Q8_0;
     else if (strcmp(name, "q4_0") == 0) *out = EMBER_QSCHEME_Q4_0;
     else if (strcmp(name, "q4_k_m") == 0) *out = EMBER_QSCHEME_Q4_K_M;
     else return false;
@@ -45,7 +46,7 @@ static bool ends_with(const char *s, const char *suffix) {
 
 ember_dtype ember_qscheme_type(ember_qscheme s, const char *name, int ndim, int64_t row_len, int layer, int n_layers,
                                bool tied) {
-    if (ndim < 2) return EMBER_F32;
+    if (ndim < 2 || s == EMBER_QSCHEME_F32) return EMBER_F32;
     ember_dtype base = s == EMBER_QSCHEME_Q8_0 ? EMBER_Q8_0 : s == EMBER_QSCHEME_Q4_0 ? EMBER_Q4_0 : EMBER_Q4_K;
     ember_dtype t = base;
     if (strcmp(name, "output.weight") == 0 || (tied && strcmp(name, "token_embd.weight") == 0)) {
@@ -248,12 +249,55 @@ static int permute_rows(float *w, int64_t rows, int64_t cols, int heads, ember_e
     return EMBER_OK;
 }
 
+/* gemma2 / gemma3 keys, read back by gguf_model.c: soft-capping, the
+   sliding window and (when the layers follow no period of llama.cpp's) one
+   flag per layer, the attention scale when it differs from llama.cpp's
+   rule, gemma3's RoPE base of the sliding layers. */
+static int write_gemma(ember_gguf_writer *g, const ember_model_config *c, const char *arch, ember_error *err) {
+    char k[128];
+    int rc, window = 0;
+    const bool g2 = strcmp(arch, "gemma2") == 0;
+#define KEY(x) (snprintf(k, sizeof k, "%s.%s", arch, x), k)
+    if ((rc = ember_gguf_set_f32(g, KEY("attn_logit_softcapping"), c->attn_softcap, err)) ||
+        (rc = ember_gguf_set_f32(g, KEY("final_logit_softcapping"), c->final_softcap, err)))
+        return rc;
+    const int period = g2 ? 2 : 6;
+    bool periodic = true;
+    bool *flags = malloc((size_t)c->n_layers * sizeof *flags);
+    if (!flags) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < c->n_layers; i++) {
+        flags[i] = c->layer_window[i] > 0;
+        if (flags[i] && window && c->layer_window[i] != window) {
+            free(flags);
+            return ember_err(err, EMBER_ERR_UNSUPPORTED, "GGUF holds one sliding window; the layers have several");
+        }
+        if (flags[i]) window = c->layer_window[i];
+        periodic &= flags[i] == ((i + 1) % period != 0);
+    }
+    if (window > 0) {
+        rc = ember_gguf_set_u32(g, KEY("attention.sliding_window"), (uint32_t)window, err);
+        if (!rc && !periodic)
+            rc = ember_gguf_set_bools(g, KEY("attention.sliding_window_pattern"), flags, (size_t)c->n_layers, err);
+    }
+    free(flags);
+    if (rc) return rc;
+    const bool big = c->n_layers == (g2 ? 46 : 62); /* llama.cpp's 27B rule */
+    const float qpas_default = big ? (float)(c->hidden_size / c->n_heads) : (float)c->head_dim;
+    if (c->query_pre_attn_scalar != qpas_default &&
+        (rc = ember_gguf_set_f32(g, KEY("attention.scale"), (float)pow(c->query_pre_attn_scalar, -0.5), err)))
+        return rc;
+    if (!g2 && (rc = ember_gguf_set_f32(g, KEY("rope.freq_base_swa"), (float)c->rope_local.theta, err))) return rc;
+#undef KEY
+    return EMBER_OK;
+}
+
 static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_model_config *c, const char *arch, ember_qscheme s,
                           ember_error *err) {
     char k[128];
     int rc = 0;
 #define KEY(x) (snprintf(k, sizeof k, "%s.%s", arch, x), k)
-    static const uint32_t k_ftype[] = {7, 2, 15}; /* llama.cpp's LLAMA_FTYPE_MOSTLY_{Q8_0, Q4_0, Q4_K_M} */
+    /* llama.cpp's LLAMA_FTYPE_MOSTLY_{Q8_0, Q4_0, Q4_K_M}, LLAMA_FTYPE_ALL_F32 */
+    static const uint32_t k_ftype[] = {7, 2, 15, 0};
     int n_rot = (int)(c->head_dim * c->rope.partial_rotary_factor);
     n_rot -= n_rot % 2;
     if ((rc = ember_gguf_set_str(g, "general.architecture", arch, err)) ||
@@ -280,12 +324,16 @@ static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_
                                      err)))
             return rc;
     }
-    /* one sliding window for every layer (mistral): llama.cpp ignores the
-       key for these architectures, Ember applies it */
-    bool same = c->layer_window[0] > 0;
-    for (int i = 1; i < c->n_layers; i++) same &= c->layer_window[i] == c->layer_window[0];
-    if (same && (rc = ember_gguf_set_u32(g, KEY("attention.sliding_window"), (uint32_t)c->layer_window[0], err)))
-        return rc;
+    if (strncmp(c->model_type, "gemma", 5) == 0) {
+        if ((rc = write_gemma(g, c, arch, err))) return rc;
+    } else {
+        /* one sliding window for every layer (mistral, phi3): llama.cpp
+           ignores the key for llama, Ember applies it */
+        bool same = c->layer_window[0] > 0;
+        for (int i = 1; i < c->n_layers; i++) same &= c->layer_window[i] == c->layer_window[0];
+        if (same && (rc = ember_gguf_set_u32(g, KEY("attention.sliding_window"), (uint32_t)c->layer_window[0], err)))
+            return rc;
+    }
 #undef KEY
     /* the model's own tokenizer when it has one we can write; otherwise
        llama.cpp's "none" vocabulary (dummy tokens of ARCH.vocab_size), plus
@@ -339,7 +387,8 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
         goto done;
     }
     bool llama = strcmp(cfg.model_type, "llama") == 0 || strcmp(cfg.model_type, "mistral") == 0;
-    const char *arch = llama ? "llama" : cfg.model_type;
+    bool gemma = strncmp(cfg.model_type, "gemma", 5) == 0;
+    const char *arch = ember_gguf_arch_of(cfg.model_type);
     if ((rc = write_metadata(g, in_dir, &cfg, arch, s, err))) goto done;
     if (cfg.rope.type == EMBER_ROPE_LLAMA3 && (rc = add_rope_freqs(g, &cfg, err))) goto done;
     bool tied = cfg.tie_embeddings || !ember_weights_find(w, "lm_head.weight", NULL);
@@ -347,7 +396,7 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
         for (int i = 0; i < w->files[f]->n_tensors && !rc; i++) {
             const ember_st_tensor *t = &w->files[f]->tensors[i];
             char gn[128];
-            if (!ember_gguf_tensor_name(t->name, gn, sizeof gn)) continue; /* e.g. rotary inv_freq buffers */
+            if (!ember_gguf_tensor_name(cfg.model_type, t->name, gn, sizeof gn)) continue; /* e.g. rotary inv_freq */
             if (tied && strcmp(gn, "output.weight") == 0) continue;
             if (t->ndim < 1 || t->ndim > 2 || !ember_can_dequantize(t->dtype)) {
                 rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: tensor '%s' is not a 1-D or 2-D float tensor", in_dir,
@@ -368,6 +417,8 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
                 rc = permute_rows(x, rows, K, ends_with(gn, "attn_q.weight") ? cfg.n_heads : cfg.n_kv_heads, err);
             if (!rc && llama && t->ndim == 1 && (ends_with(gn, "attn_q.bias") || ends_with(gn, "attn_k.bias")))
                 rc = permute_rows(x, K, 1, ends_with(gn, "attn_q.bias") ? cfg.n_heads : cfg.n_kv_heads, err);
+            if (!rc && gemma && ends_with(gn, "norm.weight")) /* llama.cpp stores Gemma's 1 + w */
+                for (size_t e = 0; e < n; e++) x[e] = 1.0f + x[e];
             ember_dtype qt = ember_qscheme_type(s, gn, t->ndim, K, layer, cfg.n_layers, tied);
             size_t bytes = 0;
             void *q = NULL;

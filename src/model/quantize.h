@@ -1,6 +1,7 @@
 /*
- * quantize.h - writing a HuggingFace llama-family model (F32 / F16 / BF16
- * safetensors) as a quantized GGUF file that both Ember and llama.cpp load.
+ * quantize.h - writing a HuggingFace model (F32 / F16 / BF16 safetensors;
+ * llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text) as a quantized
+ * (or plain F32) GGUF file that both Ember and llama.cpp load.
  */
 #ifndef EMBER_MODEL_QUANTIZE_H
 #define EMBER_MODEL_QUANTIZE_H
@@ -13,10 +14,11 @@
 typedef enum ember_qscheme {
     EMBER_QSCHEME_Q8_0 = 0,
     EMBER_QSCHEME_Q4_0,
-    EMBER_QSCHEME_Q4_K_M
+    EMBER_QSCHEME_Q4_K_M,
+    EMBER_QSCHEME_F32 /* every tensor F32: a lossless conversion */
 } ember_qscheme;
 
-/* "q8_0", "q4_0", "q4_k_m" -> scheme; false for other names. */
+/* "q8_0", "q4_0", "q4_k_m", "f32" -> scheme; false for other names. */
 bool ember_qscheme_parse(const char *name, ember_qscheme *out);
 
 /*
@@ -31,6 +33,7 @@ bool ember_qscheme_parse(const char *name, ember_qscheme *out);
  *     when i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2, else Q4_K; every
  *     other matrix Q4_K;
  *   - q4_0 / q8_0: every other matrix Q4_0 / Q8_0;
+ *   - f32: every tensor F32;
  *   - a K type whose row length is not a multiple of 256 falls back
  *     (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), and any type whose row
  *     length is not a multiple of its block falls back to F16.
@@ -45,7 +48,8 @@ ember_dtype ember_qscheme_type(ember_qscheme s, const char *gguf_name, int ndim,
    ARCH.vocab_size (llama.cpp then creates a dummy vocabulary of that size,
    enough for llama-bench). Llama Q/K rows are permuted to the interleaved
    RoPE layout llama.cpp expects; llama 3 RoPE scaling is written as a
-   rope_freqs.weight tensor. */
+   rope_freqs.weight tensor; Gemma norm weights are stored as 1 + w, as
+   llama.cpp's converter does (gguf_model.c lists the gemma keys). */
 int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qscheme s, ember_error *err);
 
 #endif

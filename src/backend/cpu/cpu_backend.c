@@ -930,8 +930,16 @@ typedef struct ew_job {
     float *dst;
     const float *a, *b;
     int64_t n;
-    int kind; /* 0 swiglu, 1 add */
+    int kind; /* 0 swiglu, 1 add, 2 geglu, 3 scale, 4 softcap */
+    float s;  /* scale, cap */
 } ew_job;
+
+/* gelu with the tanh approximation, as torch computes it in f32. */
+static inline float gelu_tanh(float x) {
+    const float beta = 0.7978845608028654f, kappa = 0.044715f; /* sqrt(2 / pi) */
+    float inner = beta * (x + kappa * (x * x * x));
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
 
 static void ew_task(void *ctx, int task, int thread) {
     (void)thread;
@@ -942,13 +950,19 @@ static void ew_task(void *ctx, int task, int thread) {
             float g = j->a[i];
             j->dst[i] = (g / (1.0f + expf(-g))) * j->b[i];
         }
-    } else {
+    } else if (j->kind == 1) {
         for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] + j->b[i];
+    } else if (j->kind == 2) {
+        for (int64_t i = i0; i < i1; i++) j->dst[i] = gelu_tanh(j->a[i]) * j->b[i];
+    } else if (j->kind == 3) {
+        for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] * j->s;
+    } else {
+        for (int64_t i = i0; i < i1; i++) j->dst[i] = tanhf(j->a[i] / j->s) * j->s;
     }
 }
 
 static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
-                  int kind, const char *op, ember_error *err) {
+                  int kind, float s, const char *op, ember_error *err) {
     int rc;
     if ((rc = need_f32(dst, op, "dst", err)) || (rc = need_f32(a, op, "a", err)) ||
         (rc = need_f32(b, op, "b", err)))
@@ -956,7 +970,7 @@ static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, c
     int64_t n = ember_tensor_nelem(dst);
     if (ember_tensor_nelem(a) != n || ember_tensor_nelem(b) != n)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: sizes differ", op);
-    ew_job j = {host(dst), host(a), host(b), n, kind};
+    ew_job j = {host(dst), host(a), host(b), n, kind, s};
     int64_t tasks = (n + EW_CHUNK - 1) / EW_CHUNK;
     if (tasks > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: too large", op);
     ember_pool_run(cpu(be)->pool, (int)tasks, ew_task, &j);
@@ -965,12 +979,26 @@ static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, c
 
 static int cpu_swiglu(ember_backend *be, ember_tensor *dst, const ember_tensor *gate,
                       const ember_tensor *up, ember_error *err) {
-    return run_ew(be, dst, gate, up, 0, "swiglu", err);
+    return run_ew(be, dst, gate, up, 0, 0.0f, "swiglu", err);
+}
+
+static int cpu_geglu(ember_backend *be, ember_tensor *dst, const ember_tensor *gate,
+                     const ember_tensor *up, ember_error *err) {
+    return run_ew(be, dst, gate, up, 2, 0.0f, "geglu", err);
+}
+
+static int cpu_scale(ember_backend *be, ember_tensor *dst, const ember_tensor *a, float s, ember_error *err) {
+    return run_ew(be, dst, a, a, 3, s, "scale", err);
+}
+
+static int cpu_softcap(ember_backend *be, ember_tensor *dst, const ember_tensor *a, float cap, ember_error *err) {
+    if (!(cap > 0)) return ember_err(err, EMBER_ERR_INVALID_ARG, "softcap: cap %g is not positive", (double)cap);
+    return run_ew(be, dst, a, a, 4, cap, "softcap", err);
 }
 
 static int cpu_add(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
                    ember_error *err) {
-    return run_ew(be, dst, a, b, 1, "add", err);
+    return run_ew(be, dst, a, b, 1, 0.0f, "add", err);
 }
 
 /* ---- life cycle ------------------------------------------------------------------------ */
@@ -1004,6 +1032,9 @@ static const ember_backend_ops k_cpu_ops = {
     .attention = cpu_attention,
     .copy = cpu_copy,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
+    .scale = cpu_scale,
+    .softcap = cpu_softcap,
     .add = cpu_add,
 };
 

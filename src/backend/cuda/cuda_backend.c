@@ -411,7 +411,7 @@ static int cuda_copy(ember_backend *be, ember_tensor *dst, size_t doff, const em
 }
 
 static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b, int kind,
-                  const char *op, ember_error *err) {
+                  float s, const char *op, ember_error *err) {
     cuda_backend *c = cu(be);
     int rc;
     if ((rc = need_f32(be, dst, op, "dst", err)) || (rc = need_f32(be, a, op, "a", err)) ||
@@ -421,17 +421,31 @@ static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, c
     if (ember_tensor_nelem(a) != n || ember_tensor_nelem(b) != n)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: sizes differ", op);
     if ((rc = bind(c, err))) return rc;
-    return launched(ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), n), op, err);
+    return launched(ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), s, n), op, err);
 }
 
 static int cuda_swiglu(ember_backend *be, ember_tensor *dst, const ember_tensor *gate, const ember_tensor *up,
                        ember_error *err) {
-    return run_ew(be, dst, gate, up, 0, "swiglu", err);
+    return run_ew(be, dst, gate, up, 0, 0.0f, "swiglu", err);
+}
+
+static int cuda_geglu(ember_backend *be, ember_tensor *dst, const ember_tensor *gate, const ember_tensor *up,
+                      ember_error *err) {
+    return run_ew(be, dst, gate, up, 2, 0.0f, "geglu", err);
+}
+
+static int cuda_scale(ember_backend *be, ember_tensor *dst, const ember_tensor *a, float s, ember_error *err) {
+    return run_ew(be, dst, a, a, 3, s, "scale", err);
+}
+
+static int cuda_softcap(ember_backend *be, ember_tensor *dst, const ember_tensor *a, float cap, ember_error *err) {
+    if (!(cap > 0)) return ember_err(err, EMBER_ERR_INVALID_ARG, "softcap: cap %g is not positive", (double)cap);
+    return run_ew(be, dst, a, a, 4, cap, "softcap", err);
 }
 
 static int cuda_add(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
                     ember_error *err) {
-    return run_ew(be, dst, a, b, 1, "add", err);
+    return run_ew(be, dst, a, b, 1, 0.0f, "add", err);
 }
 
 /* ---- life cycle ------------------------------------------------------------------------- */
@@ -465,6 +479,9 @@ static const ember_backend_ops k_cuda_ops = {
     .attention = cuda_attention,
     .copy = cuda_copy,
     .swiglu = cuda_swiglu,
+    .geglu = cuda_geglu,
+    .scale = cuda_scale,
+    .softcap = cuda_softcap,
     .add = cuda_add,
 };
 

@@ -79,10 +79,11 @@ cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const float *x, c
 cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_t *pos, const float *inv_freq, int T,
                           int H, int D, int n_rot, int interleaved, float attn_factor);
 
-/* dst = silu(gate) * up (kind 0) or dst = a + b (kind 1), n elements; dst
-   may alias either input. */
+/* dst = silu(gate) * up (kind 0 on a = gate, b = up), a + b (kind 1),
+   gelu_tanh(gate) * up (kind 2), a * s (kind 3) or s * tanh(a / s) (kind
+   4), n elements; dst may alias either input. */
 cudaError_t ember_cu_elementwise(cudaStream_t stream, int kind, float *dst, const float *a, const float *b,
-                                 int64_t n);
+                                 float s, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /*
  * cuda_ops.cu - the row and elementwise ops of the CUDA backend: get_rows,
- * rms_norm, rope, swiglu and add. Every output is f32.
+ * rms_norm, rope, swiglu, geglu, scale, softcap and add. Every output is f32.
  *
  * Each op's arithmetic is written as the CPU backend writes it
  * (cpu_backend.c), built without contraction of multiplies and adds
@@ -127,23 +127,30 @@ extern "C" cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_
 /* ---- swiglu, add -------------------------------------------------------------------------- */
 
 static __global__ void __launch_bounds__(THREADS)
-    elementwise_k(int kind, float *dst, const float *a, const float *b, int64_t n) {
+    elementwise_k(int kind, float *dst, const float *a, const float *b, float s, int64_t n) {
     const int64_t stride = (int64_t)gridDim.x * THREADS;
     for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += stride) {
         if (kind == 0) {
             const float g = a[i];
             dst[i] = (g / (1.0f + expf(-g))) * b[i];
-        } else {
+        } else if (kind == 1) {
             dst[i] = a[i] + b[i];
+        } else if (kind == 2) {
+            const float g = a[i], inner = 0.7978845608028654f * (g + 0.044715f * (g * g * g));
+            dst[i] = 0.5f * g * (1.0f + tanhf(inner)) * b[i];
+        } else if (kind == 3) {
+            dst[i] = a[i] * s;
+        } else {
+            dst[i] = tanhf(a[i] / s) * s;
         }
     }
 }
 
 extern "C" cudaError_t ember_cu_elementwise(cudaStream_t stream, int kind, float *dst, const float *a,
-                                            const float *b, int64_t n) {
+                                            const float *b, float s, int64_t n) {
     if (n < 1) return cudaSuccess;
     int64_t blocks = (n + THREADS - 1) / THREADS;
     if (blocks > 132 * 16) blocks = 132 * 16; /* a grid-stride loop past a few waves */
-    elementwise_k<<<(unsigned)blocks, THREADS, 0, stream>>>(kind, dst, a, b, n);
+    elementwise_k<<<(unsigned)blocks, THREADS, 0, stream>>>(kind, dst, a, b, s, n);
     return cudaGetLastError();
 }

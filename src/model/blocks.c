@@ -1,0 +1,355 @@
+/*
+ * blocks.c - the loader and the forward blocks every family shares; see
+ * family.h.
+ *
+ * Loading: large weights are zero-copy views of the mapped files where the
+ * backend allows; norms and biases are converted to f32 and uploaded; MLX
+ * group-quantized matrices are repacked (mlx_load.h). Every tensor is
+ * checked for presence, dtype and shape, and errors name it.
+ *
+ * Forward blocks: each is a fixed sequence of backend ops on the run
+ * state's views. The llama family's numerics are exactly these sequences.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "family.h"
+#include "formats/quant.h"
+#include "mlx_load.h"
+
+/* ---- loading ------------------------------------------------------------------- */
+
+/* A weight as found in either kind of file. */
+typedef struct wview {
+    const char *file;
+    ember_dtype dtype;
+    int ndim;
+    int64_t shape[4];
+    const unsigned char *data;
+    size_t nbytes;
+} wview;
+
+/* Finds the weight with HuggingFace name `name` in the loader's source. */
+static bool find_weight(const ember_loader *L, const char *name, wview *v) {
+    memset(v, 0, sizeof *v);
+    if (L->gg) {
+        char gn[128];
+        if (!ember_gguf_tensor_name(L->m->cfg.model_type, name, gn, sizeof gn)) return false;
+        const ember_gguf_tensor *t = ember_gguf_find_tensor(L->gg, gn);
+        if (!t) return false;
+        *v = (wview){L->gg->path, t->dtype, t->ndim, {0}, t->data, t->nbytes};
+        memcpy(v->shape, t->shape, sizeof v->shape);
+        return true;
+    }
+    const char *file = L->w->primary;
+    const ember_st_tensor *st = ember_weights_find(L->w, name, &file);
+    if (!st) return false;
+    *v = (wview){file, st->dtype, st->ndim, {0}, st->data, st->nbytes};
+    for (int i = 0; i < st->ndim && i < 4; i++) v->shape[i] = st->shape[i];
+    return true;
+}
+
+void ember_load_claim(ember_loader *L, const char *name) {
+    if (!L->claimed) return;
+    if (L->gg) {
+        char gn[128];
+        const ember_gguf_tensor *t = ember_gguf_tensor_name(L->m->cfg.model_type, name, gn, sizeof gn)
+                                         ? ember_gguf_find_tensor(L->gg, gn)
+                                         : NULL;
+        if (t) L->claimed[t - L->gg->tensors] = 1;
+        return;
+    }
+    const char *file = NULL;
+    const ember_st_tensor *st = ember_weights_find(L->w, name, &file);
+    size_t base = 0;
+    for (int f = 0; st && f < L->w->n_files; f++) {
+        const ember_st_file *sf = L->w->files[f];
+        if (st >= sf->tensors && st < sf->tensors + sf->n_tensors) {
+            L->claimed[base + (size_t)(st - sf->tensors)] = 1;
+            return;
+        }
+        base += (size_t)sf->n_tensors;
+    }
+}
+
+/* Weight dtypes the CPU backend multiplies with. */
+static bool weight_dtype_ok(ember_dtype t) {
+    switch (t) {
+    case EMBER_F32: case EMBER_F16: case EMBER_BF16: case EMBER_Q4_0: case EMBER_Q4_1: case EMBER_Q5_0:
+    case EMBER_Q5_1: case EMBER_Q8_0: case EMBER_Q4_K: case EMBER_Q5_K: case EMBER_Q6_K: case EMBER_Q8_K:
+        return true;
+    default: return false;
+    }
+}
+
+/* Adds b to the model's buffers (freeing it on failure). */
+static int keep_buf(ember_llm *m, ember_buffer *b, ember_error *err) {
+    if (m->n_bufs == m->cap_bufs) {
+        int cap = m->cap_bufs ? m->cap_bufs * 2 : 64;
+        ember_buffer **nb = realloc(m->bufs, (size_t)cap * sizeof *nb);
+        if (!nb) {
+            ember_buffer_free(b);
+            return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        }
+        m->bufs = nb;
+        m->cap_bufs = cap;
+    }
+    m->bufs[m->n_bufs++] = b;
+    return EMBER_OK;
+}
+
+/* "[a, b, ...]" into buf. */
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, n - o, "[");
+    for (int i = 0; i < ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+/* Binds t to a copy of repacked MLX blocks (mlx_load.h), which it frees. */
+static int load_blocks(ember_loader *L, ember_tensor *t, void *blocks, size_t nbytes, ember_dtype dt, int ndim,
+                       const int64_t *shape) {
+    ember_llm *m = L->m;
+    ember_buffer *b = NULL;
+    int rc = ember_tensor_alloc(m->be, t, &b, dt, ndim, shape, L->err);
+    if (!rc) rc = m->be->ops->write(m->be, t, 0, blocks, nbytes, L->err);
+    free(blocks);
+    if (rc) {
+        ember_buffer_free(b);
+        return rc;
+    }
+    _Static_assert(EMBER_DTYPE_COUNT <= 64, "dtype_seen is a 64-bit mask");
+    L->dtype_seen |= (uint64_t)1 << dt;
+    m->weight_bytes += nbytes;
+    return keep_buf(m, b, L->err);
+}
+
+int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int ndim, const int64_t *shape, bool as_f32,
+                bool optional) {
+    ember_llm *m = L->m;
+    wview st;
+    memset(t, 0, sizeof *t);
+    if (L->w && !as_f32 && ndim == 2) { /* an MLX-quantized matrix? */
+        void *blocks;
+        size_t nb;
+        ember_dtype dt;
+        int rc = ember_mlx_load_weight(L->w, &m->cfg, name, shape[0], shape[1], &blocks, &nb, &dt, L->err);
+        if (rc) return rc;
+        if (blocks) {
+            char part[216];
+            size_t len = strlen(name) - (sizeof ".weight" - 1); /* the MLX loader checked the suffix */
+            ember_load_claim(L, name);
+            snprintf(part, sizeof part, "%.*s.scales", (int)len, name);
+            ember_load_claim(L, part);
+            snprintf(part, sizeof part, "%.*s.biases", (int)len, name);
+            ember_load_claim(L, part);
+            return load_blocks(L, t, blocks, nb, dt, ndim, shape);
+        }
+    }
+    if (!find_weight(L, name, &st)) {
+        if (optional) return EMBER_OK;
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: missing tensor '%s'", L->primary, name);
+    }
+    ember_load_claim(L, name);
+    const char *file = st.file;
+    if (!weight_dtype_ok(st.dtype) || (as_f32 && !ember_can_dequantize(st.dtype)))
+        return ember_err(L->err, EMBER_ERR_UNSUPPORTED,
+                         "%s: tensor '%s' has unsupported dtype %s (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
+                         "Q8_0, Q4_K, Q5_K, Q6_K, Q8_K)",
+                         file, name, ember_dtype_get(st.dtype)->st_name);
+    bool same = st.ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = st.shape[i] == shape[i];
+    if (!same) {
+        char got[128], want[128];
+        shape_str(got, sizeof got, st.ndim, st.shape);
+        shape_str(want, sizeof want, ndim, shape);
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected %s", file, name, got,
+                         want);
+    }
+    ember_buffer *b = NULL;
+    int rc;
+    if (as_f32) {
+        size_t n = 1;
+        for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+        float *tmp = malloc(n * sizeof *tmp + 1);
+        if (!tmp) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory loading '%s'", name);
+        rc = ember_dequantize(st.dtype, st.data, tmp, n, L->err);
+        if (!rc) rc = ember_tensor_alloc(m->be, t, &b, EMBER_F32, ndim, shape, L->err);
+        if (!rc) rc = m->be->ops->write(m->be, t, 0, tmp, n * sizeof *tmp, L->err);
+        free(tmp);
+        if (rc) {
+            ember_buffer_free(b);
+            return rc;
+        }
+    } else {
+        rc = m->be->ops->buffer_from_host(m->be, st.data, st.nbytes, &b, L->err);
+        if (rc) return rc;
+        rc = ember_tensor_view(t, b, 0, st.dtype, ndim, shape, L->err);
+        if (rc) {
+            ember_buffer_free(b);
+            return rc;
+        }
+        L->dtype_seen |= (uint64_t)1 << st.dtype;
+        m->weight_bytes += st.nbytes;
+    }
+    return keep_buf(m, b, L->err);
+}
+
+int ember_load_split(ember_loader *L, const char *name, int n, ember_tensor *const *parts, const int64_t *rows,
+                     int64_t cols) {
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += rows[i];
+    ember_tensor whole;
+    int rc = ember_load_tensor(L, &whole, name, 2, (const int64_t[]){total, cols}, false, false);
+    if (rc) return rc;
+    if (total < 1 || whole.nbytes % (size_t)total)
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' cannot be split into rows", L->primary, name);
+    const size_t row_bytes = whole.nbytes / (size_t)total;
+    size_t off = whole.offset;
+    for (int i = 0; i < n; i++) {
+        if ((rc = ember_tensor_view(parts[i], whole.buf, off, whole.dtype, 2, (const int64_t[]){rows[i], cols},
+                                    L->err)))
+            return rc;
+        off += (size_t)rows[i] * row_bytes;
+    }
+    return EMBER_OK;
+}
+
+int ember_load_io(ember_loader *L) {
+    ember_llm *m = L->m;
+    const ember_model_config *cfg = &m->cfg;
+    const int64_t V = cfg->vocab_size, H = cfg->hidden_size;
+    int rc;
+    if ((rc = ember_load_tensor(L, &m->embed, "model.embed_tokens.weight", 2, (const int64_t[]){V, H}, false, false)) ||
+        (rc = ember_load_tensor(L, &m->out_norm, "model.norm.weight", 1, (const int64_t[]){H}, true, false)))
+        return rc;
+    if (cfg->tie_embeddings) {
+        m->lm_head = m->embed; /* read in full per token as the output projection */
+        return EMBER_OK;
+    }
+    size_t embed_bytes = m->embed.nbytes;
+    if ((rc = ember_load_tensor(L, &m->lm_head, "lm_head.weight", 2, (const int64_t[]){V, H}, false, false))) return rc;
+    m->weight_bytes -= embed_bytes; /* only one embedding row is read per token */
+    return EMBER_OK;
+}
+
+/* ---- forward blocks ------------------------------------------------------------------- */
+
+/* A view of the first `rows` rows of t, reshaped to dims (rows first). */
+static ember_tensor rows_view(const ember_tensor *t, int ndim, int64_t d0, int64_t d1, int64_t d2) {
+    ember_tensor v = *t;
+    v.ndim = ndim;
+    v.shape[0] = d0;
+    v.shape[1] = d1;
+    v.shape[2] = d2;
+    v.shape[3] = 0;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= v.shape[i];
+    v.nbytes = (size_t)n * 4;
+    return v;
+}
+
+/* t when bound, else NULL (an absent bias). */
+static const ember_tensor *opt(const ember_tensor *t) {
+    return t->buf ? t : NULL;
+}
+
+void ember_fwd_init(ember_fwd *f, ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b,
+                    ember_error *err) {
+    const ember_model_config *c = &m->cfg;
+    const int T = b->n, H = c->hidden_size, D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads,
+              I = c->intermediate_size;
+    *f = (ember_fwd){.m = m, .st = st, .kv = kv, .b = b, .err = err, .T = T};
+    f->x = rows_view(&st->x, 2, T, H, 0);
+    f->h = rows_view(&st->h, 2, T, H, 0);
+    f->q = rows_view(&st->q, 2, T, (int64_t)Hq * D, 0);
+    f->k = rows_view(&st->k, 2, T, (int64_t)Hkv * D, 0);
+    f->v = rows_view(&st->v, 2, T, (int64_t)Hkv * D, 0);
+    f->att = rows_view(&st->att, 2, T, (int64_t)Hq * D, 0);
+    f->q3 = rows_view(&st->q, 3, T, Hq, D);
+    f->k3 = rows_view(&st->k, 3, T, Hkv, D);
+    f->v3 = rows_view(&st->v, 3, T, Hkv, D);
+    f->att3 = rows_view(&st->att, 3, T, Hq, D);
+    f->qh = rows_view(&st->q, 2, (int64_t)T * Hq, D, 0);
+    f->kh = rows_view(&st->k, 2, (int64_t)T * Hkv, D, 0);
+    f->gate = rows_view(&st->gate, 2, T, I, 0);
+    f->up = rows_view(&st->up, 2, T, I, 0);
+}
+
+int ember_blk_embed(ember_fwd *f, float scale) {
+    ember_backend *be = f->m->be;
+    int rc = be->ops->get_rows(be, &f->x, &f->m->embed, f->b->tok, f->T, f->err);
+    if (!rc && scale != 1.0f) rc = be->ops->scale(be, &f->x, &f->x, scale, f->err);
+    return rc;
+}
+
+int ember_blk_norm(ember_fwd *f, ember_tensor *dst, const ember_tensor *x, const ember_tensor *w, bool plus_one) {
+    ember_backend *be = f->m->be;
+    return be->ops->rms_norm(be, dst, x, w, f->m->cfg.rms_norm_eps, plus_one, f->err);
+}
+
+int ember_blk_attention(ember_fwd *f, int l, const ember_llm_layer *ly, const ember_rope *rope, const ember_attn *a,
+                        bool qk_plus_one) {
+    ember_backend *be = f->m->be;
+    const ember_backend_ops *ops = be->ops;
+    const float eps = f->m->cfg.rms_norm_eps;
+    ember_error *err = f->err;
+    int rc;
+    ember_matmul qkv[3] = {{&f->q, &ly->wq, opt(&ly->bq)}, {&f->k, &ly->wk, opt(&ly->bk)}, {&f->v, &ly->wv, opt(&ly->bv)}};
+    ember_kv_layer views[2];
+    ember_kv_map map;
+    ember_kv_map_for(f->kv, l, f->b->row, f->b->pos, views, &map);
+    if ((rc = ops->matmul(be, &f->h, 3, qkv, err))) return rc;
+    if (ly->q_norm.buf && ((rc = ops->rms_norm(be, &f->qh, &f->qh, &ly->q_norm, eps, qk_plus_one, err)) ||
+                           (rc = ops->rms_norm(be, &f->kh, &f->kh, &ly->k_norm, eps, qk_plus_one, err))))
+        return rc;
+    ember_matmul o = {&f->h, &ly->wo, opt(&ly->bo)};
+    if ((rc = ops->rope(be, &f->q3, f->b->pos, rope, err)) || (rc = ops->rope(be, &f->k3, f->b->pos, rope, err)) ||
+        (rc = ops->kv_write(be, &map, &f->k3, &f->v3, err)) || (rc = ops->attention(be, &f->att3, &f->q3, &map, a, err)) ||
+        (rc = ops->matmul(be, &f->att, 1, &o, err)))
+        return rc;
+    return EMBER_OK;
+}
+
+int ember_blk_mlp(ember_fwd *f, const ember_llm_layer *ly, ember_act act) {
+    ember_backend *be = f->m->be;
+    const ember_backend_ops *ops = be->ops;
+    int rc;
+    ember_matmul gu[2] = {{&f->gate, &ly->w_gate, opt(&ly->b_gate)}, {&f->up, &ly->w_up, opt(&ly->b_up)}};
+    ember_matmul dn = {&f->h, &ly->w_down, opt(&ly->b_down)};
+    if ((rc = ops->matmul(be, &f->h, 2, gu, f->err))) return rc;
+    rc = act == EMBER_ACT_GELU_TANH ? ops->geglu(be, &f->gate, &f->gate, &f->up, f->err)
+                                    : ops->swiglu(be, &f->gate, &f->gate, &f->up, f->err);
+    if (rc) return rc;
+    return ops->matmul(be, &f->gate, 1, &dn, f->err);
+}
+
+int ember_blk_residual(ember_fwd *f) {
+    ember_backend *be = f->m->be;
+    return be->ops->add(be, &f->x, &f->x, &f->h, f->err);
+}
+
+int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, float softcap, float *logits) {
+    ember_backend *be = f->m->be;
+    const ember_backend_ops *ops = be->ops;
+    ember_llm_state *st = f->st;
+    const ember_batch *b = f->b;
+    const int V = f->m->cfg.vocab_size, H = f->m->cfg.hidden_size;
+    int rc;
+    /* LOGIT_ROWS (the state's max_logit_rows) rows at a time */
+    for (int o0 = 0; o0 < b->n_out; o0 += st->max_logit_rows) {
+        int n = b->n_out - o0 < st->max_logit_rows ? b->n_out - o0 : st->max_logit_rows;
+        ember_tensor sel = rows_view(&st->sel, 2, n, H, 0), lg = rows_view(&st->logits, 2, n, V, 0);
+        ember_matmul head = {&lg, &f->m->lm_head, NULL};
+        if ((rc = ops->get_rows(be, &sel, &f->x, b->out + o0, n, f->err)) ||
+            (rc = ops->rms_norm(be, &sel, &sel, norm, f->m->cfg.rms_norm_eps, plus_one, f->err)) ||
+            (rc = ops->matmul(be, &sel, 1, &head, f->err)) ||
+            (softcap > 0 && (rc = ops->softcap(be, &lg, &lg, softcap, f->err))) ||
+            (rc = ops->read(be, &lg, 0, logits + (size_t)o0 * (size_t)V, (size_t)n * (size_t)V * 4, f->err)))
+            return rc;
+    }
+    return EMBER_OK;
+}

@@ -1,0 +1,128 @@
+/*
+ * family.h - what the model families share, inside src/model.
+ *
+ * A family is one file (llama.c, gemma.c) holding two functions: a loader
+ * that binds the family's tensors, and a forward pass that reads like the
+ * model's own definition. Both are written with the pieces declared here:
+ *   - the weight loader (blocks.c): a tensor by its HuggingFace name from
+ *     safetensors, MLX-quantized safetensors or GGUF, shape and dtype
+ *     checked; fused matrices split into row views (phi3's qkv_proj);
+ *   - the blocks of a forward pass (blocks.c): embedding, RMSNorm (plain or
+ *     Gemma's x * (1 + w)), attention with its variants (biases, q/k norms,
+ *     RoPE per layer, sliding windows, soft-capping, any scale), the gated
+ *     MLP (SwiGLU, GeGLU) and the logits head (final soft-capping).
+ * model.c holds the life cycle every family shares (config -> family,
+ * RoPE tables, run state, batch checks).
+ *
+ * Blocks run one op sequence fixed by the layer's shape, never by the batch:
+ * what model.h promises about batch invariance holds for every family.
+ */
+#ifndef EMBER_MODEL_FAMILY_H
+#define EMBER_MODEL_FAMILY_H
+
+#include "model.h"
+
+/* ---- loading ---------------------------------------------------------------------- */
+
+typedef struct ember_loader {
+    ember_llm *m;
+    const ember_weights *w; /* safetensors, or */
+    const ember_gguf *gg;   /* a GGUF file */
+    const char *primary;    /* the file named in messages */
+    ember_error *err;
+    uint64_t dtype_seen;    /* bit mask of the large weights' dtypes */
+    unsigned char *claimed; /* per tensor of the file(s), in order: 1 once the model used it */
+    size_t n_tensors;
+} ember_loader;
+
+/* Marks the file tensor with HuggingFace name `name` as used (no-op when
+   absent). ember_load_tensor and ember_load_split mark what they bind. */
+void ember_load_claim(ember_loader *L, const char *name);
+
+/*
+ * Binds t to the weight called name (a HuggingFace name) with the expected
+ * shape. as_f32: the tensor is small (norm, bias) and is converted to an f32
+ * copy. Missing tensors are errors naming the tensor unless optional (then t
+ * stays unbound, buf NULL).
+ */
+int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int ndim, const int64_t *shape, bool as_f32,
+                      bool optional);
+
+/*
+ * Binds parts[i] to consecutive row ranges of the matrix called name: rows[i]
+ * rows each, cols columns, in order (a fused projection such as phi3's
+ * qkv_proj [Q + K + V, H]). The parts view one buffer; no copy is made.
+ */
+int ember_load_split(ember_loader *L, const char *name, int n, ember_tensor *const *parts, const int64_t *rows,
+                     int64_t cols);
+
+/* Binds the embedding, the final norm and the output projection (the
+   embedding when tied_embeddings), and counts the bytes a decode token reads. */
+int ember_load_io(ember_loader *L);
+
+/* ---- families ----------------------------------------------------------------------- */
+
+struct ember_family {
+    const char *name;
+    /* Binds every tensor of the model (the RoPE tables and m->layers are
+       already allocated, the layers' windows set). */
+    int (*load)(ember_loader *L);
+    /* The forward pass proper, between ember_kv_begin and ember_kv_end; the
+       batch is checked. */
+    int (*forward)(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, float *logits,
+                   ember_error *err);
+};
+
+extern const ember_family ember_family_llama; /* llama.c: llama, mistral, qwen2, qwen3, phi3 */
+extern const ember_family ember_family_gemma; /* gemma.c: gemma2, gemma3_text */
+
+/* ---- blocks of a forward pass -------------------------------------------------------- */
+
+/* One forward pass's working tensors: views of the run state's first T rows. */
+typedef struct ember_fwd {
+    ember_llm *m;
+    ember_llm_state *st;
+    ember_kv *kv;
+    const ember_batch *b;
+    ember_error *err;
+    int T;
+    ember_tensor x, h;                /* [T, H]: residual stream, block input / output */
+    ember_tensor q, k, v, att;        /* [T, Hq * D], [T, Hkv * D], ..., [T, Hq * D] */
+    ember_tensor q3, k3, v3, att3;    /* the same as [T, heads, D] */
+    ember_tensor qh, kh;              /* the same as [T * heads, D] (per-head norms) */
+    ember_tensor gate, up;            /* [T, I] */
+} ember_fwd;
+
+/* Sets up f for batch b (checked by the caller). */
+void ember_fwd_init(ember_fwd *f, ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b,
+                    ember_error *err);
+
+/* x = embed[tok], times scale unless scale is 1 (gemma: sqrt(hidden)). */
+int ember_blk_embed(ember_fwd *f, float scale);
+
+/* dst = rmsnorm(x) * w, or * (1 + w) when plus_one; dst may be x. */
+int ember_blk_norm(ember_fwd *f, ember_tensor *dst, const ember_tensor *x, const ember_tensor *w, bool plus_one);
+
+/*
+ * Self-attention of layer l on the normed input f->h, the result (after the
+ * output projection) in f->h: q, k, v projections (+ biases), per-head q/k
+ * RMSNorm when the layer has them (Gemma-style when qk_plus_one), RoPE,
+ * the KV cache write, attention with a's scale, window and soft-cap.
+ */
+int ember_blk_attention(ember_fwd *f, int l, const ember_llm_layer *ly, const ember_rope *rope, const ember_attn *a,
+                        bool qk_plus_one);
+
+/* Gated MLP on f->h, the result in f->h: down(act(gate(h)) * up(h)). */
+int ember_blk_mlp(ember_fwd *f, const ember_llm_layer *ly, ember_act act);
+
+/* f->x += f->h. */
+int ember_blk_residual(ember_fwd *f);
+
+/*
+ * Logits of the batch's wanted rows into host memory: final norm (plus_one
+ * as ember_blk_norm), lm_head, then softcap * tanh(logit / softcap) when
+ * softcap > 0.
+ */
+int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, float softcap, float *logits);
+
+#endif

@@ -1,0 +1,243 @@
+/*
+ * model.c - the life cycle every family shares: a model_type's family, the
+ * RoPE tables (one per layer kind), the layers' windows, the family's
+ * loader, the run state and the checks of a batch. The families themselves
+ * are llama.c and gemma.c (family.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "family.h"
+#include "rope.h"
+
+#define LOGIT_ROWS 16
+
+/* ---- loading ------------------------------------------------------------------- */
+
+void ember_llm_free(ember_llm *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_bufs; i++) ember_buffer_free(m->bufs[i]);
+    free(m->bufs);
+    free(m->layers);
+    free(m->inv_freq);
+    free(m->inv_freq_local);
+    ember_gguf_free(m->gguf);
+    free(m);
+}
+
+/* Applies a GGUF rope_freqs.weight (per-dimension divisors, llama 3). */
+static int apply_freq_factors(ember_loader *L) {
+    ember_llm *m = L->m;
+    const ember_gguf_tensor *t = L->gg ? ember_gguf_find_tensor(L->gg, "rope_freqs.weight") : NULL;
+    if (!t) return EMBER_OK;
+    if (t->dtype != EMBER_F32 || t->nelem != (size_t)m->n_rot / 2)
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: rope_freqs.weight must be f32 [%d]", L->primary, m->n_rot / 2);
+    for (int i = 0; i < m->n_rot / 2; i++) {
+        float f;
+        memcpy(&f, t->data + 4 * (size_t)i, 4);
+        if (!(f > 0 && f < 1e30f))
+            return ember_err(L->err, EMBER_ERR_FORMAT, "%s: rope_freqs.weight[%d] is not a positive number", L->primary, i);
+        m->inv_freq[i] = m->inv_freq[i] / f;
+    }
+    if (L->claimed) L->claimed[t - L->gg->tensors] = 1;
+    return EMBER_OK;
+}
+
+/* Tensors a file may hold that no family reads: transformers' rotary
+   buffers, and the output projection of a tied model (transformers ties it
+   to the embedding, ignoring the stored copy). */
+static bool ignorable(const ember_llm *m, const char *name) {
+    size_t n = strlen(name);
+    static const char inv[] = "rotary_emb.inv_freq";
+    if (n >= sizeof inv - 1 && strcmp(name + n - (sizeof inv - 1), inv) == 0) return true;
+    return m->cfg.tie_embeddings && strncmp(name, "lm_head.", 8) == 0;
+}
+
+/* Refuses a file holding a tensor the family did not read, naming it: a
+   renamed or foreign tensor must not load silently (a GGUF whose
+   output.weight is renamed would otherwise run tied to the embeddings). */
+static int check_unclaimed(const ember_loader *L) {
+    const ember_llm *m = L->m;
+    size_t k = 0;
+    if (L->gg) {
+        for (size_t i = 0; i < L->gg->n_tensors; i++)
+            if (!L->claimed[i])
+                return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' is not part of a %s model", L->primary,
+                                 L->gg->tensors[i].name, m->cfg.model_type);
+        return EMBER_OK;
+    }
+    for (int f = 0; f < L->w->n_files; f++)
+        for (int i = 0; i < L->w->files[f]->n_tensors; i++, k++)
+            if (!L->claimed[k] && !ignorable(m, L->w->files[f]->tensors[i].name))
+                return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' is not part of a %s model",
+                                 L->w->files[f]->path, L->w->files[f]->tensors[i].name, m->cfg.model_type);
+    return EMBER_OK;
+}
+
+/* The family of a model_type (the config parser admits only known ones). */
+static const ember_family *family_for(const char *model_type) {
+    return strncmp(model_type, "gemma", 5) == 0 ? &ember_family_gemma : &ember_family_llama;
+}
+
+/* Everything but the file: RoPE tables, layers, then the family's tensors. */
+static int build(ember_llm *m, ember_loader *L) {
+    const ember_model_config *cfg = &m->cfg;
+    ember_error *err = L->err;
+    int rc;
+    m->family = family_for(cfg->model_type);
+    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
+    m->inv_freq = calloc((size_t)cfg->head_dim / 2 + 1, sizeof *m->inv_freq);
+    m->inv_freq_local = calloc((size_t)cfg->head_dim / 2 + 1, sizeof *m->inv_freq_local);
+    if (!m->layers || !m->inv_freq || !m->inv_freq_local) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    if ((rc = ember_rope_freqs(&cfg->rope, cfg->head_dim, m->inv_freq, &m->n_rot, &m->attn_factor, err))) return rc;
+    const ember_rope_config *local = cfg->rope_local.theta > 0 ? &cfg->rope_local : &cfg->rope; /* unset: one kind */
+    if ((rc = ember_rope_freqs(local, cfg->head_dim, m->inv_freq_local, &m->n_rot_local,
+                               &m->attn_factor_local, err)))
+        return rc;
+    size_t n = 0;
+    if (L->gg) {
+        n = L->gg->n_tensors;
+    } else {
+        for (int f = 0; f < L->w->n_files; f++) n += (size_t)L->w->files[f]->n_tensors;
+    }
+    L->claimed = calloc(n + 1, 1);
+    L->n_tensors = n;
+    if (!L->claimed) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    if ((rc = apply_freq_factors(L))) return rc;
+    for (int i = 0; i < cfg->n_layers; i++) {
+        m->layers[i].window = cfg->layer_window[i];
+        m->layers[i].local_rope = cfg->layer_sliding[i];
+    }
+    if ((rc = m->family->load(L)) || (rc = check_unclaimed(L))) return rc;
+    uint64_t mask = L->dtype_seen;
+    m->weight_dtype = "mixed";
+    for (int t = 1; t < EMBER_DTYPE_COUNT; t++)
+        if (mask == (uint64_t)1 << t) m->weight_dtype = ember_dtype_get((ember_dtype)t)->name;
+    return EMBER_OK;
+}
+
+int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_backend *be, ember_llm **out,
+                   ember_error *err) {
+    *out = NULL;
+    ember_llm *m = calloc(1, sizeof *m);
+    if (!m) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    m->cfg = *cfg;
+    m->be = be;
+    m->rope_mode = EMBER_ROPE_NEOX;
+    m->norm_plus_one = true; /* HF stores gemma's norms as w of x * (1 + w) */
+    ember_loader L = {m, w, NULL, w->primary, err, 0, NULL, 0};
+    int rc = build(m, &L);
+    free(L.claimed);
+    if (rc) {
+        ember_llm_free(m);
+        return rc;
+    }
+    *out = m;
+    return EMBER_OK;
+}
+
+int ember_llm_from_gguf(ember_gguf *f, ember_backend *be, ember_model_config *cfg, ember_llm **out,
+                        ember_error *err) {
+    *out = NULL;
+    ember_llm *m = calloc(1, sizeof *m);
+    if (!m) {
+        ember_gguf_free(f);
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
+    m->be = be;
+    m->gguf = f;
+    int rc = ember_gguf_model_config(m->gguf, &m->cfg, &m->rope_mode, err);
+    if (!rc) {
+        ember_loader L = {m, NULL, m->gguf, m->gguf->path, err, 0, NULL, 0};
+        rc = build(m, &L);
+        free(L.claimed);
+    }
+    if (rc) {
+        ember_llm_free(m);
+        return rc;
+    }
+    *cfg = m->cfg;
+    *out = m;
+    return EMBER_OK;
+}
+
+int ember_llm_load_gguf(const char *path, ember_backend *be, ember_model_config *cfg, ember_llm **out,
+                        ember_error *err) {
+    *out = NULL;
+    ember_gguf *f = NULL;
+    int rc = ember_gguf_open(path, &f, err);
+    if (rc) return rc;
+    return ember_llm_from_gguf(f, be, cfg, out, err);
+}
+
+/* ---- run state ------------------------------------------------------------------------ */
+
+void ember_llm_state_free(ember_llm_state *st) {
+    if (!st) return;
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(st->bufs); i++) ember_buffer_free(st->bufs[i]);
+    free(st->tmp_idx);
+    free(st);
+}
+
+int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember_llm_state **out,
+                        ember_error *err) {
+    *out = NULL;
+    if (max_tokens < 1 || n_kv_rows < 1)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "invalid batch size %d", max_tokens);
+    const ember_model_config *c = &m->cfg;
+    ember_llm_state *st = calloc(1, sizeof *st);
+    if (!st) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    st->max_tokens = max_tokens;
+    st->max_logit_rows = max_tokens < LOGIT_ROWS ? max_tokens : LOGIT_ROWS;
+    st->n_rows = n_kv_rows;
+    const int64_t T = max_tokens, H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
+                  KV = (int64_t)c->n_kv_heads * c->head_dim, I = c->intermediate_size, L = st->max_logit_rows;
+    struct {
+        ember_tensor *t;
+        int64_t cols, rows;
+    } want[] = {{&st->x, H, T},      {&st->h, H, T},     {&st->q, Q, T},   {&st->k, KV, T},
+                {&st->v, KV, T},     {&st->att, Q, T},   {&st->gate, I, T}, {&st->up, I, T},
+                {&st->sel, H, L},    {&st->logits, c->vocab_size, L}};
+    int rc = EMBER_OK;
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(want) && !rc; i++)
+        rc = ember_tensor_alloc(m->be, want[i].t, &st->bufs[i], EMBER_F32, 2, (const int64_t[]){want[i].rows, want[i].cols},
+                                err);
+    st->tmp_idx = calloc((size_t)max_tokens, sizeof *st->tmp_idx);
+    if (!rc && !st->tmp_idx) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    if (rc) {
+        ember_llm_state_free(st);
+        return rc;
+    }
+    *out = st;
+    return EMBER_OK;
+}
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+/* Checks what the KV cache does not: sizes, token ids, wanted rows. */
+static int check_batch(const ember_llm *m, ember_llm_state *st, const ember_batch *b, ember_error *err) {
+    if (b->n < 1 || b->n > st->max_tokens)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "batch of %d tokens (1..%d allowed)", b->n, st->max_tokens);
+    if (b->n_out < 0 || b->n_out > b->n)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%d logit rows wanted from %d tokens", b->n_out, b->n);
+    for (int i = 0; i < b->n; i++)
+        if (b->tok[i] < 0 || b->tok[i] >= m->cfg.vocab_size)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "token id %d is outside the vocabulary [0, %d)", b->tok[i],
+                             m->cfg.vocab_size);
+    for (int i = 0; i < b->n_out; i++)
+        if (b->out[i] < 0 || b->out[i] >= b->n || (i > 0 && b->out[i] <= b->out[i - 1]))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "logit rows must be increasing indices into the batch");
+    return EMBER_OK;
+}
+
+int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, float *logits,
+                      ember_error *err) {
+    int rc = check_batch(m, st, b, err);
+    if (!rc) rc = ember_kv_begin(kv, b->row, b->pos, b->n, err);
+    if (rc) return rc;
+    rc = m->family->forward(m, st, kv, b, logits, err);
+    ember_kv_end(kv, rc == EMBER_OK);
+    return rc;
+}
