@@ -11,8 +11,10 @@
 # (engine, kind) pairs, alternating which engine goes first; a cell is the
 # median over rounds with [min-max]. The machine is shared: only the
 # medians of rounds taken close together compare. Raw lines go to stderr.
+# env: KINDS, the (ember:llama.cpp) pairs to run, default "f16:f16 q8:q8_0 q4:q4_0".
 set -euo pipefail
 EMBER=$1 LLB=$2 MODEL=$3 D=$4 ROUNDS=${5:-3} TH=${6:-2} N=${7:-32}
+KINDS=${KINDS:-f16:f16 q8:q8_0 q4:q4_0} # ember:llama.cpp pairs; f16 first (the ratio column needs it)
 
 ember_tg() { # KIND -> tokens/s
   "$EMBER" bench --model "$MODEL" -p 0 -n "$N" -d "$D" -t "$TH" -r 1 --kv-type "$1" --json |
@@ -26,7 +28,7 @@ llama_tg() { # TYPE -> tokens/s
 echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg), depth $D, $ROUNDS rounds"
 declare -A E L
 for r in $(seq "$ROUNDS"); do
-  for pair in f16:f16 q8:q8_0 q4:q4_0; do
+  for pair in $KINDS; do
     ek=${pair%%:*} lk=${pair##*:}
     if [ $((r % 2)) = 1 ]; then e=$(ember_tg "$ek"); l=$(llama_tg "$lk"); else l=$(llama_tg "$lk"); e=$(ember_tg "$ek"); fi
     echo "round $r $ek: ember $e | llama.cpp $l (load $(cut -d' ' -f1 /proc/loadavg))" >&2
@@ -35,7 +37,7 @@ for r in $(seq "$ROUNDS"); do
 done
 echo "| depth | KV (ember / llama.cpp) | ember tg$N | llama.cpp tg$N | ember / llama.cpp | ember vs its f16 |"
 echo "| --- | --- | --- | --- | --- | --- |"
-for pair in f16:f16 q8:q8_0 q4:q4_0; do
+for pair in $KINDS; do
   ek=${pair%%:*} lk=${pair##*:}
   python3 - "$D" "$ek" "$lk" "${E[$ek]}" "${L[$ek]}" "${E[f16]}" <<'EOF'
 import sys, statistics as st

@@ -13,13 +13,16 @@
 #   over rounds, with [min-max] across rounds; the ratio is of the medians.
 #   FILTER (a grep -E pattern on "model type threads", e.g. 'q4_0 2$') keeps
 #   only the matching rows. Raw per-round numbers go to stderr.
+# env: PRESETS (default "qwen2.5-0.5b llama3.2-1b"; any `ember mkmodel --list`
+#   preset, e.g. gemma3-1b), TYPES (default "q8_0 q4_0 q4_k_m").
 # llama.cpp is built separately, outside this repository (see RESULTS.md).
 set -euo pipefail
 EMBER=$1 LLB=$2 DIR=$3 ROUNDS=${4:-3} REPS=${5:-2} FILTER=${6:-.}
 mkdir -p "$DIR"
-for p in qwen2.5-0.5b llama3.2-1b; do
+PRESETS=${PRESETS:-qwen2.5-0.5b llama3.2-1b} TYPES=${TYPES:-q8_0 q4_0 q4_k_m}
+for p in $PRESETS; do
   [ -f "$DIR/$p/model.safetensors" ] || "$EMBER" mkmodel --preset "$p" --dtype bf16 --out "$DIR/$p"
-  for t in q8_0 q4_0 q4_k_m; do
+  for t in $TYPES; do
     [ -f "$DIR/$p-$t.gguf" ] || "$EMBER" quantize --model "$DIR/$p" --type "$t" --out "$DIR/$p-$t.gguf"
   done
 done
@@ -44,8 +47,8 @@ print(r["pp"], r["tg"])'
 echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| model | type | threads | ember pp512 | llama.cpp pp512 | ratio | ember tg64 | llama.cpp tg64 | ratio |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-for p in qwen2.5-0.5b llama3.2-1b; do
-  for t in q8_0 q4_0 q4_k_m; do
+for p in $PRESETS; do
+  for t in $TYPES; do
     f="$DIR/$p-$t.gguf"
     for th in 1 2; do
       echo "$p $t $th" | grep -qE "$FILTER" || continue
