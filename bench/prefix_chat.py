@@ -47,23 +47,30 @@ def turn(port, messages, max_tokens, cache):
     return ttft, "".join(text), usage
 
 
+VOCAB = ["river", "stone", "light", "window", "garden", "number", "system", "answer", "quiet", "market",
+         "paper", "signal", "forest", "engine", "winter", "letter", "bridge", "silver", "orange", "planet"]
+
+
+def words(rng, n):
+    """n random words of VOCAB (prefix_share.py builds its prompt with this too)."""
+    return " ".join(rng.choice(VOCAB) for _ in range(n))
+
+
 def main():
     a = sys.argv[1:]
     if not a:
         raise SystemExit(__doc__)
     port = int(a[0])
     turns = int(a[1]) if len(a) > 1 else 8
-    words = int(a[2]) if len(a) > 2 else 1500
+    n_words = int(a[2]) if len(a) > 2 else 1500
     mode = a[3] if len(a) > 3 else "cache"
     max_tokens = int(a[4]) if len(a) > 4 else 16
     rng = random.Random(1234)
-    vocab = ["river", "stone", "light", "window", "garden", "number", "system", "answer", "quiet", "market",
-             "paper", "signal", "forest", "engine", "winter", "letter", "bridge", "silver", "orange", "planet"]
-    system = "You are a helpful assistant. " + " ".join(rng.choice(vocab) for _ in range(words))
+    system = "You are a helpful assistant. " + words(rng, n_words)
     messages = [{"role": "system", "content": system}]
     out = []
     for t in range(turns):
-        messages.append({"role": "user", "content": f"Question {t + 1}: " + " ".join(rng.choice(vocab) for _ in range(12))})
+        messages.append({"role": "user", "content": f"Question {t + 1}: " + words(rng, 12)})
         ttft, text, usage = turn(port, messages, max_tokens, mode == "cache")
         messages.append({"role": "assistant", "content": text})
         u = usage or {}

@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+import prefix_chat  # the prompt builder (same directory)
+
 
 def metrics(port):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -46,11 +48,10 @@ def main():
         raise SystemExit(__doc__)
     port = int(a[0])
     n = int(a[1]) if len(a) > 1 else 4
-    words = int(a[2]) if len(a) > 2 else 1500
+    n_words = int(a[2]) if len(a) > 2 else 1500
     max_tokens = int(a[3]) if len(a) > 3 else 64
     rng = random.Random(99)
-    vocab = ["river", "stone", "light", "window", "garden", "number", "system", "answer", "quiet", "market"]
-    system = "You are a helpful assistant. " + " ".join(rng.choice(vocab) for _ in range(words))
+    system = "You are a helpful assistant. " + prefix_chat.words(rng, n_words)
     res = [None] * n
     ask(port, system, "Question 0: what is first?", max_tokens, res, 0)
     ts = [threading.Thread(target=ask, args=(port, system, f"Question {i}: and then {i}?", max_tokens, res, i))

@@ -31,6 +31,17 @@ const char *ember_basename(const char *p);
 /* Monotonic time in seconds. */
 double ember_now(void);
 
+/* A 64-bit finalizer (MurmurHash3's fmix64): every input bit affects every
+   output bit. For hash tables keyed by integers. */
+static inline uint64_t ember_mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
 #define EMBER_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define EMBER_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define EMBER_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -202,6 +202,7 @@ struct ember_engine {
     float *raw; /* [V] a row's logits before penalties, for logprobs */
     int *plan;          /* [n_rows] tokens each row takes in this step */
     ember_kv_prefix *px; /* the prefix cache; NULL when the cache's kinds cannot share */
+    double px_stats_at;  /* when publish_stats last read the prefix cache's figures */
     ember_engine_stats stats; /* published under mu */
 };
 
@@ -688,7 +689,11 @@ static void publish_stats(ember_engine *e) {
     e->stats.kv_bytes_used = used;
     e->stats.kv_bytes_held = ember_kv_used_bytes(e->m->kv);
     e->stats.kv_blocks_used = ember_kv_blocks_used(e->m->kv);
-    if (e->px) {
+    /* the prefix cache's figures come from a scan of its entries: at most every
+       0.1 s while requests run, and always once the engine is idle */
+    double now = ember_now();
+    if (e->px && (running == 0 || now - e->px_stats_at >= 0.1)) {
+        e->px_stats_at = now;
         ember_kv_prefix_stats ps;
         ember_kv_prefix_get_stats(e->px, &ps);
         e->stats.prefix_cache_entries = ps.entries;

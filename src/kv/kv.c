@@ -40,7 +40,7 @@ int32_t kv_pool_take(ember_kv *kv, kv_pool *p) {
     return id;
 }
 
-static void pool_ref(kv_pool *p, int32_t id) {
+void kv_pool_ref(kv_pool *p, int32_t id) {
     p->ref[id]++;
 }
 
@@ -53,7 +53,7 @@ void kv_pool_unref(ember_kv *kv, kv_pool *p, int32_t id) {
 
 /* ---- tables ------------------------------------------------------------------- */
 
-static int tab_reserve(kv_tab *t, int n) {
+int kv_tab_reserve(kv_tab *t, int n) {
     if (n <= t->cap) return 0;
     int cap = t->cap ? t->cap : 8;
     while (cap < n) cap *= 2;
@@ -458,13 +458,13 @@ int ember_kv_clone(ember_kv *kv, int src, int dst, ember_error *err) {
         return ember_err(err, EMBER_ERR_INVALID_ARG, "KV rows %d -> %d: no such row", src, dst);
     if (src == dst) return EMBER_OK;
     for (int g = 0; g < kv->n_groups; g++) /* reserve first: failure changes nothing */
-        if (tab_reserve(kv_tab_of(kv, g, dst), kv_tab_of(kv, g, src)->n))
+        if (kv_tab_reserve(kv_tab_of(kv, g, dst), kv_tab_of(kv, g, src)->n))
             return ember_err(err, EMBER_ERR_NOMEM, "out of memory cloning a KV row");
     ember_kv_clear(kv, dst);
     for (int g = 0; g < kv->n_groups; g++) {
         kv_tab *s = kv_tab_of(kv, g, src), *d = kv_tab_of(kv, g, dst);
         kv_pool *p = kv_pool_of(kv, g, src);
-        for (int i = 0; i < s->n; i++) pool_ref(p, s->blk[i]);
+        for (int i = 0; i < s->n; i++) kv_pool_ref(p, s->blk[i]);
         if (s->n) memcpy(d->blk, s->blk, (size_t)s->n * sizeof *d->blk);
         d->n = s->n;
         d->first = s->first;
@@ -551,7 +551,7 @@ int ember_kv_extract(ember_kv *kv, int r, ember_kv_rowstate **out, ember_error *
     ember_kv_rowstate *s = calloc(1, sizeof *s);
     if (s) s->tabs = calloc((size_t)kv->n_groups, sizeof *s->tabs);
     bool ok = s && s->tabs;
-    for (int g = 0; g < kv->n_groups && ok; g++) ok = !tab_reserve(&s->tabs[g], kv_tab_of(kv, g, r)->n + 1);
+    for (int g = 0; g < kv->n_groups && ok; g++) ok = !kv_tab_reserve(&s->tabs[g], kv_tab_of(kv, g, r)->n + 1);
     if (!ok) {
         if (s && s->tabs)
             for (int g = 0; g < kv->n_groups; g++) free(s->tabs[g].blk);
@@ -565,7 +565,7 @@ int ember_kv_extract(ember_kv *kv, int r, ember_kv_rowstate **out, ember_error *
     for (int g = 0; g < kv->n_groups; g++) {
         kv_tab *t = kv_tab_of(kv, g, r);
         kv_pool *p = kv_pool_of(kv, g, r);
-        for (int i = 0; i < t->n; i++) pool_ref(p, t->blk[i]);
+        for (int i = 0; i < t->n; i++) kv_pool_ref(p, t->blk[i]);
         if (t->n) memcpy(s->tabs[g].blk, t->blk, (size_t)t->n * sizeof *t->blk);
         s->tabs[g].n = t->n;
         s->tabs[g].first = t->first;
@@ -645,7 +645,7 @@ void ember_kv_merge_commit(ember_kv *kv, ember_kv_prepared *p) {
             t->n = s->tabs[g].n;
             t->first = s->tabs[g].first;
             kv_pool *pl = kv_pool_of(kv, g, r);
-            for (int b = 0; b < t->n; b++) pool_ref(pl, t->blk[b]);
+            for (int b = 0; b < t->n; b++) kv_pool_ref(pl, t->blk[b]);
         }
     }
     ember_kv_merge_abort(kv, p); /* frees what is left */
@@ -769,7 +769,7 @@ static int convert_group(ember_kv *kv, int g, int r, ember_error *err) {
     kv_group *G = &kv->g[g];
     kv_tab *t = kv_tab_of(kv, g, r);
     kv_tab nt = {0};
-    if (tab_reserve(&nt, t->n + 1)) return ember_err(err, EMBER_ERR_NOMEM, "out of memory converting a KV row");
+    if (kv_tab_reserve(&nt, t->n + 1)) return ember_err(err, EMBER_ERR_NOMEM, "out of memory converting a KV row");
     for (int i = 0; i < t->n; i++) {
         int32_t id = kv_pool_take(kv, &G->pool[1]);
         if (id < 0) {
@@ -847,7 +847,7 @@ int ember_kv_begin(ember_kv *kv, const int32_t *row, const int32_t *pos, int T, 
             kv_tab *tb = kv_tab_of(kv, g, r);
             kv_pool *p = kv_pool_of(kv, g, r);
             int want = (R->len + n + EMBER_KV_BLOCK - 1) / EMBER_KV_BLOCK - tb->first;
-            if (tab_reserve(tb, want + 1)) {
+            if (kv_tab_reserve(tb, want + 1)) {
                 rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory for a KV block table");
                 break;
             }

@@ -73,6 +73,10 @@ kv_tab *kv_tab_of(ember_kv *kv, int g, int r);
    budget is full; and its release. */
 int32_t kv_pool_take(ember_kv *kv, kv_pool *p);
 void kv_pool_unref(ember_kv *kv, kv_pool *p, int32_t id);
+/* One more reference to block id of pool p. */
+void kv_pool_ref(kv_pool *p, int32_t id);
+/* Room for n blocks in table t (its entries kept); -1 on no memory. */
+int kv_tab_reserve(kv_tab *t, int n);
 kv_pool *kv_pool_of(ember_kv *kv, int g, int r);
 
 #endif

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/util.h"
 #include "kv_internal.h"
 
 #define B EMBER_KV_BLOCK
@@ -37,24 +38,15 @@ struct ember_kv_prefix {
     ember_kv_prefix_stats st;
 };
 
-static uint64_t mix64(uint64_t h) {
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
-    return h;
-}
-
 /* The key of a block: its parent's key (or the salt's seed) and its tokens. */
 static uint64_t block_key(uint64_t parent_key, const int32_t *tok) {
     uint64_t h = parent_key;
-    for (int i = 0; i < B; i++) h = mix64(h ^ ((uint64_t)(uint32_t)tok[i] + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
+    for (int i = 0; i < B; i++) h = ember_mix64(h ^ ((uint64_t)(uint32_t)tok[i] + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
     return h;
 }
 
 static uint64_t root_key(uint64_t salt) {
-    return mix64(salt ^ 0x70726566697843ull); /* "prefixC" */
+    return ember_mix64(salt ^ 0x70726566697843ull); /* "prefixC" */
 }
 
 int ember_kv_prefix_new(ember_kv *kv, ember_kv_prefix **out, ember_error *err) {
@@ -205,7 +197,7 @@ int ember_kv_prefix_publish(ember_kv_prefix *px, int r, const int32_t *tokens, i
                 const kv_tab *t = &kv->tabs[(size_t)g * (size_t)kv->n_rows + (size_t)r];
                 int32_t id = t->blk[b - t->first];
                 px->blk[(size_t)i * (size_t)ng + (size_t)g] = id;
-                ent_pool(px, e, g)->ref[id]++;
+                kv_pool_ref(ent_pool(px, e, g), id);
             }
             size_t h = key & (px->n_buckets - 1);
             e->next = px->bucket[h];
@@ -259,25 +251,18 @@ int ember_kv_prefix_attach(ember_kv_prefix *px, int r, const int32_t *tokens, in
         free(idx);
         return ember_err(err, EMBER_ERR_INVALID_ARG, "prefix cache: the %d positions are no longer cached", n);
     }
-    for (int g = 0; g < ng; g++) { /* reserve the tables first: failure changes nothing */
-        kv_tab *t = kv_tab_of(kv, g, r);
-        if (t->cap < nb) {
-            int32_t *b = realloc(t->blk, (size_t)nb * sizeof *b);
-            if (!b) {
-                free(idx);
-                return ember_err(err, EMBER_ERR_NOMEM, "out of memory installing a cached prefix");
-            }
-            t->blk = b;
-            t->cap = nb;
+    for (int g = 0; g < ng; g++) /* reserve the tables first: failure changes nothing */
+        if (kv_tab_reserve(kv_tab_of(kv, g, r), nb)) {
+            free(idx);
+            return ember_err(err, EMBER_ERR_NOMEM, "out of memory installing a cached prefix");
         }
-    }
     kv->rows[r].converted = kv->type.quant_start > 0;
     for (int g = 0; g < ng; g++) {
         kv_tab *t = kv_tab_of(kv, g, r);
         kv_pool *p = kv_pool_of(kv, g, r);
         for (int b = 0; b < nb; b++) {
             int32_t id = px->blk[(size_t)idx[b] * (size_t)ng + (size_t)g];
-            p->ref[id]++;
+            kv_pool_ref(p, id);
             t->blk[b] = id;
         }
         t->n = nb;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/util.h"
 #include "tok_internal.h"
 
 /* ---- tok_buf -------------------------------------------------------------- */
@@ -260,15 +261,6 @@ void tok_smap_free(tok_smap *m) {
     memset(m, 0, sizeof *m);
 }
 
-static inline uint64_t mix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xFF51AFD7ED558CCDull;
-    x ^= x >> 33;
-    x *= 0xC4CEB9FE1A85EC53ull;
-    x ^= x >> 33;
-    return x;
-}
-
 int tok_umap_init(tok_umap *m, size_t expected) {
     size_t n = 16;
     while (n < expected * 2 + 2) {
@@ -301,7 +293,7 @@ int tok_umap_fit(tok_umap *m) {
 int tok_umap_put(tok_umap *m, uint64_t k, uint64_t v, bool replace) {
     if (!m->e && tok_umap_init(m, 16)) return EMBER_ERR_NOMEM;
     if ((m->n + 1) * 2 > m->mask + 1 && umap_rebuild(m, m->mask + 1)) return EMBER_ERR_NOMEM;
-    size_t j = (size_t)mix64(k) & m->mask;
+    size_t j = (size_t)ember_mix64(k) & m->mask;
     while (m->e[j].key != UINT64_MAX) {
         if (m->e[j].key == k) {
             if (replace) m->e[j].val = v;
@@ -317,7 +309,7 @@ int tok_umap_put(tok_umap *m, uint64_t k, uint64_t v, bool replace) {
 
 bool tok_umap_get(const tok_umap *m, uint64_t k, uint64_t *v) {
     if (!m->e) return false;
-    size_t j = (size_t)mix64(k) & m->mask;
+    size_t j = (size_t)ember_mix64(k) & m->mask;
     while (m->e[j].key != UINT64_MAX) {
         if (m->e[j].key == k) {
             *v = m->e[j].val;
