@@ -514,13 +514,6 @@ bool ember_kv_in_spec(const ember_kv *kv, int r) {
 
 /* ---- detached rows -------------------------------------------------------------- */
 
-struct ember_kv_rowstate {
-    const ember_kv *kv;
-    int len;
-    bool converted;
-    kv_tab *tabs; /* [n_groups] */
-};
-
 struct ember_kv_prepared {
     int n;
     int *dst;

@@ -14,7 +14,14 @@
  * A blob loads only into a cache of the same kind and shape; every field is
  * checked before anything is allocated, and the row changes only once the
  * whole blob has been taken.
+ *
+ * Both directions stream: the writer emits the header, then one block at a
+ * time (so a caller can interleave writing a long row with other work, and
+ * a file never needs the row twice in memory); the reader takes blocks one
+ * at a time into the row's new blocks and checks the CRC at the end.
+ * ember_kv_row_save / ember_kv_row_load are the in-memory forms.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,19 +31,34 @@
 
 #define BLOB_MAGIC "EMKVROW"
 #define BLOB_VERSION 1u
+#define BLOB_MAX_HEADER 4096u /* far above any real header (16 + 60 + 32 per group) */
 
-/* CRC-32, reflected polynomial 0xEDB88320, bitwise with a nibble table. */
-static uint32_t crc32_ieee(const unsigned char *p, size_t n) {
-    static const uint32_t t[16] = {0x00000000, 0x1db71064, 0x3b6e20c8, 0x26d930ac, 0x76dc4190, 0x6b6b51f4,
-                                   0x4db26158, 0x5005713c, 0xedb88320, 0xf00f9344, 0xd6d6a3e8, 0xcb61b38c,
-                                   0x9b64c2b0, 0x86d3d2d4, 0xa00ae278, 0xbdbdf21c};
-    uint32_t c = 0xffffffffu;
-    for (size_t i = 0; i < n; i++) {
-        c ^= p[i];
-        c = (c >> 4) ^ t[c & 15];
-        c = (c >> 4) ^ t[c & 15];
+/* CRC-32, reflected polynomial 0xEDB88320, eight bytes per step through
+   eight 256-entry tables built once. */
+static uint32_t crc_tab[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+        crc_tab[0][i] = c;
     }
-    return c ^ 0xffffffffu;
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++) crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 255];
+}
+
+uint32_t kv_crc32(uint32_t crc, const void *data, size_t n) {
+    pthread_once(&crc_once, crc_init);
+    const unsigned char *p = data;
+    uint32_t c = ~crc;
+    for (; n >= 8; n -= 8, p += 8) {
+        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        c = crc_tab[7][lo & 255] ^ crc_tab[6][lo >> 8 & 255] ^ crc_tab[5][lo >> 16 & 255] ^ crc_tab[4][lo >> 24] ^
+            crc_tab[3][p[4]] ^ crc_tab[2][p[5]] ^ crc_tab[1][p[6]] ^ crc_tab[0][p[7]];
+    }
+    while (n--) c = (c >> 8) ^ crc_tab[0][(c ^ *p++) & 255];
+    return ~c;
 }
 
 typedef struct wbuf {
@@ -83,6 +105,10 @@ static void put64(wbuf *w, uint64_t v) {
     put32(w, (uint32_t)(v >> 32));
 }
 
+static uint32_t rd32(const unsigned char *b) {
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
 typedef struct rbuf {
     const unsigned char *p;
     size_t n, at;
@@ -90,8 +116,7 @@ typedef struct rbuf {
 
 static bool get32(rbuf *r, uint32_t *v) {
     if (r->n - r->at < 4) return false;
-    const unsigned char *b = r->p + r->at;
-    *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    *v = rd32(r->p + r->at);
     r->at += 4;
     return true;
 }
@@ -129,6 +154,109 @@ static void put_shape(wbuf *w, const ember_kv *kv, bool converted) {
     }
 }
 
+/* ---- writing ---------------------------------------------------------------------- */
+
+struct kv_blob_writer {
+    ember_kv *kv;
+    const ember_kv_rowstate *s;
+    wbuf hdr;            /* the header, written by the first step */
+    int stage;           /* 0 header, 1 blocks, 2 CRC, 3 done */
+    int g, i;            /* the next block: group g, table entry i */
+    uint32_t crc;
+    unsigned char *blk;  /* [largest block] scratch */
+    size_t total;
+};
+
+int kv_blob_writer_new(ember_kv *kv, const ember_kv_rowstate *s, kv_blob_writer **out, ember_error *err) {
+    *out = NULL;
+    kv_blob_writer *w = calloc(1, sizeof *w);
+    if (!w) return ember_err(err, EMBER_ERR_NOMEM, "out of memory saving a KV row");
+    w->kv = kv;
+    w->s = s;
+    put(&w->hdr, BLOB_MAGIC, 8);
+    put32(&w->hdr, BLOB_VERSION);
+    put32(&w->hdr, 0); /* header bytes, filled below */
+    put_shape(&w->hdr, kv, s->converted);
+    put32(&w->hdr, (uint32_t)s->len);
+    put32(&w->hdr, s->converted ? 1u : 0u);
+    size_t big = 0, total = 0;
+    for (int g = 0; g < kv->n_groups; g++) {
+        const kv_tab *t = &s->tabs[g];
+        put32(&w->hdr, (uint32_t)t->first);
+        put32(&w->hdr, (uint32_t)t->n);
+        size_t bb = kv->g[g].pool[s->converted ? 1 : 0].block_bytes;
+        if (bb > big) big = bb;
+        total += (size_t)t->n * bb;
+    }
+    if (!w->hdr.fail) {
+        uint32_t h = (uint32_t)w->hdr.n;
+        unsigned char b[4] = {(unsigned char)h, (unsigned char)(h >> 8), (unsigned char)(h >> 16),
+                              (unsigned char)(h >> 24)};
+        memcpy(w->hdr.p + 12, b, 4);
+    }
+    w->total = w->hdr.n + total + 4;
+    if (w->hdr.fail || !(w->blk = malloc(big ? big : 1))) {
+        kv_blob_writer_free(w);
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory saving a KV row");
+    }
+    *out = w;
+    return EMBER_OK;
+}
+
+size_t kv_blob_writer_size(const kv_blob_writer *w) { return w->total; }
+
+void kv_blob_writer_free(kv_blob_writer *w) {
+    if (!w) return;
+    free(w->hdr.p);
+    free(w->blk);
+    free(w);
+}
+
+int kv_blob_writer_step(kv_blob_writer *w, kv_sink *out, size_t bytes, ember_error *err) {
+    ember_kv *kv = w->kv;
+    size_t done = 0;
+    int rc;
+    if (w->stage == 0) {
+        if ((rc = out->write(out->u, w->hdr.p, w->hdr.n, err))) return rc;
+        w->crc = kv_crc32(0, w->hdr.p, w->hdr.n);
+        done += w->hdr.n;
+        w->stage = 1;
+    }
+    while (w->stage == 1 && done < bytes) {
+        if (w->g == kv->n_groups) {
+            w->stage = 2;
+            break;
+        }
+        const kv_tab *t = &w->s->tabs[w->g];
+        if (w->i >= t->n) {
+            w->g++;
+            w->i = 0;
+            continue;
+        }
+        kv_pool *p = &kv->g[w->g].pool[w->s->converted ? 1 : 0];
+        if ((rc = kv->be->ops->read(kv->be, &p->t, (size_t)t->blk[w->i] * p->block_bytes, w->blk, p->block_bytes,
+                                    err)))
+            return rc;
+        if ((rc = out->write(out->u, w->blk, p->block_bytes, err))) return rc;
+        w->crc = kv_crc32(w->crc, w->blk, p->block_bytes);
+        done += p->block_bytes;
+        w->i++;
+    }
+    if (w->stage == 2) {
+        unsigned char b[4] = {(unsigned char)w->crc, (unsigned char)(w->crc >> 8), (unsigned char)(w->crc >> 16),
+                              (unsigned char)(w->crc >> 24)};
+        if ((rc = out->write(out->u, b, 4, err))) return rc;
+        w->stage = 3;
+    }
+    return w->stage == 3 ? 0 : 1;
+}
+
+static int mem_write(void *u, const void *p, size_t n, ember_error *err) {
+    wbuf *w = u;
+    put(w, p, n);
+    return w->fail ? ember_err(err, EMBER_ERR_NOMEM, "out of memory saving a KV row") : EMBER_OK;
+}
+
 int ember_kv_row_save(ember_kv *kv, int r, void **blob, size_t *n, ember_error *err) {
     *blob = NULL;
     *n = 0;
@@ -136,64 +264,54 @@ int ember_kv_row_save(ember_kv *kv, int r, void **blob, size_t *n, ember_error *
     if (kv->open || kv->rows[r].spec_base >= 0)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "KV row %d is in the middle of a forward or a speculative round",
                          r);
-    const kv_row *row = &kv->rows[r];
-    wbuf w = {0};
-    put(&w, BLOB_MAGIC, 8);
-    put32(&w, BLOB_VERSION);
-    size_t hdr_at = w.n;
-    put32(&w, 0); /* header bytes, filled below */
-    put_shape(&w, kv, row->converted);
-    put32(&w, (uint32_t)row->len);
-    put32(&w, row->converted ? 1u : 0u);
-    for (int g = 0; g < kv->n_groups; g++) {
-        const kv_tab *t = kv_tab_of(kv, g, r);
-        put32(&w, (uint32_t)t->first);
-        put32(&w, (uint32_t)t->n);
+    ember_kv_rowstate *s;
+    int rc = ember_kv_extract(kv, r, &s, err);
+    if (rc) return rc;
+    kv_blob_writer *w;
+    wbuf out = {0};
+    if (!(rc = kv_blob_writer_new(kv, s, &w, err))) {
+        kv_sink sink = {mem_write, &out};
+        while ((rc = kv_blob_writer_step(w, &sink, SIZE_MAX, err)) > 0) {}
+        kv_blob_writer_free(w);
     }
-    if (!w.fail) {
-        uint32_t h = (uint32_t)w.n;
-        unsigned char b[4] = {(unsigned char)h, (unsigned char)(h >> 8), (unsigned char)(h >> 16),
-                              (unsigned char)(h >> 24)};
-        memcpy(w.p + hdr_at, b, 4);
-    }
-    int rc = EMBER_OK;
-    for (int g = 0; g < kv->n_groups && !rc && !w.fail; g++) {
-        const kv_tab *t = kv_tab_of(kv, g, r);
-        kv_pool *p = kv_pool_of(kv, g, r);
-        for (int i = 0; i < t->n && !rc && !w.fail; i++) {
-            size_t at = w.n;
-            if (reserve(&w, p->block_bytes))
-                rc = kv->be->ops->read(kv->be, &p->t, (size_t)t->blk[i] * p->block_bytes, w.p + at, p->block_bytes,
-                                       err);
-        }
-    }
-    if (!rc && !w.fail) put32(&w, crc32_ieee(w.p, w.n));
-    if (!rc && w.fail) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory saving a KV row");
+    ember_kv_rowstate_free(kv, s);
     if (rc) {
-        free(w.p);
+        free(out.p);
         return rc;
     }
-    *blob = w.p;
-    *n = w.n;
+    *blob = out.p;
+    *n = out.n;
     return EMBER_OK;
 }
 
+/* ---- reading ---------------------------------------------------------------------- */
+
 #define BAD(...) ember_err(err, EMBER_ERR_FORMAT, "KV row blob: " __VA_ARGS__)
 
-int ember_kv_row_load(ember_kv *kv, int r, const void *blob, size_t n, ember_error *err) {
-    if (r < 0 || r >= kv->n_rows) return ember_err(err, EMBER_ERR_INVALID_ARG, "KV row %d does not exist", r);
-    if (kv->open || kv->rows[r].spec_base >= 0)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "KV row %d is in the middle of a forward or a speculative round",
-                         r);
-    if (!blob || n < 8 + 4 + 4 + 4) return BAD("too short (%zu bytes)", n);
-    const unsigned char *b = blob;
+/* The parsed header of a blob that fits this cache. */
+typedef struct blob_info {
+    size_t hdr, total;
+    int len;
+    bool conv;
+    int first[EMBER_KV_MAX_GROUPS], cnt[EMBER_KV_MAX_GROUPS];
+} blob_info;
+
+/* Parses and checks the header at b (n bytes available, >= 16). When n is
+   short of the header, *need gets its size and EMBER_OK is returned with bi
+   untouched; otherwise *need is 0. */
+static int parse_header(ember_kv *kv, const unsigned char *b, size_t n, size_t *need, blob_info *bi,
+                        ember_error *err) {
+    *need = 0;
+    if (n < 16) return BAD("too short (%zu bytes)", n);
     if (memcmp(b, BLOB_MAGIC, 8)) return BAD("not a KV row (bad magic)");
-    rbuf rd = {b, n - 4, 8};
-    uint32_t ver, hdr, crc_have = (uint32_t)b[n - 4] | (uint32_t)b[n - 3] << 8 | (uint32_t)b[n - 2] << 16 |
-                                  (uint32_t)b[n - 1] << 24;
-    if (!get32(&rd, &ver) || ver != BLOB_VERSION) return BAD("version %u, this build reads version %u", ver, BLOB_VERSION);
-    if (crc32_ieee(b, n - 4) != crc_have) return BAD("checksum mismatch (corrupt or truncated)");
-    if (!get32(&rd, &hdr) || hdr > n - 4) return BAD("bad header size");
+    uint32_t ver = rd32(b + 8), hdr = rd32(b + 12);
+    if (ver != BLOB_VERSION) return BAD("version %u, this build reads version %u", ver, BLOB_VERSION);
+    if (hdr < 16 || hdr > BLOB_MAX_HEADER) return BAD("bad header size");
+    if (n < hdr) {
+        *need = hdr;
+        return EMBER_OK;
+    }
+    rbuf rd = {b, hdr, 16};
     /* the kind and shape must be this cache's, byte for byte */
     uint32_t lenv, conv;
     size_t shape_at = rd.at;
@@ -202,11 +320,11 @@ int ember_kv_row_load(ember_kv *kv, int r, const void *blob, size_t n, ember_err
     int f[9];
     for (int i = 0; i < 9; i++)
         if (!geti(&rd, &f[i])) return BAD("truncated header");
-    uint64_t bb[EMBER_KV_MAX_GROUPS];
+    uint64_t bb;
     if (f[8] != kv->n_groups || f[8] < 1 || f[8] > EMBER_KV_MAX_GROUPS) return BAD("made by a cache of another shape");
     for (int g = 0; g < f[8]; g++) {
         int gl, gh, gd, gw;
-        if (!geti(&rd, &gl) || !geti(&rd, &gh) || !geti(&rd, &gd) || !geti(&rd, &gw) || !get64(&rd, &bb[g]))
+        if (!geti(&rd, &gl) || !geti(&rd, &gh) || !geti(&rd, &gd) || !geti(&rd, &gw) || !get64(&rd, &bb))
             return BAD("truncated header");
     }
     size_t shape_end = rd.at;
@@ -223,51 +341,77 @@ int ember_kv_row_load(ember_kv *kv, int r, const void *blob, size_t n, ember_err
     int qs = kv->type.quant_start;
     if ((conv && !(qs > 0 && len >= qs)) || (!conv && qs > 0 && len > qs))
         return BAD("conversion flag %u does not match its length %d (converting at %d)", conv, len, qs);
-    int first[EMBER_KV_MAX_GROUPS], cnt[EMBER_KV_MAX_GROUPS];
     size_t payload = 0;
     for (int g = 0; g < kv->n_groups; g++) {
-        if (!geti(&rd, &first[g]) || !geti(&rd, &cnt[g])) return BAD("truncated header");
+        if (!geti(&rd, &bi->first[g]) || !geti(&rd, &bi->cnt[g])) return BAD("truncated header");
         const kv_group *G = &kv->g[g];
+        int first = bi->first[g], cnt = bi->cnt[g];
         int end = (len + EMBER_KV_BLOCK - 1) / EMBER_KV_BLOCK;
-        if (first[g] < 0 || cnt[g] < 0 || first[g] > end || cnt[g] != end - first[g] || (!G->window && first[g]) ||
-            (len == 0 && (first[g] || cnt[g])))
+        if (first < 0 || cnt < 0 || first > end || cnt != end - first || (!G->window && first) ||
+            (len == 0 && (first || cnt)))
             return BAD("block table of group %d does not match %d positions", g, len);
-        if (G->window && first[g] > 0 && first[g] * EMBER_KV_BLOCK + G->window - 1 > len)
+        if (G->window && first > 0 && first * EMBER_KV_BLOCK + G->window - 1 > len)
             return BAD("group %d dropped positions its window still needs", g);
         size_t add;
-        if (!ember_mul_ok((size_t)cnt[g], G->pool[conv ? 1 : 0].block_bytes, &add) ||
+        if (!ember_mul_ok((size_t)cnt, G->pool[conv ? 1 : 0].block_bytes, &add) ||
             !ember_add_ok(payload, add, &payload))
             return BAD("payload size overflows");
     }
     if (rd.at != hdr) return BAD("header size does not match its fields");
-    if (rd.n - rd.at != payload) return BAD("%zu payload bytes, %zu expected", rd.n - rd.at, payload);
-    /* take blocks, fill them, then swap the row */
+    if (!ember_add_ok(payload, (size_t)hdr + 4, &bi->total)) return BAD("payload size overflows");
+    bi->hdr = hdr;
+    bi->len = len;
+    bi->conv = conv == 1;
+    return EMBER_OK;
+}
+
+int kv_blob_check(ember_kv *kv, const void *b, size_t n, size_t *need, size_t *total, int *len, ember_error *err) {
+    blob_info bi;
+    int rc = parse_header(kv, b, n, need, &bi, err);
+    if (rc || *need) return rc;
+    *total = bi.total;
+    *len = bi.len;
+    return EMBER_OK;
+}
+
+/* Takes the blocks of bi from in (positioned after the header, crc so far
+   in *crc), then the CRC; on success row r holds them. */
+static int read_payload(ember_kv *kv, int r, const blob_info *bi, kv_source *in, uint32_t crc, ember_error *err) {
     kv_tab nt[EMBER_KV_MAX_GROUPS];
     memset(nt, 0, sizeof nt);
-    int rc = EMBER_OK;
-    size_t at = rd.at;
+    size_t big = 0;
+    for (int g = 0; g < kv->n_groups; g++)
+        if (kv->g[g].pool[bi->conv ? 1 : 0].block_bytes > big) big = kv->g[g].pool[bi->conv ? 1 : 0].block_bytes;
+    unsigned char *blk = malloc(big ? big : 1);
+    int rc = blk ? EMBER_OK : ember_err(err, EMBER_ERR_NOMEM, "out of memory loading a KV row");
     for (int g = 0; g < kv->n_groups && !rc; g++) {
-        kv_pool *p = &kv->g[g].pool[conv ? 1 : 0];
-        if (cnt[g] && !(nt[g].blk = malloc((size_t)(cnt[g] + 8) * sizeof *nt[g].blk))) {
+        kv_pool *p = &kv->g[g].pool[bi->conv ? 1 : 0];
+        int cnt = bi->cnt[g];
+        if (cnt && !(nt[g].blk = malloc((size_t)(cnt + 8) * sizeof *nt[g].blk))) {
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory loading a KV row");
             break;
         }
-        nt[g].cap = cnt[g] ? cnt[g] + 8 : 0;
-        nt[g].first = first[g];
-        for (int i = 0; i < cnt[g] && !rc; i++) {
+        nt[g].cap = cnt ? cnt + 8 : 0;
+        nt[g].first = bi->first[g];
+        for (int i = 0; i < cnt && !rc; i++) {
             int32_t id = kv_pool_take(kv, p);
             if (id < 0) {
-                rc = ember_err(err, EMBER_ERR_NOMEM, "the KV cache is full (loading a row of %d positions)", len);
+                rc = ember_err(err, EMBER_ERR_NOMEM, "the KV cache is full (loading a row of %d positions)", bi->len);
                 break;
             }
             nt[g].blk[nt[g].n++] = id;
-            rc = kv->be->ops->write(kv->be, &p->t, (size_t)id * p->block_bytes, b + at, p->block_bytes, err);
-            at += p->block_bytes;
+            if ((rc = in->read(in->u, blk, p->block_bytes, err))) break;
+            crc = kv_crc32(crc, blk, p->block_bytes);
+            rc = kv->be->ops->write(kv->be, &p->t, (size_t)id * p->block_bytes, blk, p->block_bytes, err);
         }
     }
+    unsigned char cb[4];
+    if (!rc && !(rc = in->read(in->u, cb, 4, err)) && rd32(cb) != crc)
+        rc = BAD("checksum mismatch (corrupt or truncated)");
+    free(blk);
     if (rc) {
         for (int g = 0; g < kv->n_groups; g++) {
-            kv_pool *p = &kv->g[g].pool[conv ? 1 : 0];
+            kv_pool *p = &kv->g[g].pool[bi->conv ? 1 : 0];
             for (int i = 0; i < nt[g].n; i++) kv_pool_unref(kv, p, nt[g].blk[i]);
             free(nt[g].blk);
         }
@@ -279,8 +423,55 @@ int ember_kv_row_load(ember_kv *kv, int r, const void *blob, size_t n, ember_err
         free(t->blk);
         *t = nt[g];
     }
-    kv->rows[r].len = len;
-    kv->rows[r].converted = conv == 1;
+    kv->rows[r].len = bi->len;
+    kv->rows[r].converted = bi->conv;
     kv->rows[r].spec_base = -1;
     return EMBER_OK;
+}
+
+static int row_check(ember_kv *kv, int r, ember_error *err) {
+    if (r < 0 || r >= kv->n_rows) return ember_err(err, EMBER_ERR_INVALID_ARG, "KV row %d does not exist", r);
+    if (kv->open || kv->rows[r].spec_base >= 0)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "KV row %d is in the middle of a forward or a speculative round",
+                         r);
+    return EMBER_OK;
+}
+
+int kv_blob_read(ember_kv *kv, int r, kv_source *in, size_t n, ember_error *err) {
+    int rc = row_check(kv, r, err);
+    if (rc) return rc;
+    unsigned char hb[BLOB_MAX_HEADER];
+    if (n < 16) return BAD("too short (%zu bytes)", n);
+    if ((rc = in->read(in->u, hb, 16, err))) return rc;
+    blob_info bi;
+    size_t need;
+    if ((rc = parse_header(kv, hb, 16, &need, &bi, err))) return rc;
+    if (need) {
+        if (need > n) return BAD("truncated header");
+        if ((rc = in->read(in->u, hb + 16, need - 16, err))) return rc;
+        if ((rc = parse_header(kv, hb, need, &need, &bi, err))) return rc;
+    }
+    if (bi.total != n) return BAD("%zu bytes, its header says %zu", n, bi.total);
+    return read_payload(kv, r, &bi, in, kv_crc32(0, hb, bi.hdr), err);
+}
+
+static int mem_read(void *u, void *p, size_t n, ember_error *err) {
+    rbuf *r = u;
+    if (r->n - r->at < n) return BAD("truncated");
+    memcpy(p, r->p + r->at, n);
+    r->at += n;
+    return EMBER_OK;
+}
+
+int ember_kv_row_load(ember_kv *kv, int r, const void *blob, size_t n, ember_error *err) {
+    int rc = row_check(kv, r, err);
+    if (rc) return rc;
+    if (!blob || n < 16 + 4) return BAD("too short (%zu bytes)", n);
+    const unsigned char *b = blob;
+    /* the whole blob is at hand: its checksum first, so a damaged blob is named as such */
+    if (!memcmp(b, BLOB_MAGIC, 8) && rd32(b + 8) == BLOB_VERSION && kv_crc32(0, b, n - 4) != rd32(b + n - 4))
+        return BAD("checksum mismatch (corrupt or truncated)");
+    rbuf rd = {b, n, 0};
+    kv_source src = {mem_read, &rd};
+    return kv_blob_read(kv, r, &src, n, err);
 }

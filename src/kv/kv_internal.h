@@ -79,4 +79,51 @@ void kv_pool_ref(kv_pool *p, int32_t id);
 int kv_tab_reserve(kv_tab *t, int n);
 kv_pool *kv_pool_of(ember_kv *kv, int g, int r);
 
+/* A row detached from the cache (ember_kv_extract): references on its blocks. */
+struct ember_kv_rowstate {
+    const ember_kv *kv;
+    int len;
+    bool converted;
+    kv_tab *tabs; /* [n_groups] */
+};
+
+/* ---- the row blob (kv_blob.c) ---- */
+/* CRC-32 (IEEE, as zlib's crc32): crc of the bytes so far (0 for none)
+   extended by p[0..n). */
+uint32_t kv_crc32(uint32_t crc, const void *p, size_t n);
+
+/* A stream of blob bytes. write takes all n bytes or fails; read gives
+   exactly n bytes or fails (a short file is an error, with its message). */
+typedef struct kv_sink {
+    int (*write)(void *u, const void *p, size_t n, ember_error *err);
+    void *u;
+} kv_sink;
+typedef struct kv_source {
+    int (*read)(void *u, void *p, size_t n, ember_error *err);
+    void *u;
+} kv_source;
+
+/* Writes a blob of s in steps: each call writes at least `bytes` (the
+   header, then whole blocks, then the CRC) and returns 1 while more is to
+   come, 0 when the blob is complete, or a negative error code. The writer
+   holds no references of its own: s must outlive it. Free with
+   kv_blob_writer_free (NULL is fine). */
+typedef struct kv_blob_writer kv_blob_writer;
+int kv_blob_writer_new(ember_kv *kv, const ember_kv_rowstate *s, kv_blob_writer **out, ember_error *err);
+int kv_blob_writer_step(kv_blob_writer *w, kv_sink *out, size_t bytes, ember_error *err);
+size_t kv_blob_writer_size(const kv_blob_writer *w); /* the whole blob's bytes */
+void kv_blob_writer_free(kv_blob_writer *w);
+
+/* Replaces row r with the blob read from in, whose total size is n bytes
+   (nothing may follow it), reading it one block at a time: its memory is
+   the row's blocks plus one block of scratch. On any error row r is
+   unchanged. */
+int kv_blob_read(ember_kv *kv, int r, kv_source *in, size_t n, ember_error *err);
+/* Checks that the blob header at b (n >= 16 bytes of the blob's start)
+   fits this cache: *need receives the header's size when n is too short
+   to judge (call again with that many bytes), else 0. EMBER_OK when the
+   header is this cache's, with *total the blob's whole size and *len its
+   positions. */
+int kv_blob_check(ember_kv *kv, const void *b, size_t n, size_t *need, size_t *total, int *len, ember_error *err);
+
 #endif
