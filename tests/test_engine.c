@@ -258,8 +258,11 @@ int main(void) {
     /* the prefix cache: requests sharing a system prompt reuse its blocks
        (full blocks only, from the cache or a free row), give exactly the
        tokens they give without it, and a salt or cache_prompt: false opt out */
-    static const char *const pkinds[] = {"f32", "q8", "tq-k4v3"};
+    static const char *const pkinds[] = {"f32", "q8", "tq-k4v3", "f32", "q8"};
+    static const char *const pfams[] = {"llama", "llama", "llama", "gemma2", "gemma3_text"}; /* the last two: sliding windows */
     for (size_t ki = 0; ki < sizeof pkinds / sizeof pkinds[0]; ki++) {
+        char pdir[600];
+        snprintf(pdir, sizeof pdir, "%s/fixtures/%s", shared_dir(), pfams[ki]);
         enum { NP = 4, SYS = 80, SUF = 10, MAXT = 16 };
         ember_model_params mp;
         ember_model_params_init(&mp);
@@ -268,7 +271,7 @@ int main(void) {
         mp.n_ctx = 256;
         mp.max_batch_tokens = 64;
         mp.kv_type = pkinds[ki];
-        ember_model *m = fx_load_params(f.dir, &mp);
+        ember_model *m = fx_load_params(pdir, &mp);
         if (!m) exit(1);
         ember_engine *e;
         CHECK(ember_engine_new(m, NULL, &e, &err) == EMBER_OK);

@@ -184,24 +184,65 @@ static void run_kind(const char *kind, int quant_start) {
     ember_kv_free(kv);
 }
 
-/* A rotating group: the cache says it cannot share, and misses. */
-static void rotating(void) {
+/* Rows a and b have one length and the same bits at every position both
+   hold (a rotating group drops old ones); at least one such position. */
+static bool same_held(ember_kv *kv, int a, int b) {
+    if (ember_kv_len(kv, a) != ember_kv_len(kv, b)) return false;
+    ember_error err = {0};
+    int both = 0;
+    for (int p = 0; p < ember_kv_len(kv, a); p++)
+        for (int l = 0; l < LAYERS; l++) {
+            float ka[HEADS * HD], va[HEADS * HD], kb[HEADS * HD], vb[HEADS * HD];
+            int ra = ember_kv_read_pos(kv, a, l, p, ka, va, &err), rb = ember_kv_read_pos(kv, b, l, p, kb, vb, &err);
+            if ((ra == EMBER_OK) != (rb == EMBER_OK)) return false;
+            if (ra) continue;
+            both++;
+            if (memcmp(ka, kb, sizeof ka) || memcmp(va, vb, sizeof va)) return false;
+        }
+    return both > 0;
+}
+
+/* A rotating group (window 32, no retain): blocks published while the row
+   holds them are shared; a row installed from them takes only the blocks
+   its length keeps and continues exactly like a fresh one; blocks a row
+   dropped before publishing end the chain. */
+static void rotating(const char *kind, int qs) {
     ember_error err = {0};
     ember_kv_type t;
-    CHECK(ember_kv_type_parse("f16", 0, 0, &t, &err) == EMBER_OK);
+    CHECK(ember_kv_type_parse(kind, 0, qs, &t, &err) == EMBER_OK);
     const int heads[LAYERS] = {HEADS, HEADS}, dims[LAYERS] = {HD, HD}, win[LAYERS] = {0, 32};
     ember_kv_params p = {t, LAYERS, heads, dims, win, ROWS, CTX, 0, 0, 24};
     ember_kv *kv;
     CHECK(ember_kv_new(g_be, &p, &kv, &err) == EMBER_OK);
     ember_kv_prefix *px;
     CHECK(ember_kv_prefix_new(kv, &px, &err) == EMBER_OK);
-    CHECK(!ember_kv_prefix_supported(px));
-    int32_t A[64];
-    for (int i = 0; i < 64; i++) A[i] = i;
-    feed(kv, 0, A, 0, 64);
-    CHECK(ember_kv_prefix_publish(px, 0, A, 64, 0) == 0);
-    CHECK(ember_kv_prefix_match(px, A, 64, 0) == 0);
-    CHECK(ember_kv_prefix_attach(px, 1, A, 32, 0, &err) != EMBER_OK && ember_kv_len(kv, 1) == 0);
+    CHECK(ember_kv_prefix_supported(px));
+    int32_t A[192], C[192];
+    for (int i = 0; i < 192; i++) A[i] = (int32_t)(rnd() % 500), C[i] = (int32_t)(rnd() % 500);
+    int made = 0;
+    for (int at = 0; at < 160; at += 16) { /* published block by block, as the engine's chunks do */
+        feed(kv, 0, A, at, at + 16);
+        made += ember_kv_prefix_publish(px, 0, A, at + 16, 0);
+    }
+    CHECKF(made == 10, "%s rotating: %d blocks published, want 10", kind, made);
+    CHECKF(ember_kv_prefix_match(px, A, 170, 0) == 160, "%s rotating: A matches %d", kind,
+           ember_kv_prefix_match(px, A, 170, 0));
+    int used = ember_kv_blocks_used(kv);
+    CHECK(ember_kv_prefix_attach(px, 1, A, 144, 0, &err) == EMBER_OK);
+    CHECK(ember_kv_blocks_used(kv) == used); /* by reference */
+    CHECK(kv_tab_of(kv, 1, 1)->first == (144 - 32) / EMBER_KV_BLOCK && kv_tab_of(kv, 0, 1)->first == 0);
+    feed(kv, 1, A, 144, 180);
+    feed(kv, 2, A, 0, 180);
+    CHECKF(same_held(kv, 1, 2), "%s rotating: a row from cached blocks differs from a fresh one", kind);
+    /* C prefilled past its window before publishing: its first blocks are gone, nothing is cached */
+    feed(kv, 3, C, 0, 100);
+    CHECK(ember_kv_prefix_publish(px, 3, C, 100, 0) == 0);
+    CHECK(ember_kv_prefix_match(px, C, 100, 0) == 0);
+    for (int r = 0; r < ROWS; r++) ember_kv_clear(kv, r);
+    ember_kv_prefix_evict(px, (size_t)1 << 40);
+    ember_kv_prefix_stats st;
+    ember_kv_prefix_get_stats(px, &st);
+    CHECK(st.entries == 0 && ember_kv_blocks_used(kv) == 0);
     ember_kv_prefix_free(px);
     ember_kv_free(kv);
 }
@@ -217,7 +258,8 @@ int main(void) {
     run_kind("q4", 0);
     run_kind("tq-k4v3", 0);
     run_kind("q8", 32); /* transitioning at 32 */
-    rotating();
+    rotating("f16", 0);
+    rotating("q8", 0); /* converting at 16: before the window drops a block */
     ember_backend_free(g_be);
     return test_done();
 }

@@ -53,9 +53,7 @@ int ember_kv_prefix_new(ember_kv *kv, ember_kv_prefix **out, ember_error *err) {
     ember_kv_prefix *px = calloc(1, sizeof *px);
     if (!px) return ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the prefix cache");
     px->kv = kv;
-    px->supported = true;
-    for (int g = 0; g < kv->n_groups; g++)
-        if (kv->g[g].window) px->supported = false;
+    px->supported = true; /* every kind shares (rotating groups: the blocks a row still held) */
     px->free_head = -1;
     px->n_buckets = 1024;
     px->bucket = malloc(px->n_buckets * sizeof *px->bucket);
@@ -260,13 +258,17 @@ int ember_kv_prefix_attach(ember_kv_prefix *px, int r, const int32_t *tokens, in
     for (int g = 0; g < ng; g++) {
         kv_tab *t = kv_tab_of(kv, g, r);
         kv_pool *p = kv_pool_of(kv, g, r);
-        for (int b = 0; b < nb; b++) {
+        /* a rotating group takes only the blocks a row of n positions keeps (kv.c's
+           row_release_old): those before its window and retain are not needed */
+        int first = 0, keep = kv->g[g].window ? n - kv->g[g].window - kv->retain : 0;
+        if (keep > 0) first = keep / B;
+        for (int b = first; b < nb; b++) {
             int32_t id = px->blk[(size_t)idx[b] * (size_t)ng + (size_t)g];
             kv_pool_ref(p, id);
-            t->blk[b] = id;
+            t->blk[b - first] = id;
         }
-        t->n = nb;
-        t->first = 0;
+        t->n = nb - first;
+        t->first = first;
     }
     kv->rows[r].len = n;
     px->st.tokens_reused += (uint64_t)n;

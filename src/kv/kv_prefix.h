@@ -15,8 +15,11 @@
  * Kinds: dense rows share from any block boundary; quantized (converting)
  * rows publish only once converted and share at or after their conversion
  * offset (their blocks are then a pure function of the tokens before them,
- * kv_codec.c); caches with a rotating (sliding-window) group do not share:
- * every lookup misses (ember_kv_prefix_supported says so).
+ * kv_codec.c). A rotating (sliding-window) group publishes a block only
+ * while the row still holds it, so a chain of entries stops where a row
+ * had dropped blocks before publishing them (the window wrapped within one
+ * chunk); a row installed from the cache takes, in such a group, only the
+ * blocks its length keeps (window and retain).
  *
  * Eviction frees only blocks no row refers to (reference count 1: the
  * cache's own), leaves before their parents, least recently used first.
@@ -50,7 +53,7 @@ int ember_kv_prefix_new(ember_kv *kv, ember_kv_prefix **out, ember_error *err);
 void ember_kv_prefix_free(ember_kv_prefix *px);
 /* Drops every entry. */
 void ember_kv_prefix_clear(ember_kv_prefix *px);
-/* false when the cache's kinds cannot share (a rotating group). */
+/* false when the cache's kinds cannot share (none today: kept for kinds to come). */
 bool ember_kv_prefix_supported(const ember_kv_prefix *px);
 
 /*
