@@ -211,6 +211,18 @@ typedef struct ember_engine_params {
                           EMBER_ERR_LIMIT; <= 0: 256 */
     int prefill_chunk; /* prompt tokens per step, over all rows; <= 0: the
                           model's max_batch_tokens */
+    const char *prompt_cache_dir; /* non-NULL: the prompt cache's disk tier. Rows
+                          that end are written there as files (behind, while
+                          the engine idles, and at shutdown); a later request,
+                          also after a restart, restores the longest prefix
+                          of its prompt from them. Created when missing; files
+                          that are damaged or from another model, tokenizer
+                          or KV kind are removed (one directory per model) */
+    size_t prompt_cache_max;      /* the files' byte cap (least recently used go
+                                     first); 0: 4 GiB */
+    uint64_t prompt_cache_tag;    /* mixed into the files' fingerprint (the model's
+                                     files are already): e.g. a hash of the
+                                     tokenizer. A file with another is removed */
 } ember_engine_params;
 
 typedef struct ember_logit_bias {
@@ -284,6 +296,14 @@ typedef struct ember_engine_stats {
                                           cache or the row they ran in) */
     uint64_t prefix_cache_misses;      /* requests admitted with none (opted-out ones not counted) */
     uint64_t prefix_cache_evictions;   /* cached blocks evicted */
+    /* the disk tier (prompt_cache_dir) */
+    int disk_cache_files;              /* files in the directory's index */
+    size_t disk_cache_bytes;           /* their size */
+    uint64_t disk_cache_restores;      /* requests that started from a file */
+    uint64_t disk_cache_tokens_restored; /* positions loaded from files */
+    uint64_t disk_cache_writes;        /* files written */
+    uint64_t disk_cache_removed;       /* files removed as damaged or foreign */
+    uint64_t disk_cache_evictions;     /* files removed to keep the byte cap */
 } ember_engine_stats;
 
 /* Starts an engine thread over m (which must outlive the engine). */

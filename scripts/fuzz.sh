@@ -16,7 +16,7 @@ shared=${EMBER_SHARED_DIR:-$root/../shared}
 prepare() {
   local b=$1
   mkdir -p "$b/corpus"
-  for t in safetensors config gguf gguf_model tokenizer template http kv_codec; do
+  for t in safetensors config gguf gguf_model tokenizer template http kv_codec prompt_file; do
     mkdir -p "$b/corpus/$t"
     [ -d "fuzz/corpus/$t" ] && cp -n fuzz/corpus/$t/* "$b/corpus/$t/" 2>/dev/null || true
   done
@@ -31,6 +31,10 @@ prepare() {
   # valid KV row blobs of the target's own caches
   if [ -x "$b/fuzz/fuzz_kv_codec" ] && [ ! -f "$b/corpus/kv_codec/seed0.bin" ]; then
     EMBER_FUZZ_KV_SEEDS="$b/corpus/kv_codec" "$b/fuzz/fuzz_kv_codec" -runs=1 "$b/corpus/kv_codec" >/dev/null 2>&1 || true
+  fi
+  # valid prompt cache files of the target's own caches
+  if [ -x "$b/fuzz/fuzz_prompt_file" ] && [ ! -f "$b/corpus/prompt_file/seed0.bin" ]; then
+    EMBER_FUZZ_PF_SEEDS="$b/corpus/prompt_file" "$b/fuzz/fuzz_prompt_file" -runs=1 "$b/corpus/prompt_file" >/dev/null 2>&1 || true
   fi
   [ -f "$b/fuzz_model/tokenizer.json" ] || "$b/ember" mkmodel --preset demo --out "$b/fuzz_model" >/dev/null
   if [ -f "$b/fuzz_model/tokenizer.json" ] && [ ! -f "$b/corpus/tokenizer/demo.bin" ]; then

@@ -38,3 +38,4 @@ set_tests_properties(soak PROPERTIES FIXTURES_REQUIRED soak_model TIMEOUT 900 LA
 ember_test(test_kv test_kv.c)
 ember_test(test_kv_codec test_kv_codec.c)
 ember_test(test_kv_prefix test_kv_prefix.c)
+ember_test(test_kv_disk test_kv_disk.c)

@@ -347,5 +347,19 @@ int main(void) {
     expect_fail("mkmodel --preset nope --out /tmp/x", "unknown preset 'nope'");
     expect_fail("bench --model /nonexistent -t 0", "--threads expects integers from 1 to");
     expect_fail("bench --model /nonexistent -d -1", "--depth expects integers from 0 to");
+    expect_fail("serve /nonexistent --prompt-cache-dir /tmp --prompt-cache-max 0",
+                "--prompt-cache-max expects a size such as 512M");
+    expect_fail("serve /nonexistent --prompt-cache-max 1G", "--prompt-cache-max needs --prompt-cache-dir");
+    expect_fail("serve /nonexistent --prompt-cache-dir ''", "--prompt-cache-dir expects a non-empty value");
+    {   /* a directory that cannot be one: the server does not start, and says why */
+        char cmd[2048], out[4096], err[8192], cfg[700], demo[600];
+        snprintf(demo, sizeof demo, "%s/demo", g_tmp);
+        snprintf(cmd, sizeof cmd, "%s mkmodel --preset demo --out %s", EMBER_BIN, demo);
+        CHECK(run(cmd, out, sizeof out, err, sizeof err) == 0);
+        snprintf(cfg, sizeof cfg, "%s/config.json", demo);
+        snprintf(cmd, sizeof cmd, "%s serve %s --port 1 -t 1 --prompt-cache-dir %s", EMBER_BIN, demo, cfg);
+        int code = run(cmd, out, sizeof out, err, sizeof err);
+        CHECKF(code == 1 && strstr(err, "is not a directory"), "exit %d: %s", code, err);
+    }
     return test_done();
 }

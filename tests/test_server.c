@@ -17,6 +17,8 @@
 #include <jansson.h>
 #include <pthread.h>
 
+#include <dirent.h>
+
 #include "core/mapfile.h"
 #include "core/util.h"
 #include "ember.h"
@@ -525,6 +527,137 @@ static void overload(ember_model *m, ember_tokenizer *tok, ember_chat_template *
     CHECK(ember_now() - t0 < 10.0);
 }
 
+/* Copies file from to to, flipping byte `flip` (< 0: none) and keeping
+   `keep` bytes (0: all). */
+static void copy_damaged(const char *from, const char *to, long flip, long keep) {
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    CHECK(a && b);
+    if (!a || !b) {
+        if (a) fclose(a);
+        if (b) fclose(b);
+        return;
+    }
+    long i = 0;
+    int c;
+    while ((c = fgetc(a)) != EOF && (!keep || i < keep)) {
+        fputc(i == flip ? c ^ 0x11 : c, b);
+        i++;
+    }
+    fclose(a);
+    fclose(b);
+}
+
+/* The prompt cache's disk tier across a restart: a server with a
+   prompt_cache_dir answers, stops, and a new server over a freshly loaded
+   model answers the same request from the file (cached_tokens, the same
+   text), skipping (and removing) damaged and foreign files, and stays up. */
+static void restart(const char *model_dir, ember_tokenizer *tok, ember_chat_template *tmpl) {
+    char pc[700], cmd[1600];
+    snprintf(pc, sizeof pc, "%s/server_pcache", EMBER_TEST_TMP);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", pc);
+    CHECK(system(cmd) == 0);
+    char body[4096] = "{\"messages\":[{\"role\":\"system\",\"content\":\"";
+    for (int i = 0; i < 120; i++) {
+        char w[24];
+        snprintf(w, sizeof w, "rule%d ", i);
+        strcat(body, w);
+    }
+    strcat(body, "\"},{\"role\":\"user\",\"content\":\"hello\"}],\"max_tokens\":8,\"temperature\":0}");
+    char text0[512] = "";
+    long prompt0 = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        ember_model_params mp;
+        ember_model_params_init(&mp);
+        mp.n_rows = 2;
+        mp.n_ctx = 1024;
+        mp.n_threads = 2;
+        ember_model *m;
+        ember_error err = {0};
+        CHECKF(ember_model_load(model_dir, &mp, &m, &err) == EMBER_OK, "%s", err.msg);
+        char good[1000] = "", bad[1000];
+        struct stat sb;
+        if (pass > 0) { /* the file the first server wrote */
+            DIR *d = opendir(pc);
+            struct dirent *de;
+            while (d && (de = readdir(d)))
+                if (strstr(de->d_name, ".emkv") && strncmp(de->d_name, "00000000000000a", 15))
+                    snprintf(good, sizeof good, "%s/%s", pc, de->d_name);
+            if (d) closedir(d);
+            CHECKF(good[0] && stat(good, &sb) == 0, "no prompt cache file in %s", pc);
+        }
+        if (pass == 2) { /* only a copy with a damaged payload: found when read, removed, a full prefill */
+            snprintf(bad, sizeof bad, "%s/00000000000000b1.emkv", pc);
+            copy_damaged(good, bad, (long)sb.st_size - 300, 0);
+            CHECK(unlink(good) == 0);
+        }
+        if (pass == 1) { /* beside the good file: a corrupt, a truncated and a foreign one */
+            snprintf(bad, sizeof bad, "%s/00000000000000a1.emkv", pc);
+            copy_damaged(good, bad, (long)sb.st_size - 200, 0); /* payload: found on restore */
+            snprintf(bad, sizeof bad, "%s/00000000000000a2.emkv", pc);
+            copy_damaged(good, bad, -1, (long)sb.st_size / 2);
+            snprintf(bad, sizeof bad, "%s/00000000000000a3.emkv", pc);
+            copy_damaged(good, bad, 17, 0); /* the fingerprint: another model */
+            snprintf(bad, sizeof bad, "%s/00000000000000a4.emkv", pc);
+            FILE *f = fopen(bad, "wb");
+            if (f) {
+                fputs("not a cache file at all", f);
+                fclose(f);
+            }
+        }
+        ember_server_opts o = {0};
+        o.model_id = "demo";
+        o.prompt_cache_dir = pc;
+        ember_server *s = NULL;
+        for (int attempt = 0; attempt < 50 && !s; attempt++) {
+            o.port = 20000 + (int)((getpid() * 11 + attempt * 137 + pass * 7) % 20000);
+            if (ember_server_start(m, tok, tmpl, &o, &s, &err) != EMBER_OK) s = NULL;
+        }
+        CHECKF(s != NULL, "cannot start the server: %s", err.msg);
+        if (!s) {
+            ember_model_free(m);
+            return;
+        }
+        g_port = o.port;
+        int status;
+        json_t *j = post("/v1/chat/completions", body, &status);
+        CHECK(status == 200 && j);
+        const char *text = json_string_value(json_object_get(
+            json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
+        json_t *u = json_object_get(j, "usage");
+        long np = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
+        long cached = (long)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+        CHECK(text != NULL && np > 200);
+        if (pass == 0) {
+            CHECKF(cached == 0, "a fresh directory gave %ld cached tokens", cached);
+            snprintf(text0, sizeof text0, "%s", text ? text : "");
+            prompt0 = np;
+        } else {
+            long want = pass == 1 ? np - 1 : 0;
+            CHECKF(cached == want && np == prompt0, "pass %d after a restart: %ld of %ld prompt tokens cached", pass,
+                   cached, np);
+            CHECKF(text && !strcmp(text, text0), "pass %d: the text after a restart differs", pass);
+        }
+        json_decref(j);
+        CHECK(health() == 200);
+        if (pass > 0) { /* pass 1: the truncated, foreign and garbage files at start (the corrupt
+                           payload too if it was tried first); pass 2: the damaged copy when read */
+            http_resp r;
+            http_request(g_port, "GET", "/metrics", NULL, &r);
+            const char *rm = r.body ? strstr(r.body, "\nember_prompt_cache_disk_removed_total ") : NULL;
+            long removed = rm ? strtol(rm + strlen("\nember_prompt_cache_disk_removed_total "), NULL, 10) : -1;
+            CHECKF(pass == 1 ? removed >= 3 && strstr(r.body, "\nember_prompt_cache_disk_restores_total 1")
+                             : removed >= 1 && strstr(r.body, "\nember_prompt_cache_disk_restores_total 0"),
+                   "pass %d: %ld files removed; metrics:\n%s", pass, removed, r.body ? r.body : "");
+            http_resp_free(&r);
+            CHECK(pass == 1 || access(bad, F_OK) != 0);
+        }
+        ember_server_stop(s, 5.0);
+        ember_model_free(m);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", pc);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void) {
     shared_dir(); /* not needed, but keeps the suite's skip rule uniform */
     char dir[600], cmd[1400];
@@ -559,6 +692,7 @@ int main(void) {
     disconnects(s);
     ember_server_stop(s, 5.0);
     overload(m, tok, tmpl);
+    restart(dir, tok, tmpl);
 
     ember_chat_template_free(tmpl);
     ember_tok_free(tok);

@@ -2,11 +2,15 @@
  * ember.c - the public model handle: loading (config, weights, backend,
  * model, KV cache, run state, in that order) and freeing in reverse.
  */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/cpu.h"
 #include "core/util.h"
@@ -96,6 +100,85 @@ static bool is_gguf_file(const char *path) {
     return ok;
 }
 
+/* ---- the model's fingerprint ------------------------------------------------------- */
+
+static uint64_t hash_bytes(uint64_t h, const unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t v = 0;
+        for (size_t k = 0; k < 8 && i + k < n; k++) v |= (uint64_t)p[i + k] << (8 * k);
+        h = ember_mix64(h ^ v) + n;
+    }
+    return h;
+}
+
+/* Mixes file `name` in dir (dir NULL: name is the path) into h: its name,
+   size, first 64 KiB and 1024 samples of 64 bytes spread over the rest. */
+static uint64_t fingerprint_file(uint64_t h, const char *dir, const char *name) {
+    char *path = dir ? ember_path_join(dir, name) : NULL;
+    const char *p = dir ? path : name;
+    const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+    h = hash_bytes(h, (const unsigned char *)base, strlen(base));
+    int fd = p ? open(p, O_RDONLY) : -1;
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0) {
+        size_t size = (size_t)st.st_size;
+        h = ember_mix64(h ^ (uint64_t)size);
+        static const size_t head = 65536;
+        unsigned char *buf = malloc(head);
+        if (buf) {
+            ssize_t k = pread(fd, buf, size < head ? size : head, 0);
+            if (k > 0) h = hash_bytes(h, buf, (size_t)k);
+            for (size_t i = 0; size > head && i < 1024; i++) {
+                off_t at = (off_t)(head + (size - head) / 1024 * i);
+                k = pread(fd, buf, 64, at);
+                if (k > 0) h = hash_bytes(h, buf, (size_t)k);
+            }
+            free(buf);
+        }
+    }
+    if (fd >= 0) close(fd);
+    free(path);
+    return h;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The fingerprint of a GGUF file or of a model directory's config,
+   weights and tokenizer files (what a cached KV row depends on). */
+static uint64_t model_fingerprint(const char *path, bool gguf) {
+    uint64_t h = 0x656d6265726b7631ull;
+    if (gguf) return fingerprint_file(h, NULL, path);
+    DIR *d = opendir(path);
+    if (!d) return h;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *nm = de->d_name;
+        size_t l = strlen(nm);
+        bool want = !strcmp(nm, "config.json") || !strncmp(nm, "tokenizer", 9) ||
+                    (l > 12 && !strcmp(nm + l - 12, ".safetensors"));
+        if (!want) continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 16;
+            char **g = realloc(names, nc * sizeof *g);
+            if (!g) break;
+            names = g;
+            cap = nc;
+        }
+        if (!(names[n] = strdup(nm))) break;
+        n++;
+    }
+    closedir(d);
+    if (n) qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        h = fingerprint_file(h, path, names[i]);
+        free(names[i]);
+    }
+    free(names);
+    return h;
+}
+
 int ember_model_load(const char *path, const ember_model_params *params, ember_model **out, ember_error *err) {
     if (!out) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_model_load: out is NULL");
     *out = NULL;
@@ -150,6 +233,7 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
         (rc = ember_llm_state_new(m->llm, p.max_batch_tokens, p.n_rows, &m->st, err)))
         goto fail;
     p.kv_type = ember_kv_get_type(m->kv)->name; /* owned by the cache */
+    m->fingerprint = model_fingerprint(path, gguf);
     m->params = p;
     size_t B = (size_t)p.max_batch_tokens;
     m->b_tok = malloc(B * sizeof(int32_t));

@@ -189,6 +189,7 @@ static void log_stderr(void *user, ember_log_level level, const char *msg) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model_arg = NULL, *host = "127.0.0.1", *isa = NULL, *kv_budget_s = NULL, *max_body_s = NULL;
+    const char *pc_dir = NULL, *pc_max_s = NULL;
     int port = 8080, parallel = 8, ctx = 0, threads = 0, max_queue = 256, default_max = 0;
     float drain = 10.0f;
     bool verbose = false, use_mmap = false;
@@ -208,6 +209,10 @@ int cmd_serve(int argc, char **argv) {
          false},
         {"default-max-tokens", 0, OPT_INT, &default_max, "N", "max_tokens when a request names none (default: the rest of the context)", 1,
          1 << 22, false},
+        {"prompt-cache-dir", 0, OPT_STR, &pc_dir, "DIR",
+         "also keep prompt prefixes as files in DIR (created if missing): a restarted server resumes them", 0, 0,
+         false},
+        {"prompt-cache-max", 0, OPT_STR, &pc_max_s, "SIZE", "byte cap of --prompt-cache-dir (default 4G)", 0, 0, false},
         {"drain", 0, OPT_FLOAT, &drain, "SECONDS", "on SIGINT/SIGTERM, time running requests get to finish (default 10)", 0,
          3600, false},
         {"threads", 't', OPT_INT, &threads, "N", "compute threads (default: all cores)", 1, 1024, false},
@@ -233,6 +238,10 @@ int cmd_serve(int argc, char **argv) {
         return cli_fail("serve", "--kv-budget expects a size such as 512M or 4G, got '%s'", kv_budget_s);
     if (max_body_s && !(max_body = parse_size(max_body_s, &ok)))
         return cli_fail("serve", "--max-body expects a size such as 64K or 4M, got '%s'", max_body_s);
+    size_t pc_max = 0;
+    if (pc_max_s && !(pc_max = parse_size(pc_max_s, &ok)))
+        return cli_fail("serve", "--prompt-cache-max expects a size such as 512M or 4G, got '%s'", pc_max_s);
+    if (pc_max_s && !pc_dir) return cli_fail("serve", "--prompt-cache-max needs --prompt-cache-dir");
     if (!kv_budget) {
         long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
         kv_budget = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 2 : (size_t)4 << 30;
@@ -284,6 +293,8 @@ int cmd_serve(int argc, char **argv) {
     so.max_queue = max_queue;
     so.max_body = max_body;
     so.default_max_tokens = default_max;
+    so.prompt_cache_dir = pc_dir;
+    so.prompt_cache_max = pc_max;
     so.log = (ember_logger){log_stderr, &min_level};
     ember_server *srv;
     if (ember_server_start(m, tok, tmpl, &so, &srv, &err)) {

@@ -29,6 +29,11 @@
  *   - a free row keeps the KV of its last request: a new request may take
  *     the free row sharing the longest prefix with its prompt (to the
  *     token, partial blocks too).
+ *   - the disk tier (kv_disk.h, with prompt_cache_dir): rows that end are
+ *     queued as files, written a slice at a time while the engine has
+ *     nothing else to do (and at shutdown); a request whose prompt shares
+ *     at least a block more with a file than with memory loads the file
+ *     into a free row and trims it to the shared length.
  * Either way the reused positions are skipped (reported as n_cached).
  * Since every kernel is batch invariant, they hold exactly the values a
  * fresh prefill would compute.
@@ -46,6 +51,7 @@
 
 #include "core/util.h"
 #include "engine.h"
+#include "kv/kv_disk.h"
 #include "kv/kv_prefix.h"
 #include "sample/sampler.h"
 
@@ -202,6 +208,8 @@ struct ember_engine {
     float *raw; /* [V] a row's logits before penalties, for logprobs */
     int *plan;          /* [n_rows] tokens each row takes in this step */
     ember_kv_prefix *px; /* the prefix cache; NULL when the cache's kinds cannot share */
+    ember_kv_disk *disk; /* the disk tier; NULL without prompt_cache_dir */
+    bool disk_work;      /* the disk tier has queued writes */
     double px_stats_at;  /* when publish_stats last read the prefix cache's figures */
     ember_engine_stats stats; /* published under mu */
 };
@@ -226,6 +234,7 @@ void ember_engine_shutdown(ember_engine *e) {
 void ember_engine_free(ember_engine *e) {
     if (!e) return;
     ember_engine_shutdown(e);
+    ember_kv_disk_free(e->disk);
     ember_kv_prefix_free(e->px);
     for (int i = 0; i < e->n_rows; i++) row_free_mem(&e->rows[i]);
     free(e->rows);
@@ -270,8 +279,12 @@ static void release_row(ember_engine *e, row *r, ember_finish finish, int code, 
     if (s->g.no_prompt_cache) { /* opted out: its KV is not kept for anyone */
         ember_kv_clear(e->m->kv, (int)(r - e->rows));
         r->n_hist = 0;
-    } else if (e->px) { /* best effort: out of memory only publishes less */
-        (void)ember_kv_prefix_publish(e->px, (int)(r - e->rows), r->hist, r->n_hist, s->g.cache_salt);
+    } else {
+        if (e->px) /* best effort: out of memory only publishes less */
+            (void)ember_kv_prefix_publish(e->px, (int)(r - e->rows), r->hist, r->n_hist, s->g.cache_salt);
+        if (e->disk && r->n_hist >= EMBER_KV_BLOCK) /* to disk when idle; best effort too */
+            e->disk_work |= ember_kv_disk_queue(e->disk, (int)(r - e->rows), r->hist, s->g.cache_salt, NULL) ==
+                                EMBER_OK;
     }
     r->used = e->steps;
     pthread_mutex_lock(&e->mu);
@@ -303,8 +316,9 @@ static size_t kv_committed(ember_engine *e) {
 }
 
 /* Drops the KV a free row keeps for prefix reuse (the least recently used
-   one, except row keep), or when none holds any, prefix-cache blocks no
-   request holds; false when there was nothing to drop. */
+   one, except row keep), or when none holds any, the disk tier's queued
+   writes, then prefix-cache blocks no request holds; false when there was
+   nothing to drop. */
 static bool evict_cached(ember_engine *e, int keep) {
     ember_kv *kv = e->m->kv;
     int best = -1;
@@ -312,11 +326,30 @@ static bool evict_cached(ember_engine *e, int keep) {
         if (i != keep && e->rows[i].phase == ROW_FREE && ember_kv_len(kv, i) > 0 &&
             (best < 0 || e->rows[i].used < e->rows[best].used))
             best = i;
+    if (best < 0 && e->disk && ember_kv_disk_drop_queued(e->disk)) {
+        e->disk_work = false;
+        return true;
+    }
     if (best < 0) /* then the prefix cache's blocks no request holds, a block's worth at a time */
         return e->px && ember_kv_prefix_evict(e->px, ember_kv_bytes_per_token(kv, false) * EMBER_KV_BLOCK) > 0;
     ember_kv_clear(kv, best);
     e->rows[best].n_hist = 0;
     return true;
+}
+
+/* The free row to install a prefix into (from the prefix cache or a file):
+   an empty one, else the least recently used; -1 when none is free. */
+static int pick_free_row(ember_engine *e) {
+    ember_kv *kv = e->m->kv;
+    int pick = -1;
+    for (int i = 0; i < e->n_rows; i++) {
+        const row *r = &e->rows[i];
+        if (r->phase != ROW_FREE) continue;
+        if (pick < 0 || (ember_kv_len(kv, i) == 0 && ember_kv_len(kv, pick) > 0) ||
+            ((ember_kv_len(kv, i) == 0) == (ember_kv_len(kv, pick) == 0) && r->used < e->rows[pick].used))
+            pick = i;
+    }
+    return pick;
 }
 
 /* Moves waiting requests into free rows while there are both and the KV
@@ -347,23 +380,29 @@ static void admit(ember_engine *e) {
                      ? ember_kv_prefix_match(e->px, s->prompt, s->g.n_prompt - 1, s->g.cache_salt)
                      : 0;
         if (pm > best_len) {
-            int pick = -1;
-            for (int i = 0; i < e->n_rows; i++) {
-                const row *r = &e->rows[i];
-                if (r->phase != ROW_FREE) continue;
-                if (pick < 0 || (ember_kv_len(kv, i) == 0 && ember_kv_len(kv, pick) > 0) ||
-                    ((ember_kv_len(kv, i) == 0) == (ember_kv_len(kv, pick) == 0) && r->used < e->rows[pick].used))
-                    pick = i;
-            }
-            best = pick;
+            best = pick_free_row(e);
             best_len = pm;
             from_px = true;
+        }
+        /* the disk tier, when a file holds at least a block more */
+        int dfile = -1;
+        int dm = e->disk && !s->g.no_prompt_cache
+                     ? ember_kv_disk_match(e->disk, s->prompt, s->g.n_prompt - 1, s->g.cache_salt, &dfile)
+                     : 0;
+        bool from_disk = false;
+        if (dfile >= 0 && dm >= best_len + EMBER_KV_BLOCK) {
+            if (!from_px) {
+                best = pick_free_row(e);
+            }
+            best_len = dm;
+            from_px = false;
+            from_disk = true;
         }
         /* memory: the prompt's blocks beside what admitted rows still need */
         size_t need = ember_kv_request_bytes(kv, s->g.n_prompt) - ember_kv_request_bytes(kv, best_len);
         /* the part of the row's own cache not reused comes back (all of it when the prefix comes
            from the prefix cache; an estimate: blocks it shares stay) */
-        int own = from_px ? 0 : best_len;
+        int own = from_px || from_disk ? 0 : best_len;
         for (;;) {
             size_t have = ember_kv_free_bytes(kv), held = kv_committed(e);
             if (ember_kv_len(kv, best) > own)
@@ -397,7 +436,19 @@ static void admit(ember_engine *e) {
             end_stream(s, EMBER_FINISH_ERROR, s->g.n_prompt, 0, 0, err.code, err.msg);
             continue;
         }
-        if (from_px) {
+        if (from_disk) {
+            /* the whole file into the emptied row, then back to the shared length; a damaged
+               file is removed by the disk tier, and any failure is a full prefill */
+            ember_kv_clear(kv, best);
+            for (int tries = 1; dfile >= 0 && ember_kv_disk_restore(e->disk, dfile, best, NULL) != EMBER_OK; tries++)
+                if (tries == 3 || ember_kv_disk_match(e->disk, s->prompt, s->g.n_prompt - 1, s->g.cache_salt,
+                                                      &dfile) < best_len)
+                    dfile = -1; /* else the damaged file is gone: the next one sharing as much */
+            if (dfile < 0 || ember_kv_trim(kv, best, best_len, NULL) != EMBER_OK) {
+                ember_kv_clear(kv, best);
+                best_len = 0;
+            }
+        } else if (from_px) {
             ember_kv_clear(kv, best);
             if (ember_kv_prefix_attach(e->px, best, s->prompt, best_len, s->g.cache_salt, NULL) != EMBER_OK)
                 best_len = 0; /* evicted meanwhile, or no memory for the table: a full prefill */
@@ -676,6 +727,20 @@ static bool step(ember_engine *e) {
     return true;
 }
 
+/* The disk tier's figures into e->stats (under mu once the thread runs). */
+static void disk_stats(ember_engine *e) {
+    if (!e->disk) return;
+    ember_kv_disk_stats ds;
+    ember_kv_disk_get_stats(e->disk, &ds);
+    e->stats.disk_cache_files = ds.files;
+    e->stats.disk_cache_bytes = ds.bytes;
+    e->stats.disk_cache_restores = ds.restores;
+    e->stats.disk_cache_tokens_restored = ds.tokens_restored;
+    e->stats.disk_cache_writes = ds.writes;
+    e->stats.disk_cache_removed = ds.removed;
+    e->stats.disk_cache_evictions = ds.evictions;
+}
+
 static void publish_stats(ember_engine *e) {
     int running = 0;
     size_t used = 0;
@@ -701,6 +766,7 @@ static void publish_stats(ember_engine *e) {
         e->stats.prefix_cache_bytes_unused = ps.bytes_exclusive;
         e->stats.prefix_cache_evictions = ps.evictions;
     }
+    disk_stats(e);
     int waiting = 0;
     for (ember_stream *s = e->wait_head; s; s = s->next) waiting++;
     for (ember_stream *s = e->inbox; s; s = s->next) waiting++;
@@ -716,6 +782,13 @@ static void *engine_main(void *arg) {
             bool busy = e->wait_head != NULL;
             for (int i = 0; i < e->n_rows && !busy; i++) busy = e->rows[i].phase != ROW_FREE;
             if (e->stop || e->inbox || busy) break;
+            if (e->disk_work) { /* nothing else to do: a slice of the disk tier's writing */
+                pthread_mutex_unlock(&e->mu);
+                e->disk_work = ember_kv_disk_work(e->disk, (size_t)4 << 20);
+                publish_stats(e);
+                pthread_mutex_lock(&e->mu);
+                continue;
+            }
             pthread_cond_wait(&e->cv, &e->mu);
         }
         bool stop = e->stop;
@@ -747,6 +820,8 @@ static void *engine_main(void *arg) {
         end_stream(s, EMBER_FINISH_CANCELLED, s->g.n_prompt, 0, 0, 0, NULL);
     }
     e->wait_tail = NULL;
+    while (e->disk_work) /* the queued writes, whole: a restart finds them */
+        e->disk_work = ember_kv_disk_work(e->disk, SIZE_MAX);
     publish_stats(e);
     return NULL;
 }
@@ -788,6 +863,12 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
         ember_kv_prefix_free(e->px);
         e->px = NULL;
     }
+    if (!rc && e->p.prompt_cache_dir) {
+        uint64_t fp = ember_mix64(m->fingerprint ^ ember_mix64(e->p.prompt_cache_tag + 1));
+        rc = ember_kv_disk_open(m->kv, e->p.prompt_cache_dir, e->p.prompt_cache_max, fp, &m->log, &e->disk, err);
+    }
+    e->p.prompt_cache_dir = NULL; /* the caller's string: not kept */
+    disk_stats(e);
     e->stats.rows = e->n_rows;
     e->stats.kv_bytes_total = ember_kv_capacity_bytes(m->kv);
     if (!rc && pthread_create(&e->thread, NULL, engine_main, e) != 0)

@@ -34,6 +34,8 @@ typedef struct ember_server_opts {
     size_t max_body;           /* request body limit in bytes; 0: 4 MiB */
     int max_connections;       /* 0: 512 */
     int default_max_tokens;    /* when a request names none; 0: until the context is full */
+    const char *prompt_cache_dir; /* the prompt cache's disk tier (ember_engine_params); NULL: none */
+    size_t prompt_cache_max;   /* its byte cap; 0: 4 GiB */
     ember_logger log;
 } ember_server_opts;
 

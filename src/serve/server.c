@@ -1081,6 +1081,23 @@ static enum MHD_Result do_metrics(ember_server *s, struct MHD_Connection *c) {
            (double)st.prefix_cache_misses);
     metric(&o, "ember_prefix_cache_evictions_total", "counter", "Prefix cache blocks evicted.",
            (double)st.prefix_cache_evictions);
+    if (s->o.prompt_cache_dir) {
+        metric(&o, "ember_prompt_cache_disk_files", "gauge", "Files of the prompt cache's disk tier.",
+               st.disk_cache_files);
+        metric(&o, "ember_prompt_cache_disk_bytes", "gauge", "Bytes of the prompt cache's disk tier.",
+               (double)st.disk_cache_bytes);
+        metric(&o, "ember_prompt_cache_disk_restores_total", "counter", "Requests that started from a prompt cache file.",
+               (double)st.disk_cache_restores);
+        metric(&o, "ember_prompt_cache_disk_restored_tokens_total", "counter", "Positions loaded from prompt cache files.",
+               (double)st.disk_cache_tokens_restored);
+        metric(&o, "ember_prompt_cache_disk_writes_total", "counter", "Prompt cache files written.",
+               (double)st.disk_cache_writes);
+        metric(&o, "ember_prompt_cache_disk_removed_total", "counter",
+               "Prompt cache files removed as damaged or made by another model, tokenizer or KV kind.",
+               (double)st.disk_cache_removed);
+        metric(&o, "ember_prompt_cache_disk_evictions_total", "counter", "Prompt cache files removed to keep the byte cap.",
+               (double)st.disk_cache_evictions);
+    }
     {
         char line[256];
         snprintf(line, sizeof line,
@@ -1275,6 +1292,20 @@ static char *token_text(const ember_tokenizer *t, int32_t id) {
     return s ? ember_strndup(s, n) : NULL;
 }
 
+/* A hash of the tokenizer's vocabulary: every id's text and special flag. */
+static uint64_t tokenizer_fingerprint(const ember_tokenizer *tok) {
+    int32_t n = ember_tok_n_vocab(tok);
+    uint64_t h = ember_mix64((uint64_t)n);
+    for (int32_t id = 0; id < n; id++) {
+        size_t len = 0;
+        const char *t = ember_tok_id_text(tok, id, &len);
+        uint64_t v = ember_tok_is_special(tok, id) ? 1 : 0;
+        for (size_t i = 0; t && i < len; i++) v = v * 0x100000001b3ull ^ (unsigned char)t[i];
+        h = ember_mix64(h ^ v) + (uint64_t)id;
+    }
+    return h;
+}
+
 int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_chat_template *tmpl,
                        const ember_server_opts *o, ember_server **out, ember_error *err) {
     *out = NULL;
@@ -1295,6 +1326,11 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
     s->bos_text = token_text(tok, ember_tok_bos_id(tok));
     s->eos_text = token_text(tok, ember_tok_eos_id(tok));
     ember_engine_params ep = {.max_queue = o->max_queue};
+    if (o->prompt_cache_dir) { /* files keep token ids: the tokenizer that made them is part of their identity */
+        ep.prompt_cache_dir = o->prompt_cache_dir;
+        ep.prompt_cache_max = o->prompt_cache_max;
+        ep.prompt_cache_tag = tokenizer_fingerprint(tok);
+    }
     int rc = ember_engine_new(m, &ep, &s->eng, err);
     if (rc) {
         free(s->bos_text);
