@@ -34,6 +34,8 @@ typedef struct ember_server_opts {
     size_t max_body;           /* request body limit in bytes; 0: 4 MiB */
     int max_connections;       /* 0: 512 */
     int default_max_tokens;    /* when a request names none; 0: until the context is full */
+    ember_spec_mode spec;      /* speculative decoding's draft source (EMBER_SPEC_NONE: off) */
+    int draft_max, draft_min;  /* see ember_engine_params; <= 0: its defaults */
     ember_logger log;
 } ember_server_opts;
 
