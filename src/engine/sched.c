@@ -579,14 +579,14 @@ static void take_token(ember_engine *e, row *r, float *lg) {
    request ends. The row's speculative KV round then keeps the positions
    whose tokens stand (the fed last token and the accepted drafts). Adds
    the accepted drafts to *accepted and the tokens produced to *produced. */
-static void verify_drafts(ember_engine *e, row *r, const float *logits, uint64_t *accepted, uint64_t *produced) {
+static void verify_drafts(ember_engine *e, row *r, float *logits, uint64_t *accepted, uint64_t *produced) {
     ember_kv *kv = e->m->kv;
     const size_t V = (size_t)e->m->cfg.vocab_size;
     const int i = (int)(r - e->rows), d = r->n_draft;
     int j = 0, acc = 0;
     ember_finish f;
     for (;;) {
-        float *lg = (float *)logits + (size_t)(j == 0 ? r->o_last : r->o_draft + j - 1) * V;
+        float *lg = logits + (size_t)(j == 0 ? r->o_last : r->o_draft + j - 1) * V; /* penalties apply in place */
         int32_t want = j < d ? r->draft[j] : -1, t;
         f = emit_token(e, r, lg, want, &t);
         if (j < d && t == want) acc++;

@@ -32,7 +32,8 @@
 
 typedef struct ember_draft ember_draft;
 
-/* The operations behind a source (each implementation fills one). */
+/* The operations behind a source (each implementation fills one; open,
+   commit and close may be NULL where a source keeps no state per slot). */
 typedef struct ember_draft_ops {
     const char *name;
     int (*open)(ember_draft *d, int slot, const int32_t *hist, int n_hist, ember_error *err);
