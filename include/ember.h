@@ -206,6 +206,15 @@ EMBER_API int ember_logits(ember_model *m, const int32_t *ids, int n_ids, float 
 typedef struct ember_engine ember_engine;
 typedef struct ember_stream ember_stream;
 
+/* Speculative decoding's draft source (docs/speculative.md). */
+typedef enum ember_spec_mode {
+    EMBER_SPEC_NONE = 0,  /* one token per row per step */
+    EMBER_SPEC_NGRAM = 1  /* prompt lookup: a row's own prompt and output propose what follows
+                             the longest earlier match of its last tokens */
+} ember_spec_mode;
+
+#define EMBER_MAX_DRAFT 64 /* the most draft tokens a row verifies in one step */
+
 typedef struct ember_engine_params {
     int max_queue;     /* requests waiting for a row; beyond it submit fails with
                           EMBER_ERR_LIMIT; <= 0: 256 */
@@ -223,6 +232,15 @@ typedef struct ember_engine_params {
     uint64_t prompt_cache_tag;    /* mixed into the files' fingerprint (the model's
                                      files are already): e.g. a hash of the
                                      tokenizer. A file with another is removed */
+    ember_spec_mode spec; /* draft source; EMBER_SPEC_NONE (0) by default. Greedy rows give
+                             exactly the tokens they give without it; sampled rows keep
+                             their distribution (rejection sampling) */
+    int draft_max;     /* most draft tokens a row verifies per step, 1..EMBER_MAX_DRAFT;
+                          <= 0: 8 */
+    int draft_min;     /* a row speculates in a step only when it can take and the source
+                          proposes at least this many; <= 0: 1 */
+    int ngram_min, ngram_max; /* EMBER_SPEC_NGRAM: suffix lengths matched, the longest first,
+                                 1 <= min <= max <= 16; <= 0: 1 and 3 */
 } ember_engine_params;
 
 typedef struct ember_logit_bias {
@@ -250,6 +268,9 @@ typedef struct ember_gen_params {
     int no_prompt_cache;   /* nonzero: neither reuse cached prompt blocks nor publish this one's */
     uint64_t cache_salt;   /* mixed into the key of the prompt's first cached block: only requests
                               with the same salt share blocks (0: the common pool) */
+    int no_speculation;    /* nonzero: this request never speculates, whatever the engine's spec */
+    int draft_max;         /* > 0: at most this many draft tokens per step for this request (the
+                              engine's draft_max still bounds it); 0: the engine's */
 } ember_gen_params;
 
 typedef enum ember_event_kind { EMBER_EV_TOKEN = 1, EMBER_EV_DONE = 2 } ember_event_kind;
@@ -304,6 +325,15 @@ typedef struct ember_engine_stats {
     uint64_t disk_cache_writes;        /* files written */
     uint64_t disk_cache_removed;       /* files removed as damaged or foreign */
     uint64_t disk_cache_evictions;     /* files removed to keep the byte cap */
+    /* speculative decoding: a row's forward feeds its last token plus d drafts and yields
+       1 + (accepted drafts) tokens */
+    uint64_t spec_drafted_total;       /* draft tokens verified */
+    uint64_t spec_accepted_total;      /* draft tokens accepted (the target produced them) */
+    uint64_t spec_forwards_total;      /* row forwards that carried drafts */
+    uint64_t decode_forwards_total;    /* row forwards of decoding rows, with or without drafts */
+    uint64_t decode_tokens_total;      /* tokens those forwards produced (each request's first token
+                                          comes from its prompt's forward and is not counted): tokens
+                                          per target forward = decode_tokens / decode_forwards */
 } ember_engine_stats;
 
 /* Starts an engine thread over m (which must outlive the engine). */

@@ -151,6 +151,15 @@ int main(void) {
         for (int i = 0; i < 24; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? " " : "", f.p[0].greedy[i]);
         strcat(want, "\n");
         CHECKF(strcmp(out, want) == 0, "generate printed '%s', want '%s'", out, want);
+        /* with n-gram speculation (through the engine): the same ids; --verbose reports the drafts */
+        snprintf(cmd, sizeof cmd,
+                 "%s generate --model %s --ids 52,329,370,348,78,482,195 -n 24 --temp 0 --ignore-eos --spec ngram "
+                 "--draft-max 4 -v",
+                 EMBER_BIN, f.dir);
+        CHECK(run(cmd, out, sizeof out, err, sizeof err) == 0);
+        CHECKF(strcmp(out, want) == 0, "generate --spec ngram printed '%s', want '%s'", out, want);
+        CHECKF(strstr(err, "speculative decoding (ngram): ") && strstr(err, "tokens per target forward"),
+               "--verbose: %s", err);
         /* logits -> .npy equals the library's logits and is a valid npy */
         char npy[700];
         snprintf(npy, sizeof npy, "%s/p0.npy", g_tmp);
@@ -335,6 +344,22 @@ int main(void) {
     snprintf(args, sizeof args, "generate --model %s --ids 1 --seed -3", d);
     expect_fail(args, "--seed expects a non-negative integer");
     expect_fail("generate --ids 1,2", "--model is required");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --spec eagle", d);
+    expect_fail(args, "--spec expects ngram or none, got 'eagle'");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --spec ngram --draft-max 0", d);
+    expect_fail(args, "--draft-max must be between 1 and 64");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --spec ngram --draft-max 65", d);
+    expect_fail(args, "--draft-max must be between 1 and 64");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --spec ngram --draft-min x", d);
+    expect_fail(args, "--draft-min expects an integer");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --spec ngram --draft-min 5 --draft-max 2", d);
+    expect_fail(args, "--draft-min 5 is above --draft-max 2");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --draft-max 4", d);
+    expect_fail(args, "--draft-max and --draft-min go with --spec ngram");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --ctx 4 -n 10 --spec ngram", d);
+    expect_fail(args, "context holds 4");
+    expect_fail("serve --spec medusa", "--spec expects ngram or none, got 'medusa'");
+    expect_fail("serve --spec ngram --draft-min 9", "--draft-min 9 is above --draft-max 8");
     snprintf(args, sizeof args, "generate --model %s", d);
     expect_fail(args, "exactly one of --ids and --prompt");
     snprintf(args, sizeof args, "generate --model %s --ids", d);

@@ -1,8 +1,11 @@
 /*
  * test_sampler.c - the sampler chain: greedy, determinism per seed, the
  * support each filter leaves, and the sampled distribution matching the
- * softmax of the logits (chi-square bound over many draws).
+ * softmax of the logits (chi-square bound over many draws), and
+ * speculative verification keeping that distribution.
  */
+#include <stdbool.h>
+
 #include "ember.h"
 #include "sample/sampler.h"
 #include "test.h"
@@ -96,6 +99,58 @@ int main(void) {
         ember_sampler_free(s);
         ember_sampler_free(s_ref);
         free(big);
+    }
+    /* speculative verification (ember_sampler_sample_draft): greedy ignores the draft;
+       without one it is the plain draw, same stream; with one its tokens follow the
+       same distribution as the plain chain's (two-sample chi-square), for a draft in
+       the support, one outside it, under every filter */
+    {
+        s = mk(0, 0, 1, 0, 0, V);
+        for (int d = -1; d < V; d++) CHECK(ember_sampler_sample_draft(s, lg, d) == 1);
+        ember_sampler_free(s);
+        s1 = mk(0.9f, 0, 1, 0, 11, V);
+        s2 = mk(0.9f, 0, 1, 0, 11, V);
+        bool same = true;
+        for (int i = 0; i < 256; i++) same &= ember_sampler_sample_draft(s1, lg, -1) == ember_sampler_sample(s2, lg);
+        CHECK(same);
+        ember_sampler_free(s1);
+        ember_sampler_free(s2);
+        static const struct {
+            float temp, top_p, min_p;
+            int top_k;
+        } cfg[] = {{0.7f, 1, 0, 0}, {1.0f, 1, 0, 3}, {1.0f, 0.8f, 0, 0}, {1.2f, 1, 0.3f, 0}};
+        static const int32_t drafts[] = {1, 2, 5, 7}; /* likely, middling, unlikely, outside most supports */
+        const int N = 60000;
+        for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
+            for (size_t di = 0; di < sizeof drafts / sizeof drafts[0]; di++) {
+                long a_cnt[V] = {0}, b_cnt[V] = {0}, acc = 0;
+                ember_sampler *sa = mk(cfg[ci].temp, cfg[ci].top_k, cfg[ci].top_p, cfg[ci].min_p, 100 + ci, V);
+                ember_sampler *sb = mk(cfg[ci].temp, cfg[ci].top_k, cfg[ci].top_p, cfg[ci].min_p, 900 + di, V);
+                for (int i = 0; i < N; i++) {
+                    int32_t t = ember_sampler_sample_draft(sa, lg, drafts[di]);
+                    a_cnt[t]++;
+                    acc += t == drafts[di];
+                    b_cnt[ember_sampler_sample(sb, lg)]++;
+                }
+                ember_sampler_free(sa);
+                ember_sampler_free(sb);
+                double chi = 0;
+                int df = -1;
+                bool support = true;
+                for (int t = 0; t < V; t++) {
+                    support &= (a_cnt[t] > 0) == (b_cnt[t] > 0) || a_cnt[t] + b_cnt[t] < 5;
+                    double tot = (double)(a_cnt[t] + b_cnt[t]);
+                    if (tot < 10) continue;
+                    df++;
+                    chi += (a_cnt[t] - tot / 2) * (a_cnt[t] - tot / 2) / (tot / 2) +
+                           (b_cnt[t] - tot / 2) * (b_cnt[t] - tot / 2) / (tot / 2);
+                }
+                /* the 1e-4 quantiles of chi-square with 1..7 dof */
+                static const double lim[8] = {0, 15.1, 18.4, 21.1, 23.5, 25.7, 27.9, 29.9};
+                CHECKF(df >= 1 && chi < lim[df] && support, "config %zu draft %d: chi-square %g over %d dof", ci,
+                       drafts[di], chi, df);
+                CHECK(a_cnt[drafts[di]] == acc);
+            }
     }
     /* bad parameters */
     ember_sampling p;

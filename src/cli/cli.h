@@ -42,6 +42,24 @@ typedef struct cli_model_opts {
 
 int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, ember_model **out);
 
+/* Speculative decoding options (serve and generate). */
+typedef struct cli_spec_opts {
+    const char *mode; /* "ngram" or "none"; NULL: none */
+    int draft_max, draft_min; /* 0: not given */
+} cli_spec_opts;
+
+#define CLI_SPEC_OPTS(so)                                                                                          \
+    {"spec", 0, OPT_STR, &(so).mode, "MODE",                                                                       \
+     "speculative decoding: ngram (drafts from the prompt and output so far) or none (default)", 0, 0, false},     \
+    {"draft-max", 0, OPT_INT, &(so).draft_max, "N", "with --spec: most draft tokens a request verifies per step "  \
+     "(1..64, default 8)", 1, EMBER_MAX_DRAFT, false},                                                             \
+    {"draft-min", 0, OPT_INT, &(so).draft_min, "N", "with --spec: speculate only when at least N drafts are "     \
+     "proposed (1..64, default 1)", 1, EMBER_MAX_DRAFT, false}
+
+/* Checks the speculative options and fills ep's spec, draft_max and
+   draft_min; prints the error and returns 1 on a bad combination. */
+int cli_spec_resolve(const char *verb, const cli_spec_opts *so, ember_engine_params *ep);
+
 /* Reads a model directory's chat template (chat_template.jinja, else
    tokenizer_config.json "chat_template"); *out stays NULL when there is
    none. Prints the error and returns 1 when the template does not compile. */

@@ -3,6 +3,11 @@
  * With --ids the prompt is token ids and the output is token ids; with
  * --prompt the text goes through the model's chat template (unless --raw)
  * and tokenizer, and the output is the generated text.
+ *
+ * Plain generation runs ember_generate (one row, its own loop). With --spec
+ * the request runs through the serving engine instead (one row), which owns
+ * speculative decoding: the same tokens for greedy decoding, the same
+ * distribution for sampling (docs/speculative.md).
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -11,6 +16,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "core/util.h"
 #include "tok/chat.h"
 #include "tok/tokenizer.h"
 
@@ -64,6 +70,61 @@ static int text_prompt(const char *model, const ember_tokenizer *tok, const char
     return 0;
 }
 
+/* Runs request r through an engine with parameters ep (one row of m):
+   fills r->out_ids / r->n_out like ember_generate; with verbose, prints
+   the speculation figures to stderr. */
+static int generate_engine(ember_model *m, ember_request *r, const ember_engine_params *ep, bool verbose,
+                           ember_error *err) {
+    r->n_out = 0;
+    if (r->max_new_tokens == 0) return EMBER_OK;
+    ember_model_info info;
+    ember_model_get_info(m, &info);
+    long need = (long)r->n_prompt + r->max_new_tokens - 1;
+    if (need > info.n_ctx)
+        return ember_err(err, EMBER_ERR_LIMIT,
+                         "%d prompt tokens + %d new tokens need %ld positions, but the context holds %d", r->n_prompt,
+                         r->max_new_tokens, need, info.n_ctx);
+    ember_engine *e;
+    int rc = ember_engine_new(m, ep, &e, err);
+    if (rc) return rc;
+    ember_gen_params g;
+    memset(&g, 0, sizeof g);
+    g.prompt = r->prompt;
+    g.n_prompt = r->n_prompt;
+    g.max_tokens = r->max_new_tokens;
+    g.sampling = r->sampling;
+    g.ignore_eos = r->ignore_eos;
+    g.no_prompt_cache = 1;
+    double t0 = ember_now();
+    ember_stream *s;
+    rc = ember_engine_submit(e, &g, &s, err);
+    bool submitted = rc == EMBER_OK;
+    ember_event ev;
+    memset(&ev, 0, sizeof ev);
+    while (!rc && ember_stream_next(s, &ev, -1) == 1) {
+        if (ev.kind == EMBER_EV_DONE) break;
+        if (r->n_out < r->max_new_tokens) r->out_ids[r->n_out++] = ev.token;
+    }
+    double secs = ember_now() - t0;
+    if (!rc && ev.kind == EMBER_EV_DONE && ev.finish == EMBER_FINISH_ERROR)
+        rc = ember_err(err, ev.error_code ? ev.error_code : EMBER_ERR_INTERNAL, "%s", ev.error);
+    if (submitted) ember_stream_free(s);
+    ember_engine_stats st;
+    ember_engine_get_stats(e, &st);
+    ember_engine_free(e);
+    if (!rc && verbose)
+        fprintf(stderr,
+                "ember: speculative decoding (%s): %llu drafted, %llu accepted (%.1f%%), %llu of %llu target forwards "
+                "with drafts, %.2f tokens per target forward, %d tokens in %.3f s\n",
+                ep->spec == EMBER_SPEC_NGRAM ? "ngram" : "none", (unsigned long long)st.spec_drafted_total,
+                (unsigned long long)st.spec_accepted_total,
+                st.spec_drafted_total ? 100.0 * (double)st.spec_accepted_total / (double)st.spec_drafted_total : 0.0,
+                (unsigned long long)st.spec_forwards_total, (unsigned long long)st.decode_forwards_total,
+                st.decode_forwards_total ? (double)st.decode_tokens_total / (double)st.decode_forwards_total : 0.0,
+                r->n_out, secs);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *isa = NULL, *prompt = NULL, *system = NULL;
     int n = 32, threads = 0, ctx = 0, top_k = 0;
@@ -71,6 +132,7 @@ int cmd_generate(int argc, char **argv) {
     uint64_t seed = 0;
     bool ignore_eos = false, verbose = false, use_mmap = false, raw = false, print_ids = false;
     cli_model_opts mo = {0};
+    cli_spec_opts spo = {0};
     cli_opt opts[] = {
         {"model", 'm', OPT_STR, &model, "DIR", "model directory (config.json + *.safetensors)", 0, 0, false},
         {"ids", 0, OPT_STR, &ids_s, "LIST", "prompt token ids, e.g. 1,2,3 (output: ids)", 0, 0, false},
@@ -90,13 +152,16 @@ int cmd_generate(int argc, char **argv) {
         {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512 (default auto)", 0, 0, false},
         {"ctx", 'c', OPT_INT, &ctx, "N", "context length (default: min(model max, 4096))", 1, 1 << 24, false},
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
-        {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log loading details to stderr", 0, 0, false},
+        {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log loading details (and with --spec the drafted and accepted tokens) to stderr", 0, 0, false},
         CLI_KV_OPTS(mo),
+        CLI_SPEC_OPTS(spo),
     };
     cli_cmd cmd = {"generate",
                    "Generate tokens after a prompt: ids in, ids out (one line, space-separated), or text in, text out.",
                    "--model DIR (--ids LIST | --prompt TEXT) [options]",
-                   "Generation stops after -n tokens or at an end-of-sequence id (printed) unless --ignore-eos.",
+                   "Generation stops after -n tokens or at an end-of-sequence id (printed) unless --ignore-eos.\n"
+                   "--spec ngram runs the request through the serving engine with speculative decoding\n"
+                   "(greedy output unchanged, sampling keeps its distribution; --verbose reports drafts).",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc) return rc == 2 ? 0 : 1;
@@ -104,6 +169,8 @@ int cmd_generate(int argc, char **argv) {
     if (!ids_s == !prompt) return cli_fail("generate", "give exactly one of --ids and --prompt");
     if ((raw || system) && !prompt) return cli_fail("generate", "--raw and --system go with --prompt");
     if (raw && system) return cli_fail("generate", "--system needs the chat template (leave out --raw)");
+    ember_engine_params ep = {0};
+    if (cli_spec_resolve("generate", &spo, &ep)) return 1;
     int32_t *ids = NULL;
     int n_ids = 0;
     ember_tokenizer *tok = NULL;
@@ -138,7 +205,12 @@ int cmd_generate(int argc, char **argv) {
     r.sampling.seed = seed;
     r.out_ids = out;
     ember_error err = {0};
-    rc = out ? ember_generate(m, &r, 1, &err) : EMBER_ERR_NOMEM;
+    if (!out)
+        rc = EMBER_ERR_NOMEM;
+    else if (ep.spec != EMBER_SPEC_NONE)
+        rc = generate_engine(m, &r, &ep, verbose, &err);
+    else
+        rc = ember_generate(m, &r, 1, &err);
     if (rc == EMBER_OK && tok && !print_ids) {
         char *text = NULL;
         size_t len = 0;

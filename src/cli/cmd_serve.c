@@ -194,6 +194,7 @@ int cmd_serve(int argc, char **argv) {
     float drain = 10.0f;
     bool verbose = false, use_mmap = false;
     cli_model_opts mo = {0};
+    cli_spec_opts spo = {0};
     mo.kv_type = "f16"; /* serve's default: see the README */
     cli_opt opts[] = {
         {"host", 0, OPT_STR, &host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", 0, 0, false},
@@ -220,6 +221,7 @@ int cmd_serve(int argc, char **argv) {
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
         {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log more (HTTP details) to stderr", 0, 0, false},
         CLI_KV_OPTS(mo),
+        CLI_SPEC_OPTS(spo),
     };
     cli_cmd cmd = {"serve", "Serve a model over an OpenAI- and Anthropic-compatible HTTP API.", "[MODEL] [options]",
                    "MODEL: a model directory, a GGUF file, or org/name from the HuggingFace cache\n"
@@ -228,7 +230,9 @@ int cmd_serve(int argc, char **argv) {
                    "Endpoints: POST /v1/chat/completions, /v1/completions, /v1/messages, /tokenize,\n"
                    "/detokenize; GET /v1/models, /health, /metrics.\n"
                    "KV cache: f16 unless --kv-type says otherwise; rows take blocks of 16 positions\n"
-                   "as they grow, from a pool of --kv-budget bytes shared by all requests.",
+                   "as they grow, from a pool of --kv-budget bytes shared by all requests.\n"
+                   "--spec ngram: each request drafts tokens from its own prompt and output and verifies\n"
+                   "them in one forward (same greedy output; a request opts out with \"speculative\": false).",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse_arg(&cmd, argc, argv, &model_arg);
     if (rc) return rc == 2 ? 0 : 1;
@@ -242,6 +246,8 @@ int cmd_serve(int argc, char **argv) {
     if (pc_max_s && !(pc_max = parse_size(pc_max_s, &ok)))
         return cli_fail("serve", "--prompt-cache-max expects a size such as 512M or 4G, got '%s'", pc_max_s);
     if (pc_max_s && !pc_dir) return cli_fail("serve", "--prompt-cache-max needs --prompt-cache-dir");
+    ember_engine_params sp = {0};
+    if (cli_spec_resolve("serve", &spo, &sp)) return 1;
     if (!kv_budget) {
         long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
         kv_budget = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 2 : (size_t)4 << 30;
@@ -295,6 +301,9 @@ int cmd_serve(int argc, char **argv) {
     so.default_max_tokens = default_max;
     so.prompt_cache_dir = pc_dir;
     so.prompt_cache_max = pc_max;
+    so.spec = sp.spec;
+    so.draft_max = sp.draft_max;
+    so.draft_min = sp.draft_min;
     so.log = (ember_logger){log_stderr, &min_level};
     ember_server *srv;
     if (ember_server_start(m, tok, tmpl, &so, &srv, &err)) {
@@ -303,9 +312,9 @@ int cmd_serve(int argc, char **argv) {
         ember_model_free(m);
         return cli_fail("serve", "%s", err.msg);
     }
-    fprintf(stderr, "ember: serving %s%s on http://%s:%d (%d parallel x %d tokens, %s, %d threads%s)\n", id,
+    fprintf(stderr, "ember: serving %s%s on http://%s:%d (%d parallel x %d tokens, %s, %d threads%s%s)\n", id,
             demo ? " (demo, random weights)" : "", host, port, info.n_rows, info.n_ctx, ember_isa_name(info.isa),
-            info.n_threads, tmpl ? "" : ", no chat template");
+            info.n_threads, tmpl ? "" : ", no chat template", sp.spec == EMBER_SPEC_NGRAM ? ", n-gram speculation" : "");
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "ember: %s: finishing running requests (up to %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",

@@ -84,3 +84,18 @@ int cli_load_template(const char *verb, const char *model, ember_chat_template *
     return rc;
 }
 
+
+int cli_spec_resolve(const char *verb, const cli_spec_opts *so, ember_engine_params *ep) {
+    ep->spec = EMBER_SPEC_NONE;
+    if (so->mode && !strcmp(so->mode, "ngram"))
+        ep->spec = EMBER_SPEC_NGRAM;
+    else if (so->mode && strcmp(so->mode, "none") != 0)
+        return cli_fail(verb, "--spec expects ngram or none, got '%s'", so->mode);
+    if (ep->spec == EMBER_SPEC_NONE && (so->draft_max || so->draft_min))
+        return cli_fail(verb, "--draft-max and --draft-min go with --spec ngram");
+    int dmax = so->draft_max ? so->draft_max : 8, dmin = so->draft_min ? so->draft_min : 1;
+    if (dmin > dmax) return cli_fail(verb, "--draft-min %d is above --draft-max %d", dmin, dmax);
+    ep->draft_max = dmax;
+    ep->draft_min = dmin;
+    return 0;
+}

@@ -37,6 +37,21 @@
  * Either way the reused positions are skipped (reported as n_cached).
  * Since every kernel is batch invariant, they hold exactly the values a
  * fresh prefill would compute.
+ *
+ * Speculative decoding (engine params spec, docs/speculative.md): a
+ * decoding row whose request speculates asks the draft source (spec.h) for
+ * up to draft_max tokens and, in the batch room and KV memory the prefill
+ * left, feeds them after its last token inside a speculative round of its
+ * KV row (ember_kv_spec_begin). The forward returns logits for the last
+ * token and every draft; verify_drafts walks them in order through the
+ * same per-token path as a plain decode (penalties, sampler, logprobs, stop
+ * ids, limits, events) and stops at the first token that differs from its
+ * draft or when the request ends; ember_kv_spec_commit then keeps exactly
+ * the positions whose tokens stand. Kernels are batch invariant, so those
+ * logits are exactly a plain decode's: greedy output is unchanged, sampled
+ * rows verify by rejection sampling (ember_sampler_sample_draft) and keep
+ * their distribution. Rounds open and close inside one step: admission,
+ * preemption, release and the prefix cache only ever see committed rows.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -54,6 +69,7 @@
 #include "kv/kv_disk.h"
 #include "kv/kv_prefix.h"
 #include "sample/sampler.h"
+#include "spec.h"
 
 /* ---- streams ---------------------------------------------------------------------- */
 
@@ -186,6 +202,10 @@ typedef struct row {
     ember_sampler *sampler;
     uint32_t *counts;   /* [V] generated-token counts (penalties) */
     uint8_t *seen;      /* [V / 8 + 1] tokens of prompt and output (repetition penalty) */
+    bool spec;          /* the request speculates: its slot of the draft source is open */
+    int32_t *draft;     /* [draft_max] this step's proposed tokens (NULL without a source) */
+    int n_draft;        /* drafts in this step's forward (0: a plain decode) */
+    int o_last, o_draft; /* this step's logits rows: of the last token, of the first draft */
 } row;
 
 struct ember_engine {
@@ -204,18 +224,20 @@ struct ember_engine {
     int n_rows;
     uint64_t next_order;
     uint64_t steps;
-    int *out_row; /* [n_rows] row of each logits row of a step */
+    int *out_row; /* [n_rows + draft tokens] row of each logits row of a step */
     float *raw; /* [V] a row's logits before penalties, for logprobs */
     int *plan;          /* [n_rows] tokens each row takes in this step */
     ember_kv_prefix *px; /* the prefix cache; NULL when the cache's kinds cannot share */
     ember_kv_disk *disk; /* the disk tier; NULL without prompt_cache_dir */
     bool disk_work;      /* the disk tier has queued writes */
+    ember_draft *src;    /* the draft source; NULL: no speculation */
     double px_stats_at;  /* when publish_stats last read the prefix cache's figures */
     ember_engine_stats stats; /* published under mu */
 };
 
 static void row_free_mem(row *r) {
     free(r->hist);
+    free(r->draft);
     free(r->counts);
     free(r->seen);
     ember_sampler_free(r->sampler);
@@ -236,7 +258,8 @@ void ember_engine_free(ember_engine *e) {
     ember_engine_shutdown(e);
     ember_kv_disk_free(e->disk);
     ember_kv_prefix_free(e->px);
-    for (int i = 0; i < e->n_rows; i++) row_free_mem(&e->rows[i]);
+    ember_draft_free(e->src);
+    for (int i = 0; i < e->n_rows && e->rows; i++) row_free_mem(&e->rows[i]);
     free(e->rows);
     free(e->out_row);
     free(e->plan);
@@ -275,6 +298,8 @@ static void release_row(ember_engine *e, row *r, ember_finish finish, int code, 
     }
     r->s = NULL;
     r->phase = ROW_FREE;
+    if (r->spec) ember_draft_close(e->src, (int)(r - e->rows));
+    r->spec = false;
     r->n_hist = ember_kv_len(e->m->kv, (int)(r - e->rows)); /* tokens beyond the KV were never fed */
     if (s->g.no_prompt_cache) { /* opted out: its KV is not kept for anyone */
         ember_kv_clear(e->m->kv, (int)(r - e->rows));
@@ -475,6 +500,9 @@ static void admit(ember_engine *e) {
         }
         r->n_gen = 0;
         r->order = e->next_order++;
+        /* speculation, unless opted out; a source that cannot open the slot only means none */
+        r->spec = e->src && !s->g.no_speculation &&
+                  ember_draft_open(e->src, best, r->hist, r->n_hist, NULL) == EMBER_OK;
         r->phase = ROW_PREFILL;
     }
 }
@@ -530,8 +558,12 @@ static double log_sum_exp(const float *x, int n) {
     return mx + log(s);
 }
 
-/* Samples row r's next token from lg and reports it; may end the request. */
-static void take_token(ember_engine *e, row *r, float *lg) {
+/* Samples row r's next token from lg (verifying draft when >= 0, see
+   ember_sampler_sample_draft), records it and reports it. Returns
+   EMBER_FINISH_NONE when the request goes on, else how it ends (ERROR: the
+   event queue ran out of memory); the caller ends it (end_request) once
+   its KV is settled. */
+static ember_finish emit_token(ember_engine *e, row *r, float *lg, int32_t draft, int32_t *tok) {
     ember_model *m = e->m;
     const int V = m->cfg.vocab_size;
     const ember_gen_params *g = &r->s->g;
@@ -541,7 +573,8 @@ static void take_token(ember_engine *e, row *r, float *lg) {
     bool want_lp = g->logprobs || g->top_logprobs > 0;
     if (want_lp) memcpy(e->raw, lg, (size_t)V * sizeof *lg);
     process_logits(r, lg, V);
-    int32_t t = ember_sampler_sample(r->sampler, lg);
+    int32_t t = draft >= 0 ? ember_sampler_sample_draft(r->sampler, lg, draft) : ember_sampler_sample(r->sampler, lg);
+    *tok = t;
     ev.token = t;
     if (want_lp) {
         double lse = log_sum_exp(e->raw, V);
@@ -565,18 +598,63 @@ static void take_token(ember_engine *e, row *r, float *lg) {
     r->n_gen++;
     if (r->counts[t] < UINT32_MAX) r->counts[t]++;
     r->seen[t >> 3] |= (uint8_t)(1u << (t & 7));
-    if (!stream_push(r->s, &ev)) {
-        release_row(e, r, EMBER_FINISH_ERROR, EMBER_ERR_NOMEM, "out of memory queueing events");
-        return;
-    }
+    if (!stream_push(r->s, &ev)) return EMBER_FINISH_ERROR;
     bool stop = (!g->ignore_eos && is_eos(m, t));
     for (int i = 0; i < g->n_stop_ids && !stop; i++) stop = r->s->stop_ids[i] == t;
-    if (stop)
-        release_row(e, r, EMBER_FINISH_STOP, 0, NULL);
-    else if (r->n_gen >= g->max_tokens || r->n_hist > m->params.n_ctx) /* no position left to feed it */
-        release_row(e, r, EMBER_FINISH_LENGTH, 0, NULL);
-    else
+    if (stop) return EMBER_FINISH_STOP;
+    if (r->n_gen >= g->max_tokens || r->n_hist > m->params.n_ctx) /* no position left to feed it */
+        return EMBER_FINISH_LENGTH;
+    return EMBER_FINISH_NONE;
+}
+
+/* Ends row r's request as emit_token said, or moves it on to decoding. */
+static void end_request(ember_engine *e, row *r, ember_finish f) {
+    if (f == EMBER_FINISH_NONE)
         r->phase = ROW_DECODE;
+    else if (f == EMBER_FINISH_ERROR)
+        release_row(e, r, f, EMBER_ERR_NOMEM, "out of memory queueing events");
+    else
+        release_row(e, r, f, 0, NULL);
+}
+
+/* Samples row r's next token from lg and reports it; may end the request. */
+static void take_token(ember_engine *e, row *r, float *lg) {
+    int32_t t;
+    end_request(e, r, emit_token(e, r, lg, -1, &t));
+}
+
+/* Verifies row r's n_draft drafts against this step's logits (rows o_last,
+   then o_draft ..): each position goes through emit_token in order, the
+   walk stops at the first token that is not its draft (the target's own
+   token: a correction), after the last draft (the bonus token) or when the
+   request ends. The row's speculative KV round then keeps the positions
+   whose tokens stand (the fed last token and the accepted drafts). Adds
+   the accepted drafts to *accepted and the tokens produced to *produced. */
+static void verify_drafts(ember_engine *e, row *r, float *logits, uint64_t *accepted, uint64_t *produced) {
+    ember_kv *kv = e->m->kv;
+    const size_t V = (size_t)e->m->cfg.vocab_size;
+    const int i = (int)(r - e->rows), d = r->n_draft;
+    int j = 0, acc = 0;
+    ember_finish f;
+    for (;;) {
+        float *lg = logits + (size_t)(j == 0 ? r->o_last : r->o_draft + j - 1) * V; /* penalties apply in place */
+        int32_t want = j < d ? r->draft[j] : -1, t;
+        f = emit_token(e, r, lg, want, &t);
+        if (j < d && t == want) acc++;
+        if (f != EMBER_FINISH_NONE || j == d || t != want) break;
+        j++;
+    }
+    r->n_draft = 0;
+    *accepted += (uint64_t)acc;
+    *produced += (uint64_t)j + 1;
+    ember_draft_commit(e->src, i, d, acc);
+    ember_error err = {0};
+    if (ember_kv_spec_commit(kv, i, j + 1, &err) != EMBER_OK) { /* cannot happen: the round holds d + 1 */
+        ember_kv_clear(kv, i);
+        release_row(e, r, EMBER_FINISH_ERROR, EMBER_ERR_INTERNAL, err.msg);
+        return;
+    }
+    end_request(e, r, f);
 }
 
 /* Drops a running row's KV to free memory (the most recently admitted one
@@ -634,11 +712,13 @@ static bool step(ember_engine *e) {
     for (int i = 0; i < e->n_rows; i++) {
         row *r = &e->rows[i];
         e->plan[i] = 0;
+        r->n_draft = 0;
         if (r->phase != ROW_DECODE) continue;
         m->b_tok[nt] = r->hist[r->n_hist - 1];
         m->b_pos[nt] = r->n_hist - 1;
         m->b_row[nt] = i;
         m->b_out[no] = nt;
+        r->o_last = no;
         out_row[no++] = i;
         e->plan[i] = 1;
         r->used = e->steps;
@@ -697,6 +777,34 @@ static bool step(ember_engine *e) {
         }
         r->n_fed += k; /* committed below only if the forward succeeds */
     }
+    /* drafts, in the batch room and memory the prefill left (it goes first, so
+       speculation never holds up a prompt): each speculating decoding row feeds
+       the tokens its source proposes after its last one, inside a KV round */
+    for (int i = 0; i < e->n_rows && e->src; i++) {
+        row *r = &e->rows[i];
+        if (!e->plan[i] || !r->spec) continue;
+        int cap = e->p.draft_max, lim = ember_kv_max_append(kv, i) - 1; /* the context's end, a conversion offset */
+        if (r->s->g.draft_max > 0 && r->s->g.draft_max < cap) cap = r->s->g.draft_max;
+        if (cap > lim) cap = lim;
+        if (cap > r->s->g.max_tokens - r->n_gen - 1) cap = r->s->g.max_tokens - r->n_gen - 1; /* tokens it may still take */
+        if (cap > B - nt) cap = B - nt;
+        if (cap < e->p.draft_min) continue;
+        int d = ember_draft_propose(e->src, i, r->hist, r->n_hist, cap, r->draft);
+        size_t base = ember_kv_need_bytes(kv, i, 1), extra = 0;
+        while (d >= e->p.draft_min && (extra = ember_kv_need_bytes(kv, i, 1 + d) - base) > spare) d--;
+        if (d < e->p.draft_min || ember_kv_spec_begin(kv, i, NULL) != EMBER_OK) continue;
+        spare -= extra;
+        r->n_draft = d;
+        r->o_draft = no;
+        for (int k = 0; k < d; k++) {
+            m->b_tok[nt] = r->draft[k];
+            m->b_pos[nt] = r->n_hist + k;
+            m->b_row[nt] = i;
+            m->b_out[no] = nt;
+            out_row[no++] = i;
+            nt++;
+        }
+    }
     e->steps++;
     if (nt == 0) return false;
     ember_error err = {0};
@@ -717,12 +825,29 @@ static bool step(ember_engine *e) {
             if (r->phase == ROW_PREFILL && r->stamp == e->steps - 1 && !r->s->g.no_prompt_cache)
                 (void)ember_kv_prefix_publish(e->px, i, r->hist, ember_kv_len(kv, i), r->s->g.cache_salt);
         }
+    uint64_t drafted = 0, accepted = 0, spec_fw = 0, dec_fw = 0, dec_tok = 0;
     for (int o = 0; o < no; o++) {
         row *r = &e->rows[out_row[o]];
-        take_token(e, r, m->logits + (size_t)o * (size_t)V);
+        bool decoding = e->plan[out_row[o]];
+        if (decoding && o != r->o_last) continue; /* a draft's logits: read by verify_drafts */
+        if (r->phase == ROW_FREE) continue;
+        if (decoding) dec_fw++;
+        if (r->n_draft > 0) {
+            drafted += (uint64_t)r->n_draft;
+            spec_fw++;
+            verify_drafts(e, r, m->logits, &accepted, &dec_tok);
+        } else {
+            dec_tok += decoding;
+            take_token(e, r, m->logits + (size_t)o * (size_t)V);
+        }
     }
     pthread_mutex_lock(&e->mu);
     e->stats.steps_total++;
+    e->stats.spec_drafted_total += drafted;
+    e->stats.spec_accepted_total += accepted;
+    e->stats.spec_forwards_total += spec_fw;
+    e->stats.decode_forwards_total += dec_fw;
+    e->stats.decode_tokens_total += dec_tok;
     pthread_mutex_unlock(&e->mu);
     return true;
 }
@@ -829,12 +954,28 @@ static void *engine_main(void *arg) {
 int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine **out, ember_error *err) {
     *out = NULL;
     if (!m) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_engine_new: no model");
+    ember_engine_params ep = {0};
+    if (p) ep = *p;
+    if (ep.spec != EMBER_SPEC_NONE && ep.spec != EMBER_SPEC_NGRAM)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_engine_new: unknown speculative mode %d", (int)ep.spec);
+    if (ep.draft_max <= 0) ep.draft_max = 8;
+    if (ep.draft_min <= 0) ep.draft_min = 1;
+    if (ep.ngram_min <= 0) ep.ngram_min = 1;
+    if (ep.ngram_max <= 0) ep.ngram_max = ep.ngram_min > 3 ? ep.ngram_min : 3;
+    if (ep.draft_max > EMBER_MAX_DRAFT)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "draft_max %d is above the limit of %d", ep.draft_max,
+                         EMBER_MAX_DRAFT);
+    if (ep.draft_min > ep.draft_max)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "draft_min %d is above draft_max %d", ep.draft_min, ep.draft_max);
+    if (ep.ngram_max < ep.ngram_min || ep.ngram_max > 16)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "n-gram sizes %d..%d: want 1 <= min <= max <= 16", ep.ngram_min,
+                         ep.ngram_max);
     ember_engine *e = calloc(1, sizeof *e);
     if (!e) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->m = m;
-    if (p) e->p = *p;
+    e->p = ep;
     if (e->p.max_queue <= 0) e->p.max_queue = 256;
     if (e->p.prefill_chunk <= 0 || e->p.prefill_chunk > m->params.max_batch_tokens)
         e->p.prefill_chunk = m->params.max_batch_tokens;
@@ -842,7 +983,11 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     e->n_rows = m->params.n_rows;
     e->rows = calloc((size_t)e->n_rows, sizeof *e->rows);
     e->raw = malloc((size_t)V * sizeof *e->raw);
-    e->out_row = malloc((size_t)e->n_rows * sizeof *e->out_row);
+    /* logits rows of a step: one per decoding row or prompt end, and one per draft token */
+    size_t n_out = (size_t)e->n_rows, drafts = e->p.spec ? n_out * (size_t)e->p.draft_max : 0;
+    if (drafts > (size_t)m->params.max_batch_tokens) drafts = (size_t)m->params.max_batch_tokens;
+    n_out += drafts;
+    e->out_row = malloc(n_out * sizeof *e->out_row);
     e->plan = calloc((size_t)e->n_rows, sizeof *e->plan);
     e->steps = 1;
     int rc = e->rows && e->raw && e->out_row && e->plan ? EMBER_OK : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
@@ -853,11 +998,17 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
         r->hist = malloc(((size_t)m->params.n_ctx + 1) * sizeof *r->hist);
         r->counts = calloc((size_t)V, sizeof *r->counts);
         r->seen = calloc((size_t)V / 8 + 1, 1);
-        if (!r->hist || !r->counts || !r->seen) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        r->draft = e->p.spec ? malloc((size_t)e->p.draft_max * sizeof *r->draft) : NULL;
+        if (!r->hist || !r->counts || !r->seen || (e->p.spec && !r->draft))
+            rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         if (!rc) rc = ember_sampler_new(&sp, V, &r->sampler, err);
         ember_kv_clear(m->kv, i);
     }
-    if (!rc) rc = ember_engine_reserve_logits(m, (size_t)e->n_rows, err);
+    if (!rc) rc = ember_engine_reserve_logits(m, n_out, err);
+    if (!rc && e->p.spec == EMBER_SPEC_NGRAM) /* the whole context is searched, up to 8192 tokens */
+        rc = ember_draft_ngram_new(e->n_rows, e->p.ngram_min, e->p.ngram_max,
+                                   m->params.n_ctx < 8192 ? (m->params.n_ctx > 2 ? m->params.n_ctx : 2) : 8192, &e->src,
+                                   err);
     if (!rc) rc = ember_kv_prefix_new(m->kv, &e->px, err);
     if (!rc && !ember_kv_prefix_supported(e->px)) { /* a rotating group: reuse stays per row */
         ember_kv_prefix_free(e->px);

@@ -127,16 +127,19 @@ static void select_top(cand *c, int n, int k) {
     }
 }
 
-int32_t ember_sampler_sample(ember_sampler *s, const float *logits) {
+/* Builds the final distribution for one row of logits (temperature > 0):
+   s->c[0, *n) holds the surviving candidates with unnormalised
+   probabilities summing to *total. Returns false when no logit is usable
+   (all NaN or -inf): the caller falls back to the argmax. */
+static bool build_dist(ember_sampler *s, const float *logits, int *n_out, double *total_out) {
     const ember_sampling *p = &s->p;
-    if (p->temperature == 0) return ember_argmax(logits, s->vocab);
     int n = 0;
     for (int i = 0; i < s->vocab; i++) {
         if (isnan(logits[i]) || logits[i] == -INFINITY) continue;
         s->c[n] = (cand){logits[i] / p->temperature, i};
         n++;
     }
-    if (n == 0) return ember_argmax(logits, s->vocab);
+    if (n == 0) return false;
     bool sorted = false;
     if (p->top_k > 0 && p->top_k < n) {
         select_top(s->c, n, p->top_k);
@@ -190,10 +193,48 @@ int32_t ember_sampler_sample(ember_sampler *s, const float *logits) {
     }
     double total = 0;
     for (int i = 0; i < n; i++) total += s->c[i].v;
+    *n_out = n;
+    *total_out = total;
+    return true;
+}
+
+/* One draw from candidates c[0, n) of unnormalised mass total, skipping
+   candidate `skip` (-1: none). */
+static int32_t draw(ember_sampler *s, int n, double total, int skip) {
     double u = ember_rng_uniform(&s->rng) * total, acc = 0;
+    int last = -1;
     for (int i = 0; i < n; i++) {
+        if (i == skip) continue;
         acc += s->c[i].v;
+        last = i;
         if (u < acc) return s->c[i].id;
     }
-    return s->c[n - 1].id;
+    return s->c[last >= 0 ? last : n - 1].id;
+}
+
+int32_t ember_sampler_sample(ember_sampler *s, const float *logits) {
+    if (s->p.temperature == 0) return ember_argmax(logits, s->vocab);
+    int n;
+    double total;
+    if (!build_dist(s, logits, &n, &total)) return ember_argmax(logits, s->vocab);
+    return draw(s, n, total, -1);
+}
+
+int32_t ember_sampler_sample_draft(ember_sampler *s, const float *logits, int32_t draft) {
+    if (s->p.temperature == 0) return ember_argmax(logits, s->vocab);
+    int n;
+    double total;
+    if (!build_dist(s, logits, &n, &total)) return ember_argmax(logits, s->vocab);
+    if (draft < 0) return draw(s, n, total, -1);
+    int at = -1;
+    for (int i = 0; i < n && at < 0; i++)
+        if (s->c[i].id == draft) at = i;
+    if (at < 0) return draw(s, n, total, -1); /* p(draft) = 0: always rejected, the residual is p */
+    /* accept with probability p(draft) */
+    double pd = s->c[at].v / total;
+    if (ember_rng_uniform(&s->rng) < pd) return draft;
+    /* rejected: a draw from p without the draft, renormalised; p itself when nothing is left */
+    double rest = total - s->c[at].v;
+    if (!(rest > 0) || n == 1) return draw(s, n, total, -1);
+    return draw(s, n, rest, at);
 }

@@ -5,6 +5,8 @@
  * top-p, min-p, then a draw from the renormalised distribution with the
  * row's own seeded generator. Temperature 0 is greedy (argmax, lowest id on
  * ties). The same seed and logits give the same tokens on every run.
+ * Speculative decoding verifies draft tokens through the same chain
+ * (ember_sampler_sample_draft: greedy match, or rejection sampling).
  *
  * Ownership: a sampler owns its scratch (vocab-sized, allocated once) and its
  * RNG state; one sampler per row.
@@ -40,6 +42,17 @@ int ember_sampler_configure(ember_sampler *s, const ember_sampling *p, ember_err
 
 /* The next token for one row of logits (vocab floats). NaN logits never win. */
 int32_t ember_sampler_sample(ember_sampler *s, const float *logits);
+
+/* Speculative verification of one draft token against the same chain:
+   the returned token is distributed exactly as ember_sampler_sample's
+   (the target distribution p after temperature / top-k / top-p / min-p).
+   Greedy (temperature 0): the argmax, whatever the draft. Sampled: the
+   draft (a deterministic, one-hot proposal) is accepted with probability
+   p(draft); otherwise the token is drawn from p with the draft removed and
+   renormalised (p itself when that leaves nothing). draft < 0: a plain
+   draw. The caller compares the result with the draft to learn whether it
+   was accepted. Uses one or two uniforms of the row's generator. */
+int32_t ember_sampler_sample_draft(ember_sampler *s, const float *logits, int32_t draft);
 
 /* Index of the largest finite-or-infinite non-NaN value (lowest on ties); 0 if none. */
 int32_t ember_argmax(const float *x, int n);

@@ -36,6 +36,8 @@ typedef struct ember_server_opts {
     int default_max_tokens;    /* when a request names none; 0: until the context is full */
     const char *prompt_cache_dir; /* the prompt cache's disk tier (ember_engine_params); NULL: none */
     size_t prompt_cache_max;   /* its byte cap; 0: 4 GiB */
+    ember_spec_mode spec;      /* speculative decoding's draft source (EMBER_SPEC_NONE: off) */
+    int draft_max, draft_min;  /* see ember_engine_params; <= 0: its defaults */
     ember_logger log;
 } ember_server_opts;
 

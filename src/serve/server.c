@@ -365,12 +365,13 @@ static int parse_sampling(ember_server *s, const json_t *o, gen_req *q, bad *b) 
     q->g.presence_penalty = (float)pres;
     q->g.frequency_penalty = (float)freq;
     q->g.repetition_penalty = (float)rep;
-    bool ignore_eos = false, cache_prompt = true;
+    bool ignore_eos = false, cache_prompt = true, speculative = true;
     if (opt_bool(o, "stream", &q->stream, b) || opt_bool(o, "ignore_eos", &ignore_eos, b) ||
-        opt_bool(o, "cache_prompt", &cache_prompt, b))
+        opt_bool(o, "cache_prompt", &cache_prompt, b) || opt_bool(o, "speculative", &speculative, b))
         return -1;
     q->g.ignore_eos = ignore_eos;
     q->g.no_prompt_cache = !cache_prompt;
+    q->g.no_speculation = !speculative; /* only matters when the server speculates (--spec) */
     const json_t *salt = json_object_get(o, "cache_salt");
     if (salt && !json_is_null(salt)) { /* requests share cached prompt blocks only with the same salt */
         if (!json_is_string(salt) || json_string_length(salt) == 0 || json_string_length(salt) > 1024)
@@ -1112,6 +1113,17 @@ static enum MHD_Result do_metrics(ember_server *s, struct MHD_Connection *c) {
            (double)st.cached_tokens_total);
     metric(&o, "ember_generation_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens_total);
     metric(&o, "ember_engine_steps_total", "counter", "Forward steps run by the engine.", (double)st.steps_total);
+    metric(&o, "ember_spec_drafted_total", "counter", "Draft tokens verified by speculative decoding.",
+           (double)st.spec_drafted_total);
+    metric(&o, "ember_spec_accepted_total", "counter", "Draft tokens accepted (the target produced them).",
+           (double)st.spec_accepted_total);
+    metric(&o, "ember_spec_forwards_total", "counter", "Row forwards (target forwards of one request) that carried drafts.",
+           (double)st.spec_forwards_total);
+    metric(&o, "ember_decode_forwards_total", "counter", "Row forwards of decoding requests, with or without drafts.",
+           (double)st.decode_forwards_total);
+    metric(&o, "ember_decode_tokens_total", "counter",
+           "Tokens those forwards produced (tokens per target forward = this / ember_decode_forwards_total).",
+           (double)st.decode_tokens_total);
     pthread_mutex_lock(&s->mu);
     histo ttft = s->ttft, itl = s->itl;
     uint64_t codes[6], fin[5];
@@ -1325,7 +1337,8 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
     ember_model_get_info(m, &s->info);
     s->bos_text = token_text(tok, ember_tok_bos_id(tok));
     s->eos_text = token_text(tok, ember_tok_eos_id(tok));
-    ember_engine_params ep = {.max_queue = o->max_queue};
+    ember_engine_params ep = {.max_queue = o->max_queue, .spec = o->spec, .draft_max = o->draft_max,
+                              .draft_min = o->draft_min};
     if (o->prompt_cache_dir) { /* files keep token ids: the tokenizer that made them is part of their identity */
         ep.prompt_cache_dir = o->prompt_cache_dir;
         ep.prompt_cache_max = o->prompt_cache_max;

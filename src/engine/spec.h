@@ -1,0 +1,78 @@
+/*
+ * spec.h - draft sources for speculative decoding.
+ *
+ * A draft source proposes tokens that a row's target model is likely to
+ * produce next; the engine (sched.c) feeds them beside the row's last token
+ * in one forward, verifies them with the row's own sampler chain and keeps
+ * the accepted ones (docs/speculative.md). A source is one object serving
+ * every row of an engine, addressed by slot (the engine's row index):
+ *
+ *   open    a request starts on slot (its prompt is hist[0, n_hist));
+ *   draft   propose up to n_max tokens continuing hist[0, n_hist) (the
+ *           row's prompt and output so far); fewer, or none, is allowed;
+ *   commit  of the n_drafted tokens last proposed on slot, the first
+ *           n_accepted were accepted (the history passed to the next draft
+ *           call holds them, then the target's own token);
+ *   close   the request on slot ended.
+ *
+ * The history is always the engine's: a source reads it, never keeps a
+ * pointer to it past a call. A source with state per slot (a draft model's
+ * own cache rows) keeps that state in step with open / commit / close;
+ * the n-gram source has none.
+ *
+ * Ownership: ember_draft_free releases a source and everything it holds.
+ * Threading: a source is used by one thread (the engine thread).
+ */
+#ifndef EMBER_ENGINE_SPEC_H
+#define EMBER_ENGINE_SPEC_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+
+typedef struct ember_draft ember_draft;
+
+/* The operations behind a source (each implementation fills one; open,
+   commit and close may be NULL where a source keeps no state per slot). */
+typedef struct ember_draft_ops {
+    const char *name;
+    int (*open)(ember_draft *d, int slot, const int32_t *hist, int n_hist, ember_error *err);
+    int (*draft)(ember_draft *d, int slot, const int32_t *hist, int n_hist, int n_max, int32_t *out);
+    void (*commit)(ember_draft *d, int slot, int n_drafted, int n_accepted);
+    void (*close)(ember_draft *d, int slot);
+    void (*destroy)(ember_draft *d);
+} ember_draft_ops;
+
+/* The common head of every source; implementations embed it first. */
+struct ember_draft {
+    const ember_draft_ops *ops;
+    int n_slots;
+};
+
+/* A request starts on slot: its prompt is hist[0, n_hist). Errors leave
+   the slot closed. */
+int ember_draft_open(ember_draft *d, int slot, const int32_t *hist, int n_hist, ember_error *err);
+/* Writes up to n_max proposed tokens into out; returns how many (0..n_max).
+   Never fails: a source that cannot propose returns 0. */
+int ember_draft_propose(ember_draft *d, int slot, const int32_t *hist, int n_hist, int n_max, int32_t *out);
+/* Of the n_drafted tokens last proposed on slot, n_accepted were kept. */
+void ember_draft_commit(ember_draft *d, int slot, int n_drafted, int n_accepted);
+/* The request on slot ended (a closed slot is ignored). */
+void ember_draft_close(ember_draft *d, int slot);
+/* Frees the source (NULL is fine). */
+void ember_draft_free(ember_draft *d);
+const char *ember_draft_name(const ember_draft *d);
+
+/*
+ * Prompt lookup: the longest suffix of the history, ngram_max tokens down to
+ * ngram_min, that occurred earlier in it (the most recent such occurrence)
+ * proposes the tokens that followed that occurrence. When the copy runs
+ * into the end of the history it goes on reading its own proposal, so a
+ * loop of period p is proposed for as long as asked. Only the last
+ * `window` tokens are searched (bounded cost per call).
+ * 1 <= ngram_min <= ngram_max <= 16; window >= 2.
+ */
+int ember_draft_ngram_new(int n_slots, int ngram_min, int ngram_max, int window, ember_draft **out,
+                          ember_error *err);
+
+#endif
