@@ -28,6 +28,7 @@ typedef struct cli_model_opts {
     size_t kv_budget; /* 0: none */
     const char *kv_type; /* NULL: the library's default (f32) */
     int kv_group, kv_quant_start;
+    bool warnings; /* without verbose: the model's warnings and errors still reach stderr */
 } cli_model_opts;
 
 /* The KV cache options every model verb takes, as cli_opt entries writing

@@ -86,7 +86,7 @@ int cmd_bench(int argc, char **argv) {
     for (int ti = 0; ti < n_thr; ti++) {
         int ctx = max_dep + (n_prompt > n_gen + 1 ? n_prompt : n_gen + 1) + 1;
         ember_model *m;
-        cli_model_opts mo = {thr[ti], ctx, 1, isa, false, use_mmap, 0, kvo.kv_type, kvo.kv_group, kvo.kv_quant_start};
+        cli_model_opts mo = {thr[ti], ctx, 1, isa, false, use_mmap, 0, kvo.kv_type, kvo.kv_group, kvo.kv_quant_start, false};
         if (cli_load_model("bench", model, &mo, &m)) return 1;
         ember_model_info info;
         ember_model_get_info(m, &info);

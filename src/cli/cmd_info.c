@@ -20,7 +20,7 @@ int cmd_info(int argc, char **argv) {
     if (rc) return rc == 2 ? 0 : 1;
     if (!model) return cli_fail("info", "--model is required");
     ember_model *m;
-    mo = (cli_model_opts){1, ctx, 1, NULL, false, true, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start};
+    mo = (cli_model_opts){1, ctx, 1, NULL, false, true, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start, false};
     if (cli_load_model("info", model, &mo, &m)) return 1;
     ember_model_info i;
     ember_model_get_info(m, &i);

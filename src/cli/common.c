@@ -18,6 +18,10 @@ static void log_stderr(void *user, ember_log_level level, const char *msg) {
     fprintf(stderr, "ember: %s: %s\n", names[level & 3], msg);
 }
 
+static void log_stderr_warn(void *user, ember_log_level level, const char *msg) {
+    if (level >= EMBER_LOG_WARN) log_stderr(user, level, msg);
+}
+
 int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, ember_model **out) {
     ember_model_params p;
     ember_model_params_init(&p);
@@ -34,7 +38,10 @@ int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, 
         if (v < 0) return cli_fail(verb, "--isa must be one of auto, scalar, avx2, avx512; got '%s'", o->isa);
         p.isa = (ember_isa)v;
     }
-    if (o->verbose) p.log = log_stderr;
+    if (o->verbose)
+        p.log = log_stderr;
+    else if (o->warnings)
+        p.log = log_stderr_warn;
     ember_error err = {0};
     if (ember_model_load(path, &p, out, &err) != EMBER_OK) return cli_fail(verb, "%s", err.msg);
     return 0;
