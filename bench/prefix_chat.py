@@ -3,17 +3,24 @@
 time to first token per turn, with the prompt cache and without it
 ("cache_prompt": false, which ember and llama-server both honour).
 
-usage: bench/prefix_chat.py PORT [TURNS=8] [SYSTEM_WORDS=1500] [MODE=cache|nocache] [MAX_TOKENS=16]
+usage: bench/prefix_chat.py PORT [TURNS=8] [SYSTEM_WORDS=1500] [MODE=cache|nocache|restart] [MAX_TOKENS=16]
 
 Each turn sends the whole conversation so far (system prompt, earlier user
 turns and the model's own answers) plus a new user message, streaming, at
 temperature 0, and records the time from sending to the first streamed
 token, the prompt tokens and the cached tokens the server reports. Prints
 one JSON object per turn, then a summary line.
+
+MODE restart: like cache, but before every turn after the first the shell
+command in $RESTART_CMD runs (it must stop the server gracefully and start
+it again, returning once it answers /health): each turn then measures the
+first request after a restart (ember's --prompt-cache-dir).
 """
 import http.client
 import json
+import os
 import random
+import subprocess
 import sys
 import time
 
@@ -37,6 +44,10 @@ def turn(port, messages, max_tokens, cache):
         ev = json.loads(line[6:])
         if ev.get("usage"):
             usage = ev["usage"]
+        if ev.get("timings") and usage is None:  # llama-server: prompt_n / cache_n
+            tm = ev["timings"]
+            usage = {"prompt_tokens": tm.get("prompt_n", 0) + tm.get("cache_n", 0),
+                     "prompt_tokens_details": {"cached_tokens": tm.get("cache_n", 0)}}
         for ch in ev.get("choices", []):
             d = ch.get("delta", {}).get("content")
             if d:
@@ -71,7 +82,9 @@ def main():
     out = []
     for t in range(turns):
         messages.append({"role": "user", "content": f"Question {t + 1}: " + words(rng, 12)})
-        ttft, text, usage = turn(port, messages, max_tokens, mode == "cache")
+        if mode == "restart" and t > 0:
+            subprocess.run(os.environ["RESTART_CMD"], shell=True, check=True)
+        ttft, text, usage = turn(port, messages, max_tokens, mode != "nocache")
         messages.append({"role": "assistant", "content": text})
         u = usage or {}
         cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
