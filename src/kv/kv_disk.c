@@ -345,7 +345,17 @@ int ember_kv_disk_match(ember_kv_disk *d, const int32_t *tokens, int n, uint64_t
     return best;
 }
 
+/* The restore proper, its errors in *err (never NULL: the log line names them). */
+static int restore(ember_kv_disk *d, int file, int r, ember_error *err);
+
 int ember_kv_disk_restore(ember_kv_disk *d, int file, int r, ember_error *err) {
+    ember_error e = {0};
+    int rc = restore(d, file, r, &e);
+    if (rc && err) *err = e;
+    return rc;
+}
+
+static int restore(ember_kv_disk *d, int file, int r, ember_error *err) {
     if (file < 0 || file >= d->n_files) return ember_err(err, EMBER_ERR_INVALID_ARG, "no such prompt cache file");
     dfile *e = &d->f[file];
     char p[4096];
@@ -376,7 +386,7 @@ int ember_kv_disk_restore(ember_kv_disk *d, int file, int r, ember_error *err) {
     fclose(f);
     if (rc == EMBER_ERR_NOMEM || rc == EMBER_ERR_INVALID_ARG) return rc; /* the file is not at fault */
     if (rc) {
-        ember_log(&d->log, EMBER_LOG_WARN, "prompt cache: removing %s: %s", p, err ? err->msg : "unreadable");
+        ember_log(&d->log, EMBER_LOG_WARN, "prompt cache: removing %s: %s", p, err->msg);
         (void)unlink(p);
         drop_index(d, file);
         d->st.removed++;
