@@ -95,6 +95,18 @@ static void drop_index(ember_kv_disk *d, int i) {
     d->f[i] = d->f[--d->n_files];
 }
 
+/* Removes the least recently used files until they total at most limit bytes. */
+static void evict_to(ember_kv_disk *d, size_t limit) {
+    while (d->bytes > limit && d->n_files) {
+        int old = 0;
+        for (int i = 1; i < d->n_files; i++)
+            if (d->f[i].used < d->f[old].used) old = i;
+        remove_file(d, d->f[old].name);
+        drop_index(d, old);
+        d->st.evictions++;
+    }
+}
+
 static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     int n = na < nb ? na : nb, i = 0;
     while (i < n && a[i] == b[i]) i++;
@@ -284,14 +296,7 @@ int ember_kv_disk_open(ember_kv *kv, const char *dir, size_t max_bytes, uint64_t
     for (int i = 0; i < d->n_files; i++) d->f[i].used = (uint64_t)i + 1;
     d->clock = (uint64_t)d->n_files + 1;
     /* a cap lowered since the files were written */
-    while (d->bytes > d->max_bytes && d->n_files) {
-        int old = 0;
-        for (int i = 1; i < d->n_files; i++)
-            if (d->f[i].used < d->f[old].used) old = i;
-        remove_file(d, d->f[old].name);
-        drop_index(d, old);
-        d->st.evictions++;
-    }
+    evict_to(d, d->max_bytes);
     *out = d;
     return EMBER_OK;
 }
@@ -500,14 +505,7 @@ static bool begin_write(ember_kv_disk *d) {
             i++;
         }
     }
-    while (d->bytes + size > d->max_bytes && d->n_files) {
-        int old = 0;
-        for (int i = 1; i < d->n_files; i++)
-            if (d->f[i].used < d->f[old].used) old = i;
-        remove_file(d, d->f[old].name);
-        drop_index(d, old);
-        d->st.evictions++;
-    }
+    evict_to(d, size <= d->max_bytes ? d->max_bytes - size : 0);
     snprintf(d->tmp, sizeof d->tmp, TMP_PREFIX "%ld-%llu%s", (long)getpid(), (unsigned long long)d->clock++, FILE_EXT);
     char p[4096];
     unsigned char *hdr = malloc(hb);
