@@ -276,7 +276,7 @@ int cmd_serve(int argc, char **argv) {
     ember_model *m;
     /* warnings reach stderr without -v too: the prompt cache tells about files it skips */
     mo = (cli_model_opts){threads,  ctx,         parallel,    isa,         verbose, use_mmap, kv_budget,
-                          mo.kv_type, mo.kv_group, mo.kv_quant_start, true};
+                          mo.kv_type, mo.kv_group, mo.kv_quant_start, true, mo.device};
     if (cli_load_model("serve", path, &mo, &m)) return 1;
     ember_model_info info;
     ember_model_get_info(m, &info);

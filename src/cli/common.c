@@ -33,6 +33,7 @@ int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, 
     p.kv_type = o->kv_type;
     p.kv_group_size = o->kv_group;
     p.kv_quant_start = o->kv_quant_start;
+    p.device = o->device;
     if (o->isa) {
         int v = cli_isa_from_name(o->isa);
         if (v < 0) return cli_fail(verb, "--isa must be one of auto, scalar, avx2, avx512; got '%s'", o->isa);

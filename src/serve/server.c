@@ -1027,6 +1027,7 @@ static enum MHD_Result do_models(ember_server *s, struct MHD_Connection *c) {
     if (s->o.model_note) json_object_set_new(m, "description", json_string(s->o.model_note));
     json_object_set_new(m, "kv_cache", json_pack("{s:s, s:I}", "kind", s->info.kv_type, "bytes_per_token",
                                                   (json_int_t)s->info.kv_bytes_per_token));
+    json_object_set_new(m, "device", json_string(s->info.device));
     return send_json(s, c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
 }
 
