@@ -55,6 +55,12 @@ static __device__ __forceinline__ float ld_kv(const unsigned char *p, size_t i, 
     return __half2float(__ushort_as_half(h));
 }
 
+/* The same with the codec known at compile time (attention's inner loops,
+   which the compiler can then unroll with their loads issued together). */
+template <int ENC> static __device__ __forceinline__ float ld_enc(const unsigned char *p, size_t i) {
+    return ld_kv(p, i, ENC);
+}
+
 static __device__ __forceinline__ void st_kv(unsigned char *p, size_t i, int enc, float x) {
     if (enc == EMBER_CU_F32)
         ((float *)p)[i] = x;
@@ -130,6 +136,7 @@ static __device__ __forceinline__ void keys_of(const attn_args *a, int t, int *l
 /* The partial state of span s for (t, query head hq): every thread gets m
    and l; thread d-owner gets a[i] for d = threadIdx.x + i * SPAN. Leaves
    the shared memory free for the next call (ends with a barrier). */
+template <int ENC>
 static __device__ void span_state(const attn_args *a, attn_smem *sm, int t, int hq, int s, int lo, int hi, float *m,
                                   float *l, float *acc) {
     const ember_cu_kv *kv = &a->kv;
@@ -142,7 +149,8 @@ static __device__ void span_state(const attn_args *a, attn_smem *sm, int t, int 
         const unsigned char *kp = piece(kv, &ref, vw, j, hk, 1);
         const int slot = j % 16;
         float dot = 0.0f;
-        for (int d = 0; d < D; d++) dot = fmaf(sm->q[d], ld_kv(kp, (size_t)d * 16 + (size_t)slot, vw->k_enc), dot);
+#pragma unroll 16
+        for (int d = 0; d < D; d++) dot = fmaf(sm->q[d], ld_enc<ENC>(kp, (size_t)d * 16 + (size_t)slot), dot);
         sc = dot * a->scale;
         if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);
     }
@@ -174,13 +182,14 @@ static __device__ void span_state(const attn_args *a, attn_smem *sm, int t, int 
     for (int b0 = j0; b0 <= j1; b0 = (b0 / 16 + 1) * 16) {
         const unsigned char *vp = piece(kv, &ref, vw, b0, hk, 0);
         const int e1 = (b0 / 16) * 16 + 15 < j1 ? (b0 / 16) * 16 + 15 : j1;
+#pragma unroll 4
         for (int jj = b0; jj <= e1; jj++) {
             const float pj = sm->p[jj - s * SPAN];
             const size_t row = (size_t)(jj % 16) * (size_t)D;
 #pragma unroll
             for (int i = 0; i < DPT; i++) {
                 const int d = tid + i * SPAN;
-                if (d < D) acc[i] = fmaf(pj, ld_kv(vp, row + (size_t)d, vw->v_enc), acc[i]);
+                if (d < D) acc[i] = fmaf(pj, ld_enc<ENC>(vp, row + (size_t)d), acc[i]);
             }
         }
     }
@@ -215,7 +224,7 @@ static __device__ __forceinline__ void load_q(const attn_args *a, attn_smem *sm,
 }
 
 /* Fused: block u = t * Hq + hq walks every span of token t in order. */
-static __global__ void __launch_bounds__(SPAN) attn_fused_k(attn_args a) {
+template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_fused_k(attn_args a) {
     __shared__ attn_smem sm;
     const int t = blockIdx.x / a.Hq, hq = blockIdx.x % a.Hq;
     int lo, hi;
@@ -225,14 +234,14 @@ static __global__ void __launch_bounds__(SPAN) attn_fused_k(attn_args a) {
 #pragma unroll
     for (int i = 0; i < DPT; i++) A[i] = 0.0f;
     for (int s = lo / SPAN; s <= hi / SPAN; s++) {
-        span_state(&a, &sm, t, hq, s, lo, hi, &m, &l, acc);
+        span_state<ENC>(&a, &sm, t, hq, s, lo, hi, &m, &l, acc);
         combine(&M, &L, A, m, l, acc);
     }
     finish(&a, t, hq, L, A);
 }
 
 /* Split, pass 1: block (x, u) computes span lo / SPAN + x of unit u. */
-static __global__ void __launch_bounds__(SPAN) attn_span_k(attn_args a) {
+template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_span_k(attn_args a) {
     __shared__ attn_smem sm;
     const int u = blockIdx.y, t = u / a.Hq, hq = u % a.Hq;
     int lo, hi;
@@ -241,7 +250,7 @@ static __global__ void __launch_bounds__(SPAN) attn_span_k(attn_args a) {
     if (s > hi / SPAN) return;
     load_q(&a, &sm, t, hq);
     float m, l, acc[DPT];
-    span_state(&a, &sm, t, hq, s, lo, hi, &m, &l, acc);
+    span_state<ENC>(&a, &sm, t, hq, s, lo, hi, &m, &l, acc);
     float *part = a.parts + ((size_t)u * (size_t)a.n_span + blockIdx.x) * (size_t)(2 + a.kv.D);
     if (threadIdx.x == 0) {
         part[0] = m;
@@ -280,14 +289,28 @@ extern "C" cudaError_t ember_cu_attention(cudaStream_t stream, const ember_cu_kv
     if (kv->T < 1 || Hq < 1) return cudaSuccess;
     if (kv->D < 1 || kv->D > EMBER_CU_ATTN_MAX_D || kv->H < 1 || Hq % kv->H || (int64_t)kv->T * Hq > 0x7fffffff)
         return cudaErrorInvalidValue;
+    const int enc = kv->view[0].k_enc;
+    for (int i = 0; i < 2; i++) /* one codec for K and V of every view the kernels read */
+        if (kv->view[i].pool && (kv->view[i].k_enc != enc || kv->view[i].v_enc != enc)) return cudaErrorInvalidValue;
     attn_args a = {*kv, out, q, parts, Hq, Hq / kv->H, n_span, scale, softcap, window};
     const unsigned units = (unsigned)(kv->T * Hq);
-    if (n_span > 0) {
-        if (units > 65535u) return cudaErrorInvalidValue; /* grid y */
-        attn_span_k<<<dim3((unsigned)n_span, units, 1), SPAN, 0, stream>>>(a);
-        attn_merge_k<<<units, SPAN, 0, stream>>>(a);
-    } else {
-        attn_fused_k<<<units, SPAN, 0, stream>>>(a);
+    if (n_span > 0 && units > 65535u) return cudaErrorInvalidValue; /* grid y */
+    const dim3 split((unsigned)n_span, units, 1);
+    switch (enc) {
+    case EMBER_CU_F32:
+        if (n_span > 0) attn_span_k<EMBER_CU_F32><<<split, SPAN, 0, stream>>>(a);
+        else attn_fused_k<EMBER_CU_F32><<<units, SPAN, 0, stream>>>(a);
+        break;
+    case EMBER_CU_F16:
+        if (n_span > 0) attn_span_k<EMBER_CU_F16><<<split, SPAN, 0, stream>>>(a);
+        else attn_fused_k<EMBER_CU_F16><<<units, SPAN, 0, stream>>>(a);
+        break;
+    case EMBER_CU_BF16:
+        if (n_span > 0) attn_span_k<EMBER_CU_BF16><<<split, SPAN, 0, stream>>>(a);
+        else attn_fused_k<EMBER_CU_BF16><<<units, SPAN, 0, stream>>>(a);
+        break;
+    default: return cudaErrorInvalidValue;
     }
+    if (n_span > 0) attn_merge_k<<<units, SPAN, 0, stream>>>(a);
     return cudaGetLastError();
 }

@@ -577,6 +577,9 @@ static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tens
         return ember_err(err, EMBER_ERR_UNSUPPORTED, "attention on CUDA: head size %d (at most %d)", D,
                          EMBER_CU_ATTN_MAX_D);
     if ((rc = ember_kv_map_check(map, T, Hkv, D, "attention", err))) return rc;
+    for (int i = 0; i < map->n_views; i++) /* the kernels are built per codec: one for K and V of every view */
+        if (map->views[i].k.enc != map->views[0].k.enc || map->views[i].v.enc != map->views[0].k.enc)
+            return ember_err(err, EMBER_ERR_UNSUPPORTED, "attention on CUDA: K and V in different codecs");
     int max_span = 1;
     for (int t = 0; t < T; t++) { /* every key of the window must be there */
         int p = map->pos[t], lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
