@@ -54,6 +54,21 @@ typedef struct arg_slot {
 
 #define ARG_SLOTS 8
 
+/* EMBER_CUDA_PROFILE=FILE: GPU time per op, from events recorded after
+   each op (a development aid; off unless the variable is set). */
+#define PROF_EVENTS 4096
+#define PROF_KEYS 64
+typedef struct cuda_prof {
+    FILE *out;
+    cudaEvent_t ev[PROF_EVENTS];
+    int key[PROF_EVENTS]; /* which key event i closes */
+    int n;                /* events recorded since the last flush (ev[0]: the base) */
+    char names[PROF_KEYS][64];
+    double ms[PROF_KEYS];
+    long count[PROF_KEYS];
+    int n_keys;
+} cuda_prof;
+
 typedef struct cuda_backend {
     ember_backend base;
     int device;
@@ -67,6 +82,7 @@ typedef struct cuda_backend {
     ember_cu_kv_ref *refs_h; /* host staging of a KV map's tables */
     int32_t *blocks_h;
     size_t refs_cap, blocks_cap;
+    cuda_prof *prof; /* NULL unless EMBER_CUDA_PROFILE is set */
 } cuda_backend;
 
 static const ember_backend_ops k_cuda_ops;
@@ -107,6 +123,90 @@ static int cuda_fail(ember_error *err, cudaError_t e, const char *what) {
 static int bind(cuda_backend *c, ember_error *err) {
     CU_TRY(cudaSetDevice(c->device), "cudaSetDevice");
     return EMBER_OK;
+}
+
+/* ---- the profile (EMBER_CUDA_PROFILE) ----------------------------------------------------- */
+
+/* Accumulates the time between consecutive events into their keys; the
+   last event becomes the base of the next batch. Waits for the events. */
+static void prof_flush(cuda_backend *c) {
+    cuda_prof *p = c->prof;
+    if (!p || p->n < 2) return;
+    if (cudaEventSynchronize(p->ev[p->n - 1]) != cudaSuccess) {
+        cudaGetLastError();
+        p->n = 0;
+        return;
+    }
+    for (int i = 1; i < p->n; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]) == cudaSuccess) {
+            p->ms[p->key[i]] += ms;
+            p->count[p->key[i]]++;
+        }
+    }
+    cudaEvent_t last = p->ev[p->n - 1];
+    p->ev[p->n - 1] = p->ev[0];
+    p->ev[0] = last;
+    p->n = 1;
+}
+
+/* Records an event closing op `name` (the GPU time since the previous
+   event, gaps included, goes to it). */
+static void prof_mark(cuda_backend *c, const char *name) {
+    cuda_prof *p = c->prof;
+    if (!p) return;
+    int k = 0;
+    while (k < p->n_keys && strcmp(p->names[k], name)) k++;
+    if (k == p->n_keys) {
+        if (k == PROF_KEYS) k = PROF_KEYS - 1; /* the last key takes the overflow */
+        else snprintf(p->names[p->n_keys++], sizeof p->names[0], "%s", name);
+    }
+    if (p->n == PROF_EVENTS) prof_flush(c);
+    if (cudaEventRecord(p->ev[p->n], c->stream) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    p->key[p->n++] = k;
+}
+
+/* Starts the profile when EMBER_CUDA_PROFILE names a file to append to. */
+static void prof_start(cuda_backend *c) {
+    const char *path = getenv("EMBER_CUDA_PROFILE");
+    if (!path || !*path) return;
+    cuda_prof *p = calloc(1, sizeof *p);
+    if (!p) return;
+    int i = 0;
+    while (i < PROF_EVENTS && cudaEventCreate(&p->ev[i]) == cudaSuccess) i++;
+    if (i < PROF_EVENTS || !(p->out = fopen(path, "a"))) {
+        while (i > 0) cudaEventDestroy(p->ev[--i]);
+        free(p);
+        return;
+    }
+    c->prof = p;
+    prof_mark(c, "(start)");
+}
+
+/* Writes the table (ops by total time) and frees the profile. */
+static void prof_end(cuda_backend *c) {
+    cuda_prof *p = c->prof;
+    if (!p) return;
+    prof_flush(c);
+    double total = 0;
+    for (int k = 0; k < p->n_keys; k++) total += p->ms[k];
+    fprintf(p->out, "| op (EMBER_CUDA_PROFILE, GPU time incl. gaps) | calls | ms | us / call | share |\n|---|---|---|---|---|\n");
+    for (int done = 0; done < p->n_keys; done++) {
+        int b = -1;
+        for (int k = 0; k < p->n_keys; k++)
+            if (p->count[k] >= 0 && (b < 0 || p->ms[k] > p->ms[b])) b = k;
+        fprintf(p->out, "| %s | %ld | %.3f | %.2f | %.1f%% |\n", p->names[b], p->count[b], p->ms[b],
+                p->count[b] ? 1e3 * p->ms[b] / (double)p->count[b] : 0.0, total > 0 ? 100.0 * p->ms[b] / total : 0.0);
+        p->count[b] = -1;
+    }
+    fprintf(p->out, "| total | | %.3f | | |\n\n", total);
+    fclose(p->out);
+    for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(p->ev[i]);
+    free(p);
+    c->prof = NULL;
 }
 
 /* ---- buffers ------------------------------------------------------------------------- */
@@ -207,6 +307,7 @@ static int cuda_read(ember_backend *be, const ember_tensor *src, size_t off, voi
     if (rc || !n) return rc;
     if ((rc = bind(c, err))) return rc;
     CU_TRY(cudaMemcpyAsync(dst, (const char *)dev(src) + off, n, cudaMemcpyDeviceToHost, c->stream), "read");
+    prof_mark(c, "read (device to host)");
     CU_TRY(cudaStreamSynchronize(c->stream), "read");
     return EMBER_OK;
 }
@@ -321,8 +422,10 @@ static int unsupported_weight(ember_dtype d, const char *op, ember_error *err) {
 
 /* ---- ops --------------------------------------------------------------------------------- */
 
-static int launched(cudaError_t e, const char *op, ember_error *err) {
-    return e == cudaSuccess ? EMBER_OK : cuda_fail(err, e, op);
+static int launched(cuda_backend *c, cudaError_t e, const char *op, ember_error *err) {
+    if (e != cudaSuccess) return cuda_fail(err, e, op);
+    prof_mark(c, op);
+    return EMBER_OK;
 }
 
 static int cuda_get_rows(ember_backend *be, ember_tensor *dst, const ember_tensor *src, const int32_t *ids, int n,
@@ -350,7 +453,7 @@ static int cuda_get_rows(ember_backend *be, ember_tensor *dst, const ember_tenso
     size_t bytes[1] = {(size_t)n * sizeof *ids};
     void *d_ids;
     if ((rc = upload_args(c, 1, part, bytes, &d_ids, err))) return rc;
-    return launched(ember_cu_get_rows(c->stream, dev(dst), dev(src), dt, d_ids, n, D), "get_rows", err);
+    return launched(c, ember_cu_get_rows(c->stream, dev(dst), dev(src), dt, d_ids, n, D), "get_rows", err);
 }
 
 static int cuda_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor *x, const ember_tensor *w,
@@ -364,7 +467,7 @@ static int cuda_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tenso
     if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != ember_tensor_nelem(x) || D > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "rms_norm: shapes do not match");
     if ((rc = bind(c, err))) return rc;
-    return launched(ember_cu_rms_norm(c->stream, dev(dst), dev(x), dev(w), ember_tensor_rows(x), D, eps, plus_one),
+    return launched(c, ember_cu_rms_norm(c->stream, dev(dst), dev(x), dev(w), ember_tensor_rows(x), D, eps, plus_one),
                     "rms_norm", err);
 }
 
@@ -410,7 +513,16 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
                                             .bias = mm[i].bias ? dev(mm[i].bias) : NULL,
                                             .N = (int)mm[i].w->shape[0]};
         }
-        if (a.n && (rc = launched(ember_cu_matmul(c->stream, &a), "matmul", err))) return rc;
+        char name[64] = "matmul";
+        if (c->prof) {
+            int64_t Nt = 0;
+            for (int i = 0; i < a.n; i++) Nt += a.p[i].N;
+            char ms[16];
+            snprintf(ms, sizeof ms, M > 8 ? "M>8" : "M=%lld", (long long)M);
+            snprintf(name, sizeof name, "matmul %s %s N=%lld K=%lld",
+                     dt == EMBER_CU_F32 ? "f32" : dt == EMBER_CU_F16 ? "f16" : "bf16", ms, (long long)Nt, (long long)K);
+        }
+        if (a.n && (rc = launched(c, ember_cu_matmul(c->stream, &a), name, err))) return rc;
     }
     return EMBER_OK;
 }
@@ -433,7 +545,7 @@ static int cuda_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, con
     size_t bytes[2] = {(size_t)T * sizeof *pos, (size_t)(r->n_rot / 2) * sizeof *r->inv_freq};
     void *d[2];
     if ((rc = upload_args(c, 2, part, bytes, d, err))) return rc;
-    return launched(ember_cu_rope(c->stream, dev(x), d[0], d[1], T, H, D, r->n_rot,
+    return launched(c, ember_cu_rope(c->stream, dev(x), d[0], d[1], T, H, D, r->n_rot,
                                   r->mode == EMBER_ROPE_INTERLEAVED, r->attn_factor),
                     "rope", err);
 }
@@ -541,7 +653,7 @@ static int cuda_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_te
     if ((rc = bind(c, err))) return rc;
     ember_cu_kv d;
     if ((rc = upload_map(c, map, T, H, D, op, &d, err))) return rc;
-    return launched(ember_cu_kv_rw(c->stream, &d, dev(k), dev(v), write), op, err);
+    return launched(c, ember_cu_kv_rw(c->stream, &d, dev(k), dev(v), write), op, err);
 }
 
 static int cuda_kv_write(ember_backend *be, const ember_kv_map *map, const ember_tensor *k, const ember_tensor *v,
@@ -605,9 +717,9 @@ static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tens
     }
     ember_cu_kv d;
     if ((rc = upload_map(c, map, T, Hkv, D, "attention", &d, err))) return rc;
-    return launched(ember_cu_attention(c->stream, &d, dev(out), dev(q), Hq, a->scale, a->window, a->softcap, n_span,
+    return launched(c, ember_cu_attention(c->stream, &d, dev(out), dev(q), Hq, a->scale, a->window, a->softcap, n_span,
                                        c->parts),
-                    "attention", err);
+                    n_span ? "attention (split)" : "attention", err);
 }
 
 /* dst bytes [doff, +n) = src bytes [soff, +n), device to device on the stream. */
@@ -622,6 +734,7 @@ static int cuda_copy(ember_backend *be, ember_tensor *dst, size_t doff, const em
         return ember_err(err, EMBER_ERR_INVALID_ARG, "copy: ranges overlap");
     if ((rc = bind(c, err))) return rc;
     CU_TRY(cudaMemcpyAsync((void *)d, s, n, cudaMemcpyDeviceToDevice, c->stream), "copy");
+    prof_mark(c, "copy");
     return EMBER_OK;
 }
 
@@ -636,7 +749,7 @@ static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, c
     if (ember_tensor_nelem(a) != n || ember_tensor_nelem(b) != n)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: sizes differ", op);
     if ((rc = bind(c, err))) return rc;
-    return launched(ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), s, n), op, err);
+    return launched(c, ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), s, n), op, err);
 }
 
 static int cuda_swiglu(ember_backend *be, ember_tensor *dst, const ember_tensor *gate, const ember_tensor *up,
@@ -669,6 +782,7 @@ static void cuda_free(ember_backend *be) {
     if (!be) return;
     cuda_backend *c = cu(be);
     if (cudaSetDevice(c->device) == cudaSuccess) {
+        prof_end(c);
         cudaStreamSynchronize(c->stream);
         for (int i = 0; i < ARG_SLOTS; i++)
             if (c->slots[i].dev) cudaFree(c->slots[i].dev);
@@ -766,6 +880,7 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     c->base.ops = &k_cuda_ops;
     c->base.impl = c;
     if (p) c->base.log = p->log;
+    prof_start(c);
     *out = &c->base;
     return EMBER_OK;
 }
