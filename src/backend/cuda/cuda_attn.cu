@@ -18,9 +18,7 @@
  *   m = the largest score (exact in any order);
  *   l = sum of p_j = exp(score_j - m): the warp butterfly 16, 8, 4, 2, 1,
  *     then the warp sums in warp order;
- *   a[d] = sum over keys j of p_j v_j[d]: each warp sums its 32 keys in
- *     position order (lane l the dimensions l, l + 32, ...), then the warp
- *     sums are added in warp order.
+ *   a[d] = sum over keys j in position order of p_j v_j[d] (thread d).
  * Then the spans are combined in increasing s: (M, L, A) <- (max(M, m),
  * L ca + l cb, A ca + a cb) with ca = exp(M - max), cb = exp(m - max), and
  * out = A (1 / L). Two kernels implement this: the fused one walks a
@@ -45,7 +43,6 @@
 
 #define SPAN EMBER_CU_ATTN_SPAN
 #define DPT (EMBER_CU_ATTN_MAX_D / SPAN) /* output dimensions per thread */
-#define DPW (EMBER_CU_ATTN_MAX_D / 32)   /* dimensions per lane in the sum of values */
 
 static_assert(SPAN % 32 == 0 && SPAN % 16 == 0, "a span is whole warps and whole blocks");
 static_assert(EMBER_CU_ATTN_MAX_D % SPAN == 0, "dimensions split evenly over the threads");
@@ -127,7 +124,6 @@ typedef struct attn_smem {
     float q[EMBER_CU_ATTN_MAX_D];
     float p[SPAN];        /* scores, then their exponentials */
     float red[SPAN / 32]; /* warp maxima, then warp sums */
-    float vsum[SPAN / 32][EMBER_CU_ATTN_MAX_D]; /* each warp's weighted sum of its keys' values */
 } attn_smem;
 
 /* Keys [lo, hi] of token t. */
@@ -179,47 +175,25 @@ static __device__ void span_state(const attn_args *a, attn_smem *sm, int t, int 
     for (int w = 1; w < SPAN / 32; w++) sum = sum + sm->red[w];
     *m = mx;
     *l = sum;
-    /* a[d]: warp w sums its 32 keys (s * SPAN + 32 w ..) in position order,
-       lane l the dimensions l, l + 32, ...; then a[d] = the warp sums added
-       in warp order */
+    /* a[d] over the span's keys that exist, in position order */
     const int j0 = s * SPAN > lo ? s * SPAN : lo, j1 = s * SPAN + SPAN - 1 < hi ? s * SPAN + SPAN - 1 : hi;
-    const int w0 = s * SPAN + 32 * warp > j0 ? s * SPAN + 32 * warp : j0,
-              w1 = s * SPAN + 32 * warp + 31 < j1 ? s * SPAN + 32 * warp + 31 : j1;
-    float pw[DPW];
 #pragma unroll
-    for (int i = 0; i < DPW; i++) pw[i] = 0.0f;
-    for (int b0 = w0; b0 <= w1; b0 = (b0 / 16 + 1) * 16) {
+    for (int i = 0; i < DPT; i++) acc[i] = 0.0f;
+    for (int b0 = j0; b0 <= j1; b0 = (b0 / 16 + 1) * 16) {
         const unsigned char *vp = piece(kv, &ref, vw, b0, hk, 0);
-        const int e1 = (b0 / 16) * 16 + 15 < w1 ? (b0 / 16) * 16 + 15 : w1;
+        const int e1 = (b0 / 16) * 16 + 15 < j1 ? (b0 / 16) * 16 + 15 : j1;
 #pragma unroll 4
         for (int jj = b0; jj <= e1; jj++) {
             const float pj = sm->p[jj - s * SPAN];
             const size_t row = (size_t)(jj % 16) * (size_t)D;
 #pragma unroll
-            for (int i = 0; i < DPW; i++) {
-                const int d = lane + 32 * i;
-                if (d < D) pw[i] = fmaf(pj, ld_enc<ENC>(vp, row + (size_t)d), pw[i]);
+            for (int i = 0; i < DPT; i++) {
+                const int d = tid + i * SPAN;
+                if (d < D) acc[i] = fmaf(pj, ld_enc<ENC>(vp, row + (size_t)d), acc[i]);
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < DPW; i++) {
-        const int d = lane + 32 * i;
-        if (d < D) sm->vsum[warp][d] = pw[i];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < DPT; i++) {
-        const int d = tid + i * SPAN;
-        float x = 0.0f;
-        if (d < D) {
-            x = sm->vsum[0][d];
-#pragma unroll
-            for (int w = 1; w < SPAN / 32; w++) x = x + sm->vsum[w][d];
-        }
-        acc[i] = x;
-    }
-    __syncthreads(); /* p[], red[] and vsum[] are free again */
+    __syncthreads(); /* p[] and red[] are free again */
 }
 
 /* (M, L, A) <- combine((M, L, A), (m, l, a)); the same in both kernels. */
