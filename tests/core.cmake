@@ -22,7 +22,7 @@ if(NODE_EXE)
   add_test(NAME e2e_demo_model COMMAND ember mkmodel --preset demo --out ${EMBER_E2E_MODEL})
   set_tests_properties(e2e_demo_model PROPERTIES FIXTURES_SETUP e2e_model)
   add_test(NAME test_sdk COMMAND ${NODE_EXE} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/sdk_test.mjs $<TARGET_FILE:ember>
-                                  ${EMBER_E2E_MODEL})
+                                  ${EMBER_E2E_MODEL} ${EMBER_SHARED_DIR})
   set_tests_properties(test_sdk PROPERTIES FIXTURES_REQUIRED e2e_model SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
 
