@@ -773,8 +773,10 @@ static int step(ember_tool_parser *p, bool final, ember_tool_sink sink, void *us
         return ember_err(err, EMBER_ERR_NOMEM, "tool calls: out of memory");
     }
     if (p->failed) return ember_err(err, EMBER_ERR_INTERNAL, "tool calls: stopped by the sink");
-    memmove(p->buf, p->buf + done, p->len - done);
-    p->len -= done;
+    if (done) {
+        memmove(p->buf, p->buf + done, p->len - done);
+        p->len -= done;
+    }
     if (final && p->len) { /* cannot happen: the end decides everything; kept as content all the same */
         emit_content(p, p->buf, p->len);
         p->len = 0;
