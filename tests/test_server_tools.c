@@ -614,8 +614,32 @@ int main(void) {
     json_decref(j);
     ember_server_stop(s, 5.0);
 
-    /* --tool-parser's override: the Mistral format, whatever the template */
-    s = start(m, tok, tmpl, EMBER_TOOLS_MISTRAL, true);
+    /* --tool-parser's override: the Mistral format, whatever the template; and
+       its marker as a special token (added to a copy of the tokenizer), which the
+       text keeps for the parser where other special tokens are dropped */
+    char tdir[700], p1[800], p2[800];
+    snprintf(tdir, sizeof tdir, "%s/server_tools_tok", EMBER_TEST_TMP);
+    char cmd2[2200];
+    snprintf(cmd2, sizeof cmd2, "mkdir -p %s && cp %s/tokenizer_config.json %s/", tdir, dir, tdir);
+    CHECK(system(cmd2) == 0);
+    snprintf(p1, sizeof p1, "%s/tokenizer.json", dir);
+    snprintf(p2, sizeof p2, "%s/tokenizer.json", tdir);
+    json_t *tj = json_load_file(p1, 0, NULL);
+    json_t *added = json_object_get(tj, "added_tokens");
+    json_int_t next_id = 0;
+    for (size_t i = 0; i < json_array_size(added); i++)
+        if (json_integer_value(json_object_get(json_array_get(added, i), "id")) >= next_id)
+            next_id = json_integer_value(json_object_get(json_array_get(added, i), "id")) + 1;
+    json_array_append_new(added, json_pack("{s:I, s:s, s:b, s:b, s:b, s:b, s:b}", "id", next_id, "content",
+                                           "[TOOL_CALLS]", "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0,
+                                           "special", 1));
+    CHECK(json_dump_file(tj, p2, 0) == 0);
+    json_decref(tj);
+    ember_tokenizer *tok2;
+    CHECKF(ember_tok_load(tdir, &tok2, &err) == EMBER_OK, "%s", err.msg);
+    int32_t mark = ember_tok_text_id(tok2, "[TOOL_CALLS]", 12);
+    CHECK(mark == (int32_t)next_id && ember_tok_is_special(tok2, mark));
+    s = start(m, tok2, tmpl, EMBER_TOOLS_MISTRAL, true);
     char fin[32];
     json_t *msg = chat_both("", "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Lima\"}", fin, sizeof fin);
     CHECK(!strcmp(fin, "tool_calls") && call_name(msg, 0) && !strcmp(call_name(msg, 0), "get_weather"));
@@ -623,7 +647,15 @@ int main(void) {
     msg = chat_both("", "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>", fin, sizeof fin);
     CHECK(!json_object_get(msg, "tool_calls") && !strcmp(fin, "stop")); /* not this format: text */
     json_decref(msg);
+    /* without tools the marker token is dropped from the text, as every special token */
+    j = post("/v1/chat/completions",
+             "{" USER ",\"max_tokens\":50,\"ember_test_output\":\"[TOOL_CALLS]get_time[ARGS]{}\"}", &st, NULL);
+    const char *plain = json_string_value(
+        json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
+    CHECKF(st == 200 && plain && !strcmp(plain, "get_time[ARGS]{}"), "content '%s'", plain ? plain : "");
+    json_decref(j);
     ember_server_stop(s, 5.0);
+    ember_tok_free(tok2);
 
     ember_chat_template_free(tmpl);
     ember_tok_free(tok);
