@@ -1334,7 +1334,7 @@ static int tool_sink(void *user, const ember_tool_event *ev) {
         json_t *fn = json_object_get(json_array_get(r->calls, json_array_size(r->calls) - 1), "function");
         json_object_set_new(fn, "arguments", jstr_clean(r->args.data ? r->args.data : "", r->args.len));
         if (anth) {
-            json_t *input = json_loadb(r->args.data ? r->args.data : "{}", r->args.len ? r->args.len : 2, 0, NULL);
+            json_t *input = json_loadb(r->args.data ? r->args.data : "{}", r->args.len ? r->args.len : 2, JSON_ALLOW_NUL, NULL);
             json_object_set_new(json_array_get(r->blocks, json_array_size(r->blocks) - 1), "input",
                                 json_is_object(input) ? input : json_object());
             if (input && !json_is_object(input)) json_decref(input);
