@@ -1255,7 +1255,7 @@ static void stream_end(gen_run *r) {
    unique within the server's life. */
 static void call_id(gen_run *r, char *out, size_t n) {
     unsigned long k = atomic_fetch_add(&r->srv->next_id, 1);
-    uint64_t h = ember_mix64((uint64_t)k ^ ((uint64_t)r->created << 20) ^ (uint64_t)(uintptr_t)r);
+    uint64_t h = ember_mix64((uint64_t)k ^ ((uint64_t)r->srv->created << 24) ^ ((uint64_t)r->created << 44));
     snprintf(out, n, "%s%016llx%08lx", r->q.proto == PROTO_ANTHROPIC ? "toolu_" : "call_", (unsigned long long)h,
              k & 0xffffffffUL);
 }
