@@ -1252,10 +1252,20 @@ static void stream_end(gen_run *r) {
 /* ---- tool calls in each protocol's shape ------------------------------------------------------ */
 
 /* A call id: call_... (OpenAI) or toolu_... (Anthropic), 24 hex digits
-   unique within the server's life. */
+   unique within the server's life. Mistral's templates refuse any id but 9
+   letters and digits when the call is fed back, so with that format the id
+   is 9 of them (from the same counter: unique for 62^9 calls). */
 static void call_id(gen_run *r, char *out, size_t n) {
     unsigned long k = atomic_fetch_add(&r->srv->next_id, 1);
     uint64_t h = ember_mix64((uint64_t)k ^ ((uint64_t)r->srv->created << 24) ^ ((uint64_t)r->created << 44));
+    if (r->srv->o.tool_format == EMBER_TOOLS_MISTRAL && n > 9) {
+        static const char al[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+        const uint64_t space = 13537086546263552ull; /* 62^9 */
+        uint64_t x = ((uint64_t)k % space + ember_mix64((uint64_t)r->srv->created) % space) % space;
+        for (int i = 0; i < 9; i++, x /= 62) out[i] = al[x % 62];
+        out[9] = 0;
+        return;
+    }
     snprintf(out, n, "%s%016llx%08lx", r->q.proto == PROTO_ANTHROPIC ? "toolu_" : "call_", (unsigned long long)h,
              k & 0xffffffffUL);
 }
