@@ -185,6 +185,7 @@ static void coder(void) {
         /* a JSON body inside <tool_call> works too; a bare <function=...> call */
         {"<tool_call>{\"name\": \"calc\", \"arguments\": {\"n\": 1}}</tool_call>", "{calc|{\"n\": 1}}"},
         {"<function=calc><parameter=n>7</parameter></function> ok", "{calc|{\"n\":7}}T ok"},
+        {"write <function=f(x)> in C", "Twrite <function=f(x)> in C"},
         /* cut off, and malformed (parameter not closed) */
         {"<tool_call>\n<function=calc>\n<parameter=n>\n4", "T<tool_call>\n<function=calc>\n<parameter=n>\n4"},
         {"<tool_call><function=calc><parameter=n>4</function></tool_call>",

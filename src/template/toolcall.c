@@ -445,6 +445,9 @@ static bool xml_call(const ember_tool_parser *p, const char *s, size_t n, pcall 
 static int hermes_call(ember_tool_parser *p, const char *s, size_t n, bool final, size_t *used, pcall *c, bool *oom) {
     bool coder = p->f == EMBER_TOOLS_QWEN3_CODER;
     if (coder && expect(s, n, 0, "<function=") == 1) { /* a bare call, without <tool_call> around it */
+        size_t k = strlen("<function=");
+        while (k < n && name_char(s[k])) k++;
+        if (k < n && s[k] != '>') return R_BAD; /* prose that mentions <function=...: decided early */
         const char *end = find(s, n, "</function>");
         if (!end) return final ? R_BAD : R_NEED;
         *used = (size_t)(end - s) + 11;
