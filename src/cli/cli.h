@@ -69,5 +69,8 @@ int cli_spec_resolve(const char *verb, const cli_spec_opts *so, ember_engine_par
    none. Prints the error and returns 1 when the template does not compile. */
 struct ember_chat_template;
 int cli_load_template(const char *verb, const char *model, struct ember_chat_template **out);
+/* As cli_load_template, and *tools (may be NULL) is the tool-call format the
+   template's text shows (template/toolcall.h; EMBER_TOOLS_NONE without one). */
+int cli_load_template_tools(const char *verb, const char *model, struct ember_chat_template **out, int *tools);
 
 #endif
