@@ -189,7 +189,8 @@ static void log_stderr(void *user, ember_log_level level, const char *msg) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model_arg = NULL, *host = "127.0.0.1", *isa = NULL, *kv_budget_s = NULL, *max_body_s = NULL;
-    const char *pc_dir = NULL, *pc_max_s = NULL, *tool_parser = "auto";
+    const char *pc_dir = NULL, *pc_max_s = NULL, *tool_parser = "auto", *pace_s = NULL;
+    int prefill_chunk = 0;
     bool test_output = false;
     int port = 8080, parallel = 8, ctx = 0, threads = 0, max_queue = 256, default_max = 0;
     float drain = 10.0f;
@@ -215,6 +216,11 @@ int cmd_serve(int argc, char **argv) {
          "also keep prompt prefixes as files in DIR (created if missing): a restarted server resumes them", 0, 0,
          false},
         {"prompt-cache-max", 0, OPT_STR, &pc_max_s, "SIZE", "byte cap of --prompt-cache-dir (default 4G)", 0, 0, false},
+        {"prefill-chunk", 0, OPT_INT, &prefill_chunk, "N", "prompt tokens per step at most (default 512)", 1,
+         1 << 20, false},
+        {"prefill-pace", 0, OPT_STR, &pace_s, "X|off",
+         "while requests decode, cap a step's prompt tokens so it takes about X times a decoding step "
+         "(X >= 1, default 2; off: no cap)", 0, 0, false},
         {"drain", 0, OPT_FLOAT, &drain, "SECONDS", "on SIGINT/SIGTERM, time running requests get to finish (default 10)", 0,
          3600, false},
         {"threads", 't', OPT_INT, &threads, "N", "compute threads (default: all cores)", 1, 1024, false},
@@ -258,6 +264,16 @@ int cmd_serve(int argc, char **argv) {
         return cli_fail("serve", "--prompt-cache-max expects a size such as 512M or 4G, got '%s'", pc_max_s);
     if (pc_max_s && !pc_dir) return cli_fail("serve", "--prompt-cache-max needs --prompt-cache-dir");
     ember_tool_format tool_format = EMBER_TOOLS_NONE;
+    float pace = 0.0f; /* the engine's default */
+    if (pace_s && !strcmp(pace_s, "off"))
+        pace = -1.0f;
+    else if (pace_s) {
+        char *end;
+        double v = strtod(pace_s, &end);
+        if (end == pace_s || *end || !(v >= 1.0 && v <= 1000.0))
+            return cli_fail("serve", "--prefill-pace wants a number from 1 to 1000 or off; got '%s'", pace_s);
+        pace = (float)v;
+    }
     bool tools_auto = !strcmp(tool_parser, "auto");
     if (!tools_auto && !ember_tool_format_from_name(tool_parser, &tool_format))
         return cli_fail("serve", "--tool-parser: unknown format '%s' (auto, %s)", tool_parser, ember_tool_format_names());
@@ -321,6 +337,8 @@ int cmd_serve(int argc, char **argv) {
     so.spec = sp.spec;
     so.draft_max = sp.draft_max;
     so.draft_min = sp.draft_min;
+    so.prefill_chunk = prefill_chunk;
+    so.prefill_pace = pace;
     so.log = (ember_logger){log_stderr, &min_level};
     so.tool_format = tools_auto ? (ember_tool_format)detected : tool_format;
     so.test_output = test_output;
