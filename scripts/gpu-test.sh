@@ -75,10 +75,7 @@ fi
 
 # ---- build ----------------------------------------------------------------------------------
 build() {
-  # gcc 13 (Ubuntu 24.04) reports a false maybe-uninitialized in kern_mlx_avx2.c
-  # that gcc 12 does not: a warning, not an error, on this machine
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON "${CMAKE_EXTRA[@]}" \
-    -DCMAKE_C_FLAGS="${EMBER_GPU_CFLAGS--Wno-error=maybe-uninitialized}" &&
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON -DEMBER_WERROR=ON "${CMAKE_EXTRA[@]}" &&
     cmake --build "$BUILD" -j"$JOBS" --target test_cuda_ops cuda_ops_bench ember
 }
 if ! step "build (-DEMBER_CUDA=ON; test_cuda_ops, cuda_ops_bench, ember)" "$OUTDIR/build.log" build; then
