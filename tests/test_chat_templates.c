@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "test.h"
-#include "tok/chat.h"
+#include "template/chat.h"
 
 #define MIN_PASSING 40
 

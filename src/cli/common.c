@@ -10,7 +10,7 @@
 #include "cli.h"
 #include "core/mapfile.h"
 #include "formats/gguf.h"
-#include "tok/chat.h"
+#include "template/chat.h"
 
 static void log_stderr(void *user, ember_log_level level, const char *msg) {
     (void)user;

@@ -20,7 +20,7 @@
 
 #include "core/log.h"
 #include "ember.h"
-#include "tok/chat.h"
+#include "template/chat.h"
 #include "tok/tokenizer.h"
 
 typedef struct ember_server ember_server;

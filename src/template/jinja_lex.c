@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok/jinja_internal.h"
+#include "template/jinja_internal.h"
 
 typedef struct ptext {
     char *s;

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "tok/jinja_internal.h"
+#include "template/jinja_internal.h"
 
 #define CHUNK_SIZE (64u * 1024u)
 

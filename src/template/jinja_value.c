@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok/jinja_value.h"
+#include "template/jinja_value.h"
 
 jv jv_undefined(void) {
     jv v;

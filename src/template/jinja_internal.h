@@ -1,6 +1,6 @@
 /*
  * jinja_internal.h - what the pieces of the Jinja interpreter share (not for
- * use outside src/tok/jinja*.c): the arena, the string builder, UTF-8 /
+ * use outside src/template/jinja*.c): the arena, the string builder, UTF-8 /
  * JavaScript string helpers, tokens and the syntax tree.
  *
  * Ownership: a jinja_template owns one arena holding its tokens and syntax
@@ -8,10 +8,10 @@
  * another for values. jsb (string builder) buffers are malloc'd and owned by
  * whoever declared the jsb; jsb_free releases them.
  */
-#ifndef EMBER_TOK_JINJA_INTERNAL_H
-#define EMBER_TOK_JINJA_INTERNAL_H
+#ifndef EMBER_TEMPLATE_JINJA_INTERNAL_H
+#define EMBER_TEMPLATE_JINJA_INTERNAL_H
 
-#include "tok/jinja.h"
+#include "template/jinja.h"
 
 /* ---- arena ---- */
 typedef struct ja_chunk ja_chunk;

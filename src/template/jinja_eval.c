@@ -24,7 +24,7 @@
 #include <time.h>
 
 #include "core/util.h"
-#include "tok/jinja_value.h"
+#include "template/jinja_value.h"
 
 #define DEFAULT_MAX_OUTPUT (16u * 1024u * 1024u)
 #define DEFAULT_MAX_MEMORY (256u * 1024u * 1024u)
