@@ -21,6 +21,7 @@
 #include "cli.h"
 #include "core/dtype.h"
 #include "core/mapfile.h"
+#include "core/utf8.h"
 #include "core/util.h"
 #include "formats/config.h"
 #include "formats/safetensors.h"
@@ -207,13 +208,8 @@ static char *demo_tokenizer_json(void) {
     json_t *vocab = json_object();
     for (unsigned b = 0; b < 256; b++) {
         unsigned cp = byte_char(b);
-        char u[4] = {0};
-        if (cp < 0x80) {
-            u[0] = (char)cp;
-        } else {
-            u[0] = (char)(0xc0 | (cp >> 6));
-            u[1] = (char)(0x80 | (cp & 0x3f));
-        }
+        char u[5] = {0};
+        ember_utf8_put(cp, u);
         json_object_set_new(vocab, u, json_integer(b));
     }
     json_t *added = json_array();

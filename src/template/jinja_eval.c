@@ -273,7 +273,7 @@ static bool final_sigma(sview s, size_t at, size_t len) {
         size_t k = i - 1;
         while (k > 0 && ((unsigned char)s.p[k] & 0xC0) == 0x80) k--;
         size_t l;
-        uint32_t c = ju_decode(s.p + k, s.n - k, &l);
+        uint32_t c = ember_utf8_decode(s.p + k, s.n - k, &l);
         i = k;
         if (case_ignorable(c)) continue;
         before = cased(c);
@@ -282,7 +282,7 @@ static bool final_sigma(sview s, size_t at, size_t len) {
     if (!before) return false;
     for (size_t i = at + len; i < s.n;) {
         size_t l;
-        uint32_t c = ju_decode(s.p + i, s.n - i, &l);
+        uint32_t c = ember_utf8_decode(s.p + i, s.n - i, &l);
         i += l;
         if (case_ignorable(c)) continue;
         return !cased(c);
@@ -302,7 +302,7 @@ static int s_case(R *r, sview s, bool upper, size_t pos, jv *out) {
             continue;
         }
         size_t l;
-        uint32_t cp = ju_decode(s.p + i, s.n - i, &l);
+        uint32_t cp = ember_utf8_decode(s.p + i, s.n - i, &l);
         if (cp == 0xFFFD && l == 1) {
             jsb_add(&b, s.p + i, 1);
             i++;
@@ -315,7 +315,7 @@ static int s_case(R *r, sview s, bool upper, size_t pos, jv *out) {
         } else if (!upper && cp == 0x3A3 && final_sigma(s, i, l)) {
             jsb_adds(&b, "\xCF\x82");
         } else {
-            size_t el = ju_encode(upper ? ju_upper(cp) : ju_lower(cp), enc);
+            size_t el = ember_utf8_put(upper ? ju_upper(cp) : ju_lower(cp), enc);
             jsb_add(&b, enc, el);
         }
         i += l;
@@ -342,7 +342,7 @@ static int s_title(R *r, sview s, size_t pos, jv *out) {
 static int s_capitalize(R *r, sview s, size_t pos, jv *out) {
     if (s.n == 0) return str_view_result(r, s, out);
     size_t l;
-    uint32_t cp = ju_decode(s.p, s.n, &l);
+    uint32_t cp = ember_utf8_decode(s.p, s.n, &l);
     jsb b;
     jsb_init_out(r, &b);
     /* charAt(0).toUpperCase(): a character outside the BMP is half a
@@ -354,7 +354,7 @@ static int s_capitalize(R *r, sview s, size_t pos, jv *out) {
         jsb_add(&b, s.p, l);
     } else {
         char enc[8];
-        jsb_add(&b, enc, ju_encode(ju_upper(cp), enc));
+        jsb_add(&b, enc, ember_utf8_put(ju_upper(cp), enc));
     }
     jsb_add(&b, s.p + l, s.n - l);
     return sb_take(r, &b, pos, out);
@@ -414,7 +414,7 @@ static int s_replace(R *r, sview s, sview old, sview nw, double count, size_t po
             }
             if (i == s.n) break;
             size_t l;
-            ju_decode(s.p + i, s.n - i, &l);
+            ember_utf8_decode(s.p + i, s.n - i, &l);
             jsb_add(&b, s.p + i, l);
             i += l;
         }
@@ -437,14 +437,14 @@ static int s_replace(R *r, sview s, sview old, sview nw, double count, size_t po
 /* UTF-16 unit at index i (negative: from the end), as a string; undefined
    when out of range. A half of a surrogate pair becomes U+FFFD. */
 static jv s_at(R *r, sview s, double idx) {
-    size_t len16 = ju_utf16_len(s.p, s.n);
+    size_t len16 = ember_utf16_len(s.p, s.n);
     double i = trunc(idx);
     if (i < 0) i += (double)len16;
     if (!(i >= 0 && i < (double)len16)) return jv_undefined();
     size_t want = (size_t)i, u = 0;
     for (size_t k = 0; k < s.n;) {
         size_t l;
-        uint32_t cp = ju_decode(s.p + k, s.n - k, &l);
+        uint32_t cp = ember_utf8_decode(s.p + k, s.n - k, &l);
         size_t units = cp >= 0x10000 ? 2 : 1;
         if (want < u + units) {
             if (units == 2) return jv_strview("\xEF\xBF\xBD", 3);
@@ -463,7 +463,7 @@ static int s_codepoints(R *r, sview s, jv_list **out, size_t pos) {
     if (l.type != JV_ARRAY) return rt_oom(r, pos);
     for (size_t k = 0; k < s.n;) {
         size_t len;
-        ju_decode(s.p + k, s.n - k, &len);
+        ember_utf8_decode(s.p + k, s.n - k, &len);
         if (!jl_push(r->a, l.u.list, jv_strview(s.p + k, len))) return rt_oom(r, pos);
         k += len;
     }
@@ -786,7 +786,7 @@ static int call_method(R *r, const jv_func *f, jv *argv, size_t argc, size_t pos
                 size_t st = i;
                 while (i < t.n && !ju_space_len(t.p + i, t.n - i)) {
                     size_t cl;
-                    ju_decode(t.p + i, t.n - i, &cl);
+                    ember_utf8_decode(t.p + i, t.n - i, &cl);
                     i += cl;
                 }
                 if (maxsplit != -1 && (double)l.u.list->len >= maxsplit) {
@@ -889,7 +889,7 @@ static int builtin_of(R *r, jv obj, const char *name, size_t n, size_t pos, jv *
     *out = jv_undefined();
     if (obj.type == JV_STRING) {
         if (name_is(name, n, "length")) {
-            *out = jv_int((double)ju_utf16_len(obj.u.s.p, obj.u.s.n));
+            *out = jv_int((double)ember_utf16_len(obj.u.s.p, obj.u.s.n));
             return 0;
         }
         for (size_t i = 0; i < EMBER_ARRAY_LEN(STR_METHODS); i++)
@@ -1062,7 +1062,7 @@ static int apply_filter_ident(R *r, jv v, const jnode *f, jv *out) {
     if (v.type == JV_STRING) {
         sview s = sv(v);
         if (F("length")) {
-            *out = jv_int((double)ju_utf16_len(s.p, s.n));
+            *out = jv_int((double)ember_utf16_len(s.p, s.n));
             return 0;
         }
         if (F("upper") || F("lower")) return s_case(r, s, F("upper"), pos, out);
@@ -1393,7 +1393,7 @@ static size_t cp_offset(sview s, double i) {
     size_t want = (size_t)i, k = 0, off = 0;
     while (off < s.n && k < want) {
         size_t l;
-        ju_decode(s.p + off, s.n - off, &l);
+        ember_utf8_decode(s.p + off, s.n - off, &l);
         off += l;
         k++;
     }
@@ -1401,7 +1401,7 @@ static size_t cp_offset(sview s, double i) {
 }
 
 static bool is_cp_alpha(uint32_t c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= 0xC0 && !ju_is_space(c) && c != 0xD7 && c != 0xF7);
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= 0xC0 && !ember_js_space(c) && c != 0xD7 && c != 0xF7);
 }
 static bool is_cp_digit(uint32_t c) {
     return c >= '0' && c <= '9';
@@ -1633,12 +1633,12 @@ static int ext_call_method(R *r, const jv_func *f, jv *argv, size_t argc, size_t
         bool ok = s.n > 0;
         for (size_t i = 0; i < s.n && ok;) {
             size_t l;
-            uint32_t c = ju_decode(s.p + i, s.n - i, &l);
+            uint32_t c = ember_utf8_decode(s.p + i, s.n - i, &l);
             i += l;
             if (f->m == M_ISDIGIT) ok = is_cp_digit(c);
             else if (f->m == M_ISALPHA) ok = is_cp_alpha(c);
             else if (f->m == M_ISALNUM) ok = is_cp_alpha(c) || is_cp_digit(c);
-            else ok = ju_is_space(c);
+            else ok = ember_js_space(c);
         }
         *out = jv_bool(ok);
         return 0;
@@ -1649,7 +1649,7 @@ static int ext_call_method(R *r, const jv_func *f, jv *argv, size_t argc, size_t
         bool cased = false, ok = true;
         for (size_t i = 0; i < s.n;) {
             size_t l;
-            uint32_t c = ju_decode(s.p + i, s.n - i, &l);
+            uint32_t c = ember_utf8_decode(s.p + i, s.n - i, &l);
             i += l;
             bool up = ju_lower(c) != c, low = ju_upper(c) != c;
             if (up || low) cased = true;
@@ -1809,7 +1809,7 @@ static int ext_filter(R *r, jv v, const jnode *f, jenv *env, jv *out, bool *hand
     *handled = true;
     if (call) CK(eval_args(r, &f->list, env, &a));
     if (F("count")) {
-        *out = jv_int(is_arr(v) ? (double)v.u.list->len : is_obj(v) ? (double)v.u.dict->len : (double)ju_utf16_len(v.u.s.p, v.u.s.n));
+        *out = jv_int(is_arr(v) ? (double)v.u.list->len : is_obj(v) ? (double)v.u.dict->len : (double)ember_utf16_len(v.u.s.p, v.u.s.n));
         return 0;
     }
     if (F("d") || F("default")) {
@@ -1823,7 +1823,7 @@ static int ext_filter(R *r, jv v, const jnode *f, jenv *env, jv *out, bool *hand
         bool in = false;
         for (size_t i = 0; i < v.u.s.n;) {
             size_t l;
-            uint32_t c = ju_decode(v.u.s.p + i, v.u.s.n - i, &l);
+            uint32_t c = ember_utf8_decode(v.u.s.p + i, v.u.s.n - i, &l);
             i += l;
             bool w = is_cp_alpha(c) || is_cp_digit(c) || c == '_';
             if (w && !in) words++;

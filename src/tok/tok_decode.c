@@ -89,7 +89,7 @@ static int js_hex_byte(const char *s, size_t n) {
     while (p < e) {
         uint32_t cp;
         size_t l = tok_utf8_next(p, e, &cp);
-        if (!tok_js_space(cp)) break;
+        if (!ember_js_space(cp)) break;
         p += l;
     }
     int sign = 1;
@@ -114,7 +114,7 @@ static int js_hex_byte(const char *s, size_t n) {
 /* The reference's byte-token test: 6 UTF-16 units, "<0x" .. ">". */
 static int byte_token(const char *s, size_t n) {
     if (n < 6 || memcmp(s, "<0x", 3) != 0 || s[n - 1] != '>') return -1;
-    if (tok_utf16_len(s, n) != 6) return -1;
+    if (ember_utf16_len(s, n) != 6) return -1;
     return js_hex_byte(s + 3, n - 4);
 }
 
