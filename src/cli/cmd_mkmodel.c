@@ -23,6 +23,7 @@
 #include "core/mapfile.h"
 #include "core/utf8.h"
 #include "core/util.h"
+#include "formats/arch.h"
 #include "formats/config.h"
 #include "formats/safetensors.h"
 #include "sample/sampler.h"
@@ -124,7 +125,7 @@ static int list_tensors(const ember_model_config *c, tensor_spec *s) {
     int n = 0;
     const int64_t H = c->hidden_size, D = c->head_dim, Q = (int64_t)c->n_heads * D, KV = (int64_t)c->n_kv_heads * D,
                   I = c->intermediate_size;
-    const bool gemma = strncmp(c->model_type, "gemma", 5) == 0, phi3 = strcmp(c->model_type, "phi3") == 0;
+    const bool gemma = ember_arch_is_gemma(c->model_type), phi3 = strcmp(c->model_type, "phi3") == 0;
     const bool norm = !gemma;
     char nm[128];
     add_spec(s, &n, "model.embed_tokens.weight", c->vocab_size, H, false);

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "core/mapfile.h"
+#include "formats/arch.h"
 #include "core/jsonutil.h"
 #include "core/util.h"
 
@@ -223,7 +224,7 @@ static int parse_rope(const char *file, const json_t *root, ember_model_config *
 static int parse_windows(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
     int rc, window = 0;
     const json_t *sw = json_object_get(root, "sliding_window");
-    bool gemma = strncmp(cfg->model_type, "gemma", 5) == 0;
+    bool gemma = ember_arch_is_gemma(cfg->model_type);
     if ((sw && !json_is_null(sw)) || gemma) /* gemma: 4096 when absent, as transformers */
         if ((rc = get_int(file, root, "sliding_window", false, 4096, 0, 1 << 30, &window, err))) return rc;
     for (int i = 0; i < cfg->n_layers; i++) {
@@ -458,10 +459,7 @@ ember_qmod_kind ember_config_quant_module(const ember_model_config *cfg, const c
 }
 
 bool ember_config_model_type_supported(const char *model_type) {
-    static const char *const k_supported[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"};
-    for (size_t i = 0; i < EMBER_ARRAY_LEN(k_supported); i++)
-        if (strcmp(model_type, k_supported[i]) == 0) return true;
-    return false;
+    return ember_arch_find(model_type) != NULL;
 }
 
 int ember_config_parse(const char *file, const char *text, size_t len, ember_model_config *cfg,
@@ -485,9 +483,9 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
         goto done;
     }
     if (!ember_config_model_type_supported(mt)) {
-        rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
-                       "%s: model_type '%.32s' is not supported (supported: " EMBER_SUPPORTED_MODEL_TYPES ")", file,
-                       mt);
+        char list[256];
+        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: model_type '%.32s' is not supported (supported: %s)", file, mt,
+                       ember_arch_list(false, list, sizeof list));
         goto done;
     }
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
@@ -513,7 +511,7 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
     double eps;
     if ((rc = get_num(file, root, "rms_norm_eps", false, 1e-6, 0.0, 1.0, &eps, err))) goto done;
     cfg->rms_norm_eps = (float)eps;
-    const bool gemma = strncmp(mt, "gemma", 5) == 0;
+    const bool gemma = ember_arch_is_gemma(mt);
     const char *act;
     /* gemma reads hidden_activation (gelu_pytorch_tanh when absent), the others hidden_act (silu) */
     const char *act_key = gemma ? "hidden_activation" : "hidden_act", *act_want = gemma ? "gelu_pytorch_tanh" : "silu";

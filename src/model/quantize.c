@@ -19,6 +19,7 @@
 #include "core/cpu.h"
 #include "core/threadpool.h"
 #include "core/util.h"
+#include "formats/arch.h"
 #include "formats/config.h"
 #include "formats/gguf_write.h"
 #include "formats/quant.h"
@@ -324,7 +325,7 @@ static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_
                                      err)))
             return rc;
     }
-    if (strncmp(c->model_type, "gemma", 5) == 0) {
+    if (ember_arch_is_gemma(c->model_type)) {
         if ((rc = write_gemma(g, c, arch, err))) return rc;
     } else {
         /* one sliding window for every layer (mistral, phi3): llama.cpp
@@ -386,8 +387,9 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
         rc = g ? (err ? err->code : EMBER_ERR_NOMEM) : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         goto done;
     }
-    bool llama = strcmp(cfg.model_type, "llama") == 0 || strcmp(cfg.model_type, "mistral") == 0;
-    bool gemma = strncmp(cfg.model_type, "gemma", 5) == 0;
+    const ember_arch *row = ember_arch_find(cfg.model_type); /* non-NULL: the config parser checked */
+    bool llama = row && row->rope_interleaved;                /* Q/K rows permuted as llama.cpp does */
+    bool gemma = row && row->family == EMBER_FAMILY_GEMMA;
     const char *arch = ember_gguf_arch_of(cfg.model_type);
     if ((rc = write_metadata(g, in_dir, &cfg, arch, s, err))) goto done;
     if (cfg.rope.type == EMBER_ROPE_LLAMA3 && (rc = add_rope_freqs(g, &cfg, err))) goto done;
