@@ -1480,254 +1480,305 @@ static int py_format(R *r, sview f, jv *argv, size_t argc, size_t pos, jv *out) 
     return sb_take(r, &b, pos, out);
 }
 
-static int ext_call_method(R *r, const jv_func *f, jv *argv, size_t argc, size_t pos, jv *out) {
+/* str.find / rfind / count (sub[, start[, end]]): code-point offsets, -1 when absent. */
+static int m_find(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
     jv self = f->self;
+    if (npos < 1 || argv[0].type != JV_STRING)
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() needs a string argument",
+                      f->m == M_SCOUNT ? "count" : f->m == M_FIND ? "find" : "rfind");
+    sview s = sv(self), sub = sv(argv[0]);
+    size_t from = npos > 1 && argv[1].type == JV_INT ? cp_offset(s, argv[1].u.n) : 0;
+    size_t to = npos > 2 && argv[2].type == JV_INT ? cp_offset(s, argv[2].u.n) : s.n;
+    if (to < from) to = from;
+    sview w = {s.p + from, to - from};
+    if (f->m == M_SCOUNT) {
+        double c = 0;
+        if (sub.n == 0) {
+            c = (double)cp_count(w.p, w.n) + 1;
+        } else {
+            for (size_t i = 0; i + sub.n <= w.n;) {
+                const char *hit = memfind(w.p + i, w.n - i, sub.p, sub.n);
+                if (!hit) break;
+                c++;
+                i = (size_t)(hit - w.p) + sub.n;
+            }
+        }
+        *out = jv_int(c);
+        return 0;
+    }
+    const char *hit = NULL;
+    if (f->m == M_FIND) {
+        hit = memfind(w.p, w.n, sub.p, sub.n);
+    } else {
+        for (size_t i = w.n + 1; i-- > 0;)
+            if (i + sub.n <= w.n && memcmp(w.p + i, sub.p, sub.n) == 0) {
+                hit = w.p + i;
+                break;
+            }
+    }
+    *out = jv_int(hit ? (double)cp_count(s.p, (size_t)(hit - s.p)) : -1);
+    return 0;
+}
+
+/* str.rsplit(sep=None, maxsplit=-1), Python's: from the right; no sep splits on runs of whitespace. */
+static int m_rsplit(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    jv sep = npos > 0 ? argv[0] : jv_null();
+    double maxsplit = npos > 1 && argv[1].type == JV_INT ? argv[1].u.n : -1;
+    if (sep.type != JV_STRING && sep.type != JV_NULL)
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "rsplit(): sep must be a string or none");
+    if (sep.type == JV_STRING && sep.u.s.n == 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "empty separator");
+    jv l = jv_list_new(r->a, JV_ARRAY, 0);
+    if (l.type != JV_ARRAY) return rt_oom(r, pos);
+    sview s = sv(self);
+    size_t end = s.n;
+    double splits = 0;
+    if (sep.type == JV_NULL) {
+        for (;;) {
+            sview rest = js_trim((sview){s.p, end}, false, true);
+            end = rest.n;
+            if (end == 0) break;
+            if (maxsplit >= 0 && splits >= maxsplit) {
+                CK(str_list_push(r, l.u.list, s.p, end, pos));
+                break;
+            }
+            size_t st = end;
+            while (st > 0) {
+                size_t k = st - 1;
+                while (k > 0 && ((unsigned char)s.p[k] & 0xC0) == 0x80) k--;
+                if (ju_space_len(s.p + k, st - k) == st - k) break;
+                st = k;
+            }
+            CK(str_list_push(r, l.u.list, s.p + st, end - st, pos));
+            splits++;
+            end = st;
+        }
+    } else {
+        sview sp = sv(sep);
+        for (;;) {
+            const char *hit = NULL;
+            if (!(maxsplit >= 0 && splits >= maxsplit))
+                for (size_t i = end + 1; i-- > 0;)
+                    if (i + sp.n <= end && memcmp(s.p + i, sp.p, sp.n) == 0) {
+                        hit = s.p + i;
+                        break;
+                    }
+            if (!hit) {
+                CK(str_list_push(r, l.u.list, s.p, end, pos));
+                break;
+            }
+            size_t at = (size_t)(hit - s.p);
+            CK(str_list_push(r, l.u.list, s.p + at + sp.n, end - at - sp.n, pos));
+            splits++;
+            end = at;
+        }
+    }
+    jv_list *L = l.u.list;
+    for (size_t i = 0; i < L->len / 2; i++) {
+        jv t = L->items[i];
+        L->items[i] = L->items[L->len - 1 - i];
+        L->items[L->len - 1 - i] = t;
+    }
+    *out = l;
+    return 0;
+}
+
+/* str.join(iterable): the items printed and joined by self. */
+static int m_join(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "join() needs an iterable");
+    const jv_list *items;
+    jv_list *cps;
+    if (argv[0].type == JV_STRING) {
+        CK(s_codepoints(r, sv(argv[0]), &cps, pos));
+        items = cps;
+    } else if (is_arr(argv[0])) {
+        items = argv[0].u.list;
+    } else {
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "join() argument must be iterable, not %s", jv_type_name(argv[0].type));
+    }
+    jsb b;
+    jsb_init_out(r, &b);
+    char why[160] = "";
+    for (size_t i = 0; i < items->len; i++) {
+        if (i) jsb_add(&b, self.u.s.p, self.u.s.n);
+        int rc = jv_print(&b, items->items[i], why, sizeof why);
+        if (rc) {
+            rc = why_fail(r, rc, &b, pos, why);
+            jsb_free(&b);
+            return rc;
+        }
+    }
+    return sb_take(r, &b, pos, out);
+}
+
+/* str.splitlines(): at \n, \r and \r\n, the breaks dropped. */
+static int m_splitlines(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    (void)npos;
+    (void)argv;
+    jv l = jv_list_new(r->a, JV_ARRAY, 0);
+    if (l.type != JV_ARRAY) return rt_oom(r, pos);
+    sview s = sv(self);
+    size_t st = 0;
+    for (size_t i = 0; i < s.n; i++) {
+        if (s.p[i] == '\n' || s.p[i] == '\r') {
+            CK(str_list_push(r, l.u.list, s.p + st, i - st, pos));
+            if (s.p[i] == '\r' && i + 1 < s.n && s.p[i + 1] == '\n') i++;
+            st = i + 1;
+        }
+    }
+    if (st < s.n) CK(str_list_push(r, l.u.list, s.p + st, s.n - st, pos));
+    *out = l;
+    return 0;
+}
+
+/* str.isdigit / isalpha / isalnum / isspace: every code point of a non-empty string in the class. */
+static int m_is_class(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    (void)npos;
+    (void)argv;
+    (void)r;
+    (void)pos;
+    sview s = sv(self);
+    bool ok = s.n > 0;
+    for (size_t i = 0; i < s.n && ok;) {
+        size_t l;
+        uint32_t c = ember_utf8_decode(s.p + i, s.n - i, &l);
+        i += l;
+        if (f->m == M_ISDIGIT) ok = is_cp_digit(c);
+        else if (f->m == M_ISALPHA) ok = is_cp_alpha(c);
+        else if (f->m == M_ISALNUM) ok = is_cp_alpha(c) || is_cp_digit(c);
+        else ok = ember_js_space(c);
+    }
+    *out = jv_bool(ok);
+    return 0;
+}
+
+/* str.islower / isupper: at least one cased code point and none of the other case. */
+static int m_is_case(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    (void)npos;
+    (void)argv;
+    (void)r;
+    (void)pos;
+    sview s = sv(self);
+    bool cased = false, ok = true;
+    for (size_t i = 0; i < s.n;) {
+        size_t l;
+        uint32_t c = ember_utf8_decode(s.p + i, s.n - i, &l);
+        i += l;
+        bool up = ju_lower(c) != c, low = ju_upper(c) != c;
+        if (up || low) cased = true;
+        if (f->m == M_ISLOWER ? up : low) ok = false;
+    }
+    *out = jv_bool(cased && ok);
+    return 0;
+}
+
+/* str.removeprefix / removesuffix. */
+static int m_remove_affix(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    if (npos < 1 || argv[0].type != JV_STRING) return rt_err(r, pos, EMBER_ERR_FORMAT, "removeprefix/removesuffix need a string");
+    sview s = sv(self), a = sv(argv[0]);
+    if (a.n <= s.n && f->m == M_REMOVEPREFIX && memcmp(s.p, a.p, a.n) == 0) {
+        s.p += a.n;
+        s.n -= a.n;
+    } else if (a.n <= s.n && f->m == M_REMOVESUFFIX && memcmp(s.p + s.n - a.n, a.p, a.n) == 0) {
+        s.n -= a.n;
+    }
+    *out = jv_strview(s.p, s.n);
+    return 0;
+}
+
+/* list.append(x) / list.extend(iterable): changes self in place, returns none. */
+static int m_append_extend(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() takes exactly one argument", f->m == M_APPEND ? "append" : "extend");
+    if (f->m == M_APPEND) {
+        if (!jl_push(r->a, self.u.list, argv[0])) return rt_oom(r, pos);
+    } else {
+        if (!is_arr(argv[0])) return rt_err(r, pos, EMBER_ERR_FORMAT, "extend() argument must be a list");
+        jv src = argv[0];
+        size_t n = src.u.list->len; /* a list extended by itself */
+        for (size_t i = 0; i < n; i++)
+            if (!jl_push(r->a, self.u.list, src.u.list->items[i])) return rt_oom(r, pos);
+    }
+    *out = jv_null();
+    return 0;
+}
+
+/* list.pop([i]) / list.insert(i, x): in place, Python's index rules. */
+static int m_pop_insert(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    jv_list *l = self.u.list;
+    double idx = npos > 0 && argv[0].type == JV_INT ? argv[0].u.n : (f->m == M_POP ? -1 : 0);
+    if (f->m == M_INSERT) {
+        if (npos < 2) return rt_err(r, pos, EMBER_ERR_FORMAT, "insert() takes exactly two arguments");
+        double len = (double)l->len;
+        if (idx < 0) idx = fmax(idx + len, 0);
+        if (idx > len) idx = len;
+        if (!jl_push(r->a, l, argv[1])) return rt_oom(r, pos);
+        size_t at = (size_t)idx;
+        memmove(&l->items[at + 1], &l->items[at], (l->len - 1 - at) * sizeof(jv));
+        l->items[at] = argv[1];
+        *out = jv_null();
+        return 0;
+    }
+    if (l->len == 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "pop from empty list");
+    if (idx < 0) idx += (double)l->len;
+    if (!(idx >= 0 && idx < (double)l->len)) return rt_err(r, pos, EMBER_ERR_FORMAT, "pop index out of range");
+    size_t at = (size_t)idx;
+    *out = l->items[at];
+    memmove(&l->items[at], &l->items[at + 1], (l->len - at - 1) * sizeof(jv));
+    l->len--;
+    return 0;
+}
+
+/* list.index(x) / list.count(x) under strict equality. */
+static int m_index_count(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() takes exactly one argument", f->m == M_INDEX ? "index" : "count");
+    double c = 0;
+    for (size_t i = 0; i < self.u.list->len; i++)
+        if (jv_strict_eq(self.u.list->items[i], argv[0])) {
+            if (f->m == M_INDEX) {
+                *out = jv_int((double)i);
+                return 0;
+            }
+            c++;
+        }
+    if (f->m == M_INDEX) return rt_err(r, pos, EMBER_ERR_FORMAT, "index(): value is not in list");
+    *out = jv_int(c);
+    return 0;
+}
+
+/* A Python method of the extensions (jinja_ctx_enable_extensions) on f->self:
+   one function per method family below; errors name the method. */
+static int ext_call_method(R *r, const jv_func *f, jv *argv, size_t argc, size_t pos, jv *out) {
     size_t npos = argc && argv[argc - 1].type == JV_KWARGS ? argc - 1 : argc;
     switch (f->m) {
     case M_FIND:
     case M_RFIND:
-    case M_SCOUNT: {
-        if (npos < 1 || argv[0].type != JV_STRING)
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() needs a string argument",
-                          f->m == M_SCOUNT ? "count" : f->m == M_FIND ? "find" : "rfind");
-        sview s = sv(self), sub = sv(argv[0]);
-        size_t from = npos > 1 && argv[1].type == JV_INT ? cp_offset(s, argv[1].u.n) : 0;
-        size_t to = npos > 2 && argv[2].type == JV_INT ? cp_offset(s, argv[2].u.n) : s.n;
-        if (to < from) to = from;
-        sview w = {s.p + from, to - from};
-        if (f->m == M_SCOUNT) {
-            double c = 0;
-            if (sub.n == 0) {
-                c = (double)cp_count(w.p, w.n) + 1;
-            } else {
-                for (size_t i = 0; i + sub.n <= w.n;) {
-                    const char *hit = memfind(w.p + i, w.n - i, sub.p, sub.n);
-                    if (!hit) break;
-                    c++;
-                    i = (size_t)(hit - w.p) + sub.n;
-                }
-            }
-            *out = jv_int(c);
-            return 0;
-        }
-        const char *hit = NULL;
-        if (f->m == M_FIND) {
-            hit = memfind(w.p, w.n, sub.p, sub.n);
-        } else {
-            for (size_t i = w.n + 1; i-- > 0;)
-                if (i + sub.n <= w.n && memcmp(w.p + i, sub.p, sub.n) == 0) {
-                    hit = w.p + i;
-                    break;
-                }
-        }
-        *out = jv_int(hit ? (double)cp_count(s.p, (size_t)(hit - s.p)) : -1);
-        return 0;
-    }
-    case M_RSPLIT: {
-        jv sep = npos > 0 ? argv[0] : jv_null();
-        double maxsplit = npos > 1 && argv[1].type == JV_INT ? argv[1].u.n : -1;
-        if (sep.type != JV_STRING && sep.type != JV_NULL)
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "rsplit(): sep must be a string or none");
-        if (sep.type == JV_STRING && sep.u.s.n == 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "empty separator");
-        jv l = jv_list_new(r->a, JV_ARRAY, 0);
-        if (l.type != JV_ARRAY) return rt_oom(r, pos);
-        sview s = sv(self);
-        size_t end = s.n;
-        double splits = 0;
-        if (sep.type == JV_NULL) {
-            for (;;) {
-                sview rest = js_trim((sview){s.p, end}, false, true);
-                end = rest.n;
-                if (end == 0) break;
-                if (maxsplit >= 0 && splits >= maxsplit) {
-                    CK(str_list_push(r, l.u.list, s.p, end, pos));
-                    break;
-                }
-                size_t st = end;
-                while (st > 0) {
-                    size_t k = st - 1;
-                    while (k > 0 && ((unsigned char)s.p[k] & 0xC0) == 0x80) k--;
-                    if (ju_space_len(s.p + k, st - k) == st - k) break;
-                    st = k;
-                }
-                CK(str_list_push(r, l.u.list, s.p + st, end - st, pos));
-                splits++;
-                end = st;
-            }
-        } else {
-            sview sp = sv(sep);
-            for (;;) {
-                const char *hit = NULL;
-                if (!(maxsplit >= 0 && splits >= maxsplit))
-                    for (size_t i = end + 1; i-- > 0;)
-                        if (i + sp.n <= end && memcmp(s.p + i, sp.p, sp.n) == 0) {
-                            hit = s.p + i;
-                            break;
-                        }
-                if (!hit) {
-                    CK(str_list_push(r, l.u.list, s.p, end, pos));
-                    break;
-                }
-                size_t at = (size_t)(hit - s.p);
-                CK(str_list_push(r, l.u.list, s.p + at + sp.n, end - at - sp.n, pos));
-                splits++;
-                end = at;
-            }
-        }
-        jv_list *L = l.u.list;
-        for (size_t i = 0; i < L->len / 2; i++) {
-            jv t = L->items[i];
-            L->items[i] = L->items[L->len - 1 - i];
-            L->items[L->len - 1 - i] = t;
-        }
-        *out = l;
-        return 0;
-    }
-    case M_JOIN: {
-        if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "join() needs an iterable");
-        const jv_list *items;
-        jv_list *cps;
-        if (argv[0].type == JV_STRING) {
-            CK(s_codepoints(r, sv(argv[0]), &cps, pos));
-            items = cps;
-        } else if (is_arr(argv[0])) {
-            items = argv[0].u.list;
-        } else {
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "join() argument must be iterable, not %s", jv_type_name(argv[0].type));
-        }
-        jsb b;
-        jsb_init_out(r, &b);
-        char why[160] = "";
-        for (size_t i = 0; i < items->len; i++) {
-            if (i) jsb_add(&b, self.u.s.p, self.u.s.n);
-            int rc = jv_print(&b, items->items[i], why, sizeof why);
-            if (rc) {
-                rc = why_fail(r, rc, &b, pos, why);
-                jsb_free(&b);
-                return rc;
-            }
-        }
-        return sb_take(r, &b, pos, out);
-    }
-    case M_SPLITLINES: {
-        jv l = jv_list_new(r->a, JV_ARRAY, 0);
-        if (l.type != JV_ARRAY) return rt_oom(r, pos);
-        sview s = sv(self);
-        size_t st = 0;
-        for (size_t i = 0; i < s.n; i++) {
-            if (s.p[i] == '\n' || s.p[i] == '\r') {
-                CK(str_list_push(r, l.u.list, s.p + st, i - st, pos));
-                if (s.p[i] == '\r' && i + 1 < s.n && s.p[i + 1] == '\n') i++;
-                st = i + 1;
-            }
-        }
-        if (st < s.n) CK(str_list_push(r, l.u.list, s.p + st, s.n - st, pos));
-        *out = l;
-        return 0;
-    }
+    case M_SCOUNT: return m_find(r, f, argv, npos, pos, out);
+    case M_RSPLIT: return m_rsplit(r, f, argv, npos, pos, out);
+    case M_JOIN: return m_join(r, f, argv, npos, pos, out);
+    case M_SPLITLINES: return m_splitlines(r, f, argv, npos, pos, out);
     case M_ISDIGIT:
     case M_ISALPHA:
     case M_ISALNUM:
-    case M_ISSPACE: {
-        sview s = sv(self);
-        bool ok = s.n > 0;
-        for (size_t i = 0; i < s.n && ok;) {
-            size_t l;
-            uint32_t c = ember_utf8_decode(s.p + i, s.n - i, &l);
-            i += l;
-            if (f->m == M_ISDIGIT) ok = is_cp_digit(c);
-            else if (f->m == M_ISALPHA) ok = is_cp_alpha(c);
-            else if (f->m == M_ISALNUM) ok = is_cp_alpha(c) || is_cp_digit(c);
-            else ok = ember_js_space(c);
-        }
-        *out = jv_bool(ok);
-        return 0;
-    }
+    case M_ISSPACE: return m_is_class(r, f, argv, npos, pos, out);
     case M_ISLOWER:
-    case M_ISUPPER: {
-        sview s = sv(self);
-        bool cased = false, ok = true;
-        for (size_t i = 0; i < s.n;) {
-            size_t l;
-            uint32_t c = ember_utf8_decode(s.p + i, s.n - i, &l);
-            i += l;
-            bool up = ju_lower(c) != c, low = ju_upper(c) != c;
-            if (up || low) cased = true;
-            if (f->m == M_ISLOWER ? up : low) ok = false;
-        }
-        *out = jv_bool(cased && ok);
-        return 0;
-    }
+    case M_ISUPPER: return m_is_case(r, f, argv, npos, pos, out);
     case M_REMOVEPREFIX:
-    case M_REMOVESUFFIX: {
-        if (npos < 1 || argv[0].type != JV_STRING) return rt_err(r, pos, EMBER_ERR_FORMAT, "removeprefix/removesuffix need a string");
-        sview s = sv(self), a = sv(argv[0]);
-        if (a.n <= s.n && f->m == M_REMOVEPREFIX && memcmp(s.p, a.p, a.n) == 0) {
-            s.p += a.n;
-            s.n -= a.n;
-        } else if (a.n <= s.n && f->m == M_REMOVESUFFIX && memcmp(s.p + s.n - a.n, a.p, a.n) == 0) {
-            s.n -= a.n;
-        }
-        *out = jv_strview(s.p, s.n);
-        return 0;
-    }
-    case M_FORMAT: return py_format(r, sv(self), argv, argc, pos, out);
+    case M_REMOVESUFFIX: return m_remove_affix(r, f, argv, npos, pos, out);
+    case M_FORMAT: return py_format(r, sv(f->self), argv, argc, pos, out);
     case M_APPEND:
-    case M_EXTEND: {
-        if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() takes exactly one argument", f->m == M_APPEND ? "append" : "extend");
-        if (f->m == M_APPEND) {
-            if (!jl_push(r->a, self.u.list, argv[0])) return rt_oom(r, pos);
-        } else {
-            if (!is_arr(argv[0])) return rt_err(r, pos, EMBER_ERR_FORMAT, "extend() argument must be a list");
-            jv src = argv[0];
-            size_t n = src.u.list->len; /* a list extended by itself */
-            for (size_t i = 0; i < n; i++)
-                if (!jl_push(r->a, self.u.list, src.u.list->items[i])) return rt_oom(r, pos);
-        }
-        *out = jv_null();
-        return 0;
-    }
+    case M_EXTEND: return m_append_extend(r, f, argv, npos, pos, out);
     case M_POP:
-    case M_INSERT: {
-        jv_list *l = self.u.list;
-        double idx = npos > 0 && argv[0].type == JV_INT ? argv[0].u.n : (f->m == M_POP ? -1 : 0);
-        if (f->m == M_INSERT) {
-            if (npos < 2) return rt_err(r, pos, EMBER_ERR_FORMAT, "insert() takes exactly two arguments");
-            double len = (double)l->len;
-            if (idx < 0) idx = fmax(idx + len, 0);
-            if (idx > len) idx = len;
-            if (!jl_push(r->a, l, argv[1])) return rt_oom(r, pos);
-            size_t at = (size_t)idx;
-            memmove(&l->items[at + 1], &l->items[at], (l->len - 1 - at) * sizeof(jv));
-            l->items[at] = argv[1];
-            *out = jv_null();
-            return 0;
-        }
-        if (l->len == 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "pop from empty list");
-        if (idx < 0) idx += (double)l->len;
-        if (!(idx >= 0 && idx < (double)l->len)) return rt_err(r, pos, EMBER_ERR_FORMAT, "pop index out of range");
-        size_t at = (size_t)idx;
-        *out = l->items[at];
-        memmove(&l->items[at], &l->items[at + 1], (l->len - at - 1) * sizeof(jv));
-        l->len--;
-        return 0;
-    }
+    case M_INSERT: return m_pop_insert(r, f, argv, npos, pos, out);
     case M_INDEX:
-    case M_LCOUNT: {
-        if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() takes exactly one argument", f->m == M_INDEX ? "index" : "count");
-        double c = 0;
-        for (size_t i = 0; i < self.u.list->len; i++)
-            if (jv_strict_eq(self.u.list->items[i], argv[0])) {
-                if (f->m == M_INDEX) {
-                    *out = jv_int((double)i);
-                    return 0;
-                }
-                c++;
-            }
-        if (f->m == M_INDEX) return rt_err(r, pos, EMBER_ERR_FORMAT, "index(): value is not in list");
-        *out = jv_int(c);
-        return 0;
-    }
+    case M_LCOUNT: return m_index_count(r, f, argv, npos, pos, out);
     default: break;
     }
     return rt_err(r, pos, EMBER_ERR_INTERNAL, "unknown method");
