@@ -988,10 +988,158 @@ static int filter_err(R *r, size_t pos, const char *kind, const char *name, size
     return rt_err(r, pos, EMBER_ERR_FORMAT, "unknown %s filter '%.*s'", kind, (int)EMBER_MIN(n, 64), name);
 }
 
+#define F(s) name_is(name, n, s) /* in the filters below: the filter is named s */
+
+/* An argument-free filter on an array (list, first, last, length, reverse, sort, join, string, unique). Unknown names: filter_err. */
+static int filter_array(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
+    const jv_list *l = v.u.list;
+    if (F("list")) {
+        *out = v;
+        return 0;
+    }
+    if (F("first") || F("last")) {
+        *out = l->len ? l->items[F("first") ? 0 : l->len - 1] : jv_hole();
+        return 0;
+    }
+    if (F("length")) {
+        *out = jv_int((double)l->len);
+        return 0;
+    }
+    if (F("reverse")) {
+        jv c = jv_list_new(r->a, JV_ARRAY, l->len);
+        if (c.type != JV_ARRAY) return rt_oom(r, pos);
+        for (size_t i = 0; i < l->len; i++) c.u.list->items[i] = l->items[l->len - 1 - i];
+        c.u.list->len = l->len;
+        *out = c;
+        return 0;
+    }
+    if (F("sort")) {
+        sort_ctx s;
+        memset(&s, 0, sizeof s);
+        s.r = r;
+        s.pos = pos;
+        return sorted_copy(r, l, &s, out);
+    }
+    if (F("join")) return join_values(r, l, (sview){"", 0}, pos, out);
+    if (F("string")) {
+        jsb b;
+        jsb_init_out(r, &b);
+        char why[160] = "";
+        jv_json_opts o;
+        memset(&o, 0, sizeof o);
+        int rc = jv_tojson(&b, v, &o, 0, false, why, sizeof why);
+        if (rc) {
+            rc = why_fail(r, rc, &b, pos, why);
+            jsb_free(&b);
+            return rc;
+        }
+        return sb_take(r, &b, pos, out);
+    }
+    if (F("unique")) {
+        jv c = jv_list_new(r->a, JV_ARRAY, 0);
+        if (c.type != JV_ARRAY) return rt_oom(r, pos);
+        for (size_t i = 0; i < l->len; i++) {
+            bool seen = false;
+            for (size_t k = 0; k < c.u.list->len && !seen; k++)
+                seen = jv_same_value_zero(c.u.list->items[k], l->items[i]);
+            if (!seen && !jl_push(r->a, c.u.list, l->items[i])) return rt_oom(r, pos);
+        }
+        *out = c;
+        return 0;
+    }
+    return filter_err(r, pos, "ArrayValue", name, n);
+}
+
+/* An argument-free filter on a string (length in UTF-16 units, upper, lower, title, capitalize, trim, indent, join, string, int, float). Unknown names: filter_err. */
+static int filter_string(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
+    sview s = sv(v);
+    if (F("length")) {
+        *out = jv_int((double)ember_utf16_len(s.p, s.n));
+        return 0;
+    }
+    if (F("upper") || F("lower")) return s_case(r, s, F("upper"), pos, out);
+    if (F("title")) return s_title(r, s, pos, out);
+    if (F("capitalize")) return s_capitalize(r, s, pos, out);
+    if (F("trim")) return str_view_result(r, js_trim(s, true, true), out);
+    if (F("indent")) return indent_lines(r, s, 4, false, false, pos, out);
+    if (F("join") || F("string")) {
+        *out = v;
+        return 0;
+    }
+    if (F("int")) {
+        double d = js_parse_int(s.p, s.n);
+        *out = jv_int(isnan(d) ? 0 : d);
+        return 0;
+    }
+    if (F("float")) {
+        double d = js_parse_float(s.p, s.n);
+        *out = jv_float(isnan(d) ? 0 : d);
+        return 0;
+    }
+    return filter_err(r, pos, "StringValue", name, n);
+}
+
+/* An argument-free filter on a number (abs, int, float, string). Unknown names: filter_err. */
+static int filter_number(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
+    if (F("abs")) {
+        *out = v.type == JV_INT ? jv_int(fabs(v.u.n)) : jv_float(fabs(v.u.n));
+        return 0;
+    }
+    if (F("int")) {
+        *out = jv_int(floor(v.u.n));
+        return 0;
+    }
+    if (F("float")) {
+        *out = jv_float(v.u.n);
+        return 0;
+    }
+    if (F("string")) return to_text(r, v, false, pos, out);
+    return filter_err(r, pos, "NumericValue", name, n);
+}
+
+/* An argument-free filter on an object (items, length, or a method of the object called without arguments). Unknown names: filter_err. */
+static int filter_object(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
+    if (F("items")) return dict_items(r, v.u.dict, pos, out);
+    if (F("length")) {
+        *out = jv_int((double)v.u.dict->len);
+        return 0;
+    }
+    jv b;
+    CK(builtin_of(r, v, name, n, pos, &b));
+    if (b.type == JV_FUNCTION) return call_method(r, b.u.fn, NULL, 0, pos, out);
+    if (b.type != JV_UNDEFINED) {
+        *out = b;
+        return 0;
+    }
+    return filter_err(r, pos, "ObjectValue", name, n);
+}
+
+/* An argument-free filter on a boolean (bool, int, float, string). Unknown names: filter_err. */
+static int filter_bool(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
+    if (F("bool")) {
+        *out = v;
+        return 0;
+    }
+    if (F("int")) {
+        *out = jv_int(v.u.b ? 1 : 0);
+        return 0;
+    }
+    if (F("float")) {
+        *out = jv_float(v.u.b ? 1 : 0);
+        return 0;
+    }
+    if (F("string")) {
+        *out = jv_strview(v.u.b ? "true" : "false", v.u.b ? 4 : 5);
+        return 0;
+    }
+    return filter_err(r, pos, "BooleanValue", name, n);
+}
+
+/* An argument-free filter ({{ v | name }}): safe and tojson on anything, the
+   others by the type of v. */
 static int apply_filter_ident(R *r, jv v, const jnode *f, jv *out) {
     const char *name = f->s;
     size_t n = f->n, pos = f->pos;
-#define F(s) name_is(name, n, s)
     if (F("safe")) {
         *out = v;
         return 0;
@@ -1001,222 +1149,147 @@ static int apply_filter_ident(R *r, jv v, const jnode *f, jv *out) {
         memset(&o, 0, sizeof o);
         return do_tojson(r, v, &o, pos, out);
     }
-    if (is_arr(v)) {
-        const jv_list *l = v.u.list;
-        if (F("list")) {
-            *out = v;
-            return 0;
-        }
-        if (F("first") || F("last")) {
-            *out = l->len ? l->items[F("first") ? 0 : l->len - 1] : jv_hole();
-            return 0;
-        }
-        if (F("length")) {
-            *out = jv_int((double)l->len);
-            return 0;
-        }
-        if (F("reverse")) {
-            jv c = jv_list_new(r->a, JV_ARRAY, l->len);
-            if (c.type != JV_ARRAY) return rt_oom(r, pos);
-            for (size_t i = 0; i < l->len; i++) c.u.list->items[i] = l->items[l->len - 1 - i];
-            c.u.list->len = l->len;
-            *out = c;
-            return 0;
-        }
-        if (F("sort")) {
-            sort_ctx s;
-            memset(&s, 0, sizeof s);
-            s.r = r;
-            s.pos = pos;
-            return sorted_copy(r, l, &s, out);
-        }
-        if (F("join")) return join_values(r, l, (sview){"", 0}, pos, out);
-        if (F("string")) {
-            jsb b;
-            jsb_init_out(r, &b);
-            char why[160] = "";
-            jv_json_opts o;
-            memset(&o, 0, sizeof o);
-            int rc = jv_tojson(&b, v, &o, 0, false, why, sizeof why);
-            if (rc) {
-                rc = why_fail(r, rc, &b, pos, why);
-                jsb_free(&b);
-                return rc;
-            }
-            return sb_take(r, &b, pos, out);
-        }
-        if (F("unique")) {
-            jv c = jv_list_new(r->a, JV_ARRAY, 0);
-            if (c.type != JV_ARRAY) return rt_oom(r, pos);
-            for (size_t i = 0; i < l->len; i++) {
-                bool seen = false;
-                for (size_t k = 0; k < c.u.list->len && !seen; k++)
-                    seen = jv_same_value_zero(c.u.list->items[k], l->items[i]);
-                if (!seen && !jl_push(r->a, c.u.list, l->items[i])) return rt_oom(r, pos);
-            }
-            *out = c;
-            return 0;
-        }
-        return filter_err(r, pos, "ArrayValue", name, n);
-    }
-    if (v.type == JV_STRING) {
-        sview s = sv(v);
-        if (F("length")) {
-            *out = jv_int((double)ember_utf16_len(s.p, s.n));
-            return 0;
-        }
-        if (F("upper") || F("lower")) return s_case(r, s, F("upper"), pos, out);
-        if (F("title")) return s_title(r, s, pos, out);
-        if (F("capitalize")) return s_capitalize(r, s, pos, out);
-        if (F("trim")) return str_view_result(r, js_trim(s, true, true), out);
-        if (F("indent")) return indent_lines(r, s, 4, false, false, pos, out);
-        if (F("join") || F("string")) {
-            *out = v;
-            return 0;
-        }
-        if (F("int")) {
-            double d = js_parse_int(s.p, s.n);
-            *out = jv_int(isnan(d) ? 0 : d);
-            return 0;
-        }
-        if (F("float")) {
-            double d = js_parse_float(s.p, s.n);
-            *out = jv_float(isnan(d) ? 0 : d);
-            return 0;
-        }
-        return filter_err(r, pos, "StringValue", name, n);
-    }
-    if (is_num(v)) {
-        if (F("abs")) {
-            *out = v.type == JV_INT ? jv_int(fabs(v.u.n)) : jv_float(fabs(v.u.n));
-            return 0;
-        }
-        if (F("int")) {
-            *out = jv_int(floor(v.u.n));
-            return 0;
-        }
-        if (F("float")) {
-            *out = jv_float(v.u.n);
-            return 0;
-        }
-        if (F("string")) return to_text(r, v, false, pos, out);
-        return filter_err(r, pos, "NumericValue", name, n);
-    }
-    if (is_obj(v)) {
-        if (F("items")) return dict_items(r, v.u.dict, pos, out);
-        if (F("length")) {
-            *out = jv_int((double)v.u.dict->len);
-            return 0;
-        }
-        jv b;
-        CK(builtin_of(r, v, name, n, pos, &b));
-        if (b.type == JV_FUNCTION) return call_method(r, b.u.fn, NULL, 0, pos, out);
-        if (b.type != JV_UNDEFINED) {
-            *out = b;
-            return 0;
-        }
-        return filter_err(r, pos, "ObjectValue", name, n);
-    }
-    if (v.type == JV_BOOL) {
-        if (F("bool")) {
-            *out = v;
-            return 0;
-        }
-        if (F("int")) {
-            *out = jv_int(v.u.b ? 1 : 0);
-            return 0;
-        }
-        if (F("float")) {
-            *out = jv_float(v.u.b ? 1 : 0);
-            return 0;
-        }
-        if (F("string")) {
-            *out = jv_strview(v.u.b ? "true" : "false", v.u.b ? 4 : 5);
-            return 0;
-        }
-        return filter_err(r, pos, "BooleanValue", name, n);
-    }
-#undef F
+    if (is_arr(v)) return filter_array(r, v, name, n, pos, out);
+    if (v.type == JV_STRING) return filter_string(r, v, name, n, pos, out);
+    if (is_num(v)) return filter_number(r, v, name, n, pos, out);
+    if (is_obj(v)) return filter_object(r, v, name, n, pos, out);
+    if (v.type == JV_BOOL) return filter_bool(r, v, name, n, pos, out);
     return rt_err(r, pos, EMBER_ERR_FORMAT, "cannot apply filter '%.*s' to %s", (int)EMBER_MIN(n, 64), name,
                   jv_type_name(v.type));
 }
 
+/* selectattr / rejectattr (attribute[, test[, value]]): the objects of the
+   array v whose attribute passes the test (truthy without one), or fails it. */
+static int filter_select_attr(R *r, jv v, const jnode *call, bool select, jv *out) {
+    const char *name = call->a->s;
+    size_t n = call->a->n, pos = call->a->pos;
+    if (!is_arr(v))
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "cannot apply filter '%.*s' to %s", (int)n, name, jv_type_name(v.type));
+    for (size_t i = 0; i < v.u.list->len; i++)
+        if (!is_container(v.u.list->items[i]))
+            return rt_err(r, pos, EMBER_ERR_FORMAT, "'%.*s' can only be applied to an array of objects", (int)n, name);
+    for (size_t i = 0; i < call->list.n; i++)
+        if (call->list.v[i]->kind != N_TEXT)
+            return rt_err(r, call->list.v[i]->pos, EMBER_ERR_FORMAT, "arguments of '%.*s' must be strings", (int)n, name);
+    if (call->list.n < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "'%.*s' needs an attribute name", (int)n, name);
+    const jnode *attr = call->list.v[0];
+    const jnode *tname = call->list.n > 1 ? call->list.v[1] : NULL;
+    jv tval;
+    bool have_val = call->list.n > 2;
+    if (have_val) tval = jv_strview(call->list.v[2]->s, call->list.v[2]->n);
+    if (tname && !test_exists(tname->s, tname->n))
+        return rt_err(r, tname->pos, EMBER_ERR_FORMAT, "unknown test '%.*s'", (int)EMBER_MIN(tname->n, 64), tname->s);
+    jv c = jv_list_new(r->a, JV_ARRAY, 0);
+    if (c.type != JV_ARRAY) return rt_oom(r, pos);
+    for (size_t i = 0; i < v.u.list->len; i++) {
+        jv it = v.u.list->items[i];
+        jv *f = jd_get(it.u.dict, attr->s, attr->n);
+        bool res = false;
+        if (f) {
+            if (tname)
+                CK(apply_test(r, tname->s, tname->n, *f, have_val ? &tval : NULL, tname->pos, &res));
+            else
+                res = jv_truthy(*f);
+        }
+        if (res == select && !jl_push(r->a, c.u.list, it)) return rt_oom(r, pos);
+    }
+    *out = c;
+    return 0;
+}
+
+/* tojson(indent=, ensure_ascii=, sort_keys=, separators=) with its arguments
+   checked as the reference checks them. */
+static int filter_tojson(R *r, jv v, args *a, size_t pos, jv *out) {
+    jv_json_opts o;
+    memset(&o, 0, sizeof o);
+    jv *ind = kwget(a, "indent");
+    if (ind && ind->type != JV_INT && ind->type != JV_NULL)
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, indent must be a number");
+    if (ind && ind->type == JV_INT) {
+        if (ind->u.n < 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "Invalid count value: %g", ind->u.n);
+        if (ind->u.n > 1000) return rt_err(r, pos, EMBER_ERR_LIMIT, "indent %g is too large", ind->u.n);
+        o.indent = (int)ind->u.n;
+    }
+    jv *ea = kwget(a, "ensure_ascii");
+    if (ea && ea->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, ensure_ascii must be a boolean");
+    o.ensure_ascii = ea && ea->u.b;
+    jv *sk = kwget(a, "sort_keys");
+    if (sk && sk->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, sort_keys must be a boolean");
+    o.sort_keys = sk && sk->u.b;
+    jv *sp = kwget(a, "separators");
+    char *isep = NULL, *ksep = NULL;
+    if (sp && is_arr(*sp)) {
+        if (sp->u.list->len != 2 || sp->u.list->items[0].type != JV_STRING || sp->u.list->items[1].type != JV_STRING)
+            return rt_err(r, pos, EMBER_ERR_FORMAT, "separators must be a tuple of two strings");
+        isep = ja_strdup(r->a, sp->u.list->items[0].u.s.p, sp->u.list->items[0].u.s.n);
+        ksep = ja_strdup(r->a, sp->u.list->items[1].u.s.p, sp->u.list->items[1].u.s.n);
+        if (!isep || !ksep) return rt_oom(r, pos);
+        o.item_sep = isep;
+        o.key_sep = ksep;
+    } else if (sp && sp->type != JV_NULL) {
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, separators must be a tuple of two strings");
+    }
+    return do_tojson(r, v, &o, pos, out);
+}
+
+/* sort(reverse=, case_sensitive=, attribute=) of the array v: a sorted copy. */
+static int filter_sort(R *r, jv v, args *a, size_t pos, jv *out) {
+    jv *rev = arg_or_kw(a, 0, "reverse");
+    jv *cs = arg_or_kw(a, 1, "case_sensitive");
+    jv *at = arg_or_kw(a, 2, "attribute");
+    if (rev && rev->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "reverse must be a boolean");
+    if (cs && cs->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "case_sensitive must be a boolean");
+    if (at && at->type != JV_STRING && at->type != JV_INT && at->type != JV_NULL)
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "attribute must be a string, integer, or null");
+    sort_ctx s;
+    memset(&s, 0, sizeof s);
+    s.r = r;
+    s.pos = pos;
+    s.reverse = rev && rev->u.b;
+    s.case_sensitive = cs && cs->u.b;
+    if (at && at->type == JV_STRING) {
+        s.attr = at->u.s.p;
+        s.attr_len = at->u.s.n;
+    } else if (at && at->type == JV_INT) {
+        jv t;
+        CK(to_text(r, *at, true, pos, &t));
+        s.attr = t.u.s.p;
+        s.attr_len = t.u.s.n;
+    }
+    return sorted_copy(r, v.u.list, &s, out);
+}
+
+/* map(attribute=, default=) of the array v (map with a filter name is not
+   supported). */
+static int filter_map(R *r, jv v, args *a, size_t pos, jv *out) {
+    jv *at = kwget(a, "attribute");
+    if (!at) return rt_err(r, pos, EMBER_ERR_FORMAT, "'map' without 'attribute' is not supported");
+    if (at->type != JV_STRING) return rt_err(r, pos, EMBER_ERR_FORMAT, "attribute must be a string");
+    jv *dflt = kwget(a, "default");
+    jv c = jv_list_new(r->a, JV_ARRAY, v.u.list->len);
+    if (c.type != JV_ARRAY) return rt_oom(r, pos);
+    for (size_t i = 0; i < v.u.list->len; i++) {
+        jv it = v.u.list->items[i];
+        if (!is_container(it)) return rt_err(r, pos, EMBER_ERR_FORMAT, "items in map must be objects");
+        jv x = attr_value(it, at->u.s.p, at->u.s.n);
+        c.u.list->items[i] = x.type == JV_UNDEFINED ? (dflt ? *dflt : jv_undefined()) : x;
+    }
+    c.u.list->len = v.u.list->len;
+    *out = c;
+    return 0;
+}
+
+/* A filter with arguments ({{ v | name(...) }}). */
 static int apply_filter_call(R *r, jv v, const jnode *call, jenv *env, jv *out) {
     const jnode *callee = call->a;
     size_t pos = callee->pos;
     if (callee->kind != N_IDENT) return rt_err(r, call->pos, EMBER_ERR_FORMAT, "unknown filter expression");
     const char *name = callee->s;
     size_t n = callee->n;
-#define F(s) name_is(name, n, s)
     args a;
-    if (F("selectattr") || F("rejectattr")) {
-        bool select = F("selectattr");
-        if (!is_arr(v))
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "cannot apply filter '%.*s' to %s", (int)n, name, jv_type_name(v.type));
-        for (size_t i = 0; i < v.u.list->len; i++)
-            if (!is_container(v.u.list->items[i]))
-                return rt_err(r, pos, EMBER_ERR_FORMAT, "'%.*s' can only be applied to an array of objects", (int)n, name);
-        for (size_t i = 0; i < call->list.n; i++)
-            if (call->list.v[i]->kind != N_TEXT)
-                return rt_err(r, call->list.v[i]->pos, EMBER_ERR_FORMAT, "arguments of '%.*s' must be strings", (int)n, name);
-        if (call->list.n < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "'%.*s' needs an attribute name", (int)n, name);
-        const jnode *attr = call->list.v[0];
-        const jnode *tname = call->list.n > 1 ? call->list.v[1] : NULL;
-        jv tval;
-        bool have_val = call->list.n > 2;
-        if (have_val) tval = jv_strview(call->list.v[2]->s, call->list.v[2]->n);
-        if (tname && !test_exists(tname->s, tname->n))
-            return rt_err(r, tname->pos, EMBER_ERR_FORMAT, "unknown test '%.*s'", (int)EMBER_MIN(tname->n, 64), tname->s);
-        jv c = jv_list_new(r->a, JV_ARRAY, 0);
-        if (c.type != JV_ARRAY) return rt_oom(r, pos);
-        for (size_t i = 0; i < v.u.list->len; i++) {
-            jv it = v.u.list->items[i];
-            jv *f = jd_get(it.u.dict, attr->s, attr->n);
-            bool res = false;
-            if (f) {
-                if (tname)
-                    CK(apply_test(r, tname->s, tname->n, *f, have_val ? &tval : NULL, tname->pos, &res));
-                else
-                    res = jv_truthy(*f);
-            }
-            if (res == select && !jl_push(r->a, c.u.list, it)) return rt_oom(r, pos);
-        }
-        *out = c;
-        return 0;
-    }
+    if (F("selectattr") || F("rejectattr")) return filter_select_attr(r, v, call, F("selectattr"), out);
     CK(eval_args(r, &call->list, env, &a));
-    if (F("tojson")) {
-        jv_json_opts o;
-        memset(&o, 0, sizeof o);
-        jv *ind = kwget(&a, "indent");
-        if (ind && ind->type != JV_INT && ind->type != JV_NULL)
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, indent must be a number");
-        if (ind && ind->type == JV_INT) {
-            if (ind->u.n < 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "Invalid count value: %g", ind->u.n);
-            if (ind->u.n > 1000) return rt_err(r, pos, EMBER_ERR_LIMIT, "indent %g is too large", ind->u.n);
-            o.indent = (int)ind->u.n;
-        }
-        jv *ea = kwget(&a, "ensure_ascii");
-        if (ea && ea->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, ensure_ascii must be a boolean");
-        o.ensure_ascii = ea && ea->u.b;
-        jv *sk = kwget(&a, "sort_keys");
-        if (sk && sk->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, sort_keys must be a boolean");
-        o.sort_keys = sk && sk->u.b;
-        jv *sp = kwget(&a, "separators");
-        char *isep = NULL, *ksep = NULL;
-        if (sp && is_arr(*sp)) {
-            if (sp->u.list->len != 2 || sp->u.list->items[0].type != JV_STRING || sp->u.list->items[1].type != JV_STRING)
-                return rt_err(r, pos, EMBER_ERR_FORMAT, "separators must be a tuple of two strings");
-            isep = ja_strdup(r->a, sp->u.list->items[0].u.s.p, sp->u.list->items[0].u.s.n);
-            ksep = ja_strdup(r->a, sp->u.list->items[1].u.s.p, sp->u.list->items[1].u.s.n);
-            if (!isep || !ksep) return rt_oom(r, pos);
-            o.item_sep = isep;
-            o.key_sep = ksep;
-        } else if (sp && sp->type != JV_NULL) {
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, separators must be a tuple of two strings");
-        }
-        return do_tojson(r, v, &o, pos, out);
-    }
+    if (F("tojson")) return filter_tojson(r, v, &a, pos, out);
     if (F("join")) {
         const jv_list *l;
         jv_list *cps;
@@ -1263,48 +1336,8 @@ static int apply_filter_call(R *r, jv v, const jnode *call, jenv *env, jv *out) 
         return 0;
     }
     if (is_arr(v)) {
-        if (F("sort")) {
-            jv *rev = arg_or_kw(&a, 0, "reverse");
-            jv *cs = arg_or_kw(&a, 1, "case_sensitive");
-            jv *at = arg_or_kw(&a, 2, "attribute");
-            if (rev && rev->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "reverse must be a boolean");
-            if (cs && cs->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "case_sensitive must be a boolean");
-            if (at && at->type != JV_STRING && at->type != JV_INT && at->type != JV_NULL)
-                return rt_err(r, pos, EMBER_ERR_FORMAT, "attribute must be a string, integer, or null");
-            sort_ctx s;
-            memset(&s, 0, sizeof s);
-            s.r = r;
-            s.pos = pos;
-            s.reverse = rev && rev->u.b;
-            s.case_sensitive = cs && cs->u.b;
-            if (at && at->type == JV_STRING) {
-                s.attr = at->u.s.p;
-                s.attr_len = at->u.s.n;
-            } else if (at && at->type == JV_INT) {
-                jv t;
-                CK(to_text(r, *at, true, pos, &t));
-                s.attr = t.u.s.p;
-                s.attr_len = t.u.s.n;
-            }
-            return sorted_copy(r, v.u.list, &s, out);
-        }
-        if (F("map")) {
-            jv *at = kwget(&a, "attribute");
-            if (!at) return rt_err(r, pos, EMBER_ERR_FORMAT, "'map' without 'attribute' is not supported");
-            if (at->type != JV_STRING) return rt_err(r, pos, EMBER_ERR_FORMAT, "attribute must be a string");
-            jv *dflt = kwget(&a, "default");
-            jv c = jv_list_new(r->a, JV_ARRAY, v.u.list->len);
-            if (c.type != JV_ARRAY) return rt_oom(r, pos);
-            for (size_t i = 0; i < v.u.list->len; i++) {
-                jv it = v.u.list->items[i];
-                if (!is_container(it)) return rt_err(r, pos, EMBER_ERR_FORMAT, "items in map must be objects");
-                jv x = attr_value(it, at->u.s.p, at->u.s.n);
-                c.u.list->items[i] = x.type == JV_UNDEFINED ? (dflt ? *dflt : jv_undefined()) : x;
-            }
-            c.u.list->len = v.u.list->len;
-            *out = c;
-            return 0;
-        }
+        if (F("sort")) return filter_sort(r, v, &a, pos, out);
+        if (F("map")) return filter_map(r, v, &a, pos, out);
         return filter_err(r, pos, "ArrayValue", name, n);
     }
     if (v.type == JV_STRING) {
