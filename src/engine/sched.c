@@ -684,14 +684,11 @@ static bool preempt_newest(ember_engine *e, int keep, uint64_t after) {
 }
 
 /* One step over the batch; returns false when there was nothing to do. */
-static bool step(ember_engine *e) {
-    ember_model *m = e->m;
-    ember_kv *kv = m->kv;
-    const int V = m->cfg.vocab_size, B = m->params.max_batch_tokens;
-    for (int i = 0; i < e->n_rows; i++) /* cancellations take effect at step boundaries */
-        if (e->rows[i].phase != ROW_FREE && atomic_load(&e->rows[i].s->cancel))
-            release_row(e, &e->rows[i], EMBER_FINISH_CANCELLED, 0, NULL);
-    /* decode rows first: each needs its next position, the oldest first */
+/* Makes KV room for every decoding row's next position: cached prefixes
+   first, then the newest rows are preempted; a row that alone fills the
+   budget ends (EMBER_FINISH_LENGTH). */
+static void make_decode_room(ember_engine *e) {
+    ember_kv *kv = e->m->kv;
     for (;;) {
         size_t need = 0;
         for (int i = 0; i < e->n_rows; i++)
@@ -707,8 +704,13 @@ static bool step(ember_engine *e) {
             break;
         }
     }
-    int nt = 0, no = 0;
-    int *out_row = e->out_row;
+}
+
+/* Puts each decoding row's last token into the batch (e->plan[i] = 1 for
+   those); *nt and *no count the batch's tokens and outputs. */
+static void plan_decode(ember_engine *e, int *nt_io, int *no_io) {
+    ember_model *m = e->m;
+    int *out_row = e->out_row, nt = *nt_io, no = *no_io;
     for (int i = 0; i < e->n_rows; i++) {
         row *r = &e->rows[i];
         e->plan[i] = 0;
@@ -724,9 +726,19 @@ static bool step(ember_engine *e) {
         r->used = e->steps;
         nt++;
     }
-    size_t spare = ember_kv_free_bytes(kv);
-    for (int i = 0; i < e->n_rows; i++)
-        if (e->plan[i]) spare -= ember_kv_need_bytes(kv, i, 1);
+    *nt_io = nt;
+    *no_io = no;
+}
+
+/* Adds prefill chunks, the oldest admitted rows first, within the batch
+   size, the step's prefill budget and the KV memory left (*spare, reduced by
+   what is planned); a row that cannot fit makes room or ends. */
+static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_io) {
+    ember_model *m = e->m;
+    ember_kv *kv = m->kv;
+    const int B = m->params.max_batch_tokens;
+    int *out_row = e->out_row, nt = *nt_io, no = *no_io;
+    size_t spare = *spare_io;
     int budget = e->p.prefill_chunk;
     while (nt < B && budget > 0) { /* prefill the oldest admitted rows first, in the memory left */
         row *r = NULL;
@@ -777,9 +789,20 @@ static bool step(ember_engine *e) {
         }
         r->n_fed += k; /* committed below only if the forward succeeds */
     }
-    /* drafts, in the batch room and memory the prefill left (it goes first, so
-       speculation never holds up a prompt): each speculating decoding row feeds
-       the tokens its source proposes after its last one, inside a KV round */
+    *nt_io = nt;
+    *no_io = no;
+    *spare_io = spare;
+}
+
+/* Adds the draft tokens of the speculating decoding rows in the batch room
+   and memory the prefill left (it goes first, so speculation never holds
+   up a prompt); each feeds what its source proposes after its last token,
+   inside a KV round. */
+static void plan_drafts(ember_engine *e, int *nt_io, int *no_io, size_t spare) {
+    ember_model *m = e->m;
+    ember_kv *kv = m->kv;
+    const int B = m->params.max_batch_tokens;
+    int *out_row = e->out_row, nt = *nt_io, no = *no_io;
     for (int i = 0; i < e->n_rows && e->src; i++) {
         row *r = &e->rows[i];
         if (!e->plan[i] || !r->spec) continue;
@@ -805,26 +828,16 @@ static bool step(ember_engine *e) {
             nt++;
         }
     }
-    e->steps++;
-    if (nt == 0) return false;
-    ember_error err = {0};
-    ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out};
-    int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
-    if (rc) { /* nothing was stored: every row in the batch fails */
-        for (int k = 0; k < nt; k++) {
-            row *r = &e->rows[m->b_row[k]];
-            if (r->phase == ROW_FREE) continue;
-            ember_kv_clear(kv, (int)(r - e->rows));
-            release_row(e, r, EMBER_FINISH_ERROR, rc, err.msg);
-        }
-        return true;
-    }
-    if (e->px) /* prompts' full blocks go into the prefix cache as they are prefilled */
-        for (int i = 0; i < e->n_rows; i++) {
-            row *r = &e->rows[i];
-            if (r->phase == ROW_PREFILL && r->stamp == e->steps - 1 && !r->s->g.no_prompt_cache)
-                (void)ember_kv_prefix_publish(e->px, i, r->hist, ember_kv_len(kv, i), r->s->g.cache_salt);
-        }
+    *nt_io = nt;
+    *no_io = no;
+}
+
+/* After a forward: each output's logits go to its row (a sampled token, or
+   the verification of its drafts), and the step's counts into e->stats. */
+static void take_outputs(ember_engine *e, int no) {
+    ember_model *m = e->m;
+    const int V = m->cfg.vocab_size;
+    int *out_row = e->out_row;
     uint64_t drafted = 0, accepted = 0, spec_fw = 0, dec_fw = 0, dec_tok = 0;
     for (int o = 0; o < no; o++) {
         row *r = &e->rows[out_row[o]];
@@ -849,6 +862,45 @@ static bool step(ember_engine *e) {
     e->stats.decode_forwards_total += dec_fw;
     e->stats.decode_tokens_total += dec_tok;
     pthread_mutex_unlock(&e->mu);
+}
+
+/* One engine step: plan a batch (decode, prefill chunks, drafts), run the
+   forward, hand out the results. Returns false when there was nothing to do. */
+static bool step(ember_engine *e) {
+    ember_model *m = e->m;
+    ember_kv *kv = m->kv;
+    for (int i = 0; i < e->n_rows; i++) /* cancellations take effect at step boundaries */
+        if (e->rows[i].phase != ROW_FREE && atomic_load(&e->rows[i].s->cancel))
+            release_row(e, &e->rows[i], EMBER_FINISH_CANCELLED, 0, NULL);
+    make_decode_room(e); /* decode rows first: each needs its next position */
+    int nt = 0, no = 0;
+    plan_decode(e, &nt, &no);
+    size_t spare = ember_kv_free_bytes(kv);
+    for (int i = 0; i < e->n_rows; i++)
+        if (e->plan[i]) spare -= ember_kv_need_bytes(kv, i, 1);
+    plan_prefill(e, &nt, &no, &spare);
+    if (e->src) plan_drafts(e, &nt, &no, spare);
+    e->steps++;
+    if (nt == 0) return false;
+    ember_error err = {0};
+    ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out};
+    int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
+    if (rc) { /* nothing was stored: every row in the batch fails */
+        for (int k = 0; k < nt; k++) {
+            row *r = &e->rows[m->b_row[k]];
+            if (r->phase == ROW_FREE) continue;
+            ember_kv_clear(kv, (int)(r - e->rows));
+            release_row(e, r, EMBER_FINISH_ERROR, rc, err.msg);
+        }
+        return true;
+    }
+    if (e->px) /* prompts' full blocks go into the prefix cache as they are prefilled */
+        for (int i = 0; i < e->n_rows; i++) {
+            row *r = &e->rows[i];
+            if (r->phase == ROW_PREFILL && r->stamp == e->steps - 1 && !r->s->g.no_prompt_cache)
+                (void)ember_kv_prefix_publish(e->px, i, r->hist, ember_kv_len(kv, i), r->s->g.cache_salt);
+        }
+    take_outputs(e, no);
     return true;
 }
 
