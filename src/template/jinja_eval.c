@@ -990,7 +990,8 @@ static int filter_err(R *r, size_t pos, const char *kind, const char *name, size
 
 #define F(s) name_is(name, n, s) /* in the filters below: the filter is named s */
 
-/* An argument-free filter on an array (list, first, last, length, reverse, sort, join, string, unique). Unknown names: filter_err. */
+/* An argument-free filter on an array (list, first, last, length, reverse,
+   sort, join, string, unique). Unknown names: filter_err. */
 static int filter_array(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
     const jv_list *l = v.u.list;
     if (F("list")) {
@@ -1050,7 +1051,9 @@ static int filter_array(R *r, jv v, const char *name, size_t n, size_t pos, jv *
     return filter_err(r, pos, "ArrayValue", name, n);
 }
 
-/* An argument-free filter on a string (length in UTF-16 units, upper, lower, title, capitalize, trim, indent, join, string, int, float). Unknown names: filter_err. */
+/* An argument-free filter on a string (length in UTF-16 units, upper, lower,
+   title, capitalize, trim, indent, join, string, int, float). Unknown names:
+   filter_err. */
 static int filter_string(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
     sview s = sv(v);
     if (F("length")) {
@@ -1097,7 +1100,8 @@ static int filter_number(R *r, jv v, const char *name, size_t n, size_t pos, jv 
     return filter_err(r, pos, "NumericValue", name, n);
 }
 
-/* An argument-free filter on an object (items, length, or a method of the object called without arguments). Unknown names: filter_err. */
+/* An argument-free filter on an object (items, length, or a method of the
+   object called without arguments). Unknown names: filter_err. */
 static int filter_object(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
     if (F("items")) return dict_items(r, v.u.dict, pos, out);
     if (F("length")) {
