@@ -47,6 +47,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     g_srv.o.max_body = 1 << 20;
     g_srv.info.vocab_size = ember_tok_n_vocab(g_tok);
     g_srv.info.n_ctx = 256;
+    g_srv.o.test_output = true; /* "ember_test_output" is validated too */
     return 0;
 }
 

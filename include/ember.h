@@ -105,6 +105,9 @@ typedef struct ember_model_params {
                              0: copy weights into huge-page backed memory */
     ember_log_fn log;     /* may be NULL */
     void *log_user;
+    const char *device;   /* where the model runs: "cpu" (NULL), "cuda" (=
+                             "cuda:0") or "cuda:N"; CUDA takes f32 / f16 /
+                             bf16 weights and the f32 / f16 / bf16 KV kinds */
 } ember_model_params;
 
 /* Fills p with the defaults described above. */
@@ -142,6 +145,7 @@ typedef struct ember_model_info {
     char kv_type[64];       /* the KV kind, described ("q4 (group 64)") */
     size_t kv_bytes_per_token; /* every layer, final kind */
     size_t kv_capacity;     /* bytes of KV blocks the budget allows */
+    char device[96];        /* "cpu", or "cuda:0 (NVIDIA H200)" */
 } ember_model_info;
 
 EMBER_API void ember_model_get_info(const ember_model *m, ember_model_info *info);

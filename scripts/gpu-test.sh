@@ -10,7 +10,11 @@
 #                         libraries), unpacked into a private prefix for a
 #                         machine that lacks them (docs/cuda.md says which)
 #        JOBS=N (default: cores), BUILD_DIR (default: build-cuda),
-#        SKIP_SANITIZE=1, BENCH_ARGS (e.g. "--quick"), SANITIZE_TIMEOUT / BENCH_TIMEOUT
+#        SKIP_SANITIZE=1, SKIP_MODEL_SANITIZE=1, SKIP_OPS_BENCH=1, BENCH_ARGS (e.g. "--quick"), SANITIZE_TIMEOUT / BENCH_TIMEOUT
+#        DECODE_ROWS="llama3.1-8b": aggregate decode at 1..256 rows (bench/decode_rows.c)
+#        EMBER_SHARED_DIR=DIR: the fixtures for the model test (a copy inside the
+#                         checkout when ../shared does not travel to the GPU machine)
+#        MODEL_BENCH="llama3.2-1b llama3.1-8b": whole-model ember bench on the GPU (mkmodel presets)
 #        (seconds per sanitizer run / for the benchmark; 200 / 240)
 # Files written: results.md (machine, versions, outcome of each step, the
 # benchmark table), build.log, test.log, memcheck.log, racecheck.log,
@@ -75,10 +79,11 @@ fi
 
 # ---- build ----------------------------------------------------------------------------------
 build() {
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON -DEMBER_WERROR=ON "${CMAKE_EXTRA[@]}" &&
-    cmake --build "$BUILD" -j"$JOBS" --target test_cuda_ops cuda_ops_bench ember
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON -DEMBER_WERROR=ON "${CMAKE_EXTRA[@]}" \
+    ${EMBER_SHARED_DIR:+-DEMBER_SHARED_DIR="$EMBER_SHARED_DIR"} &&
+    cmake --build "$BUILD" -j"$JOBS" --target test_cuda_ops test_cuda_model cuda_ops_bench decode_rows ember
 }
-if ! step "build (-DEMBER_CUDA=ON; test_cuda_ops, cuda_ops_bench, ember)" "$OUTDIR/build.log" build; then
+if ! step "build (-DEMBER_CUDA=ON; test_cuda_ops, test_cuda_model, cuda_ops_bench, ember)" "$OUTDIR/build.log" build; then
   tail -30 "$OUTDIR/build.log"
   exit 1
 fi
@@ -91,6 +96,7 @@ fi
 
 # ---- tests ----------------------------------------------------------------------------------
 TEST=$BUILD/tests/test_cuda_ops
+MODEL_TEST=$BUILD/tests/test_cuda_model
 step "ctest -R cuda" "$OUTDIR/test.log" "${RUN_ENV[@]}" bash -c "cd '$BUILD' && ctest -R cuda --output-on-failure -V --timeout 300"
 grep -E 'checks,|skipped' "$OUTDIR/test.log" | sed 's/^[0-9]*: //' | sed 's/^/  /' | tee -a "$RES"
 if grep -q 'skipped: no CUDA device' "$OUTDIR/test.log"; then note "  (no CUDA device: the GPU tests were skipped)"; status=1; fi
@@ -105,16 +111,56 @@ if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -n "$SAN" ]; then
     step "compute-sanitizer --tool $tool" "$OUTDIR/$tool.log" "${RUN_ENV[@]}" \
       timeout "${SANITIZE_TIMEOUT:-200}" "$SAN" --tool $tool "${extra[@]}" --error-exitcode 99 "$TEST"
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|checks,' "$OUTDIR/$tool.log" | sed 's/^/  /' | tee -a "$RES"
+    # the model test (two families) through the same tool
+    [ "${SKIP_MODEL_SANITIZE:-0}" = 1 ] && continue
+    step "compute-sanitizer --tool $tool test_cuda_model (quick)" "$OUTDIR/$tool-model.log" "${RUN_ENV[@]}" \
+      env EMBER_CUDA_MODEL_QUICK=1 timeout "${SANITIZE_TIMEOUT:-200}" "$SAN" --tool $tool "${extra[@]}" \
+      --error-exitcode 99 "$MODEL_TEST"
+    grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|checks,' "$OUTDIR/$tool-model.log" | sed 's/^/  /' |
+      tee -a "$RES"
   done
 fi
 
 # ---- benchmark ----------------------------------------------------------------------------------
 note ""
-if step "bench/cuda_ops_bench ${BENCH_ARGS:-}" "$OUTDIR/bench.txt" "${RUN_ENV[@]}" \
-  timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/cuda_ops_bench" ${BENCH_ARGS:-}; then :; fi
+if [ "${SKIP_OPS_BENCH:-0}" != 1 ]; then
+  if step "bench/cuda_ops_bench ${BENCH_ARGS:-}" "$OUTDIR/bench.txt" "${RUN_ENV[@]}" \
+    timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/cuda_ops_bench" ${BENCH_ARGS:-}; then :; fi
+  note ""
+  cat "$OUTDIR/bench.txt" >>"$RES"
+  cat "$OUTDIR/bench.txt"
+fi
 note ""
-cat "$OUTDIR/bench.txt" >>"$RES"
-cat "$OUTDIR/bench.txt"
-note ""
+
+# ---- whole models: ember bench --device cuda:0 on random weights of real shapes ---------------------
+# MODEL_BENCH="llama3.2-1b llama3.1-8b" (presets of ember mkmodel, bf16), MODEL_BENCH_ARGS (default
+# "-p 512 -n 128 -r 3"); the models are written to MODEL_DIR (default /tmp/ember-models).
+if [ -n "${MODEL_BENCH:-}" ]; then
+  MD=${MODEL_DIR:-/tmp/ember-models}
+  mkdir -p "$MD"
+  for preset in $MODEL_BENCH; do
+    [ -d "$MD/$preset" ] || step "mkmodel $preset bf16" "$OUTDIR/mkmodel-$preset.log" "${RUN_ENV[@]}" \
+      "$BUILD/ember" mkmodel --preset "$preset" --dtype bf16 --out "$MD/$preset"
+    step "ember bench --device cuda:0 $preset" "$OUTDIR/model-bench-$preset.txt" "${RUN_ENV[@]}" \
+      timeout "${BENCH_TIMEOUT:-240}" "$BUILD/ember" bench --device cuda:0 --model "$MD/$preset" \
+      ${MODEL_BENCH_ARGS:--p 512 -n 128 -r 3}
+    { echo "$preset bf16, ember bench --device cuda:0 ${MODEL_BENCH_ARGS:--p 512 -n 128 -r 3}:"; cat "$OUTDIR/model-bench-$preset.txt"; echo; } |
+      tee -a "$RES"
+  done
+fi
+# DECODE_ROWS="llama3.1-8b": aggregate decode (bench/decode_rows.c) on those presets,
+# DECODE_ROWS_ARGS (default "--rows 1,8,64,256 --depth 1024 --steps 16 --kv-type bf16")
+if [ -n "${DECODE_ROWS:-}" ]; then
+  MD=${MODEL_DIR:-/tmp/ember-models}
+  mkdir -p "$MD"
+  for preset in $DECODE_ROWS; do
+    [ -d "$MD/$preset" ] || step "mkmodel $preset bf16" "$OUTDIR/mkmodel-$preset.log" "${RUN_ENV[@]}" \
+      "$BUILD/ember" mkmodel --preset "$preset" --dtype bf16 --out "$MD/$preset"
+    step "decode_rows --device cuda:0 $preset" "$OUTDIR/decode-rows-$preset.txt" "${RUN_ENV[@]}" \
+      timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/decode_rows" --device cuda:0 --model "$MD/$preset" \
+      ${DECODE_ROWS_ARGS:---rows 1,8,64,256 --depth 1024 --steps 16 --kv-type bf16}
+    cat "$OUTDIR/decode-rows-$preset.txt" | tee -a "$RES"
+  done
+fi
 note "overall: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status

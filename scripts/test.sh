@@ -36,7 +36,7 @@ if [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ]; then NVCC=/usr/local/cuda/
 if [ -n "$NVCC" ] && [ "${SKIP_CUDA:-0}" != 1 ]; then
   echo "== CUDA build (-DEMBER_CUDA=ON with $NVCC) and GPU tests"
   PATH=$PATH:$(dirname "$NVCC") cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON -DEMBER_WERROR=ON >/dev/null
-  PATH=$PATH:$(dirname "$NVCC") cmake --build build-cuda -j"$JOBS" --target test_cuda_ops
+  PATH=$PATH:$(dirname "$NVCC") cmake --build build-cuda -j"$JOBS" --target test_cuda_ops test_cuda_model
   (cd build-cuda && ctest -R cuda --output-on-failure)
 fi
 if [ "${SKIP_SANITIZE:-0}" != 1 ]; then

@@ -10,6 +10,8 @@ ember_test(test_sampler test_sampler.c)
 ember_test(test_cli test_cli.c)
 ember_test(test_engine test_engine.c)
 ember_test(test_server test_server.c)
+# Tool calls through the server: hostile requests, OpenAI / Anthropic shapes, streaming (tests/test_server_tools.c).
+ember_test(test_server_tools test_server_tools.c)
 
 # The official OpenAI and Anthropic SDKs against `ember serve` (node; the SDKs
 # are installed by scripts/test.sh with npm ci in tests/e2e). Skipped (77)
@@ -20,7 +22,7 @@ if(NODE_EXE)
   add_test(NAME e2e_demo_model COMMAND ember mkmodel --preset demo --out ${EMBER_E2E_MODEL})
   set_tests_properties(e2e_demo_model PROPERTIES FIXTURES_SETUP e2e_model)
   add_test(NAME test_sdk COMMAND ${NODE_EXE} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/sdk_test.mjs $<TARGET_FILE:ember>
-                                  ${EMBER_E2E_MODEL})
+                                  ${EMBER_E2E_MODEL} ${EMBER_SHARED_DIR})
   set_tests_properties(test_sdk PROPERTIES FIXTURES_REQUIRED e2e_model SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
 

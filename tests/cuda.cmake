@@ -4,4 +4,7 @@
 if(EMBER_CUDA)
   ember_test(test_cuda_ops test_cuda_ops.c)
   set_tests_properties(test_cuda_ops PROPERTIES LABELS cuda)
+  # the fixture models on the GPU: parity, batch and chunk invariance
+  ember_test(test_cuda_model test_cuda_model.c)
+  set_tests_properties(test_cuda_model PROPERTIES LABELS cuda)
 endif()

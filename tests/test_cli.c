@@ -375,6 +375,7 @@ int main(void) {
     expect_fail("serve /nonexistent --prompt-cache-dir /tmp --prompt-cache-max 0",
                 "--prompt-cache-max expects a size such as 512M");
     expect_fail("serve /nonexistent --prompt-cache-max 1G", "--prompt-cache-max needs --prompt-cache-dir");
+    expect_fail("serve /nonexistent --tool-parser qwen", "--tool-parser: unknown format 'qwen' (auto, none, hermes");
     expect_fail("serve /nonexistent --prompt-cache-dir ''", "--prompt-cache-dir expects a non-empty value");
     {   /* a directory that cannot be one: the server does not start, and says why */
         char cmd[2048], out[4096], err[8192], cfg[700], demo[600];

@@ -41,12 +41,81 @@ void ember_model_free(ember_model *m) {
     free(m);
 }
 
+/* Parses a device name: *cuda = -1 for "cpu" (or NULL / ""), N for "cuda"
+   (N = 0) or "cuda:N". */
+static int parse_device(const char *s, int *cuda, ember_error *err) {
+    *cuda = -1;
+    if (!s || !*s || !strcmp(s, "cpu")) return EMBER_OK;
+    if (!strcmp(s, "cuda")) {
+        *cuda = 0;
+        return EMBER_OK;
+    }
+    if (!strncmp(s, "cuda:", 5) && s[5] >= '0' && s[5] <= '9') {
+        char *end;
+        long n = strtol(s + 5, &end, 10);
+        if (!*end && n >= 0 && n < 1024) {
+            *cuda = (int)n;
+            return EMBER_OK;
+        }
+    }
+    return ember_err(err, EMBER_ERR_INVALID_ARG, "unknown device '%s' (expected cpu, cuda or cuda:N)", s);
+}
+
+/* Creates m->be for p on the CPU or on GPU `cuda`. */
+static int make_backend(ember_model *m, const ember_model_params *p, int cuda, ember_error *err) {
+    if (cuda < 0) {
+        ember_cpu_params cp = {p->n_threads, p->isa, p->use_mmap != 0, m->log};
+        return ember_backend_cpu_new(&cp, &m->be, err);
+    }
+    ember_cuda_params cp = {cuda, m->log};
+    return ember_backend_cuda_new(&cp, &m->be, err);
+}
+
+/* Bytes of the weights in path (the GGUF file, or the directory's
+   *.safetensors files): what a GPU must hold. */
+static size_t weight_file_bytes(const char *path, bool gguf) {
+    struct stat st;
+    if (gguf) return stat(path, &st) == 0 ? (size_t)st.st_size : 0;
+    size_t total = 0;
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        if (l <= 12 || strcmp(de->d_name + l - 12, ".safetensors")) continue;
+        char *f = ember_path_join(path, de->d_name);
+        if (f && stat(f, &st) == 0) total += (size_t)st.st_size;
+        free(f);
+    }
+    closedir(d);
+    return total;
+}
+
+/* On a GPU: refuses weights that do not fit its free memory, before any
+   is uploaded. */
+static int check_device_fit(ember_model *m, const char *path, bool gguf, ember_error *err) {
+    size_t fr, total;
+    if (strcmp(m->be->ops->name, "cuda")) return EMBER_OK;
+    int rc = ember_cuda_mem_info(m->be, &fr, &total, err);
+    if (rc) return rc;
+    size_t need = weight_file_bytes(path, gguf);
+    if (need > fr)
+        return ember_err(err, EMBER_ERR_NOMEM,
+                         "%s: the weights need %.2f GiB on %s, which has %.2f GiB free of %.2f GiB", path,
+                         (double)need / (1 << 30), m->device, (double)fr / (1 << 30), (double)total / (1 << 30));
+    return EMBER_OK;
+}
+
 /* Creates m->kv for params p (n_ctx lowered when it is the default and one
    row of it would not fit the budget). */
 static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, ember_error *err) {
     ember_kv_type kt;
     int rc = ember_kv_type_parse(p->kv_type, p->kv_group_size, p->kv_quant_start, &kt, err);
     if (rc) return rc;
+    bool (*kv_ok)(ember_kv_enc) = m->be->ops->kv_ok;
+    if (kv_ok && (!kv_ok(kt.k_enc) || !kv_ok(kt.v_enc) || (kt.quant_start > 0 && !kv_ok(EMBER_KVE_F32))))
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "the %s KV cache is not supported on %s yet (f32, f16 and bf16 are)",
+                         kt.name, m->device);
     const int L = m->cfg.n_layers;
     int *heads = malloc((size_t)L * sizeof *heads), *dims = malloc((size_t)L * sizeof *dims),
         *win = malloc((size_t)L * sizeof *win);
@@ -205,18 +274,23 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
         ember_model_params_init(&p);
     if (p.n_rows < 0 || p.n_ctx < 0 || p.max_batch_tokens < 0 || p.n_threads < 0)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "model parameters must not be negative");
+    int cuda;
+    int rc = parse_device(p.device, &cuda, err);
+    if (rc) return rc;
     ember_model *m = calloc(1, sizeof *m);
     if (!m) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     m->log = (ember_logger){p.log, p.log_user};
-    int rc;
-    ember_cpu_params cp = {p.n_threads, p.isa, p.use_mmap != 0, m->log};
+    if (cuda < 0)
+        snprintf(m->device, sizeof m->device, "cpu");
+    else
+        snprintf(m->device, sizeof m->device, "cuda:%d", cuda);
     if (gguf) {
-        if ((rc = ember_backend_cpu_new(&cp, &m->be, err))) goto fail;
+        if ((rc = make_backend(m, &p, cuda, err)) || (rc = check_device_fit(m, path, gguf, err))) goto fail;
         if ((rc = ember_llm_load_gguf(path, m->be, &m->cfg, &m->llm, err))) goto fail;
     } else {
         if ((rc = ember_config_load(path, &m->cfg, err))) goto fail;
         if ((rc = ember_weights_open(path, &m->weights, err))) goto fail;
-        if ((rc = ember_backend_cpu_new(&cp, &m->be, err))) goto fail;
+        if ((rc = make_backend(m, &p, cuda, err)) || (rc = check_device_fit(m, path, gguf, err))) goto fail;
         if ((rc = ember_llm_load(&m->cfg, m->weights, m->be, &m->llm, err))) goto fail;
     }
     if (p.n_rows <= 0) p.n_rows = 1;
@@ -227,8 +301,11 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
                   m->cfg.max_pos);
     if (p.max_batch_tokens <= 0) p.max_batch_tokens = 512;
     if (p.max_batch_tokens < p.n_rows) p.max_batch_tokens = p.n_rows;
-    p.n_threads = ember_backend_cpu_threads(m->be);
-    p.isa = ember_backend_cpu_isa(m->be);
+    if (cuda < 0) {
+        p.n_threads = ember_backend_cpu_threads(m->be);
+        p.isa = ember_backend_cpu_isa(m->be);
+    }
+    p.device = m->device;
     if ((rc = make_kv(m, &p, ctx_default, err)) ||
         (rc = ember_llm_state_new(m->llm, p.max_batch_tokens, p.n_rows, &m->st, err)))
         goto fail;
@@ -244,9 +321,13 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
         rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    ember_log(&m->log, EMBER_LOG_INFO, "loaded %s: %s, %d layers, hidden %d, vocab %d, %s weights, %s x %d threads",
-              path, m->cfg.model_type, m->cfg.n_layers, m->cfg.hidden_size, m->cfg.vocab_size,
-              m->llm->weight_dtype, ember_isa_name(p.isa), p.n_threads);
+    char where[96];
+    if (cuda < 0)
+        snprintf(where, sizeof where, "%s x %d threads", ember_isa_name(p.isa), p.n_threads);
+    else
+        ember_backend_describe(m->be, where, sizeof where);
+    ember_log(&m->log, EMBER_LOG_INFO, "loaded %s: %s, %d layers, hidden %d, vocab %d, %s weights, %s", path,
+              m->cfg.model_type, m->cfg.n_layers, m->cfg.hidden_size, m->cfg.vocab_size, m->llm->weight_dtype, where);
     *out = m;
     return EMBER_OK;
 fail:
@@ -278,4 +359,5 @@ void ember_model_get_info(const ember_model *m, ember_model_info *info) {
     ember_kv_describe(m->kv, info->kv_type, sizeof info->kv_type);
     info->kv_bytes_per_token = ember_kv_bytes_per_token(m->kv, false);
     info->kv_capacity = ember_kv_capacity_bytes(m->kv);
+    ember_backend_describe(m->be, info->device, sizeof info->device);
 }

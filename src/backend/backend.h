@@ -209,6 +209,12 @@ typedef struct ember_backend_ops {
     /* dst = a + b, elementwise; dst may alias a or b. */
     int (*add)(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
                ember_error *err);
+
+    /* What the backend supports, asked before loading (NULL: everything).
+       weight_ok: matmul and get_rows take weights of this dtype; kv_ok: the
+       paged KV ops take this codec. */
+    bool (*weight_ok)(ember_dtype d);
+    bool (*kv_ok)(ember_kv_enc e);
 } ember_backend_ops;
 
 struct ember_backend {
@@ -245,7 +251,8 @@ typedef struct ember_cpu_params {
 } ember_cpu_params;
 
 int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_error *err);
-/* The ISA and thread count a CPU backend runs with. */
+/* The ISA and thread count a CPU backend runs with (AUTO and 0 for another
+   backend). */
 ember_isa ember_backend_cpu_isa(const ember_backend *be);
 int ember_backend_cpu_threads(const ember_backend *be);
 
@@ -265,6 +272,10 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
 /* *count = the CUDA devices present (0 where there is no driver or device);
    an error only for a broken installation (driver too old, ...). */
 int ember_cuda_device_count(int *count, ember_error *err);
+/* *free_b and *total_b: the device memory of a CUDA backend's GPU. */
+int ember_cuda_mem_info(const ember_backend *be, size_t *free_b, size_t *total_b, ember_error *err);
+/* "cuda:N (NAME)" of a CUDA backend into buf (n bytes); "cpu" otherwise. */
+void ember_backend_describe(const ember_backend *be, char *buf, size_t n);
 /* The cudaStream_t a CUDA backend runs every op on (for graph capture and
    event timing by the caller); NULL for any other backend. */
 void *ember_backend_cuda_stream(const ember_backend *be);

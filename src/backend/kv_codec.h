@@ -60,4 +60,11 @@ void ember_kv_encode(const ember_kv_codec *c, int D, bool is_k, const float *x, 
 /* Decodes slot `slot` of the piece at p into x[D]. */
 void ember_kv_decode(const ember_kv_codec *c, int D, bool is_k, const unsigned char *p, int slot, float *x);
 
+/* Checks a KV map against k/v-shaped tensors [T, H, D]: every view matches
+   (H, D) and its codecs, every token's row and position is valid and its row
+   has a block table. Returns EMBER_OK or EMBER_ERR_INVALID_ARG naming op. */
+int ember_kv_map_check(const ember_kv_map *map, int T, int H, int D, const char *op, ember_error *err);
+/* Checks that row r's blocks for positions [lo, hi] exist in its pool. */
+int ember_kv_map_check_blocks(const ember_kv_map *map, int r, int lo, int hi, const char *op, ember_error *err);
+
 #endif

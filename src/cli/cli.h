@@ -29,11 +29,14 @@ typedef struct cli_model_opts {
     const char *kv_type; /* NULL: the library's default (f32) */
     int kv_group, kv_quant_start;
     bool warnings; /* without verbose: the model's warnings and errors still reach stderr */
+    const char *device; /* "cpu", "cuda", "cuda:N"; NULL: cpu */
 } cli_model_opts;
 
-/* The KV cache options every model verb takes, as cli_opt entries writing
-   into a cli_model_opts `mo`. */
+/* The device and KV cache options every model verb takes, as cli_opt
+   entries writing into a cli_model_opts `mo`. */
 #define CLI_KV_OPTS(mo)                                                                                              \
+    {"device", 0, OPT_STR, &(mo).device, "DEV", "where the model runs: cpu (default), cuda or cuda:N (CUDA builds; "  \
+     "f32/f16/bf16 weights and KV)", 0, 0, false},                                                                     \
     {"kv-type", 0, OPT_STR, &(mo).kv_type, "KIND", "KV cache kind: f32, f16, bf16, q8, q4, tq-kKvV (K/V bits 2..8)", \
      0, 0, false},                                                                                                     \
     {"kv-group-size", 0, OPT_INT, &(mo).kv_group, "N", "q8 / q4 KV: values per scale, 32, 64 or 128 (default 64)", \
@@ -66,5 +69,8 @@ int cli_spec_resolve(const char *verb, const cli_spec_opts *so, ember_engine_par
    none. Prints the error and returns 1 when the template does not compile. */
 struct ember_chat_template;
 int cli_load_template(const char *verb, const char *model, struct ember_chat_template **out);
+/* As cli_load_template, and *tools (may be NULL) is the tool-call format the
+   template's text shows (template/toolcall.h; EMBER_TOOLS_NONE without one). */
+int cli_load_template_tools(const char *verb, const char *model, struct ember_chat_template **out, int *tools);
 
 #endif

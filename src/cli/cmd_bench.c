@@ -24,15 +24,18 @@ static void report(bool json, const char *model, const ember_model_info *info, c
     if (json) {
         printf("{\"test\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.3f, \"stddev\": %.3f, \"repeats\": %d, "
                "\"model\": \"%s\", \"arch\": \"%s\", \"weights\": \"%s\", \"weight_bytes\": %zu, \"kv\": \"%s\", "
-               "\"kv_bytes_per_token\": %zu, \"isa\": \"%s\"}\n",
+               "\"kv_bytes_per_token\": %zu, \"isa\": \"%s\", \"device\": \"%s\"}\n",
                test, threads, mean, sd, reps, model, info->arch, info->weight_dtype, info->weight_bytes, info->kv_type,
-               info->kv_bytes_per_token, ember_isa_name(info->isa));
+               info->kv_bytes_per_token, ember_isa_name(info->isa), info->device);
     } else {
         char kv[16] = {0};
         for (size_t i = 0; i < sizeof kv - 1 && info->kv_type[i] && info->kv_type[i] != ' '; i++)
             kv[i] = info->kv_type[i];
+        char where[16] = {0}; /* the ISA, or "cuda:0" without the GPU's name */
+        const char *w = strcmp(info->device, "cpu") ? info->device : ember_isa_name(info->isa);
+        for (size_t i = 0; i < sizeof where - 1 && w[i] && w[i] != ' '; i++) where[i] = w[i];
         printf("| %-16s | %7d | %10.2f ± %-8.2f | %-6s | %-6s | %-6s |\n", test, threads, mean, sd, info->weight_dtype,
-               kv, ember_isa_name(info->isa));
+               kv, where);
     }
     fflush(stdout);
 }
@@ -86,7 +89,7 @@ int cmd_bench(int argc, char **argv) {
     for (int ti = 0; ti < n_thr; ti++) {
         int ctx = max_dep + (n_prompt > n_gen + 1 ? n_prompt : n_gen + 1) + 1;
         ember_model *m;
-        cli_model_opts mo = {thr[ti], ctx, 1, isa, false, use_mmap, 0, kvo.kv_type, kvo.kv_group, kvo.kv_quant_start, false};
+        cli_model_opts mo = {thr[ti], ctx, 1, isa, false, use_mmap, 0, kvo.kv_type, kvo.kv_group, kvo.kv_quant_start, false, kvo.device};
         if (cli_load_model("bench", model, &mo, &m)) return 1;
         ember_model_info info;
         ember_model_get_info(m, &info);

@@ -185,7 +185,7 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     ember_model *m;
-    mo = (cli_model_opts){threads, ctx, 1, isa, verbose, use_mmap, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start, false};
+    mo = (cli_model_opts){threads, ctx, 1, isa, verbose, use_mmap, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start, false, mo.device};
     if (cli_load_model("generate", model, &mo, &m)) {
         free(ids);
         ember_tok_free(tok);

@@ -20,7 +20,7 @@ int cmd_info(int argc, char **argv) {
     if (rc) return rc == 2 ? 0 : 1;
     if (!model) return cli_fail("info", "--model is required");
     ember_model *m;
-    mo = (cli_model_opts){1, ctx, 1, NULL, false, true, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start, false};
+    mo = (cli_model_opts){1, ctx, 1, NULL, false, true, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start, false, mo.device};
     if (cli_load_model("info", model, &mo, &m)) return 1;
     ember_model_info i;
     ember_model_get_info(m, &i);
@@ -30,6 +30,7 @@ int cmd_info(int argc, char **argv) {
     printf("heads         %d (kv %d, head_dim %d)\n", i.n_heads, i.n_kv_heads, i.head_dim);
     printf("vocab         %d\n", i.vocab_size);
     printf("max positions %d\n", i.max_position_embeddings);
+    printf("device        %s\n", i.device);
     printf("weights       %s, %.1f MiB read per token\n", i.weight_dtype, (double)i.weight_bytes / (1 << 20));
     printf("kv cache      %s, %zu bytes per token (%.1f KiB), budget %.1f MiB (context %d)\n", i.kv_type,
            i.kv_bytes_per_token, (double)i.kv_bytes_per_token / 1024, (double)i.kv_capacity / (1 << 20), i.n_ctx);

@@ -32,7 +32,7 @@ int cmd_logits(int argc, char **argv) {
     int n_ids;
     if (cli_parse_ids("logits", "ids", ids_s, &ids, &n_ids)) return 1;
     ember_model *m;
-    mo = (cli_model_opts){threads, ctx, 1, isa, verbose, use_mmap, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start, false};
+    mo = (cli_model_opts){threads, ctx, 1, isa, verbose, use_mmap, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start, false, mo.device};
     if (cli_load_model("logits", model, &mo, &m)) {
         free(ids);
         return 1;

@@ -60,6 +60,14 @@ static const preset k_presets[] = {
      " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192},"
      " \"tie_word_embeddings\": true, \"hidden_act\": \"silu\", \"bos_token_id\": 128000,"
      " \"eos_token_id\": [128001, 128008, 128009]}"},
+    {"llama3.1-8b", "Llama-3.1-8B's shape (hidden 4096, 32 layers, 32 heads, 8 KV heads, vocab 128256, untied)",
+     "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 128256,"
+     " \"hidden_size\": 4096, \"intermediate_size\": 14336, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
+     " \"num_key_value_heads\": 8, \"head_dim\": 128, \"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-05,"
+     " \"rope_theta\": 500000.0, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
+     " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192},"
+     " \"tie_word_embeddings\": false, \"hidden_act\": \"silu\", \"bos_token_id\": 128000,"
+     " \"eos_token_id\": [128001, 128008, 128009]}"},
     {"gemma3-1b", "Gemma-3-1B's shape (hidden 1152, 26 layers, 4 heads of 256, 1 KV head, 5 of 6 layers sliding 512, "
                   "vocab 262144, tied)",
      "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", \"vocab_size\": 262144,"

@@ -189,7 +189,8 @@ static void log_stderr(void *user, ember_log_level level, const char *msg) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model_arg = NULL, *host = "127.0.0.1", *isa = NULL, *kv_budget_s = NULL, *max_body_s = NULL;
-    const char *pc_dir = NULL, *pc_max_s = NULL;
+    const char *pc_dir = NULL, *pc_max_s = NULL, *tool_parser = "auto";
+    bool test_output = false;
     int port = 8080, parallel = 8, ctx = 0, threads = 0, max_queue = 256, default_max = 0;
     float drain = 10.0f;
     bool verbose = false, use_mmap = false;
@@ -220,6 +221,13 @@ int cmd_serve(int argc, char **argv) {
         {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512", 0, 0, false},
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
         {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log more (HTTP details) to stderr", 0, 0, false},
+        {"tool-parser", 0, OPT_STR, &tool_parser, "NAME",
+         "how the model writes tool calls: auto (from the chat template), none, hermes, qwen3_coder, llama3_json, "
+         "mistral, gemma4 (default auto)",
+         0, 0, false},
+        {"test-output", 0, OPT_FLAG, &test_output, NULL,
+         "TESTS ONLY: accept \"ember_test_output\" in requests, a scripted completion replacing the sampled tokens",
+         0, 0, false},
         CLI_KV_OPTS(mo),
         CLI_SPEC_OPTS(spo),
     };
@@ -232,7 +240,10 @@ int cmd_serve(int argc, char **argv) {
                    "KV cache: f16 unless --kv-type says otherwise; rows take blocks of 16 positions\n"
                    "as they grow, from a pool of --kv-budget bytes shared by all requests.\n"
                    "--spec ngram: each request drafts tokens from its own prompt and output and verifies\n"
-                   "them in one forward (same greedy output; a request opts out with \"speculative\": false).",
+                   "them in one forward (same greedy output; a request opts out with \"speculative\": false).\n"
+                   "Tool calls (OpenAI tools / Anthropic tools): rendered through the chat template, parsed\n"
+                   "out of the output in the format --tool-parser names; tool_choice required / named is\n"
+                   "accepted but not enforced yet (no constrained decoding): see docs/tool-calls.md.",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse_arg(&cmd, argc, argv, &model_arg);
     if (rc) return rc == 2 ? 0 : 1;
@@ -246,6 +257,10 @@ int cmd_serve(int argc, char **argv) {
     if (pc_max_s && !(pc_max = parse_size(pc_max_s, &ok)))
         return cli_fail("serve", "--prompt-cache-max expects a size such as 512M or 4G, got '%s'", pc_max_s);
     if (pc_max_s && !pc_dir) return cli_fail("serve", "--prompt-cache-max needs --prompt-cache-dir");
+    ember_tool_format tool_format = EMBER_TOOLS_NONE;
+    bool tools_auto = !strcmp(tool_parser, "auto");
+    if (!tools_auto && !ember_tool_format_from_name(tool_parser, &tool_format))
+        return cli_fail("serve", "--tool-parser: unknown format '%s' (auto, %s)", tool_parser, ember_tool_format_names());
     ember_engine_params sp = {0};
     if (cli_spec_resolve("serve", &spo, &sp)) return 1;
     if (!kv_budget) {
@@ -276,7 +291,7 @@ int cmd_serve(int argc, char **argv) {
     ember_model *m;
     /* warnings reach stderr without -v too: the prompt cache tells about files it skips */
     mo = (cli_model_opts){threads,  ctx,         parallel,    isa,         verbose, use_mmap, kv_budget,
-                          mo.kv_type, mo.kv_group, mo.kv_quant_start, true};
+                          mo.kv_type, mo.kv_group, mo.kv_quant_start, true, mo.device};
     if (cli_load_model("serve", path, &mo, &m)) return 1;
     ember_model_info info;
     ember_model_get_info(m, &info);
@@ -287,7 +302,8 @@ int cmd_serve(int argc, char **argv) {
         return cli_fail("serve", "%s", err.msg);
     }
     ember_chat_template *tmpl = NULL;
-    if (cli_load_template("serve", path, &tmpl)) {
+    int detected = EMBER_TOOLS_NONE;
+    if (cli_load_template_tools("serve", path, &tmpl, &detected)) {
         ember_tok_free(tok);
         ember_model_free(m);
         return 1;
@@ -306,6 +322,8 @@ int cmd_serve(int argc, char **argv) {
     so.draft_max = sp.draft_max;
     so.draft_min = sp.draft_min;
     so.log = (ember_logger){log_stderr, &min_level};
+    so.tool_format = tools_auto ? (ember_tool_format)detected : tool_format;
+    so.test_output = test_output;
     ember_server *srv;
     if (ember_server_start(m, tok, tmpl, &so, &srv, &err)) {
         ember_chat_template_free(tmpl);
@@ -313,9 +331,11 @@ int cmd_serve(int argc, char **argv) {
         ember_model_free(m);
         return cli_fail("serve", "%s", err.msg);
     }
-    fprintf(stderr, "ember: serving %s%s on http://%s:%d (%d parallel x %d tokens, %s, %d threads%s%s)\n", id,
-            demo ? " (demo, random weights)" : "", host, port, info.n_rows, info.n_ctx, ember_isa_name(info.isa),
-            info.n_threads, tmpl ? "" : ", no chat template", sp.spec == EMBER_SPEC_NGRAM ? ", n-gram speculation" : "");
+    fprintf(stderr, "ember: serving %s%s on http://%s:%d (%d parallel x %d tokens, %s, %d threads%s%s, tool calls: %s)\n",
+            id, demo ? " (demo, random weights)" : "", host, port, info.n_rows, info.n_ctx, ember_isa_name(info.isa),
+            info.n_threads, tmpl ? "" : ", no chat template", sp.spec == EMBER_SPEC_NGRAM ? ", n-gram speculation" : "",
+            ember_tool_format_name(so.tool_format));
+    if (test_output) fprintf(stderr, "ember: --test-output is on: requests may script their output (tests only)\n");
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "ember: %s: finishing running requests (up to %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",

@@ -11,6 +11,7 @@
 #include "core/mapfile.h"
 #include "formats/gguf.h"
 #include "template/chat.h"
+#include "template/toolcall.h"
 
 static void log_stderr(void *user, ember_log_level level, const char *msg) {
     (void)user;
@@ -33,6 +34,7 @@ int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, 
     p.kv_type = o->kv_type;
     p.kv_group_size = o->kv_group;
     p.kv_quant_start = o->kv_quant_start;
+    p.device = o->device;
     if (o->isa) {
         int v = cli_isa_from_name(o->isa);
         if (v < 0) return cli_fail(verb, "--isa must be one of auto, scalar, avx2, avx512; got '%s'", o->isa);
@@ -50,7 +52,12 @@ int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, 
 /* Reads the chat template: tokenizer_config.json, chat_template.jinja, or
    NULL when the model has none (chat requests are then refused). */
 int cli_load_template(const char *verb, const char *model, ember_chat_template **out) {
+    return cli_load_template_tools(verb, model, out, NULL);
+}
+
+int cli_load_template_tools(const char *verb, const char *model, ember_chat_template **out, int *tools) {
     *out = NULL;
+    if (tools) *tools = EMBER_TOOLS_NONE;
     struct stat st;
     if (stat(model, &st) != 0) return 0;
     if (!S_ISDIR(st.st_mode)) { /* a GGUF file: tokenizer.chat_template */
@@ -61,9 +68,11 @@ int cli_load_template(const char *verb, const char *model, ember_chat_template *
         size_t n = 0;
         int rc = 0;
         if (ember_gguf_find_kv(g, "tokenizer.chat_template") &&
-            ember_gguf_get_str(g, "tokenizer.chat_template", &src, &n, &gerr) == EMBER_OK &&
-            ember_chat_template_compile(src, n, out, &gerr))
-            rc = cli_fail(verb, "%s: chat template does not compile: %s", model, gerr.msg);
+            ember_gguf_get_str(g, "tokenizer.chat_template", &src, &n, &gerr) == EMBER_OK) {
+            if (tools) *tools = (int)ember_tool_format_detect(src, n);
+            if (ember_chat_template_compile(src, n, out, &gerr))
+                rc = cli_fail(verb, "%s: chat template does not compile: %s", model, gerr.msg);
+        }
         ember_gguf_free(g);
         return rc;
     }
@@ -84,6 +93,7 @@ int cli_load_template(const char *verb, const char *model, ember_chat_template *
         }
     }
     int rc = 0;
+    if (src && tools) *tools = (int)ember_tool_format_detect(src, len);
     if (src && ember_chat_template_compile(src, len, out, &err))
         rc = cli_fail(verb, "%s: chat template does not compile: %s", p, err.msg);
     json_decref(cfg);

@@ -29,6 +29,7 @@ struct ember_model {
     size_t logits_rows;  /* rows logits can hold */
     int32_t *b_tok, *b_pos, *b_row, *b_out; /* [max_batch_tokens] batch staging */
     uint64_t fingerprint; /* of the model's files: what a KV row saved to disk depends on */
+    char device[16];      /* params.device points here: "cpu" or "cuda:N" */
 };
 
 /* Makes room for rows x vocab host logits. */

@@ -109,12 +109,26 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
+/* The error for a weight the backend cannot compute with (weight_ok). */
+static int check_backend_dtype(ember_loader *L, const char *file, const char *name, ember_dtype dt) {
+    const ember_backend *be = L->m->be;
+    if (!be->ops->weight_ok || be->ops->weight_ok(dt)) return EMBER_OK;
+    return ember_err(L->err, EMBER_ERR_UNSUPPORTED,
+                     "%s: tensor '%s' is %s, which the %s backend does not support yet (f32, f16 and bf16 are)", file,
+                     name, ember_dtype_get(dt)->name, be->ops->name);
+}
+
 /* Binds t to a copy of repacked MLX blocks (mlx_load.h), which it frees. */
-static int load_blocks(ember_loader *L, ember_tensor *t, void *blocks, size_t nbytes, ember_dtype dt, int ndim,
-                       const int64_t *shape) {
+static int load_blocks(ember_loader *L, ember_tensor *t, const char *name, void *blocks, size_t nbytes, ember_dtype dt,
+                       int ndim, const int64_t *shape) {
     ember_llm *m = L->m;
     ember_buffer *b = NULL;
-    int rc = ember_tensor_alloc(m->be, t, &b, dt, ndim, shape, L->err);
+    int rc = check_backend_dtype(L, L->primary, name, dt);
+    if (rc) {
+        free(blocks);
+        return rc;
+    }
+    rc = ember_tensor_alloc(m->be, t, &b, dt, ndim, shape, L->err);
     if (!rc) rc = m->be->ops->write(m->be, t, 0, blocks, nbytes, L->err);
     free(blocks);
     if (rc) {
@@ -146,7 +160,7 @@ int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int nd
             ember_load_claim(L, part);
             snprintf(part, sizeof part, "%.*s.biases", (int)len, name);
             ember_load_claim(L, part);
-            return load_blocks(L, t, blocks, nb, dt, ndim, shape);
+            return load_blocks(L, t, name, blocks, nb, dt, ndim, shape);
         }
     }
     if (!find_weight(L, name, &st)) {
@@ -171,6 +185,7 @@ int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int nd
     }
     ember_buffer *b = NULL;
     int rc;
+    if (!as_f32 && (rc = check_backend_dtype(L, file, name, st.dtype))) return rc;
     if (as_f32) {
         size_t n = 1;
         for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];

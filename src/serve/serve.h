@@ -21,6 +21,7 @@
 #include "core/log.h"
 #include "ember.h"
 #include "template/chat.h"
+#include "template/toolcall.h"
 #include "tok/tokenizer.h"
 
 typedef struct ember_server ember_server;
@@ -38,6 +39,11 @@ typedef struct ember_server_opts {
     size_t prompt_cache_max;   /* its byte cap; 0: 4 GiB */
     ember_spec_mode spec;      /* speculative decoding's draft source (EMBER_SPEC_NONE: off) */
     int draft_max, draft_min;  /* see ember_engine_params; <= 0: its defaults */
+    ember_tool_format tool_format; /* how the model writes tool calls (EMBER_TOOLS_NONE: tools are
+                                      rendered, calls come back as text); see docs/tool-calls.md */
+    bool test_output;          /* TESTS ONLY: accept "ember_test_output" (a scripted completion whose
+                                  tokens replace the sampled ones) so tests can drive tool calls
+                                  through random-weight models. Never set it in production. */
     ember_logger log;
 } ember_server_opts;
 

@@ -75,6 +75,8 @@ struct ember_server {
     histo ttft, itl;
     uint64_t http_by_code[6]; /* 1xx..5xx */
     uint64_t finished[5];     /* by ember_finish */
+    int32_t keep_ids[8];      /* special tokens spelling the tool format's markers: kept in the text */
+    int n_keep;
 };
 
 static void histo_add(histo *h, const double *bounds, int nb, double v) {
@@ -297,11 +299,21 @@ typedef struct gen_req {
     int n_stops;
     bool max_tokens_given;
     int lp_mode; /* 0 none, 1 chat logprobs, 2 completion logprobs */
+    json_t *tools;   /* the request's tools in OpenAI's shape (owned), NULL when none */
+    int tool_choice; /* TOOLS_AUTO, ... */
+    bool one_call;   /* parallel_tool_calls false / disable_parallel_tool_use: calls after the first are dropped */
+    int32_t *script; /* TESTS ONLY (ember_test_output): tokens that replace the sampled ones */
+    int n_script;
+    bool script_ends; /* the script is shorter than max_tokens: its end is the end of the turn */
 } gen_req;
+
+enum { TOOLS_AUTO, TOOLS_NONE, TOOLS_REQUIRED, TOOLS_NAMED };
 
 static void gen_req_free(gen_req *q) {
     free(q->ids);
     free(q->bias);
+    json_decref(q->tools);
+    free(q->script);
     for (int i = 0; i < q->n_stops; i++) free(q->stops[i]);
     memset(q, 0, sizeof *q);
 }
@@ -429,8 +441,306 @@ static int content_text(const json_t *c, strbuf *out, bool *ok) {
     return 0;
 }
 
+/* ---- tools ------------------------------------------------------------------------------- */
+
+#define MAX_TOOLS 128
+#define MAX_CALL_ID 256
+
+/* A function name as OpenAI and Anthropic accept them: ^[a-zA-Z0-9_-]{1,64}$. */
+static bool tool_name_ok(const json_t *v) {
+    if (!json_is_string(v)) return false;
+    size_t n = json_string_length(v);
+    const char *t = json_string_value(v);
+    if (n == 0 || n > 64) return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = t[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static bool has_tool(const json_t *tools, const char *name) {
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t) {
+        const json_t *n = json_object_get(json_object_get(t, "function"), "name");
+        if (json_is_string(n) && !strcmp(json_string_value(n), name)) return true;
+    }
+    return false;
+}
+
+/* Validates the request's tools (OpenAI's or Anthropic's shape) into q->tools,
+   in OpenAI's shape ({"type": "function", "function": {name, description,
+   parameters}}), which is what chat templates read. */
+static int parse_tools(const json_t *body, bool anth, gen_req *q, bad *b) {
+    const json_t *tools = json_object_get(body, "tools");
+    if (!tools || json_is_null(tools)) return 0;
+    if (!json_is_array(tools)) return fail(b, 400, "tools", "'tools' must be an array");
+    if (json_array_size(tools) > MAX_TOOLS) return fail(b, 400, "tools", "'tools' may hold at most %d tools", MAX_TOOLS);
+    q->tools = json_array();
+    if (!q->tools) return fail(b, 500, NULL, "out of memory");
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t) {
+        if (!json_is_object(t)) return fail(b, 400, "tools", "tools[%zu] must be an object", i);
+        const json_t *fn = anth ? t : json_object_get(t, "function");
+        const json_t *ty = json_object_get(t, "type");
+        if (anth) {
+            if (ty && !json_is_null(ty) && !(json_is_string(ty) && !strcmp(json_string_value(ty), "custom")))
+                return fail(b, 400, "tools", "tools[%zu]: only client tools (with 'input_schema') are supported, not '%.40s'",
+                            i, json_is_string(ty) ? json_string_value(ty) : "?");
+        } else {
+            if (!json_is_string(ty) || strcmp(json_string_value(ty), "function"))
+                return fail(b, 400, "tools", "tools[%zu].type must be \"function\"", i);
+            if (!json_is_object(fn)) return fail(b, 400, "tools", "tools[%zu].function must be an object", i);
+        }
+        const json_t *name = json_object_get(fn, "name");
+        if (!tool_name_ok(name))
+            return fail(b, 400, "tools", "tools[%zu]: the name must be 1 to 64 characters of a-z, A-Z, 0-9, '_' and '-'", i);
+        if (has_tool(q->tools, json_string_value(name)))
+            return fail(b, 400, "tools", "tools[%zu]: the name '%s' is given twice", i, json_string_value(name));
+        const json_t *desc = json_object_get(fn, "description");
+        if (desc && !json_is_null(desc) && !json_is_string(desc))
+            return fail(b, 400, "tools", "tools[%zu]: 'description' must be a string", i);
+        const char *pk = anth ? "input_schema" : "parameters";
+        const json_t *params = json_object_get(fn, pk);
+        if (anth ? !json_is_object(params) : (params && !json_is_null(params) && !json_is_object(params)))
+            return fail(b, 400, "tools", "tools[%zu]: '%s' must be an object (a JSON schema)", i, pk);
+        const json_t *strict = json_object_get(fn, "strict");
+        if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+            return fail(b, 400, "tools", "tools[%zu]: 'strict' must be a boolean", i);
+        json_t *f;
+        if (anth) {
+            f = json_pack("{s:O}", "name", name);
+            if (json_is_string(desc)) json_object_set(f, "description", (json_t *)desc);
+            json_object_set(f, "parameters", (json_t *)params);
+        } else {
+            f = json_deep_copy(fn);
+        }
+        if (!f || json_array_append_new(q->tools, json_pack("{s:s, s:o}", "type", "function", "function", f)))
+            return fail(b, 500, NULL, "out of memory");
+    }
+    if (json_array_size(q->tools) == 0) {
+        json_decref(q->tools);
+        q->tools = NULL;
+    }
+    return 0;
+}
+
+/* tool_choice and parallel_tool_calls (OpenAI) or tool_choice with
+   disable_parallel_tool_use (Anthropic). Call after parse_tools. */
+static int parse_tool_choice(const json_t *body, bool anth, gen_req *q, bad *b) {
+    const json_t *tc = json_object_get(body, "tool_choice");
+    q->tool_choice = TOOLS_AUTO;
+    const char *named = NULL;
+    if (anth) {
+        if (tc && !json_is_null(tc)) {
+            const json_t *ty = json_object_get(tc, "type");
+            const char *t = json_string_value(ty);
+            if (!json_is_object(tc) || !t)
+                return fail(b, 400, "tool_choice", "'tool_choice' must be an object with a 'type'");
+            if (!strcmp(t, "auto"))
+                q->tool_choice = TOOLS_AUTO;
+            else if (!strcmp(t, "none"))
+                q->tool_choice = TOOLS_NONE;
+            else if (!strcmp(t, "any"))
+                q->tool_choice = TOOLS_REQUIRED;
+            else if (!strcmp(t, "tool")) {
+                q->tool_choice = TOOLS_NAMED;
+                const json_t *n = json_object_get(tc, "name");
+                if (!json_is_string(n)) return fail(b, 400, "tool_choice", "tool_choice {\"type\": \"tool\"} needs a 'name'");
+                named = json_string_value(n);
+            } else
+                return fail(b, 400, "tool_choice", "tool_choice.type must be auto, any, tool or none, not '%.32s'", t);
+            bool one = false;
+            if (opt_bool(tc, "disable_parallel_tool_use", &one, b)) return -1;
+            q->one_call = one;
+        }
+    } else {
+        bool parallel = true;
+        if (opt_bool(body, "parallel_tool_calls", &parallel, b)) return -1;
+        q->one_call = !parallel;
+        if (json_is_string(tc)) {
+            const char *t = json_string_value(tc);
+            if (!strcmp(t, "auto"))
+                q->tool_choice = TOOLS_AUTO;
+            else if (!strcmp(t, "none"))
+                q->tool_choice = TOOLS_NONE;
+            else if (!strcmp(t, "required"))
+                q->tool_choice = TOOLS_REQUIRED;
+            else
+                return fail(b, 400, "tool_choice", "'tool_choice' must be none, auto, required or a named function, not '%.32s'", t);
+        } else if (json_is_object(tc)) {
+            const json_t *ty = json_object_get(tc, "type");
+            const json_t *n = json_object_get(json_object_get(tc, "function"), "name");
+            if (!json_is_string(ty) || strcmp(json_string_value(ty), "function") || !json_is_string(n))
+                return fail(b, 400, "tool_choice",
+                            "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}");
+            q->tool_choice = TOOLS_NAMED;
+            named = json_string_value(n);
+        } else if (tc && !json_is_null(tc)) {
+            return fail(b, 400, "tool_choice", "'tool_choice' must be a string or an object, not %s", jtype(tc));
+        }
+    }
+    if ((q->tool_choice == TOOLS_REQUIRED || q->tool_choice == TOOLS_NAMED) && !q->tools)
+        return fail(b, 400, "tool_choice", "this 'tool_choice' needs 'tools'");
+    if (named && !has_tool(q->tools, named))
+        return fail(b, 400, "tool_choice", "tool_choice names '%.64s', which is not one of 'tools'", named);
+    return 0;
+}
+
+/* Checks an OpenAI assistant message's tool_calls in place (copy is the
+   message's own copy): ids recorded in ids, arguments given as JSON text
+   turned into objects (chat templates read them as mappings). */
+static int check_tool_calls(json_t *copy, size_t i, json_t *ids, bad *b) {
+    json_t *tcs = json_object_get(copy, "tool_calls");
+    if (!tcs || json_is_null(tcs)) {
+        json_object_del(copy, "tool_calls");
+        return 0;
+    }
+    if (!json_is_array(tcs)) return fail(b, 400, "messages", "messages[%zu].tool_calls must be an array", i);
+    if (json_array_size(tcs) > 1024) return fail(b, 400, "messages", "messages[%zu]: too many tool calls", i);
+    size_t k;
+    json_t *tc;
+    json_array_foreach(tcs, k, tc) {
+        json_t *fn = json_object_get(tc, "function");
+        const json_t *id = json_object_get(tc, "id"), *ty = json_object_get(tc, "type");
+        if (!json_is_object(tc) || !json_is_object(fn))
+            return fail(b, 400, "messages", "messages[%zu].tool_calls[%zu] must be an object with a 'function'", i, k);
+        if (!json_is_string(id) || json_string_length(id) == 0 || json_string_length(id) > MAX_CALL_ID)
+            return fail(b, 400, "messages", "messages[%zu].tool_calls[%zu].id must be a string of 1 to %d bytes", i, k,
+                        MAX_CALL_ID);
+        if (ty && !json_is_null(ty) && !(json_is_string(ty) && !strcmp(json_string_value(ty), "function")))
+            return fail(b, 400, "messages", "messages[%zu].tool_calls[%zu].type must be \"function\"", i, k);
+        if (!tool_name_ok(json_object_get(fn, "name")))
+            return fail(b, 400, "messages", "messages[%zu].tool_calls[%zu].function.name is not a valid function name", i, k);
+        json_t *args = json_object_get(fn, "arguments");
+        if (json_is_string(args)) {
+            json_t *parsed = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+            if (!json_is_object(parsed)) {
+                json_decref(parsed);
+                return fail(b, 400, "messages",
+                            "messages[%zu].tool_calls[%zu].function.arguments must be a JSON object (as a string)", i, k);
+            }
+            json_object_set_new(fn, "arguments", parsed);
+        } else if (!json_is_object(args)) {
+            return fail(b, 400, "messages", "messages[%zu].tool_calls[%zu].function.arguments must be a JSON string", i, k);
+        }
+        json_object_set_new(ids, json_string_value(id), json_true());
+    }
+    return 0;
+}
+
+/* An Anthropic message with content blocks, appended to out as the
+   template's messages: text blocks joined; tool_use blocks (assistant) as
+   tool_calls; tool_result blocks (user) as "tool" messages before the
+   user's text. */
+static int anthropic_blocks(const json_t *m, const char *role, size_t i, json_t *out, json_t *ids, bad *b) {
+    const json_t *c = json_object_get(m, "content");
+    bool assistant = !strcmp(role, "assistant");
+    strbuf text = {0};
+    json_t *calls = json_array();
+    int rc = 0;
+    size_t n_results = 0, k;
+    const json_t *blk;
+    if (json_is_string(c)) {
+        json_array_append_new(out, json_pack("{s:s, s:s%}", "role", role, "content", json_string_value(c),
+                                             json_string_length(c)));
+        json_decref(calls);
+        return 0;
+    }
+    if (!json_is_array(c)) {
+        json_decref(calls);
+        return fail(b, 400, "messages", "messages[%zu].content must be a string or an array of content blocks", i);
+    }
+    bool first_text = true;
+    json_array_foreach(c, k, blk) {
+        const char *ty = json_string_value(json_object_get(blk, "type"));
+        if (!json_is_object(blk) || !ty) {
+            rc = fail(b, 400, "messages", "messages[%zu].content[%zu] must be an object with a 'type'", i, k);
+            break;
+        }
+        if (!strcmp(ty, "text")) {
+            const json_t *tx = json_object_get(blk, "text");
+            if (!json_is_string(tx)) {
+                rc = fail(b, 400, "messages", "messages[%zu].content[%zu].text must be a string", i, k);
+                break;
+            }
+            if ((!first_text && sb_append(&text, "\n", 1)) || sb_append(&text, json_string_value(tx), json_string_length(tx))) {
+                rc = fail(b, 500, NULL, "out of memory");
+                break;
+            }
+            first_text = false;
+        } else if (!strcmp(ty, "tool_use") && assistant) {
+            const json_t *id = json_object_get(blk, "id"), *nm = json_object_get(blk, "name"),
+                         *in = json_object_get(blk, "input");
+            if (!json_is_string(id) || json_string_length(id) == 0 || json_string_length(id) > MAX_CALL_ID ||
+                !tool_name_ok(nm) || !json_is_object(in)) {
+                rc = fail(b, 400, "messages",
+                          "messages[%zu].content[%zu]: a tool_use block needs an 'id', a valid 'name' and an 'input' object", i, k);
+                break;
+            }
+            json_array_append_new(calls, json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", id, "type", "function", "function",
+                                                   "name", nm, "arguments", in));
+            json_object_set_new(ids, json_string_value(id), json_true());
+        } else if (!strcmp(ty, "tool_result") && !assistant) {
+            const json_t *id = json_object_get(blk, "tool_use_id");
+            if (!json_is_string(id)) {
+                rc = fail(b, 400, "messages", "messages[%zu].content[%zu].tool_use_id must be a string", i, k);
+                break;
+            }
+            if (!json_object_get(ids, json_string_value(id))) {
+                rc = fail(b, 400, "messages",
+                          "messages[%zu].content[%zu]: tool_use_id '%.64s' answers no tool_use block of an earlier message", i,
+                          k, json_string_value(id));
+                break;
+            }
+            const json_t *ie = json_object_get(blk, "is_error");
+            if (ie && !json_is_null(ie) && !json_is_boolean(ie)) {
+                rc = fail(b, 400, "messages", "messages[%zu].content[%zu].is_error must be a boolean", i, k);
+                break;
+            }
+            strbuf rt = {0};
+            bool ok;
+            if (content_text(json_object_get(blk, "content"), &rt, &ok) || !ok) {
+                sb_free(&rt);
+                rc = fail(b, 400, "messages",
+                          "messages[%zu].content[%zu].content must be a string or an array of text blocks", i, k);
+                break;
+            }
+            json_array_append_new(out, json_pack("{s:s, s:O, s:s%}", "role", "tool", "tool_call_id", id, "content",
+                                                 rt.data ? rt.data : "", rt.len));
+            sb_free(&rt);
+            n_results++;
+        } else {
+            rc = fail(b, 400, "messages", "messages[%zu].content[%zu]: '%.32s' blocks are not supported in %s messages", i,
+                      k, ty, role);
+            break;
+        }
+    }
+    if (!rc) {
+        if (assistant) {
+            json_t *msg = json_pack("{s:s}", "role", role);
+            if (text.len || json_array_size(calls) == 0)
+                json_object_set_new(msg, "content", json_stringn(text.data ? text.data : "", text.len));
+            else
+                json_object_set_new(msg, "content", json_null());
+            if (json_array_size(calls)) json_object_set(msg, "tool_calls", calls);
+            json_array_append_new(out, msg);
+        } else if (text.len || n_results == 0) {
+            json_array_append_new(out, json_pack("{s:s, s:s%}", "role", role, "content", text.data ? text.data : "",
+                                                 text.len));
+        }
+    }
+    sb_free(&text);
+    json_decref(calls);
+    return rc;
+}
+
 /* Builds the template's messages: roles checked, contents as strings,
-   tool-call arguments given as JSON text turned into objects. */
+   tool calls and tool results checked (a result must answer a call of an
+   earlier message) and shaped as HF transformers passes them. */
 static json_t *normalize_messages(const json_t *msgs, bool anthropic, const json_t *system, bad *b) {
     if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
         fail(b, 400, "messages", "'messages' must be a non-empty array");
@@ -441,12 +751,14 @@ static json_t *normalize_messages(const json_t *msgs, bool anthropic, const json
         return NULL;
     }
     json_t *out = json_array();
+    json_t *ids = json_object(); /* tool call ids seen so far */
     if (system && !json_is_null(system)) {
         strbuf sb = {0};
         bool ok;
         if (content_text(system, &sb, &ok) || !ok) {
             sb_free(&sb);
             json_decref(out);
+            json_decref(ids);
             fail(b, 400, "system", "'system' must be a string or an array of text blocks");
             return NULL;
         }
@@ -458,18 +770,20 @@ static json_t *normalize_messages(const json_t *msgs, bool anthropic, const json
     json_array_foreach(msgs, i, m) {
         const json_t *role = json_object_get(m, "role");
         if (!json_is_object(m) || !json_is_string(role)) {
-            json_decref(out);
             fail(b, 400, "messages", "messages[%zu] must be an object with a string 'role'", i);
-            return NULL;
+            goto bad;
         }
         const char *r = json_string_value(role);
         bool known = anthropic ? (!strcmp(r, "user") || !strcmp(r, "assistant"))
                                : (!strcmp(r, "system") || !strcmp(r, "user") || !strcmp(r, "assistant") ||
                                   !strcmp(r, "tool") || !strcmp(r, "developer"));
         if (!known) {
-            json_decref(out);
             fail(b, 400, "messages", "messages[%zu]: unknown role '%.32s'", i, r);
-            return NULL;
+            goto bad;
+        }
+        if (anthropic) {
+            if (anthropic_blocks(m, r, i, out, ids, b)) goto bad;
+            continue;
         }
         json_t *copy = json_deep_copy(m);
         if (!strcmp(r, "developer")) json_object_set_new(copy, "role", json_string("system"));
@@ -479,37 +793,51 @@ static json_t *normalize_messages(const json_t *msgs, bool anthropic, const json
         if (content_text(c, &sb, &ok) || !ok) {
             sb_free(&sb);
             json_decref(copy);
-            json_decref(out);
             fail(b, 400, "messages", "messages[%zu].content must be a string or an array of text parts", i);
-            return NULL;
+            goto bad;
         }
+        const json_t *tcs = json_object_get(m, "tool_calls");
+        bool has_calls = tcs && !json_is_null(tcs);
         if (c && !json_is_null(c))
             json_object_set_new(copy, "content", json_stringn(sb.data ? sb.data : "", sb.len));
-        else if (!json_object_get(m, "tool_calls")) {
+        else if (!has_calls) {
             sb_free(&sb);
             json_decref(copy);
-            json_decref(out);
             fail(b, 400, "messages", "messages[%zu] has no content", i);
-            return NULL;
+            goto bad;
         }
         sb_free(&sb);
-        json_t *tcs = json_object_get(copy, "tool_calls");
-        size_t k;
-        json_t *tc;
-        if (json_is_array(tcs)) json_array_foreach(tcs, k, tc) {
-                json_t *fn = json_object_get(tc, "function");
-                json_t *args = json_object_get(fn, "arguments");
-                if (json_is_string(args)) {
-                    json_t *parsed = json_loads(json_string_value(args), 0, NULL);
-                    if (json_is_object(parsed))
-                        json_object_set_new(fn, "arguments", parsed);
-                    else
-                        json_decref(parsed);
-                }
+        if (has_calls && strcmp(r, "assistant")) {
+            json_decref(copy);
+            fail(b, 400, "messages", "messages[%zu]: only assistant messages carry 'tool_calls'", i);
+            goto bad;
+        }
+        if (check_tool_calls(copy, i, ids, b)) {
+            json_decref(copy);
+            goto bad;
+        }
+        if (!strcmp(r, "tool")) {
+            const json_t *id = json_object_get(m, "tool_call_id");
+            if (!json_is_string(id)) {
+                json_decref(copy);
+                fail(b, 400, "messages", "messages[%zu]: a tool message needs a string 'tool_call_id'", i);
+                goto bad;
             }
+            if (!json_object_get(ids, json_string_value(id))) {
+                json_decref(copy);
+                fail(b, 400, "messages", "messages[%zu]: tool_call_id '%.64s' answers no tool call of an earlier message",
+                     i, json_string_value(id));
+                goto bad;
+            }
+        }
         json_array_append_new(out, copy);
     }
+    json_decref(ids);
     return out;
+bad:
+    json_decref(ids);
+    json_decref(out);
+    return NULL;
 }
 
 /* Renders the chat template and tokenizes the prompt. */
@@ -520,8 +848,8 @@ static int chat_prompt(ember_server *s, const json_t *body, const json_t *msgs, 
     json_t *kw = json_object_get(body, "chat_template_kwargs");
     if (json_is_object(kw)) json_object_update(vars, kw);
     json_object_set(vars, "messages", (json_t *)msgs);
-    const json_t *tools = json_object_get(body, "tools");
-    if (json_is_array(tools) && json_array_size(tools)) json_object_set(vars, "tools", (json_t *)tools);
+    /* tool_choice "none": the model is not told about the tools at all */
+    if (q->tools && q->tool_choice != TOOLS_NONE) json_object_set(vars, "tools", q->tools);
     json_object_set_new(vars, "add_generation_prompt", json_true());
     json_object_set_new(vars, "bos_token", json_string(s->bos_text ? s->bos_text : ""));
     json_object_set_new(vars, "eos_token", json_string(s->eos_text ? s->eos_text : ""));
@@ -578,6 +906,31 @@ static int completion_prompt(ember_server *s, const json_t *p, gen_req *q, bad *
     return 0;
 }
 
+/* TESTS ONLY: "ember_test_output", a completion that replaces the sampled
+   tokens (accepted only by a server started with opts.test_output), so
+   tests drive tool calls through random-weight models end to end: the
+   engine still runs every step, the server only swaps the token ids. */
+static int parse_test_output(ember_server *s, const json_t *body, gen_req *q, bad *b) {
+    const json_t *t = json_object_get(body, "ember_test_output");
+    if (!t) return 0;
+    if (!s->o.test_output)
+        return fail(b, 400, "ember_test_output", "'ember_test_output' is a test hook; this server was not started with it");
+    if (!json_is_string(t) || json_string_length(t) == 0)
+        return fail(b, 400, "ember_test_output", "'ember_test_output' must be a non-empty string");
+    size_t n = 0;
+    ember_error err = {0};
+    if (ember_tok_encode(s->tok, NULL, json_string_value(t), json_string_length(t), 0, &q->script, &n, &err))
+        return fail(b, 400, "ember_test_output", "tokenizer: %s", err.msg);
+    if (n == 0) return fail(b, 400, "ember_test_output", "'ember_test_output' encodes to no tokens");
+    q->n_script = (int)n;
+    if (q->n_script < q->g.max_tokens) {
+        q->g.max_tokens = q->n_script;
+        q->script_ends = true;
+    }
+    q->g.ignore_eos = 1; /* the script decides where the text ends */
+    return 0;
+}
+
 /* Parses and validates a generation body into q (the prompt tokenized). */
 static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q, bad *b) {
     memset(q, 0, sizeof *q);
@@ -599,12 +952,14 @@ static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q,
         const json_t *rft = json_object_get(rf, "type");
         if (rf && !json_is_null(rf) && !(json_is_string(rft) && !strcmp(json_string_value(rft), "text")))
             return fail(b, 400, "response_format", "only response_format {\"type\": \"text\"} is supported");
+        if (parse_tools(body, false, q, b) || parse_tool_choice(body, false, q, b)) return -1;
         json_t *msgs = normalize_messages(json_object_get(body, "messages"), false, NULL, b);
         if (!msgs) return -1;
         int rc = chat_prompt(s, body, msgs, q, b);
         json_decref(msgs);
         if (rc) return rc;
     } else if (proto == PROTO_ANTHROPIC) {
+        if (parse_tools(body, true, q, b) || parse_tool_choice(body, true, q, b)) return -1;
         json_t *msgs = normalize_messages(json_object_get(body, "messages"), true, json_object_get(body, "system"), b);
         if (!msgs) return -1;
         int rc = chat_prompt(s, body, msgs, q, b);
@@ -641,6 +996,7 @@ static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q,
         if (s->o.default_max_tokens > 0 && q->g.max_tokens > s->o.default_max_tokens)
             q->g.max_tokens = s->o.default_max_tokens;
     }
+    if (parse_test_output(s, body, q, b)) return -1;
     q->g.prompt = q->ids;
     q->g.n_prompt = q->n_ids;
     return 0;
@@ -664,6 +1020,18 @@ typedef struct gen_run {
     bool sent_first, done, finished;
     ember_event final;
     char finish_reason[24];
+    /* tool calls (tp non-NULL when the request has tools and the model a call format) */
+    ember_tool_parser *tp;
+    bool streaming;
+    strbuf content;  /* text outside calls */
+    strbuf cur_text; /* Anthropic: the text block being built */
+    strbuf args;     /* the current call's arguments */
+    json_t *calls;   /* OpenAI tool_calls, as reported */
+    json_t *blocks;  /* Anthropic content blocks, as reported */
+    int n_calls;     /* calls kept */
+    bool drop_call;  /* the current call is dropped (one call only) */
+    bool block_open; /* Anthropic stream: a text block is open */
+    int n_blocks;    /* Anthropic stream: blocks started */
 } gen_run;
 
 static void run_free(gen_run *r) {
@@ -673,6 +1041,12 @@ static void run_free(gen_run *r) {
     sb_free(&r->out);
     sb_free(&r->delta);
     json_decref(r->lp);
+    ember_tool_parser_free(r->tp);
+    sb_free(&r->content);
+    sb_free(&r->cur_text);
+    sb_free(&r->args);
+    json_decref(r->calls);
+    json_decref(r->blocks);
     gen_req_free(&r->q);
     atomic_fetch_sub(&r->srv->active, 1);
     free(r);
@@ -701,8 +1075,10 @@ static json_t *token_entry(ember_server *s, int32_t id, float lp, bool with_byte
 
 static const char *finish_name(const gen_run *r) {
     bool anth = r->q.proto == PROTO_ANTHROPIC;
+    bool length = r->final.finish == EMBER_FINISH_LENGTH && !(r->q.script_ends && r->n_tokens >= r->q.n_script);
+    if (r->n_calls > 0 && !length) return anth ? "tool_use" : "tool_calls";
     if (r->tg.stopped) return anth ? "stop_sequence" : "stop";
-    if (r->final.finish == EMBER_FINISH_LENGTH) return anth ? "max_tokens" : "length";
+    if (length) return anth ? "max_tokens" : "length";
     return anth ? "end_turn" : "stop";
 }
 
@@ -778,8 +1154,19 @@ static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_ent
     if (r->q.proto == PROTO_ANTHROPIC) {
         json_decref(lp_entry);
         if (!len) return;
+        int index = 0;
+        if (r->tp) { /* with tools, text blocks open as text comes, between tool_use blocks */
+            if (!r->block_open) {
+                sse_event(&r->out, "content_block_start",
+                          json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", r->n_blocks,
+                                    "content_block", "type", "text", "text", ""));
+                r->block_open = true;
+                r->n_blocks++;
+            }
+            index = r->n_blocks - 1;
+        }
         sse_event(&r->out, "content_block_delta",
-                  json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", 0, "delta", "type",
+                  json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", index, "delta", "type",
                             "text_delta", "text", jstr_clean(text, len)));
         return;
     }
@@ -806,9 +1193,10 @@ static void stream_start(gen_run *r) {
                   json_pack("{s:s, s:{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:o}}", "type", "message_start", "message",
                             "id", r->id, "type", "message", "role", "assistant", "content", "model",
                             r->srv->o.model_id, "stop_reason", "stop_sequence", "usage", u));
-        sse_event(&r->out, "content_block_start",
-                  json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
-                            "type", "text", "text", ""));
+        if (!r->tp)
+            sse_event(&r->out, "content_block_start",
+                      json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
+                                "type", "text", "text", ""));
         sse_event(&r->out, "ping", json_pack("{s:s}", "type", "ping"));
     } else if (r->q.proto == PROTO_CHAT) {
         json_t *c = chunk_base(r);
@@ -822,7 +1210,16 @@ static void stream_start(gen_run *r) {
 static void stream_end(gen_run *r) {
     const char *fr = finish_name(r);
     if (r->q.proto == PROTO_ANTHROPIC) {
-        sse_event(&r->out, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", 0));
+        if (r->tp && r->n_blocks == 0) { /* nothing at all: one empty text block, as without tools */
+            sse_event(&r->out, "content_block_start",
+                      json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
+                                "type", "text", "text", ""));
+            r->block_open = true;
+            r->n_blocks = 1;
+        }
+        if (!r->tp || r->block_open)
+            sse_event(&r->out, "content_block_stop",
+                      json_pack("{s:s, s:i}", "type", "content_block_stop", "index", r->tp ? r->n_blocks - 1 : 0));
         json_t *seq = r->tg.stopped ? json_string(r->q.stops[r->tg.stop_index]) : json_null();
         sse_event(&r->out, "message_delta",
                   json_pack("{s:s, s:{s:s, s:o}, s:{s:i}}", "type", "message_delta", "delta", "stop_reason", fr,
@@ -845,6 +1242,123 @@ static void stream_end(gen_run *r) {
     sb_puts(&r->out, "data: [DONE]\n\n");
 }
 
+/* ---- tool calls in each protocol's shape ------------------------------------------------------ */
+
+/* A call id: call_... (OpenAI) or toolu_... (Anthropic), 24 hex digits
+   unique within the server's life. Mistral's templates refuse any id but 9
+   letters and digits when the call is fed back, so with that format the id
+   is 9 of them (from the same counter: unique for 62^9 calls). */
+static void call_id(gen_run *r, char *out, size_t n) {
+    unsigned long k = atomic_fetch_add(&r->srv->next_id, 1);
+    uint64_t h = ember_mix64((uint64_t)k ^ ((uint64_t)r->srv->created << 24) ^ ((uint64_t)r->created << 44));
+    if (r->srv->o.tool_format == EMBER_TOOLS_MISTRAL && n > 9) {
+        static const char al[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+        const uint64_t space = 13537086546263552ull; /* 62^9 */
+        uint64_t x = ((uint64_t)k % space + ember_mix64((uint64_t)r->srv->created) % space) % space;
+        for (int i = 0; i < 9; i++, x /= 62) out[i] = al[x % 62];
+        out[9] = 0;
+        return;
+    }
+    snprintf(out, n, "%s%016llx%08lx", r->q.proto == PROTO_ANTHROPIC ? "toolu_" : "call_", (unsigned long long)h,
+             k & 0xffffffffUL);
+}
+
+static void flush_text_block(gen_run *r) {
+    if (!r->cur_text.len) return;
+    json_array_append_new(r->blocks, json_pack("{s:s, s:o}", "type", "text", "text",
+                                               jstr_clean(r->cur_text.data, r->cur_text.len)));
+    r->cur_text.len = 0;
+}
+
+/* Receives the parser's events: content goes on as text, calls become
+   tool_calls / tool_use blocks (and their SSE events when streaming). */
+static int tool_sink(void *user, const ember_tool_event *ev) {
+    gen_run *r = user;
+    bool anth = r->q.proto == PROTO_ANTHROPIC;
+    switch (ev->kind) {
+    case EMBER_TOOL_EV_CONTENT:
+        if (sb_append(&r->content, ev->text, ev->len) || (anth && sb_append(&r->cur_text, ev->text, ev->len))) return -1;
+        if (r->streaming) stream_text(r, ev->text, ev->len, NULL);
+        return 0;
+    case EMBER_TOOL_EV_CALL_START: {
+        r->drop_call = r->q.one_call && r->n_calls > 0;
+        if (r->drop_call) return 0;
+        char id[48];
+        call_id(r, id, sizeof id);
+        int idx = r->n_calls++;
+        r->args.len = 0;
+        json_array_append_new(r->calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function",
+                                                  "name", ev->name, "arguments", ""));
+        if (anth) {
+            flush_text_block(r);
+            json_array_append_new(r->blocks, json_pack("{s:s, s:s, s:s, s:{}}", "type", "tool_use", "id", id, "name",
+                                                       ev->name, "input"));
+        }
+        if (!r->streaming) return 0;
+        if (anth) {
+            if (r->block_open) {
+                sse_event(&r->out, "content_block_stop",
+                          json_pack("{s:s, s:i}", "type", "content_block_stop", "index", r->n_blocks - 1));
+                r->block_open = false;
+            }
+            sse_event(&r->out, "content_block_start",
+                      json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type", "content_block_start", "index",
+                                r->n_blocks, "content_block", "type", "tool_use", "id", id, "name", ev->name, "input"));
+            r->n_blocks++;
+        } else {
+            json_t *c = chunk_base(r);
+            json_object_set_new(c, "choices",
+                                json_pack("[{s:i, s:{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}, s:n, s:n}]", "index", 0, "delta",
+                                          "tool_calls", "index", idx, "id", id, "type", "function", "function", "name",
+                                          ev->name, "arguments", "", "logprobs", "finish_reason"));
+            sse_data(&r->out, c);
+        }
+        return 0;
+    }
+    case EMBER_TOOL_EV_CALL_ARGS:
+        if (r->drop_call) return 0;
+        if (sb_append(&r->args, ev->text, ev->len)) return -1;
+        if (!r->streaming || !ev->len) return 0;
+        if (anth) {
+            sse_event(&r->out, "content_block_delta",
+                      json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", r->n_blocks - 1,
+                                "delta", "type", "input_json_delta", "partial_json", jstr_clean(ev->text, ev->len)));
+        } else {
+            json_t *c = chunk_base(r);
+            json_object_set_new(c, "choices",
+                                json_pack("[{s:i, s:{s:[{s:i, s:{s:o}}]}, s:n, s:n}]", "index", 0, "delta", "tool_calls",
+                                          "index", r->n_calls - 1, "function", "arguments",
+                                          jstr_clean(ev->text, ev->len), "logprobs", "finish_reason"));
+            sse_data(&r->out, c);
+        }
+        return 0;
+    case EMBER_TOOL_EV_CALL_END: {
+        if (r->drop_call) return 0;
+        json_t *fn = json_object_get(json_array_get(r->calls, json_array_size(r->calls) - 1), "function");
+        json_object_set_new(fn, "arguments", jstr_clean(r->args.data ? r->args.data : "", r->args.len));
+        if (anth) {
+            json_t *input = json_loadb(r->args.data ? r->args.data : "{}", r->args.len ? r->args.len : 2, JSON_ALLOW_NUL, NULL);
+            json_object_set_new(json_array_get(r->blocks, json_array_size(r->blocks) - 1), "input",
+                                json_is_object(input) ? input : json_object());
+            if (input && !json_is_object(input)) json_decref(input);
+            if (r->streaming)
+                sse_event(&r->out, "content_block_stop",
+                          json_pack("{s:s, s:i}", "type", "content_block_stop", "index", r->n_blocks - 1));
+        }
+        return 0;
+    }
+    }
+    return 0;
+}
+
+/* Passes released text through the tool-call parser (final: the text ended). */
+static void tool_text(gen_run *r, const char *text, size_t len, bool final) {
+    ember_error err;
+    int rc = ember_tool_parser_feed(r->tp, text, len, tool_sink, r, &err);
+    if (!rc && final) rc = ember_tool_parser_finish(r->tp, tool_sink, r, &err);
+    if (rc && r->es) ember_stream_cancel(r->es);
+}
+
 /* Handles one engine event: text, logprobs, metrics, and (streaming) SSE. */
 static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
     ember_server *s = r->srv;
@@ -859,13 +1373,21 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
         r->sent_first = true;
         r->t_last = now;
         if (r->tg.stopped) return; /* tokens after a stop string are dropped */
+        int32_t token = ev->token;
+        if (r->q.script && r->n_tokens < r->q.n_script) token = r->q.script[r->n_tokens]; /* test hook */
         r->n_tokens++;
         json_t *lp = record_logprobs(r, ev);
         r->delta.len = 0;
         ember_error err;
-        if (textgen_push(&r->tg, ev->token, &r->delta, &err) != EMBER_OK) ember_stream_cancel(r->es);
+        if (textgen_push(&r->tg, token, &r->delta, &err) != EMBER_OK) ember_stream_cancel(r->es);
         if (r->tg.stopped) ember_stream_cancel(r->es);
-        if (streaming)
+        if (r->tp) { /* text goes through the tool-call parser; logprobs in a chunk of their own */
+            if (streaming && lp)
+                stream_text(r, "", 0, lp);
+            else
+                json_decref(lp);
+            tool_text(r, r->delta.data ? r->delta.data : "", r->delta.len, false);
+        } else if (streaming)
             stream_text(r, r->delta.data ? r->delta.data : "", r->delta.len, lp);
         else
             json_decref(lp);
@@ -879,6 +1401,11 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
     r->delta.len = 0;
     ember_error err;
     textgen_finish(&r->tg, &r->delta, &err);
+    if (r->tp) {
+        tool_text(r, r->delta.data ? r->delta.data : "", r->delta.len, true);
+        r->delta.len = 0;
+        if (r->q.proto == PROTO_ANTHROPIC) flush_text_block(r);
+    }
     if (streaming) {
         if (r->delta.len) stream_text(r, r->delta.data, r->delta.len, NULL);
         if (ev->finish == EMBER_FINISH_ERROR && !r->tg.stopped) {
@@ -929,9 +1456,17 @@ static void sse_free(void *cls) {
 static json_t *full_response(gen_run *r) {
     const char *text = r->tg.text.data ? r->tg.text.data : "";
     size_t len = r->tg.text.len;
+    if (r->tp) { /* the text outside the calls */
+        text = r->content.data ? r->content.data : "";
+        len = r->content.len;
+    }
     const char *fr = finish_name(r);
     if (r->q.proto == PROTO_ANTHROPIC) {
         json_t *seq = r->tg.stopped ? json_string(r->q.stops[r->tg.stop_index]) : json_null();
+        if (r->tp && json_array_size(r->blocks))
+            return json_pack("{s:s, s:s, s:s, s:s, s:O, s:s, s:o, s:o}", "id", r->id, "type", "message", "role",
+                             "assistant", "model", r->srv->o.model_id, "content", r->blocks, "stop_reason", fr,
+                             "stop_sequence", seq, "usage", usage_json(r));
         return json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:o}], s:s, s:o, s:o}", "id", r->id, "type", "message", "role",
                          "assistant", "model", r->srv->o.model_id, "content", "type", "text", "text",
                          jstr_clean(text, len), "stop_reason", fr, "stop_sequence", seq, "usage", usage_json(r));
@@ -940,7 +1475,8 @@ static json_t *full_response(gen_run *r) {
     if (r->q.proto == PROTO_CHAT) {
         json_t *lp = r->lp ? json_pack("{s:O}", "content", r->lp) : json_null();
         choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role", "assistant", "content",
-                           jstr_clean(text, len), "logprobs", lp, "finish_reason", fr);
+                           (len || !r->n_calls) ? jstr_clean(text, len) : json_null(), "logprobs", lp, "finish_reason", fr);
+        if (r->n_calls) json_object_set(json_object_get(choice, "message"), "tool_calls", r->calls);
     } else {
         choice = json_pack("{s:i, s:o, s:O, s:s}", "index", 0, "text", jstr_clean(text, len), "logprobs",
                            r->lp ? r->lp : json_null(), "finish_reason", fr);
@@ -971,6 +1507,17 @@ static enum MHD_Result run_generation(ember_server *s, struct MHD_Connection *c,
     if (textgen_init(&r->tg, s->tok, r->q.stops, r->q.n_stops, &err)) {
         run_free(r);
         return send_error(s, c, proto, 500, NULL, "out of memory");
+    }
+    r->streaming = r->q.stream;
+    if (r->q.tools && r->q.tool_choice != TOOLS_NONE && s->o.tool_format != EMBER_TOOLS_NONE) {
+        r->tp = ember_tool_parser_new(s->o.tool_format, r->q.tools);
+        r->calls = json_array();
+        r->blocks = json_array();
+        if (!r->tp || !r->calls || !r->blocks) {
+            run_free(r);
+            return send_error(s, c, proto, 500, NULL, "out of memory");
+        }
+        textgen_keep(&r->tg, s->keep_ids, s->n_keep);
     }
     int rc = ember_engine_submit(s->eng, &r->q.g, &r->es, &err);
     if (rc) {
@@ -1020,6 +1567,7 @@ static enum MHD_Result do_models(ember_server *s, struct MHD_Connection *c) {
     if (s->o.model_note) json_object_set_new(m, "description", json_string(s->o.model_note));
     json_object_set_new(m, "kv_cache", json_pack("{s:s, s:I}", "kind", s->info.kv_type, "bytes_per_token",
                                                   (json_int_t)s->info.kv_bytes_per_token));
+    json_object_set_new(m, "device", json_string(s->info.device));
     return send_json(s, c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
 }
 
@@ -1328,6 +1876,10 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
     s->created = time(NULL);
     pthread_mutex_init(&s->mu, NULL);
     ember_model_get_info(m, &s->info);
+    for (const char *const *mk = ember_tool_format_markers(o->tool_format); *mk && s->n_keep < 8; mk++) {
+        int32_t id = ember_tok_text_id(tok, *mk, strlen(*mk));
+        if (id >= 0 && ember_tok_is_special(tok, id)) s->keep_ids[s->n_keep++] = id;
+    }
     s->bos_text = token_text(tok, ember_tok_bos_id(tok));
     s->eos_text = token_text(tok, ember_tok_eos_id(tok));
     ember_engine_params ep = {.max_queue = o->max_queue, .spec = o->spec, .draft_max = o->draft_max,

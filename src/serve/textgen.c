@@ -52,6 +52,7 @@ int textgen_init(textgen *t, const ember_tokenizer *tok, char **stops, int n_sto
     t->n_stops = n_stops;
     t->stop_index = -1;
     t->n_vocab = ember_tok_n_vocab(tok);
+    t->tok = tok;
     return ember_tok_stream_new(tok, EMBER_TOK_SKIP_SPECIAL, &t->ds, err);
 }
 
@@ -102,12 +103,28 @@ static int release(textgen *t, strbuf *out, bool final) {
     return 0;
 }
 
+void textgen_keep(textgen *t, const int32_t *keep, int n_keep) {
+    t->keep = keep;
+    t->n_keep = n_keep;
+}
+
 int textgen_push(textgen *t, int32_t id, strbuf *out, ember_error *err) {
     if (t->stopped) return EMBER_OK;
     if (id < 0 || id >= t->n_vocab) return EMBER_OK; /* padding rows of the model's vocabulary have no text */
     const char *piece;
     size_t n;
-    int rc = ember_tok_stream_push(t->ds, id, &piece, &n, err);
+    int rc;
+    for (int i = 0; i < t->n_keep; i++) {
+        if (t->keep[i] != id) continue;
+        /* a kept special token: what the decoder held back, then the token's own text */
+        if ((rc = ember_tok_stream_flush(t->ds, &piece, &n, err))) return rc;
+        size_t tn = 0;
+        const char *tx = ember_tok_id_text(t->tok, id, &tn);
+        if (sb_append(&t->pending, piece, n) || (tx && sb_append(&t->pending, tx, tn)) || release(t, out, false))
+            return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        return EMBER_OK;
+    }
+    rc = ember_tok_stream_push(t->ds, id, &piece, &n, err);
     if (rc) return rc;
     if (sb_append(&t->pending, piece, n) || release(t, out, false))
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory");

@@ -32,11 +32,19 @@ typedef struct textgen {
     bool stopped;   /* a stop string matched: generation should end */
     int stop_index; /* which one, or -1 */
     int32_t n_vocab; /* the tokenizer's ids; others (model padding) decode to nothing */
+    const ember_tokenizer *tok;
+    const int32_t *keep; /* borrowed: special tokens whose text is kept (tool-call markers) */
+    int n_keep;
 } textgen;
 
 /* stops (borrowed, must outlive t) are matched on the decoded text. */
 int textgen_init(textgen *t, const ember_tokenizer *tok, char **stops, int n_stops, ember_error *err);
 void textgen_free(textgen *t);
+
+/* Special tokens the text keeps (their stored text, e.g. "[TOOL_CALLS]"),
+   where all other special tokens are dropped. keep is borrowed and must
+   outlive t. */
+void textgen_keep(textgen *t, const int32_t *keep, int n_keep);
 
 /* Feeds one generated token; appends the newly releasable text to out.
    After a stop string matched, t->stopped is set and further pushes add

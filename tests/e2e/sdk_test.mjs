@@ -1,12 +1,16 @@
 // sdk_test.mjs - ember serve driven by the official OpenAI and Anthropic SDKs.
 //
-// usage: node sdk_test.mjs EMBER_BIN MODEL_DIR
+// usage: node sdk_test.mjs EMBER_BIN MODEL_DIR [SHARED_DIR]
 // Starts `EMBER_BIN serve MODEL_DIR` on a free port, runs the checks, stops it
-// with SIGTERM and expects exit status 0. Exits 77 (skipped) when the SDKs
+// with SIGTERM and expects exit status 0. With SHARED_DIR (../shared), also
+// tool calls through both SDKs on a copy of the model with Qwen2.5's template. Exits 77 (skipped) when the SDKs
 // are not installed (npm install in this folder; scripts/test.sh does it).
 
 import { spawn } from 'node:child_process';
 import { createServer } from 'node:net';
+import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 let OpenAI, Anthropic;
 try {
@@ -17,7 +21,7 @@ try {
   process.exit(77);
 }
 
-const [bin, model] = process.argv.slice(2);
+const [bin, model, shared] = process.argv.slice(2);
 if (!bin || !model) {
   console.error('usage: node sdk_test.mjs EMBER_BIN MODEL_DIR');
   process.exit(2);
@@ -197,6 +201,165 @@ try {
 } catch (e) {
   failures++;
   console.error('FAIL: unexpected exception', e);
+}
+
+// ---- tool calls -------------------------------------------------------------------------------
+// A second server on a copy of the model whose chat template is Qwen2.5's real one (it renders
+// tools and writes calls as <tool_call>{json}</tool_call>). Random weights write no calls, so
+// requests carry "ember_test_output", the server's TEST-ONLY hook (on with --test-output): the
+// sampled token ids are swapped for a scripted completion's; detokenization, the tool-call
+// parser and the protocol shaping run as in production.
+const qwenTemplate = shared && join(shared, 'testdata/chat-templates/llama.cpp/Qwen-Qwen2.5-7B-Instruct.jinja');
+if (!qwenTemplate || !existsSync(qwenTemplate)) {
+  console.error('note: shared/testdata absent: tool-call checks skipped');
+} else {
+  const toolModel = mkdtempSync(join(tmpdir(), 'ember-e2e-tools-'));
+  cpSync(model, toolModel, { recursive: true });
+  const cfgPath = join(toolModel, 'tokenizer_config.json');
+  const cfg = JSON.parse(readFileSync(cfgPath, 'utf8'));
+  cfg.chat_template = readFileSync(qwenTemplate, 'utf8');
+  writeFileSync(cfgPath, JSON.stringify(cfg));
+  const tport = await freePort();
+  const tserver = spawn(bin, ['serve', toolModel, '--port', String(tport), '--parallel', '2', '--ctx', '2048', '--threads', '2', '--test-output'], {
+    stdio: ['ignore', 'inherit', 'inherit'],
+  });
+  let texited = null;
+  tserver.on('exit', (code, signal) => (texited = { code, signal }));
+  const tbase = `http://127.0.0.1:${tport}`;
+  for (let i = 0; ; i++) {
+    try {
+      if ((await fetch(`${tbase}/health`)).ok) break;
+    } catch {}
+    if (i > 300 || texited) {
+      console.error('tool server did not come up', texited);
+      process.exit(1);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const toa = new OpenAI({ baseURL: `${tbase}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const tan = new Anthropic({ baseURL: tbase, apiKey: 'unused', maxRetries: 0 });
+  const tools = [
+    {
+      type: 'function',
+      function: {
+        name: 'get_weather',
+        description: 'Current weather of a city',
+        parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+      },
+    },
+    { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } },
+  ];
+  const call = (name, args) => `<tool_call>\n${JSON.stringify({ name, arguments: args })}\n</tool_call>`;
+  const one = 'Let me look that up.\n' + call('get_weather', { city: 'Paris' });
+  const two = call('get_weather', { city: 'Oslo' }) + '\n' + call('get_time', {});
+  const user = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  try {
+    // single call, non-streaming
+    const r1 = await toa.chat.completions.create({ model: 'demo', messages: user, tools, max_tokens: 300, ember_test_output: one });
+    const m1 = r1.choices[0].message;
+    check(r1.choices[0].finish_reason === 'tool_calls', `openai finish_reason tool_calls (${r1.choices[0].finish_reason})`);
+    check(m1.content === 'Let me look that up.\n', `openai content around the call (${JSON.stringify(m1.content)})`);
+    check(m1.tool_calls?.length === 1 && m1.tool_calls[0].type === 'function' && /^call_/.test(m1.tool_calls[0].id), 'openai one tool call with an id');
+    check(m1.tool_calls?.[0].function.name === 'get_weather' && JSON.parse(m1.tool_calls[0].function.arguments).city === 'Paris', 'openai call name and arguments');
+
+    // parallel calls, non-streaming and streaming agree
+    const r2 = await toa.chat.completions.create({ model: 'demo', messages: user, tools, max_tokens: 300, ember_test_output: two });
+    const m2 = r2.choices[0].message;
+    check(m2.tool_calls?.length === 2 && m2.tool_calls[1].function.name === 'get_time', 'openai parallel calls');
+    check(m2.tool_calls?.[0].id !== m2.tool_calls?.[1].id, 'openai call ids differ');
+    const s2 = await toa.chat.completions.create({ model: 'demo', messages: user, tools, max_tokens: 300, stream: true, ember_test_output: two });
+    const acc = [];
+    let scontent = '',
+      sfinish = null;
+    for await (const chunk of s2) {
+      const ch = chunk.choices[0];
+      if (!ch) continue;
+      scontent += ch.delta.content ?? '';
+      for (const tc of ch.delta.tool_calls ?? []) {
+        if (!acc[tc.index]) acc[tc.index] = { id: tc.id, name: tc.function?.name, arguments: '' };
+        acc[tc.index].arguments += tc.function?.arguments ?? '';
+      }
+      if (ch.finish_reason) sfinish = ch.finish_reason;
+    }
+    check(sfinish === 'tool_calls', 'openai stream finish_reason tool_calls');
+    check(scontent === (m2.content ?? ''), `openai streamed content equals non-streamed (${JSON.stringify(scontent)})`);
+    check(
+      acc.length === 2 && acc.every((c, i) => c.name === m2.tool_calls[i].function.name && c.arguments === m2.tool_calls[i].function.arguments && /^call_/.test(c.id)),
+      'openai streamed calls equal the non-streamed calls',
+    );
+
+    // the calls fed back with their results
+    const r3 = await toa.chat.completions.create({
+      model: 'demo',
+      tools,
+      max_tokens: 300,
+      messages: [
+        ...user,
+        m2,
+        { role: 'tool', tool_call_id: m2.tool_calls[0].id, content: '12 C, rain' },
+        { role: 'tool', tool_call_id: m2.tool_calls[1].id, content: '14:05' },
+      ],
+      ember_test_output: 'It is 12 C and raining in Oslo.',
+    });
+    check(r3.choices[0].message.content === 'It is 12 C and raining in Oslo.' && r3.choices[0].finish_reason === 'stop', 'openai answer after tool results');
+    check(r3.usage.prompt_tokens > r2.usage.prompt_tokens, 'tool results are in the prompt');
+    try {
+      await toa.chat.completions.create({ model: 'demo', tools, messages: [...user, { role: 'tool', tool_call_id: 'call_nope', content: 'x' }] });
+      check(false, 'a tool result for an unknown call accepted');
+    } catch (e) {
+      check(e instanceof OpenAI.BadRequestError && /no tool call/.test(e.message), `BadRequestError for an unknown tool_call_id (${e.message})`);
+    }
+    try {
+      await toa.chat.completions.create({ model: 'demo', messages: user, tools: [{ type: 'function', function: { name: 'bad name' } }] });
+      check(false, 'a bad tool name accepted');
+    } catch (e) {
+      check(e instanceof OpenAI.BadRequestError, 'BadRequestError for a bad tool name');
+    }
+
+    // Anthropic: tool_use blocks, streaming through the SDK's accumulator, results fed back
+    const atools = tools.map((t) => ({ name: t.function.name, description: t.function.description, input_schema: t.function.parameters }));
+    const a1 = await tan.messages.create({ model: 'demo', max_tokens: 300, messages: user, tools: atools, ember_test_output: one + '\n' + call('get_time', {}) });
+    check(a1.stop_reason === 'tool_use', `anthropic stop_reason tool_use (${a1.stop_reason})`);
+    const uses = a1.content.filter((b) => b.type === 'tool_use');
+    check(a1.content[0].type === 'text' && a1.content[0].text === 'Let me look that up.\n', 'anthropic text block before the calls');
+    check(uses.length === 2 && /^toolu_/.test(uses[0].id) && uses[0].name === 'get_weather' && uses[0].input.city === 'Paris', 'anthropic tool_use blocks');
+    const as = tan.messages.stream({ model: 'demo', max_tokens: 300, messages: user, tools: atools, ember_test_output: one + '\n' + call('get_time', {}) });
+    const kinds = [];
+    for await (const ev of as) if (ev.type === 'content_block_delta') kinds.push(ev.delta.type);
+    const af = await as.finalMessage();
+    const strip = (blocks) => blocks.map(({ id, ...rest }) => rest);
+    check(JSON.stringify(strip(af.content)) === JSON.stringify(strip(a1.content)), `anthropic streamed blocks equal non-streamed (${JSON.stringify(af.content)})`);
+    check(kinds.includes('input_json_delta') && af.stop_reason === 'tool_use', 'anthropic input_json_delta events');
+    const a2 = await tan.messages.create({
+      model: 'demo',
+      max_tokens: 300,
+      tools: atools,
+      messages: [
+        ...user,
+        { role: 'assistant', content: a1.content },
+        {
+          role: 'user',
+          content: uses.map((u) => ({ type: 'tool_result', tool_use_id: u.id, content: u.name === 'get_time' ? '09:30' : '20 C' })),
+        },
+      ],
+      ember_test_output: 'It is 20 C in Paris at 09:30.',
+    });
+    check(a2.stop_reason === 'end_turn' && a2.content[0].text === 'It is 20 C in Paris at 09:30.', 'anthropic answer after tool results');
+    try {
+      await tan.messages.create({ model: 'demo', max_tokens: 5, tools: atools, messages: [{ role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_nope', content: 'x' }] }] });
+      check(false, 'anthropic tool_result for an unknown call accepted');
+    } catch (e) {
+      check(e instanceof Anthropic.BadRequestError, 'anthropic BadRequestError for an unknown tool_use_id');
+    }
+  } catch (e) {
+    failures++;
+    console.error('FAIL: unexpected exception in the tool checks', e);
+  }
+  tserver.kill('SIGTERM');
+  for (let i = 0; i < 200 && !texited; i++) await new Promise((r) => setTimeout(r, 50));
+  check(texited && texited.code === 0, 'tool server exits 0 on SIGTERM');
+  if (!texited) tserver.kill('SIGKILL');
+  rmSync(toolModel, { recursive: true, force: true });
 }
 
 // graceful stop: SIGTERM, exit 0

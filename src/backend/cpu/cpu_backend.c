@@ -607,51 +607,6 @@ static int cpu_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, cons
 
 /* ---- paged KV: write, read, attention ----------------------------------------------- */
 
-/* Checks a map against the k/v-shaped tensor x ([T, H, D] f32, or NULL) and
-   that every token's position lies in its row's blocks and pools. */
-static int check_map(const ember_kv_map *map, int T, int H, int D, const char *op, ember_error *err) {
-    if (!map || !map->views || map->n_views < 1 || !map->refs || map->n_refs < 1 || !map->row || !map->pos)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: incomplete KV map", op);
-    for (int i = 0; i < map->n_views; i++) {
-        const ember_kv_layer *L = &map->views[i];
-        size_t kh = ember_kv_head_bytes(&L->k, L->head_dim, true), vh = ember_kv_head_bytes(&L->v, L->head_dim, false);
-        if (!L->pool || !L->pool->buf || L->n_heads != H || L->head_dim != D || !kh || !vh || kh != L->k.head_bytes ||
-            vh != L->v.head_bytes || L->block_bytes == 0 || L->k_off + (size_t)H * kh > L->block_bytes ||
-            L->v_off + (size_t)H * vh > L->block_bytes || L->pool->nbytes % L->block_bytes)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: KV layer view %d does not match [%d heads, %d dims]", op,
-                             i, H, D);
-        if (((L->k.enc == EMBER_KVE_TQ) && (!L->k.codebook || !L->k.bounds || !L->k.signs)) ||
-            ((L->v.enc == EMBER_KVE_TQ) && (!L->v.codebook || !L->v.bounds || !L->v.signs)) || D > 1024)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: incomplete TQ codec", op);
-    }
-    for (int t = 0; t < T; t++) {
-        int r = map->row[t], p = map->pos[t];
-        if (r < 0 || r >= map->n_refs || p < 0)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: token %d: row %d / position %d invalid", op, t, r, p);
-        const ember_kv_rowref *ref = &map->refs[r];
-        if (ref->layer_set < 0 || ref->layer_set >= map->n_views || !ref->blocks || ref->first < 0 ||
-            ref->n_blocks < 0)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: row %d has no block table", op, r);
-    }
-    return EMBER_OK;
-}
-
-/* Checks that row r's blocks for positions [lo, hi] exist in its pool. */
-static int check_blocks(const ember_kv_map *map, int r, int lo, int hi, const char *op, ember_error *err) {
-    const ember_kv_rowref *ref = &map->refs[r];
-    const ember_kv_layer *L = &map->views[ref->layer_set];
-    size_t nb = L->pool->nbytes / L->block_bytes;
-    if (lo / EMBER_KV_BLOCK < ref->first || hi / EMBER_KV_BLOCK - ref->first >= ref->n_blocks)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: row %d does not hold positions %d..%d", op, r, lo, hi);
-    for (int b = lo / EMBER_KV_BLOCK; b <= hi / EMBER_KV_BLOCK; b++) {
-        int32_t id = ref->blocks[b - ref->first];
-        if (id < 0 || (size_t)id >= nb)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: row %d has no valid block for position %d", op, r,
-                             b * EMBER_KV_BLOCK);
-    }
-    return EMBER_OK;
-}
-
 /* The piece of head h, K (is_k) or V, holding position p of ref. */
 static unsigned char *kv_piece(const ember_kv_map *map, const ember_kv_rowref *ref, int p, int h, bool is_k) {
     const ember_kv_layer *L = &map->views[ref->layer_set];
@@ -701,9 +656,9 @@ static int cpu_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_ten
         v->shape[2] != k->shape[2] || k->shape[0] > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: k and v must both be [T, H, D]", op);
     int T = (int)k->shape[0], H = (int)k->shape[1], D = (int)k->shape[2];
-    if ((rc = check_map(map, T, H, D, op, err))) return rc;
+    if ((rc = ember_kv_map_check(map, T, H, D, op, err))) return rc;
     for (int t = 0; t < T; t++)
-        if ((rc = check_blocks(map, map->row[t], map->pos[t], map->pos[t], op, err))) return rc;
+        if ((rc = ember_kv_map_check_blocks(map, map->row[t], map->pos[t], map->pos[t], op, err))) return rc;
     kvrw_job j = {map, host(k), host(v), T, H, D, write};
     ember_pool_run(cpu(be)->pool, H, kvrw_task, &j);
     return EMBER_OK;
@@ -872,10 +827,10 @@ static int cpu_attention(ember_backend *be, ember_tensor *out, const ember_tenso
         return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: incomplete KV map");
     int Hkv = map->views[0].n_heads;
     if (Hkv < 1 || Hq % Hkv) return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: %d query heads over %d KV heads", Hq, Hkv);
-    if ((rc = check_map(map, T, Hkv, D, "attention", err))) return rc;
+    if ((rc = ember_kv_map_check(map, T, Hkv, D, "attention", err))) return rc;
     for (int t = 0; t < T; t++) { /* every key of the window must be there */
         int p = map->pos[t], lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
-        if ((rc = check_blocks(map, map->row[t], lo, p, "attention", err))) return rc;
+        if ((rc = ember_kv_map_check_blocks(map, map->row[t], lo, p, "attention", err))) return rc;
     }
     const int rep = Hq / Hkv, Dp = (D + 15) & ~15, units = T * Hkv;
     const float *qd = host(q);

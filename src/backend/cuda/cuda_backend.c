@@ -18,34 +18,71 @@
  * latest. Nothing here prints: every failure is an ember_error carrying
  * cudaGetErrorString.
  *
- * Small arguments: an op copies its host arrays into the bounce buffer
- * (pageable memory this backend allocated, so cudaMemcpyAsync has taken
- * the bytes when it returns), then copies them to the argument area on the
- * stream, ahead of the kernel that reads them. Reusing the area for the
- * next op is safe because the stream orders that copy after the kernel.
+ * Small arguments: an op packs its host arrays (ids, positions, RoPE
+ * frequencies, block tables) into one set and copies it, on the stream
+ * ahead of the kernel that reads it, into a slot of the argument area
+ * (upload_args); a set equal to one already there is not sent again.
  *
- * Not here yet: kv_write, kv_read and attention over the paged KV blocks
- * (EMBER_ERR_UNSUPPORTED; copy works), quantized
- * weights (EMBER_ERR_UNSUPPORTED), CUDA graphs.
+ * Paged KV: kv_write, kv_read and attention over the f32 / f16 / bf16
+ * block codecs (cuda_attn.cu); a map's block tables travel through the
+ * argument area like any small array. Split attention's scratch is device
+ * memory the backend owns, grown on demand.
+ *
+ * Not here yet: the quantized KV codecs (Q8, Q4, TQ) and quantized weights
+ * (EMBER_ERR_UNSUPPORTED, refused at load through weight_ok / kv_ok), CUDA
+ * graphs.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
+#include "backend/kv_codec.h"
 #include "core/util.h"
 #include "cuda_kernels.h"
+
+/* One argument set in device memory, with the host bytes it holds. */
+typedef struct arg_slot {
+    void *dev;
+    unsigned char *host;
+    size_t cap, len;
+    unsigned long long used; /* arg_clock at the last use: the oldest is reused */
+} arg_slot;
+
+#define ARG_SLOTS 8
+
+/* EMBER_CUDA_PROFILE=FILE: GPU time per op, from events recorded after
+   each op (a development aid; off unless the variable is set). */
+#define PROF_EVENTS 4096
+#define PROF_KEYS 64
+typedef struct cuda_prof {
+    FILE *out;
+    cudaEvent_t ev[PROF_EVENTS];
+    int key[PROF_EVENTS]; /* which key event i closes */
+    int n;                /* events recorded since the last flush (ev[0]: the base) */
+    char names[PROF_KEYS][64];
+    double ms[PROF_KEYS];
+    long count[PROF_KEYS];
+    int n_keys;
+} cuda_prof;
 
 typedef struct cuda_backend {
     ember_backend base;
     int device;
     cudaStream_t stream;
-    void *args; /* device argument area */
-    size_t args_cap;
     unsigned char *bounce; /* host staging for the argument area */
     size_t bounce_cap;
+    arg_slot slots[ARG_SLOTS]; /* the argument area: recently uploaded argument sets */
+    unsigned long long arg_clock;
+    float *parts; /* device scratch of split attention */
+    size_t parts_cap;  /* floats */
+    ember_cu_kv_ref *refs_h; /* host staging of a KV map's tables */
+    int32_t *blocks_h;
+    size_t refs_cap, blocks_cap;
+    cuda_prof *prof; /* NULL unless EMBER_CUDA_PROFILE is set */
 } cuda_backend;
 
 static const ember_backend_ops k_cuda_ops;
@@ -86,6 +123,90 @@ static int cuda_fail(ember_error *err, cudaError_t e, const char *what) {
 static int bind(cuda_backend *c, ember_error *err) {
     CU_TRY(cudaSetDevice(c->device), "cudaSetDevice");
     return EMBER_OK;
+}
+
+/* ---- the profile (EMBER_CUDA_PROFILE) ----------------------------------------------------- */
+
+/* Accumulates the time between consecutive events into their keys; the
+   last event becomes the base of the next batch. Waits for the events. */
+static void prof_flush(cuda_backend *c) {
+    cuda_prof *p = c->prof;
+    if (!p || p->n < 2) return;
+    if (cudaEventSynchronize(p->ev[p->n - 1]) != cudaSuccess) {
+        cudaGetLastError();
+        p->n = 0;
+        return;
+    }
+    for (int i = 1; i < p->n; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]) == cudaSuccess) {
+            p->ms[p->key[i]] += ms;
+            p->count[p->key[i]]++;
+        }
+    }
+    cudaEvent_t last = p->ev[p->n - 1];
+    p->ev[p->n - 1] = p->ev[0];
+    p->ev[0] = last;
+    p->n = 1;
+}
+
+/* Records an event closing op `name` (the GPU time since the previous
+   event, gaps included, goes to it). */
+static void prof_mark(cuda_backend *c, const char *name) {
+    cuda_prof *p = c->prof;
+    if (!p) return;
+    int k = 0;
+    while (k < p->n_keys && strcmp(p->names[k], name)) k++;
+    if (k == p->n_keys) {
+        if (k == PROF_KEYS) k = PROF_KEYS - 1; /* the last key takes the overflow */
+        else snprintf(p->names[p->n_keys++], sizeof p->names[0], "%s", name);
+    }
+    if (p->n == PROF_EVENTS) prof_flush(c);
+    if (cudaEventRecord(p->ev[p->n], c->stream) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    p->key[p->n++] = k;
+}
+
+/* Starts the profile when EMBER_CUDA_PROFILE names a file to append to. */
+static void prof_start(cuda_backend *c) {
+    const char *path = getenv("EMBER_CUDA_PROFILE");
+    if (!path || !*path) return;
+    cuda_prof *p = calloc(1, sizeof *p);
+    if (!p) return;
+    int i = 0;
+    while (i < PROF_EVENTS && cudaEventCreate(&p->ev[i]) == cudaSuccess) i++;
+    if (i < PROF_EVENTS || !(p->out = fopen(path, "a"))) {
+        while (i > 0) cudaEventDestroy(p->ev[--i]);
+        free(p);
+        return;
+    }
+    c->prof = p;
+    prof_mark(c, "(start)");
+}
+
+/* Writes the table (ops by total time) and frees the profile. */
+static void prof_end(cuda_backend *c) {
+    cuda_prof *p = c->prof;
+    if (!p) return;
+    prof_flush(c);
+    double total = 0;
+    for (int k = 0; k < p->n_keys; k++) total += p->ms[k];
+    fprintf(p->out, "| op (EMBER_CUDA_PROFILE, GPU time incl. gaps) | calls | ms | us / call | share |\n|---|---|---|---|---|\n");
+    for (int done = 0; done < p->n_keys; done++) {
+        int b = -1;
+        for (int k = 0; k < p->n_keys; k++)
+            if (p->count[k] >= 0 && (b < 0 || p->ms[k] > p->ms[b])) b = k;
+        fprintf(p->out, "| %s | %ld | %.3f | %.2f | %.1f%% |\n", p->names[b], p->count[b], p->ms[b],
+                p->count[b] ? 1e3 * p->ms[b] / (double)p->count[b] : 0.0, total > 0 ? 100.0 * p->ms[b] / total : 0.0);
+        p->count[b] = -1;
+    }
+    fprintf(p->out, "| total | | %.3f | | |\n\n", total);
+    fclose(p->out);
+    for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(p->ev[i]);
+    free(p);
+    c->prof = NULL;
 }
 
 /* ---- buffers ------------------------------------------------------------------------- */
@@ -186,6 +307,7 @@ static int cuda_read(ember_backend *be, const ember_tensor *src, size_t off, voi
     if (rc || !n) return rc;
     if ((rc = bind(c, err))) return rc;
     CU_TRY(cudaMemcpyAsync(dst, (const char *)dev(src) + off, n, cudaMemcpyDeviceToHost, c->stream), "read");
+    prof_mark(c, "read (device to host)");
     CU_TRY(cudaStreamSynchronize(c->stream), "read");
     return EMBER_OK;
 }
@@ -195,13 +317,21 @@ static int cuda_read(ember_backend *be, const ember_tensor *src, size_t off, voi
 #define ARG_ALIGN 256
 
 /* Copies n host arrays (part[i], bytes[i]) to device memory on the stream;
-   *out[i] receives where array i will be when the ops after this run. */
+   *out[i] receives where array i will be when the ops after this run.
+
+   The area is ARG_SLOTS slots, each holding one argument set and a host copy
+   of its bytes. A set equal to one a slot holds is not copied again (the
+   layers of a forward pass send the same positions and block tables); else
+   the least recently used slot takes it. Overwriting a slot that queued
+   kernels still read is safe: the copy is ordered after them on the stream.
+   The host bytes are copied from the slot's own host copy, which stays
+   unchanged until that slot is taken again. */
 static int upload_args(cuda_backend *c, int n, const void *const *part, const size_t *bytes, void **out,
                        ember_error *err) {
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         size_t padded = (bytes[i] + ARG_ALIGN - 1) & ~(size_t)(ARG_ALIGN - 1);
-        if (!ember_add_ok(total, padded, &total))
+        if (padded < bytes[i] || !ember_add_ok(total, padded, &total))
             return ember_err(err, EMBER_ERR_INVALID_ARG, "cuda: op arguments too large");
     }
     if (total > c->bounce_cap) {
@@ -211,24 +341,57 @@ static int upload_args(cuda_backend *c, int n, const void *const *part, const si
         c->bounce = h;
         c->bounce_cap = total;
     }
-    if (total > c->args_cap) {
-        size_t cap = c->args_cap ? c->args_cap : 65536;
-        while (cap < total) cap *= 2;
-        /* kernels queued earlier may still read the old area */
-        CU_TRY(cudaStreamSynchronize(c->stream), "growing the argument area");
-        if (c->args) CU_TRY(cudaFree(c->args), "growing the argument area");
-        c->args = NULL;
-        c->args_cap = 0;
-        CU_TRY(cudaMalloc(&c->args, cap), "growing the argument area");
-        c->args_cap = cap;
-    }
     size_t o = 0;
     for (int i = 0; i < n; i++) {
+        size_t padded = (bytes[i] + ARG_ALIGN - 1) & ~(size_t)(ARG_ALIGN - 1);
         if (bytes[i]) memcpy(c->bounce + o, part[i], bytes[i]);
-        out[i] = (char *)c->args + o;
+        memset(c->bounce + o + bytes[i], 0, padded - bytes[i]);
+        o += padded;
+    }
+    arg_slot *hit = NULL, *old = &c->slots[0];
+    for (int i = 0; i < ARG_SLOTS && !hit; i++) {
+        arg_slot *sl = &c->slots[i];
+        if (sl->len == total && sl->dev && (total == 0 || !memcmp(sl->host, c->bounce, total))) hit = sl;
+        if (sl->used < old->used) old = sl;
+    }
+    if (!hit) {
+        hit = old;
+        if (total > hit->cap) {
+            size_t cap = hit->cap ? hit->cap : 4096;
+            while (cap < total) cap *= 2;
+            unsigned char *h = malloc(cap);
+            if (!h) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of op arguments", cap);
+            /* kernels queued earlier may still read the old memory */
+            cudaError_t e = cudaStreamSynchronize(c->stream);
+            if (e == cudaSuccess && hit->dev) e = cudaFree(hit->dev);
+            if (e == cudaSuccess) hit->dev = NULL;
+            if (e == cudaSuccess) e = cudaMalloc(&hit->dev, cap);
+            if (e != cudaSuccess) {
+                free(h);
+                hit->dev = NULL;
+                hit->cap = hit->len = 0;
+                return cuda_fail(err, e, "growing the argument area");
+            }
+            free(hit->host);
+            hit->host = h;
+            hit->cap = cap;
+        }
+        hit->len = total;
+        memcpy(hit->host, c->bounce, total);
+        if (total) {
+            cudaError_t e = cudaMemcpyAsync(hit->dev, hit->host, total, cudaMemcpyHostToDevice, c->stream);
+            if (e != cudaSuccess) {
+                hit->len = 0;
+                return cuda_fail(err, e, "copying op arguments");
+            }
+        }
+    }
+    hit->used = ++c->arg_clock;
+    o = 0;
+    for (int i = 0; i < n; i++) {
+        out[i] = (char *)hit->dev + o;
         o += (bytes[i] + ARG_ALIGN - 1) & ~(size_t)(ARG_ALIGN - 1);
     }
-    CU_TRY(cudaMemcpyAsync(c->args, c->bounce, total, cudaMemcpyHostToDevice, c->stream), "copying op arguments");
     return EMBER_OK;
 }
 
@@ -259,8 +422,10 @@ static int unsupported_weight(ember_dtype d, const char *op, ember_error *err) {
 
 /* ---- ops --------------------------------------------------------------------------------- */
 
-static int launched(cudaError_t e, const char *op, ember_error *err) {
-    return e == cudaSuccess ? EMBER_OK : cuda_fail(err, e, op);
+static int launched(cuda_backend *c, cudaError_t e, const char *op, ember_error *err) {
+    if (e != cudaSuccess) return cuda_fail(err, e, op);
+    prof_mark(c, op);
+    return EMBER_OK;
 }
 
 static int cuda_get_rows(ember_backend *be, ember_tensor *dst, const ember_tensor *src, const int32_t *ids, int n,
@@ -288,7 +453,7 @@ static int cuda_get_rows(ember_backend *be, ember_tensor *dst, const ember_tenso
     size_t bytes[1] = {(size_t)n * sizeof *ids};
     void *d_ids;
     if ((rc = upload_args(c, 1, part, bytes, &d_ids, err))) return rc;
-    return launched(ember_cu_get_rows(c->stream, dev(dst), dev(src), dt, d_ids, n, D), "get_rows", err);
+    return launched(c, ember_cu_get_rows(c->stream, dev(dst), dev(src), dt, d_ids, n, D), "get_rows", err);
 }
 
 static int cuda_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor *x, const ember_tensor *w,
@@ -302,7 +467,7 @@ static int cuda_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tenso
     if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != ember_tensor_nelem(x) || D > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "rms_norm: shapes do not match");
     if ((rc = bind(c, err))) return rc;
-    return launched(ember_cu_rms_norm(c->stream, dev(dst), dev(x), dev(w), ember_tensor_rows(x), D, eps, plus_one),
+    return launched(c, ember_cu_rms_norm(c->stream, dev(dst), dev(x), dev(w), ember_tensor_rows(x), D, eps, plus_one),
                     "rms_norm", err);
 }
 
@@ -348,7 +513,16 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
                                             .bias = mm[i].bias ? dev(mm[i].bias) : NULL,
                                             .N = (int)mm[i].w->shape[0]};
         }
-        if (a.n && (rc = launched(ember_cu_matmul(c->stream, &a), "matmul", err))) return rc;
+        char name[64] = "matmul";
+        if (c->prof) {
+            int64_t Nt = 0;
+            for (int i = 0; i < a.n; i++) Nt += a.p[i].N;
+            char ms[16];
+            snprintf(ms, sizeof ms, M > 8 ? "M>8" : "M=%lld", (long long)M);
+            snprintf(name, sizeof name, "matmul %s %s N=%lld K=%lld",
+                     dt == EMBER_CU_F32 ? "f32" : dt == EMBER_CU_F16 ? "f16" : "bf16", ms, (long long)Nt, (long long)K);
+        }
+        if (a.n && (rc = launched(c, ember_cu_matmul(c->stream, &a), name, err))) return rc;
     }
     return EMBER_OK;
 }
@@ -371,28 +545,181 @@ static int cuda_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, con
     size_t bytes[2] = {(size_t)T * sizeof *pos, (size_t)(r->n_rot / 2) * sizeof *r->inv_freq};
     void *d[2];
     if ((rc = upload_args(c, 2, part, bytes, d, err))) return rc;
-    return launched(ember_cu_rope(c->stream, dev(x), d[0], d[1], T, H, D, r->n_rot,
+    return launched(c, ember_cu_rope(c->stream, dev(x), d[0], d[1], T, H, D, r->n_rot,
                                   r->mode == EMBER_ROPE_INTERLEAVED, r->attn_factor),
                     "rope", err);
 }
 
-/* The paged KV ops (backend.h): the block formats are not on the GPU yet. */
+/* ---- paged KV ---------------------------------------------------------------------------- */
+
+/* EMBER_CU_* for a KV codec the kernels implement, -1 otherwise. */
+static int cu_kv_enc(ember_kv_enc e) {
+    return e == EMBER_KVE_F32 ? EMBER_CU_F32 : e == EMBER_KVE_F16 ? EMBER_CU_F16 : e == EMBER_KVE_BF16 ? EMBER_CU_BF16 : -1;
+}
+
+static const char *kv_enc_name(ember_kv_enc e) {
+    switch (e) {
+    case EMBER_KVE_F32: return "f32";
+    case EMBER_KVE_F16: return "f16";
+    case EMBER_KVE_BF16: return "bf16";
+    case EMBER_KVE_Q8: return "q8";
+    case EMBER_KVE_Q4: return "q4";
+    case EMBER_KVE_TQ: return "tq";
+    }
+    return "unknown";
+}
+
+/* Checks map (already through ember_kv_map_check) for this backend, copies
+   its tables to the argument area and fills *d. Only the block tables of
+   rows that tokens use are sent (other rows get none). */
+static int upload_map(cuda_backend *c, const ember_kv_map *map, int T, int H, int D, const char *op, ember_cu_kv *d,
+                      ember_error *err) {
+    int rc;
+    if (map->n_views > 2) return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %d pools per layer", op, map->n_views);
+    memset(d, 0, sizeof *d);
+    for (int i = 0; i < map->n_views; i++) {
+        const ember_kv_layer *L = &map->views[i];
+        if ((rc = check_tensor(&c->base, L->pool, op, "KV pool", err))) return rc;
+        int ke = cu_kv_enc(L->k.enc), ve = cu_kv_enc(L->v.enc);
+        if (ke < 0 || ve < 0)
+            return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s on CUDA: the %s KV kind is not supported yet (f32, f16 and bf16 are)",
+                             op, kv_enc_name(ke < 0 ? L->k.enc : L->v.enc));
+        d->view[i] = (ember_cu_kv_view){dev(L->pool), L->block_bytes, L->k_off, L->v_off, L->k.head_bytes,
+                                        L->v.head_bytes, ke, ve};
+        if (((uintptr_t)dev(L->pool) | L->block_bytes | L->k_off | L->v_off | L->k.head_bytes | L->v.head_bytes) & 3u)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: KV layer view %d is not 4-byte aligned", op, i);
+    }
+    /* the tables of the rows in use */
+    size_t nref = (size_t)map->n_refs, nblk = 0;
+    if (nref > c->refs_cap) {
+        ember_cu_kv_ref *r = realloc(c->refs_h, nref * sizeof *r);
+        if (!r) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", op);
+        c->refs_h = r;
+        c->refs_cap = nref;
+    }
+    for (size_t r = 0; r < nref; r++) c->refs_h[r] = (ember_cu_kv_ref){-1, 0, 0, 0};
+    for (int t = 0; t < T; t++) {
+        int r = map->row[t];
+        if (c->refs_h[r].off >= 0) continue;
+        const ember_kv_rowref *ref = &map->refs[r];
+        if ((size_t)ref->n_blocks > (size_t)INT32_MAX - nblk)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: block tables too large", op);
+        c->refs_h[r] = (ember_cu_kv_ref){(int32_t)nblk, ref->first, ref->n_blocks, ref->layer_set};
+        nblk += (size_t)ref->n_blocks;
+    }
+    if (nblk > c->blocks_cap) {
+        int32_t *b = realloc(c->blocks_h, nblk * sizeof *b);
+        if (!b) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", op);
+        c->blocks_h = b;
+        c->blocks_cap = nblk;
+    }
+    for (size_t r = 0; r < nref; r++) {
+        if (c->refs_h[r].off < 0) {
+            c->refs_h[r].off = 0;
+            continue;
+        }
+        if (map->refs[r].n_blocks)
+            memcpy(c->blocks_h + c->refs_h[r].off, map->refs[r].blocks, (size_t)map->refs[r].n_blocks * sizeof(int32_t));
+    }
+    const void *part[4] = {c->refs_h, c->blocks_h, map->row, map->pos};
+    size_t bytes[4] = {nref * sizeof *c->refs_h, nblk * sizeof *c->blocks_h, (size_t)T * sizeof(int32_t),
+                       (size_t)T * sizeof(int32_t)};
+    void *dp[4];
+    if ((rc = upload_args(c, 4, part, bytes, dp, err))) return rc;
+    d->refs = dp[0];
+    d->blocks = dp[1];
+    d->row = dp[2];
+    d->pos = dp[3];
+    d->T = T;
+    d->H = H;
+    d->D = D;
+    return EMBER_OK;
+}
+
+static int cuda_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_tensor *k, const ember_tensor *v,
+                      bool write, ember_error *err) {
+    cuda_backend *c = cu(be);
+    const char *op = write ? "kv_write" : "kv_read";
+    int rc;
+    if ((rc = need_f32(be, k, op, "k", err)) || (rc = need_f32(be, v, op, "v", err))) return rc;
+    if (k->ndim != 3 || v->ndim != 3 || v->shape[0] != k->shape[0] || v->shape[1] != k->shape[1] ||
+        v->shape[2] != k->shape[2] || k->shape[0] > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: k and v must both be [T, H, D]", op);
+    int T = (int)k->shape[0], H = (int)k->shape[1], D = (int)k->shape[2];
+    if ((rc = ember_kv_map_check(map, T, H, D, op, err))) return rc;
+    for (int t = 0; t < T; t++)
+        if ((rc = ember_kv_map_check_blocks(map, map->row[t], map->pos[t], map->pos[t], op, err))) return rc;
+    if (T == 0) return EMBER_OK;
+    if ((rc = bind(c, err))) return rc;
+    ember_cu_kv d;
+    if ((rc = upload_map(c, map, T, H, D, op, &d, err))) return rc;
+    return launched(c, ember_cu_kv_rw(c->stream, &d, dev(k), dev(v), write), op, err);
+}
+
 static int cuda_kv_write(ember_backend *be, const ember_kv_map *map, const ember_tensor *k, const ember_tensor *v,
                          ember_error *err) {
-    (void)be, (void)map, (void)k, (void)v;
-    return ember_err(err, EMBER_ERR_UNSUPPORTED, "kv_write on CUDA: not implemented yet");
+    return cuda_kv_rw(be, map, k, v, true, err);
 }
 
 static int cuda_kv_read(ember_backend *be, const ember_kv_map *map, ember_tensor *k, ember_tensor *v,
                         ember_error *err) {
-    (void)be, (void)map, (void)k, (void)v;
-    return ember_err(err, EMBER_ERR_UNSUPPORTED, "kv_read on CUDA: not implemented yet");
+    return cuda_kv_rw(be, map, k, v, false, err);
 }
+
+/* Units (token, query head) below which attention over more than one span
+   runs split: a block per span, then a merge. Either way gives the same
+   bits (cuda_attn.cu); this only chooses the faster. */
+#define SPLIT_UNITS 1024
 
 static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tensor *q, const ember_kv_map *map,
                           const ember_attn *a, ember_error *err) {
-    (void)be, (void)out, (void)q, (void)map, (void)a;
-    return ember_err(err, EMBER_ERR_UNSUPPORTED, "attention on CUDA: not implemented yet");
+    cuda_backend *c = cu(be);
+    int rc;
+    if ((rc = need_f32(be, out, "attention", "out", err)) || (rc = need_f32(be, q, "attention", "q", err))) return rc;
+    if (q->ndim != 3 || out->ndim != 3 || out->shape[0] != q->shape[0] || out->shape[1] != q->shape[1] ||
+        out->shape[2] != q->shape[2] || q->shape[0] > INT32_MAX / 1024 || q->shape[1] > 1024)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: q and out must both be [T, Hq, D]");
+    int T = (int)q->shape[0], Hq = (int)q->shape[1], D = (int)q->shape[2];
+    if (!map || !map->views || map->n_views < 1)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: incomplete KV map");
+    int Hkv = map->views[0].n_heads;
+    if (Hkv < 1 || Hq % Hkv)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "attention: %d query heads over %d KV heads", Hq, Hkv);
+    if (D > EMBER_CU_ATTN_MAX_D)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "attention on CUDA: head size %d (at most %d)", D,
+                         EMBER_CU_ATTN_MAX_D);
+    if ((rc = ember_kv_map_check(map, T, Hkv, D, "attention", err))) return rc;
+    for (int i = 0; i < map->n_views; i++) /* the kernels are built per codec: one for K and V of every view */
+        if (map->views[i].k.enc != map->views[0].k.enc || map->views[i].v.enc != map->views[0].k.enc)
+            return ember_err(err, EMBER_ERR_UNSUPPORTED, "attention on CUDA: K and V in different codecs");
+    int max_span = 1;
+    for (int t = 0; t < T; t++) { /* every key of the window must be there */
+        int p = map->pos[t], lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        if ((rc = ember_kv_map_check_blocks(map, map->row[t], lo, p, "attention", err))) return rc;
+        int ns = p / EMBER_CU_ATTN_SPAN - lo / EMBER_CU_ATTN_SPAN + 1;
+        if (ns > max_span) max_span = ns;
+    }
+    if (T == 0) return EMBER_OK;
+    if ((rc = bind(c, err))) return rc;
+    const int units = T * Hq;
+    int n_span = 0;
+    if (units < SPLIT_UNITS && max_span > 1) {
+        size_t need = (size_t)units * (size_t)max_span * (size_t)(2 + D);
+        if (need > c->parts_cap) {
+            CU_TRY(cudaStreamSynchronize(c->stream), "attention scratch"); /* queued kernels may use it */
+            if (c->parts) CU_TRY(cudaFree(c->parts), "attention scratch");
+            c->parts = NULL;
+            c->parts_cap = 0;
+            CU_TRY(cudaMalloc((void **)&c->parts, need * sizeof(float)), "attention scratch");
+            c->parts_cap = need;
+        }
+        n_span = max_span;
+    }
+    ember_cu_kv d;
+    if ((rc = upload_map(c, map, T, Hkv, D, "attention", &d, err))) return rc;
+    return launched(c, ember_cu_attention(c->stream, &d, dev(out), dev(q), Hq, a->scale, a->window, a->softcap, n_span,
+                                       c->parts),
+                    n_span ? "attention (split)" : "attention", err);
 }
 
 /* dst bytes [doff, +n) = src bytes [soff, +n), device to device on the stream. */
@@ -407,6 +734,7 @@ static int cuda_copy(ember_backend *be, ember_tensor *dst, size_t doff, const em
         return ember_err(err, EMBER_ERR_INVALID_ARG, "copy: ranges overlap");
     if ((rc = bind(c, err))) return rc;
     CU_TRY(cudaMemcpyAsync((void *)d, s, n, cudaMemcpyDeviceToDevice, c->stream), "copy");
+    prof_mark(c, "copy");
     return EMBER_OK;
 }
 
@@ -421,7 +749,7 @@ static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, c
     if (ember_tensor_nelem(a) != n || ember_tensor_nelem(b) != n)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: sizes differ", op);
     if ((rc = bind(c, err))) return rc;
-    return launched(ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), s, n), op, err);
+    return launched(c, ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), s, n), op, err);
 }
 
 static int cuda_swiglu(ember_backend *be, ember_tensor *dst, const ember_tensor *gate, const ember_tensor *up,
@@ -454,12 +782,27 @@ static void cuda_free(ember_backend *be) {
     if (!be) return;
     cuda_backend *c = cu(be);
     if (cudaSetDevice(c->device) == cudaSuccess) {
+        prof_end(c);
         cudaStreamSynchronize(c->stream);
-        if (c->args) cudaFree(c->args);
+        for (int i = 0; i < ARG_SLOTS; i++)
+            if (c->slots[i].dev) cudaFree(c->slots[i].dev);
+        if (c->parts) cudaFree(c->parts);
         cudaStreamDestroy(c->stream);
     }
+    for (int i = 0; i < ARG_SLOTS; i++) free(c->slots[i].host);
+    free(c->refs_h);
+    free(c->blocks_h);
     free(c->bounce);
     free(c);
+}
+
+/* What the kernels multiply and gather: float weights only, for now. */
+static bool cuda_weight_ok(ember_dtype d) {
+    return cu_dtype(d) >= 0;
+}
+
+static bool cuda_kv_ok(ember_kv_enc e) {
+    return cu_kv_enc(e) >= 0;
 }
 
 static const ember_backend_ops k_cuda_ops = {
@@ -483,6 +826,8 @@ static const ember_backend_ops k_cuda_ops = {
     .scale = cuda_scale,
     .softcap = cuda_softcap,
     .add = cuda_add,
+    .weight_ok = cuda_weight_ok,
+    .kv_ok = cuda_kv_ok,
 };
 
 int ember_cuda_device_count(int *count, ember_error *err) {
@@ -535,10 +880,34 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     c->base.ops = &k_cuda_ops;
     c->base.impl = c;
     if (p) c->base.log = p->log;
+    prof_start(c);
     *out = &c->base;
     return EMBER_OK;
 }
 
 void *ember_backend_cuda_stream(const ember_backend *be) {
     return be && be->ops == &k_cuda_ops ? (void *)((const cuda_backend *)be->impl)->stream : NULL;
+}
+
+int ember_cuda_mem_info(const ember_backend *be, size_t *free_b, size_t *total_b, ember_error *err) {
+    *free_b = *total_b = 0;
+    if (!be || be->ops != &k_cuda_ops) return ember_err(err, EMBER_ERR_INVALID_ARG, "not a CUDA backend");
+    const cuda_backend *c = be->impl;
+    CU_TRY(cudaSetDevice(c->device), "cudaSetDevice");
+    CU_TRY(cudaMemGetInfo(free_b, total_b), "reading the device memory");
+    return EMBER_OK;
+}
+
+void ember_backend_describe(const ember_backend *be, char *buf, size_t n) {
+    if (!n) return;
+    if (!be || be->ops != &k_cuda_ops) {
+        snprintf(buf, n, "cpu");
+        return;
+    }
+    const cuda_backend *c = be->impl;
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, c->device) == cudaSuccess)
+        snprintf(buf, n, "cuda:%d (%s)", c->device, prop.name);
+    else
+        snprintf(buf, n, "cuda:%d", c->device);
 }

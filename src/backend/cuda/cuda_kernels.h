@@ -85,6 +85,43 @@ cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_t *pos, con
 cudaError_t ember_cu_elementwise(cudaStream_t stream, int kind, float *dst, const float *a, const float *b,
                                  float s, int64_t n);
 
+/* ---- paged KV (cuda_attn.cu) ---- */
+
+/* Keys per attention span, and the largest head size the kernels take. */
+#define EMBER_CU_ATTN_SPAN 128
+#define EMBER_CU_ATTN_MAX_D 512
+
+/* One pool view of a layer (backend.h's ember_kv_layer, device side). */
+typedef struct ember_cu_kv_view {
+    unsigned char *pool;
+    unsigned long long block_bytes, k_off, v_off, k_head, v_head;
+    int k_enc, v_enc; /* EMBER_CU_F32 / F16 / BF16 */
+} ember_cu_kv_view;
+
+/* A row's block table: its ids are blocks[off .. off + n_blocks). */
+typedef struct ember_cu_kv_ref {
+    int32_t off, first, n_blocks, layer_set;
+} ember_cu_kv_ref;
+
+/* The map of an op, every array in device memory; H: KV heads. */
+typedef struct ember_cu_kv {
+    ember_cu_kv_view view[2];
+    const ember_cu_kv_ref *refs;
+    const int32_t *blocks, *row, *pos; /* row, pos: [T] */
+    int T, H, D;
+} ember_cu_kv;
+
+/* write: encodes k[t], v[t] ([T, H, D] f32) into position pos[t] of row
+   row[t]; else decodes them back. */
+cudaError_t ember_cu_kv_rw(cudaStream_t stream, const ember_cu_kv *kv, float *k, float *v, int write);
+
+/* out [T, Hq, D] = attention of q [T, Hq, D] over the keys of each token
+   (cuda_attn.cu says the order of every sum). n_span > 0: the split kernels,
+   n_span >= the spans of any token, parts [T * Hq * n_span * (2 + D)]
+   floats, T * Hq <= 65535; 0: the fused kernel. Same bits either way. */
+cudaError_t ember_cu_attention(cudaStream_t stream, const ember_cu_kv *kv, float *out, const float *q, int Hq,
+                               float scale, int window, float softcap, int n_span, float *parts);
+
 #ifdef __cplusplus
 }
 #endif

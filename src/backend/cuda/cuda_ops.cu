@@ -24,6 +24,7 @@
 #include "cuda_kernels.h"
 
 #define THREADS 256
+#define NORM_THREADS 1024 /* rms_norm: the most threads per row */
 
 static __device__ __forceinline__ float elem_f32(const void *src, size_t i, const int dt) {
     if (dt == EMBER_CU_F32) return ((const float *)src)[i];
@@ -54,35 +55,44 @@ extern "C" cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const 
 
 /* ---- rms_norm -------------------------------------------------------------------------- */
 
-/* One block per row. The sum of squares: thread t sums x[i]^2 for i = t,
-   t + 256, ... (fused multiply-add, in i order), the warp's 32 sums by the
-   butterfly 16, 8, 4, 2, 1, then the 8 warp sums in warp order. */
-static __global__ void __launch_bounds__(THREADS)
+/* One block of n = norm_threads(D) threads per row. The sum of squares:
+   thread t sums x[i]^2 for i = t, t + n, ... (fused multiply-add, in i
+   order), the warp's 32 sums by the butterfly 16, 8, 4, 2, 1, then the n /
+   32 warp sums in warp order. n depends on the row length alone. */
+static __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm_k(float *dst, const float *x, const float *w, int64_t D, float eps, int plus_one) {
-    __shared__ float part[THREADS / 32];
+    __shared__ float part[NORM_THREADS / 32];
     const float *xr = x + (size_t)blockIdx.x * (size_t)D;
     float *yr = dst + (size_t)blockIdx.x * (size_t)D;
     float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < D; i += THREADS) ss = fmaf(xr[i], xr[i], ss);
+    const int n = (int)blockDim.x;
+    for (int64_t i = threadIdx.x; i < D; i += n) ss = fmaf(xr[i], xr[i], ss);
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) ss = ss + __shfl_xor_sync(0xffffffffu, ss, s);
     if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
     __syncthreads();
     float tot = part[0];
 #pragma unroll
-    for (int i = 1; i < THREADS / 32; i++) tot = tot + part[i];
+    for (int i = 1; i < n / 32; i++) tot = tot + part[i];
     const float r = 1.0f / sqrtf(tot / (float)D + eps);
-    for (int64_t i = threadIdx.x; i < D; i += THREADS) {
+    for (int64_t i = threadIdx.x; i < D; i += n) {
         const float wv = plus_one ? 1.0f + w[i] : w[i];
         yr[i] = wv * (xr[i] * r);
     }
+}
+
+/* Threads per row of D: 32 to 1024, about 4 elements each. */
+static int norm_threads(int64_t D) {
+    int n = 32;
+    while (n < NORM_THREADS && (int64_t)n * 4 < D) n *= 2;
+    return n;
 }
 
 extern "C" cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const float *x, const float *w,
                                          int64_t rows, int64_t D, float eps, int plus_one) {
     if (rows < 1 || D < 1) return cudaSuccess;
     if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-    rms_norm_k<<<(unsigned)rows, THREADS, 0, stream>>>(dst, x, w, D, eps, plus_one);
+    rms_norm_k<<<(unsigned)rows, norm_threads(D), 0, stream>>>(dst, x, w, D, eps, plus_one);
     return cudaGetLastError();
 }
 

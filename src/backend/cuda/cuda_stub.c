@@ -4,6 +4,8 @@
  * so callers (--device cuda:N) get a one-line answer instead of a link
  * error. Owns nothing; safe from any thread.
  */
+#include <stdio.h>
+
 #include "backend/backend.h"
 
 #define NO_CUDA_MSG "ember was built without CUDA (-DEMBER_CUDA=ON)"
@@ -22,4 +24,15 @@ int ember_cuda_device_count(int *count, ember_error *err) {
 void *ember_backend_cuda_stream(const ember_backend *be) {
     (void)be;
     return NULL;
+}
+
+int ember_cuda_mem_info(const ember_backend *be, size_t *free_b, size_t *total_b, ember_error *err) {
+    (void)be;
+    *free_b = *total_b = 0;
+    return ember_err(err, EMBER_ERR_UNSUPPORTED, NO_CUDA_MSG);
+}
+
+void ember_backend_describe(const ember_backend *be, char *buf, size_t n) {
+    (void)be;
+    if (n) snprintf(buf, n, "cpu");
 }

@@ -1,0 +1,166 @@
+/*
+ * decode_rows.c - aggregate decode speed: R rows decoding together, each
+ * over a context of --depth tokens, one token per row per forward pass.
+ *
+ * usage: decode_rows --model PATH [--device cpu|cuda:N] [--rows 1,8,64,256]
+ *                    [--depth 1024] [--steps 32] [--kv-type bf16] [--threads N]
+ *
+ * Row 0 is prefilled with --depth synthetic tokens; its KV row is then
+ * serialized and loaded into every other row (real copies: no row shares a
+ * block with another, so attention reads R distinct contexts). For each R,
+ * the rows are trimmed back to --depth, one untimed step runs, then --steps
+ * timed steps of R tokens (each row's greedy token from its own logits;
+ * the logits of every row are read back, as a server samples every row).
+ * Reported: milliseconds per step, aggregate tokens/s (R x steps / time)
+ * and tokens/s per row. Internal API (engine.h, model.h, kv.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ember.h"
+#include "engine/engine.h"
+#include "kv/kv.h"
+#include "model/model.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static int fail(const char *what, const ember_error *err) {
+    fprintf(stderr, "decode_rows: %s: %s\n", what, err->msg);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *model = NULL, *device = "cpu", *kv = "bf16", *rows_s = "1,8,64,256";
+    int depth = 1024, steps = 32, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "decode_rows: %s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--kv-type")) kv = v;
+        else if (!strcmp(a, "--rows")) rows_s = v;
+        else if (!strcmp(a, "--depth")) depth = atoi(v);
+        else if (!strcmp(a, "--steps")) steps = atoi(v);
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else {
+            fprintf(stderr, "usage: decode_rows --model PATH [--device cpu|cuda:N] [--rows 1,8,64,256] "
+                            "[--depth 1024] [--steps 32] [--kv-type bf16] [--threads N]\n");
+            return 2;
+        }
+        i++;
+    }
+    int rows[16], n_rows = 0, max_rows = 1;
+    for (const char *p = rows_s; *p && n_rows < 16;) {
+        rows[n_rows] = atoi(p);
+        if (rows[n_rows] < 1) {
+            fprintf(stderr, "decode_rows: bad --rows '%s'\n", rows_s);
+            return 2;
+        }
+        if (rows[n_rows] > max_rows) max_rows = rows[n_rows];
+        n_rows++;
+        const char *c = strchr(p, ',');
+        if (!c) break;
+        p = c + 1;
+    }
+    if (!model || depth < 1 || steps < 1) {
+        fprintf(stderr, "decode_rows: --model is required; --depth and --steps must be positive\n");
+        return 2;
+    }
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.device = device;
+    mp.kv_type = kv;
+    mp.n_rows = max_rows;
+    mp.n_ctx = depth + steps + 16;
+    mp.max_batch_tokens = max_rows > 512 ? max_rows : 512;
+    mp.n_threads = threads;
+    ember_model *m = NULL;
+    ember_error err = {0};
+    if (ember_model_load(model, &mp, &m, &err)) return fail("load", &err);
+    const int V = m->cfg.vocab_size, B = m->params.max_batch_tokens;
+    float *logits = malloc((size_t)max_rows * (size_t)V * sizeof *logits);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)B), *pos = malloc(sizeof(int32_t) * (size_t)B),
+            *row = malloc(sizeof(int32_t) * (size_t)B), *out = malloc(sizeof(int32_t) * (size_t)B);
+    if (!logits || !tok || !pos || !row || !out) {
+        fprintf(stderr, "decode_rows: out of memory\n");
+        return 1;
+    }
+    /* row 0: depth synthetic tokens, in chunks */
+    double t0 = now();
+    for (int s = 0, nt; s < depth; s += nt) {
+        nt = depth - s < B ? depth - s : B;
+        for (int i = 0; i < nt; i++) {
+            tok[i] = (int32_t)(((uint32_t)(s + i) * 2654435761u) % (uint32_t)V);
+            pos[i] = s + i;
+            row[i] = 0;
+        }
+        out[0] = nt - 1;
+        ember_batch b = {nt, tok, pos, row, 1, out};
+        if (ember_llm_forward(m->llm, m->st, m->kv, &b, logits, &err)) return fail("prefill", &err);
+    }
+    double t1 = now();
+    void *blob = NULL;
+    size_t nblob = 0;
+    if (ember_kv_row_save(m->kv, 0, &blob, &nblob, &err)) return fail("row save", &err);
+    for (int r = 1; r < max_rows; r++)
+        if (ember_kv_row_load(m->kv, r, blob, nblob, &err)) return fail("row load", &err);
+    free(blob);
+    double t2 = now();
+    ember_model_info info;
+    ember_model_get_info(m, &info);
+    printf("decode_rows: %s, %s weights, KV %s, device %s; depth %d, %d timed steps; prefill %.2f s, copies %.2f s\n",
+           model, info.weight_dtype, info.kv_type, info.device, depth, steps, t1 - t0, t2 - t1);
+    printf("| rows | ms / step | tokens/s (all rows) | tokens/s per row |\n");
+    printf("|------|-----------|---------------------|------------------|\n");
+    fflush(stdout);
+    int32_t *last = malloc(sizeof(int32_t) * (size_t)max_rows);
+    for (int ri = 0; ri < n_rows; ri++) {
+        const int R = rows[ri];
+        for (int r = 0; r < R; r++) {
+            if (ember_kv_trim(m->kv, r, depth, &err)) return fail("trim", &err);
+            last[r] = argmax(logits, V); /* row 0's next token, for every row */
+        }
+        double ts = 0;
+        for (int s = -1; s < steps; s++) { /* step -1: untimed */
+            for (int r = 0; r < R; r++) {
+                tok[r] = last[r];
+                pos[r] = depth + s + 1;
+                row[r] = r;
+                out[r] = r;
+            }
+            ember_batch b = {R, tok, pos, row, R, out};
+            double a = now();
+            if (ember_llm_forward(m->llm, m->st, m->kv, &b, logits, &err)) return fail("decode", &err);
+            for (int r = 0; r < R; r++) last[r] = argmax(logits + (size_t)r * (size_t)V, V);
+            if (s >= 0) ts += now() - a;
+        }
+        printf("| %4d | %9.3f | %19.1f | %16.1f |\n", R, 1e3 * ts / steps, (double)R * steps / ts, steps / ts);
+        fflush(stdout);
+    }
+    free(last);
+    free(logits);
+    free(tok);
+    free(pos);
+    free(row);
+    free(out);
+    ember_model_free(m);
+    return 0;
+}
