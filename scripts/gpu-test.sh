@@ -10,6 +10,7 @@
 #                         libraries), unpacked into a private prefix for a
 #                         machine that lacks them (docs/cuda.md says which)
 #        JOBS=N (default: cores), BUILD_DIR (default: build-cuda),
+#        EMBER_GPU_WERROR=OFF (warnings stay warnings; default ON, a developer build),
 #        SKIP_SANITIZE=1, SKIP_MODEL_SANITIZE=1, SKIP_OPS_BENCH=1, BENCH_ARGS (e.g. "--quick"), SANITIZE_TIMEOUT / BENCH_TIMEOUT
 #        DECODE_ROWS="llama3.1-8b": aggregate decode at 1..256 rows (bench/decode_rows.c)
 #        EMBER_SHARED_DIR=DIR: the fixtures for the model test (a copy inside the
@@ -79,7 +80,7 @@ fi
 
 # ---- build ----------------------------------------------------------------------------------
 build() {
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON -DEMBER_WERROR=ON "${CMAKE_EXTRA[@]}" \
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON -DEMBER_WERROR="${EMBER_GPU_WERROR:-ON}" "${CMAKE_EXTRA[@]}" \
     ${EMBER_SHARED_DIR:+-DEMBER_SHARED_DIR="$EMBER_SHARED_DIR"} &&
     cmake --build "$BUILD" -j"$JOBS" --target test_cuda_ops test_cuda_model cuda_ops_bench decode_rows ember
 }
