@@ -47,7 +47,7 @@ static int fail(const char *what, const ember_error *err) {
 int main(int argc, char **argv) {
     const char *model = NULL, *device = "cpu", *kv = "bf16", *rows_s = "1,8,64,256";
     int depth = 1024, steps = 32, threads = 0;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* --name value pairs */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             fprintf(stderr, "decode_rows: %s needs a value\n", a);
@@ -65,7 +65,6 @@ int main(int argc, char **argv) {
                             "[--depth 1024] [--steps 32] [--kv-type bf16] [--threads N]\n");
             return 2;
         }
-        i++;
     }
     int rows[16], n_rows = 0, max_rows = 1;
     for (const char *p = rows_s; *p && n_rows < 16;) {

@@ -4,7 +4,7 @@
  * conversation under tight limits. Any crash, hang, leak or sanitizer report
  * is a bug; errors are the expected outcome for most inputs.
  * Build (by the fuzz harness): clang -fsanitize=fuzzer,address,undefined
- * with src/tok/jinja*.c src/tok/chat.c src/core/error.c src/core/util.c -ljansson -lm.
+ * with src/template/jinja*.c src/template/chat.c src/core/error.c src/core/util.c -ljansson -lm.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok/chat.h"
+#include "template/chat.h"
 
 static const char CONTEXT[] =
     "{\"messages\": ["

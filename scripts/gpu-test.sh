@@ -10,6 +10,7 @@
 #                         libraries), unpacked into a private prefix for a
 #                         machine that lacks them (docs/cuda.md says which)
 #        JOBS=N (default: cores), BUILD_DIR (default: build-cuda),
+#        EMBER_GPU_WERROR=OFF (warnings stay warnings; default ON, a developer build),
 #        SKIP_SANITIZE=1, SKIP_MODEL_SANITIZE=1, SKIP_OPS_BENCH=1, BENCH_ARGS (e.g. "--quick"), SANITIZE_TIMEOUT / BENCH_TIMEOUT
 #        DECODE_ROWS="llama3.1-8b": aggregate decode at 1..256 rows (bench/decode_rows.c)
 #        EMBER_SHARED_DIR=DIR: the fixtures for the model test (a copy inside the
@@ -79,11 +80,8 @@ fi
 
 # ---- build ----------------------------------------------------------------------------------
 build() {
-  # gcc 13 (Ubuntu 24.04) reports a false maybe-uninitialized in kern_mlx_avx2.c
-  # that gcc 12 does not: a warning, not an error, on this machine
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON "${CMAKE_EXTRA[@]}" \
-    ${EMBER_SHARED_DIR:+-DEMBER_SHARED_DIR="$EMBER_SHARED_DIR"} \
-    -DCMAKE_C_FLAGS="${EMBER_GPU_CFLAGS--Wno-error=maybe-uninitialized}" &&
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON -DEMBER_WERROR="${EMBER_GPU_WERROR:-ON}" "${CMAKE_EXTRA[@]}" \
+    ${EMBER_SHARED_DIR:+-DEMBER_SHARED_DIR="$EMBER_SHARED_DIR"} &&
     cmake --build "$BUILD" -j"$JOBS" --target test_cuda_ops test_cuda_model cuda_ops_bench decode_rows ember
 }
 if ! step "build (-DEMBER_CUDA=ON; test_cuda_ops, test_cuda_model, cuda_ops_bench, ember)" "$OUTDIR/build.log" build; then

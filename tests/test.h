@@ -72,13 +72,25 @@ static inline int path_exists(const char *p) {
     return stat(p, &st) == 0;
 }
 
-/* Exits 77 (skipped) when ../shared is missing. */
-static inline const char *shared_dir(void) {
-    if (!path_exists(EMBER_SHARED_DIR "/fixtures")) {
-        fprintf(stderr, "skip: %s not found\n", EMBER_SHARED_DIR);
+/* The data a test needs from ../shared: returns EMBER_SHARED_DIR when
+   <shared>/<rel> exists. When it is absent the test ends here, saying so:
+   exit 77 (ctest: skipped) if every check so far passed, else 1 (a failure
+   found before the missing data still fails the test). A test calls it, for
+   each folder it reads, before the part that reads it. */
+static inline const char *shared_require(const char *rel) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", EMBER_SHARED_DIR, rel);
+    if (!path_exists(p)) {
+        fprintf(stderr, "skipped: %s not found (test data from ../shared is absent)\n", p);
+        if (g_fail) exit(test_done());
         exit(77);
     }
     return EMBER_SHARED_DIR;
+}
+
+/* shared_require("fixtures"): the reference fixtures most tests read. */
+static inline const char *shared_dir(void) {
+    return shared_require("fixtures");
 }
 
 #endif

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "test.h"
-#include "tok/chat.h"
+#include "template/chat.h"
 
 #define MIN_PASSING 40
 
@@ -303,8 +303,10 @@ static void expected_prompts(const char *shared, const char *model) {
 }
 
 int main(void) {
+    snippets(); /* tests/data/chat only: runs without ../shared */
     const char *shared = shared_dir();
-    snippets();
+    shared_require("testdata/chat-templates");
+    shared_require("testdata/tokenizers/hf");
     corpus(shared);
     expected_prompts(shared, "qwen3");
     expected_prompts(shared, "llama3");

@@ -3,6 +3,7 @@
  * and RoPE frequencies of each scaling kind against the formulas evaluated
  * independently in double precision.
  */
+#include "formats/arch.h"
 #include "formats/config.h"
 #include "model/rope.h"
 #include "test.h"
@@ -30,7 +31,29 @@ static void expect_err(const char *json, int code, const char *needle) {
            needle);
 }
 
+/* The family table (formats/arch.h): lookups both ways and the lists the
+   messages name. */
+static void family_table(void) {
+    char b[256];
+    CHECK(strcmp(ember_arch_list(false, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text") == 0);
+    CHECK(strcmp(ember_arch_list(true, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3") == 0);
+    CHECK(strcmp(ember_arch_list(true, b, 8), "llama, ") == 0); /* cut, NUL-terminated */
+    const ember_arch *a = ember_arch_find_gguf("mistral");
+    CHECK(a && strcmp(a->model_type, "llama") == 0 && a->rope_interleaved);
+    a = ember_arch_find_gguf("llama");
+    CHECK(a && strcmp(a->model_type, "llama") == 0);
+    a = ember_arch_find_gguf("gemma3");
+    CHECK(a && strcmp(a->model_type, "gemma3_text") == 0 && a->family == EMBER_FAMILY_GEMMA);
+    a = ember_arch_find("mistral");
+    CHECK(a && strcmp(a->gguf, "llama") == 0 && a->rope_interleaved);
+    CHECK(ember_arch_find("qwen2") && !ember_arch_find("qwen2")->rope_interleaved);
+    CHECK(!ember_arch_find("gemma") && !ember_arch_find_gguf("gemma3_text") && !ember_arch_find(NULL));
+    CHECK(ember_arch_is_gemma("gemma2") && !ember_arch_is_gemma("gemma7") && !ember_arch_is_gemma("phi3"));
+    CHECK(ember_config_model_type_supported("phi3") && !ember_config_model_type_supported("falcon"));
+}
+
 int main(void) {
+    family_table();
     ember_model_config c;
     ember_error err = {0};
     /* hub format with defaults */

@@ -1151,6 +1151,9 @@ int main(void) {
     test_special_files();
     test_mutations();
     const char *dir = shared_dir();
+    shared_require("testdata/models/stories260K");
+    shared_require("testdata/models/llama-2-tiny-random");
+    shared_require("testdata/tokenizers/llama.cpp-vocab");
     test_stories(dir);
     test_tiny_llama(dir);
     test_vocab_files(dir);

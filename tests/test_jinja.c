@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "test.h"
-#include "tok/chat.h"
-#include "tok/jinja.h"
+#include "template/chat.h"
+#include "template/jinja.h"
 
 #include <time.h>
 static double ember_now_s(void) {

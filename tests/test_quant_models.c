@@ -504,6 +504,8 @@ static void test_corrupt(void) {
 
 int main(void) {
     shared_dir();
+    shared_require("testdata/models/stories260K");
+    shared_require("testdata/models/llama-2-tiny-random");
     test_stories();
     test_tiny_random();
     test_kl();

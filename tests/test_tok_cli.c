@@ -20,6 +20,8 @@ static int run(const char *cmd, char *out, size_t cap, int err_too) {
 
 int main(void) {
     const char *sd = shared_dir();
+    shared_require("testdata/tokenizers/hf");
+    shared_require("testdata/models/stories260K");
     char cmd[4096], out[8192];
     snprintf(cmd, sizeof cmd, "%s tokenize --model %s/testdata/tokenizers/hf/qwen3 --text 'Hello <|im_start|>world'",
              EMBER_BIN, sd);

@@ -185,6 +185,7 @@ static void run(const char *name, const str *corpus, size_t nc) {
 
 int main(void) {
     (void)shared_dir();
+    shared_require("testdata/tokenizers/hf");
     size_t len;
     char *cb = tt_read(EMBER_TOK_DATA "/corpus.bin", &len);
     CHECKF(cb != NULL, "%s/corpus.bin is missing", EMBER_TOK_DATA);

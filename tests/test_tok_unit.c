@@ -680,6 +680,7 @@ static void t_threads(ember_tokenizer *q) {
 
 int main(void) {
     const char *sd = shared_dir();
+    shared_require("testdata/tokenizers/hf");
     char qp[1024], lp[1024];
     snprintf(qp, sizeof qp, "%s/testdata/tokenizers/hf/qwen3", sd);
     snprintf(lp, sizeof lp, "%s/testdata/tokenizers/hf/llama3", sd);

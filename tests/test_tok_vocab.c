@@ -158,6 +158,8 @@ static void stories(const char *model) {
 
 int main(void) {
     (void)shared_dir();
+    shared_require("testdata/tokenizers/llama.cpp-vocab");
+    shared_require("testdata/models/stories260K");
     int pass = 0, total = 0;
     for (size_t k = 0; k < sizeof k_pairs / sizeof k_pairs[0]; k++) run_pair(&k_pairs[k], &pass, &total);
     fprintf(stderr, "llama.cpp vectors: %d/%d (no vocabulary here for command-r, gemma-4, qwen35)\n", pass, total);

@@ -1,4 +1,4 @@
-# Tokenizer tests (src/tok, tokenizer part). Data: tests/data/tok (committed,
+# Tokenizer tests (src/tok). Data: tests/data/tok (committed,
 # written by tests/ref/tok/tokenize_corpus.mjs) and ../shared/testdata.
 ember_test(test_tok_corpus test_tok_corpus.c)
 target_compile_definitions(test_tok_corpus PRIVATE EMBER_TOK_DATA="${CMAKE_SOURCE_DIR}/tests/data/tok")

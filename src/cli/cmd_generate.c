@@ -17,7 +17,7 @@
 #include "args.h"
 #include "cli.h"
 #include "core/util.h"
-#include "tok/chat.h"
+#include "template/chat.h"
 #include "tok/tokenizer.h"
 
 static char *id_text(const ember_tokenizer *t, int32_t id) {

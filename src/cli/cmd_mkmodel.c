@@ -21,7 +21,9 @@
 #include "cli.h"
 #include "core/dtype.h"
 #include "core/mapfile.h"
+#include "core/utf8.h"
 #include "core/util.h"
+#include "formats/arch.h"
 #include "formats/config.h"
 #include "formats/safetensors.h"
 #include "sample/sampler.h"
@@ -131,7 +133,7 @@ static int list_tensors(const ember_model_config *c, tensor_spec *s) {
     int n = 0;
     const int64_t H = c->hidden_size, D = c->head_dim, Q = (int64_t)c->n_heads * D, KV = (int64_t)c->n_kv_heads * D,
                   I = c->intermediate_size;
-    const bool gemma = strncmp(c->model_type, "gemma", 5) == 0, phi3 = strcmp(c->model_type, "phi3") == 0;
+    const bool gemma = ember_arch_is_gemma(c->model_type), phi3 = strcmp(c->model_type, "phi3") == 0;
     const bool norm = !gemma;
     char nm[128];
     add_spec(s, &n, "model.embed_tokens.weight", c->vocab_size, H, false);
@@ -215,13 +217,8 @@ static char *demo_tokenizer_json(void) {
     json_t *vocab = json_object();
     for (unsigned b = 0; b < 256; b++) {
         unsigned cp = byte_char(b);
-        char u[4] = {0};
-        if (cp < 0x80) {
-            u[0] = (char)cp;
-        } else {
-            u[0] = (char)(0xc0 | (cp >> 6));
-            u[1] = (char)(0x80 | (cp & 0x3f));
-        }
+        char u[5] = {0};
+        ember_utf8_put(cp, u);
         json_object_set_new(vocab, u, json_integer(b));
     }
     json_t *added = json_array();

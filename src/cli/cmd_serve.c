@@ -187,6 +187,27 @@ static void log_stderr(void *user, ember_log_level level, const char *msg) {
     fprintf(stderr, "ember: %s: %s\n", names[level & 3], msg);
 }
 
+/* Writes the demo model (random weights) to path unless one is there.
+   Returns 0, or 1 when mkmodel failed (it printed why). */
+static int write_demo_model(char *path) {
+    char cfgp[4200];
+    if (pcat(cfgp, sizeof cfgp, path, "/tokenizer_config.json") && is_file(cfgp)) return 0;
+    fprintf(stderr, "ember: no model given and none found in the HuggingFace cache: writing a demo model with "
+                    "random weights to %s\n", path);
+    char *args[] = {"mkmodel", "--preset", "demo", "--out", path, NULL};
+    return cmd_mkmodel(5, args) ? 1 : 0;
+}
+
+/* Waits for SIGINT or SIGTERM (blocked in sigs), then stops the server,
+   giving running requests up to drain seconds. */
+static void stop_on_signal(ember_server *srv, const sigset_t *sigs, float drain) {
+    int sig = 0;
+    sigwait(sigs, &sig);
+    fprintf(stderr, "ember: %s: finishing running requests (up to %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+            (double)drain);
+    ember_server_stop(srv, drain);
+}
+
 int cmd_serve(int argc, char **argv) {
     const char *model_arg = NULL, *host = "127.0.0.1", *isa = NULL, *kv_budget_s = NULL, *max_body_s = NULL;
     const char *pc_dir = NULL, *pc_max_s = NULL, *tool_parser = "auto", *pace_s = NULL;
@@ -294,15 +315,7 @@ int cmd_serve(int argc, char **argv) {
     char path[4096], id[256];
     bool demo;
     if (resolve_model(model_arg, path, sizeof path, id, sizeof id, &demo)) return 1;
-    if (demo) {
-        char cfgp[4200];
-        if (!pcat(cfgp, sizeof cfgp, path, "/tokenizer_config.json") || !is_file(cfgp)) {
-            fprintf(stderr, "ember: no model given and none found in the HuggingFace cache: writing a demo model with "
-                            "random weights to %s\n", path);
-            char *args[] = {"mkmodel", "--preset", "demo", "--out", path, NULL};
-            if (cmd_mkmodel(5, args)) return 1;
-        }
-    }
+    if (demo && write_demo_model(path)) return 1;
     int min_level = verbose ? EMBER_LOG_DEBUG : EMBER_LOG_INFO;
     ember_model *m;
     /* warnings reach stderr without -v too: the prompt cache tells about files it skips */
@@ -354,11 +367,7 @@ int cmd_serve(int argc, char **argv) {
             info.n_threads, tmpl ? "" : ", no chat template", sp.spec == EMBER_SPEC_NGRAM ? ", n-gram speculation" : "",
             ember_tool_format_name(so.tool_format));
     if (test_output) fprintf(stderr, "ember: --test-output is on: requests may script their output (tests only)\n");
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    fprintf(stderr, "ember: %s: finishing running requests (up to %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-            (double)drain);
-    ember_server_stop(srv, drain);
+    stop_on_signal(srv, &sigs, drain);
     ember_chat_template_free(tmpl);
     ember_tok_free(tok);
     ember_model_free(m);

@@ -10,8 +10,8 @@
 #include "cli.h"
 #include "core/mapfile.h"
 #include "formats/gguf.h"
+#include "template/chat.h"
 #include "template/toolcall.h"
-#include "tok/chat.h"
 
 static void log_stderr(void *user, ember_log_level level, const char *msg) {
     (void)user;

@@ -722,15 +722,11 @@ static void pace_measure(ember_engine *e, double dt, int n_dec, int n_prompt, in
     }
 }
 
-/* One step over the batch; returns false when there was nothing to do. */
-static bool step(ember_engine *e) {
-    ember_model *m = e->m;
-    ember_kv *kv = m->kv;
-    const int V = m->cfg.vocab_size, B = m->params.max_batch_tokens;
-    for (int i = 0; i < e->n_rows; i++) /* cancellations take effect at step boundaries */
-        if (e->rows[i].phase != ROW_FREE && atomic_load(&e->rows[i].s->cancel))
-            release_row(e, &e->rows[i], EMBER_FINISH_CANCELLED, 0, NULL);
-    /* decode rows first: each needs its next position, the oldest first */
+/* Makes KV room for every decoding row's next position: cached prefixes
+   first, then the newest rows are preempted; a row that alone fills the
+   budget ends (EMBER_FINISH_LENGTH). */
+static void make_decode_room(ember_engine *e) {
+    ember_kv *kv = e->m->kv;
     for (;;) {
         size_t need = 0;
         for (int i = 0; i < e->n_rows; i++)
@@ -746,8 +742,13 @@ static bool step(ember_engine *e) {
             break;
         }
     }
-    int nt = 0, no = 0;
-    int *out_row = e->out_row;
+}
+
+/* Puts each decoding row's last token into the batch (e->plan[i] = 1 for
+   those); *nt and *no count the batch's tokens and outputs. */
+static void plan_decode(ember_engine *e, int *nt_io, int *no_io) {
+    ember_model *m = e->m;
+    int *out_row = e->out_row, nt = *nt_io, no = *no_io;
     for (int i = 0; i < e->n_rows; i++) {
         row *r = &e->rows[i];
         e->plan[i] = 0;
@@ -763,10 +764,22 @@ static bool step(ember_engine *e) {
         r->used = e->steps;
         nt++;
     }
-    size_t spare = ember_kv_free_bytes(kv);
-    for (int i = 0; i < e->n_rows; i++)
-        if (e->plan[i]) spare -= ember_kv_need_bytes(kv, i, 1);
-    const int n_dec = nt;
+    *nt_io = nt;
+    *no_io = no;
+}
+
+/* Adds prefill chunks, the oldest admitted rows first, within the batch
+   size, the step's prefill budget (paced when rows decode: *paced tells
+   whether the pace, not the prompts, bounded it) and the KV memory left
+   (*spare, reduced by what is planned); a row that cannot fit makes room
+   or ends. */
+static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_io, bool *paced_out) {
+    ember_model *m = e->m;
+    ember_kv *kv = m->kv;
+    const int B = m->params.max_batch_tokens;
+    int *out_row = e->out_row, nt = *nt_io, no = *no_io, n_dec = 0;
+    size_t spare = *spare_io;
+    for (int i = 0; i < e->n_rows; i++) n_dec += e->plan[i];
     int budget = e->p.prefill_chunk;
     bool paced = false;
     if (n_dec > 0) { /* rows are decoding: keep their pace */
@@ -823,9 +836,21 @@ static bool step(ember_engine *e) {
         }
         r->n_fed += k; /* committed below only if the forward succeeds */
     }
-    /* drafts, in the batch room and memory the prefill left (it goes first, so
-       speculation never holds up a prompt): each speculating decoding row feeds
-       the tokens its source proposes after its last one, inside a KV round */
+    *paced_out = paced && budget == 0 && nt > *nt_io; /* the cap, not the prompts' ends, bounded the step */
+    *nt_io = nt;
+    *no_io = no;
+    *spare_io = spare;
+}
+
+/* Adds the draft tokens of the speculating decoding rows in the batch room
+   and memory the prefill left (it goes first, so speculation never holds
+   up a prompt); each feeds what its source proposes after its last token,
+   inside a KV round. */
+static void plan_drafts(ember_engine *e, int *nt_io, int *no_io, size_t spare) {
+    ember_model *m = e->m;
+    ember_kv *kv = m->kv;
+    const int B = m->params.max_batch_tokens;
+    int *out_row = e->out_row, nt = *nt_io, no = *no_io;
     for (int i = 0; i < e->n_rows && e->src; i++) {
         row *r = &e->rows[i];
         if (!e->plan[i] || !r->spec) continue;
@@ -851,31 +876,16 @@ static bool step(ember_engine *e) {
             nt++;
         }
     }
-    e->steps++;
-    if (nt == 0) return false;
-    int n_drafts = 0;
-    for (int i = 0; i < e->n_rows; i++) n_drafts += e->rows[i].n_draft;
-    const int n_fill = nt - n_dec - n_drafts; /* prompt tokens of this step */
-    paced = paced && n_fill > 0 && budget == 0; /* the cap, not the prompts' ends, bounded the step */
-    ember_error err = {0};
-    ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out};
-    double t0 = ember_now();
-    int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
-    if (rc) { /* nothing was stored: every row in the batch fails */
-        for (int k = 0; k < nt; k++) {
-            row *r = &e->rows[m->b_row[k]];
-            if (r->phase == ROW_FREE) continue;
-            ember_kv_clear(kv, (int)(r - e->rows));
-            release_row(e, r, EMBER_FINISH_ERROR, rc, err.msg);
-        }
-        return true;
-    }
-    if (e->px) /* prompts' full blocks go into the prefix cache as they are prefilled */
-        for (int i = 0; i < e->n_rows; i++) {
-            row *r = &e->rows[i];
-            if (r->phase == ROW_PREFILL && r->stamp == e->steps - 1 && !r->s->g.no_prompt_cache)
-                (void)ember_kv_prefix_publish(e->px, i, r->hist, ember_kv_len(kv, i), r->s->g.cache_salt);
-        }
+    *nt_io = nt;
+    *no_io = no;
+}
+
+/* After a forward: each output's logits go to its row (a sampled token, or
+   the verification of its drafts), and the step's counts into e->stats. */
+static void take_outputs(ember_engine *e, int no) {
+    ember_model *m = e->m;
+    const int V = m->cfg.vocab_size;
+    int *out_row = e->out_row;
     uint64_t drafted = 0, accepted = 0, spec_fw = 0, dec_fw = 0, dec_tok = 0;
     for (int o = 0; o < no; o++) {
         row *r = &e->rows[out_row[o]];
@@ -892,17 +902,62 @@ static bool step(ember_engine *e) {
             take_token(e, r, m->logits + (size_t)o * (size_t)V);
         }
     }
-    pace_measure(e, ember_now() - t0, n_dec, n_fill, n_drafts);
     pthread_mutex_lock(&e->mu);
     e->stats.steps_total++;
-    e->stats.prefill_paced_steps += paced;
-    e->stats.step_decode_seconds = e->t_dec;
-    e->stats.step_prefill_token_seconds = e->t_tok;
     e->stats.spec_drafted_total += drafted;
     e->stats.spec_accepted_total += accepted;
     e->stats.spec_forwards_total += spec_fw;
     e->stats.decode_forwards_total += dec_fw;
     e->stats.decode_tokens_total += dec_tok;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* One engine step: plan a batch (decode, prefill chunks, drafts), run the
+   forward, hand out the results. Returns false when there was nothing to do. */
+static bool step(ember_engine *e) {
+    ember_model *m = e->m;
+    ember_kv *kv = m->kv;
+    for (int i = 0; i < e->n_rows; i++) /* cancellations take effect at step boundaries */
+        if (e->rows[i].phase != ROW_FREE && atomic_load(&e->rows[i].s->cancel))
+            release_row(e, &e->rows[i], EMBER_FINISH_CANCELLED, 0, NULL);
+    make_decode_room(e); /* decode rows first: each needs its next position */
+    int nt = 0, no = 0;
+    plan_decode(e, &nt, &no);
+    const int n_dec = nt;
+    size_t spare = ember_kv_free_bytes(kv);
+    for (int i = 0; i < e->n_rows; i++)
+        if (e->plan[i]) spare -= ember_kv_need_bytes(kv, i, 1);
+    bool paced = false;
+    plan_prefill(e, &nt, &no, &spare, &paced);
+    const int n_fill = nt - n_dec; /* prompt tokens */
+    if (e->src) plan_drafts(e, &nt, &no, spare);
+    e->steps++;
+    if (nt == 0) return false;
+    ember_error err = {0};
+    ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out};
+    const double t0 = ember_now();
+    int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
+    if (rc) { /* nothing was stored: every row in the batch fails */
+        for (int k = 0; k < nt; k++) {
+            row *r = &e->rows[m->b_row[k]];
+            if (r->phase == ROW_FREE) continue;
+            ember_kv_clear(kv, (int)(r - e->rows));
+            release_row(e, r, EMBER_FINISH_ERROR, rc, err.msg);
+        }
+        return true;
+    }
+    if (e->px) /* prompts' full blocks go into the prefix cache as they are prefilled */
+        for (int i = 0; i < e->n_rows; i++) {
+            row *r = &e->rows[i];
+            if (r->phase == ROW_PREFILL && r->stamp == e->steps - 1 && !r->s->g.no_prompt_cache)
+                (void)ember_kv_prefix_publish(e->px, i, r->hist, ember_kv_len(kv, i), r->s->g.cache_salt);
+        }
+    take_outputs(e, no);
+    pace_measure(e, ember_now() - t0, n_dec, n_fill, nt - n_dec - n_fill);
+    pthread_mutex_lock(&e->mu);
+    e->stats.prefill_paced_steps += paced;
+    e->stats.step_decode_seconds = e->t_dec;
+    e->stats.step_prefill_token_seconds = e->t_tok;
     pthread_mutex_unlock(&e->mu);
     return true;
 }

@@ -17,22 +17,11 @@
 #include <sys/stat.h>
 
 #include "core/mapfile.h"
+#include "formats/arch.h"
+#include "core/jsonutil.h"
 #include "core/util.h"
 
 #define MAX_CONFIG_BYTES (16u * 1024u * 1024u)
-
-static const char *jtype(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "object";
-    case JSON_ARRAY: return "array";
-    case JSON_STRING: return "string";
-    case JSON_INTEGER: return "integer";
-    case JSON_REAL: return "number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "boolean";
-    default: return "null";
-    }
-}
 
 /* Field readers: absent or null -> *out = def (or an error when required). */
 static int get_int(const char *file, const json_t *o, const char *key, bool required, long long def,
@@ -45,7 +34,7 @@ static int get_int(const char *file, const json_t *o, const char *key, bool requ
     }
     if (!json_is_integer(v))
         return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be an integer, got %s", file, key,
-                         jtype(v));
+                         ember_json_type_bare(v));
     long long x = json_integer_value(v);
     if (x < lo || x > hi)
         return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' is %lld, outside [%lld, %lld]", file, key, x,
@@ -63,7 +52,7 @@ static int get_num(const char *file, const json_t *o, const char *key, bool requ
         return EMBER_OK;
     }
     if (!json_is_number(v))
-        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be a number, got %s", file, key, jtype(v));
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be a number, got %s", file, key, ember_json_type_bare(v));
     double x = json_number_value(v);
     if (!isfinite(x) || x < lo || x > hi)
         return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' is %g, outside [%g, %g]", file, key, x, lo, hi);
@@ -80,7 +69,7 @@ static int get_bool(const char *file, const json_t *o, const char *key, bool def
     }
     if (!json_is_boolean(v))
         return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be true or false, got %s", file, key,
-                         jtype(v));
+                         ember_json_type_bare(v));
     *out = json_is_true(v);
     return EMBER_OK;
 }
@@ -91,7 +80,7 @@ static int get_str(const char *file, const json_t *o, const char *key, const cha
     *out = NULL;
     if (!v || json_is_null(v)) return EMBER_OK;
     if (!json_is_string(v))
-        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be a string, got %s", file, key, jtype(v));
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be a string, got %s", file, key, ember_json_type_bare(v));
     *out = json_string_value(v);
     return EMBER_OK;
 }
@@ -110,7 +99,7 @@ static int get_eos(const char *file, const json_t *o, ember_model_config *cfg, e
     }
     if (!json_is_array(v))
         return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'eos_token_id' must be an integer or an array, got %s",
-                         file, jtype(v));
+                         file, ember_json_type_bare(v));
     if (json_array_size(v) > EMBER_MAX_EOS)
         return ember_err(err, EMBER_ERR_FORMAT, "%s: more than %d eos_token_id values", file, EMBER_MAX_EOS);
     cfg->n_eos = 0;
@@ -203,7 +192,7 @@ static int parse_rope(const char *file, const json_t *root, ember_model_config *
     if (rp && !json_is_null(rp)) {
         if (!json_is_object(rp))
             return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'rope_parameters' must be an object, got %s", file,
-                             jtype(rp));
+                             ember_json_type_bare(rp));
         const json_t *full = json_object_get(rp, "full_attention"), *sliding = json_object_get(rp, "sliding_attention");
         if ((full && !json_is_object(full)) || (sliding && !json_is_object(sliding)))
             return ember_err(err, EMBER_ERR_FORMAT, "%s: rope_parameters per layer type must be objects", file);
@@ -212,7 +201,7 @@ static int parse_rope(const char *file, const json_t *root, ember_model_config *
     } else if (rs && !json_is_null(rs)) {
         if (!json_is_object(rs))
             return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'rope_scaling' must be an object, got %s", file,
-                             jtype(rs));
+                             ember_json_type_bare(rs));
         src = local = rs;
     }
     if ((rc = parse_rope_obj(file, root, src, cfg, &cfg->rope, err))) return rc;
@@ -235,7 +224,7 @@ static int parse_rope(const char *file, const json_t *root, ember_model_config *
 static int parse_windows(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
     int rc, window = 0;
     const json_t *sw = json_object_get(root, "sliding_window");
-    bool gemma = strncmp(cfg->model_type, "gemma", 5) == 0;
+    bool gemma = ember_arch_is_gemma(cfg->model_type);
     if ((sw && !json_is_null(sw)) || gemma) /* gemma: 4096 when absent, as transformers */
         if ((rc = get_int(file, root, "sliding_window", false, 4096, 0, 1 << 30, &window, err))) return rc;
     for (int i = 0; i < cfg->n_layers; i++) {
@@ -378,7 +367,7 @@ static int quant_mode(const char *file, const char *where, const json_t *o, embe
     if (!json_is_string(m) || strcmp(json_string_value(m), "affine") != 0)
         return ember_err(err, EMBER_ERR_UNSUPPORTED,
                          "%s: %s.mode '%.32s' is not supported (only MLX affine quantization)", file, where,
-                         json_is_string(m) ? json_string_value(m) : jtype(m));
+                         json_is_string(m) ? json_string_value(m) : ember_json_type_bare(m));
     return EMBER_OK;
 }
 
@@ -420,13 +409,13 @@ static int parse_quant(const char *file, const json_t *root, ember_model_config 
     }
     if (!q || json_is_null(q)) return EMBER_OK;
     if (!json_is_object(q))
-        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be an object, got %s", file, key, jtype(q));
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field '%s' must be an object, got %s", file, key, ember_json_type_bare(q));
     const json_t *method = json_object_get(q, "quant_method");
     if (method && !json_is_null(method) &&
         (!json_is_string(method) || strcmp(json_string_value(method), "mlx") != 0))
         return ember_err(err, EMBER_ERR_UNSUPPORTED,
                          "%s: %s.quant_method '%.32s' is not supported (Ember reads MLX affine quantization)", file, key,
-                         json_is_string(method) ? json_string_value(method) : jtype(method));
+                         json_is_string(method) ? json_string_value(method) : ember_json_type_bare(method));
     ember_quant_config *qc = &cfg->quant;
     int rc = quant_params(file, key, q, 0, 0, &qc->group_size, &qc->bits, err);
     if (rc) return rc;
@@ -470,10 +459,7 @@ ember_qmod_kind ember_config_quant_module(const ember_model_config *cfg, const c
 }
 
 bool ember_config_model_type_supported(const char *model_type) {
-    static const char *const k_supported[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"};
-    for (size_t i = 0; i < EMBER_ARRAY_LEN(k_supported); i++)
-        if (strcmp(model_type, k_supported[i]) == 0) return true;
-    return false;
+    return ember_arch_find(model_type) != NULL;
 }
 
 int ember_config_parse(const char *file, const char *text, size_t len, ember_model_config *cfg,
@@ -497,9 +483,9 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
         goto done;
     }
     if (!ember_config_model_type_supported(mt)) {
-        rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
-                       "%s: model_type '%.32s' is not supported (supported: " EMBER_SUPPORTED_MODEL_TYPES ")", file,
-                       mt);
+        char list[256];
+        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: model_type '%.32s' is not supported (supported: %s)", file, mt,
+                       ember_arch_list(false, list, sizeof list));
         goto done;
     }
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
@@ -525,7 +511,7 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
     double eps;
     if ((rc = get_num(file, root, "rms_norm_eps", false, 1e-6, 0.0, 1.0, &eps, err))) goto done;
     cfg->rms_norm_eps = (float)eps;
-    const bool gemma = strncmp(mt, "gemma", 5) == 0;
+    const bool gemma = ember_arch_is_gemma(mt);
     const char *act;
     /* gemma reads hidden_activation (gelu_pytorch_tanh when absent), the others hidden_act (silu) */
     const char *act_key = gemma ? "hidden_activation" : "hidden_act", *act_want = gemma ? "gelu_pytorch_tanh" : "silu";

@@ -61,11 +61,8 @@ typedef enum ember_act {
     EMBER_ACT_GELU_TANH  /* GeGLU, gelu_pytorch_tanh (gemma) */
 } ember_act;
 
-/* The model types config.json may name, comma-separated (for messages). */
-#define EMBER_SUPPORTED_MODEL_TYPES "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text"
-
 typedef struct ember_model_config {
-    char model_type[32]; /* one of EMBER_SUPPORTED_MODEL_TYPES */
+    char model_type[32]; /* a model_type of the family table (formats/arch.h) */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -97,7 +94,8 @@ typedef struct ember_model_config {
     ember_quant_config quant;
 } ember_model_config;
 
-/* Whether config.json's model_type names a family Ember runs. */
+/* Whether config.json's model_type names a family Ember runs (a row of the
+   family table, formats/arch.h). */
 bool ember_config_model_type_supported(const char *model_type);
 
 /* Parses config.json text. name is used in messages. */

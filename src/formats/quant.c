@@ -356,7 +356,7 @@ static inline void k4_scale_min(const uint8_t s[12], int j, int *sc, int *mn) {
         *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
 }
-static void k4_pack_scales(uint8_t s[12], const uint8_t sc[8], const uint8_t mn[8]) {
+void ember_q4k_pack_scales(uint8_t s[12], const uint8_t sc[8], const uint8_t mn[8]) {
     memset(s, 0, 12);
     for (int j = 0; j < 8; j++) {
         if (j < 4) {
@@ -536,7 +536,7 @@ static void encode_k_affine(const float *x, int nmax, uint16_t *dh, uint16_t *mh
         ls[j] = (uint8_t)(d > 0.0f ? round_clamp(a[j] / d, 0, 63) : 0);
         lm[j] = (uint8_t)(dm > 0.0f ? round_clamp(b[j] / dm, 0, 63) : 0);
     }
-    k4_pack_scales(scales, ls, lm);
+    ember_q4k_pack_scales(scales, ls, lm);
     for (int j = 0; j < 8; j++) {
         float d1 = d * (float)ls[j], m1 = dm * (float)lm[j];
         for (int i = 0; i < 32; i++)

@@ -164,6 +164,10 @@ void ember_quant_q5_k(const float *src, void *dst, size_t nblocks);
 void ember_quant_q6_k(const float *src, void *dst, size_t nblocks);
 void ember_quant_q8_k(const float *src, void *dst, size_t nblocks);
 
+/* Packs the eight 6-bit scales and mins (0..63) of a Q4_K / Q5_K block into
+   its 12 scale bytes (the layout above; the inverse of reading them). */
+void ember_q4k_pack_scales(uint8_t s[12], const uint8_t sc[8], const uint8_t mn[8]);
+
 /* ---- by dtype ---------------------------------------------------------- */
 
 /* True when ember_dequantize handles t: F32, F16, BF16 and every block

@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "formats/arch.h"
 #include "model.h"
 
 /* The gemma2 / gemma3 keys (see the top of the file); cfg's dimensions and
@@ -130,15 +131,15 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
     const char *arch;
     int rc = ember_gguf_get_str(f, "general.architecture", &arch, NULL, err);
     if (rc) return rc;
-    bool llama = strcmp(arch, "llama") == 0 || strcmp(arch, "mistral") == 0;
-    bool gemma2 = strcmp(arch, "gemma2") == 0, gemma3 = strcmp(arch, "gemma3") == 0, gemma = gemma2 || gemma3;
-    bool phi3 = strcmp(arch, "phi3") == 0;
-    if (!llama && !gemma && !phi3 && strcmp(arch, "qwen2") != 0 && strcmp(arch, "qwen3") != 0)
-        return ember_err(err, EMBER_ERR_UNSUPPORTED,
-                         "%s: architecture '%.32s' is not supported (supported: " EMBER_GGUF_ARCHS ")", f->path, arch);
-    snprintf(cfg->model_type, sizeof cfg->model_type, "%s",
-             strcmp(arch, "mistral") == 0 ? "llama" : gemma3 ? "gemma3_text" : arch);
-    *mode = llama ? EMBER_ROPE_INTERLEAVED : EMBER_ROPE_NEOX;
+    const ember_arch *row = ember_arch_find_gguf(arch);
+    if (!row) {
+        char list[256];
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: architecture '%.32s' is not supported (supported: %s)",
+                         f->path, arch, ember_arch_list(true, list, sizeof list));
+    }
+    const bool gemma = row->family == EMBER_FAMILY_GEMMA;
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", row->model_type);
+    *mode = row->rope_interleaved ? EMBER_ROPE_INTERLEAVED : EMBER_ROPE_NEOX;
     char key[160];
 #define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
     uint32_t u;
@@ -256,9 +257,8 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
 }
 
 const char *ember_gguf_arch_of(const char *model_type) {
-    if (strcmp(model_type, "mistral") == 0) return "llama";
-    if (strcmp(model_type, "gemma3_text") == 0) return "gemma3";
-    return model_type;
+    const ember_arch *row = ember_arch_find(model_type);
+    return row ? row->gguf : model_type;
 }
 
 bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, size_t n) {
@@ -299,7 +299,7 @@ bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, s
                                    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"}};
     const pair *fam = k_llama;
     size_t n_fam = sizeof k_llama / sizeof k_llama[0];
-    if (strncmp(model_type, "gemma", 5) == 0) {
+    if (ember_arch_is_gemma(model_type)) {
         fam = k_gemma;
         n_fam = sizeof k_gemma / sizeof k_gemma[0];
     } else if (strcmp(model_type, "phi3") == 0) {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "formats/arch.h"
 #include "family.h"
 #include "rope.h"
 
@@ -78,7 +79,7 @@ static int check_unclaimed(const ember_loader *L) {
 
 /* The family of a model_type (the config parser admits only known ones). */
 static const ember_family *family_for(const char *model_type) {
-    return strncmp(model_type, "gemma", 5) == 0 ? &ember_family_gemma : &ember_family_llama;
+    return ember_arch_is_gemma(model_type) ? &ember_family_gemma : &ember_family_llama;
 }
 
 /* Everything but the file: RoPE tables, layers, then the family's tensors. */

@@ -82,9 +82,6 @@ int ember_llm_from_gguf(ember_gguf *f, ember_backend *be, ember_model_config *cf
 
 /* The config and RoPE layout of a GGUF file's metadata (gguf_model.c). */
 int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_rope_mode *mode, ember_error *err);
-/* The GGUF architectures ember_llm_load_gguf reads, for messages. */
-#define EMBER_GGUF_ARCHS "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3"
-
 /* The GGUF name (llama.cpp's) of the HuggingFace tensor name hf of a model
    of the given model_type (the names of some tensors depend on the family:
    gemma's post_attention_layernorm is post_attention_norm, llama's is
@@ -92,7 +89,8 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
 bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, size_t n);
 
 /* The GGUF architecture of a model_type ("gemma3_text" -> "gemma3",
-   "mistral" -> "llama"). */
+   "mistral" -> "llama"; the family table, formats/arch.h); an unknown
+   model_type is returned as it is. */
 const char *ember_gguf_arch_of(const char *model_type);
 
 typedef struct ember_llm_state {

@@ -19,6 +19,7 @@
 #include "core/cpu.h"
 #include "core/threadpool.h"
 #include "core/util.h"
+#include "formats/arch.h"
 #include "formats/config.h"
 #include "formats/gguf_write.h"
 #include "formats/quant.h"
@@ -114,20 +115,6 @@ static float fast_affine(const float *x, int n, int nmax, float *b_out) {
     return best_a;
 }
 
-static void pack_k4_scales(uint8_t s[12], const int sc[8], const int mn[8]) {
-    memset(s, 0, 12);
-    for (int j = 0; j < 8; j++) {
-        if (j < 4) {
-            s[j] |= (uint8_t)(sc[j] & 63);
-            s[j + 4] |= (uint8_t)(mn[j] & 63);
-        } else {
-            s[j + 4] = (uint8_t)((sc[j] & 15) | ((mn[j] & 15) << 4));
-            s[j - 4] |= (uint8_t)((sc[j] >> 4) << 6);
-            s[j] |= (uint8_t)((mn[j] >> 4) << 6);
-        }
-    }
-}
-
 /* One Q4_K (nmax 15) or Q5_K (nmax 31) block from 256 floats. */
 static void fast_k45(const float *x, int nmax, unsigned char *blk) {
     float a[8], b[8], amax = 0, bmax = 0;
@@ -138,10 +125,10 @@ static void fast_k45(const float *x, int nmax, unsigned char *blk) {
     }
     uint16_t dh = ember_f32_to_f16(amax / 63.0f), mh = ember_f32_to_f16(bmax / 63.0f);
     float d = ember_f16_to_f32(dh), dm = ember_f16_to_f32(mh);
-    int sc[8], mn[8];
+    uint8_t sc[8], mn[8]; /* 0..63 */
     for (int j = 0; j < 8; j++) {
-        sc[j] = d > 0 ? clampi((int)lrintf(a[j] / d), 0, 63) : 0;
-        mn[j] = dm > 0 ? clampi((int)lrintf(b[j] / dm), 0, 63) : 0;
+        sc[j] = (uint8_t)(d > 0 ? clampi((int)lrintf(a[j] / d), 0, 63) : 0);
+        mn[j] = (uint8_t)(dm > 0 ? clampi((int)lrintf(b[j] / dm), 0, 63) : 0);
     }
     uint8_t q[256];
     for (int e = 0; e < 256; e++) {
@@ -151,7 +138,7 @@ static void fast_k45(const float *x, int nmax, unsigned char *blk) {
     }
     memcpy(blk, &dh, 2);
     memcpy(blk + 2, &mh, 2);
-    pack_k4_scales(blk + 4, sc, mn);
+    ember_q4k_pack_scales(blk + 4, sc, mn);
     unsigned char *qs = blk + (nmax == 15 ? 16 : 48);
     if (nmax == 31) memset(blk + 16, 0, 32);
     for (int c = 0; c < 4; c++)
@@ -324,7 +311,7 @@ static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_
                                      err)))
             return rc;
     }
-    if (strncmp(c->model_type, "gemma", 5) == 0) {
+    if (ember_arch_is_gemma(c->model_type)) {
         if ((rc = write_gemma(g, c, arch, err))) return rc;
     } else {
         /* one sliding window for every layer (mistral, phi3): llama.cpp
@@ -386,8 +373,9 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
         rc = g ? (err ? err->code : EMBER_ERR_NOMEM) : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         goto done;
     }
-    bool llama = strcmp(cfg.model_type, "llama") == 0 || strcmp(cfg.model_type, "mistral") == 0;
-    bool gemma = strncmp(cfg.model_type, "gemma", 5) == 0;
+    const ember_arch *row = ember_arch_find(cfg.model_type); /* non-NULL: the config parser checked */
+    bool llama = row && row->rope_interleaved;                /* Q/K rows permuted as llama.cpp does */
+    bool gemma = row && row->family == EMBER_FAMILY_GEMMA;
     const char *arch = ember_gguf_arch_of(cfg.model_type);
     if ((rc = write_metadata(g, in_dir, &cfg, arch, s, err))) goto done;
     if (cfg.rope.type == EMBER_ROPE_LLAMA3 && (rc = add_rope_freqs(g, &cfg, err))) goto done;

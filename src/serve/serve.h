@@ -20,8 +20,8 @@
 
 #include "core/log.h"
 #include "ember.h"
+#include "template/chat.h"
 #include "template/toolcall.h"
-#include "tok/chat.h"
 #include "tok/tokenizer.h"
 
 typedef struct ember_server ember_server;

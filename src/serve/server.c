@@ -33,6 +33,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
+#include "core/jsonutil.h"
 #include "core/util.h"
 #include "serve.h"
 #include "textgen.h"
@@ -147,17 +148,9 @@ static json_t *jstr_clean(const char *s, size_t n) {
     return j ? j : json_string("");
 }
 
+/* The type of v for error messages ("an object", ...): core/jsonutil.h. */
 static const char *jtype(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
+    return ember_json_type(v);
 }
 
 /* ---- responses -------------------------------------------------------------------------- */

@@ -1,9 +1,5 @@
-# chat templates
-list(APPEND EMBER_SOURCES
-  src/tok/jinja_util.c src/tok/jinja_lex.c src/tok/jinja_parse.c src/tok/jinja_value.c
-  src/tok/jinja_eval.c src/tok/jinja_case.c src/tok/chat.c)
-
-# tokenizer
+# The tokenizer part (docs/tokenizer.md). Every source is listed by name, so
+# a missing file stops the configure. The chat templates are src/template/.
 list(APPEND EMBER_SOURCES
   src/tok/tok_util.c src/tok/tok_regex.c src/tok/tok_normalize.c src/tok/tok_pretok.c
   src/tok/tok_bpe.c src/tok/tok_wordpiece.c src/tok/tok_unigram.c src/tok/tok_added.c

@@ -271,7 +271,7 @@ int tok_finish(ember_tokenizer *t, ember_error *err) {
         if (m->byte_mode) {
             for (int b = 0; b < 256; b++) {
                 char u[4];
-                size_t l = tok_utf8_put(tok_byte_to_cp[b], u);
+                size_t l = ember_utf8_put(tok_byte_to_cp[b], u);
                 m->byte_sym[b] = tok_smap_get(&t->map, u, l);
             }
             /* raw-byte spellings of the real tokens (for ignore_merges) */

@@ -89,7 +89,7 @@ static int js_hex_byte(const char *s, size_t n) {
     while (p < e) {
         uint32_t cp;
         size_t l = tok_utf8_next(p, e, &cp);
-        if (!tok_js_space(cp)) break;
+        if (!ember_js_space(cp)) break;
         p += l;
     }
     int sign = 1;
@@ -114,7 +114,7 @@ static int js_hex_byte(const char *s, size_t n) {
 /* The reference's byte-token test: 6 UTF-16 units, "<0x" .. ">". */
 static int byte_token(const char *s, size_t n) {
     if (n < 6 || memcmp(s, "<0x", 3) != 0 || s[n - 1] != '>') return -1;
-    if (tok_utf16_len(s, n) != 6) return -1;
+    if (ember_utf16_len(s, n) != 6) return -1;
     return js_hex_byte(s + 3, n - 4);
 }
 
@@ -209,6 +209,132 @@ static int apply_seq(const ember_tokenizer *t, const tok_dec *d, tok_arena *ar, 
     return EMBER_OK;
 }
 
+/* ByteLevel: the byte-alphabet characters back to bytes, then text (invalid
+   UTF-8 as U+FFFD); the top decoder passes added tokens through. Appends to
+   out; b is scratch. Returns 0, or nonzero when out of memory. */
+static int dec_bytelevel(const ember_tokenizer *t, const tok_dec *d, tok_arena *ar, const slist *in, slist *out,
+                         tok_buf *b) {
+    int rc = 0;
+    tok_buf bytes = {0};
+    for (size_t i = 0; i < in->n && !rc; i++) {
+        tok_sv s = in->v[i];
+        if (d == t->dec && is_added_content(t, s)) {
+            if (bytes.n) {
+                b->n = 0;
+                rc = bytes_to_text((const unsigned char *)bytes.p, bytes.n, false, b);
+                if (!rc) rc = sl_push_buf(out, ar, b);
+                bytes.n = 0;
+            }
+            if (!rc) rc = sl_push(out, ar, s.p, s.n, false);
+            continue;
+        }
+        const unsigned char *p = (const unsigned char *)s.p, *e = p + s.n;
+        while (p < e && !rc) {
+            uint32_t cp;
+            p += tok_utf8_next(p, e, &cp);
+            int by = tok_cp_to_byte(cp);
+            rc = tok_buf_putc(&bytes, (char)(by < 0 ? 0 : by));
+        }
+    }
+    if (!rc && bytes.n) {
+        b->n = 0;
+        rc = bytes_to_text((const unsigned char *)bytes.p, bytes.n, false, b);
+        if (!rc) rc = sl_push_buf(out, ar, b);
+    }
+    tok_buf_free(&bytes);
+    return rc;
+}
+
+/* ByteFallback: runs of <0xNN> tokens to text (each invalid byte as U+FFFD).
+   Appends to out; b is scratch. Returns 0, or nonzero when out of memory. */
+static int dec_bytefallback(tok_arena *ar, const slist *in, slist *out, tok_buf *b) {
+    int rc = 0;
+    tok_buf bytes = {0};
+    for (size_t i = 0; i < in->n && !rc; i++) {
+        tok_sv s = in->v[i];
+        int by = byte_token(s.p, s.n);
+        if (by >= 0) {
+            rc = tok_buf_putc(&bytes, (char)by);
+            continue;
+        }
+        if (bytes.n) {
+            b->n = 0;
+            rc = bytes_to_text((const unsigned char *)bytes.p, bytes.n, true, b);
+            if (!rc) rc = sl_push_buf(out, ar, b);
+            bytes.n = 0;
+        }
+        if (!rc) rc = sl_push(out, ar, s.p, s.n, false);
+    }
+    if (!rc && bytes.n) {
+        b->n = 0;
+        rc = bytes_to_text((const unsigned char *)bytes.p, bytes.n, true, b);
+        if (!rc) rc = sl_push_buf(out, ar, b);
+    }
+    tok_buf_free(&bytes);
+    return rc;
+}
+
+/* WordPiece: the continuation prefix dropped, a space before each other
+   piece, optional cleanup. Appends to out; b is scratch. Returns 0, or
+   nonzero when out of memory. */
+static int dec_wordpiece(const tok_dec *d, tok_arena *ar, const slist *in, slist *out, tok_buf *b) {
+    int rc = 0;
+    for (size_t i = 0; i < in->n && !rc; i++) {
+        tok_sv s = in->v[i];
+        b->n = 0;
+        if (i != 0) {
+            if (d->str_n && s.n >= d->str_n && memcmp(s.p, d->str, d->str_n) == 0) {
+                s.p += d->str_n;
+                s.n -= d->str_n;
+            } else {
+                rc = tok_buf_putc(b, ' ');
+            }
+        }
+        if (!rc) rc = tok_buf_put(b, s.p, s.n);
+        if (!rc && d->cleanup) {
+            tok_buf c = {0};
+            rc = tok_cleanup_append(b->p, b->n, &c);
+            if (!rc) rc = sl_push_buf(out, ar, &c);
+            tok_buf_free(&c);
+        } else if (!rc) {
+            rc = sl_push_buf(out, ar, b);
+        }
+    }
+    return rc;
+}
+
+/* CTC: repeats and the pad token dropped, optional cleanup and word
+   delimiter. Appends to out; b is scratch. Returns 0, or nonzero when out of
+   memory. */
+static int dec_ctc(const tok_dec *d, tok_arena *ar, const slist *in, slist *out, tok_buf *b) {
+    int rc = 0;
+    for (size_t i = 0; i < in->n && !rc; i++) {
+        tok_sv s = in->v[i];
+        if (i > 0 && in->v[i - 1].n == s.n && memcmp(in->v[i - 1].p, s.p, s.n) == 0) continue;
+        if (s.n == d->str_n && memcmp(s.p, d->str, s.n) == 0) continue;
+        rc = tok_buf_put(b, s.p, s.n);
+    }
+    if (!rc && d->cleanup) {
+        tok_buf c = {0}, e = {0};
+        rc = tok_cleanup_append(b->p ? b->p : "", b->n, &c);
+        if (!rc) {
+            if (d->str2_n)
+                rc = replace_lit(c.p ? c.p : "", c.n, d->str2, d->str2_n, " ", 1, &e);
+            else
+                rc = tok_buf_put(&e, c.p ? c.p : "", c.n);
+        }
+        if (!rc) {
+            tok_sv tr = tok_trim_end(tok_trim_start((tok_sv){e.p ? e.p : "", e.n}));
+            rc = sl_push(out, ar, tr.p, tr.n, true);
+        }
+        tok_buf_free(&c);
+        tok_buf_free(&e);
+    } else if (!rc) {
+        rc = sl_push_buf(out, ar, b);
+    }
+    return rc;
+}
+
 static int apply_dec(const ember_tokenizer *t, const tok_dec *d, tok_arena *ar, tok_rx *rx, slist *in, slist *out,
                      ember_error *err) {
     tok_buf b = {0};
@@ -225,84 +351,9 @@ static int apply_dec(const ember_tokenizer *t, const tok_dec *d, tok_arena *ar, 
         free(l.v);
         return rc == EMBER_ERR_NOMEM ? nomem(err) : rc;
     }
-    case TOK_DEC_BYTELEVEL: {
-        tok_buf bytes = {0};
-        for (size_t i = 0; i < in->n && !rc; i++) {
-            tok_sv s = in->v[i];
-            if (d == t->dec && is_added_content(t, s)) {
-                if (bytes.n) {
-                    b.n = 0;
-                    rc = bytes_to_text((const unsigned char *)bytes.p, bytes.n, false, &b);
-                    if (!rc) rc = sl_push_buf(out, ar, &b);
-                    bytes.n = 0;
-                }
-                if (!rc) rc = sl_push(out, ar, s.p, s.n, false);
-                continue;
-            }
-            const unsigned char *p = (const unsigned char *)s.p, *e = p + s.n;
-            while (p < e && !rc) {
-                uint32_t cp;
-                p += tok_utf8_next(p, e, &cp);
-                int by = tok_cp_to_byte(cp);
-                rc = tok_buf_putc(&bytes, (char)(by < 0 ? 0 : by));
-            }
-        }
-        if (!rc && bytes.n) {
-            b.n = 0;
-            rc = bytes_to_text((const unsigned char *)bytes.p, bytes.n, false, &b);
-            if (!rc) rc = sl_push_buf(out, ar, &b);
-        }
-        tok_buf_free(&bytes);
-        break;
-    }
-    case TOK_DEC_BYTEFALLBACK: {
-        tok_buf bytes = {0};
-        for (size_t i = 0; i < in->n && !rc; i++) {
-            tok_sv s = in->v[i];
-            int by = byte_token(s.p, s.n);
-            if (by >= 0) {
-                rc = tok_buf_putc(&bytes, (char)by);
-                continue;
-            }
-            if (bytes.n) {
-                b.n = 0;
-                rc = bytes_to_text((const unsigned char *)bytes.p, bytes.n, true, &b);
-                if (!rc) rc = sl_push_buf(out, ar, &b);
-                bytes.n = 0;
-            }
-            if (!rc) rc = sl_push(out, ar, s.p, s.n, false);
-        }
-        if (!rc && bytes.n) {
-            b.n = 0;
-            rc = bytes_to_text((const unsigned char *)bytes.p, bytes.n, true, &b);
-            if (!rc) rc = sl_push_buf(out, ar, &b);
-        }
-        tok_buf_free(&bytes);
-        break;
-    }
-    case TOK_DEC_WORDPIECE:
-        for (size_t i = 0; i < in->n && !rc; i++) {
-            tok_sv s = in->v[i];
-            b.n = 0;
-            if (i != 0) {
-                if (d->str_n && s.n >= d->str_n && memcmp(s.p, d->str, d->str_n) == 0) {
-                    s.p += d->str_n;
-                    s.n -= d->str_n;
-                } else {
-                    rc = tok_buf_putc(&b, ' ');
-                }
-            }
-            if (!rc) rc = tok_buf_put(&b, s.p, s.n);
-            if (!rc && d->cleanup) {
-                tok_buf c = {0};
-                rc = tok_cleanup_append(b.p, b.n, &c);
-                if (!rc) rc = sl_push_buf(out, ar, &c);
-                tok_buf_free(&c);
-            } else if (!rc) {
-                rc = sl_push_buf(out, ar, &b);
-            }
-        }
-        break;
+    case TOK_DEC_BYTELEVEL: rc = dec_bytelevel(t, d, ar, in, out, &b); break;
+    case TOK_DEC_BYTEFALLBACK: rc = dec_bytefallback(ar, in, out, &b); break;
+    case TOK_DEC_WORDPIECE: rc = dec_wordpiece(d, ar, in, out, &b); break;
     case TOK_DEC_METASPACE:
         for (size_t i = 0; i < in->n && !rc; i++) {
             b.n = 0;
@@ -319,33 +370,7 @@ static int apply_dec(const ember_tokenizer *t, const tok_dec *d, tok_arena *ar, 
             if (!rc) rc = sl_push_buf(out, ar, &b);
         }
         break;
-    case TOK_DEC_CTC: {
-        for (size_t i = 0; i < in->n && !rc; i++) {
-            tok_sv s = in->v[i];
-            if (i > 0 && in->v[i - 1].n == s.n && memcmp(in->v[i - 1].p, s.p, s.n) == 0) continue;
-            if (s.n == d->str_n && memcmp(s.p, d->str, s.n) == 0) continue;
-            rc = tok_buf_put(&b, s.p, s.n);
-        }
-        if (!rc && d->cleanup) {
-            tok_buf c = {0}, e = {0};
-            rc = tok_cleanup_append(b.p ? b.p : "", b.n, &c);
-            if (!rc) {
-                if (d->str2_n)
-                    rc = replace_lit(c.p ? c.p : "", c.n, d->str2, d->str2_n, " ", 1, &e);
-                else
-                    rc = tok_buf_put(&e, c.p ? c.p : "", c.n);
-            }
-            if (!rc) {
-                tok_sv tr = tok_trim_end(tok_trim_start((tok_sv){e.p ? e.p : "", e.n}));
-                rc = sl_push(out, ar, tr.p, tr.n, true);
-            }
-            tok_buf_free(&c);
-            tok_buf_free(&e);
-        } else if (!rc) {
-            rc = sl_push_buf(out, ar, &b);
-        }
-        break;
-    }
+    case TOK_DEC_CTC: rc = dec_ctc(d, ar, in, out, &b); break;
     case TOK_DEC_REPLACE:
         for (size_t i = 0; i < in->n && !rc; i++) {
             b.n = 0;

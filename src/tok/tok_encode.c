@@ -93,7 +93,7 @@ static int collapse_spaces(struct ember_tok_ws *ws, tok_sv s, tok_sv *out) {
     while (p < e) {
         uint32_t cp;
         size_t l = tok_utf8_next(p, e, &cp);
-        if (tok_js_space(cp)) {
+        if (ember_js_space(cp)) {
             if (!in_space) d[k++] = ' ';
             in_space = true;
         } else {

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/utf8.h"
 #include "tokenizer.h"
 
 /* ---- limits (everything read from a file is bounded) --------------------- */
@@ -168,10 +169,7 @@ static inline size_t tok_utf8_next(const unsigned char *p, const unsigned char *
 static inline size_t tok_utf8_len(unsigned char c) {
     return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
 }
-/* Writes cp as UTF-8 into out (>= 4 bytes); returns the length. */
-size_t tok_utf8_put(uint32_t cp, char *out);
-/* Number of UTF-16 code units of valid UTF-8 text (JS string length). */
-size_t tok_utf16_len(const char *s, size_t n);
+/* Encoding, validating decode, UTF-16 length: core/utf8.h (ember_utf8_*). */
 
 /* WHATWG UTF-8 decoder state (streaming; also used by sanitize). */
 typedef struct tok_u8dec {
@@ -191,8 +189,7 @@ bool tok_utf8_valid(const char *s, size_t n);
    s is valid, else into buf. */
 int tok_utf8_sanitize(const char *s, size_t n, tok_buf *buf, tok_sv *out);
 
-/* JS String.prototype.trim whitespace (WhiteSpace + LineTerminator). */
-bool tok_js_space(uint32_t cp);
+/* JS String.prototype.trim whitespace: ember_js_space (core/utf8.h). */
 /* Unicode White_Space (what the reference's \s means in tokenizer.json regexes). */
 bool tok_uni_space(uint32_t cp);
 /* trimStart / trimEnd on valid UTF-8 (returns the trimmed view). */

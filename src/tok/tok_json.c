@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/jsonutil.h"
 #include "tok_internal.h"
 
 typedef struct jctx {
@@ -32,20 +33,6 @@ typedef struct jctx {
 } jctx;
 
 #define TOK_FALLBACK 1 /* the fast path does not apply: load again through jansson */
-
-static const char *jtype(const json_t *v) {
-    if (!v) return "nothing";
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
 
 static int jfail(jctx *c, int code, const char *path, const char *fmt, ...) EMBER_PRINTF(4, 5);
 static int jfail(jctx *c, int code, const char *path, const char *fmt, ...) {
@@ -86,7 +73,7 @@ static int get_bool(jctx *c, const json_t *o, const char *base, const char *key,
     }
     char p[PATH];
     if (!json_is_boolean(v))
-        return jfail(c, EMBER_ERR_FORMAT, pth(p, sizeof p, base, key), "expected true or false, got %s", jtype(v));
+        return jfail(c, EMBER_ERR_FORMAT, pth(p, sizeof p, base, key), "expected true or false, got %s", ember_json_type(v));
     *out = json_is_true(v);
     return EMBER_OK;
 }
@@ -103,7 +90,7 @@ static int get_str(jctx *c, const json_t *o, const char *base, const char *key, 
         return EMBER_OK;
     }
     if (!json_is_string(v))
-        return jfail(c, EMBER_ERR_FORMAT, pth(p, sizeof p, base, key), "expected a string, got %s", jtype(v));
+        return jfail(c, EMBER_ERR_FORMAT, pth(p, sizeof p, base, key), "expected a string, got %s", ember_json_type(v));
     *s = json_string_value(v);
     *n = json_string_length(v);
     if (*n > TOK_MAX_TOKEN_BYTES)
@@ -138,7 +125,7 @@ static int get_uint(jctx *c, const json_t *o, const char *base, const char *key,
     }
     long long x;
     if (!jint(v, &x))
-        return jfail(c, EMBER_ERR_FORMAT, pth(p, sizeof p, base, key), "expected an integer, got %s", jtype(v));
+        return jfail(c, EMBER_ERR_FORMAT, pth(p, sizeof p, base, key), "expected an integer, got %s", ember_json_type(v));
     if (x < 0 || x > hi)
         return jfail(c, EMBER_ERR_FORMAT, pth(p, sizeof p, base, key), "%lld is outside [0, %lld]", x, hi);
     *out = x;
@@ -155,10 +142,10 @@ static char *dupn(const char *s, size_t n) {
 
 static int get_type(jctx *c, const json_t *o, const char *base, const char **type) {
     char p[PATH];
-    if (!json_is_object(o)) return jfail(c, EMBER_ERR_FORMAT, base, "expected an object, got %s", jtype(o));
+    if (!json_is_object(o)) return jfail(c, EMBER_ERR_FORMAT, base, "expected an object, got %s", ember_json_type(o));
     const json_t *v = json_object_get(o, "type");
     if (!json_is_string(v))
-        return jfail(c, EMBER_ERR_FORMAT, pth(p, sizeof p, base, "type"), "expected a string, got %s", jtype(v));
+        return jfail(c, EMBER_ERR_FORMAT, pth(p, sizeof p, base, "type"), "expected a string, got %s", ember_json_type(v));
     *type = json_string_value(v);
     return EMBER_OK;
 }
@@ -168,12 +155,12 @@ static int get_pattern(jctx *c, const json_t *o, const char *base, tok_pattern *
     char p[PATH], q[PATH];
     const json_t *v = json_object_get(o, "pattern");
     pth(p, sizeof p, base, "pattern");
-    if (!json_is_object(v)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an object, got %s", jtype(v));
+    if (!json_is_object(v)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an object, got %s", ember_json_type(v));
     const json_t *r = json_object_get(v, "Regex"), *s = json_object_get(v, "String");
     const json_t *x = r ? r : s;
     if (!x) return jfail(c, EMBER_ERR_FORMAT, p, "expected a \"String\" or a \"Regex\"");
     pth(q, sizeof q, p, r ? "Regex" : "String");
-    if (!json_is_string(x)) return jfail(c, EMBER_ERR_FORMAT, q, "expected a string, got %s", jtype(x));
+    if (!json_is_string(x)) return jfail(c, EMBER_ERR_FORMAT, q, "expected a string, got %s", ember_json_type(x));
     char where[PATH + 64];
     snprintf(where, sizeof where, "%s: %s", c->name, q);
     return tok_pattern_init(pat, r != NULL, json_string_value(x), json_string_length(x), c->err, where);
@@ -237,7 +224,7 @@ static int parse_norm(jctx *c, const json_t *o, const char *base, int depth, tok
         if (depth >= TOK_MAX_DEPTH) return jfail(c, EMBER_ERR_LIMIT, base, "Sequence nested too deeply");
         const json_t *l = json_object_get(o, "normalizers");
         pth(p, sizeof p, base, "normalizers");
-        if (!json_is_array(l)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", jtype(l));
+        if (!json_is_array(l)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", ember_json_type(l));
         size_t n = json_array_size(l);
         if (n > TOK_MAX_SEQ_ITEMS) return jfail(c, EMBER_ERR_LIMIT, p, "%zu items (limit %d)", n, TOK_MAX_SEQ_ITEMS);
         nm->kids = calloc(n ? n : 1, sizeof *nm->kids);
@@ -370,7 +357,7 @@ static int parse_pre(jctx *c, const json_t *o, const char *base, int depth, tok_
         if (depth >= TOK_MAX_DEPTH) return jfail(c, EMBER_ERR_LIMIT, base, "Sequence nested too deeply");
         const json_t *l = json_object_get(o, "pretokenizers");
         pth(p, sizeof p, base, "pretokenizers");
-        if (!json_is_array(l)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", jtype(l));
+        if (!json_is_array(l)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", ember_json_type(l));
         size_t n = json_array_size(l);
         if (n > TOK_MAX_SEQ_ITEMS) return jfail(c, EMBER_ERR_LIMIT, p, "%zu items (limit %d)", n, TOK_MAX_SEQ_ITEMS);
         pt->kids = calloc(n ? n : 1, sizeof *pt->kids);
@@ -473,7 +460,7 @@ static int parse_dec(jctx *c, const json_t *o, const char *base, int depth, tok_
         if (depth >= TOK_MAX_DEPTH) return jfail(c, EMBER_ERR_LIMIT, base, "Sequence nested too deeply");
         const json_t *l = json_object_get(o, "decoders");
         pth(p, sizeof p, base, "decoders");
-        if (!json_is_array(l)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", jtype(l));
+        if (!json_is_array(l)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", ember_json_type(l));
         size_t cnt = json_array_size(l);
         if (cnt > TOK_MAX_SEQ_ITEMS) return jfail(c, EMBER_ERR_LIMIT, p, "%zu items (limit %d)", cnt, TOK_MAX_SEQ_ITEMS);
         d->kids = calloc(cnt ? cnt : 1, sizeof *d->kids);
@@ -505,7 +492,7 @@ static int parse_vocab_obj(jctx *c, const json_t *vocab, const char *path) {
             char p[PATH];
             if (snprintf(p, sizeof p, "%s[\"%.40s\"]", path, key) < 0) p[0] = 0;
             return jfail(c, EMBER_ERR_FORMAT, p, "expected a token id in [0, %d), got %s", TOK_MAX_VOCAB,
-                         json_is_number(val) ? "a number out of range" : jtype(val));
+                         json_is_number(val) ? "a number out of range" : ember_json_type(val));
         }
         int rc = tok_set_text(c->t, (int32_t)id, key, klen, c->err);
         if (rc) return rc;
@@ -545,7 +532,7 @@ static int parse_merges(jctx *c, const json_t *merges, const char *path) {
         } else {
             char p[PATH];
             return jfail(c, EMBER_ERR_FORMAT, pthi(p, sizeof p, path, i),
-                         "expected a string \"a b\" or a pair of strings, got %s", jtype(m));
+                         "expected a string \"a b\" or a pair of strings, got %s", ember_json_type(m));
         }
         if (an > TOK_MAX_TOKEN_BYTES || bn > TOK_MAX_TOKEN_BYTES) {
             char p[PATH];
@@ -587,7 +574,7 @@ static int model_type(jctx *c, const json_t *m, tok_model_type *ty) {
         else return jfail(c, EMBER_ERR_UNSUPPORTED, "model.type", "unsupported model '%s'", s);
         return EMBER_OK;
     }
-    if (tv && !json_is_null(tv)) return jfail(c, EMBER_ERR_FORMAT, "model.type", "expected a string, got %s", jtype(tv));
+    if (tv && !json_is_null(tv)) return jfail(c, EMBER_ERR_FORMAT, "model.type", "expected a string, got %s", ember_json_type(tv));
     const json_t *v = json_object_get(m, "vocab");
     if (json_is_array(v)) *ty = TOK_MODEL_UNIGRAM;
     else if (json_object_get(m, "continuing_subword_prefix") && json_object_get(m, "unk_token"))
@@ -600,11 +587,11 @@ static int model_type(jctx *c, const json_t *m, tok_model_type *ty) {
 static int parse_model_vocab(jctx *c, const json_t *m) {
     tok_model *md = &c->t->model;
     int rc;
-    if (!json_is_object(m)) return jfail(c, EMBER_ERR_FORMAT, "model", "expected an object, got %s", jtype(m));
+    if (!json_is_object(m)) return jfail(c, EMBER_ERR_FORMAT, "model", "expected an object, got %s", ember_json_type(m));
     if ((rc = model_type(c, m, &md->type))) return rc;
     const json_t *vocab = json_object_get(m, "vocab");
     if (md->type == TOK_MODEL_UNIGRAM) {
-        if (!json_is_array(vocab)) return jfail(c, EMBER_ERR_FORMAT, "model.vocab", "expected an array, got %s", jtype(vocab));
+        if (!json_is_array(vocab)) return jfail(c, EMBER_ERR_FORMAT, "model.vocab", "expected an array, got %s", ember_json_type(vocab));
         size_t n = json_array_size(vocab);
         if (n == 0) return jfail(c, EMBER_ERR_FORMAT, "model.vocab", "is empty");
         if (n > TOK_MAX_VOCAB) return jfail(c, EMBER_ERR_LIMIT, "model.vocab", "%zu entries (limit %d)", n, TOK_MAX_VOCAB);
@@ -618,7 +605,7 @@ static int parse_model_vocab(jctx *c, const json_t *m) {
                 !json_is_number(json_array_get(e, 1))) {
                 char p[PATH];
                 return jfail(c, EMBER_ERR_FORMAT, pthi(p, sizeof p, "model.vocab", i),
-                             "expected a pair [piece, score], got %s", jtype(e));
+                             "expected a pair [piece, score], got %s", ember_json_type(e));
             }
             const json_t *ps = json_array_get(e, 0);
             if ((rc = tok_set_text(c->t, (int32_t)i, json_string_value(ps), json_string_length(ps), c->err))) return rc;
@@ -648,7 +635,7 @@ static int parse_model_vocab(jctx *c, const json_t *m) {
         }
         return EMBER_OK;
     }
-    if (!json_is_object(vocab)) return jfail(c, EMBER_ERR_FORMAT, "model.vocab", "expected an object, got %s", jtype(vocab));
+    if (!json_is_object(vocab)) return jfail(c, EMBER_ERR_FORMAT, "model.vocab", "expected an object, got %s", ember_json_type(vocab));
     if (c->fv.p) {
         if (tok_jfast_vocab(c->t, c->fv, c->err) != 1) return TOK_FALLBACK;
     } else if ((rc = parse_vocab_obj(c, vocab, "model.vocab"))) {
@@ -721,7 +708,7 @@ static int parse_post(jctx *c, const json_t *o, const char *base, int depth) {
     if (!strcmp(type, "TemplateProcessing")) {
         const json_t *single = json_object_get(o, "single"), *specials = json_object_get(o, "special_tokens");
         pth(p, sizeof p, base, "single");
-        if (!json_is_array(single)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", jtype(single));
+        if (!json_is_array(single)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", ember_json_type(single));
         size_t n = json_array_size(single);
         if (n > TOK_MAX_TEMPLATE_ITEMS) return jfail(c, EMBER_ERR_LIMIT, p, "%zu items (limit %d)", n, TOK_MAX_TEMPLATE_ITEMS);
         tok_post post = {TOK_POST_TEMPLATE, calloc(n ? n : 1, sizeof(int32_t)), 0, -1, -1};
@@ -771,7 +758,7 @@ static int parse_post(jctx *c, const json_t *o, const char *base, int depth) {
         if (depth >= TOK_MAX_DEPTH) return jfail(c, EMBER_ERR_LIMIT, base, "Sequence nested too deeply");
         const json_t *l = json_object_get(o, "processors");
         pth(p, sizeof p, base, "processors");
-        if (!json_is_array(l)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", jtype(l));
+        if (!json_is_array(l)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", ember_json_type(l));
         for (size_t i = 0; i < json_array_size(l); i++) {
             char q[PATH];
             if ((rc = parse_post(c, json_array_get(l, i), pthi(q, sizeof q, p, i), depth + 1))) return rc;
@@ -868,14 +855,14 @@ static int parse_config_late(jctx *c, const json_t *cfg) {
 static int parse_added(jctx *c, const json_t *root) {
     const json_t *at = json_object_get(root, "added_tokens");
     if (!at || json_is_null(at)) return EMBER_OK;
-    if (!json_is_array(at)) return jfail(c, EMBER_ERR_FORMAT, "added_tokens", "expected an array, got %s", jtype(at));
+    if (!json_is_array(at)) return jfail(c, EMBER_ERR_FORMAT, "added_tokens", "expected an array, got %s", ember_json_type(at));
     size_t n = json_array_size(at);
     if (n > TOK_MAX_ADDED) return jfail(c, EMBER_ERR_LIMIT, "added_tokens", "%zu entries (limit %d)", n, TOK_MAX_ADDED);
     for (size_t i = 0; i < n; i++) {
         const json_t *a = json_array_get(at, i);
         char p[PATH];
         pthi(p, sizeof p, "added_tokens", i);
-        if (!json_is_object(a)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an object, got %s", jtype(a));
+        if (!json_is_object(a)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an object, got %s", ember_json_type(a));
         const json_t *id = json_object_get(a, "id");
         long long idv;
         if (!jint(id, &idv) || idv < 0 || idv >= TOK_MAX_VOCAB) {
@@ -911,7 +898,7 @@ static int load_root(jctx *c, const json_t *root, const json_t *cfg, const char 
         const json_t *merges = json_object_get(model, "merges");
         if (!merges || json_is_null(merges)) merges = NULL;
         else if (!json_is_array(merges))
-            return jfail(c, EMBER_ERR_FORMAT, "model.merges", "expected an array, got %s", jtype(merges));
+            return jfail(c, EMBER_ERR_FORMAT, "model.merges", "expected an array, got %s", ember_json_type(merges));
         if (merges && c->fm.p) {
             if (tok_jfast_merges(t, c->fm, c->err) != 1) return TOK_FALLBACK;
         } else if (merges && (rc = parse_merges(c, merges, "model.merges"))) {

@@ -145,7 +145,7 @@ static int bert(const tok_norm *nm, struct ember_tok_ws *ws, tok_sv s, tok_sv *o
                     c == UTF8PROC_CATEGORY_CS)
                     continue;
             }
-            if (tok_js_space(cp)) cp = ' ';
+            if (ember_js_space(cp)) cp = ' ';
         }
         bool cjk = nm->chinese_chars &&
                    ((cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) || (cp >= 0xF900 && cp <= 0xFAFF));
@@ -260,7 +260,7 @@ static bool nfc_safe_slow(uint32_t cp) {
     const utf8proc_property_t *pr = utf8proc_get_property((utf8proc_int32_t)cp);
     if (pr->combining_class != 0) return false;
     char in[4];
-    size_t l = tok_utf8_put(cp, in);
+    size_t l = ember_utf8_put(cp, in);
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)in, (utf8proc_ssize_t)l, &dst,
                                       (utf8proc_option_t)(UTF8PROC_STABLE | UTF8PROC_COMPOSE));

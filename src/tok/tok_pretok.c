@@ -161,7 +161,7 @@ static int byte_map(struct ember_tok_ws *ws, tok_piece pc, tok_pieces *out, embe
     char *d = tok_arena_alloc(&ws->arena, pc.n * 2 + 1);
     if (!d) return nomem(err);
     size_t k = 0;
-    for (size_t i = 0; i < pc.n; i++) k += tok_utf8_put(tok_byte_to_cp[(unsigned char)pc.p[i]], d + k);
+    for (size_t i = 0; i < pc.n; i++) k += ember_utf8_put(tok_byte_to_cp[(unsigned char)pc.p[i]], d + k);
     return push(out, d, k, err);
 }
 
@@ -201,7 +201,7 @@ static int pre_one(const tok_pretok *pt, struct ember_tok_ws *ws, tok_piece pc, 
             char *d = tok_arena_alloc(&ws->arena, q.n * 2 + 1);
             if (!d) return nomem(err);
             size_t k = 0;
-            for (size_t j = 0; j < q.n; j++) k += tok_utf8_put(tok_byte_to_cp[(unsigned char)q.p[j]], d + k);
+            for (size_t j = 0; j < q.n; j++) k += ember_utf8_put(tok_byte_to_cp[(unsigned char)q.p[j]], d + k);
             out->v[i].p = d;
             out->v[i].n = k;
         }

@@ -422,274 +422,294 @@ static int parse_class(rx_tr *t, bool fold, int depth, tok_buf *out) {
 
 /* ---- the whole pattern ------------------------------------------------------- */
 
+/* What the translation of the whole pattern tracks besides rx_tr: where the
+   last atom starts in the output (for a repeat that wraps it; -1: none),
+   whether a quantifier was just written (a '+' after one is possessive),
+   ASCII case folding inside (?i:...), and the open groups. */
+typedef struct tr_state {
+    long atom_start;
+    bool last_quant, fold;
+    struct {
+        long start;
+        bool fold;
+    } stack[256];
+    size_t depth;
+} tr_state;
+
+/* The helpers below return 0 (go on; a syntax error is left in t->fail),
+   TR_NOMEM when the output could not grow, or another error code of
+   parse_class. */
+#define TR_NOMEM 1
+
+/* Writes one atom (a unit a quantifier applies to) to the output. */
+static int emit_atom(rx_tr *t, tr_state *st, const char *str, size_t len) {
+    st->atom_start = (long)t->out.n;
+    st->last_quant = false;
+    return tok_buf_put(&t->out, str, len) ? TR_NOMEM : 0;
+}
+static int emit_atom_s(rx_tr *t, tr_state *st, const char *str) {
+    return emit_atom(t, st, str, strlen(str));
+}
+
+/* A code point as a literal atom: [xX] under ASCII folding, escaped when it
+   is ASCII punctuation (escape_punct), else its own bytes (src[at..at+len)). */
+static int emit_literal(rx_tr *t, tr_state *st, uint32_t cp, bool escape_punct, size_t at, size_t len) {
+    if (st->fold && cp < 0x80 && is_alpha((char)cp)) {
+        char b[5] = {'[', (char)(cp | 32), (char)(cp & ~32u), ']', 0};
+        return emit_atom(t, st, b, 4);
+    }
+    if (escape_punct) {
+        st->atom_start = (long)t->out.n;
+        st->last_quant = false;
+        return put_cp_escape(&t->out, cp) ? TR_NOMEM : 0;
+    }
+    return emit_atom(t, st, t->s + at, len);
+}
+
+/* The PCRE2 text of the one-letter escape \e that has a fixed rewrite, or
+   NULL. \G (a no-op here) is "". */
+static const char *letter_escape(uint32_t e) {
+    switch (e) {
+    case 'G': return "";
+    case '\n': return "\\n";
+    case '\r': return "\\r";
+    case '\t': return "\\t";
+    case '\f': return "\\f";
+    case 0x0B: case 'v': return "\\x{0B}";
+    case 'A': return "(?<!" ANY_CP ")";
+    case 'z': return "(?!" ANY_CP ")";
+    case 'Z': return "(?=\\n?(?!" ANY_CP "))";
+    case 'h': return "[0-9A-Fa-f]";
+    case 'H': return "[^0-9A-Fa-f]";
+    case 'w': return WORD_CLASS;
+    case 'W': return NONWORD_CLASS;
+    case 'd': return "\\p{Nd}";
+    case 'D': return "\\P{Nd}";
+    case 's': return "\\p{White_Space}";
+    case 'S': return "\\P{White_Space}";
+    case 'b': return "(?:(?<!" WORD_CLASS ")(?=" WORD_CLASS ")|(?<=" WORD_CLASS ")(?!" WORD_CLASS "))";
+    case 'B': return "(?:(?<!" WORD_CLASS ")(?!" WORD_CLASS ")|(?<=" WORD_CLASS ")(?=" WORD_CLASS "))";
+    case 'a': return "\\x{07}";
+    case 'e': return "\\x{1B}";
+    default: return NULL;
+    }
+}
+
+/* A backslash escape at t->i: a property (\p{..}), a code point (\xHH,
+   \uHHHH, ...), a fixed rewrite, a PCRE2 escape that means the same, or an
+   escaped literal. Advances t->i past it. */
+static int tr_escape(rx_tr *t, tr_state *st) {
+    const char *src = t->s;
+    size_t l, bs, be;
+    bool neg;
+    uint32_t cp;
+    if ((l = prop_escape(t, t->i, &neg, &bs, &be))) {
+        size_t at = t->i;
+        t->i += l;
+        if (be - bs == 4 && memcmp(src + bs, "Word", 4) == 0) return emit_atom_s(t, st, neg ? NONWORD_CLASS : WORD_CLASS);
+        return emit_atom(t, st, src + at, l);
+    }
+    if ((l = cp_escape(t, t->i, &cp))) {
+        t->i += l;
+        return emit_literal(t, st, cp, true, 0, 0);
+    }
+    if (t->i + 1 >= t->n) {
+        tr_fail(t, "pattern ends with a backslash");
+        return 0;
+    }
+    size_t cl;
+    uint32_t e = peek_cp(t, t->i + 1, &cl);
+    t->i += 1 + cl;
+    const char *fixed = letter_escape(e);
+    if (fixed) return *fixed ? emit_atom_s(t, st, fixed) : 0;
+    if (e < 0x80 && is_alnum((char)e)) {
+        char b[3] = {'\\', (char)e, 0};
+        if (e == 'n' || e == 'r' || e == 't' || e == 'f' || (e >= '0' && e <= '9')) return emit_atom(t, st, b, 2);
+        tr_fail(t, "unknown escape");
+        return 0;
+    }
+    /* an escaped literal */
+    st->atom_start = (long)t->out.n;
+    st->last_quant = false;
+    return put_cp_escape(&t->out, e) ? TR_NOMEM : 0;
+}
+
+/* An opening '(' at t->i: (?i:...) turns ASCII folding on and becomes
+   (?:, (?>...) becomes (?:, lookarounds, (?:, (?<name> and plain groups pass
+   through; other (? forms are unsupported. Pushes the group. */
+static int tr_group_open(rx_tr *t, tr_state *st) {
+    if (st->depth == EMBER_ARRAY_LEN(st->stack)) {
+        tr_fail(t, "groups nested too deeply");
+        return 0;
+    }
+    const char *p = t->s + t->i;
+    size_t left = t->n - t->i, pl;
+    const char *emit;
+    bool new_fold = st->fold;
+    if (left >= 4 && memcmp(p, "(?i:", 4) == 0) {
+        emit = "(?:";
+        pl = 4;
+        new_fold = true;
+    } else if (left >= 4 && (memcmp(p, "(?<=", 4) == 0 || memcmp(p, "(?<!", 4) == 0)) {
+        emit = NULL;
+        pl = 4;
+    } else if (left >= 3 && (memcmp(p, "(?:", 3) == 0 || memcmp(p, "(?=", 3) == 0 || memcmp(p, "(?!", 3) == 0)) {
+        emit = NULL;
+        pl = 3;
+    } else if (left >= 3 && memcmp(p, "(?>", 3) == 0) {
+        emit = "(?:";
+        pl = 3;
+    } else if (left >= 3 && memcmp(p, "(?<", 3) == 0 && left > 3 && (is_alpha(p[3]) || p[3] == '_')) {
+        size_t e = 3;
+        while (e < left && (is_alnum(p[e]) || p[e] == '_')) e++;
+        if (e >= left || p[e] != '>') {
+            tr_fail(t, "bad group name");
+            return 0;
+        }
+        emit = NULL;
+        pl = e + 1;
+    } else if (left >= 2 && p[1] == '?') {
+        tr_fail(t, "unsupported group or inline flag");
+        return 0;
+    } else {
+        emit = NULL;
+        pl = 1;
+    }
+    st->stack[st->depth].start = (long)t->out.n;
+    st->stack[st->depth].fold = st->fold;
+    st->depth++;
+    st->fold = new_fold;
+    if (emit ? puts_(&t->out, emit) : tok_buf_put(&t->out, p, pl)) return TR_NOMEM;
+    st->last_quant = false;
+    t->i += pl;
+    return 0;
+}
+
+/* A closing ')': pops the group, which becomes the atom a quantifier after
+   it applies to. */
+static int tr_group_close(rx_tr *t, tr_state *st) {
+    if (!st->depth) {
+        tr_fail(t, "unbalanced ')'");
+        return 0;
+    }
+    if (tok_buf_putc(&t->out, ')')) return TR_NOMEM;
+    st->depth--;
+    st->atom_start = st->stack[st->depth].start;
+    st->fold = st->stack[st->depth].fold;
+    st->last_quant = false;
+    t->i++;
+    return 0;
+}
+
+/* A '{' at t->i: a counted repeat {n}, {n,}, {n,m}, {,m} ({,m} becomes
+   {0,m}; X{n,m}+ and X{n,m}* repeat the repeat, as Oniguruma does), or a
+   literal '{' when it is none or follows no atom. */
+static int tr_repeat(rx_tr *t, tr_state *st) {
+    const char *src = t->s;
+    tok_buf *o = &t->out;
+    size_t n = t->n, e = t->i + 1, d1 = 0, d2 = 0;
+    bool comma = false;
+    while (e < n && src[e] >= '0' && src[e] <= '9') e++, d1++;
+    if (e < n && src[e] == ',') {
+        comma = true;
+        e++;
+        while (e < n && src[e] >= '0' && src[e] <= '9') e++, d2++;
+    }
+    bool ok = e < n && src[e] == '}' && (d1 > 0 || (comma && d2 > 0)) && d1 <= 5 && d2 <= 5;
+    if (!ok || st->atom_start < 0) {
+        t->i++;
+        return emit_atom_s(t, st, "\\{");
+    }
+    char body[16];
+    int bl = 0;
+    if (d1 == 0) body[bl++] = '0';
+    memcpy(body + bl, src + t->i + 1, e - t->i - 1);
+    bl += (int)(e - t->i - 1);
+    body[bl] = 0;
+    t->i = e + 1;
+    st->last_quant = true;
+    if (!(t->i < n && (src[t->i] == '+' || src[t->i] == '*')))
+        return tok_buf_putc(o, '{') || puts_(o, body) || tok_buf_putc(o, '}') ? TR_NOMEM : 0;
+    /* Oniguruma: X{n,m}+ repeats the repeat */
+    tok_buf g = {0};
+    size_t as = (size_t)st->atom_start;
+    int r = puts_(&g, "(?:") || tok_buf_put(&g, o->p + as, o->n - as) || tok_buf_putc(&g, '{') || puts_(&g, body) ||
+            tok_buf_putc(&g, '}') || tok_buf_putc(&g, ')') || tok_buf_putc(&g, src[t->i]);
+    if (!r) {
+        o->n = as;
+        r = tok_buf_put(o, g.p, g.n);
+    }
+    tok_buf_free(&g);
+    t->i++;
+    return r ? TR_NOMEM : 0;
+}
+
+/* One piece of the pattern at t->i (an escape, a class, a group, an
+   alternation, a quantifier or a literal), written to t->out. */
+static int tr_piece(rx_tr *t, tr_state *st) {
+    char c = t->s[t->i];
+    switch (c) {
+    case '\\': return tr_escape(t, st);
+    case '[': {
+        long at = (long)t->out.n;
+        int rc = parse_class(t, st->fold, 0, &t->out);
+        if (rc) return rc;
+        st->atom_start = at;
+        st->last_quant = false;
+        return 0;
+    }
+    case ']': t->i++; return emit_atom_s(t, st, "\\]");
+    case '.': t->i++; return emit_atom_s(t, st, "[^\\n]");
+    case '^': t->i++; return emit_atom_s(t, st, "(?:(?<!" ANY_CP ")|(?<=\\n))");
+    case '$': t->i++; return emit_atom_s(t, st, "(?:(?=\\n)|(?!" ANY_CP "))");
+    case '(': return tr_group_open(t, st);
+    case ')': return tr_group_close(t, st);
+    case '|':
+        t->i++;
+        st->atom_start = -1;
+        st->last_quant = false;
+        return tok_buf_putc(&t->out, '|') ? TR_NOMEM : 0;
+    case '{': return tr_repeat(t, st);
+    case '}': t->i++; return emit_atom_s(t, st, "\\}");
+    case '+':
+        t->i++;
+        if (st->last_quant) return 0; /* possessive: dropped */
+        st->last_quant = true;
+        return tok_buf_putc(&t->out, '+') ? TR_NOMEM : 0;
+    case '*':
+    case '?':
+        t->i++;
+        st->last_quant = true;
+        return tok_buf_putc(&t->out, c) ? TR_NOMEM : 0;
+    default: {
+        size_t cl;
+        uint32_t cp = peek_cp(t, t->i, &cl);
+        t->i += cl;
+        bool punct = cp < 0x80 && !is_alnum((char)cp) && cp != ' ' && cp != '_';
+        return emit_literal(t, st, cp, punct, t->i - cl, cl);
+    }
+    }
+}
+
 int tok_regex_translate(const char *src, size_t n, char **out, size_t *out_n, ember_error *err,
                         const char *where) {
     if (n > TOK_MAX_PATTERN_BYTES)
         return ember_err(err, EMBER_ERR_LIMIT, "%s: regex of %zu bytes (limit %u)", where, n, TOK_MAX_PATTERN_BYTES);
     if (!tok_utf8_valid(src, n)) return ember_err(err, EMBER_ERR_FORMAT, "%s: regex is not valid UTF-8", where);
     rx_tr t = {src, n, 0, {0}, err, where, 0};
-    tok_buf *o = &t.out;
-    long atom_start = -1;
-    bool last_quant = false, fold = false;
-    struct {
-        long start;
-        bool fold;
-    } stack[256];
-    size_t depth = 0;
+    tr_state st = {.atom_start = -1};
     int rc = EMBER_OK;
-#define EMIT_ATOM(str, len)                             \
-    do {                                                \
-        atom_start = (long)o->n;                        \
-        if (tok_buf_put(o, (str), (len))) goto nomem;   \
-        last_quant = false;                             \
-    } while (0)
-#define EMIT_ATOM_S(str) EMIT_ATOM((str), strlen(str))
-    while (t.i < n && !t.fail) {
-        char c = src[t.i];
-        if (c == '\\') {
-            size_t l, bs, be;
-            bool neg;
-            uint32_t cp;
-            if ((l = prop_escape(&t, t.i, &neg, &bs, &be))) {
-                if (be - bs == 4 && memcmp(src + bs, "Word", 4) == 0) {
-                    EMIT_ATOM_S(neg ? NONWORD_CLASS : WORD_CLASS);
-                } else {
-                    EMIT_ATOM(src + t.i, l);
-                }
-                t.i += l;
-                continue;
-            }
-            if ((l = cp_escape(&t, t.i, &cp))) {
-                t.i += l;
-                if (fold && cp < 0x80 && is_alpha((char)cp)) {
-                    char b[5] = {'[', (char)(cp | 32), (char)(cp & ~32u), ']', 0};
-                    EMIT_ATOM(b, 4);
-                } else {
-                    atom_start = (long)o->n;
-                    if (put_cp_escape(o, cp)) goto nomem;
-                    last_quant = false;
-                }
-                continue;
-            }
-            if (t.i + 1 >= n) {
-                tr_fail(&t, "pattern ends with a backslash");
-                break;
-            }
-            size_t cl;
-            uint32_t e = peek_cp(&t, t.i + 1, &cl);
-            t.i += 1 + cl;
-            switch (e) {
-            case 'G': continue;
-            case '\n': EMIT_ATOM_S("\\n"); continue;
-            case '\r': EMIT_ATOM_S("\\r"); continue;
-            case '\t': EMIT_ATOM_S("\\t"); continue;
-            case '\f': EMIT_ATOM_S("\\f"); continue;
-            case 0x0B: case 'v': EMIT_ATOM_S("\\x{0B}"); continue;
-            case 'A': EMIT_ATOM_S("(?<!" ANY_CP ")"); continue;
-            case 'z': EMIT_ATOM_S("(?!" ANY_CP ")"); continue;
-            case 'Z': EMIT_ATOM_S("(?=\\n?(?!" ANY_CP "))"); continue;
-            case 'h': EMIT_ATOM_S("[0-9A-Fa-f]"); continue;
-            case 'H': EMIT_ATOM_S("[^0-9A-Fa-f]"); continue;
-            case 'w': EMIT_ATOM_S(WORD_CLASS); continue;
-            case 'W': EMIT_ATOM_S(NONWORD_CLASS); continue;
-            case 'd': EMIT_ATOM_S("\\p{Nd}"); continue;
-            case 'D': EMIT_ATOM_S("\\P{Nd}"); continue;
-            case 's': EMIT_ATOM_S("\\p{White_Space}"); continue;
-            case 'S': EMIT_ATOM_S("\\P{White_Space}"); continue;
-            case 'b':
-                EMIT_ATOM_S("(?:(?<!" WORD_CLASS ")(?=" WORD_CLASS ")|(?<=" WORD_CLASS ")(?!" WORD_CLASS "))");
-                continue;
-            case 'B':
-                EMIT_ATOM_S("(?:(?<!" WORD_CLASS ")(?!" WORD_CLASS ")|(?<=" WORD_CLASS ")(?=" WORD_CLASS "))");
-                continue;
-            case 'a': EMIT_ATOM_S("\\x{07}"); continue;
-            case 'e': EMIT_ATOM_S("\\x{1B}"); continue;
-            default: break;
-            }
-            if (e < 0x80 && is_alnum((char)e)) {
-                char b[3] = {'\\', (char)e, 0};
-                if (e == 'n' || e == 'r' || e == 't' || e == 'f' || (e >= '0' && e <= '9')) {
-                    EMIT_ATOM(b, 2);
-                    continue;
-                }
-                tr_fail(&t, "unknown escape");
-                break;
-            }
-            /* an escaped literal */
-            atom_start = (long)o->n;
-            if (put_cp_escape(o, e)) goto nomem;
-            last_quant = false;
-            continue;
-        }
-        switch (c) {
-        case '[': {
-            long at = (long)o->n;
-            rc = parse_class(&t, fold, 0, o);
-            if (rc) goto done;
-            atom_start = at;
-            last_quant = false;
-            continue;
-        }
-        case ']': EMIT_ATOM_S("\\]"); t.i++; continue;
-        case '.': EMIT_ATOM_S("[^\\n]"); t.i++; continue;
-        case '^': EMIT_ATOM_S("(?:(?<!" ANY_CP ")|(?<=\\n))"); t.i++; continue;
-        case '$': EMIT_ATOM_S("(?:(?=\\n)|(?!" ANY_CP "))"); t.i++; continue;
-        case '(': {
-            if (depth == EMBER_ARRAY_LEN(stack)) {
-                tr_fail(&t, "groups nested too deeply");
-                break;
-            }
-            const char *p = src + t.i;
-            size_t left = n - t.i, pl;
-            const char *emit;
-            bool new_fold = fold;
-            if (left >= 4 && memcmp(p, "(?i:", 4) == 0) {
-                emit = "(?:";
-                pl = 4;
-                new_fold = true;
-            } else if (left >= 4 && (memcmp(p, "(?<=", 4) == 0 || memcmp(p, "(?<!", 4) == 0)) {
-                emit = NULL;
-                pl = 4;
-            } else if (left >= 3 && (memcmp(p, "(?:", 3) == 0 || memcmp(p, "(?=", 3) == 0 ||
-                                     memcmp(p, "(?!", 3) == 0)) {
-                emit = NULL;
-                pl = 3;
-            } else if (left >= 3 && memcmp(p, "(?>", 3) == 0) {
-                emit = "(?:";
-                pl = 3;
-            } else if (left >= 3 && memcmp(p, "(?<", 3) == 0 && left > 3 &&
-                       (is_alpha(p[3]) || p[3] == '_')) {
-                size_t e = 3;
-                while (e < left && (is_alnum(p[e]) || p[e] == '_')) e++;
-                if (e >= left || p[e] != '>') {
-                    tr_fail(&t, "bad group name");
-                    break;
-                }
-                emit = NULL;
-                pl = e + 1;
-            } else if (left >= 2 && p[1] == '?') {
-                tr_fail(&t, "unsupported group or inline flag");
-                break;
-            } else {
-                emit = NULL;
-                pl = 1;
-            }
-            stack[depth].start = (long)o->n;
-            stack[depth].fold = fold;
-            depth++;
-            fold = new_fold;
-            if (emit ? puts_(o, emit) : tok_buf_put(o, p, pl)) goto nomem;
-            last_quant = false;
-            t.i += pl;
-            continue;
-        }
-        case ')':
-            if (!depth) {
-                tr_fail(&t, "unbalanced ')'");
-                break;
-            }
-            if (tok_buf_putc(o, ')')) goto nomem;
-            depth--;
-            atom_start = stack[depth].start;
-            fold = stack[depth].fold;
-            last_quant = false;
-            t.i++;
-            continue;
-        case '|':
-            if (tok_buf_putc(o, '|')) goto nomem;
-            atom_start = -1;
-            last_quant = false;
-            t.i++;
-            continue;
-        case '{': {
-            /* {n}, {n,}, {n,m}, {,m} */
-            size_t e = t.i + 1, d1 = 0, d2 = 0;
-            bool comma = false;
-            while (e < n && src[e] >= '0' && src[e] <= '9') e++, d1++;
-            if (e < n && src[e] == ',') {
-                comma = true;
-                e++;
-                while (e < n && src[e] >= '0' && src[e] <= '9') e++, d2++;
-            }
-            bool ok = e < n && src[e] == '}' && (d1 > 0 || (comma && d2 > 0)) && d1 <= 5 && d2 <= 5;
-            if (!ok || atom_start < 0) {
-                EMIT_ATOM_S("\\{");
-                t.i++;
-                continue;
-            }
-            char body[16];
-            int bl = 0;
-            if (d1 == 0) body[bl++] = '0';
-            memcpy(body + bl, src + t.i + 1, e - t.i - 1);
-            bl += (int)(e - t.i - 1);
-            body[bl] = 0;
-            t.i = e + 1;
-            if (t.i < n && (src[t.i] == '+' || src[t.i] == '*')) {
-                /* Oniguruma: X{n,m}+ repeats the repeat */
-                tok_buf g = {0};
-                if (puts_(&g, "(?:") || tok_buf_put(&g, o->p + atom_start, o->n - (size_t)atom_start) ||
-                    tok_buf_putc(&g, '{') || puts_(&g, body) || tok_buf_putc(&g, '}') || tok_buf_putc(&g, ')') ||
-                    tok_buf_putc(&g, src[t.i])) {
-                    tok_buf_free(&g);
-                    goto nomem;
-                }
-                o->n = (size_t)atom_start;
-                int r2 = tok_buf_put(o, g.p, g.n);
-                tok_buf_free(&g);
-                if (r2) goto nomem;
-                t.i++;
-            } else {
-                if (tok_buf_putc(o, '{') || puts_(o, body) || tok_buf_putc(o, '}')) goto nomem;
-            }
-            last_quant = true;
-            continue;
-        }
-        case '}': EMIT_ATOM_S("\\}"); t.i++; continue;
-        case '+':
-            t.i++;
-            if (last_quant) continue; /* possessive: dropped */
-            if (tok_buf_putc(o, '+')) goto nomem;
-            last_quant = true;
-            continue;
-        case '*':
-        case '?':
-            t.i++;
-            if (tok_buf_putc(o, c)) goto nomem;
-            last_quant = true;
-            continue;
-        default: {
-            size_t cl;
-            uint32_t cp = peek_cp(&t, t.i, &cl);
-            t.i += cl;
-            if (fold && cp < 0x80 && is_alpha((char)cp)) {
-                char b[5] = {'[', (char)(cp | 32), (char)(cp & ~32u), ']', 0};
-                EMIT_ATOM(b, 4);
-            } else if (cp < 0x80 && !is_alnum((char)cp) && cp != ' ' && cp != '_') {
-                atom_start = (long)o->n;
-                if (put_cp_escape(o, cp)) goto nomem;
-                last_quant = false;
-            } else {
-                EMIT_ATOM(src + t.i - cl, cl);
-            }
-            continue;
-        }
-        }
-    }
-    if (!t.fail && depth) tr_fail(&t, "unbalanced '('");
-done:
-    if (t.fail || rc) {
-        tok_buf_free(o);
+    while (!rc && t.i < n && !t.fail) rc = tr_piece(&t, &st);
+    if (!rc && !t.fail && st.depth) tr_fail(&t, "unbalanced '('");
+    if (!rc && !t.fail && !t.out.p && tok_buf_reserve(&t.out, 1)) rc = TR_NOMEM;
+    if (rc || t.fail) {
+        tok_buf_free(&t.out);
+        if (rc == TR_NOMEM) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", where);
         return t.fail ? t.fail : rc;
     }
-    if (!o->p && tok_buf_reserve(o, 1)) goto nomem;
-    *out = o->p;
-    *out_n = o->n;
+    *out = t.out.p;
+    *out_n = t.out.n;
     return EMBER_OK;
-nomem:
-    tok_buf_free(o);
-    return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", where);
-#undef EMIT_ATOM
-#undef EMIT_ATOM_S
 }
 
 int tok_regex_compile_raw(const char *pcre, size_t n, pcre2_code **out, ember_error *err, const char *where) {

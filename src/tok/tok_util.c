@@ -43,7 +43,7 @@ int tok_buf_putc(tok_buf *b, char c) {
 
 int tok_buf_put_cp(tok_buf *b, uint32_t cp) {
     char tmp[4];
-    return tok_buf_put(b, tmp, tok_utf8_put(cp, tmp));
+    return tok_buf_put(b, tmp, ember_utf8_put(cp, tmp));
 }
 
 void tok_buf_free(tok_buf *b) {
@@ -328,39 +328,6 @@ void tok_umap_free(tok_umap *m) {
 
 /* ---- UTF-8 ---------------------------------------------------------------- */
 
-size_t tok_utf8_put(uint32_t cp, char *out) {
-    unsigned char *o = (unsigned char *)out;
-    if (cp < 0x80) {
-        o[0] = (unsigned char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (unsigned char)(0xC0 | (cp >> 6));
-        o[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xE0 | (cp >> 12));
-        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (unsigned char)(0xF0 | (cp >> 18));
-    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-size_t tok_utf16_len(const char *s, size_t n) {
-    size_t units = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if ((c & 0xC0) != 0x80) units += c >= 0xF0 ? 2 : 1;
-    }
-    return units;
-}
-
 static const uint32_t k_fffd = 0xFFFD;
 
 int tok_u8dec_byte(tok_u8dec *d, unsigned char b, tok_buf *out) {
@@ -475,16 +442,6 @@ int tok_utf8_sanitize(const char *s, size_t n, tok_buf *buf, tok_sv *out) {
 
 /* ---- whitespace ----------------------------------------------------------- */
 
-bool tok_js_space(uint32_t cp) {
-    if (cp < 0x80) return cp == ' ' || (cp >= 0x09 && cp <= 0x0D);
-    switch (cp) {
-    case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000: case 0xFEFF:
-        return true;
-    default:
-        return cp >= 0x2000 && cp <= 0x200A;
-    }
-}
-
 bool tok_uni_space(uint32_t cp) {
     if (cp < 0x80) return cp == ' ' || (cp >= 0x09 && cp <= 0x0D);
     switch (cp) {
@@ -500,7 +457,7 @@ tok_sv tok_trim_start(tok_sv s) {
     while (p < e) {
         uint32_t cp;
         size_t l = tok_utf8_next(p, e, &cp);
-        if (!tok_js_space(cp)) break;
+        if (!ember_js_space(cp)) break;
         p += l;
     }
     tok_sv r = {(const char *)p, (size_t)(e - p)};
@@ -514,7 +471,7 @@ tok_sv tok_trim_end(tok_sv s) {
         while (q > b && (*q & 0xC0) == 0x80) q--;
         uint32_t cp;
         tok_utf8_next(q, e, &cp);
-        if (!tok_js_space(cp)) break;
+        if (!ember_js_space(cp)) break;
         e = q;
     }
     tok_sv r = {s.p, (size_t)(e - b)};

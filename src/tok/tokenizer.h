@@ -1,8 +1,8 @@
 /*
  * tokenizer.h - text <-> token ids: the tokenizer module's API.
  *
- * Owner: src/tok (tok_*.c). Chat templates (jinja*, chat*) live beside it
- * but are a separate module.
+ * Owner: src/tok (tok_*.c). Chat templates are their own part,
+ * src/template/.
  *
  * Sources: a HuggingFace tokenizer.json (+ tokenizer_config.json), or the
  * vocabulary inside a GGUF file (tokenizer.ggml.*). Models: byte-level BPE

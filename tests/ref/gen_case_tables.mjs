@@ -1,4 +1,4 @@
-// gen_case_tables.mjs - writes src/tok/jinja_case.c, the case-mapping tables
+// gen_case_tables.mjs - writes src/template/jinja_case.c, the case-mapping tables
 // of the Jinja interpreter (upper/lower/title/capitalize), from the Unicode
 // data of the JavaScript engine running this script: for every code point,
 // what String.prototype.toUpperCase / toLowerCase turn it into. That is what
@@ -11,7 +11,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const outPath = process.argv[2] ?? join(here, "../../src/tok/jinja_case.c");
+const outPath = process.argv[2] ?? join(here, "../../src/template/jinja_case.c");
 
 function tables(fn) {
   const simple = []; // [cp, mapped]
@@ -64,7 +64,7 @@ const src = `/*
  */
 #include <stddef.h>
 
-#include "tok/jinja_internal.h"
+#include "template/jinja_internal.h"
 
 typedef struct case_run {
     uint32_t lo, hi;

@@ -6,7 +6,8 @@
 # EMBER_EXTRA_LIBS, which the libember targets link. Without EMBER_CUDA the
 # library holds only cuda_stub.c, whose entry points answer
 # EMBER_ERR_UNSUPPORTED.
-set(EMBER_CUDA_C_FLAGS -Wall -Wextra -Werror -ffp-contract=off -fno-strict-aliasing)
+# -Werror only with EMBER_WERROR (top CMakeLists.txt), like the rest of the tree.
+set(EMBER_CUDA_C_FLAGS -Wall -Wextra ${EMBER_WERROR_FLAG} -ffp-contract=off -fno-strict-aliasing)
 if(EMBER_CUDA)
   # sm_90 machine code plus compute_90 PTX that newer GPUs compile at load;
   # we pass the -gencode ourselves, so CMake adds no architecture flags.
@@ -21,7 +22,10 @@ if(EMBER_CUDA)
   # --fmad=false: no multiply-add contraction (the C side builds with
   # -ffp-contract=off); the matmul kernels call fmaf explicitly.
   set(EMBER_CUDA_NVCC_FLAGS "-gencode=arch=compute_90,code=[sm_90,compute_90]" --fmad=false -lineinfo
-      -Werror=all-warnings "-Xcompiler=-Wall,-Wextra,-Werror")
+      "-Xcompiler=-Wall,-Wextra")
+  if(EMBER_WERROR)
+    list(APPEND EMBER_CUDA_NVCC_FLAGS -Werror=all-warnings "-Xcompiler=-Werror")
+  endif()
   set_source_files_properties(src/backend/cuda/cuda_matmul.cu src/backend/cuda/cuda_ops.cu src/backend/cuda/cuda_attn.cu
     PROPERTIES COMPILE_OPTIONS "${EMBER_CUDA_NVCC_FLAGS}")
   set_source_files_properties(src/backend/cuda/cuda_backend.c PROPERTIES COMPILE_OPTIONS "${EMBER_CUDA_C_FLAGS}")

@@ -1,6 +1,6 @@
 /*
  * jinja_internal.h - what the pieces of the Jinja interpreter share (not for
- * use outside src/tok/jinja*.c): the arena, the string builder, UTF-8 /
+ * use outside src/template/jinja*.c): the arena, the string builder, UTF-8 /
  * JavaScript string helpers, tokens and the syntax tree.
  *
  * Ownership: a jinja_template owns one arena holding its tokens and syntax
@@ -8,10 +8,11 @@
  * another for values. jsb (string builder) buffers are malloc'd and owned by
  * whoever declared the jsb; jsb_free releases them.
  */
-#ifndef EMBER_TOK_JINJA_INTERNAL_H
-#define EMBER_TOK_JINJA_INTERNAL_H
+#ifndef EMBER_TEMPLATE_JINJA_INTERNAL_H
+#define EMBER_TEMPLATE_JINJA_INTERNAL_H
 
-#include "tok/jinja.h"
+#include "core/utf8.h"
+#include "template/jinja.h"
 
 /* ---- arena ---- */
 typedef struct ja_chunk ja_chunk;
@@ -47,17 +48,11 @@ bool jsb_addc(jsb *b, char c);
 bool jsb_adds(jsb *b, const char *s);
 
 /* ---- UTF-8 and JavaScript string semantics ---- */
-/* Decodes one code point at s[0..n) (n > 0); *len gets its byte length.
-   Invalid bytes decode as U+FFFD of length 1. */
-uint32_t ju_decode(const char *s, size_t n, size_t *len);
-/* Encodes cp as UTF-8 into out (4 bytes room); returns the length. */
-size_t ju_encode(uint32_t cp, char *out);
-/* JavaScript's \s / String.prototype.trim whitespace. */
-bool ju_is_space(uint32_t cp);
+/* Decoding, encoding, UTF-16 length and JavaScript's whitespace are the
+   shared helpers of core/utf8.h (ember_utf8_decode, ember_utf8_put,
+   ember_utf16_len, ember_js_space). */
 /* Byte length of the JS whitespace character at s (0 if none). */
 size_t ju_space_len(const char *s, size_t n);
-/* Length in UTF-16 code units. */
-size_t ju_utf16_len(const char *s, size_t n);
 /* Case mapping as JavaScript's toUpperCase / toLowerCase do it, one code
    point at a time (jinja_case.c, generated): the 1:1 mapping, and the UTF-8
    of a multi-code-point result (U+00DF -> "SS") or NULL. */

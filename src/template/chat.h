@@ -16,8 +16,8 @@
  * integers, object keys that look like array indices come first, as
  * Object.entries orders them.
  */
-#ifndef EMBER_TOK_CHAT_H
-#define EMBER_TOK_CHAT_H
+#ifndef EMBER_TEMPLATE_CHAT_H
+#define EMBER_TEMPLATE_CHAT_H
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -25,7 +25,7 @@
 #include <time.h>
 
 #include "core/error.h"
-#include "tok/jinja.h"
+#include "template/jinja.h"
 
 typedef struct ember_chat_template ember_chat_template;
 

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "tok/jinja_internal.h"
+#include "template/jinja_internal.h"
 
 typedef struct parser {
     jinja_template *tpl;

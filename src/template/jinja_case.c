@@ -10,7 +10,7 @@
  */
 #include <stddef.h>
 
-#include "tok/jinja_internal.h"
+#include "template/jinja_internal.h"
 
 typedef struct case_run {
     uint32_t lo, hi;

@@ -1,13 +1,13 @@
 /*
  * jinja_value.h - value helpers shared by the Jinja interpreter's files (not
- * for use outside src/tok/jinja*.c). Values live in a jinja_ctx arena; text
+ * for use outside src/template/jinja*.c). Values live in a jinja_ctx arena; text
  * is written into caller-owned jsb builders. Functions that can fail return
  * 0 or an EMBER_ERR_* code and put a reason (without position) in why.
  */
-#ifndef EMBER_TOK_JINJA_VALUE_H
-#define EMBER_TOK_JINJA_VALUE_H
+#ifndef EMBER_TEMPLATE_JINJA_VALUE_H
+#define EMBER_TEMPLATE_JINJA_VALUE_H
 
-#include "tok/jinja_internal.h"
+#include "template/jinja_internal.h"
 
 /* A string view (not copied) and a copy into the arena (JV_UNDEFINED on
    failure). */

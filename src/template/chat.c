@@ -9,7 +9,7 @@
  * is freed before returning.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "tok/chat.h"
+#include "template/chat.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -24,7 +24,7 @@
 #include <time.h>
 
 #include "core/util.h"
-#include "tok/jinja_value.h"
+#include "template/jinja_value.h"
 
 #define DEFAULT_MAX_OUTPUT (16u * 1024u * 1024u)
 #define DEFAULT_MAX_MEMORY (256u * 1024u * 1024u)
@@ -273,7 +273,7 @@ static bool final_sigma(sview s, size_t at, size_t len) {
         size_t k = i - 1;
         while (k > 0 && ((unsigned char)s.p[k] & 0xC0) == 0x80) k--;
         size_t l;
-        uint32_t c = ju_decode(s.p + k, s.n - k, &l);
+        uint32_t c = ember_utf8_decode(s.p + k, s.n - k, &l);
         i = k;
         if (case_ignorable(c)) continue;
         before = cased(c);
@@ -282,7 +282,7 @@ static bool final_sigma(sview s, size_t at, size_t len) {
     if (!before) return false;
     for (size_t i = at + len; i < s.n;) {
         size_t l;
-        uint32_t c = ju_decode(s.p + i, s.n - i, &l);
+        uint32_t c = ember_utf8_decode(s.p + i, s.n - i, &l);
         i += l;
         if (case_ignorable(c)) continue;
         return !cased(c);
@@ -302,7 +302,7 @@ static int s_case(R *r, sview s, bool upper, size_t pos, jv *out) {
             continue;
         }
         size_t l;
-        uint32_t cp = ju_decode(s.p + i, s.n - i, &l);
+        uint32_t cp = ember_utf8_decode(s.p + i, s.n - i, &l);
         if (cp == 0xFFFD && l == 1) {
             jsb_add(&b, s.p + i, 1);
             i++;
@@ -315,7 +315,7 @@ static int s_case(R *r, sview s, bool upper, size_t pos, jv *out) {
         } else if (!upper && cp == 0x3A3 && final_sigma(s, i, l)) {
             jsb_adds(&b, "\xCF\x82");
         } else {
-            size_t el = ju_encode(upper ? ju_upper(cp) : ju_lower(cp), enc);
+            size_t el = ember_utf8_put(upper ? ju_upper(cp) : ju_lower(cp), enc);
             jsb_add(&b, enc, el);
         }
         i += l;
@@ -342,7 +342,7 @@ static int s_title(R *r, sview s, size_t pos, jv *out) {
 static int s_capitalize(R *r, sview s, size_t pos, jv *out) {
     if (s.n == 0) return str_view_result(r, s, out);
     size_t l;
-    uint32_t cp = ju_decode(s.p, s.n, &l);
+    uint32_t cp = ember_utf8_decode(s.p, s.n, &l);
     jsb b;
     jsb_init_out(r, &b);
     /* charAt(0).toUpperCase(): a character outside the BMP is half a
@@ -354,7 +354,7 @@ static int s_capitalize(R *r, sview s, size_t pos, jv *out) {
         jsb_add(&b, s.p, l);
     } else {
         char enc[8];
-        jsb_add(&b, enc, ju_encode(ju_upper(cp), enc));
+        jsb_add(&b, enc, ember_utf8_put(ju_upper(cp), enc));
     }
     jsb_add(&b, s.p + l, s.n - l);
     return sb_take(r, &b, pos, out);
@@ -414,7 +414,7 @@ static int s_replace(R *r, sview s, sview old, sview nw, double count, size_t po
             }
             if (i == s.n) break;
             size_t l;
-            ju_decode(s.p + i, s.n - i, &l);
+            ember_utf8_decode(s.p + i, s.n - i, &l);
             jsb_add(&b, s.p + i, l);
             i += l;
         }
@@ -437,14 +437,14 @@ static int s_replace(R *r, sview s, sview old, sview nw, double count, size_t po
 /* UTF-16 unit at index i (negative: from the end), as a string; undefined
    when out of range. A half of a surrogate pair becomes U+FFFD. */
 static jv s_at(R *r, sview s, double idx) {
-    size_t len16 = ju_utf16_len(s.p, s.n);
+    size_t len16 = ember_utf16_len(s.p, s.n);
     double i = trunc(idx);
     if (i < 0) i += (double)len16;
     if (!(i >= 0 && i < (double)len16)) return jv_undefined();
     size_t want = (size_t)i, u = 0;
     for (size_t k = 0; k < s.n;) {
         size_t l;
-        uint32_t cp = ju_decode(s.p + k, s.n - k, &l);
+        uint32_t cp = ember_utf8_decode(s.p + k, s.n - k, &l);
         size_t units = cp >= 0x10000 ? 2 : 1;
         if (want < u + units) {
             if (units == 2) return jv_strview("\xEF\xBF\xBD", 3);
@@ -463,7 +463,7 @@ static int s_codepoints(R *r, sview s, jv_list **out, size_t pos) {
     if (l.type != JV_ARRAY) return rt_oom(r, pos);
     for (size_t k = 0; k < s.n;) {
         size_t len;
-        ju_decode(s.p + k, s.n - k, &len);
+        ember_utf8_decode(s.p + k, s.n - k, &len);
         if (!jl_push(r->a, l.u.list, jv_strview(s.p + k, len))) return rt_oom(r, pos);
         k += len;
     }
@@ -786,7 +786,7 @@ static int call_method(R *r, const jv_func *f, jv *argv, size_t argc, size_t pos
                 size_t st = i;
                 while (i < t.n && !ju_space_len(t.p + i, t.n - i)) {
                     size_t cl;
-                    ju_decode(t.p + i, t.n - i, &cl);
+                    ember_utf8_decode(t.p + i, t.n - i, &cl);
                     i += cl;
                 }
                 if (maxsplit != -1 && (double)l.u.list->len >= maxsplit) {
@@ -889,7 +889,7 @@ static int builtin_of(R *r, jv obj, const char *name, size_t n, size_t pos, jv *
     *out = jv_undefined();
     if (obj.type == JV_STRING) {
         if (name_is(name, n, "length")) {
-            *out = jv_int((double)ju_utf16_len(obj.u.s.p, obj.u.s.n));
+            *out = jv_int((double)ember_utf16_len(obj.u.s.p, obj.u.s.n));
             return 0;
         }
         for (size_t i = 0; i < EMBER_ARRAY_LEN(STR_METHODS); i++)
@@ -988,10 +988,162 @@ static int filter_err(R *r, size_t pos, const char *kind, const char *name, size
     return rt_err(r, pos, EMBER_ERR_FORMAT, "unknown %s filter '%.*s'", kind, (int)EMBER_MIN(n, 64), name);
 }
 
+#define F(s) name_is(name, n, s) /* in the filters below: the filter is named s */
+
+/* An argument-free filter on an array (list, first, last, length, reverse,
+   sort, join, string, unique). Unknown names: filter_err. */
+static int filter_array(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
+    const jv_list *l = v.u.list;
+    if (F("list")) {
+        *out = v;
+        return 0;
+    }
+    if (F("first") || F("last")) {
+        *out = l->len ? l->items[F("first") ? 0 : l->len - 1] : jv_hole();
+        return 0;
+    }
+    if (F("length")) {
+        *out = jv_int((double)l->len);
+        return 0;
+    }
+    if (F("reverse")) {
+        jv c = jv_list_new(r->a, JV_ARRAY, l->len);
+        if (c.type != JV_ARRAY) return rt_oom(r, pos);
+        for (size_t i = 0; i < l->len; i++) c.u.list->items[i] = l->items[l->len - 1 - i];
+        c.u.list->len = l->len;
+        *out = c;
+        return 0;
+    }
+    if (F("sort")) {
+        sort_ctx s;
+        memset(&s, 0, sizeof s);
+        s.r = r;
+        s.pos = pos;
+        return sorted_copy(r, l, &s, out);
+    }
+    if (F("join")) return join_values(r, l, (sview){"", 0}, pos, out);
+    if (F("string")) {
+        jsb b;
+        jsb_init_out(r, &b);
+        char why[160] = "";
+        jv_json_opts o;
+        memset(&o, 0, sizeof o);
+        int rc = jv_tojson(&b, v, &o, 0, false, why, sizeof why);
+        if (rc) {
+            rc = why_fail(r, rc, &b, pos, why);
+            jsb_free(&b);
+            return rc;
+        }
+        return sb_take(r, &b, pos, out);
+    }
+    if (F("unique")) {
+        jv c = jv_list_new(r->a, JV_ARRAY, 0);
+        if (c.type != JV_ARRAY) return rt_oom(r, pos);
+        for (size_t i = 0; i < l->len; i++) {
+            bool seen = false;
+            for (size_t k = 0; k < c.u.list->len && !seen; k++)
+                seen = jv_same_value_zero(c.u.list->items[k], l->items[i]);
+            if (!seen && !jl_push(r->a, c.u.list, l->items[i])) return rt_oom(r, pos);
+        }
+        *out = c;
+        return 0;
+    }
+    return filter_err(r, pos, "ArrayValue", name, n);
+}
+
+/* An argument-free filter on a string (length in UTF-16 units, upper, lower,
+   title, capitalize, trim, indent, join, string, int, float). Unknown names:
+   filter_err. */
+static int filter_string(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
+    sview s = sv(v);
+    if (F("length")) {
+        *out = jv_int((double)ember_utf16_len(s.p, s.n));
+        return 0;
+    }
+    if (F("upper") || F("lower")) return s_case(r, s, F("upper"), pos, out);
+    if (F("title")) return s_title(r, s, pos, out);
+    if (F("capitalize")) return s_capitalize(r, s, pos, out);
+    if (F("trim")) return str_view_result(r, js_trim(s, true, true), out);
+    if (F("indent")) return indent_lines(r, s, 4, false, false, pos, out);
+    if (F("join") || F("string")) {
+        *out = v;
+        return 0;
+    }
+    if (F("int")) {
+        double d = js_parse_int(s.p, s.n);
+        *out = jv_int(isnan(d) ? 0 : d);
+        return 0;
+    }
+    if (F("float")) {
+        double d = js_parse_float(s.p, s.n);
+        *out = jv_float(isnan(d) ? 0 : d);
+        return 0;
+    }
+    return filter_err(r, pos, "StringValue", name, n);
+}
+
+/* An argument-free filter on a number (abs, int, float, string). Unknown names: filter_err. */
+static int filter_number(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
+    if (F("abs")) {
+        *out = v.type == JV_INT ? jv_int(fabs(v.u.n)) : jv_float(fabs(v.u.n));
+        return 0;
+    }
+    if (F("int")) {
+        *out = jv_int(floor(v.u.n));
+        return 0;
+    }
+    if (F("float")) {
+        *out = jv_float(v.u.n);
+        return 0;
+    }
+    if (F("string")) return to_text(r, v, false, pos, out);
+    return filter_err(r, pos, "NumericValue", name, n);
+}
+
+/* An argument-free filter on an object (items, length, or a method of the
+   object called without arguments). Unknown names: filter_err. */
+static int filter_object(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
+    if (F("items")) return dict_items(r, v.u.dict, pos, out);
+    if (F("length")) {
+        *out = jv_int((double)v.u.dict->len);
+        return 0;
+    }
+    jv b;
+    CK(builtin_of(r, v, name, n, pos, &b));
+    if (b.type == JV_FUNCTION) return call_method(r, b.u.fn, NULL, 0, pos, out);
+    if (b.type != JV_UNDEFINED) {
+        *out = b;
+        return 0;
+    }
+    return filter_err(r, pos, "ObjectValue", name, n);
+}
+
+/* An argument-free filter on a boolean (bool, int, float, string). Unknown names: filter_err. */
+static int filter_bool(R *r, jv v, const char *name, size_t n, size_t pos, jv *out) {
+    if (F("bool")) {
+        *out = v;
+        return 0;
+    }
+    if (F("int")) {
+        *out = jv_int(v.u.b ? 1 : 0);
+        return 0;
+    }
+    if (F("float")) {
+        *out = jv_float(v.u.b ? 1 : 0);
+        return 0;
+    }
+    if (F("string")) {
+        *out = jv_strview(v.u.b ? "true" : "false", v.u.b ? 4 : 5);
+        return 0;
+    }
+    return filter_err(r, pos, "BooleanValue", name, n);
+}
+
+/* An argument-free filter ({{ v | name }}): safe and tojson on anything, the
+   others by the type of v. */
 static int apply_filter_ident(R *r, jv v, const jnode *f, jv *out) {
     const char *name = f->s;
     size_t n = f->n, pos = f->pos;
-#define F(s) name_is(name, n, s)
     if (F("safe")) {
         *out = v;
         return 0;
@@ -1001,222 +1153,147 @@ static int apply_filter_ident(R *r, jv v, const jnode *f, jv *out) {
         memset(&o, 0, sizeof o);
         return do_tojson(r, v, &o, pos, out);
     }
-    if (is_arr(v)) {
-        const jv_list *l = v.u.list;
-        if (F("list")) {
-            *out = v;
-            return 0;
-        }
-        if (F("first") || F("last")) {
-            *out = l->len ? l->items[F("first") ? 0 : l->len - 1] : jv_hole();
-            return 0;
-        }
-        if (F("length")) {
-            *out = jv_int((double)l->len);
-            return 0;
-        }
-        if (F("reverse")) {
-            jv c = jv_list_new(r->a, JV_ARRAY, l->len);
-            if (c.type != JV_ARRAY) return rt_oom(r, pos);
-            for (size_t i = 0; i < l->len; i++) c.u.list->items[i] = l->items[l->len - 1 - i];
-            c.u.list->len = l->len;
-            *out = c;
-            return 0;
-        }
-        if (F("sort")) {
-            sort_ctx s;
-            memset(&s, 0, sizeof s);
-            s.r = r;
-            s.pos = pos;
-            return sorted_copy(r, l, &s, out);
-        }
-        if (F("join")) return join_values(r, l, (sview){"", 0}, pos, out);
-        if (F("string")) {
-            jsb b;
-            jsb_init_out(r, &b);
-            char why[160] = "";
-            jv_json_opts o;
-            memset(&o, 0, sizeof o);
-            int rc = jv_tojson(&b, v, &o, 0, false, why, sizeof why);
-            if (rc) {
-                rc = why_fail(r, rc, &b, pos, why);
-                jsb_free(&b);
-                return rc;
-            }
-            return sb_take(r, &b, pos, out);
-        }
-        if (F("unique")) {
-            jv c = jv_list_new(r->a, JV_ARRAY, 0);
-            if (c.type != JV_ARRAY) return rt_oom(r, pos);
-            for (size_t i = 0; i < l->len; i++) {
-                bool seen = false;
-                for (size_t k = 0; k < c.u.list->len && !seen; k++)
-                    seen = jv_same_value_zero(c.u.list->items[k], l->items[i]);
-                if (!seen && !jl_push(r->a, c.u.list, l->items[i])) return rt_oom(r, pos);
-            }
-            *out = c;
-            return 0;
-        }
-        return filter_err(r, pos, "ArrayValue", name, n);
-    }
-    if (v.type == JV_STRING) {
-        sview s = sv(v);
-        if (F("length")) {
-            *out = jv_int((double)ju_utf16_len(s.p, s.n));
-            return 0;
-        }
-        if (F("upper") || F("lower")) return s_case(r, s, F("upper"), pos, out);
-        if (F("title")) return s_title(r, s, pos, out);
-        if (F("capitalize")) return s_capitalize(r, s, pos, out);
-        if (F("trim")) return str_view_result(r, js_trim(s, true, true), out);
-        if (F("indent")) return indent_lines(r, s, 4, false, false, pos, out);
-        if (F("join") || F("string")) {
-            *out = v;
-            return 0;
-        }
-        if (F("int")) {
-            double d = js_parse_int(s.p, s.n);
-            *out = jv_int(isnan(d) ? 0 : d);
-            return 0;
-        }
-        if (F("float")) {
-            double d = js_parse_float(s.p, s.n);
-            *out = jv_float(isnan(d) ? 0 : d);
-            return 0;
-        }
-        return filter_err(r, pos, "StringValue", name, n);
-    }
-    if (is_num(v)) {
-        if (F("abs")) {
-            *out = v.type == JV_INT ? jv_int(fabs(v.u.n)) : jv_float(fabs(v.u.n));
-            return 0;
-        }
-        if (F("int")) {
-            *out = jv_int(floor(v.u.n));
-            return 0;
-        }
-        if (F("float")) {
-            *out = jv_float(v.u.n);
-            return 0;
-        }
-        if (F("string")) return to_text(r, v, false, pos, out);
-        return filter_err(r, pos, "NumericValue", name, n);
-    }
-    if (is_obj(v)) {
-        if (F("items")) return dict_items(r, v.u.dict, pos, out);
-        if (F("length")) {
-            *out = jv_int((double)v.u.dict->len);
-            return 0;
-        }
-        jv b;
-        CK(builtin_of(r, v, name, n, pos, &b));
-        if (b.type == JV_FUNCTION) return call_method(r, b.u.fn, NULL, 0, pos, out);
-        if (b.type != JV_UNDEFINED) {
-            *out = b;
-            return 0;
-        }
-        return filter_err(r, pos, "ObjectValue", name, n);
-    }
-    if (v.type == JV_BOOL) {
-        if (F("bool")) {
-            *out = v;
-            return 0;
-        }
-        if (F("int")) {
-            *out = jv_int(v.u.b ? 1 : 0);
-            return 0;
-        }
-        if (F("float")) {
-            *out = jv_float(v.u.b ? 1 : 0);
-            return 0;
-        }
-        if (F("string")) {
-            *out = jv_strview(v.u.b ? "true" : "false", v.u.b ? 4 : 5);
-            return 0;
-        }
-        return filter_err(r, pos, "BooleanValue", name, n);
-    }
-#undef F
+    if (is_arr(v)) return filter_array(r, v, name, n, pos, out);
+    if (v.type == JV_STRING) return filter_string(r, v, name, n, pos, out);
+    if (is_num(v)) return filter_number(r, v, name, n, pos, out);
+    if (is_obj(v)) return filter_object(r, v, name, n, pos, out);
+    if (v.type == JV_BOOL) return filter_bool(r, v, name, n, pos, out);
     return rt_err(r, pos, EMBER_ERR_FORMAT, "cannot apply filter '%.*s' to %s", (int)EMBER_MIN(n, 64), name,
                   jv_type_name(v.type));
 }
 
+/* selectattr / rejectattr (attribute[, test[, value]]): the objects of the
+   array v whose attribute passes the test (truthy without one), or fails it. */
+static int filter_select_attr(R *r, jv v, const jnode *call, bool select, jv *out) {
+    const char *name = call->a->s;
+    size_t n = call->a->n, pos = call->a->pos;
+    if (!is_arr(v))
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "cannot apply filter '%.*s' to %s", (int)n, name, jv_type_name(v.type));
+    for (size_t i = 0; i < v.u.list->len; i++)
+        if (!is_container(v.u.list->items[i]))
+            return rt_err(r, pos, EMBER_ERR_FORMAT, "'%.*s' can only be applied to an array of objects", (int)n, name);
+    for (size_t i = 0; i < call->list.n; i++)
+        if (call->list.v[i]->kind != N_TEXT)
+            return rt_err(r, call->list.v[i]->pos, EMBER_ERR_FORMAT, "arguments of '%.*s' must be strings", (int)n, name);
+    if (call->list.n < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "'%.*s' needs an attribute name", (int)n, name);
+    const jnode *attr = call->list.v[0];
+    const jnode *tname = call->list.n > 1 ? call->list.v[1] : NULL;
+    jv tval;
+    bool have_val = call->list.n > 2;
+    if (have_val) tval = jv_strview(call->list.v[2]->s, call->list.v[2]->n);
+    if (tname && !test_exists(tname->s, tname->n))
+        return rt_err(r, tname->pos, EMBER_ERR_FORMAT, "unknown test '%.*s'", (int)EMBER_MIN(tname->n, 64), tname->s);
+    jv c = jv_list_new(r->a, JV_ARRAY, 0);
+    if (c.type != JV_ARRAY) return rt_oom(r, pos);
+    for (size_t i = 0; i < v.u.list->len; i++) {
+        jv it = v.u.list->items[i];
+        jv *f = jd_get(it.u.dict, attr->s, attr->n);
+        bool res = false;
+        if (f) {
+            if (tname)
+                CK(apply_test(r, tname->s, tname->n, *f, have_val ? &tval : NULL, tname->pos, &res));
+            else
+                res = jv_truthy(*f);
+        }
+        if (res == select && !jl_push(r->a, c.u.list, it)) return rt_oom(r, pos);
+    }
+    *out = c;
+    return 0;
+}
+
+/* tojson(indent=, ensure_ascii=, sort_keys=, separators=) with its arguments
+   checked as the reference checks them. */
+static int filter_tojson(R *r, jv v, args *a, size_t pos, jv *out) {
+    jv_json_opts o;
+    memset(&o, 0, sizeof o);
+    jv *ind = kwget(a, "indent");
+    if (ind && ind->type != JV_INT && ind->type != JV_NULL)
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, indent must be a number");
+    if (ind && ind->type == JV_INT) {
+        if (ind->u.n < 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "Invalid count value: %g", ind->u.n);
+        if (ind->u.n > 1000) return rt_err(r, pos, EMBER_ERR_LIMIT, "indent %g is too large", ind->u.n);
+        o.indent = (int)ind->u.n;
+    }
+    jv *ea = kwget(a, "ensure_ascii");
+    if (ea && ea->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, ensure_ascii must be a boolean");
+    o.ensure_ascii = ea && ea->u.b;
+    jv *sk = kwget(a, "sort_keys");
+    if (sk && sk->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, sort_keys must be a boolean");
+    o.sort_keys = sk && sk->u.b;
+    jv *sp = kwget(a, "separators");
+    char *isep = NULL, *ksep = NULL;
+    if (sp && is_arr(*sp)) {
+        if (sp->u.list->len != 2 || sp->u.list->items[0].type != JV_STRING || sp->u.list->items[1].type != JV_STRING)
+            return rt_err(r, pos, EMBER_ERR_FORMAT, "separators must be a tuple of two strings");
+        isep = ja_strdup(r->a, sp->u.list->items[0].u.s.p, sp->u.list->items[0].u.s.n);
+        ksep = ja_strdup(r->a, sp->u.list->items[1].u.s.p, sp->u.list->items[1].u.s.n);
+        if (!isep || !ksep) return rt_oom(r, pos);
+        o.item_sep = isep;
+        o.key_sep = ksep;
+    } else if (sp && sp->type != JV_NULL) {
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, separators must be a tuple of two strings");
+    }
+    return do_tojson(r, v, &o, pos, out);
+}
+
+/* sort(reverse=, case_sensitive=, attribute=) of the array v: a sorted copy. */
+static int filter_sort(R *r, jv v, args *a, size_t pos, jv *out) {
+    jv *rev = arg_or_kw(a, 0, "reverse");
+    jv *cs = arg_or_kw(a, 1, "case_sensitive");
+    jv *at = arg_or_kw(a, 2, "attribute");
+    if (rev && rev->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "reverse must be a boolean");
+    if (cs && cs->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "case_sensitive must be a boolean");
+    if (at && at->type != JV_STRING && at->type != JV_INT && at->type != JV_NULL)
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "attribute must be a string, integer, or null");
+    sort_ctx s;
+    memset(&s, 0, sizeof s);
+    s.r = r;
+    s.pos = pos;
+    s.reverse = rev && rev->u.b;
+    s.case_sensitive = cs && cs->u.b;
+    if (at && at->type == JV_STRING) {
+        s.attr = at->u.s.p;
+        s.attr_len = at->u.s.n;
+    } else if (at && at->type == JV_INT) {
+        jv t;
+        CK(to_text(r, *at, true, pos, &t));
+        s.attr = t.u.s.p;
+        s.attr_len = t.u.s.n;
+    }
+    return sorted_copy(r, v.u.list, &s, out);
+}
+
+/* map(attribute=, default=) of the array v (map with a filter name is not
+   supported). */
+static int filter_map(R *r, jv v, args *a, size_t pos, jv *out) {
+    jv *at = kwget(a, "attribute");
+    if (!at) return rt_err(r, pos, EMBER_ERR_FORMAT, "'map' without 'attribute' is not supported");
+    if (at->type != JV_STRING) return rt_err(r, pos, EMBER_ERR_FORMAT, "attribute must be a string");
+    jv *dflt = kwget(a, "default");
+    jv c = jv_list_new(r->a, JV_ARRAY, v.u.list->len);
+    if (c.type != JV_ARRAY) return rt_oom(r, pos);
+    for (size_t i = 0; i < v.u.list->len; i++) {
+        jv it = v.u.list->items[i];
+        if (!is_container(it)) return rt_err(r, pos, EMBER_ERR_FORMAT, "items in map must be objects");
+        jv x = attr_value(it, at->u.s.p, at->u.s.n);
+        c.u.list->items[i] = x.type == JV_UNDEFINED ? (dflt ? *dflt : jv_undefined()) : x;
+    }
+    c.u.list->len = v.u.list->len;
+    *out = c;
+    return 0;
+}
+
+/* A filter with arguments ({{ v | name(...) }}). */
 static int apply_filter_call(R *r, jv v, const jnode *call, jenv *env, jv *out) {
     const jnode *callee = call->a;
     size_t pos = callee->pos;
     if (callee->kind != N_IDENT) return rt_err(r, call->pos, EMBER_ERR_FORMAT, "unknown filter expression");
     const char *name = callee->s;
     size_t n = callee->n;
-#define F(s) name_is(name, n, s)
     args a;
-    if (F("selectattr") || F("rejectattr")) {
-        bool select = F("selectattr");
-        if (!is_arr(v))
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "cannot apply filter '%.*s' to %s", (int)n, name, jv_type_name(v.type));
-        for (size_t i = 0; i < v.u.list->len; i++)
-            if (!is_container(v.u.list->items[i]))
-                return rt_err(r, pos, EMBER_ERR_FORMAT, "'%.*s' can only be applied to an array of objects", (int)n, name);
-        for (size_t i = 0; i < call->list.n; i++)
-            if (call->list.v[i]->kind != N_TEXT)
-                return rt_err(r, call->list.v[i]->pos, EMBER_ERR_FORMAT, "arguments of '%.*s' must be strings", (int)n, name);
-        if (call->list.n < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "'%.*s' needs an attribute name", (int)n, name);
-        const jnode *attr = call->list.v[0];
-        const jnode *tname = call->list.n > 1 ? call->list.v[1] : NULL;
-        jv tval;
-        bool have_val = call->list.n > 2;
-        if (have_val) tval = jv_strview(call->list.v[2]->s, call->list.v[2]->n);
-        if (tname && !test_exists(tname->s, tname->n))
-            return rt_err(r, tname->pos, EMBER_ERR_FORMAT, "unknown test '%.*s'", (int)EMBER_MIN(tname->n, 64), tname->s);
-        jv c = jv_list_new(r->a, JV_ARRAY, 0);
-        if (c.type != JV_ARRAY) return rt_oom(r, pos);
-        for (size_t i = 0; i < v.u.list->len; i++) {
-            jv it = v.u.list->items[i];
-            jv *f = jd_get(it.u.dict, attr->s, attr->n);
-            bool res = false;
-            if (f) {
-                if (tname)
-                    CK(apply_test(r, tname->s, tname->n, *f, have_val ? &tval : NULL, tname->pos, &res));
-                else
-                    res = jv_truthy(*f);
-            }
-            if (res == select && !jl_push(r->a, c.u.list, it)) return rt_oom(r, pos);
-        }
-        *out = c;
-        return 0;
-    }
+    if (F("selectattr") || F("rejectattr")) return filter_select_attr(r, v, call, F("selectattr"), out);
     CK(eval_args(r, &call->list, env, &a));
-    if (F("tojson")) {
-        jv_json_opts o;
-        memset(&o, 0, sizeof o);
-        jv *ind = kwget(&a, "indent");
-        if (ind && ind->type != JV_INT && ind->type != JV_NULL)
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, indent must be a number");
-        if (ind && ind->type == JV_INT) {
-            if (ind->u.n < 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "Invalid count value: %g", ind->u.n);
-            if (ind->u.n > 1000) return rt_err(r, pos, EMBER_ERR_LIMIT, "indent %g is too large", ind->u.n);
-            o.indent = (int)ind->u.n;
-        }
-        jv *ea = kwget(&a, "ensure_ascii");
-        if (ea && ea->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, ensure_ascii must be a boolean");
-        o.ensure_ascii = ea && ea->u.b;
-        jv *sk = kwget(&a, "sort_keys");
-        if (sk && sk->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, sort_keys must be a boolean");
-        o.sort_keys = sk && sk->u.b;
-        jv *sp = kwget(&a, "separators");
-        char *isep = NULL, *ksep = NULL;
-        if (sp && is_arr(*sp)) {
-            if (sp->u.list->len != 2 || sp->u.list->items[0].type != JV_STRING || sp->u.list->items[1].type != JV_STRING)
-                return rt_err(r, pos, EMBER_ERR_FORMAT, "separators must be a tuple of two strings");
-            isep = ja_strdup(r->a, sp->u.list->items[0].u.s.p, sp->u.list->items[0].u.s.n);
-            ksep = ja_strdup(r->a, sp->u.list->items[1].u.s.p, sp->u.list->items[1].u.s.n);
-            if (!isep || !ksep) return rt_oom(r, pos);
-            o.item_sep = isep;
-            o.key_sep = ksep;
-        } else if (sp && sp->type != JV_NULL) {
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "If set, separators must be a tuple of two strings");
-        }
-        return do_tojson(r, v, &o, pos, out);
-    }
+    if (F("tojson")) return filter_tojson(r, v, &a, pos, out);
     if (F("join")) {
         const jv_list *l;
         jv_list *cps;
@@ -1263,48 +1340,8 @@ static int apply_filter_call(R *r, jv v, const jnode *call, jenv *env, jv *out) 
         return 0;
     }
     if (is_arr(v)) {
-        if (F("sort")) {
-            jv *rev = arg_or_kw(&a, 0, "reverse");
-            jv *cs = arg_or_kw(&a, 1, "case_sensitive");
-            jv *at = arg_or_kw(&a, 2, "attribute");
-            if (rev && rev->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "reverse must be a boolean");
-            if (cs && cs->type != JV_BOOL) return rt_err(r, pos, EMBER_ERR_FORMAT, "case_sensitive must be a boolean");
-            if (at && at->type != JV_STRING && at->type != JV_INT && at->type != JV_NULL)
-                return rt_err(r, pos, EMBER_ERR_FORMAT, "attribute must be a string, integer, or null");
-            sort_ctx s;
-            memset(&s, 0, sizeof s);
-            s.r = r;
-            s.pos = pos;
-            s.reverse = rev && rev->u.b;
-            s.case_sensitive = cs && cs->u.b;
-            if (at && at->type == JV_STRING) {
-                s.attr = at->u.s.p;
-                s.attr_len = at->u.s.n;
-            } else if (at && at->type == JV_INT) {
-                jv t;
-                CK(to_text(r, *at, true, pos, &t));
-                s.attr = t.u.s.p;
-                s.attr_len = t.u.s.n;
-            }
-            return sorted_copy(r, v.u.list, &s, out);
-        }
-        if (F("map")) {
-            jv *at = kwget(&a, "attribute");
-            if (!at) return rt_err(r, pos, EMBER_ERR_FORMAT, "'map' without 'attribute' is not supported");
-            if (at->type != JV_STRING) return rt_err(r, pos, EMBER_ERR_FORMAT, "attribute must be a string");
-            jv *dflt = kwget(&a, "default");
-            jv c = jv_list_new(r->a, JV_ARRAY, v.u.list->len);
-            if (c.type != JV_ARRAY) return rt_oom(r, pos);
-            for (size_t i = 0; i < v.u.list->len; i++) {
-                jv it = v.u.list->items[i];
-                if (!is_container(it)) return rt_err(r, pos, EMBER_ERR_FORMAT, "items in map must be objects");
-                jv x = attr_value(it, at->u.s.p, at->u.s.n);
-                c.u.list->items[i] = x.type == JV_UNDEFINED ? (dflt ? *dflt : jv_undefined()) : x;
-            }
-            c.u.list->len = v.u.list->len;
-            *out = c;
-            return 0;
-        }
+        if (F("sort")) return filter_sort(r, v, &a, pos, out);
+        if (F("map")) return filter_map(r, v, &a, pos, out);
         return filter_err(r, pos, "ArrayValue", name, n);
     }
     if (v.type == JV_STRING) {
@@ -1393,7 +1430,7 @@ static size_t cp_offset(sview s, double i) {
     size_t want = (size_t)i, k = 0, off = 0;
     while (off < s.n && k < want) {
         size_t l;
-        ju_decode(s.p + off, s.n - off, &l);
+        ember_utf8_decode(s.p + off, s.n - off, &l);
         off += l;
         k++;
     }
@@ -1401,7 +1438,7 @@ static size_t cp_offset(sview s, double i) {
 }
 
 static bool is_cp_alpha(uint32_t c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= 0xC0 && !ju_is_space(c) && c != 0xD7 && c != 0xF7);
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= 0xC0 && !ember_js_space(c) && c != 0xD7 && c != 0xF7);
 }
 static bool is_cp_digit(uint32_t c) {
     return c >= '0' && c <= '9';
@@ -1480,254 +1517,305 @@ static int py_format(R *r, sview f, jv *argv, size_t argc, size_t pos, jv *out) 
     return sb_take(r, &b, pos, out);
 }
 
-static int ext_call_method(R *r, const jv_func *f, jv *argv, size_t argc, size_t pos, jv *out) {
+/* str.find / rfind / count (sub[, start[, end]]): code-point offsets, -1 when absent. */
+static int m_find(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
     jv self = f->self;
+    if (npos < 1 || argv[0].type != JV_STRING)
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() needs a string argument",
+                      f->m == M_SCOUNT ? "count" : f->m == M_FIND ? "find" : "rfind");
+    sview s = sv(self), sub = sv(argv[0]);
+    size_t from = npos > 1 && argv[1].type == JV_INT ? cp_offset(s, argv[1].u.n) : 0;
+    size_t to = npos > 2 && argv[2].type == JV_INT ? cp_offset(s, argv[2].u.n) : s.n;
+    if (to < from) to = from;
+    sview w = {s.p + from, to - from};
+    if (f->m == M_SCOUNT) {
+        double c = 0;
+        if (sub.n == 0) {
+            c = (double)cp_count(w.p, w.n) + 1;
+        } else {
+            for (size_t i = 0; i + sub.n <= w.n;) {
+                const char *hit = memfind(w.p + i, w.n - i, sub.p, sub.n);
+                if (!hit) break;
+                c++;
+                i = (size_t)(hit - w.p) + sub.n;
+            }
+        }
+        *out = jv_int(c);
+        return 0;
+    }
+    const char *hit = NULL;
+    if (f->m == M_FIND) {
+        hit = memfind(w.p, w.n, sub.p, sub.n);
+    } else {
+        for (size_t i = w.n + 1; i-- > 0;)
+            if (i + sub.n <= w.n && memcmp(w.p + i, sub.p, sub.n) == 0) {
+                hit = w.p + i;
+                break;
+            }
+    }
+    *out = jv_int(hit ? (double)cp_count(s.p, (size_t)(hit - s.p)) : -1);
+    return 0;
+}
+
+/* str.rsplit(sep=None, maxsplit=-1), Python's: from the right; no sep splits on runs of whitespace. */
+static int m_rsplit(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    jv sep = npos > 0 ? argv[0] : jv_null();
+    double maxsplit = npos > 1 && argv[1].type == JV_INT ? argv[1].u.n : -1;
+    if (sep.type != JV_STRING && sep.type != JV_NULL)
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "rsplit(): sep must be a string or none");
+    if (sep.type == JV_STRING && sep.u.s.n == 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "empty separator");
+    jv l = jv_list_new(r->a, JV_ARRAY, 0);
+    if (l.type != JV_ARRAY) return rt_oom(r, pos);
+    sview s = sv(self);
+    size_t end = s.n;
+    double splits = 0;
+    if (sep.type == JV_NULL) {
+        for (;;) {
+            sview rest = js_trim((sview){s.p, end}, false, true);
+            end = rest.n;
+            if (end == 0) break;
+            if (maxsplit >= 0 && splits >= maxsplit) {
+                CK(str_list_push(r, l.u.list, s.p, end, pos));
+                break;
+            }
+            size_t st = end;
+            while (st > 0) {
+                size_t k = st - 1;
+                while (k > 0 && ((unsigned char)s.p[k] & 0xC0) == 0x80) k--;
+                if (ju_space_len(s.p + k, st - k) == st - k) break;
+                st = k;
+            }
+            CK(str_list_push(r, l.u.list, s.p + st, end - st, pos));
+            splits++;
+            end = st;
+        }
+    } else {
+        sview sp = sv(sep);
+        for (;;) {
+            const char *hit = NULL;
+            if (!(maxsplit >= 0 && splits >= maxsplit))
+                for (size_t i = end + 1; i-- > 0;)
+                    if (i + sp.n <= end && memcmp(s.p + i, sp.p, sp.n) == 0) {
+                        hit = s.p + i;
+                        break;
+                    }
+            if (!hit) {
+                CK(str_list_push(r, l.u.list, s.p, end, pos));
+                break;
+            }
+            size_t at = (size_t)(hit - s.p);
+            CK(str_list_push(r, l.u.list, s.p + at + sp.n, end - at - sp.n, pos));
+            splits++;
+            end = at;
+        }
+    }
+    jv_list *L = l.u.list;
+    for (size_t i = 0; i < L->len / 2; i++) {
+        jv t = L->items[i];
+        L->items[i] = L->items[L->len - 1 - i];
+        L->items[L->len - 1 - i] = t;
+    }
+    *out = l;
+    return 0;
+}
+
+/* str.join(iterable): the items printed and joined by self. */
+static int m_join(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "join() needs an iterable");
+    const jv_list *items;
+    jv_list *cps;
+    if (argv[0].type == JV_STRING) {
+        CK(s_codepoints(r, sv(argv[0]), &cps, pos));
+        items = cps;
+    } else if (is_arr(argv[0])) {
+        items = argv[0].u.list;
+    } else {
+        return rt_err(r, pos, EMBER_ERR_FORMAT, "join() argument must be iterable, not %s", jv_type_name(argv[0].type));
+    }
+    jsb b;
+    jsb_init_out(r, &b);
+    char why[160] = "";
+    for (size_t i = 0; i < items->len; i++) {
+        if (i) jsb_add(&b, self.u.s.p, self.u.s.n);
+        int rc = jv_print(&b, items->items[i], why, sizeof why);
+        if (rc) {
+            rc = why_fail(r, rc, &b, pos, why);
+            jsb_free(&b);
+            return rc;
+        }
+    }
+    return sb_take(r, &b, pos, out);
+}
+
+/* str.splitlines(): at \n, \r and \r\n, the breaks dropped. */
+static int m_splitlines(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    (void)npos;
+    (void)argv;
+    jv l = jv_list_new(r->a, JV_ARRAY, 0);
+    if (l.type != JV_ARRAY) return rt_oom(r, pos);
+    sview s = sv(self);
+    size_t st = 0;
+    for (size_t i = 0; i < s.n; i++) {
+        if (s.p[i] == '\n' || s.p[i] == '\r') {
+            CK(str_list_push(r, l.u.list, s.p + st, i - st, pos));
+            if (s.p[i] == '\r' && i + 1 < s.n && s.p[i + 1] == '\n') i++;
+            st = i + 1;
+        }
+    }
+    if (st < s.n) CK(str_list_push(r, l.u.list, s.p + st, s.n - st, pos));
+    *out = l;
+    return 0;
+}
+
+/* str.isdigit / isalpha / isalnum / isspace: every code point of a non-empty string in the class. */
+static int m_is_class(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    (void)npos;
+    (void)argv;
+    (void)r;
+    (void)pos;
+    sview s = sv(self);
+    bool ok = s.n > 0;
+    for (size_t i = 0; i < s.n && ok;) {
+        size_t l;
+        uint32_t c = ember_utf8_decode(s.p + i, s.n - i, &l);
+        i += l;
+        if (f->m == M_ISDIGIT) ok = is_cp_digit(c);
+        else if (f->m == M_ISALPHA) ok = is_cp_alpha(c);
+        else if (f->m == M_ISALNUM) ok = is_cp_alpha(c) || is_cp_digit(c);
+        else ok = ember_js_space(c);
+    }
+    *out = jv_bool(ok);
+    return 0;
+}
+
+/* str.islower / isupper: at least one cased code point and none of the other case. */
+static int m_is_case(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    (void)npos;
+    (void)argv;
+    (void)r;
+    (void)pos;
+    sview s = sv(self);
+    bool cased = false, ok = true;
+    for (size_t i = 0; i < s.n;) {
+        size_t l;
+        uint32_t c = ember_utf8_decode(s.p + i, s.n - i, &l);
+        i += l;
+        bool up = ju_lower(c) != c, low = ju_upper(c) != c;
+        if (up || low) cased = true;
+        if (f->m == M_ISLOWER ? up : low) ok = false;
+    }
+    *out = jv_bool(cased && ok);
+    return 0;
+}
+
+/* str.removeprefix / removesuffix. */
+static int m_remove_affix(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    if (npos < 1 || argv[0].type != JV_STRING) return rt_err(r, pos, EMBER_ERR_FORMAT, "removeprefix/removesuffix need a string");
+    sview s = sv(self), a = sv(argv[0]);
+    if (a.n <= s.n && f->m == M_REMOVEPREFIX && memcmp(s.p, a.p, a.n) == 0) {
+        s.p += a.n;
+        s.n -= a.n;
+    } else if (a.n <= s.n && f->m == M_REMOVESUFFIX && memcmp(s.p + s.n - a.n, a.p, a.n) == 0) {
+        s.n -= a.n;
+    }
+    *out = jv_strview(s.p, s.n);
+    return 0;
+}
+
+/* list.append(x) / list.extend(iterable): changes self in place, returns none. */
+static int m_append_extend(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() takes exactly one argument", f->m == M_APPEND ? "append" : "extend");
+    if (f->m == M_APPEND) {
+        if (!jl_push(r->a, self.u.list, argv[0])) return rt_oom(r, pos);
+    } else {
+        if (!is_arr(argv[0])) return rt_err(r, pos, EMBER_ERR_FORMAT, "extend() argument must be a list");
+        jv src = argv[0];
+        size_t n = src.u.list->len; /* a list extended by itself */
+        for (size_t i = 0; i < n; i++)
+            if (!jl_push(r->a, self.u.list, src.u.list->items[i])) return rt_oom(r, pos);
+    }
+    *out = jv_null();
+    return 0;
+}
+
+/* list.pop([i]) / list.insert(i, x): in place, Python's index rules. */
+static int m_pop_insert(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    jv_list *l = self.u.list;
+    double idx = npos > 0 && argv[0].type == JV_INT ? argv[0].u.n : (f->m == M_POP ? -1 : 0);
+    if (f->m == M_INSERT) {
+        if (npos < 2) return rt_err(r, pos, EMBER_ERR_FORMAT, "insert() takes exactly two arguments");
+        double len = (double)l->len;
+        if (idx < 0) idx = fmax(idx + len, 0);
+        if (idx > len) idx = len;
+        if (!jl_push(r->a, l, argv[1])) return rt_oom(r, pos);
+        size_t at = (size_t)idx;
+        memmove(&l->items[at + 1], &l->items[at], (l->len - 1 - at) * sizeof(jv));
+        l->items[at] = argv[1];
+        *out = jv_null();
+        return 0;
+    }
+    if (l->len == 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "pop from empty list");
+    if (idx < 0) idx += (double)l->len;
+    if (!(idx >= 0 && idx < (double)l->len)) return rt_err(r, pos, EMBER_ERR_FORMAT, "pop index out of range");
+    size_t at = (size_t)idx;
+    *out = l->items[at];
+    memmove(&l->items[at], &l->items[at + 1], (l->len - at - 1) * sizeof(jv));
+    l->len--;
+    return 0;
+}
+
+/* list.index(x) / list.count(x) under strict equality. */
+static int m_index_count(R *r, const jv_func *f, jv *argv, size_t npos, size_t pos, jv *out) {
+    jv self = f->self;
+    if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() takes exactly one argument", f->m == M_INDEX ? "index" : "count");
+    double c = 0;
+    for (size_t i = 0; i < self.u.list->len; i++)
+        if (jv_strict_eq(self.u.list->items[i], argv[0])) {
+            if (f->m == M_INDEX) {
+                *out = jv_int((double)i);
+                return 0;
+            }
+            c++;
+        }
+    if (f->m == M_INDEX) return rt_err(r, pos, EMBER_ERR_FORMAT, "index(): value is not in list");
+    *out = jv_int(c);
+    return 0;
+}
+
+/* A Python method of the extensions (jinja_ctx_enable_extensions) on f->self:
+   one function per method family below; errors name the method. */
+static int ext_call_method(R *r, const jv_func *f, jv *argv, size_t argc, size_t pos, jv *out) {
     size_t npos = argc && argv[argc - 1].type == JV_KWARGS ? argc - 1 : argc;
     switch (f->m) {
     case M_FIND:
     case M_RFIND:
-    case M_SCOUNT: {
-        if (npos < 1 || argv[0].type != JV_STRING)
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() needs a string argument",
-                          f->m == M_SCOUNT ? "count" : f->m == M_FIND ? "find" : "rfind");
-        sview s = sv(self), sub = sv(argv[0]);
-        size_t from = npos > 1 && argv[1].type == JV_INT ? cp_offset(s, argv[1].u.n) : 0;
-        size_t to = npos > 2 && argv[2].type == JV_INT ? cp_offset(s, argv[2].u.n) : s.n;
-        if (to < from) to = from;
-        sview w = {s.p + from, to - from};
-        if (f->m == M_SCOUNT) {
-            double c = 0;
-            if (sub.n == 0) {
-                c = (double)cp_count(w.p, w.n) + 1;
-            } else {
-                for (size_t i = 0; i + sub.n <= w.n;) {
-                    const char *hit = memfind(w.p + i, w.n - i, sub.p, sub.n);
-                    if (!hit) break;
-                    c++;
-                    i = (size_t)(hit - w.p) + sub.n;
-                }
-            }
-            *out = jv_int(c);
-            return 0;
-        }
-        const char *hit = NULL;
-        if (f->m == M_FIND) {
-            hit = memfind(w.p, w.n, sub.p, sub.n);
-        } else {
-            for (size_t i = w.n + 1; i-- > 0;)
-                if (i + sub.n <= w.n && memcmp(w.p + i, sub.p, sub.n) == 0) {
-                    hit = w.p + i;
-                    break;
-                }
-        }
-        *out = jv_int(hit ? (double)cp_count(s.p, (size_t)(hit - s.p)) : -1);
-        return 0;
-    }
-    case M_RSPLIT: {
-        jv sep = npos > 0 ? argv[0] : jv_null();
-        double maxsplit = npos > 1 && argv[1].type == JV_INT ? argv[1].u.n : -1;
-        if (sep.type != JV_STRING && sep.type != JV_NULL)
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "rsplit(): sep must be a string or none");
-        if (sep.type == JV_STRING && sep.u.s.n == 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "empty separator");
-        jv l = jv_list_new(r->a, JV_ARRAY, 0);
-        if (l.type != JV_ARRAY) return rt_oom(r, pos);
-        sview s = sv(self);
-        size_t end = s.n;
-        double splits = 0;
-        if (sep.type == JV_NULL) {
-            for (;;) {
-                sview rest = js_trim((sview){s.p, end}, false, true);
-                end = rest.n;
-                if (end == 0) break;
-                if (maxsplit >= 0 && splits >= maxsplit) {
-                    CK(str_list_push(r, l.u.list, s.p, end, pos));
-                    break;
-                }
-                size_t st = end;
-                while (st > 0) {
-                    size_t k = st - 1;
-                    while (k > 0 && ((unsigned char)s.p[k] & 0xC0) == 0x80) k--;
-                    if (ju_space_len(s.p + k, st - k) == st - k) break;
-                    st = k;
-                }
-                CK(str_list_push(r, l.u.list, s.p + st, end - st, pos));
-                splits++;
-                end = st;
-            }
-        } else {
-            sview sp = sv(sep);
-            for (;;) {
-                const char *hit = NULL;
-                if (!(maxsplit >= 0 && splits >= maxsplit))
-                    for (size_t i = end + 1; i-- > 0;)
-                        if (i + sp.n <= end && memcmp(s.p + i, sp.p, sp.n) == 0) {
-                            hit = s.p + i;
-                            break;
-                        }
-                if (!hit) {
-                    CK(str_list_push(r, l.u.list, s.p, end, pos));
-                    break;
-                }
-                size_t at = (size_t)(hit - s.p);
-                CK(str_list_push(r, l.u.list, s.p + at + sp.n, end - at - sp.n, pos));
-                splits++;
-                end = at;
-            }
-        }
-        jv_list *L = l.u.list;
-        for (size_t i = 0; i < L->len / 2; i++) {
-            jv t = L->items[i];
-            L->items[i] = L->items[L->len - 1 - i];
-            L->items[L->len - 1 - i] = t;
-        }
-        *out = l;
-        return 0;
-    }
-    case M_JOIN: {
-        if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "join() needs an iterable");
-        const jv_list *items;
-        jv_list *cps;
-        if (argv[0].type == JV_STRING) {
-            CK(s_codepoints(r, sv(argv[0]), &cps, pos));
-            items = cps;
-        } else if (is_arr(argv[0])) {
-            items = argv[0].u.list;
-        } else {
-            return rt_err(r, pos, EMBER_ERR_FORMAT, "join() argument must be iterable, not %s", jv_type_name(argv[0].type));
-        }
-        jsb b;
-        jsb_init_out(r, &b);
-        char why[160] = "";
-        for (size_t i = 0; i < items->len; i++) {
-            if (i) jsb_add(&b, self.u.s.p, self.u.s.n);
-            int rc = jv_print(&b, items->items[i], why, sizeof why);
-            if (rc) {
-                rc = why_fail(r, rc, &b, pos, why);
-                jsb_free(&b);
-                return rc;
-            }
-        }
-        return sb_take(r, &b, pos, out);
-    }
-    case M_SPLITLINES: {
-        jv l = jv_list_new(r->a, JV_ARRAY, 0);
-        if (l.type != JV_ARRAY) return rt_oom(r, pos);
-        sview s = sv(self);
-        size_t st = 0;
-        for (size_t i = 0; i < s.n; i++) {
-            if (s.p[i] == '\n' || s.p[i] == '\r') {
-                CK(str_list_push(r, l.u.list, s.p + st, i - st, pos));
-                if (s.p[i] == '\r' && i + 1 < s.n && s.p[i + 1] == '\n') i++;
-                st = i + 1;
-            }
-        }
-        if (st < s.n) CK(str_list_push(r, l.u.list, s.p + st, s.n - st, pos));
-        *out = l;
-        return 0;
-    }
+    case M_SCOUNT: return m_find(r, f, argv, npos, pos, out);
+    case M_RSPLIT: return m_rsplit(r, f, argv, npos, pos, out);
+    case M_JOIN: return m_join(r, f, argv, npos, pos, out);
+    case M_SPLITLINES: return m_splitlines(r, f, argv, npos, pos, out);
     case M_ISDIGIT:
     case M_ISALPHA:
     case M_ISALNUM:
-    case M_ISSPACE: {
-        sview s = sv(self);
-        bool ok = s.n > 0;
-        for (size_t i = 0; i < s.n && ok;) {
-            size_t l;
-            uint32_t c = ju_decode(s.p + i, s.n - i, &l);
-            i += l;
-            if (f->m == M_ISDIGIT) ok = is_cp_digit(c);
-            else if (f->m == M_ISALPHA) ok = is_cp_alpha(c);
-            else if (f->m == M_ISALNUM) ok = is_cp_alpha(c) || is_cp_digit(c);
-            else ok = ju_is_space(c);
-        }
-        *out = jv_bool(ok);
-        return 0;
-    }
+    case M_ISSPACE: return m_is_class(r, f, argv, npos, pos, out);
     case M_ISLOWER:
-    case M_ISUPPER: {
-        sview s = sv(self);
-        bool cased = false, ok = true;
-        for (size_t i = 0; i < s.n;) {
-            size_t l;
-            uint32_t c = ju_decode(s.p + i, s.n - i, &l);
-            i += l;
-            bool up = ju_lower(c) != c, low = ju_upper(c) != c;
-            if (up || low) cased = true;
-            if (f->m == M_ISLOWER ? up : low) ok = false;
-        }
-        *out = jv_bool(cased && ok);
-        return 0;
-    }
+    case M_ISUPPER: return m_is_case(r, f, argv, npos, pos, out);
     case M_REMOVEPREFIX:
-    case M_REMOVESUFFIX: {
-        if (npos < 1 || argv[0].type != JV_STRING) return rt_err(r, pos, EMBER_ERR_FORMAT, "removeprefix/removesuffix need a string");
-        sview s = sv(self), a = sv(argv[0]);
-        if (a.n <= s.n && f->m == M_REMOVEPREFIX && memcmp(s.p, a.p, a.n) == 0) {
-            s.p += a.n;
-            s.n -= a.n;
-        } else if (a.n <= s.n && f->m == M_REMOVESUFFIX && memcmp(s.p + s.n - a.n, a.p, a.n) == 0) {
-            s.n -= a.n;
-        }
-        *out = jv_strview(s.p, s.n);
-        return 0;
-    }
-    case M_FORMAT: return py_format(r, sv(self), argv, argc, pos, out);
+    case M_REMOVESUFFIX: return m_remove_affix(r, f, argv, npos, pos, out);
+    case M_FORMAT: return py_format(r, sv(f->self), argv, argc, pos, out);
     case M_APPEND:
-    case M_EXTEND: {
-        if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() takes exactly one argument", f->m == M_APPEND ? "append" : "extend");
-        if (f->m == M_APPEND) {
-            if (!jl_push(r->a, self.u.list, argv[0])) return rt_oom(r, pos);
-        } else {
-            if (!is_arr(argv[0])) return rt_err(r, pos, EMBER_ERR_FORMAT, "extend() argument must be a list");
-            jv src = argv[0];
-            size_t n = src.u.list->len; /* a list extended by itself */
-            for (size_t i = 0; i < n; i++)
-                if (!jl_push(r->a, self.u.list, src.u.list->items[i])) return rt_oom(r, pos);
-        }
-        *out = jv_null();
-        return 0;
-    }
+    case M_EXTEND: return m_append_extend(r, f, argv, npos, pos, out);
     case M_POP:
-    case M_INSERT: {
-        jv_list *l = self.u.list;
-        double idx = npos > 0 && argv[0].type == JV_INT ? argv[0].u.n : (f->m == M_POP ? -1 : 0);
-        if (f->m == M_INSERT) {
-            if (npos < 2) return rt_err(r, pos, EMBER_ERR_FORMAT, "insert() takes exactly two arguments");
-            double len = (double)l->len;
-            if (idx < 0) idx = fmax(idx + len, 0);
-            if (idx > len) idx = len;
-            if (!jl_push(r->a, l, argv[1])) return rt_oom(r, pos);
-            size_t at = (size_t)idx;
-            memmove(&l->items[at + 1], &l->items[at], (l->len - 1 - at) * sizeof(jv));
-            l->items[at] = argv[1];
-            *out = jv_null();
-            return 0;
-        }
-        if (l->len == 0) return rt_err(r, pos, EMBER_ERR_FORMAT, "pop from empty list");
-        if (idx < 0) idx += (double)l->len;
-        if (!(idx >= 0 && idx < (double)l->len)) return rt_err(r, pos, EMBER_ERR_FORMAT, "pop index out of range");
-        size_t at = (size_t)idx;
-        *out = l->items[at];
-        memmove(&l->items[at], &l->items[at + 1], (l->len - at - 1) * sizeof(jv));
-        l->len--;
-        return 0;
-    }
+    case M_INSERT: return m_pop_insert(r, f, argv, npos, pos, out);
     case M_INDEX:
-    case M_LCOUNT: {
-        if (npos < 1) return rt_err(r, pos, EMBER_ERR_FORMAT, "%s() takes exactly one argument", f->m == M_INDEX ? "index" : "count");
-        double c = 0;
-        for (size_t i = 0; i < self.u.list->len; i++)
-            if (jv_strict_eq(self.u.list->items[i], argv[0])) {
-                if (f->m == M_INDEX) {
-                    *out = jv_int((double)i);
-                    return 0;
-                }
-                c++;
-            }
-        if (f->m == M_INDEX) return rt_err(r, pos, EMBER_ERR_FORMAT, "index(): value is not in list");
-        *out = jv_int(c);
-        return 0;
-    }
+    case M_LCOUNT: return m_index_count(r, f, argv, npos, pos, out);
     default: break;
     }
     return rt_err(r, pos, EMBER_ERR_INTERNAL, "unknown method");
@@ -1809,7 +1897,7 @@ static int ext_filter(R *r, jv v, const jnode *f, jenv *env, jv *out, bool *hand
     *handled = true;
     if (call) CK(eval_args(r, &f->list, env, &a));
     if (F("count")) {
-        *out = jv_int(is_arr(v) ? (double)v.u.list->len : is_obj(v) ? (double)v.u.dict->len : (double)ju_utf16_len(v.u.s.p, v.u.s.n));
+        *out = jv_int(is_arr(v) ? (double)v.u.list->len : is_obj(v) ? (double)v.u.dict->len : (double)ember_utf16_len(v.u.s.p, v.u.s.n));
         return 0;
     }
     if (F("d") || F("default")) {
@@ -1823,7 +1911,7 @@ static int ext_filter(R *r, jv v, const jnode *f, jenv *env, jv *out, bool *hand
         bool in = false;
         for (size_t i = 0; i < v.u.s.n;) {
             size_t l;
-            uint32_t c = ju_decode(v.u.s.p + i, v.u.s.n - i, &l);
+            uint32_t c = ember_utf8_decode(v.u.s.p + i, v.u.s.n - i, &l);
             i += l;
             bool w = is_cp_alpha(c) || is_cp_digit(c) || c == '_';
             if (w && !in) words++;

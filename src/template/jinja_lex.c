@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok/jinja_internal.h"
+#include "template/jinja_internal.h"
 
 typedef struct ptext {
     char *s;
@@ -275,7 +275,7 @@ static int lex_string(lexer *L, size_t *pcur) {
                 }
                 cur += hl;
                 if (v >= 0xD800 && v <= 0xDBFF) {
-                    if (pending_hi) o += ju_encode(0xFFFD, out + o);
+                    if (pending_hi) o += ember_utf8_put(0xFFFD, out + o);
                     pending_hi = v;
                     continue;
                 }
@@ -286,10 +286,10 @@ static int lex_string(lexer *L, size_t *pcur) {
                     v = 0xFFFD;
                 }
                 if (pending_hi) {
-                    o += ju_encode(0xFFFD, out + o);
+                    o += ember_utf8_put(0xFFFD, out + o);
                     pending_hi = 0;
                 }
-                o += ju_encode(v, out + o);
+                o += ember_utf8_put(v, out + o);
                 continue;
             }
             char r;
@@ -306,19 +306,19 @@ static int lex_string(lexer *L, size_t *pcur) {
             default: return lex_err(L, cur - 1, "unexpected escaped character", e);
             }
             if (pending_hi) {
-                o += ju_encode(0xFFFD, out + o);
+                o += ember_utf8_put(0xFFFD, out + o);
                 pending_hi = 0;
             }
             out[o++] = r;
             continue;
         }
         if (pending_hi) {
-            o += ju_encode(0xFFFD, out + o);
+            o += ember_utf8_put(0xFFFD, out + o);
             pending_hi = 0;
         }
         out[o++] = s[cur++];
     }
-    if (pending_hi) o += ju_encode(0xFFFD, out + o);
+    if (pending_hi) o += ember_utf8_put(0xFFFD, out + o);
     if (cur >= n) return lex_err(L, start, "unexpected end of template inside a string literal", 0);
     out[o] = '\0';
     *pcur = cur + 1;
@@ -469,7 +469,7 @@ static int tokenize(lexer *L) {
         }
         if ((unsigned char)c >= 0x80) {
             size_t cl;
-            uint32_t cp = ju_decode(s + cur, n - cur, &cl);
+            uint32_t cp = ember_utf8_decode(s + cur, n - cur, &cl);
             size_t pos = L->t.m[cur];
             return jinja_err_at(L->err, EMBER_ERR_FORMAT, L->orig, L->orig_len, pos, "unexpected character U+%04X",
                                 (unsigned)cp);

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "tok/jinja_internal.h"
+#include "template/jinja_internal.h"
 
 #define CHUNK_SIZE (64u * 1024u)
 
@@ -166,103 +166,13 @@ bool jsb_adds(jsb *b, const char *s) {
 
 /* ---- UTF-8 ---- */
 
-uint32_t ju_decode(const char *s, size_t n, size_t *len) {
-    const unsigned char *u = (const unsigned char *)s;
-    uint32_t c = u[0];
-    if (c < 0x80) {
-        *len = 1;
-        return c;
-    }
-    size_t need;
-    uint32_t min;
-    if ((c & 0xE0) == 0xC0) {
-        need = 2;
-        c &= 0x1F;
-        min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-        need = 3;
-        c &= 0x0F;
-        min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-        need = 4;
-        c &= 0x07;
-        min = 0x10000;
-    } else {
-        *len = 1;
-        return 0xFFFD;
-    }
-    if (n < need) {
-        *len = 1;
-        return 0xFFFD;
-    }
-    for (size_t i = 1; i < need; i++) {
-        if ((u[i] & 0xC0) != 0x80) {
-            *len = 1;
-            return 0xFFFD;
-        }
-        c = (c << 6) | (u[i] & 0x3F);
-    }
-    if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) {
-        *len = 1;
-        return 0xFFFD;
-    }
-    *len = need;
-    return c;
-}
-
-size_t ju_encode(uint32_t cp, char *out) {
-    unsigned char *o = (unsigned char *)out;
-    if (cp < 0x80) {
-        o[0] = (unsigned char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (unsigned char)(0xC0 | (cp >> 6));
-        o[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xE0 | (cp >> 12));
-        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (unsigned char)(0xF0 | (cp >> 18));
-    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-bool ju_is_space(uint32_t c) {
-    return c == ' ' || (c >= 0x09 && c <= 0x0D) || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-           c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000 || c == 0xFEFF;
-}
-
 size_t ju_space_len(const char *s, size_t n) {
     if (n == 0) return 0;
     unsigned char c = (unsigned char)s[0];
     if (c < 0x80) return (c == ' ' || (c >= 0x09 && c <= 0x0D)) ? 1 : 0;
     size_t len;
-    uint32_t cp = ju_decode(s, n, &len);
-    return ju_is_space(cp) ? len : 0;
-}
-
-size_t ju_utf16_len(const char *s, size_t n) {
-    size_t units = 0;
-    for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x80) {
-            units++;
-            i++;
-            continue;
-        }
-        size_t len;
-        uint32_t cp = ju_decode(s + i, n - i, &len);
-        units += cp >= 0x10000 ? 2 : 1;
-        i += len;
-    }
-    return units;
+    uint32_t cp = ember_utf8_decode(s, n, &len);
+    return ember_js_space(cp) ? len : 0;
 }
 
 void js_num_str(double x, char *buf) {

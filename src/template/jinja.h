@@ -41,8 +41,8 @@
  *    views, not NUL-terminated, always valid UTF-8 or raw template bytes.
  * Nothing here prints, reads files, or keeps global mutable state.
  */
-#ifndef EMBER_TOK_JINJA_H
-#define EMBER_TOK_JINJA_H
+#ifndef EMBER_TEMPLATE_JINJA_H
+#define EMBER_TEMPLATE_JINJA_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok/jinja_value.h"
+#include "template/jinja_value.h"
 
 jv jv_undefined(void) {
     jv v;
@@ -265,7 +265,7 @@ static void json_str(jsb *b, const char *s, size_t n, bool ascii) {
             snprintf(ubuf, sizeof ubuf, "\\u%04x", c);
             esc = ubuf;
         } else if (ascii && c >= 0x7F) {
-            uint32_t cp = c == 0x7F ? 0x7F : ju_decode(s + i, n - i, &len);
+            uint32_t cp = c == 0x7F ? 0x7F : ember_utf8_decode(s + i, n - i, &len);
             if (cp >= 0x10000) {
                 uint32_t v = cp - 0x10000;
                 snprintf(ubuf, sizeof ubuf, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
@@ -334,7 +334,7 @@ static int locale_cmp(const char *a, size_t an, const char *b, size_t bn) {
         size_t i = 0, j = 0;
         while (i < an && j < bn) {
             size_t la, lb;
-            coll_key ka = coll_of(ju_decode(a + i, an - i, &la)), kb = coll_of(ju_decode(b + j, bn - j, &lb));
+            coll_key ka = coll_of(ember_utf8_decode(a + i, an - i, &la)), kb = coll_of(ember_utf8_decode(b + j, bn - j, &lb));
             uint32_t x = level == 0 ? ka.prim : level == 1 ? ka.sec : ka.ter;
             uint32_t y = level == 0 ? kb.prim : level == 1 ? kb.sec : kb.ter;
             if (x != y) return x < y ? -1 : 1;
@@ -697,7 +697,7 @@ static int cmp_str(const char *a, size_t an, const char *b, size_t bn, bool case
     size_t i = 0, j = 0;
     while (i < an && j < bn) {
         size_t la, lb;
-        uint32_t ca = ju_lower(ju_decode(a + i, an - i, &la)), cb = ju_lower(ju_decode(b + j, bn - j, &lb));
+        uint32_t ca = ju_lower(ember_utf8_decode(a + i, an - i, &la)), cb = ju_lower(ember_utf8_decode(b + j, bn - j, &lb));
         if (ca != cb) return ca < cb ? -1 : 1;
         i += la;
         j += lb;
