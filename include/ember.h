@@ -213,8 +213,10 @@ typedef struct ember_stream ember_stream;
 /* Speculative decoding's draft source (docs/speculative.md). */
 typedef enum ember_spec_mode {
     EMBER_SPEC_NONE = 0,  /* one token per row per step */
-    EMBER_SPEC_NGRAM = 1  /* prompt lookup: a row's own prompt and output propose what follows
+    EMBER_SPEC_NGRAM = 1, /* prompt lookup: a row's own prompt and output propose what follows
                              the longest earlier match of its last tokens */
+    EMBER_SPEC_DRAFT = 2  /* a draft model (ember_engine_params.draft_model) proposes greedily
+                             from its own cache rows */
 } ember_spec_mode;
 
 #define EMBER_MAX_DRAFT 64 /* the most draft tokens a row verifies in one step */
@@ -245,6 +247,9 @@ typedef struct ember_engine_params {
                           proposes at least this many; <= 0: 1 */
     int ngram_min, ngram_max; /* EMBER_SPEC_NGRAM: suffix lengths matched, the longest first,
                                  1 <= min <= max <= 16; <= 0: 1 and 3 */
+    ember_model *draft_model; /* EMBER_SPEC_DRAFT: a model sharing the target's vocabulary,
+                                 loaded with at least its rows and context; the engine uses it
+                                 from its thread, the caller frees it after the engine */
     float prefill_pace; /* while rows decode, the prompt tokens of a step are capped so that the
                            step takes about this many times a step of decoding alone (estimated
                            from the steps so far), at least 16 tokens: decoding keeps its pace

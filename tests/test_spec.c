@@ -339,6 +339,81 @@ static void greedy_stories(void) {
     }
 }
 
+/* ---- the draft-model source ----------------------------------------------------------- */
+
+/* A draft model (spec_model.c) inside the batch: the same greedy output as
+   plain decoding, rows of mixed draft lengths and opt-outs. A target
+   drafting for itself (a second load, same KV kind) proposes exactly its
+   own argmax, so every draft is accepted: that checks the source's
+   catch-up (trim to the common prefix, prefill the rest) round after
+   round. A draft with another vocabulary is refused at engine start. */
+static void greedy_draft_model(void) {
+    static const struct {
+        const char *target, *draft;
+        int kind; /* index into k_kinds for the target */
+        bool same;
+    } cases[] = {{"qwen2", "qwen2", 0, true}, {"llama", "llama_bf16", 1, false}, {"gemma2", "gemma2", 3, false}};
+    const kv_kind f32 = {"f32", 0};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char dir[600], ddir[600];
+        snprintf(dir, sizeof dir, "%s/fixtures/%s", shared_dir(), cases[c].target);
+        snprintf(ddir, sizeof ddir, "%s/fixtures/%s", shared_dir(), cases[c].draft);
+        ember_model *m = load_kind(dir, &k_kinds[cases[c].kind], NREQ, 256, 64, 0);
+        ember_model *d = load_kind(ddir, cases[c].same ? &k_kinds[cases[c].kind] : &f32, NREQ, 256, 64, 0);
+        reqset q;
+        make_requests(&q, 512, 48);
+        result plain[NREQ], spec[NREQ];
+        ember_engine_stats st;
+        run_set(m, &q, 0, NREQ, false, plain, &st);
+        ember_engine_params ep = {0};
+        ep.spec = EMBER_SPEC_DRAFT;
+        ep.draft_model = d;
+        ember_engine *e = NULL;
+        ember_error err = {0};
+        CHECKF(ember_engine_new(m, &ep, &e, &err) == EMBER_OK, "%s", err.msg);
+        if (!e) exit(1);
+        run_wave(e, &q, 0, NREQ, spec);
+        ember_engine_get_stats(e, &st);
+        ember_engine_free(e);
+        for (int i = 0; i < NREQ; i++)
+            CHECKF(same_result(&spec[i], &plain[i], -1), "%s drafted by %s, request %d: output differs", cases[c].target,
+                   cases[c].draft, i);
+        CHECKF(st.spec_drafted_total > 0, "%s drafted by %s: nothing drafted", cases[c].target, cases[c].draft);
+        if (cases[c].same)
+            CHECKF(st.spec_accepted_total == st.spec_drafted_total, "%s drafting for itself: %llu of %llu accepted",
+                   cases[c].target, (unsigned long long)st.spec_accepted_total,
+                   (unsigned long long)st.spec_drafted_total);
+        fprintf(stderr, "%s drafted by %s: %llu drafted, %llu accepted, %.2f tokens per target forward\n",
+                cases[c].target, cases[c].draft, (unsigned long long)st.spec_drafted_total,
+                (unsigned long long)st.spec_accepted_total,
+                st.decode_forwards_total ? (double)st.decode_tokens_total / (double)st.decode_forwards_total : 0.0);
+        ember_model_free(d);
+        ember_model_free(m);
+    }
+    /* another vocabulary (every fixture has 512 tokens: the draft's count is
+       changed for the check and put back), no draft model, the target itself:
+       refused at engine start */
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/fixtures/qwen2", shared_dir());
+    ember_model *m = load_kind(dir, &f32, 2, 256, 64, 0), *d = load_kind(dir, &f32, 2, 256, 64, 0);
+    ember_engine_params ep = {0};
+    ep.spec = EMBER_SPEC_DRAFT;
+    ep.draft_model = d;
+    ember_engine *e = NULL;
+    ember_error err = {0};
+    d->cfg.vocab_size = 511;
+    int rc = ember_engine_new(m, &ep, &e, &err);
+    d->cfg.vocab_size = 512;
+    CHECKF(rc == EMBER_ERR_INVALID_ARG && e == NULL && strstr(err.msg, "511 tokens, the target's 512"), "rc %d: %s", rc,
+           err.msg);
+    ep.draft_model = NULL;
+    CHECK(ember_engine_new(m, &ep, &e, &err) == EMBER_ERR_INVALID_ARG && e == NULL);
+    ep.draft_model = m;
+    CHECK(ember_engine_new(m, &ep, &e, &err) == EMBER_ERR_INVALID_ARG && e == NULL);
+    ember_model_free(d);
+    ember_model_free(m);
+}
+
 /* ---- rollback property ---------------------------------------------------------------- */
 
 /* Row 0 grows through random speculative rounds (random tokens, random
@@ -554,6 +629,7 @@ int main(void) {
     greedy_tight_budget(&k_kinds[0]);
     greedy_tight_budget(&k_kinds[6]);
     greedy_stories();
+    greedy_draft_model();
     sampled_distribution();
     return test_done();
 }

@@ -1066,7 +1066,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     if (!m) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_engine_new: no model");
     ember_engine_params ep = {0};
     if (p) ep = *p;
-    if (ep.spec != EMBER_SPEC_NONE && ep.spec != EMBER_SPEC_NGRAM)
+    if (ep.spec != EMBER_SPEC_NONE && ep.spec != EMBER_SPEC_NGRAM && ep.spec != EMBER_SPEC_DRAFT)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_engine_new: unknown speculative mode %d", (int)ep.spec);
     if (ep.draft_max <= 0) ep.draft_max = 8;
     if (ep.draft_min <= 0) ep.draft_min = 1;
@@ -1119,6 +1119,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
         rc = ember_draft_ngram_new(e->n_rows, e->p.ngram_min, e->p.ngram_max,
                                    m->params.n_ctx < 8192 ? (m->params.n_ctx > 2 ? m->params.n_ctx : 2) : 8192, &e->src,
                                    err);
+    if (!rc && e->p.spec == EMBER_SPEC_DRAFT) rc = ember_draft_model_new(e->p.draft_model, m, e->n_rows, &e->src, err);
     if (!rc) rc = ember_kv_prefix_new(m->kv, &e->px, err);
     if (!rc && !ember_kv_prefix_supported(e->px)) { /* a rotating group: reuse stays per row */
         ember_kv_prefix_free(e->px);

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "ember.h"
 
 typedef struct ember_draft ember_draft;
 
@@ -73,6 +74,16 @@ const char *ember_draft_name(const ember_draft *d);
  * 1 <= ngram_min <= ngram_max <= 16; window >= 2.
  */
 int ember_draft_ngram_new(int n_slots, int ngram_min, int ngram_max, int window, ember_draft **out,
+                          ember_error *err);
+
+/*
+ * A draft model (spec_model.c): `draft`, loaded apart from `target` with the
+ * same vocabulary size and at least n_slots rows of the target's context,
+ * proposes greedily from its own cache rows, brought in step with each
+ * row's history at every proposal. Borrowed: the caller frees it after the
+ * source. A mismatch of vocabulary, rows or context: EMBER_ERR_INVALID_ARG.
+ */
+int ember_draft_model_new(ember_model *draft, const ember_model *target, int n_slots, ember_draft **out,
                           ember_error *err);
 
 #endif
