@@ -245,6 +245,11 @@ typedef struct ember_engine_params {
                           proposes at least this many; <= 0: 1 */
     int ngram_min, ngram_max; /* EMBER_SPEC_NGRAM: suffix lengths matched, the longest first,
                                  1 <= min <= max <= 16; <= 0: 1 and 3 */
+    float prefill_pace; /* while rows decode, the prompt tokens of a step are capped so that the
+                           step takes about this many times a step of decoding alone (estimated
+                           from the steps so far), at least 16 tokens: decoding keeps its pace
+                           while prompts prefill, at the cost of their first token. 0: 2.0;
+                           < 0: no cap (prefill_chunk tokens whenever there are prompts) */
 } ember_engine_params;
 
 typedef struct ember_logit_bias {
@@ -338,6 +343,10 @@ typedef struct ember_engine_stats {
     uint64_t decode_tokens_total;      /* tokens those forwards produced (each request's first token
                                           comes from its prompt's forward and is not counted): tokens
                                           per target forward = decode_tokens / decode_forwards */
+    /* step pacing (prefill_pace) */
+    uint64_t prefill_paced_steps;      /* steps whose prompt tokens the pace cut below prefill_chunk */
+    double step_decode_seconds;        /* running estimate: a step of decoding rows alone */
+    double step_prefill_token_seconds; /* running estimate: what one prompt token adds to a step */
 } ember_engine_stats;
 
 /* Starts an engine thread over m (which must outlive the engine). */

@@ -716,11 +716,9 @@ static void test_kv_attention(void) {
     const int len[KV_ROWS] = {16, 16, 16, 16}, first[KV_ROWS] = {0, 0, 0, 0};
     kv_pair kp;
     kv_setup(&kp, EMBER_KVE_F32, 1, 64, len, first);
-    kp.gv.k.enc = EMBER_KVE_Q8;
+    kp.gv.k.enc = EMBER_KVE_Q8; /* smaller than f32: the block keeps its size and layout */
     kp.gv.k.group = 64;
     kp.gv.k.head_bytes = ember_kv_head_bytes(&kp.gv.k, 64, true);
-    kp.gv.block_bytes = kp.gv.k.head_bytes + kp.gv.v.head_bytes;
-    kp.gv.v_off = kp.gv.k.head_bytes;
     pair k;
     int64_t sh[3] = {1, 1, 64};
     pair_rand(&k, EMBER_F32, 3, sh);
@@ -736,8 +734,6 @@ static void test_kv_attention(void) {
     gm = kv_map(&kp, true, &row, &pos);
     kp.gv.k = kp.gv.v;
     kp.gv.k.head_bytes = ember_kv_head_bytes(&kp.gv.k, 64, true);
-    kp.gv.v_off = kp.gv.k.head_bytes;
-    kp.gv.block_bytes = kp.gv.k.head_bytes + kp.gv.v.head_bytes;
     CHECK(g_gpu->ops->kv_write(g_gpu, &gm, &k.g, &k.g, &err) == EMBER_ERR_INVALID_ARG);
     CHECKF(strstr(err.msg, "does not hold positions"), "%s", err.msg);
     pair_free(&k);

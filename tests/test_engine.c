@@ -58,6 +58,63 @@ static ember_gen_params gp(const int32_t *ids, int n, int max_tokens, float temp
     return g;
 }
 
+/* Step pacing: a 200-token prompt arriving while a row decodes (400 tokens:
+   it outlasts the prompt) is cut into
+   steps of PACE_MIN (16) prompt tokens with prefill_pace 1 (once the engine
+   has measured a decode-only step and a prompt token, which it has after
+   the first request's prompt and first steps), each counted as paced; with
+   pacing off it takes the full chunk of 64 and no step is paced. Either
+   way both requests get the same tokens (chunk invariance). */
+static void test_pacing(const fixture *f) {
+    int32_t longp[200];
+    for (int i = 0; i < 200; i++) longp[i] = f->p[i % 3].ids[(i / 3) % f->p[i % 3].n];
+    result a[2], b[2];
+    uint64_t paced[2];
+    double t_dec = 0, t_tok = 0;
+    for (int k = 0; k < 2; k++) {
+        ember_model *m = load(f->dir, 2);
+        ember_engine_params ep;
+        memset(&ep, 0, sizeof ep);
+        ep.prefill_pace = k == 0 ? 1.0f : -1.0f;
+        ember_engine *e;
+        ember_error err = {0};
+        CHECKF(ember_engine_new(m, &ep, &e, &err) == EMBER_OK, "%s", err.msg);
+        ember_gen_params ga = gp(f->p[0].ids, f->p[0].n, 400, 0.0f, 0), gb = gp(longp, 200, 20, 0.0f, 0);
+        ember_stream *sa, *sb;
+        CHECK(ember_engine_submit(e, &ga, &sa, &err) == EMBER_OK);
+        memset(&a[k], 0, sizeof a[k]);
+        ember_event ev;
+        while (a[k].n < 3 && ember_stream_next(sa, &ev, 20000) == 1 && ev.kind == EMBER_EV_TOKEN)
+            a[k].ids[a[k].n++] = ev.token;
+        CHECK(a[k].n == 3);
+        CHECK(ember_engine_submit(e, &gb, &sb, &err) == EMBER_OK); /* arrives while sa decodes */
+        result rest;
+        drain(sa, &rest);
+        for (int i = 0; i < rest.n && a[k].n < 64; i++) a[k].ids[a[k].n++] = rest.ids[i];
+        drain(sb, &b[k]);
+        ember_stream_free(sa);
+        ember_stream_free(sb);
+        ember_engine_stats st;
+        ember_engine_get_stats(e, &st);
+        paced[k] = st.prefill_paced_steps;
+        if (k == 0) {
+            t_dec = st.step_decode_seconds;
+            t_tok = st.step_prefill_token_seconds;
+        }
+        ember_engine_free(e);
+        ember_model_free(m);
+    }
+    CHECKF(paced[0] >= 200 / 16 - 1, "pace 1: %llu paced steps for a 200-token prompt", (unsigned long long)paced[0]);
+    CHECKF(paced[1] == 0, "pacing off: %llu paced steps", (unsigned long long)paced[1]);
+    CHECK(t_dec > 0 && t_tok > 0);
+    CHECK(a[0].n == 64 && b[0].n == 20); /* the first 64 of a's 400 tokens are kept */
+    CHECKF(a[0].n == a[1].n && !memcmp(a[0].ids, a[1].ids, sizeof(int32_t) * (size_t)a[0].n) && b[0].n == b[1].n &&
+               !memcmp(b[0].ids, b[1].ids, sizeof(int32_t) * (size_t)b[0].n),
+           "pacing changed the tokens");
+    fprintf(stderr, "pacing: %llu paced steps (decode step %.3g ms, prompt token %.3g ms)\n",
+            (unsigned long long)paced[0], t_dec * 1e3, t_tok * 1e3);
+}
+
 int main(void) {
     shared_dir();
     fixture f;
@@ -381,5 +438,6 @@ int main(void) {
         ember_model_free(m);
     }
     fixture_close(&f);
+    test_pacing(&f);
     return test_done();
 }

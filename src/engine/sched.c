@@ -38,6 +38,13 @@
  * Since every kernel is batch invariant, they hold exactly the values a
  * fresh prefill would compute.
  *
+ * Step pacing (engine param prefill_pace): while rows decode, a step takes
+ * at most prefill_budget() prompt tokens, so it lasts about prefill_pace
+ * times a step of decoding alone. The two costs are running means measured
+ * here: t_dec over steps with decode tokens only, t_tok = (step time -
+ * t_dec) / prompt tokens over steps with prompt tokens. Chunking never
+ * changes a token (chunk invariance); it only moves work between steps.
+ *
  * Speculative decoding (engine params spec, docs/speculative.md): a
  * decoding row whose request speculates asks the draft source (spec.h) for
  * up to draft_max tokens and, in the batch room and KV memory the prefill
@@ -232,6 +239,8 @@ struct ember_engine {
     bool disk_work;      /* the disk tier has queued writes */
     ember_draft *src;    /* the draft source; NULL: no speculation */
     double px_stats_at;  /* when publish_stats last read the prefix cache's figures */
+    double t_dec;        /* pacing: running mean of a decode-only step's seconds (0: none yet) */
+    double t_tok;        /* pacing: running mean of the seconds one prompt token adds to a step */
     ember_engine_stats stats; /* published under mu */
 };
 
@@ -684,6 +693,36 @@ static bool preempt_newest(ember_engine *e, int keep, uint64_t after) {
 }
 
 /* One step over the batch; returns false when there was nothing to do. */
+/* Prompt tokens a step may take next to decoding rows: the pace times a
+   decode-only step, less that step, over the cost of a prompt token, within
+   [PACE_MIN, chunk]. Without estimates yet: PACE_FIRST (the first mixed
+   steps measure). pace < 0: chunk. */
+#define PACE_MIN 16
+#define PACE_FIRST 64
+static int prefill_budget(double pace, double t_dec, double t_tok, int chunk) {
+    if (pace < 0) return chunk;
+    int b;
+    if (t_dec <= 0 || t_tok <= 0)
+        b = PACE_FIRST;
+    else {
+        double n = (pace - 1.0) * t_dec / t_tok;
+        b = n >= (double)chunk ? chunk : (int)n;
+    }
+    if (b < PACE_MIN) b = PACE_MIN;
+    return b < chunk ? b : chunk;
+}
+
+/* Folds a step's time into the pacing estimates (running means, weight 1/8). */
+static void pace_measure(ember_engine *e, double dt, int n_dec, int n_prompt, int n_draft) {
+    const double w = 0.125;
+    if (n_prompt == 0 && n_draft == 0 && n_dec > 0) {
+        e->t_dec = e->t_dec > 0 ? e->t_dec + w * (dt - e->t_dec) : dt;
+    } else if (n_prompt > 0 && n_draft == 0) {
+        double extra = (dt - (n_dec > 0 ? e->t_dec : 0.0)) / n_prompt;
+        if (extra > 0) e->t_tok = e->t_tok > 0 ? e->t_tok + w * (extra - e->t_tok) : extra;
+    }
+}
+
 /* Makes KV room for every decoding row's next position: cached prefixes
    first, then the newest rows are preempted; a row that alone fills the
    budget ends (EMBER_FINISH_LENGTH). */
@@ -731,15 +770,15 @@ static void plan_decode(ember_engine *e, int *nt_io, int *no_io) {
 }
 
 /* Adds prefill chunks, the oldest admitted rows first, within the batch
-   size, the step's prefill budget and the KV memory left (*spare, reduced by
-   what is planned); a row that cannot fit makes room or ends. */
-static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_io) {
+   size, *budget_io prompt tokens (reduced by what is planned) and the KV
+   memory left (*spare, likewise); a row that cannot fit makes room or ends. */
+static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_io, int *budget_io) {
     ember_model *m = e->m;
     ember_kv *kv = m->kv;
     const int B = m->params.max_batch_tokens;
     int *out_row = e->out_row, nt = *nt_io, no = *no_io;
     size_t spare = *spare_io;
-    int budget = e->p.prefill_chunk;
+    int budget = *budget_io;
     while (nt < B && budget > 0) { /* prefill the oldest admitted rows first, in the memory left */
         row *r = NULL;
         for (int i = 0; i < e->n_rows; i++) {
@@ -792,6 +831,7 @@ static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_
     *nt_io = nt;
     *no_io = no;
     *spare_io = spare;
+    *budget_io = budget;
 }
 
 /* Adds the draft tokens of the speculating decoding rows in the batch room
@@ -833,8 +873,11 @@ static void plan_drafts(ember_engine *e, int *nt_io, int *no_io, size_t spare) {
 }
 
 /* After a forward: each output's logits go to its row (a sampled token, or
-   the verification of its drafts), and the step's counts into e->stats. */
-static void take_outputs(ember_engine *e, int no) {
+   the verification of its drafts); the step's time (since t0, with n_dec
+   decode, n_fill prompt and n_drafts draft tokens) into the pacing
+   estimates; the step's counts (paced: the pacing cap bounded it) into
+   e->stats. */
+static void take_outputs(ember_engine *e, int no, double t0, int n_dec, int n_fill, int n_drafts, bool paced) {
     ember_model *m = e->m;
     const int V = m->cfg.vocab_size;
     int *out_row = e->out_row;
@@ -854,8 +897,12 @@ static void take_outputs(ember_engine *e, int no) {
             take_token(e, r, m->logits + (size_t)o * (size_t)V);
         }
     }
+    pace_measure(e, ember_now() - t0, n_dec, n_fill, n_drafts);
     pthread_mutex_lock(&e->mu);
     e->stats.steps_total++;
+    e->stats.prefill_paced_steps += paced;
+    e->stats.step_decode_seconds = e->t_dec;
+    e->stats.step_prefill_token_seconds = e->t_tok;
     e->stats.spec_drafted_total += drafted;
     e->stats.spec_accepted_total += accepted;
     e->stats.spec_forwards_total += spec_fw;
@@ -878,12 +925,25 @@ static bool step(ember_engine *e) {
     size_t spare = ember_kv_free_bytes(kv);
     for (int i = 0; i < e->n_rows; i++)
         if (e->plan[i]) spare -= ember_kv_need_bytes(kv, i, 1);
-    plan_prefill(e, &nt, &no, &spare);
+    const int n_dec = nt;
+    int budget = e->p.prefill_chunk;
+    bool paced = false;
+    if (n_dec > 0) { /* rows are decoding: keep their pace */
+        int pb = prefill_budget(e->p.prefill_pace, e->t_dec, e->t_tok, budget);
+        paced = pb < budget;
+        budget = pb;
+    }
+    plan_prefill(e, &nt, &no, &spare, &budget);
     if (e->src) plan_drafts(e, &nt, &no, spare);
     e->steps++;
     if (nt == 0) return false;
+    int n_drafts = 0;
+    for (int i = 0; i < e->n_rows; i++) n_drafts += e->rows[i].n_draft;
+    const int n_fill = nt - n_dec - n_drafts; /* prompt tokens of this step */
+    paced = paced && n_fill > 0 && budget == 0; /* the cap, not the prompts' ends, bounded the step */
     ember_error err = {0};
     ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out};
+    double t0 = ember_now();
     int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
     if (rc) { /* nothing was stored: every row in the batch fails */
         for (int k = 0; k < nt; k++) {
@@ -900,7 +960,7 @@ static bool step(ember_engine *e) {
             if (r->phase == ROW_PREFILL && r->stamp == e->steps - 1 && !r->s->g.no_prompt_cache)
                 (void)ember_kv_prefix_publish(e->px, i, r->hist, ember_kv_len(kv, i), r->s->g.cache_salt);
         }
-    take_outputs(e, no);
+    take_outputs(e, no, t0, n_dec, n_fill, n_drafts, paced);
     return true;
 }
 

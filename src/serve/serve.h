@@ -39,6 +39,8 @@ typedef struct ember_server_opts {
     size_t prompt_cache_max;   /* its byte cap; 0: 4 GiB */
     ember_spec_mode spec;      /* speculative decoding's draft source (EMBER_SPEC_NONE: off) */
     int draft_max, draft_min;  /* see ember_engine_params; <= 0: its defaults */
+    int prefill_chunk;         /* see ember_engine_params; <= 0: its default */
+    float prefill_pace;        /* see ember_engine_params: 0 its default, < 0 off */
     ember_tool_format tool_format; /* how the model writes tool calls (EMBER_TOOLS_NONE: tools are
                                       rendered, calls come back as text); see docs/tool-calls.md */
     bool test_output;          /* TESTS ONLY: accept "ember_test_output" (a scripted completion whose

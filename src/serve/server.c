@@ -1654,6 +1654,13 @@ static enum MHD_Result do_metrics(ember_server *s, struct MHD_Connection *c) {
            (double)st.cached_tokens_total);
     metric(&o, "ember_generation_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens_total);
     metric(&o, "ember_engine_steps_total", "counter", "Forward steps run by the engine.", (double)st.steps_total);
+    metric(&o, "ember_prefill_paced_steps_total", "counter",
+           "Steps whose prompt tokens were capped to keep decoding rows at their pace (--prefill-pace).",
+           (double)st.prefill_paced_steps);
+    metric(&o, "ember_step_decode_seconds", "gauge", "Running estimate of a step of decoding rows alone.",
+           st.step_decode_seconds);
+    metric(&o, "ember_step_prefill_token_seconds", "gauge", "Running estimate of what one prompt token adds to a step.",
+           st.step_prefill_token_seconds);
     metric(&o, "ember_spec_drafted_total", "counter", "Draft tokens verified by speculative decoding.",
            (double)st.spec_drafted_total);
     metric(&o, "ember_spec_accepted_total", "counter", "Draft tokens accepted (the target produced them).",
@@ -1883,7 +1890,8 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
     s->bos_text = token_text(tok, ember_tok_bos_id(tok));
     s->eos_text = token_text(tok, ember_tok_eos_id(tok));
     ember_engine_params ep = {.max_queue = o->max_queue, .spec = o->spec, .draft_max = o->draft_max,
-                              .draft_min = o->draft_min};
+                              .draft_min = o->draft_min, .prefill_chunk = o->prefill_chunk,
+                              .prefill_pace = o->prefill_pace};
     if (o->prompt_cache_dir) { /* files keep token ids: the tokenizer that made them is part of their identity */
         ep.prompt_cache_dir = o->prompt_cache_dir;
         ep.prompt_cache_max = o->prompt_cache_max;
