@@ -692,7 +692,6 @@ static bool preempt_newest(ember_engine *e, int keep, uint64_t after) {
     return true;
 }
 
-/* One step over the batch; returns false when there was nothing to do. */
 /* Prompt tokens a step may take next to decoding rows: the pace times a
    decode-only step, less that step, over the cost of a prompt token, within
    [PACE_MIN, chunk]. Without estimates yet: PACE_FIRST (the first mixed
@@ -770,15 +769,24 @@ static void plan_decode(ember_engine *e, int *nt_io, int *no_io) {
 }
 
 /* Adds prefill chunks, the oldest admitted rows first, within the batch
-   size, *budget_io prompt tokens (reduced by what is planned) and the KV
-   memory left (*spare, likewise); a row that cannot fit makes room or ends. */
-static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_io, int *budget_io) {
+   size, the step's prefill budget (paced when rows decode: *paced tells
+   whether the pace, not the prompts, bounded it) and the KV memory left
+   (*spare, reduced by what is planned); a row that cannot fit makes room
+   or ends. */
+static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_io, bool *paced_out) {
     ember_model *m = e->m;
     ember_kv *kv = m->kv;
     const int B = m->params.max_batch_tokens;
-    int *out_row = e->out_row, nt = *nt_io, no = *no_io;
+    int *out_row = e->out_row, nt = *nt_io, no = *no_io, n_dec = 0;
     size_t spare = *spare_io;
-    int budget = *budget_io;
+    for (int i = 0; i < e->n_rows; i++) n_dec += e->plan[i];
+    int budget = e->p.prefill_chunk;
+    bool paced = false;
+    if (n_dec > 0) { /* rows are decoding: keep their pace */
+        int b = prefill_budget(e->p.prefill_pace, e->t_dec, e->t_tok, budget);
+        paced = b < budget;
+        budget = b;
+    }
     while (nt < B && budget > 0) { /* prefill the oldest admitted rows first, in the memory left */
         row *r = NULL;
         for (int i = 0; i < e->n_rows; i++) {
@@ -828,10 +836,10 @@ static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_
         }
         r->n_fed += k; /* committed below only if the forward succeeds */
     }
+    *paced_out = paced && budget == 0 && nt > *nt_io; /* the cap, not the prompts' ends, bounded the step */
     *nt_io = nt;
     *no_io = no;
     *spare_io = spare;
-    *budget_io = budget;
 }
 
 /* Adds the draft tokens of the speculating decoding rows in the batch room
@@ -873,11 +881,8 @@ static void plan_drafts(ember_engine *e, int *nt_io, int *no_io, size_t spare) {
 }
 
 /* After a forward: each output's logits go to its row (a sampled token, or
-   the verification of its drafts); the step's time (since t0, with n_dec
-   decode, n_fill prompt and n_drafts draft tokens) into the pacing
-   estimates; the step's counts (paced: the pacing cap bounded it) into
-   e->stats. */
-static void take_outputs(ember_engine *e, int no, double t0, int n_dec, int n_fill, int n_drafts, bool paced) {
+   the verification of its drafts), and the step's counts into e->stats. */
+static void take_outputs(ember_engine *e, int no) {
     ember_model *m = e->m;
     const int V = m->cfg.vocab_size;
     int *out_row = e->out_row;
@@ -897,12 +902,8 @@ static void take_outputs(ember_engine *e, int no, double t0, int n_dec, int n_fi
             take_token(e, r, m->logits + (size_t)o * (size_t)V);
         }
     }
-    pace_measure(e, ember_now() - t0, n_dec, n_fill, n_drafts);
     pthread_mutex_lock(&e->mu);
     e->stats.steps_total++;
-    e->stats.prefill_paced_steps += paced;
-    e->stats.step_decode_seconds = e->t_dec;
-    e->stats.step_prefill_token_seconds = e->t_tok;
     e->stats.spec_drafted_total += drafted;
     e->stats.spec_accepted_total += accepted;
     e->stats.spec_forwards_total += spec_fw;
@@ -922,28 +923,19 @@ static bool step(ember_engine *e) {
     make_decode_room(e); /* decode rows first: each needs its next position */
     int nt = 0, no = 0;
     plan_decode(e, &nt, &no);
+    const int n_dec = nt;
     size_t spare = ember_kv_free_bytes(kv);
     for (int i = 0; i < e->n_rows; i++)
         if (e->plan[i]) spare -= ember_kv_need_bytes(kv, i, 1);
-    const int n_dec = nt;
-    int budget = e->p.prefill_chunk;
     bool paced = false;
-    if (n_dec > 0) { /* rows are decoding: keep their pace */
-        int pb = prefill_budget(e->p.prefill_pace, e->t_dec, e->t_tok, budget);
-        paced = pb < budget;
-        budget = pb;
-    }
-    plan_prefill(e, &nt, &no, &spare, &budget);
+    plan_prefill(e, &nt, &no, &spare, &paced);
+    const int n_fill = nt - n_dec; /* prompt tokens */
     if (e->src) plan_drafts(e, &nt, &no, spare);
     e->steps++;
     if (nt == 0) return false;
-    int n_drafts = 0;
-    for (int i = 0; i < e->n_rows; i++) n_drafts += e->rows[i].n_draft;
-    const int n_fill = nt - n_dec - n_drafts; /* prompt tokens of this step */
-    paced = paced && n_fill > 0 && budget == 0; /* the cap, not the prompts' ends, bounded the step */
     ember_error err = {0};
     ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out};
-    double t0 = ember_now();
+    const double t0 = ember_now();
     int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
     if (rc) { /* nothing was stored: every row in the batch fails */
         for (int k = 0; k < nt; k++) {
@@ -960,7 +952,13 @@ static bool step(ember_engine *e) {
             if (r->phase == ROW_PREFILL && r->stamp == e->steps - 1 && !r->s->g.no_prompt_cache)
                 (void)ember_kv_prefix_publish(e->px, i, r->hist, ember_kv_len(kv, i), r->s->g.cache_salt);
         }
-    take_outputs(e, no, t0, n_dec, n_fill, n_drafts, paced);
+    take_outputs(e, no);
+    pace_measure(e, ember_now() - t0, n_dec, n_fill, nt - n_dec - n_fill);
+    pthread_mutex_lock(&e->mu);
+    e->stats.prefill_paced_steps += paced;
+    e->stats.step_decode_seconds = e->t_dec;
+    e->stats.step_prefill_token_seconds = e->t_tok;
+    pthread_mutex_unlock(&e->mu);
     return true;
 }
 
