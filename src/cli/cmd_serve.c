@@ -187,6 +187,53 @@ static void log_stderr(void *user, ember_log_level level, const char *msg) {
     fprintf(stderr, "ember: %s: %s\n", names[level & 3], msg);
 }
 
+/* The size options (--kv-budget, --max-body, --prompt-cache-max, each kept
+   at its default when NULL) into the out values; --prompt-cache-max needs
+   pc_dir. Returns 0, or 1 after printing which value is refused. */
+static int parse_sizes(const char *kv_budget_s, const char *max_body_s, const char *pc_max_s, const char *pc_dir,
+                       size_t *kv_budget, size_t *max_body, size_t *pc_max) {
+    bool ok = true;
+    if (kv_budget_s && !(*kv_budget = parse_size(kv_budget_s, &ok)))
+        return cli_fail("serve", "--kv-budget expects a size such as 512M or 4G, got '%s'", kv_budget_s);
+    if (max_body_s && !(*max_body = parse_size(max_body_s, &ok)))
+        return cli_fail("serve", "--max-body expects a size such as 64K or 4M, got '%s'", max_body_s);
+    if (pc_max_s && !(*pc_max = parse_size(pc_max_s, &ok)))
+        return cli_fail("serve", "--prompt-cache-max expects a size such as 512M or 4G, got '%s'", pc_max_s);
+    if (pc_max_s && !pc_dir) return cli_fail("serve", "--prompt-cache-max needs --prompt-cache-dir");
+    return 0;
+}
+
+/* --prefill-pace: "off" (-1: no cap) or a number from 1 to 1000 into *pace.
+   Returns 0, or 1 after printing why the value is refused. */
+static int parse_pace(const char *s, float *pace) {
+    if (!strcmp(s, "off")) {
+        *pace = -1.0f;
+        return 0;
+    }
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= 1.0 && v <= 1000.0))
+        return cli_fail("serve", "--prefill-pace wants a number from 1 to 1000 or off; got '%s'", s);
+    *pace = (float)v;
+    return 0;
+}
+
+/* The default KV budget: half the physical memory (4 GiB when unknown). */
+static size_t half_the_ram(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 2 : (size_t)4 << 30;
+}
+
+/* Blocks SIGINT and SIGTERM (into *sigs, for stop_on_signal's sigwait) in
+   the calling thread and those it starts later, and ignores SIGPIPE. */
+static void block_stop_signals(sigset_t *sigs) {
+    sigemptyset(sigs);
+    sigaddset(sigs, SIGINT);
+    sigaddset(sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
 /* Writes the demo model (random weights) to path unless one is there.
    Returns 0, or 1 when mkmodel failed (it printed why). */
 static int write_demo_model(char *path) {
@@ -274,43 +321,20 @@ int cmd_serve(int argc, char **argv) {
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse_arg(&cmd, argc, argv, &model_arg);
     if (rc) return rc == 2 ? 0 : 1;
-    bool ok = true;
-    size_t kv_budget = 0, max_body = 4u << 20;
-    if (kv_budget_s && !(kv_budget = parse_size(kv_budget_s, &ok)))
-        return cli_fail("serve", "--kv-budget expects a size such as 512M or 4G, got '%s'", kv_budget_s);
-    if (max_body_s && !(max_body = parse_size(max_body_s, &ok)))
-        return cli_fail("serve", "--max-body expects a size such as 64K or 4M, got '%s'", max_body_s);
-    size_t pc_max = 0;
-    if (pc_max_s && !(pc_max = parse_size(pc_max_s, &ok)))
-        return cli_fail("serve", "--prompt-cache-max expects a size such as 512M or 4G, got '%s'", pc_max_s);
-    if (pc_max_s && !pc_dir) return cli_fail("serve", "--prompt-cache-max needs --prompt-cache-dir");
+    size_t kv_budget = 0, max_body = 4u << 20, pc_max = 0;
+    if (parse_sizes(kv_budget_s, max_body_s, pc_max_s, pc_dir, &kv_budget, &max_body, &pc_max)) return 1;
     ember_tool_format tool_format = EMBER_TOOLS_NONE;
     float pace = 0.0f; /* the engine's default */
-    if (pace_s && !strcmp(pace_s, "off"))
-        pace = -1.0f;
-    else if (pace_s) {
-        char *end;
-        double v = strtod(pace_s, &end);
-        if (end == pace_s || *end || !(v >= 1.0 && v <= 1000.0))
-            return cli_fail("serve", "--prefill-pace wants a number from 1 to 1000 or off; got '%s'", pace_s);
-        pace = (float)v;
-    }
+    if (pace_s && parse_pace(pace_s, &pace)) return 1;
     bool tools_auto = !strcmp(tool_parser, "auto");
     if (!tools_auto && !ember_tool_format_from_name(tool_parser, &tool_format))
         return cli_fail("serve", "--tool-parser: unknown format '%s' (auto, %s)", tool_parser, ember_tool_format_names());
     ember_engine_params sp = {0};
     if (cli_spec_resolve("serve", &spo, &sp)) return 1;
-    if (!kv_budget) {
-        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-        kv_budget = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 2 : (size_t)4 << 30;
-    }
+    if (!kv_budget) kv_budget = half_the_ram();
     /* signals go to sigwait below: block them before any thread exists */
     sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    block_stop_signals(&sigs);
 
     char path[4096], id[256];
     bool demo;
