@@ -9,7 +9,11 @@
  * usage: spec_bench --model PATH [--streams 1,16] [--gen 256] [--draft-max 8]
  *                   [--draft-min 1] [--ngram-min 1] [--ngram-max 3]
  *                   [--prefix 8] [--reps 3] [--threads N] [--kv-type f32]
+ *                   [--draft-model PATH]
  *        spec_bench --model PATH --window 16 [--depth 256] [--reps 5]
+ *
+ * --draft-model PATH drafts with that model (EMBER_SPEC_DRAFT, loaded with
+ * the target's rows, context and KV kind) instead of n-grams.
  *
  * --window W measures instead the ceiling on speedup: the time of one
  * forward of T = 1..W tokens of one row after --depth tokens of context
@@ -140,9 +144,12 @@ int main(int argc, char **argv) {
     int streams_list[8] = {1, 16}, n_streams = 2, gen = 256, prefix = 8, reps = 3, threads = 0, window = 0, depth = 256;
     ember_engine_params spec = {0};
     spec.spec = EMBER_SPEC_NGRAM;
+    const char *draft_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model = argv[++i];
+        else if (!strcmp(argv[i], "--draft-model") && i + 1 < argc)
+            draft_path = argv[++i];
         else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc)
             kv_type = argv[++i];
         else if (!strcmp(argv[i], "--streams") && i + 1 < argc) {
@@ -202,6 +209,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "spec_bench: %s\n", err.msg);
         return 1;
     }
+    ember_model *draft = NULL;
+    if (draft_path) {
+        if (ember_model_load(draft_path, &mp, &draft, &err)) {
+            fprintf(stderr, "spec_bench: draft model: %s\n", err.msg);
+            return 1;
+        }
+        spec.spec = EMBER_SPEC_DRAFT;
+        spec.draft_model = draft;
+    }
     ember_model_info info;
     ember_model_get_info(m, &info);
     if (window) {
@@ -210,6 +226,7 @@ int main(int argc, char **argv) {
                ember_isa_name(info.isa), depth, reps);
         int rc = window_costs(m, window, depth, reps);
         ember_model_free(m);
+        ember_model_free(draft);
         return rc;
     }
     /* prompts: BOS + a sampled prefix per stream */
@@ -238,10 +255,10 @@ int main(int argc, char **argv) {
         }
     }
     printf("model %s (%s, %d layers, hidden %d), KV %s, %d threads, %s; gen %d, prefix %d, draft_max %d, "
-           "draft_min %d, n-gram %d..%d, best of %d\n",
+           "draft_min %d, %s%s, best of %d\n",
            model, info.arch, info.n_layers, info.hidden_size, info.kv_type, info.n_threads, ember_isa_name(info.isa),
            gen, prefix, spec.draft_max ? spec.draft_max : 8, spec.draft_min ? spec.draft_min : 1,
-           spec.ngram_min ? spec.ngram_min : 1, spec.ngram_max ? spec.ngram_max : 3, reps);
+           draft_path ? "draft model " : "n-gram", draft_path ? draft_path : "", reps);
     printf("%8s %12s %12s %10s %10s %12s %14s %9s %6s\n", "streams", "plain tok/s", "spec tok/s", "speedup",
            "drafted", "accepted", "tok/forward", "forwards", "same");
     int rc = 0;
@@ -286,5 +303,6 @@ int main(int argc, char **argv) {
     free(prompts);
     free(plen);
     ember_model_free(m);
+    ember_model_free(draft);
     return rc;
 }

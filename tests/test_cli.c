@@ -160,6 +160,28 @@ int main(void) {
         CHECKF(strcmp(out, want) == 0, "generate --spec ngram printed '%s', want '%s'", out, want);
         CHECKF(strstr(err, "speculative decoding (ngram): ") && strstr(err, "tokens per target forward"),
                "--verbose: %s", err);
+        /* a draft model: stories260K drafting for itself gives its plain greedy ids (every draft
+           accepted); a draft whose vocabulary differs is refused naming the first differing token */
+        char stories[700];
+        snprintf(stories, sizeof stories, "%s/testdata/models/stories260K/stories260K.gguf", shared_dir());
+        if (path_exists(stories)) {
+            char plain[4096];
+            snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,403,407 -n 48 --temp 0", EMBER_BIN, stories);
+            CHECK(run(cmd, plain, sizeof plain, err, sizeof err) == 0);
+            snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,403,407 -n 48 --temp 0 --spec draft --draft-model %s -v",
+                     EMBER_BIN, stories, stories);
+            CHECK(run(cmd, out, sizeof out, err, sizeof err) == 0);
+            CHECKF(strcmp(out, plain) == 0 && strlen(plain) > 48, "--spec draft printed '%s', plain '%s'", out, plain);
+            CHECKF(strstr(err, "speculative decoding (draft model): ") && strstr(err, "(100.0%)"), "--verbose: %s", err);
+            char demo[600];
+            snprintf(demo, sizeof demo, "%s/demo-draft", g_tmp);
+            snprintf(cmd, sizeof cmd, "%s mkmodel --preset demo --out %s", EMBER_BIN, demo);
+            CHECK(run(cmd, out, sizeof out, err, sizeof err) == 0);
+            snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,403 -n 4 --spec draft --draft-model %s", EMBER_BIN,
+                     stories, demo);
+            CHECK(run(cmd, out, sizeof out, err, sizeof err) == 1);
+            CHECKF(strstr(err, "its vocabulary differs from the model's at token 0: "), "draft of another vocabulary: %s", err);
+        }
         /* logits -> .npy equals the library's logits and is a valid npy */
         char npy[700];
         snprintf(npy, sizeof npy, "%s/p0.npy", g_tmp);
@@ -345,7 +367,13 @@ int main(void) {
     expect_fail(args, "--seed expects a non-negative integer");
     expect_fail("generate --ids 1,2", "--model is required");
     snprintf(args, sizeof args, "generate --model %s --ids 1 --spec eagle", d);
-    expect_fail(args, "--spec expects ngram or none, got 'eagle'");
+    expect_fail(args, "--spec expects ngram, draft or none, got 'eagle'");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --spec draft", d);
+    expect_fail(args, "--spec draft needs --draft-model PATH");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --draft-model %s", d, d);
+    expect_fail(args, "--draft-model goes with --spec draft");
+    snprintf(args, sizeof args, "generate --model %s --ids 1 --spec draft --draft-model %s/nowhere", d, d);
+    expect_fail(args, "--draft-model");
     snprintf(args, sizeof args, "generate --model %s --ids 1 --spec ngram --draft-max 0", d);
     expect_fail(args, "--draft-max must be between 1 and 64");
     snprintf(args, sizeof args, "generate --model %s --ids 1 --spec ngram --draft-max 65", d);
@@ -355,10 +383,10 @@ int main(void) {
     snprintf(args, sizeof args, "generate --model %s --ids 1 --spec ngram --draft-min 5 --draft-max 2", d);
     expect_fail(args, "--draft-min 5 is above --draft-max 2");
     snprintf(args, sizeof args, "generate --model %s --ids 1 --draft-max 4", d);
-    expect_fail(args, "--draft-max and --draft-min go with --spec ngram");
+    expect_fail(args, "--draft-max and --draft-min go with --spec ngram or draft");
     snprintf(args, sizeof args, "generate --model %s --ids 1 --ctx 4 -n 10 --spec ngram", d);
     expect_fail(args, "context holds 4");
-    expect_fail("serve --spec medusa", "--spec expects ngram or none, got 'medusa'");
+    expect_fail("serve --spec medusa", "--spec expects ngram, draft or none, got 'medusa'");
     expect_fail("serve --spec ngram --draft-min 9", "--draft-min 9 is above --draft-max 8");
     snprintf(args, sizeof args, "generate --model %s", d);
     expect_fail(args, "exactly one of --ids and --prompt");

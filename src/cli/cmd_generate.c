@@ -116,7 +116,7 @@ static int generate_engine(ember_model *m, ember_request *r, const ember_engine_
         fprintf(stderr,
                 "ember: speculative decoding (%s): %llu drafted, %llu accepted (%.1f%%), %llu of %llu target forwards "
                 "with drafts, %.2f tokens per target forward, %d tokens in %.3f s\n",
-                ep->spec == EMBER_SPEC_NGRAM ? "ngram" : "none", (unsigned long long)st.spec_drafted_total,
+                ep->spec == EMBER_SPEC_NGRAM ? "ngram" : ep->spec == EMBER_SPEC_DRAFT ? "draft model" : "none", (unsigned long long)st.spec_drafted_total,
                 (unsigned long long)st.spec_accepted_total,
                 st.spec_drafted_total ? 100.0 * (double)st.spec_accepted_total / (double)st.spec_drafted_total : 0.0,
                 (unsigned long long)st.spec_forwards_total, (unsigned long long)st.decode_forwards_total,
@@ -160,7 +160,8 @@ int cmd_generate(int argc, char **argv) {
                    "Generate tokens after a prompt: ids in, ids out (one line, space-separated), or text in, text out.",
                    "--model DIR (--ids LIST | --prompt TEXT) [options]",
                    "Generation stops after -n tokens or at an end-of-sequence id (printed) unless --ignore-eos.\n"
-                   "--spec ngram runs the request through the serving engine with speculative decoding\n"
+                   "--spec ngram (or --spec draft --draft-model PATH) runs the request through the serving\n"
+                   "engine with speculative decoding\n"
                    "(greedy output unchanged, sampling keeps its distribution; --verbose reports drafts).",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse(&cmd, argc, argv);
@@ -191,6 +192,14 @@ int cmd_generate(int argc, char **argv) {
         ember_tok_free(tok);
         return 1;
     }
+    ember_model *draft = NULL;
+    if (ep.spec == EMBER_SPEC_DRAFT && cli_load_draft("generate", spo.draft_model, model, &mo, &draft)) {
+        free(ids);
+        ember_tok_free(tok);
+        ember_model_free(m);
+        return 1;
+    }
+    ep.draft_model = draft;
     int32_t *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
     ember_request r = {0};
     r.prompt = ids;
@@ -235,5 +244,6 @@ int cmd_generate(int argc, char **argv) {
     free(ids);
     ember_tok_free(tok);
     ember_model_free(m);
+    ember_model_free(draft);
     return rc == EMBER_OK ? 0 : 1;
 }

@@ -314,7 +314,8 @@ int cmd_serve(int argc, char **argv) {
                    "KV cache: f16 unless --kv-type says otherwise; rows take blocks of 16 positions\n"
                    "as they grow, from a pool of --kv-budget bytes shared by all requests.\n"
                    "--spec ngram: each request drafts tokens from its own prompt and output and verifies\n"
-                   "them in one forward (same greedy output; a request opts out with \"speculative\": false).\n"
+                   "them in one forward (same greedy output; a request opts out with \"speculative\": false);\n"
+                   "--spec draft --draft-model PATH: a smaller model with the same vocabulary drafts them.\n"
                    "Tool calls (OpenAI tools / Anthropic tools): rendered through the chat template, parsed\n"
                    "out of the output in the format --tool-parser names; tool_choice required / named is\n"
                    "accepted but not enforced yet (no constrained decoding): see docs/tool-calls.md.",
@@ -379,22 +380,38 @@ int cmd_serve(int argc, char **argv) {
     so.log = (ember_logger){log_stderr, &min_level};
     so.tool_format = tools_auto ? (ember_tool_format)detected : tool_format;
     so.test_output = test_output;
+    ember_model *draft = NULL;
+    if (sp.spec == EMBER_SPEC_DRAFT) { /* the draft's KV: full rows of its own (small) size, not the target's budget */
+        cli_model_opts dmo = mo;
+        dmo.kv_budget = 0;
+        if (cli_load_draft("serve", spo.draft_model, path, &dmo, &draft)) {
+            ember_chat_template_free(tmpl);
+            ember_tok_free(tok);
+            ember_model_free(m);
+            return 1;
+        }
+    }
+    so.draft_model = draft;
     ember_server *srv;
     if (ember_server_start(m, tok, tmpl, &so, &srv, &err)) {
         ember_chat_template_free(tmpl);
         ember_tok_free(tok);
         ember_model_free(m);
+        ember_model_free(draft);
         return cli_fail("serve", "%s", err.msg);
     }
     fprintf(stderr, "ember: serving %s%s on http://%s:%d (%d parallel x %d tokens, %s, %d threads%s%s, tool calls: %s)\n",
             id, demo ? " (demo, random weights)" : "", host, port, info.n_rows, info.n_ctx, ember_isa_name(info.isa),
-            info.n_threads, tmpl ? "" : ", no chat template", sp.spec == EMBER_SPEC_NGRAM ? ", n-gram speculation" : "",
+            info.n_threads, tmpl ? "" : ", no chat template", sp.spec == EMBER_SPEC_NGRAM  ? ", n-gram speculation"
+            : sp.spec == EMBER_SPEC_DRAFT ? ", draft-model speculation"
+                                          : "",
             ember_tool_format_name(so.tool_format));
     if (test_output) fprintf(stderr, "ember: --test-output is on: requests may script their output (tests only)\n");
     stop_on_signal(srv, &sigs, drain);
     ember_chat_template_free(tmpl);
     ember_tok_free(tok);
     ember_model_free(m);
+    ember_model_free(draft);
     fprintf(stderr, "ember: stopped\n");
     return 0;
 }

@@ -12,6 +12,7 @@
 #include "formats/gguf.h"
 #include "template/chat.h"
 #include "template/toolcall.h"
+#include "tok/tokenizer.h"
 
 static void log_stderr(void *user, ember_log_level level, const char *msg) {
     (void)user;
@@ -106,13 +107,58 @@ int cli_spec_resolve(const char *verb, const cli_spec_opts *so, ember_engine_par
     ep->spec = EMBER_SPEC_NONE;
     if (so->mode && !strcmp(so->mode, "ngram"))
         ep->spec = EMBER_SPEC_NGRAM;
+    else if (so->mode && !strcmp(so->mode, "draft"))
+        ep->spec = EMBER_SPEC_DRAFT;
     else if (so->mode && strcmp(so->mode, "none") != 0)
-        return cli_fail(verb, "--spec expects ngram or none, got '%s'", so->mode);
+        return cli_fail(verb, "--spec expects ngram, draft or none, got '%s'", so->mode);
     if (ep->spec == EMBER_SPEC_NONE && (so->draft_max || so->draft_min))
-        return cli_fail(verb, "--draft-max and --draft-min go with --spec ngram");
+        return cli_fail(verb, "--draft-max and --draft-min go with --spec ngram or draft");
+    if (ep->spec == EMBER_SPEC_DRAFT && !so->draft_model) return cli_fail(verb, "--spec draft needs --draft-model PATH");
+    if (ep->spec != EMBER_SPEC_DRAFT && so->draft_model) return cli_fail(verb, "--draft-model goes with --spec draft");
     int dmax = so->draft_max ? so->draft_max : 8, dmin = so->draft_min ? so->draft_min : 1;
     if (dmin > dmax) return cli_fail(verb, "--draft-min %d is above --draft-max %d", dmin, dmax);
     ep->draft_max = dmax;
     ep->draft_min = dmin;
     return 0;
+}
+
+/* The first token id whose text differs between a and b (their common
+   range), or -1; *diff_size: the vocabularies differ in size only. */
+static int32_t first_vocab_diff(const ember_tokenizer *a, const ember_tokenizer *b, bool *diff_size) {
+    int32_t na = ember_tok_n_vocab(a), nb = ember_tok_n_vocab(b), n = na < nb ? na : nb;
+    for (int32_t id = 0; id < n; id++) {
+        size_t la = 0, lb = 0;
+        const char *ta = ember_tok_id_text(a, id, &la), *tb = ember_tok_id_text(b, id, &lb);
+        if (!ta != !tb || la != lb || (ta && memcmp(ta, tb, la))) return id;
+    }
+    *diff_size = na != nb;
+    return -1;
+}
+
+int cli_load_draft(const char *verb, const char *draft_path, const char *target_path, const cli_model_opts *o,
+                   ember_model **out) {
+    *out = NULL;
+    ember_tokenizer *tt = NULL, *td = NULL;
+    ember_error err = {0};
+    int rc = 0;
+    if (ember_tok_load(draft_path, &td, &err))
+        rc = cli_fail(verb, "--draft-model %s: %s", draft_path, err.msg);
+    else if (ember_tok_load(target_path, &tt, &err))
+        rc = cli_fail(verb, "%s: %s (needed to check the draft model's vocabulary)", target_path, err.msg);
+    if (!rc) {
+        bool diff_size = false;
+        int32_t id = first_vocab_diff(tt, td, &diff_size);
+        size_t la = 0, lb = 0;
+        const char *ta = id >= 0 ? ember_tok_id_text(tt, id, &la) : NULL, *tb = id >= 0 ? ember_tok_id_text(td, id, &lb) : NULL;
+        if (id >= 0)
+            rc = cli_fail(verb, "--draft-model %s: its vocabulary differs from the model's at token %d: '%.*s' against '%.*s'",
+                          draft_path, (int)id, (int)(tb ? lb : 0), tb ? tb : "", (int)(ta ? la : 0), ta ? ta : "");
+        else if (diff_size)
+            rc = cli_fail(verb, "--draft-model %s: its vocabulary has %d tokens, the model's %d", draft_path,
+                          (int)ember_tok_n_vocab(td), (int)ember_tok_n_vocab(tt));
+    }
+    ember_tok_free(tt);
+    ember_tok_free(td);
+    if (rc) return rc;
+    return cli_load_model(verb, draft_path, o, out);
 }

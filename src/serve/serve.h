@@ -39,6 +39,7 @@ typedef struct ember_server_opts {
     size_t prompt_cache_max;   /* its byte cap; 0: 4 GiB */
     ember_spec_mode spec;      /* speculative decoding's draft source (EMBER_SPEC_NONE: off) */
     int draft_max, draft_min;  /* see ember_engine_params; <= 0: its defaults */
+    ember_model *draft_model;  /* EMBER_SPEC_DRAFT: the draft model (the caller frees it after the server) */
     int prefill_chunk;         /* see ember_engine_params; <= 0: its default */
     float prefill_pace;        /* see ember_engine_params: 0 its default, < 0 off */
     ember_tool_format tool_format; /* how the model writes tool calls (EMBER_TOOLS_NONE: tools are

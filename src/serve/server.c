@@ -1890,7 +1890,8 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
     s->bos_text = token_text(tok, ember_tok_bos_id(tok));
     s->eos_text = token_text(tok, ember_tok_eos_id(tok));
     ember_engine_params ep = {.max_queue = o->max_queue, .spec = o->spec, .draft_max = o->draft_max,
-                              .draft_min = o->draft_min, .prefill_chunk = o->prefill_chunk,
+                              .draft_min = o->draft_min, .draft_model = o->draft_model,
+                              .prefill_chunk = o->prefill_chunk,
                               .prefill_pace = o->prefill_pace};
     if (o->prompt_cache_dir) { /* files keep token ids: the tokenizer that made them is part of their identity */
         ep.prompt_cache_dir = o->prompt_cache_dir;
