@@ -106,9 +106,9 @@ static int check_device_fit(ember_model *m, const char *path, bool gguf, ember_e
     return EMBER_OK;
 }
 
-/* Creates m->kv for params p (n_ctx lowered when it is the default and one
-   row of it would not fit the budget). */
-static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, ember_error *err) {
+/* Refuses, before any weight is loaded, a KV kind the backend has no
+   kernels for (kv_ok). */
+static int check_kv_kind(const ember_model *m, const ember_model_params *p, ember_error *err) {
     ember_kv_type kt;
     int rc = ember_kv_type_parse(p->kv_type, p->kv_group_size, p->kv_quant_start, &kt, err);
     if (rc) return rc;
@@ -116,6 +116,15 @@ static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, embe
     if (kv_ok && (!kv_ok(kt.k_enc) || !kv_ok(kt.v_enc) || (kt.quant_start > 0 && !kv_ok(EMBER_KVE_F32))))
         return ember_err(err, EMBER_ERR_UNSUPPORTED, "the %s KV cache is not supported on %s yet (f32, f16 and bf16 are)",
                          kt.name, m->device);
+    return EMBER_OK;
+}
+
+/* Creates m->kv for params p (n_ctx lowered when it is the default and one
+   row of it would not fit the budget). */
+static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, ember_error *err) {
+    ember_kv_type kt;
+    int rc = ember_kv_type_parse(p->kv_type, p->kv_group_size, p->kv_quant_start, &kt, err);
+    if (rc) return rc;
     const int L = m->cfg.n_layers;
     int *heads = malloc((size_t)L * sizeof *heads), *dims = malloc((size_t)L * sizeof *dims),
         *win = malloc((size_t)L * sizeof *win);
@@ -285,12 +294,16 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
     else
         snprintf(m->device, sizeof m->device, "cuda:%d", cuda);
     if (gguf) {
-        if ((rc = make_backend(m, &p, cuda, err)) || (rc = check_device_fit(m, path, gguf, err))) goto fail;
+        if ((rc = make_backend(m, &p, cuda, err)) || (rc = check_kv_kind(m, &p, err)) ||
+            (rc = check_device_fit(m, path, gguf, err)))
+            goto fail;
         if ((rc = ember_llm_load_gguf(path, m->be, &m->cfg, &m->llm, err))) goto fail;
     } else {
         if ((rc = ember_config_load(path, &m->cfg, err))) goto fail;
         if ((rc = ember_weights_open(path, &m->weights, err))) goto fail;
-        if ((rc = make_backend(m, &p, cuda, err)) || (rc = check_device_fit(m, path, gguf, err))) goto fail;
+        if ((rc = make_backend(m, &p, cuda, err)) || (rc = check_kv_kind(m, &p, err)) ||
+            (rc = check_device_fit(m, path, gguf, err)))
+            goto fail;
         if ((rc = ember_llm_load(&m->cfg, m->weights, m->be, &m->llm, err))) goto fail;
     }
     if (p.n_rows <= 0) p.n_rows = 1;
