@@ -4,7 +4,8 @@
  * BPE tokenizer, a ChatML template), written into the test's tmp dir; no
  * ../shared data needed.
  *
- * Checks: version; argument and size-field refusals; tokenize / detokenize
+ * Checks: version; argument and size-field refusals; opening org/name from
+ * a HuggingFace cache made in the tmp dir; tokenize / detokenize
  * round trip; rendering through the model's template; generation: streamed
  * pieces join to the whole text, the same text twice (same seed), a stop
  * string cuts the text right before it and is never streamed, a callback
@@ -186,7 +187,7 @@ static void check_generate(ember_text *t) {
 int main(void) {
     const char *v = NULL;
     CHECK(ember_version(&v) == EMBER_VERSION && v && !strcmp(v, EMBER_VERSION_STRING));
-    char cmd[1024];
+    char cmd[4096];
     snprintf(cmd, sizeof cmd, "'%s' mkmodel --preset demo --out '%s/text_api_demo' > /dev/null", EMBER_BIN,
              EMBER_TEST_TMP);
     if (system(cmd) != 0) {
@@ -194,6 +195,18 @@ int main(void) {
         return 1;
     }
     check_refusals();
+    /* org/name in the local HuggingFace cache: HUB/models--org--demo/snapshots/REV, refs/main = REV */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/hf' && mkdir -p '%s/hf/models--org--demo/snapshots' '%s/hf/models--org--demo/refs' && "
+             "ln -s '%s/text_api_demo' '%s/hf/models--org--demo/snapshots/rev1' && echo rev1 > '%s/hf/models--org--demo/refs/main'",
+             EMBER_TEST_TMP, EMBER_TEST_TMP, EMBER_TEST_TMP, EMBER_TEST_TMP, EMBER_TEST_TMP, EMBER_TEST_TMP);
+    CHECK(system(cmd) == 0);
+    setenv("HF_HUB_CACHE", EMBER_TEST_TMP "/hf", 1);
+    ember_text *h = NULL;
+    ember_error herr;
+    CHECKF(ember_text_open("org/demo", NULL, &h, &herr) == EMBER_OK && h, "%s", herr.msg);
+    CHECK(ember_text_has_template(h));
+    ember_text_free(h);
+    CHECK(ember_text_open("org/none", NULL, &h, &herr) == EMBER_ERR_IO && h == NULL && strstr(herr.msg, "HuggingFace"));
     ember_text *t = NULL;
     ember_error err;
     ember_model_params mp;

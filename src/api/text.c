@@ -113,11 +113,16 @@ void ember_text_free(ember_text *t) {
    path. */
 static int resolve_path(const char *model, char *path, size_t n, ember_error *err) {
     struct stat st;
-    if (stat(model, &st) == 0 || !ember_hf_resolve(model, path, n)) {
+    if (stat(model, &st) == 0) {
         if (strlen(model) >= n) return ember_err(err, EMBER_ERR_INVALID_ARG, "model path too long");
         memcpy(path, model, strlen(model) + 1);
+        return EMBER_OK;
     }
-    return EMBER_OK;
+    if (ember_hf_resolve(model, path, n)) return EMBER_OK;
+    char hub[2048];
+    ember_hf_hub_dir(hub, sizeof hub);
+    return ember_err(err, EMBER_ERR_IO, "model '%s' is not a directory, a file, or a model in the HuggingFace cache (%s)",
+                     model, hub);
 }
 
 int ember_text_open(const char *model, const ember_text_params *params, ember_text **out, ember_error *err) {
