@@ -12,6 +12,35 @@
  *     ember_X_free, which accepts NULL.
  *   - Objects are not thread-safe unless stated: use one model from one thread
  *     at a time (the model fans its work out to its own worker pool).
+ *
+ * Where to start
+ *   - Text in, text out: the text API at the end of this file (ember_text:
+ *     a model with its tokenizer and chat template; tokenize, render a
+ *     conversation, generate with streamed text). docs/library.md is the tour.
+ *   - Token ids in, token ids out: ember_model_load, ember_generate.
+ *   - Many concurrent requests: the serving engine (ember_engine_new).
+ *   - Build against the installed library: cc app.c $(pkg-config --cflags
+ *     --libs ember)  (add --static to link libember.a).
+ *
+ * The ABI rule (what stays binary-compatible across releases of one major
+ * version, EMBER_VERSION_MAJOR)
+ *   - Handles are opaque (ember_model, ember_engine, ember_stream,
+ *     ember_text): their layout is private and may change in any release.
+ *   - Functions and enum values are only added, never changed or removed;
+ *     a struct the caller fills gains fields only at its end.
+ *   - Every params struct is filled by its init function first
+ *     (ember_model_params_init, ember_text_params_init, ...), which sets the
+ *     defaults of the library the program runs against. The text API's
+ *     structs (ember_text_params, ember_gen_text_params,
+ *     ember_text_result) also carry a leading `size` field, set by the init
+ *     function to sizeof the struct the program was compiled with: a later
+ *     library reads (and writes) only the fields that size covers, so a
+ *     program built against 0.2 keeps working with 0.3. Structs added from
+ *     now on follow the same pattern; the older structs (ember_model_params
+ *     and the engine's) gain fields only at their end until the next major
+ *     version gives them a size field too.
+ *   - ember_version() tells the library's version at run time; the
+ *     EMBER_VERSION_* macros tell the header's at compile time.
  */
 #ifndef EMBER_H
 #define EMBER_H
@@ -29,7 +58,17 @@ extern "C" {
 #define EMBER_API
 #endif
 
+#define EMBER_VERSION_MAJOR 0
+#define EMBER_VERSION_MINOR 1
+#define EMBER_VERSION_PATCH 0
 #define EMBER_VERSION_STRING "0.1.0"
+/* MAJOR * 10000 + MINOR * 100 + PATCH: compare with ember_version(). */
+#define EMBER_VERSION (EMBER_VERSION_MAJOR * 10000 + EMBER_VERSION_MINOR * 100 + EMBER_VERSION_PATCH)
+
+/* The version of the library linked at run time, as EMBER_VERSION (the
+   header's); *str (may be NULL) receives a static "MAJOR.MINOR.PATCH".
+   Thread-safe. */
+EMBER_API int ember_version(const char **str);
 
 typedef enum ember_status {
     EMBER_OK = 0,
@@ -381,6 +420,192 @@ EMBER_API void ember_stream_cancel(ember_stream *s);
 EMBER_API void ember_stream_free(ember_stream *s);
 
 EMBER_API void ember_engine_get_stats(ember_engine *e, ember_engine_stats *st);
+
+/* ---- the text API ----------------------------------------------------
+ *
+ * Text in, text out. An ember_text is a model opened together with its own
+ * tokenizer and chat template, and a serving engine over it: the handle an
+ * application embeds.
+ *
+ *     ember_text *t;
+ *     ember_error err;
+ *     if (ember_text_open("path/to/model", NULL, &t, &err)) { puts(err.msg); ... }
+ *     ember_message msgs[] = {{"user", "Hello!"}};
+ *     ember_gen_text_params g;
+ *     ember_gen_text_params_init(&g);
+ *     g.on_text = print_piece;           // streamed as it is decoded
+ *     ember_text_result res;
+ *     ember_text_result_init(&res);
+ *     ember_text_chat(t, msgs, 1, &g, &res, &err);
+ *     ...
+ *     ember_free(res.text);
+ *     ember_text_free(t);
+ *
+ * Why a handle of its own rather than more fields on ember_model: the
+ * token-level calls (ember_generate, ember_logits) and the engine may not
+ * run on one model at the same time, and the text handle runs its requests
+ * through an engine (so that several threads may generate at once and a
+ * conversation's next turn reuses the cached prompt). Keeping the two apart
+ * keeps each handle's rules simple; ember_text_model gives read access to
+ * the model underneath.
+ *
+ * Threads: ember_text_tokenize, _detokenize and _render only read the
+ * handle and may run on any threads at once. ember_text_generate and its
+ * variants may also be called from several threads at once: each blocks
+ * its caller until its request ends, up to model n_rows requests run in
+ * one batch and the rest wait their turn; callbacks run on the calling
+ * thread. ember_text_free must not overlap any other call on the handle.
+ *
+ * Memory: strings and id arrays the library returns are malloc'd for the
+ * caller, who frees them with ember_free. Arguments are borrowed for the
+ * call only.
+ */
+
+typedef struct ember_text ember_text;
+
+/* Frees memory the library returned (id arrays, rendered or generated
+   text). Accepts NULL. Thread-safe. */
+EMBER_API void ember_free(void *p);
+
+typedef struct ember_text_params {
+    size_t size;                      /* sizeof(ember_text_params): set by ember_text_params_init */
+    const ember_model_params *model;  /* how the model loads (threads, context, rows, KV kind,
+                                         device, log); NULL: ember_model_params_init's defaults.
+                                         n_rows is how many requests generate at once */
+    int max_queue;                    /* requests waiting for a row beyond which generate fails
+                                         with EMBER_ERR_LIMIT; <= 0: 256 */
+} ember_text_params;
+
+/* Fills p with the defaults (and p->size). */
+EMBER_API void ember_text_params_init(ember_text_params *p);
+
+/*
+ * Opens model: a HuggingFace-style directory (config.json, safetensors,
+ * tokenizer.json, the chat template in chat_template.jinja or
+ * tokenizer_config.json), a GGUF file (its tokenizer and
+ * tokenizer.chat_template), or "org/name" of a model already in the local
+ * HuggingFace cache ($HF_HUB_CACHE, $HF_HOME/hub or
+ * ~/.cache/huggingface/hub; nothing is downloaded). params may be NULL
+ * (defaults). A model without a chat template opens; rendering and chat
+ * then fail with EMBER_ERR_UNSUPPORTED. A template that does not compile
+ * fails the open. On success *out owns the model, tokenizer, template and an
+ * engine thread; free with ember_text_free. On failure nothing is left
+ * allocated and *out is NULL.
+ */
+EMBER_API int ember_text_open(const char *model, const ember_text_params *params, ember_text **out,
+                              ember_error *err);
+/* Stops the engine (cancelling requests still running: do not call this
+   while another thread is inside a call on t) and frees everything t owns.
+   Accepts NULL. */
+EMBER_API void ember_text_free(ember_text *t);
+
+/* The model underneath (owned by t), for ember_model_get_info. Do not run
+   ember_generate / ember_logits / ember_engine_new on it: t's engine owns
+   its compute. */
+EMBER_API const ember_model *ember_text_model(const ember_text *t);
+/* 1 when the model has a chat template, else 0. */
+EMBER_API int ember_text_has_template(const ember_text *t);
+
+/*
+ * Text to token ids with the model's tokenizer. add_special: nonzero adds
+ * what the tokenizer adds around a raw text (e.g. a BOS id); a text
+ * rendered by the chat template already holds its special tokens, so
+ * tokenize it with 0. Special tokens written in the text ("<|im_end|>")
+ * become their ids. On success *ids (free with ember_free; NULL when
+ * *n_ids is 0) holds *n_ids ids.
+ */
+EMBER_API int ember_text_tokenize(const ember_text *t, const char *text, size_t len, int add_special,
+                                  int32_t **ids, size_t *n_ids, ember_error *err);
+/*
+ * Token ids to text. skip_special: nonzero drops special tokens (BOS, EOS,
+ * chat markers) as generated text shows them; 0 writes their text. Ids the
+ * tokenizer does not know (the padding rows some models' vocabularies
+ * have) give no text. On success *text is NUL-terminated (free with
+ * ember_free) and *len (may be NULL) its length.
+ */
+EMBER_API int ember_text_detokenize(const ember_text *t, const int32_t *ids, size_t n_ids, int skip_special,
+                                    char **text, size_t *len, ember_error *err);
+
+/* One message of a conversation. Frozen: messages that carry more (tool
+   calls, images) will come as a new struct, so arrays of this one keep
+   their layout. Both strings are borrowed for the call. */
+typedef struct ember_message {
+    const char *role;    /* "system", "user", "assistant", "tool" (as the template knows them) */
+    const char *content; /* UTF-8 text */
+} ember_message;
+
+/*
+ * Renders a conversation through the model's own chat template, with
+ * bos_token and eos_token as the tokenizer has them. add_generation_prompt:
+ * nonzero ends the text where the assistant's next reply begins. On success
+ * *text (free with ember_free) is NUL-terminated, *len (may be NULL) its
+ * length. Errors: EMBER_ERR_UNSUPPORTED (no template), EMBER_ERR_INVALID_ARG
+ * (a NULL role or content, or the template's raise_exception: the message
+ * says why), EMBER_ERR_FORMAT (a template error, with line and column).
+ */
+EMBER_API int ember_text_render(const ember_text *t, const ember_message *msgs, int n_msgs,
+                                int add_generation_prompt, char **text, size_t *len, ember_error *err);
+
+/* Receives generated text as it is decoded: complete UTF-8 only, stop
+   strings never (text that might begin one is held back until it is
+   known not to). Runs on the thread that called generate. Return 0 to go
+   on, nonzero to stop the request (finish EMBER_FINISH_CANCELLED). */
+typedef int (*ember_text_fn)(void *user, const char *text, size_t len);
+
+typedef struct ember_gen_text_params {
+    size_t size;              /* sizeof(ember_gen_text_params): set by ember_gen_text_params_init */
+    int max_tokens;           /* tokens to generate at most, >= 1; default 256 */
+    float temperature;        /* 0 (default): greedy */
+    int top_k;                /* <= 0: off (default) */
+    float top_p;              /* >= 1: off (default) */
+    float min_p;              /* <= 0: off (default) */
+    uint64_t seed;            /* same seed, same output; default 0 */
+    const char *const *stop;  /* stop strings (non-empty, borrowed for the call): the text ends
+                                 right before the first one generated */
+    int n_stop;
+    int ignore_eos;           /* nonzero: go on past end-of-sequence ids */
+    ember_text_fn on_text;    /* may be NULL */
+    void *user;               /* passed to on_text */
+} ember_gen_text_params;
+
+/* Fills g with the defaults (and g->size). */
+EMBER_API void ember_gen_text_params_init(ember_gen_text_params *g);
+
+typedef struct ember_text_result {
+    size_t size;          /* sizeof(ember_text_result): set by ember_text_result_init */
+    ember_finish finish;  /* LENGTH, STOP (an end-of-sequence id or a stop string) or CANCELLED */
+    int stop_index;       /* the stop string that ended the text, or -1 */
+    int n_prompt;         /* prompt tokens */
+    int n_cached;         /* of which reused from the cache (an earlier turn) */
+    int n_generated;      /* tokens generated */
+    char *text;           /* the whole generated text (what on_text received, joined);
+                             free with ember_free */
+    size_t text_len;
+} ember_text_result;
+
+/* Sets res->size and clears the rest; call before the first generate. */
+EMBER_API void ember_text_result_init(ember_text_result *res);
+
+/*
+ * Generates after a raw text prompt (tokenized with add_special, as a
+ * completion API does), streaming text to g->on_text. g may be NULL
+ * (defaults), res may be NULL; with res, res->text receives the whole text
+ * (a previous res->text is not freed: free it first). Blocks until the
+ * request ends. Returns EMBER_OK also when the request ended by a stop
+ * string, EOS, length or on_text's wish (see res->finish); an error
+ * otherwise (a prompt longer than the context: EMBER_ERR_INVALID_ARG; the
+ * queue full: EMBER_ERR_LIMIT). Thread-safe (see the section comment).
+ */
+EMBER_API int ember_text_generate(ember_text *t, const char *prompt, const ember_gen_text_params *g,
+                                  ember_text_result *res, ember_error *err);
+/* As ember_text_generate after a conversation: rendered with
+   add_generation_prompt and tokenized as the template wrote it (what
+   `ember generate --prompt` and the server's chat endpoints do). */
+EMBER_API int ember_text_chat(ember_text *t, const ember_message *msgs, int n_msgs, const ember_gen_text_params *g,
+                              ember_text_result *res, ember_error *err);
+/* As ember_text_generate after a prompt of token ids (borrowed). */
+EMBER_API int ember_text_generate_ids(ember_text *t, const int32_t *ids, size_t n_ids,
+                                      const ember_gen_text_params *g, ember_text_result *res, ember_error *err);
 
 /* ---- timing helpers for benchmarks ------------------------------------ */
 

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "api/hfcache.h"
 #include "args.h"
 #include "cli.h"
 #include "formats/config.h"
@@ -50,51 +51,6 @@ static bool is_file(const char *p) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* $HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub into buf. */
-static void hf_hub_dir(char *buf, size_t n) {
-    const char *e = getenv("HF_HUB_CACHE");
-    if (e && *e) {
-        snprintf(buf, n, "%s", e);
-        return;
-    }
-    e = getenv("HF_HOME");
-    if (e && *e) {
-        snprintf(buf, n, "%s/hub", e);
-        return;
-    }
-    const char *home = getenv("HOME");
-    snprintf(buf, n, "%s/.cache/huggingface/hub", home ? home : ".");
-}
-
-/* The snapshot directory of models--A--B: refs/main, else the only one. */
-static bool hf_snapshot(const char *repo_dir, char *out, size_t n) {
-    char p[4096], ref[128] = "";
-    snprintf(p, sizeof p, "%s/refs/main", repo_dir);
-    FILE *fp = fopen(p, "r");
-    if (fp) {
-        if (fgets(ref, sizeof ref, fp)) ref[strcspn(ref, "\r\n")] = 0;
-        fclose(fp);
-    }
-    if (ref[0] && !strchr(ref, '/')) {
-        snprintf(out, n, "%s/snapshots/%s", repo_dir, ref);
-        if (is_dir(out)) return true;
-    }
-    snprintf(p, sizeof p, "%s/snapshots", repo_dir);
-    DIR *d = opendir(p);
-    if (!d) return false;
-    struct dirent *de;
-    bool found = false;
-    while ((de = readdir(d)))
-        if (de->d_name[0] != '.') {
-            char sub[512];
-            snprintf(sub, sizeof sub, "/%.255s", de->d_name);
-            found = pcat(out, n, p, sub) && is_dir(out);
-            if (found) break;
-        }
-    closedir(d);
-    return found;
-}
-
 /* Whether dir holds a config.json of a model type ember runs and a tokenizer. */
 static bool servable(const char *dir) {
     char p[4096], *text = NULL;
@@ -112,7 +68,7 @@ static bool servable(const char *dir) {
 static int resolve_model(const char *arg, char *out, size_t n, char *id, size_t idn, bool *demo) {
     *demo = false;
     char hub[2048];
-    hf_hub_dir(hub, sizeof hub);
+    ember_hf_hub_dir(hub, sizeof hub);
     if (arg) {
         if (is_dir(arg) || is_file(arg)) {
             snprintf(out, n, "%s", arg);
@@ -120,14 +76,9 @@ static int resolve_model(const char *arg, char *out, size_t n, char *id, size_t 
             snprintf(id, idn, "%s", *b ? b : arg);
             return 0;
         }
-        const char *slash = strchr(arg, '/');
-        if (slash && !strchr(slash + 1, '/') && slash != arg) {
-            char repo[4096];
-            snprintf(repo, sizeof repo, "%s/models--%.*s--%s", hub, (int)(slash - arg), arg, slash + 1);
-            if (hf_snapshot(repo, out, n)) {
-                snprintf(id, idn, "%s", arg);
-                return 0;
-            }
+        if (ember_hf_resolve(arg, out, n)) {
+            snprintf(id, idn, "%s", arg);
+            return 0;
         }
         return cli_fail("serve", "model '%s' is not a directory, a file, or a model in the HuggingFace cache (%s)", arg,
                         hub);
@@ -141,7 +92,7 @@ static int resolve_model(const char *arg, char *out, size_t n, char *id, size_t 
             char repo[4096], snap[4096], sub[300];
             snprintf(sub, sizeof sub, "/%.255s", de->d_name);
             if (!pcat(repo, sizeof repo, hub, sub)) continue;
-            if (hf_snapshot(repo, snap, sizeof snap) && servable(snap) && (!best[0] || strcmp(de->d_name, best) < 0)) {
+            if (ember_hf_snapshot(repo, snap, sizeof snap) && servable(snap) && (!best[0] || strcmp(de->d_name, best) < 0)) {
                 snprintf(best, sizeof best, "%s", de->d_name);
                 snprintf(out, n, "%s", snap);
             }

@@ -1,17 +1,12 @@
 /* common.c - helpers shared by the verbs. */
 #define _POSIX_C_SOURCE 200809L
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "args.h"
 #include "cli.h"
-#include "core/mapfile.h"
-#include "formats/gguf.h"
-#include "template/chat.h"
-#include "template/toolcall.h"
+#include "template/load.h"
 #include "tok/tokenizer.h"
 
 static void log_stderr(void *user, ember_log_level level, const char *msg) {
@@ -57,49 +52,9 @@ int cli_load_template(const char *verb, const char *model, ember_chat_template *
 }
 
 int cli_load_template_tools(const char *verb, const char *model, ember_chat_template **out, int *tools) {
-    *out = NULL;
-    if (tools) *tools = EMBER_TOOLS_NONE;
-    struct stat st;
-    if (stat(model, &st) != 0) return 0;
-    if (!S_ISDIR(st.st_mode)) { /* a GGUF file: tokenizer.chat_template */
-        ember_gguf *g = NULL;
-        ember_error gerr = {0};
-        if (ember_gguf_open(model, &g, &gerr)) return 0; /* not ours to report: loading the model will */
-        const char *src = NULL;
-        size_t n = 0;
-        int rc = 0;
-        if (ember_gguf_find_kv(g, "tokenizer.chat_template") &&
-            ember_gguf_get_str(g, "tokenizer.chat_template", &src, &n, &gerr) == EMBER_OK) {
-            if (tools) *tools = (int)ember_tool_format_detect(src, n);
-            if (ember_chat_template_compile(src, n, out, &gerr))
-                rc = cli_fail(verb, "%s: chat template does not compile: %s", model, gerr.msg);
-        }
-        ember_gguf_free(g);
-        return rc;
-    }
-    char p[4096], *text = NULL;
-    size_t len = 0;
     ember_error err = {0};
-    const char *src = NULL;
-    json_t *cfg = NULL;
-    snprintf(p, sizeof p, "%.4000s/chat_template.jinja", model);
-    if (stat(p, &st) == 0 && !ember_read_file(p, 4 << 20, &text, &len, &err)) {
-        src = text;
-    } else {
-        snprintf(p, sizeof p, "%.4000s/tokenizer_config.json", model);
-        if (stat(p, &st) == 0 && !ember_read_file(p, 64 << 20, &text, &len, &err)) {
-            cfg = json_loadb(text, len, 0, NULL);
-            src = ember_chat_template_from_config(cfg, NULL);
-            if (src) len = strlen(src);
-        }
-    }
-    int rc = 0;
-    if (src && tools) *tools = (int)ember_tool_format_detect(src, len);
-    if (src && ember_chat_template_compile(src, len, out, &err))
-        rc = cli_fail(verb, "%s: chat template does not compile: %s", p, err.msg);
-    json_decref(cfg);
-    free(text);
-    return rc;
+    if (ember_chat_template_load(model, out, tools, &err)) return cli_fail(verb, "%s", err.msg);
+    return 0;
 }
 
 

@@ -36,7 +36,7 @@
 #include "core/jsonutil.h"
 #include "core/util.h"
 #include "serve.h"
-#include "textgen.h"
+#include "api/textgen.h"
 
 #define MAX_JSON_DEPTH 64
 #define MAX_STOPS 16

@@ -1,9 +1,10 @@
 /*
- * textgen.h - a request's text: streaming detokenization and stop strings.
+ * textgen.h - a request's text: streaming detokenization and stop strings
+ * (part of libember: the text API, src/api/text.c, and the server use it).
  * Also the growable byte buffer the server uses for bodies and events.
  */
-#ifndef EMBER_SERVE_TEXTGEN_H
-#define EMBER_SERVE_TEXTGEN_H
+#ifndef EMBER_API_TEXTGEN_H
+#define EMBER_API_TEXTGEN_H
 
 #include <stdbool.h>
 #include <stddef.h>
