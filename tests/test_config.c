@@ -35,8 +35,8 @@ static void expect_err(const char *json, int code, const char *needle) {
    messages name. */
 static void family_table(void) {
     char b[256];
-    CHECK(strcmp(ember_arch_list(false, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text") == 0);
-    CHECK(strcmp(ember_arch_list(true, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3") == 0);
+    CHECK(strcmp(ember_arch_list(false, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, qwen3_moe") == 0);
+    CHECK(strcmp(ember_arch_list(true, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe") == 0);
     CHECK(strcmp(ember_arch_list(true, b, 8), "llama, ") == 0); /* cut, NUL-terminated */
     const ember_arch *a = ember_arch_find_gguf("mistral");
     CHECK(a && strcmp(a->model_type, "llama") == 0 && a->rope_interleaved);
@@ -50,10 +50,38 @@ static void family_table(void) {
     CHECK(!ember_arch_find("gemma") && !ember_arch_find_gguf("gemma3_text") && !ember_arch_find(NULL));
     CHECK(ember_arch_is_gemma("gemma2") && !ember_arch_is_gemma("gemma7") && !ember_arch_is_gemma("phi3"));
     CHECK(ember_config_model_type_supported("phi3") && !ember_config_model_type_supported("falcon"));
+    a = ember_arch_find_gguf("qwen3moe");
+    CHECK(a && strcmp(a->model_type, "qwen3_moe") == 0 && a->family == EMBER_FAMILY_QWEN3_MOE);
+}
+
+#define QMOE "\"model_type\":\"qwen3_moe\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128," \
+             "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"moe_intermediate_size\":32"
+
+/* qwen3_moe's fields: both spellings of the expert count, which layers are
+   MoE, and corrupt counts refused naming the field. */
+static void moe_config(void) {
+    ember_model_config c;
+    ember_error err = {0};
+    CHECKF(parse("{" QMOE ",\"num_experts\":8,\"num_experts_per_tok\":2,\"norm_topk_prob\":true,"
+                 "\"decoder_sparse_step\":2,\"mlp_only_layers\":[3]}", &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.n_experts == 8 && c.n_experts_used == 2 && c.moe_intermediate_size == 32 && c.norm_topk_prob && c.qk_norm);
+    CHECK(!c.layer_moe[0] && c.layer_moe[1] && !c.layer_moe[2] && !c.layer_moe[3]); /* step 2; layer 3 dense */
+    CHECKF(parse("{" QMOE ",\"num_local_experts\":4,\"num_experts_per_tok\":4}", &c, &err) == EMBER_OK, "%s",
+           err.msg);
+    CHECK(c.n_experts == 4 && c.n_experts_used == 4 && !c.norm_topk_prob && c.layer_moe[0] && c.layer_moe[3]);
+    expect_err("{" QMOE ",\"num_experts\":0,\"num_experts_per_tok\":1}", EMBER_ERR_FORMAT, "num_experts");
+    expect_err("{" QMOE ",\"num_experts\":4,\"num_experts_per_tok\":5}", EMBER_ERR_FORMAT, "above the expert count");
+    expect_err("{" QMOE ",\"num_experts_per_tok\":1}", EMBER_ERR_FORMAT, "num_local_experts");
+    expect_err("{" QMOE ",\"num_experts\":4,\"num_experts_per_tok\":1,\"mlp_only_layers\":[4]}", EMBER_ERR_FORMAT,
+               "mlp_only_layers[0]");
+    expect_err("{" QMOE ",\"num_experts\":4,\"num_experts_per_tok\":1,\"mlp_only_layers\":3}", EMBER_ERR_FORMAT,
+               "mlp_only_layers");
+    CHECKF(parse("{" BASE "}", &c, &err) == EMBER_OK && c.n_experts == 0 && !c.layer_moe[0], "%s", err.msg);
 }
 
 int main(void) {
     family_table();
+    moe_config();
     ember_model_config c;
     ember_error err = {0};
     /* hub format with defaults */
@@ -175,7 +203,8 @@ int main(void) {
         ember_error e = {0};
         CHECK(parse("{\"model_type\":\"mixtral\"}", &c, &e) == EMBER_ERR_UNSUPPORTED);
         CHECKF(strstr(e.msg, "'mixtral'") && !strchr(e.msg, '\n'), "%s", e.msg);
-        static const char *const supported[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"};
+        static const char *const supported[] = {"llama",  "mistral",     "qwen2",    "qwen3",
+                                                "phi3",   "gemma2",      "gemma3_text", "qwen3_moe"};
         for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
             CHECKF(strstr(e.msg, supported[i]), "'%s' missing from: %s", supported[i], e.msg);
     }

@@ -311,6 +311,38 @@ static int parse_gemma(const char *file, const json_t *root, ember_model_config 
     return EMBER_OK;
 }
 
+/* The mixture-of-experts fields (qwen3_moe), with transformers' defaults:
+   the expert count is num_experts (hub) or num_local_experts (transformers
+   5); MoE layers are those with (l + 1) % decoder_sparse_step == 0 that are
+   not in mlp_only_layers. Counts are checked against each other. */
+static int parse_moe(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
+    int rc, step = 1;
+    const char *ek = json_object_get(root, "num_experts") ? "num_experts" : "num_local_experts";
+    if ((rc = get_int(file, root, ek, true, 0, 1, 1 << 16, &cfg->n_experts, err)) ||
+        (rc = get_int(file, root, "num_experts_per_tok", true, 0, 1, 1 << 16, &cfg->n_experts_used, err)) ||
+        (rc = get_int(file, root, "moe_intermediate_size", true, 0, 1, 1 << 22, &cfg->moe_intermediate_size, err)) ||
+        (rc = get_int(file, root, "decoder_sparse_step", false, 1, 1, EMBER_MAX_LAYERS, &step, err)) ||
+        (rc = get_bool(file, root, "norm_topk_prob", false, &cfg->norm_topk_prob, err)))
+        return rc;
+    if (cfg->n_experts_used > cfg->n_experts)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: num_experts_per_tok %d is above the expert count %s %d", file,
+                         cfg->n_experts_used, ek, cfg->n_experts);
+    for (int l = 0; l < cfg->n_layers; l++) cfg->layer_moe[l] = (l + 1) % step == 0;
+    const json_t *only = json_object_get(root, "mlp_only_layers");
+    if (!only || json_is_null(only)) return EMBER_OK;
+    if (!json_is_array(only))
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'mlp_only_layers' must be an array, got %s", file,
+                         ember_json_type_bare(only));
+    for (size_t i = 0; i < json_array_size(only); i++) {
+        const json_t *v = json_array_get(only, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= cfg->n_layers)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: mlp_only_layers[%zu] must be a layer index in [0, %d)", file,
+                             i, cfg->n_layers);
+        cfg->layer_moe[json_integer_value(v)] = false;
+    }
+    return EMBER_OK;
+}
+
 /* ---- MLX quantization ---------------------------------------------------------- */
 
 static const char *const k_layer_modules[EMBER_QUANT_LAYER_MODULES] = {
@@ -534,7 +566,8 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
         cfg->attn_out_bias = attention_bias;
     }
     if (strcmp(mt, "llama") != 0) cfg->mlp_bias = false;
-    cfg->qk_norm = strcmp(mt, "qwen3") == 0 || strcmp(mt, "gemma3_text") == 0;
+    cfg->qk_norm = strcmp(mt, "qwen3") == 0 || strcmp(mt, "qwen3_moe") == 0 || strcmp(mt, "gemma3_text") == 0;
+    if (strcmp(mt, "qwen3_moe") == 0 && (rc = parse_moe(file, root, cfg, err))) goto done;
     if (gemma && (rc = parse_gemma(file, root, cfg, err))) goto done;
     if ((rc = parse_rope(file, root, cfg, err)) || (rc = parse_windows(file, root, cfg, err))) goto done;
     if ((rc = parse_quant(file, root, cfg, err))) goto done;

@@ -10,6 +10,7 @@
  * Forward blocks: each is a fixed sequence of backend ops on the run
  * state's views. The llama family's numerics are exactly these sequences.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,6 +234,31 @@ int ember_load_split(ember_loader *L, const char *name, int n, ember_tensor *con
     return EMBER_OK;
 }
 
+int ember_load_moe(ember_loader *L, int i) {
+    ember_llm *m = L->m;
+    const ember_model_config *c = &m->cfg;
+    ember_llm_layer *ly = &m->layers[i];
+    const int E = c->n_experts;
+    const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
+    char n[256];
+    int rc;
+    if (E < 1 || c->n_experts_used < 1 || c->n_experts_used > E)
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: layer %d: %d experts with top-%d is not a mixture of experts",
+                         L->primary, i, E, c->n_experts_used);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", i);
+    if ((rc = ember_load_tensor(L, &ly->router, n, 2, (const int64_t[]){E, H}, false, false))) return rc;
+    ly->experts = calloc((size_t)E * 3, sizeof *ly->experts);
+    if (!ly->experts) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
+    static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            const int64_t shape[2] = {p < 2 ? Im : H, p < 2 ? H : Im};
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", i, e, proj[p]);
+            if ((rc = ember_load_tensor(L, &ly->experts[3 * e + p], n, 2, shape, false, false))) return rc;
+        }
+    return EMBER_OK;
+}
+
 int ember_load_io(ember_loader *L) {
     ember_llm *m = L->m;
     const ember_model_config *cfg = &m->cfg;
@@ -340,6 +366,73 @@ int ember_blk_mlp(ember_fwd *f, const ember_llm_layer *ly, ember_act act) {
                                     : ops->swiglu(be, &f->gate, &f->gate, &f->up, f->err);
     if (rc) return rc;
     return ops->matmul(be, &f->gate, 1, &dn, f->err);
+}
+
+/* Per token t of f: the top-k experts of the router logits lg[t] (host,
+   softmax then top-k, renormalised when norm) into sel[t * k ..] and their
+   weights into w[t * k ..]. Depends on token t's logits alone. */
+static void moe_route(const float *lg, int T, int E, int k, bool norm, int32_t *sel, float *w) {
+    for (int t = 0; t < T; t++) {
+        const float *z = lg + (size_t)t * (size_t)E;
+        float mx = z[0], sum = 0;
+        for (int e = 1; e < E; e++) mx = z[e] > mx ? z[e] : mx;
+        for (int e = 0; e < E; e++) sum += expf(z[e] - mx);
+        int32_t *s = sel + (size_t)t * (size_t)k;
+        float *p = w + (size_t)t * (size_t)k, kept = 0;
+        for (int j = 0; j < k; j++) { /* the j-th largest; ties: the lower index */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int q = 0; q < j && !taken; q++) taken = s[q] == e;
+                if (!taken && (best < 0 || z[e] > z[best])) best = e;
+            }
+            s[j] = best;
+            p[j] = expf(z[best] - mx) / sum;
+            kept += p[j];
+        }
+        if (norm)
+            for (int j = 0; j < k; j++) p[j] /= kept;
+    }
+}
+
+int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly) {
+    ember_backend *be = f->m->be;
+    const ember_backend_ops *ops = be->ops;
+    const ember_model_config *c = &f->m->cfg;
+    ember_llm_state *st = f->st;
+    ember_error *err = f->err;
+    const int T = f->T, E = c->n_experts, K = c->n_experts_used;
+    const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
+    int rc;
+    if (!ops->add_rows_scaled)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "the %s backend cannot run a mixture-of-experts block", ops->name);
+    ember_tensor lg = rows_view(&st->moe_logits, 2, T, E, 0), in = rows_view(&st->moe_in, 2, T, H, 0);
+    ember_matmul route = {&lg, &ly->router, NULL};
+    if ((rc = ops->matmul(be, &f->h, 1, &route, err)) ||
+        (rc = ops->read(be, &lg, 0, st->moe_host, (size_t)T * (size_t)E * sizeof(float), err)) ||
+        (rc = ops->copy(be, &in, 0, &f->h, 0, (size_t)T * (size_t)H * sizeof(float), err)) ||
+        (rc = ops->scale(be, &f->h, &f->h, 0.0f, err)))
+        return rc;
+    moe_route(st->moe_host, T, E, K, c->norm_topk_prob, st->moe_sel, st->moe_w);
+    for (int e = 0; e < E; e++) {
+        int n = 0; /* the tokens routed to expert e, in batch order */
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < K; j++)
+                if (st->moe_sel[(size_t)t * K + j] == e) {
+                    st->moe_ids[n] = t;
+                    st->moe_ew[n++] = st->moe_w[(size_t)t * K + j];
+                }
+        if (!n) continue; /* only the chosen experts run */
+        const ember_tensor *ex = &ly->experts[3 * e];
+        ember_tensor x = rows_view(&st->moe_x, 2, n, H, 0), y = rows_view(&st->moe_y, 2, n, H, 0),
+                     g = rows_view(&st->moe_gate, 2, n, Im, 0), u = rows_view(&st->moe_up, 2, n, Im, 0);
+        ember_matmul gu[2] = {{&g, &ex[0], NULL}, {&u, &ex[1], NULL}}, dn = {&y, &ex[2], NULL};
+        if ((rc = ops->get_rows(be, &x, &in, st->moe_ids, n, err)) || (rc = ops->matmul(be, &x, 2, gu, err)) ||
+            (rc = ops->swiglu(be, &g, &g, &u, err)) || (rc = ops->matmul(be, &g, 1, &dn, err)) ||
+            (rc = ops->add_rows_scaled(be, &f->h, &y, st->moe_ids, st->moe_ew, n, err)))
+            return rc;
+    }
+    return EMBER_OK;
 }
 
 int ember_blk_residual(ember_fwd *f) {

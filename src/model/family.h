@@ -56,6 +56,13 @@ int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int nd
 int ember_load_split(ember_loader *L, const char *name, int n, ember_tensor *const *parts, const int64_t *rows,
                      int64_t cols);
 
+/* Binds layer i's MoE block (cfg.n_experts experts, family.h's MoE block):
+   the router model.layers.i.mlp.gate.weight [E, H] and every expert's
+   mlp.experts.e.{gate,up,down}_proj.weight ([Im, H], [Im, H], [H, Im]);
+   ly->experts is allocated here (freed by ember_llm_free). A missing or
+   misshapen expert is an error naming the tensor. */
+int ember_load_moe(ember_loader *L, int i);
+
 /* Binds the embedding, the final norm and the output projection (the
    embedding when tied_embeddings), and counts the bytes a decode token reads. */
 int ember_load_io(ember_loader *L);
@@ -75,6 +82,7 @@ struct ember_family {
 
 extern const ember_family ember_family_llama; /* llama.c: llama, mistral, qwen2, qwen3, phi3 */
 extern const ember_family ember_family_gemma; /* gemma.c: gemma2, gemma3_text */
+extern const ember_family ember_family_qwen3_moe; /* qwen3_moe.c: qwen3_moe */
 
 /* ---- blocks of a forward pass -------------------------------------------------------- */
 
@@ -114,6 +122,21 @@ int ember_blk_attention(ember_fwd *f, int l, const ember_llm_layer *ly, const em
 
 /* Gated MLP on f->h, the result in f->h: down(act(gate(h)) * up(h)). */
 int ember_blk_mlp(ember_fwd *f, const ember_llm_layer *ly, ember_act act);
+
+/*
+ * The mixture-of-experts block on f->h, the result in f->h (the layer's
+ * router and experts, ember_load_moe): per token, p = softmax(h Wr) over
+ * the E experts, the k = cfg.n_experts_used largest (ties: the lower
+ * index), renormalised to sum 1 when cfg.norm_topk_prob, and
+ *     out = sum over chosen e, in increasing e, of p_e * down_e(silu(gate_e(h)) * up_e(h)).
+ * The batch's tokens are grouped by expert: each chosen expert runs once on
+ * the rows routed to it (get_rows, one matmul pair, swiglu, one matmul),
+ * so its weights are read once per forward, and add_rows_scaled adds the
+ * weighted rows into place. A token's terms arrive in expert order whatever
+ * else the batch holds, and every op is row-independent: batch invariant.
+ * The router logits go through the host (T x E floats) for the top-k.
+ */
+int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly);
 
 /* f->x += f->h. */
 int ember_blk_residual(ember_fwd *f);
