@@ -35,8 +35,8 @@ static void expect_err(const char *json, int code, const char *needle) {
    messages name. */
 static void family_table(void) {
     char b[256];
-    CHECK(strcmp(ember_arch_list(false, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, qwen3_moe") == 0);
-    CHECK(strcmp(ember_arch_list(true, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe") == 0);
+    CHECK(strcmp(ember_arch_list(false, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, qwen3_moe, glm4_moe") == 0);
+    CHECK(strcmp(ember_arch_list(true, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, glm4moe") == 0);
     CHECK(strcmp(ember_arch_list(true, b, 8), "llama, ") == 0); /* cut, NUL-terminated */
     const ember_arch *a = ember_arch_find_gguf("mistral");
     CHECK(a && strcmp(a->model_type, "llama") == 0 && a->rope_interleaved);
@@ -57,7 +57,10 @@ static void family_table(void) {
 #define QMOE "\"model_type\":\"qwen3_moe\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128," \
              "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"moe_intermediate_size\":32"
 
-/* qwen3_moe's fields: both spellings of the expert count, which layers are
+#define GLMOE "\"model_type\":\"glm4_moe\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128," \
+              "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"moe_intermediate_size\":32"
+
+/* qwen3_moe's and glm4_moe's fields: both spellings of the expert count, which layers are
    MoE, and corrupt counts refused naming the field. */
 static void moe_config(void) {
     ember_model_config c;
@@ -77,6 +80,17 @@ static void moe_config(void) {
     expect_err("{" QMOE ",\"num_experts\":4,\"num_experts_per_tok\":1,\"mlp_only_layers\":3}", EMBER_ERR_FORMAT,
                "mlp_only_layers");
     CHECKF(parse("{" BASE "}", &c, &err) == EMBER_OK && c.n_experts == 0 && !c.layer_moe[0], "%s", err.msg);
+    /* glm4_moe: dense first layers, sigmoid router with groups, shared experts, q/k/v biases without o */
+    CHECKF(parse("{" GLMOE ",\"n_routed_experts\":8,\"num_experts_per_tok\":2,\"first_k_dense_replace\":2,"
+                 "\"n_group\":4,\"topk_group\":2,\"routed_scaling_factor\":2.5,\"n_shared_experts\":1,"
+                 "\"attention_bias\":true,\"use_qk_norm\":true}", &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.n_experts == 8 && c.router_sigmoid && c.norm_topk_prob && c.n_group == 4 && c.topk_group == 2 &&
+          c.routed_scale == 2.5f && c.n_shared_experts == 1 && c.qk_norm && c.attn_bias && !c.attn_out_bias);
+    CHECK(!c.layer_moe[0] && !c.layer_moe[1] && c.layer_moe[2] && c.layer_moe[3]);
+    expect_err("{" GLMOE ",\"n_routed_experts\":8,\"num_experts_per_tok\":2,\"n_group\":3}", EMBER_ERR_FORMAT,
+               "n_group 3");
+    expect_err("{" GLMOE ",\"n_routed_experts\":8,\"num_experts_per_tok\":4,\"n_group\":4,\"topk_group\":1}",
+               EMBER_ERR_FORMAT, "topk_group 1");
 }
 
 int main(void) {
@@ -204,7 +218,7 @@ int main(void) {
         CHECK(parse("{\"model_type\":\"mixtral\"}", &c, &e) == EMBER_ERR_UNSUPPORTED);
         CHECKF(strstr(e.msg, "'mixtral'") && !strchr(e.msg, '\n'), "%s", e.msg);
         static const char *const supported[] = {"llama",  "mistral",     "qwen2",    "qwen3",
-                                                "phi3",   "gemma2",      "gemma3_text", "qwen3_moe"};
+                                                "phi3",   "gemma2",      "gemma3_text", "qwen3_moe", "glm4_moe"};
         for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
             CHECKF(strstr(e.msg, supported[i]), "'%s' missing from: %s", supported[i], e.msg);
     }

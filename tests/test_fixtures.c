@@ -1,7 +1,7 @@
 /*
  * test_fixtures.c - parity with HuggingFace transformers on the fixture
  * models: for every fixture of a supported family (llama, qwen2, qwen3, qwen3_moe,
- * mistral, phi3, gemma2, gemma3_text) and every instruction set this CPU
+ * glm4_moe, mistral, phi3, gemma2, gemma3_text) and every instruction set this CPU
  * has, the logits of every prompt position within 1e-4 x max|logit| (the
  * fixtures' recommended mark), the decode-step logits of p0, and the 24
  * greedy ids exactly; and the sliding-window families (mistral, gemma2,
@@ -17,7 +17,7 @@
 #include "fixture.h"
 #include "kv/kv.h"
 
-static const char *const k_families[] = {"llama",  "llama_bf16", "qwen2",      "qwen3", "qwen3_moe",
+static const char *const k_families[] = {"llama",  "llama_bf16", "qwen2",      "qwen3", "qwen3_moe", "glm4_moe",
                                          "mistral", "phi3",       "gemma2", "gemma3_text"};
 
 /* Relative logit tolerance per KV kind (f32: the fixtures' 1e-4 mark). */

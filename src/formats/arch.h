@@ -17,7 +17,7 @@
 typedef enum ember_arch_family {
     EMBER_FAMILY_LLAMA = 0, /* llama, mistral, qwen2, qwen3, phi3 */
     EMBER_FAMILY_GEMMA,     /* gemma2, gemma3_text */
-    EMBER_FAMILY_QWEN3_MOE  /* qwen3_moe (qwen3_moe.c) */
+    EMBER_FAMILY_QWEN3_MOE  /* qwen3_moe, glm4_moe (qwen3_moe.c) */
 } ember_arch_family;
 
 typedef struct ember_arch {

@@ -21,7 +21,10 @@ void ember_llm_free(ember_llm *m) {
     if (!m) return;
     for (int i = 0; i < m->n_bufs; i++) ember_buffer_free(m->bufs[i]);
     free(m->bufs);
-    for (int i = 0; m->layers && i < m->cfg.n_layers; i++) free(m->layers[i].experts);
+    for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
+        free(m->layers[i].experts);
+        free(m->layers[i].router_bias);
+    }
     free(m->layers);
     free(m->inv_freq);
     free(m->inv_freq_local);
@@ -187,6 +190,7 @@ void ember_llm_state_free(ember_llm_state *st) {
     free(st->moe_w);
     free(st->moe_ids);
     free(st->moe_ew);
+    free(st->moe_choice);
     free(st);
 }
 
@@ -214,7 +218,8 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
         rc = ember_tensor_alloc(m->be, want[i].t, &st->bufs[i], EMBER_F32, 2, (const int64_t[]){want[i].rows, want[i].cols},
                                 err);
     if (c->n_experts) { /* the MoE block's scratch (state in model.h) */
-        const int64_t Im = c->moe_intermediate_size, E = c->n_experts, K = c->n_experts_used;
+        const int64_t E = c->n_experts, K = c->n_experts_used, Is = (int64_t)c->n_shared_experts * c->moe_intermediate_size,
+                      Im = Is > c->moe_intermediate_size ? Is : c->moe_intermediate_size;
         struct {
             ember_tensor *t;
             int64_t cols;
@@ -228,7 +233,8 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
         st->moe_w = malloc((size_t)(T * K) * sizeof *st->moe_w);
         st->moe_ids = malloc((size_t)T * sizeof *st->moe_ids);
         st->moe_ew = malloc((size_t)T * sizeof *st->moe_ew);
-        if (!rc && (!st->moe_host || !st->moe_sel || !st->moe_w || !st->moe_ids || !st->moe_ew))
+        st->moe_choice = malloc((size_t)E * sizeof *st->moe_choice);
+        if (!rc && (!st->moe_host || !st->moe_sel || !st->moe_w || !st->moe_ids || !st->moe_ew || !st->moe_choice))
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
     st->tmp_idx = calloc((size_t)max_tokens, sizeof *st->tmp_idx);

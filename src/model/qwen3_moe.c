@@ -1,5 +1,6 @@
 /*
- * qwen3_moe.c - the qwen3_moe family (Qwen3-30B-A3B, Qwen3-235B-A22B).
+ * qwen3_moe.c - the mixture-of-experts family: qwen3_moe (Qwen3-30B-A3B,
+ * Qwen3-235B-A22B) and glm4_moe (GLM-4.5), one network with other options.
  *
  * Qwen3's attention with the MLP replaced by a mixture of experts on the
  * layers the config names (cfg.layer_moe: every decoder_sparse_step-th
@@ -22,6 +23,13 @@
 
 #include "family.h"
 
+/* glm4_moe is the same network: q/k/v biases (no o bias), q/k norms when
+   use_qk_norm, partial RoPE (partial_rotary_factor, rotate_half on the
+   first dims), dense layers below first_k_dense_replace, and the MoE block
+   with a sigmoid router (scores + e_score_correction_bias select, the
+   scores weigh; group top-k; routed_scaling_factor) plus a shared expert
+   added to the routed sum (ember_blk_moe). */
+
 /* Binds layer i's tensors (HuggingFace names), shapes from the config: the
    attention, then the MoE block or the dense MLP. Returns an error naming a
    missing or misshapen tensor. */
@@ -40,15 +48,19 @@ static int load_layer(ember_loader *L, int i) {
         (rc = ember_load_tensor(L, &ly->wk, NAME("self_attn.k_proj.weight"), 2, SHAPE(KV, H), false, false)) ||
         (rc = ember_load_tensor(L, &ly->wv, NAME("self_attn.v_proj.weight"), 2, SHAPE(KV, H), false, false)) ||
         (rc = ember_load_tensor(L, &ly->wo, NAME("self_attn.o_proj.weight"), 2, SHAPE(H, Q), false, false)) ||
-        (rc = ember_load_tensor(L, &ly->q_norm, NAME("self_attn.q_norm.weight"), 1, SHAPE(D), true, false)) ||
-        (rc = ember_load_tensor(L, &ly->k_norm, NAME("self_attn.k_norm.weight"), 1, SHAPE(D), true, false)) ||
         (rc = ember_load_tensor(L, &ly->ffn_norm, NAME("post_attention_layernorm.weight"), 1, SHAPE(H), true, false)))
         return rc;
     if (c->attn_bias &&
         ((rc = ember_load_tensor(L, &ly->bq, NAME("self_attn.q_proj.bias"), 1, SHAPE(Q), true, false)) ||
          (rc = ember_load_tensor(L, &ly->bk, NAME("self_attn.k_proj.bias"), 1, SHAPE(KV), true, false)) ||
-         (rc = ember_load_tensor(L, &ly->bv, NAME("self_attn.v_proj.bias"), 1, SHAPE(KV), true, false)) ||
-         (rc = ember_load_tensor(L, &ly->bo, NAME("self_attn.o_proj.bias"), 1, SHAPE(H), true, false))))
+         (rc = ember_load_tensor(L, &ly->bv, NAME("self_attn.v_proj.bias"), 1, SHAPE(KV), true, false))))
+        return rc;
+    if (c->attn_out_bias &&
+        (rc = ember_load_tensor(L, &ly->bo, NAME("self_attn.o_proj.bias"), 1, SHAPE(H), true, false)))
+        return rc;
+    if (c->qk_norm &&
+        ((rc = ember_load_tensor(L, &ly->q_norm, NAME("self_attn.q_norm.weight"), 1, SHAPE(D), true, false)) ||
+         (rc = ember_load_tensor(L, &ly->k_norm, NAME("self_attn.k_norm.weight"), 1, SHAPE(D), true, false))))
         return rc;
     if (c->layer_moe[i]) return ember_load_moe(L, i);
     if ((rc = ember_load_tensor(L, &ly->w_gate, NAME("mlp.gate_proj.weight"), 2, SHAPE(I, H), false, false)) ||
