@@ -5,6 +5,7 @@
  */
 #include "formats/arch.h"
 #include "formats/config.h"
+#include "model/family.h"
 #include "model/rope.h"
 #include "test.h"
 
@@ -93,9 +94,51 @@ static void moe_config(void) {
                EMBER_ERR_FORMAT, "topk_group 1");
 }
 
+/* ember_moe_route against weights worked out by hand: softmax top-2 with
+   and without renormalising; the sigmoid router where the bias changes the
+   choice but not the weights, and where group top-k excludes the single
+   best expert because its group's pair sum is lower. */
+static void moe_routing(void) {
+    ember_model_config c;
+    memset(&c, 0, sizeof c);
+    c.n_experts = 4;
+    c.n_experts_used = 2;
+    int32_t sel[4];
+    float w[4], choice[8];
+    const float z[4] = {0.0f, logf(3.0f), logf(2.0f), 0.0f}; /* softmax: 1/7, 3/7, 2/7, 1/7 */
+    ember_moe_route(&c, z, NULL, choice, sel, w);
+    CHECK(sel[0] == 1 && sel[1] == 2 && fabsf(w[0] - 3.0f / 7) < 1e-6f && fabsf(w[1] - 2.0f / 7) < 1e-6f);
+    c.norm_topk_prob = true;
+    ember_moe_route(&c, z, NULL, choice, sel, w);
+    CHECK(sel[0] == 1 && sel[1] == 2 && fabsf(w[0] - 0.6f) < 1e-6f && fabsf(w[1] - 0.4f) < 1e-6f);
+    const float tie[4] = {1, 2, 2, 1}; /* ties go to the lower index */
+    ember_moe_route(&c, tie, NULL, choice, sel, w);
+    CHECK(sel[0] == 1 && sel[1] == 2);
+    /* sigmoid: z = 0 gives 0.5, ln 3 gives 0.75 */
+    c.router_sigmoid = true;
+    c.n_group = c.topk_group = 1;
+    c.routed_scale = 2.0f;
+    const float zs[4] = {0.0f, logf(3.0f), 0.0f, 0.0f}, bias[4] = {0.0f, 0.0f, 0.5f, 0.0f};
+    ember_moe_route(&c, zs, bias, choice, sel, w); /* chosen by s + b: 2 (1.0), 1 (0.75); weighed by s */
+    CHECK(sel[0] == 2 && sel[1] == 1 && fabsf(w[0] - 2.0f * 0.5f / 1.25f) < 1e-6f &&
+          fabsf(w[1] - 2.0f * 0.75f / 1.25f) < 1e-6f);
+    /* 8 experts in 4 groups of 2, the best 2 groups kept: expert 0 is the
+       single best but its group {0, 1} sums lowest */
+    c.n_experts = 8;
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.routed_scale = 1.0f;
+    c.norm_topk_prob = false;
+    const float z8[8] = {4, -4, 1, 1, 2, 2, 0.5f, 0.5f}; /* s: .982 .018 | .731 .731 | .881 .881 | .622 .622 */
+    ember_moe_route(&c, z8, NULL, choice, sel, w);
+    CHECKF(sel[0] == 4 && sel[1] == 5, "group top-k chose %d, %d", sel[0], sel[1]);
+    CHECK(fabsf(w[0] - 1.0f / (1.0f + expf(-2.0f))) < 1e-6f);
+}
+
 int main(void) {
     family_table();
     moe_config();
+    moe_routing();
     ember_model_config c;
     ember_error err = {0};
     /* hub format with defaults */

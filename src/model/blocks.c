@@ -438,6 +438,14 @@ static void route_sigmoid(const float *z, const float *bias, const ember_model_c
     for (int j = 0; j < k; j++) w[j] = (c->norm_topk_prob ? w[j] / (kept + 1e-20f) : w[j]) * c->routed_scale;
 }
 
+void ember_moe_route(const ember_model_config *c, const float *z, const float *bias, float *choice, int32_t *sel,
+                     float *w) {
+    if (c->router_sigmoid)
+        route_sigmoid(z, bias, c, choice, sel, w);
+    else
+        route_softmax(z, c->n_experts, c->n_experts_used, c->norm_topk_prob, sel, w);
+}
+
 int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly) {
     ember_backend *be = f->m->be;
     const ember_backend_ops *ops = be->ops;
@@ -456,13 +464,9 @@ int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly) {
         (rc = ops->copy(be, &in, 0, &f->h, 0, (size_t)T * (size_t)H * sizeof(float), err)) ||
         (rc = ops->scale(be, &f->h, &f->h, 0.0f, err)))
         return rc;
-    for (int t = 0; t < T; t++) { /* each token routed on its own logits */
-        const float *z = st->moe_host + (size_t)t * (size_t)E;
-        if (c->router_sigmoid)
-            route_sigmoid(z, ly->router_bias, c, st->moe_choice, st->moe_sel + (size_t)t * K, st->moe_w + (size_t)t * K);
-        else
-            route_softmax(z, E, K, c->norm_topk_prob, st->moe_sel + (size_t)t * K, st->moe_w + (size_t)t * K);
-    }
+    for (int t = 0; t < T; t++) /* each token routed on its own logits */
+        ember_moe_route(c, st->moe_host + (size_t)t * (size_t)E, ly->router_bias, st->moe_choice,
+                        st->moe_sel + (size_t)t * K, st->moe_w + (size_t)t * K);
     for (int e = 0; e < E; e++) {
         int n = 0; /* the tokens routed to expert e, in batch order */
         for (int t = 0; t < T; t++)

@@ -145,6 +145,13 @@ int ember_blk_mlp(ember_fwd *f, const ember_llm_layer *ly, ember_act act);
  */
 int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly);
 
+/* One token's routing as ember_blk_moe does it (exposed for tests): z [E]
+   its router logits, bias [E] (the sigmoid router's selection bias) or
+   NULL, choice [E] scratch; the cfg.n_experts_used chosen experts into sel
+   and their weights into w (in rank order). No side effects beyond those. */
+void ember_moe_route(const ember_model_config *c, const float *z, const float *bias, float *choice, int32_t *sel,
+                     float *w);
+
 /* f->x += f->h. */
 int ember_blk_residual(ember_fwd *f);
 
