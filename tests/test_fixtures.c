@@ -6,10 +6,10 @@
  * fixtures' recommended mark), the decode-step logits of p0, and the 24
  * greedy ids exactly; and the sliding-window families (mistral, gemma2,
  * gemma3_text) far past their window, rotating cache against one that keeps
- * every position; and corrupt qwen3_moe models (expert count, a missing
- * expert tensor) refused naming the tensor.
+ * every position; corrupt qwen3_moe models (expert count, a missing
+ * expert tensor) refused naming the tensor; glm4_moe's MTP layers skipped.
  */
-#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, symlink */
 #include <unistd.h>
 
 #include "ember.h"
@@ -233,6 +233,50 @@ static void moe_refusals(void) {
     fixture_close(&f);
 }
 
+/* glm4_moe's MTP layers (num_nextn_predict_layers, numbered after the
+   decoder layers) are skipped at load, as transformers does: the fixture
+   read as a 1-layer model whose layer 1 is the MTP layer loads, and
+   refuses that layer's tensors once num_nextn_predict_layers is 0. */
+static void glm_mtp_layers(void) {
+    fixture f;
+    fixture_open(&f, "glm4_moe");
+    char path[700];
+    size_t nc = 0;
+    snprintf(path, sizeof path, "%s/config.json", f.dir);
+    char *cfg = slurp(path, &nc);
+    char *layers = cfg ? strstr(cfg, "\"num_hidden_layers\": 2") : NULL;
+    char *mtp = cfg ? strstr(cfg, "\"num_nextn_predict_layers\": 1") : NULL;
+    CHECKF(layers && mtp, "%s: unexpected config", path);
+    for (int c = 0; layers && mtp && c < 2; c++) {
+        char dir[] = "/tmp/ember_mtp_XXXXXX";
+        CHECK(mkdtemp(dir) != NULL);
+        layers[sizeof "\"num_hidden_layers\": " - 1] = '1';
+        mtp[sizeof "\"num_nextn_predict_layers\": " - 1] = c == 0 ? '1' : '0';
+        put(dir, "config.json", cfg, nc);
+        char w[700];
+        snprintf(w, sizeof w, "%s/model.safetensors", f.dir);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        CHECK(symlink(w, path) == 0);
+        ember_model_params mp;
+        ember_model_params_init(&mp);
+        mp.n_threads = 1;
+        ember_model *m = NULL;
+        ember_error err = {0};
+        int rc = ember_model_load(dir, &mp, &m, &err);
+        if (c == 0) CHECKF(rc == EMBER_OK && m && m->cfg.n_layers == 1, "%s", err.msg);
+        if (c == 1)
+            CHECKF(rc == EMBER_ERR_FORMAT && strstr(err.msg, "'model.layers.1.") && strstr(err.msg, "not part of"),
+                   "%s", err.msg);
+        ember_model_free(m);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        unlink(path);
+        rmdir(dir);
+    }
+    free(cfg);
+    fixture_close(&f);
+}
+
 int main(void) {
     shared_dir();
     const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
@@ -247,6 +291,7 @@ int main(void) {
         for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++) run_family(k_families[k], isas[i], &f32);
     }
     moe_refusals();
+    glm_mtp_layers();
     long_run("mistral");
     long_run("gemma2");
     long_run("gemma3_text");

@@ -336,7 +336,8 @@ static int parse_moe(const char *file, const json_t *root, ember_model_config *c
                 (rc = get_int(file, root, "topk_group", false, 1, 1, 1 << 16, &cfg->topk_group, err)) ||
                 (rc = get_int(file, root, "n_shared_experts", false, 1, 0, 64, &cfg->n_shared_experts, err)) ||
                 (rc = get_int(file, root, "first_k_dense_replace", false, 1, 0, EMBER_MAX_LAYERS, &first_dense, err)) ||
-                (rc = get_num(file, root, "routed_scaling_factor", false, 1.0, 1e-6, 1e6, &scale, err))))
+                (rc = get_num(file, root, "routed_scaling_factor", false, 1.0, 1e-6, 1e6, &scale, err)) ||
+                (rc = get_int(file, root, "num_nextn_predict_layers", false, 0, 0, 16, &cfg->n_mtp_layers, err))))
         return rc;
     cfg->router_sigmoid = glm;
     cfg->routed_scale = (float)scale;

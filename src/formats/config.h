@@ -95,6 +95,7 @@ typedef struct ember_model_config {
     int n_group, topk_group;            /* glm4_moe: experts in n_group groups, top-k within the best topk_group */
     float routed_scale;                 /* glm4_moe routed_scaling_factor (1 otherwise) */
     int n_shared_experts;               /* a shared expert of width n_shared * moe_intermediate_size; 0: none */
+    int n_mtp_layers;                   /* glm4_moe num_nextn_predict_layers: stored after the decoder layers, not run */
     bool layer_moe[EMBER_MAX_LAYERS];   /* per layer: the MLP is the MoE block (else the dense one) */
     int layer_window[EMBER_MAX_LAYERS]; /* per layer: sliding window, 0 = full */
     bool layer_sliding[EMBER_MAX_LAYERS]; /* per layer: a sliding_attention layer (uses rope_local) */

@@ -51,12 +51,17 @@ static int apply_freq_factors(ember_loader *L) {
 }
 
 /* Tensors a file may hold that no family reads: transformers' rotary
-   buffers, and the output projection of a tied model (transformers ties it
+   buffers, glm4_moe's num_nextn_predict_layers MTP layers (numbered after
+   the decoder layers), and the output projection of a tied model (transformers ties it
    to the embedding, ignoring the stored copy). */
 static bool ignorable(const ember_llm *m, const char *name) {
     size_t n = strlen(name);
     static const char inv[] = "rotary_emb.inv_freq";
     if (n >= sizeof inv - 1 && strcmp(name + n - (sizeof inv - 1), inv) == 0) return true;
+    int l = -1;
+    if (m->cfg.n_mtp_layers && sscanf(name, "model.layers.%d.", &l) == 1 && l >= m->cfg.n_layers &&
+        l < m->cfg.n_layers + m->cfg.n_mtp_layers)
+        return true; /* glm4_moe's multi-token-prediction layers (transformers skips them too) */
     return m->cfg.tie_embeddings && strncmp(name, "lm_head.", 8) == 0;
 }
 
