@@ -8,7 +8,7 @@
 #include "ember.h"
 #include "fixture.h"
 
-static const char *const k_families[] = {"llama",   "llama_bf16", "qwen2",  "qwen3",
+static const char *const k_families[] = {"llama",   "llama_bf16", "qwen2",  "qwen3",      "qwen3_moe", "glm4_moe",
                                          "mistral", "phi3",       "gemma2", "gemma3_text"};
 
 typedef struct run {

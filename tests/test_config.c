@@ -5,6 +5,7 @@
  */
 #include "formats/arch.h"
 #include "formats/config.h"
+#include "model/family.h"
 #include "model/rope.h"
 #include "test.h"
 
@@ -35,8 +36,8 @@ static void expect_err(const char *json, int code, const char *needle) {
    messages name. */
 static void family_table(void) {
     char b[256];
-    CHECK(strcmp(ember_arch_list(false, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text") == 0);
-    CHECK(strcmp(ember_arch_list(true, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3") == 0);
+    CHECK(strcmp(ember_arch_list(false, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, qwen3_moe, glm4_moe") == 0);
+    CHECK(strcmp(ember_arch_list(true, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, glm4moe") == 0);
     CHECK(strcmp(ember_arch_list(true, b, 8), "llama, ") == 0); /* cut, NUL-terminated */
     const ember_arch *a = ember_arch_find_gguf("mistral");
     CHECK(a && strcmp(a->model_type, "llama") == 0 && a->rope_interleaved);
@@ -50,10 +51,94 @@ static void family_table(void) {
     CHECK(!ember_arch_find("gemma") && !ember_arch_find_gguf("gemma3_text") && !ember_arch_find(NULL));
     CHECK(ember_arch_is_gemma("gemma2") && !ember_arch_is_gemma("gemma7") && !ember_arch_is_gemma("phi3"));
     CHECK(ember_config_model_type_supported("phi3") && !ember_config_model_type_supported("falcon"));
+    a = ember_arch_find_gguf("qwen3moe");
+    CHECK(a && strcmp(a->model_type, "qwen3_moe") == 0 && a->family == EMBER_FAMILY_QWEN3_MOE);
+}
+
+#define QMOE "\"model_type\":\"qwen3_moe\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128," \
+             "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"moe_intermediate_size\":32"
+
+#define GLMOE "\"model_type\":\"glm4_moe\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128," \
+              "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"moe_intermediate_size\":32"
+
+/* qwen3_moe's and glm4_moe's fields: both spellings of the expert count, which layers are
+   MoE, and corrupt counts refused naming the field. */
+static void moe_config(void) {
+    ember_model_config c;
+    ember_error err = {0};
+    CHECKF(parse("{" QMOE ",\"num_experts\":8,\"num_experts_per_tok\":2,\"norm_topk_prob\":true,"
+                 "\"decoder_sparse_step\":2,\"mlp_only_layers\":[3]}", &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.n_experts == 8 && c.n_experts_used == 2 && c.moe_intermediate_size == 32 && c.norm_topk_prob && c.qk_norm);
+    CHECK(!c.layer_moe[0] && c.layer_moe[1] && !c.layer_moe[2] && !c.layer_moe[3]); /* step 2; layer 3 dense */
+    CHECKF(parse("{" QMOE ",\"num_local_experts\":4,\"num_experts_per_tok\":4}", &c, &err) == EMBER_OK, "%s",
+           err.msg);
+    CHECK(c.n_experts == 4 && c.n_experts_used == 4 && !c.norm_topk_prob && c.layer_moe[0] && c.layer_moe[3]);
+    expect_err("{" QMOE ",\"num_experts\":0,\"num_experts_per_tok\":1}", EMBER_ERR_FORMAT, "num_experts");
+    expect_err("{" QMOE ",\"num_experts\":4,\"num_experts_per_tok\":5}", EMBER_ERR_FORMAT, "above the expert count");
+    expect_err("{" QMOE ",\"num_experts_per_tok\":1}", EMBER_ERR_FORMAT, "num_local_experts");
+    expect_err("{" QMOE ",\"num_experts\":4,\"num_experts_per_tok\":1,\"mlp_only_layers\":[4]}", EMBER_ERR_FORMAT,
+               "mlp_only_layers[0]");
+    expect_err("{" QMOE ",\"num_experts\":4,\"num_experts_per_tok\":1,\"mlp_only_layers\":3}", EMBER_ERR_FORMAT,
+               "mlp_only_layers");
+    CHECKF(parse("{" BASE "}", &c, &err) == EMBER_OK && c.n_experts == 0 && !c.layer_moe[0], "%s", err.msg);
+    /* glm4_moe: dense first layers, sigmoid router with groups, shared experts, q/k/v biases without o */
+    CHECKF(parse("{" GLMOE ",\"n_routed_experts\":8,\"num_experts_per_tok\":2,\"first_k_dense_replace\":2,"
+                 "\"n_group\":4,\"topk_group\":2,\"routed_scaling_factor\":2.5,\"n_shared_experts\":1,"
+                 "\"attention_bias\":true,\"use_qk_norm\":true}", &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.n_experts == 8 && c.router_sigmoid && c.norm_topk_prob && c.n_group == 4 && c.topk_group == 2 &&
+          c.routed_scale == 2.5f && c.n_shared_experts == 1 && c.qk_norm && c.attn_bias && !c.attn_out_bias);
+    CHECK(!c.layer_moe[0] && !c.layer_moe[1] && c.layer_moe[2] && c.layer_moe[3]);
+    expect_err("{" GLMOE ",\"n_routed_experts\":8,\"num_experts_per_tok\":2,\"n_group\":3}", EMBER_ERR_FORMAT,
+               "n_group 3");
+    expect_err("{" GLMOE ",\"n_routed_experts\":8,\"num_experts_per_tok\":4,\"n_group\":4,\"topk_group\":1}",
+               EMBER_ERR_FORMAT, "topk_group 1");
+}
+
+/* ember_moe_route against weights worked out by hand: softmax top-2 with
+   and without renormalising; the sigmoid router where the bias changes the
+   choice but not the weights, and where group top-k excludes the single
+   best expert because its group's pair sum is lower. */
+static void moe_routing(void) {
+    ember_model_config c;
+    memset(&c, 0, sizeof c);
+    c.n_experts = 4;
+    c.n_experts_used = 2;
+    int32_t sel[4];
+    float w[4], choice[8];
+    const float z[4] = {0.0f, logf(3.0f), logf(2.0f), 0.0f}; /* softmax: 1/7, 3/7, 2/7, 1/7 */
+    ember_moe_route(&c, z, NULL, choice, sel, w);
+    CHECK(sel[0] == 1 && sel[1] == 2 && fabsf(w[0] - 3.0f / 7) < 1e-6f && fabsf(w[1] - 2.0f / 7) < 1e-6f);
+    c.norm_topk_prob = true;
+    ember_moe_route(&c, z, NULL, choice, sel, w);
+    CHECK(sel[0] == 1 && sel[1] == 2 && fabsf(w[0] - 0.6f) < 1e-6f && fabsf(w[1] - 0.4f) < 1e-6f);
+    const float tie[4] = {1, 2, 2, 1}; /* ties go to the lower index */
+    ember_moe_route(&c, tie, NULL, choice, sel, w);
+    CHECK(sel[0] == 1 && sel[1] == 2);
+    /* sigmoid: z = 0 gives 0.5, ln 3 gives 0.75 */
+    c.router_sigmoid = true;
+    c.n_group = c.topk_group = 1;
+    c.routed_scale = 2.0f;
+    const float zs[4] = {0.0f, logf(3.0f), 0.0f, 0.0f}, bias[4] = {0.0f, 0.0f, 0.5f, 0.0f};
+    ember_moe_route(&c, zs, bias, choice, sel, w); /* chosen by s + b: 2 (1.0), 1 (0.75); weighed by s */
+    CHECK(sel[0] == 2 && sel[1] == 1 && fabsf(w[0] - 2.0f * 0.5f / 1.25f) < 1e-6f &&
+          fabsf(w[1] - 2.0f * 0.75f / 1.25f) < 1e-6f);
+    /* 8 experts in 4 groups of 2, the best 2 groups kept: expert 0 is the
+       single best but its group {0, 1} sums lowest */
+    c.n_experts = 8;
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.routed_scale = 1.0f;
+    c.norm_topk_prob = false;
+    const float z8[8] = {4, -4, 1, 1, 2, 2, 0.5f, 0.5f}; /* s: .982 .018 | .731 .731 | .881 .881 | .622 .622 */
+    ember_moe_route(&c, z8, NULL, choice, sel, w);
+    CHECKF(sel[0] == 4 && sel[1] == 5, "group top-k chose %d, %d", sel[0], sel[1]);
+    CHECK(fabsf(w[0] - 1.0f / (1.0f + expf(-2.0f))) < 1e-6f);
 }
 
 int main(void) {
     family_table();
+    moe_config();
+    moe_routing();
     ember_model_config c;
     ember_error err = {0};
     /* hub format with defaults */
@@ -175,7 +260,8 @@ int main(void) {
         ember_error e = {0};
         CHECK(parse("{\"model_type\":\"mixtral\"}", &c, &e) == EMBER_ERR_UNSUPPORTED);
         CHECKF(strstr(e.msg, "'mixtral'") && !strchr(e.msg, '\n'), "%s", e.msg);
-        static const char *const supported[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"};
+        static const char *const supported[] = {"llama",  "mistral",     "qwen2",    "qwen3",
+                                                "phi3",   "gemma2",      "gemma3_text", "qwen3_moe", "glm4_moe"};
         for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
             CHECKF(strstr(e.msg, supported[i]), "'%s' missing from: %s", supported[i], e.msg);
     }

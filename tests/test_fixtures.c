@@ -1,19 +1,23 @@
 /*
  * test_fixtures.c - parity with HuggingFace transformers on the fixture
- * models: for every fixture of a supported family (llama, qwen2, qwen3,
- * mistral, phi3, gemma2, gemma3_text) and every instruction set this CPU
+ * models: for every fixture of a supported family (llama, qwen2, qwen3, qwen3_moe,
+ * glm4_moe, mistral, phi3, gemma2, gemma3_text) and every instruction set this CPU
  * has, the logits of every prompt position within 1e-4 x max|logit| (the
  * fixtures' recommended mark), the decode-step logits of p0, and the 24
  * greedy ids exactly; and the sliding-window families (mistral, gemma2,
  * gemma3_text) far past their window, rotating cache against one that keeps
- * every position.
+ * every position; corrupt qwen3_moe models (expert count, a missing
+ * expert tensor) refused naming the tensor; glm4_moe's MTP layers skipped.
  */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, symlink */
+#include <unistd.h>
+
 #include "ember.h"
 #include "engine/engine.h"
 #include "fixture.h"
 #include "kv/kv.h"
 
-static const char *const k_families[] = {"llama",  "llama_bf16", "qwen2",      "qwen3",
+static const char *const k_families[] = {"llama",  "llama_bf16", "qwen2",      "qwen3", "qwen3_moe", "glm4_moe",
                                          "mistral", "phi3",       "gemma2", "gemma3_text"};
 
 /* Relative logit tolerance per KV kind (f32: the fixtures' 1e-4 mark). */
@@ -155,6 +159,124 @@ static void long_run(const char *family) {
     fixture_close(&f);
 }
 
+/* Reads file path whole into a malloc'd buffer (*n bytes); NULL on failure. */
+static char *slurp(const char *path, size_t *n) {
+    FILE *in = fopen(path, "rb");
+    char *buf = NULL;
+    long len = -1;
+    if (in && fseek(in, 0, SEEK_END) == 0 && (len = ftell(in)) >= 0 && fseek(in, 0, SEEK_SET) == 0 &&
+        (buf = malloc((size_t)len + 1)) && fread(buf, 1, (size_t)len, in) == (size_t)len) {
+        buf[len] = '\0';
+        *n = (size_t)len;
+    } else {
+        free(buf);
+        buf = NULL;
+    }
+    if (in) fclose(in);
+    return buf;
+}
+
+/* Writes n bytes to dir/name. */
+static void put(const char *dir, const char *name, const char *data, size_t n) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *o = fopen(p, "wb");
+    CHECKF(o && fwrite(data, 1, n, o) == n, "cannot write %s", p);
+    if (o) fclose(o);
+}
+
+/* Corrupt MoE models built from the qwen3_moe fixture in a temporary
+   directory, each refused naming the tensor, never loaded: a config whose
+   expert count disagrees with the router, and weights with one expert's
+   up_proj renamed (the header edited in place, offsets unchanged). */
+static void moe_refusals(void) {
+    fixture f;
+    fixture_open(&f, "qwen3_moe");
+    char path[700];
+    size_t nc = 0, nw = 0;
+    snprintf(path, sizeof path, "%s/config.json", f.dir);
+    char *cfg = slurp(path, &nc);
+    snprintf(path, sizeof path, "%s/model.safetensors", f.dir);
+    char *wts = slurp(path, &nw);
+    char *key = cfg ? strstr(cfg, "\"num_local_experts\": 4") : NULL;
+    static const char up[] = "model.layers.1.mlp.experts.2.up_proj.weight";
+    char *name = NULL;
+    for (size_t i = 0; wts && !name && i + sizeof up < nw && i < 65536; i++)
+        if (!memcmp(wts + i, up, sizeof up - 1)) name = wts + i;
+    CHECKF(key && name, "qwen3_moe fixture: no \"num_local_experts\": 4 or no %s", up);
+    static const char *const want[] = {
+        "tensor 'model.layers.0.mlp.gate.weight' has shape [4, 64], expected [5, 64]",
+        "missing tensor 'model.layers.1.mlp.experts.2.up_proj.weight'"};
+    for (int c = 0; key && name && c < 2; c++) {
+        char dir[] = "/tmp/ember_moe_XXXXXX";
+        CHECK(mkdtemp(dir) != NULL);
+        key[sizeof "\"num_local_experts\": " - 1] = c == 0 ? '5' : '4';
+        name[sizeof up - 3] = c == 1 ? 'X' : 'h'; /* ...weigXt */
+        put(dir, "config.json", cfg, nc);
+        put(dir, "model.safetensors", wts, nw);
+        ember_model_params mp;
+        ember_model_params_init(&mp);
+        mp.n_threads = 1;
+        ember_model *m = NULL;
+        ember_error err = {0};
+        CHECK(ember_model_load(dir, &mp, &m, &err) == EMBER_ERR_FORMAT && !m);
+        CHECKF(strstr(err.msg, want[c]) != NULL, "want \"%s\", got: %s", want[c], err.msg);
+        ember_model_free(m);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        unlink(path);
+        rmdir(dir);
+    }
+    free(cfg);
+    free(wts);
+    fixture_close(&f);
+}
+
+/* glm4_moe's MTP layers (num_nextn_predict_layers, numbered after the
+   decoder layers) are skipped at load, as transformers does: the fixture
+   read as a 1-layer model whose layer 1 is the MTP layer loads, and
+   refuses that layer's tensors once num_nextn_predict_layers is 0. */
+static void glm_mtp_layers(void) {
+    fixture f;
+    fixture_open(&f, "glm4_moe");
+    char path[700];
+    size_t nc = 0;
+    snprintf(path, sizeof path, "%s/config.json", f.dir);
+    char *cfg = slurp(path, &nc);
+    char *layers = cfg ? strstr(cfg, "\"num_hidden_layers\": 2") : NULL;
+    char *mtp = cfg ? strstr(cfg, "\"num_nextn_predict_layers\": 1") : NULL;
+    CHECKF(layers && mtp, "%s: unexpected config", path);
+    for (int c = 0; layers && mtp && c < 2; c++) {
+        char dir[] = "/tmp/ember_mtp_XXXXXX";
+        CHECK(mkdtemp(dir) != NULL);
+        layers[sizeof "\"num_hidden_layers\": " - 1] = '1';
+        mtp[sizeof "\"num_nextn_predict_layers\": " - 1] = c == 0 ? '1' : '0';
+        put(dir, "config.json", cfg, nc);
+        char w[700];
+        snprintf(w, sizeof w, "%s/model.safetensors", f.dir);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        CHECK(symlink(w, path) == 0);
+        ember_model_params mp;
+        ember_model_params_init(&mp);
+        mp.n_threads = 1;
+        ember_model *m = NULL;
+        ember_error err = {0};
+        int rc = ember_model_load(dir, &mp, &m, &err);
+        if (c == 0) CHECKF(rc == EMBER_OK && m && m->cfg.n_layers == 1, "%s", err.msg);
+        if (c == 1)
+            CHECKF(rc == EMBER_ERR_FORMAT && strstr(err.msg, "'model.layers.1.") && strstr(err.msg, "not part of"),
+                   "%s", err.msg);
+        ember_model_free(m);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        unlink(path);
+        rmdir(dir);
+    }
+    free(cfg);
+    fixture_close(&f);
+}
+
 int main(void) {
     shared_dir();
     const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
@@ -168,6 +290,8 @@ int main(void) {
         static const kv_tol f32 = {"f32", 1e-4f};
         for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++) run_family(k_families[k], isas[i], &f32);
     }
+    moe_refusals();
+    glm_mtp_layers();
     long_run("mistral");
     long_run("gemma2");
     long_run("gemma3_text");

@@ -187,6 +187,45 @@ static void test_elementwise_ops(void) {
     free(got);
 }
 
+/* add_rows_scaled, the MoE combine: dst[ids[i]] += w[i] src[i] in i order,
+   a repeated row included; a row no term names is untouched; rows out of
+   range and a short src are refused. */
+static void test_add_rows_scaled(void) {
+    enum { R = 5, D = 37, N = 4 };
+    ember_backend *be;
+    ember_error err = {0};
+    ember_cpu_params cp = {2, EMBER_ISA_AUTO, false, {0}};
+    CHECK(ember_backend_cpu_new(&cp, &be, &err) == EMBER_OK);
+    ember_tensor td, ts;
+    ember_buffer *bd, *bs;
+    CHECK(ember_tensor_alloc(be, &td, &bd, EMBER_F32, 2, (const int64_t[]){R, D}, &err) == EMBER_OK);
+    CHECK(ember_tensor_alloc(be, &ts, &bs, EMBER_F32, 2, (const int64_t[]){N, D}, &err) == EMBER_OK);
+    float d[R * D], s[N * D], want[R * D], got[R * D];
+    for (int i = 0; i < R * D; i++) want[i] = d[i] = frand();
+    for (int i = 0; i < N * D; i++) s[i] = frand();
+    const int32_t ids[N] = {3, 0, 3, 4};
+    const float w[N] = {0.25f, -1.5f, 0.75f, 2.0f};
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < D; j++) {
+            float p = w[i] * s[i * D + j];
+            want[ids[i] * D + j] += p;
+        }
+    be->ops->write(be, &td, 0, d, sizeof d, &err);
+    be->ops->write(be, &ts, 0, s, sizeof s, &err);
+    CHECK(be->ops->add_rows_scaled(be, &td, &ts, ids, w, N, &err) == EMBER_OK);
+    be->ops->read(be, &td, 0, got, sizeof got, &err);
+    double worst = 0;
+    for (int i = 0; i < R * D; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
+    CHECKF(worst <= 1e-6, "add_rows_scaled: error %g", worst);
+    CHECK(!memcmp(got + D, d + D, 2 * D * sizeof(float))); /* rows 1 and 2: no term */
+    const int32_t bad[1] = {R};
+    CHECK(be->ops->add_rows_scaled(be, &td, &ts, bad, w, 1, &err) == EMBER_ERR_INVALID_ARG);
+    CHECK(be->ops->add_rows_scaled(be, &td, &ts, ids, w, N + 1, &err) == EMBER_ERR_INVALID_ARG);
+    ember_buffer_free(bd);
+    ember_buffer_free(bs);
+    ember_backend_free(be);
+}
+
 int main(void) {
     const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
     const int shapes[][3] = {{1, 16, 1}, {7, 33, 5}, {64, 64, 9}, {33, 100, 17}, {130, 257, 70}, {5, 1, 3}, {9, 15, 2}};
@@ -195,6 +234,7 @@ int main(void) {
             test_shape(dts[d], shapes[s][0], shapes[s][1], shapes[s][2]);
     test_axpy();
     test_elementwise_ops();
+    test_add_rows_scaled();
     for (int i = EMBER_ISA_SCALAR; i <= EMBER_ISA_AVX512; i++)
         if (!ember_isa_supported((ember_isa)i)) fprintf(stderr, "note: %s not available here\n", ember_isa_name((ember_isa)i));
     return test_done();

@@ -209,6 +209,13 @@ typedef struct ember_backend_ops {
     /* dst = a + b, elementwise; dst may alias a or b. */
     int (*add)(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
                ember_error *err);
+    /* The mixture-of-experts combine: for i = 0 .. n - 1 in this order,
+       dst[ids[i], :] += w[i] * src[i, :]. dst [R, D], src [>= n, D], both f32;
+       ids [n] (each in [0, R)) and w [n] are host arrays. A row of dst receives
+       its terms in i order, so its result depends only on the terms it
+       receives, never on the other rows. CUDA: EMBER_ERR_UNSUPPORTED for now. */
+    int (*add_rows_scaled)(ember_backend *be, ember_tensor *dst, const ember_tensor *src, const int32_t *ids,
+                           const float *w, int n, ember_error *err);
 
     /* What the backend supports, asked before loading (NULL: everything).
        weight_ok: matmul and get_rows take weights of this dtype; kv_ok: the

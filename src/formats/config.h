@@ -86,6 +86,17 @@ typedef struct ember_model_config {
     /* RoPE of sliding-window layers where it differs (gemma3: rope_local_base_freq
        or rope_parameters.sliding_attention); equal to rope otherwise */
     ember_rope_config rope_local;
+    /* mixture of experts (qwen3_moe, glm4_moe): n_experts routed experts of
+       which n_experts_used (top-k) run per token, each a gated MLP of width
+       moe_intermediate_size; 0 experts: a dense model */
+    int n_experts, n_experts_used, moe_intermediate_size;
+    bool norm_topk_prob;                /* renormalise the top-k routing weights to sum 1 */
+    bool router_sigmoid;                /* glm4_moe: sigmoid scores, e_score_correction_bias for selection */
+    int n_group, topk_group;            /* glm4_moe: experts in n_group groups, top-k within the best topk_group */
+    float routed_scale;                 /* glm4_moe routed_scaling_factor (1 otherwise) */
+    int n_shared_experts;               /* a shared expert of width n_shared * moe_intermediate_size; 0: none */
+    int n_mtp_layers;                   /* glm4_moe num_nextn_predict_layers: stored after the decoder layers, not run */
+    bool layer_moe[EMBER_MAX_LAYERS];   /* per layer: the MLP is the MoE block (else the dense one) */
     int layer_window[EMBER_MAX_LAYERS]; /* per layer: sliding window, 0 = full */
     bool layer_sliding[EMBER_MAX_LAYERS]; /* per layer: a sliding_attention layer (uses rope_local) */
     int bos_id;                         /* -1 if none */

@@ -10,6 +10,7 @@
  * Forward blocks: each is a fixed sequence of backend ops on the run
  * state's views. The llama family's numerics are exactly these sequences.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,6 +234,47 @@ int ember_load_split(ember_loader *L, const char *name, int n, ember_tensor *con
     return EMBER_OK;
 }
 
+int ember_load_moe(ember_loader *L, int i) {
+    ember_llm *m = L->m;
+    const ember_model_config *c = &m->cfg;
+    ember_llm_layer *ly = &m->layers[i];
+    const int E = c->n_experts;
+    const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
+    char n[256];
+    int rc;
+    if (E < 1 || c->n_experts_used < 1 || c->n_experts_used > E)
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: layer %d: %d experts with top-%d is not a mixture of experts",
+                         L->primary, i, E, c->n_experts_used);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", i);
+    if ((rc = ember_load_tensor(L, &ly->router, n, 2, (const int64_t[]){E, H}, false, false))) return rc;
+    ly->experts = calloc((size_t)E * 3, sizeof *ly->experts);
+    if (!ly->experts) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
+    static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            const int64_t shape[2] = {p < 2 ? Im : H, p < 2 ? H : Im};
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", i, e, proj[p]);
+            if ((rc = ember_load_tensor(L, &ly->experts[3 * e + p], n, 2, shape, false, false))) return rc;
+        }
+    if (c->n_shared_experts) { /* one MLP of n_shared_experts * Im */
+        const int64_t Is = (int64_t)c->n_shared_experts * Im;
+        ember_tensor *sh[3] = {&ly->sh_gate, &ly->sh_up, &ly->sh_down};
+        for (int p = 0; p < 3; p++) {
+            const int64_t shape[2] = {p < 2 ? Is : H, p < 2 ? H : Is};
+            snprintf(n, sizeof n, "model.layers.%d.mlp.shared_experts.%s.weight", i, proj[p]);
+            if ((rc = ember_load_tensor(L, sh[p], n, 2, shape, false, false))) return rc;
+        }
+    }
+    if (!c->router_sigmoid) return EMBER_OK;
+    /* the selection bias, kept on the host where the top-k runs */
+    ember_tensor bias;
+    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.e_score_correction_bias", i);
+    if ((rc = ember_load_tensor(L, &bias, n, 1, (const int64_t[]){E}, true, false))) return rc;
+    ly->router_bias = malloc((size_t)E * sizeof *ly->router_bias);
+    if (!ly->router_bias) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
+    return m->be->ops->read(m->be, &bias, 0, ly->router_bias, (size_t)E * sizeof *ly->router_bias, L->err);
+}
+
 int ember_load_io(ember_loader *L) {
     ember_llm *m = L->m;
     const ember_model_config *cfg = &m->cfg;
@@ -340,6 +382,119 @@ int ember_blk_mlp(ember_fwd *f, const ember_llm_layer *ly, ember_act act) {
                                     : ops->swiglu(be, &f->gate, &f->gate, &f->up, f->err);
     if (rc) return rc;
     return ops->matmul(be, &f->gate, 1, &dn, f->err);
+}
+
+/* The k largest of v[0..n) into idx (in decreasing order; ties: the lower
+   index). Entries where skip is non-NULL and skip[e] are passed over. */
+static void top_k(const float *v, int n, int k, const bool *skip, int32_t *idx) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            bool taken = skip && skip[e];
+            for (int q = 0; q < j && !taken; q++) taken = idx[q] == e;
+            if (!taken && (best < 0 || v[e] > v[best])) best = e;
+        }
+        idx[j] = best;
+    }
+}
+
+/* The softmax router (qwen3_moe), for one token: p = softmax(z); the top k
+   of p into sel, their p (over their sum when norm) into w. */
+static void route_softmax(const float *z, int E, int k, bool norm, int32_t *sel, float *w) {
+    float mx = z[0], sum = 0, kept = 0;
+    for (int e = 1; e < E; e++) mx = z[e] > mx ? z[e] : mx;
+    for (int e = 0; e < E; e++) sum += expf(z[e] - mx);
+    top_k(z, E, k, NULL, sel);
+    for (int j = 0; j < k; j++) kept += w[j] = expf(z[sel[j]] - mx) / sum;
+    if (norm)
+        for (int j = 0; j < k; j++) w[j] /= kept;
+}
+
+/* The sigmoid router (glm4_moe), for one token: s = sigmoid(z); experts are
+   chosen by c = s + bias: the topk_group groups (of E / n_group experts)
+   with the largest sums of their two best c, then the top k of c within
+   them (the others count as 0); the weights are their s, over (their sum +
+   1e-20) when norm, times scale. choice: [E] scratch. */
+static void route_sigmoid(const float *z, const float *bias, const ember_model_config *c, float *choice, int32_t *sel,
+                          float *w) {
+    const int E = c->n_experts, k = c->n_experts_used, G = c->n_group, per = E / G;
+    for (int e = 0; e < E; e++) choice[e] = 1.0f / (1.0f + expf(-z[e])) + (bias ? bias[e] : 0.0f);
+    if (c->topk_group < G) { /* keep the best groups: zero the others' scores */
+        float gs[256];
+        int32_t best[256], two[2];
+        bool keep[256] = {false};
+        for (int g = 0; g < G && g < 256; g++) {
+            top_k(choice + g * per, per, per < 2 ? per : 2, NULL, two);
+            gs[g] = choice[g * per + two[0]] + (per < 2 ? 0.0f : choice[g * per + two[1]]);
+        }
+        top_k(gs, G, c->topk_group, NULL, best);
+        for (int j = 0; j < c->topk_group; j++) keep[best[j]] = true;
+        for (int e = 0; e < E; e++)
+            if (!keep[e / per]) choice[e] = 0.0f;
+    }
+    top_k(choice, E, k, NULL, sel);
+    float kept = 0;
+    for (int j = 0; j < k; j++) kept += w[j] = 1.0f / (1.0f + expf(-z[sel[j]]));
+    for (int j = 0; j < k; j++) w[j] = (c->norm_topk_prob ? w[j] / (kept + 1e-20f) : w[j]) * c->routed_scale;
+}
+
+void ember_moe_route(const ember_model_config *c, const float *z, const float *bias, float *choice, int32_t *sel,
+                     float *w) {
+    if (c->router_sigmoid)
+        route_sigmoid(z, bias, c, choice, sel, w);
+    else
+        route_softmax(z, c->n_experts, c->n_experts_used, c->norm_topk_prob, sel, w);
+}
+
+int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly) {
+    ember_backend *be = f->m->be;
+    const ember_backend_ops *ops = be->ops;
+    const ember_model_config *c = &f->m->cfg;
+    ember_llm_state *st = f->st;
+    ember_error *err = f->err;
+    const int T = f->T, E = c->n_experts, K = c->n_experts_used;
+    const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
+    int rc;
+    if (!ops->add_rows_scaled)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "the %s backend cannot run a mixture-of-experts block", ops->name);
+    ember_tensor lg = rows_view(&st->moe_logits, 2, T, E, 0), in = rows_view(&st->moe_in, 2, T, H, 0);
+    ember_matmul route = {&lg, &ly->router, NULL};
+    if ((rc = ops->matmul(be, &f->h, 1, &route, err)) ||
+        (rc = ops->read(be, &lg, 0, st->moe_host, (size_t)T * (size_t)E * sizeof(float), err)) ||
+        (rc = ops->copy(be, &in, 0, &f->h, 0, (size_t)T * (size_t)H * sizeof(float), err)) ||
+        (rc = ops->scale(be, &f->h, &f->h, 0.0f, err)))
+        return rc;
+    for (int t = 0; t < T; t++) /* each token routed on its own logits */
+        ember_moe_route(c, st->moe_host + (size_t)t * (size_t)E, ly->router_bias, st->moe_choice,
+                        st->moe_sel + (size_t)t * K, st->moe_w + (size_t)t * K);
+    for (int e = 0; e < E; e++) {
+        int n = 0; /* the tokens routed to expert e, in batch order */
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < K; j++)
+                if (st->moe_sel[(size_t)t * K + j] == e) {
+                    st->moe_ids[n] = t;
+                    st->moe_ew[n++] = st->moe_w[(size_t)t * K + j];
+                }
+        if (!n) continue; /* only the chosen experts run */
+        const ember_tensor *ex = &ly->experts[3 * e];
+        ember_tensor x = rows_view(&st->moe_x, 2, n, H, 0), y = rows_view(&st->moe_y, 2, n, H, 0),
+                     g = rows_view(&st->moe_gate, 2, n, Im, 0), u = rows_view(&st->moe_up, 2, n, Im, 0);
+        ember_matmul gu[2] = {{&g, &ex[0], NULL}, {&u, &ex[1], NULL}}, dn = {&y, &ex[2], NULL};
+        if ((rc = ops->get_rows(be, &x, &in, st->moe_ids, n, err)) || (rc = ops->matmul(be, &x, 2, gu, err)) ||
+            (rc = ops->swiglu(be, &g, &g, &u, err)) || (rc = ops->matmul(be, &g, 1, &dn, err)) ||
+            (rc = ops->add_rows_scaled(be, &f->h, &y, st->moe_ids, st->moe_ew, n, err)))
+            return rc;
+    }
+    if (!ly->sh_gate.buf) return EMBER_OK;
+    /* the shared expert on every token, added to the routed sum */
+    const int64_t Is = (int64_t)c->n_shared_experts * Im;
+    ember_tensor y = rows_view(&st->moe_y, 2, T, H, 0), g = rows_view(&st->moe_gate, 2, T, Is, 0),
+                 u = rows_view(&st->moe_up, 2, T, Is, 0);
+    ember_matmul gu[2] = {{&g, &ly->sh_gate, NULL}, {&u, &ly->sh_up, NULL}}, dn = {&y, &ly->sh_down, NULL};
+    if ((rc = ops->matmul(be, &in, 2, gu, err)) || (rc = ops->swiglu(be, &g, &g, &u, err)) ||
+        (rc = ops->matmul(be, &g, 1, &dn, err)) || (rc = ops->add(be, &f->h, &f->h, &y, err)))
+        return rc;
+    return EMBER_OK;
 }
 
 int ember_blk_residual(ember_fwd *f) {

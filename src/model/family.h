@@ -56,6 +56,16 @@ int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int nd
 int ember_load_split(ember_loader *L, const char *name, int n, ember_tensor *const *parts, const int64_t *rows,
                      int64_t cols);
 
+/* Binds layer i's MoE block (cfg.n_experts experts, family.h's MoE block):
+   the router model.layers.i.mlp.gate.weight [E, H] and every expert's
+   mlp.experts.e.{gate,up,down}_proj.weight ([Im, H], [Im, H], [H, Im]);
+   with cfg.n_shared_experts, mlp.shared_experts.{gate,up,down}_proj.weight
+   ([Is, H], [Is, H], [H, Is], Is = n_shared * Im); with a sigmoid router,
+   mlp.gate.e_score_correction_bias [E] (copied to ly->router_bias).
+   ly->experts and ly->router_bias are allocated here (freed by
+   ember_llm_free). A missing or misshapen tensor is an error naming it. */
+int ember_load_moe(ember_loader *L, int i);
+
 /* Binds the embedding, the final norm and the output projection (the
    embedding when tied_embeddings), and counts the bytes a decode token reads. */
 int ember_load_io(ember_loader *L);
@@ -75,6 +85,7 @@ struct ember_family {
 
 extern const ember_family ember_family_llama; /* llama.c: llama, mistral, qwen2, qwen3, phi3 */
 extern const ember_family ember_family_gemma; /* gemma.c: gemma2, gemma3_text */
+extern const ember_family ember_family_qwen3_moe; /* qwen3_moe.c: qwen3_moe, glm4_moe */
 
 /* ---- blocks of a forward pass -------------------------------------------------------- */
 
@@ -114,6 +125,32 @@ int ember_blk_attention(ember_fwd *f, int l, const ember_llm_layer *ly, const em
 
 /* Gated MLP on f->h, the result in f->h: down(act(gate(h)) * up(h)). */
 int ember_blk_mlp(ember_fwd *f, const ember_llm_layer *ly, ember_act act);
+
+/*
+ * The mixture-of-experts block on f->h, the result in f->h (the layer's
+ * router and experts, ember_load_moe). Per token, from z = h Wr:
+ *   softmax router (qwen3_moe): p = softmax(z), the k = cfg.n_experts_used
+ *     largest (ties: the lower index), over their sum when norm_topk_prob;
+ *   sigmoid router (glm4_moe): s = sigmoid(z), chosen by s + bias within
+ *     the best topk_group of n_group groups, weighted by s (over their sum
+ *     + 1e-20 when norm_topk_prob) times routed_scale;
+ *     out = sum over chosen e, in increasing e, of p_e * down_e(silu(gate_e(h)) * up_e(h))
+ *           [+ the shared expert's down(silu(gate(h)) * up(h))].
+ * The batch's tokens are grouped by expert: each chosen expert runs once on
+ * the rows routed to it (get_rows, one matmul pair, swiglu, one matmul),
+ * so its weights are read once per forward, and add_rows_scaled adds the
+ * weighted rows into place. A token's terms arrive in expert order whatever
+ * else the batch holds, and every op is row-independent: batch invariant.
+ * The router logits go through the host (T x E floats) for the top-k.
+ */
+int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly);
+
+/* One token's routing as ember_blk_moe does it (exposed for tests): z [E]
+   its router logits, bias [E] (the sigmoid router's selection bias) or
+   NULL, choice [E] scratch; the cfg.n_experts_used chosen experts into sel
+   and their weights into w (in rank order). No side effects beyond those. */
+void ember_moe_route(const ember_model_config *c, const float *z, const float *bias, float *choice, int32_t *sel,
+                     float *w);
 
 /* f->x += f->h. */
 int ember_blk_residual(ember_fwd *f);

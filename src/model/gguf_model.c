@@ -137,6 +137,10 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
         return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: architecture '%.32s' is not supported (supported: %s)",
                          f->path, arch, ember_arch_list(true, list, sizeof list));
     }
+    if (row->family == EMBER_FAMILY_QWEN3_MOE) /* its stacked expert tensors (ffn_*_exps) are not read yet */
+        return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                         "%s: architecture '%.32s' (mixture of experts) is not supported from GGUF yet; load the "
+                         "HuggingFace directory", f->path, arch);
     const bool gemma = row->family == EMBER_FAMILY_GEMMA;
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", row->model_type);
     *mode = row->rope_interleaved ? EMBER_ROPE_INTERLEAVED : EMBER_ROPE_NEOX;

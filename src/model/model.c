@@ -21,6 +21,10 @@ void ember_llm_free(ember_llm *m) {
     if (!m) return;
     for (int i = 0; i < m->n_bufs; i++) ember_buffer_free(m->bufs[i]);
     free(m->bufs);
+    for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
+        free(m->layers[i].experts);
+        free(m->layers[i].router_bias);
+    }
     free(m->layers);
     free(m->inv_freq);
     free(m->inv_freq_local);
@@ -47,12 +51,17 @@ static int apply_freq_factors(ember_loader *L) {
 }
 
 /* Tensors a file may hold that no family reads: transformers' rotary
-   buffers, and the output projection of a tied model (transformers ties it
+   buffers, glm4_moe's num_nextn_predict_layers MTP layers (numbered after
+   the decoder layers), and the output projection of a tied model (transformers ties it
    to the embedding, ignoring the stored copy). */
 static bool ignorable(const ember_llm *m, const char *name) {
     size_t n = strlen(name);
     static const char inv[] = "rotary_emb.inv_freq";
     if (n >= sizeof inv - 1 && strcmp(name + n - (sizeof inv - 1), inv) == 0) return true;
+    int l = -1;
+    if (m->cfg.n_mtp_layers && sscanf(name, "model.layers.%d.", &l) == 1 && l >= m->cfg.n_layers &&
+        l < m->cfg.n_layers + m->cfg.n_mtp_layers)
+        return true; /* glm4_moe's multi-token-prediction layers (transformers skips them too) */
     return m->cfg.tie_embeddings && strncmp(name, "lm_head.", 8) == 0;
 }
 
@@ -79,6 +88,8 @@ static int check_unclaimed(const ember_loader *L) {
 
 /* The family of a model_type (the config parser admits only known ones). */
 static const ember_family *family_for(const char *model_type) {
+    const ember_arch *row = ember_arch_find(model_type);
+    if (row && row->family == EMBER_FAMILY_QWEN3_MOE) return &ember_family_qwen3_moe;
     return ember_arch_is_gemma(model_type) ? &ember_family_gemma : &ember_family_llama;
 }
 
@@ -179,6 +190,12 @@ void ember_llm_state_free(ember_llm_state *st) {
     if (!st) return;
     for (size_t i = 0; i < EMBER_ARRAY_LEN(st->bufs); i++) ember_buffer_free(st->bufs[i]);
     free(st->tmp_idx);
+    free(st->moe_host);
+    free(st->moe_sel);
+    free(st->moe_w);
+    free(st->moe_ids);
+    free(st->moe_ew);
+    free(st->moe_choice);
     free(st);
 }
 
@@ -205,6 +222,26 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
     for (size_t i = 0; i < EMBER_ARRAY_LEN(want) && !rc; i++)
         rc = ember_tensor_alloc(m->be, want[i].t, &st->bufs[i], EMBER_F32, 2, (const int64_t[]){want[i].rows, want[i].cols},
                                 err);
+    if (c->n_experts) { /* the MoE block's scratch (state in model.h) */
+        const int64_t E = c->n_experts, K = c->n_experts_used, Is = (int64_t)c->n_shared_experts * c->moe_intermediate_size,
+                      Im = Is > c->moe_intermediate_size ? Is : c->moe_intermediate_size;
+        struct {
+            ember_tensor *t;
+            int64_t cols;
+        } moe[] = {{&st->moe_in, H}, {&st->moe_x, H}, {&st->moe_y, H},
+                   {&st->moe_gate, Im}, {&st->moe_up, Im}, {&st->moe_logits, E}};
+        for (size_t i = 0; i < EMBER_ARRAY_LEN(moe) && !rc; i++)
+            rc = ember_tensor_alloc(m->be, moe[i].t, &st->bufs[EMBER_ARRAY_LEN(want) + i], EMBER_F32, 2,
+                                    (const int64_t[]){T, moe[i].cols}, err);
+        st->moe_host = malloc((size_t)(T * E) * sizeof *st->moe_host);
+        st->moe_sel = malloc((size_t)(T * K) * sizeof *st->moe_sel);
+        st->moe_w = malloc((size_t)(T * K) * sizeof *st->moe_w);
+        st->moe_ids = malloc((size_t)T * sizeof *st->moe_ids);
+        st->moe_ew = malloc((size_t)T * sizeof *st->moe_ew);
+        st->moe_choice = malloc((size_t)E * sizeof *st->moe_choice);
+        if (!rc && (!st->moe_host || !st->moe_sel || !st->moe_w || !st->moe_ids || !st->moe_ew || !st->moe_choice))
+            rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
     st->tmp_idx = calloc((size_t)max_tokens, sizeof *st->tmp_idx);
     if (!rc && !st->tmp_idx) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if (rc) {

@@ -1,6 +1,7 @@
 /*
  * model.h - a decoder-only model (every family: llama, mistral, qwen2,
- * qwen3, phi3 in llama.c; gemma2, gemma3_text in gemma.c) as a forward pass
+ * qwen3, phi3 in llama.c; gemma2, gemma3_text in gemma.c; qwen3_moe,
+ * glm4_moe in qwen3_moe.c) as a forward pass
  * over a batch of rows.
  *
  * A batch is a flat list of tokens; each token carries its row (a KV cache
@@ -36,6 +37,13 @@ typedef struct ember_llm_layer {
     ember_tensor w_gate, w_up;   /* [I, H] (phi3: views of the fused gate_up_proj) */
     ember_tensor w_down;         /* [H, I] */
     ember_tensor b_gate, b_up, b_down;
+    /* the MoE block (qwen3_moe layers with cfg.layer_moe; buf NULL / NULL on dense layers):
+       E = cfg.n_experts, Im = cfg.moe_intermediate_size */
+    ember_tensor router;         /* [E, H]: mlp.gate */
+    ember_tensor *experts;       /* [3 E], owned: expert e's gate [Im, H], up [Im, H], down [H, Im] at 3e, 3e+1, 3e+2 */
+    float *router_bias;         /* [E] host, owned: glm4_moe's e_score_correction_bias; NULL when absent */
+    ember_tensor sh_gate, sh_up; /* [Is, H], Is = n_shared_experts * Im: the shared expert; buf NULL when none */
+    ember_tensor sh_down;        /* [H, Is] */
     int window;                  /* sliding window, 0 = full attention */
     bool local_rope;             /* RoPE with inv_freq_local (gemma3's sliding layers) */
 } ember_llm_layer;
@@ -97,8 +105,18 @@ typedef struct ember_llm_state {
     int max_tokens, max_logit_rows;
     ember_tensor x, h, q, k, v, att, gate, up; /* [max_tokens, ...] */
     ember_tensor sel, logits;                  /* [max_logit_rows, H], [max_logit_rows, V] */
-    ember_buffer *bufs[10];
+    /* the MoE block's scratch (buf NULL for a dense model): its input, the
+       tokens gathered for one expert and their results [max_tokens, H], the
+       expert's gate and up [max_tokens, max(Im, Is)], the router logits [max_tokens, E] */
+    ember_tensor moe_in, moe_x, moe_y, moe_gate, moe_up, moe_logits;
+    ember_buffer *bufs[16];
     int32_t *tmp_idx; /* [max_tokens] */
+    float *moe_host;  /* [max_tokens * E] router logits on the host */
+    int32_t *moe_sel; /* [max_tokens * k] each token's chosen experts */
+    float *moe_w;     /* [max_tokens * k] their routing weights */
+    int32_t *moe_ids; /* [max_tokens] one expert's tokens, in batch order */
+    float *moe_ew;    /* [max_tokens] their weights for that expert */
+    float *moe_choice; /* [E] one token's selection scores (sigmoid router) */
     int n_rows;
 } ember_llm_state;
 

@@ -239,6 +239,11 @@ int ember_quantize_to_mlx(const char *in_dir, const char *out_dir, const ember_m
         rc = ember_err(err, EMBER_ERR_INVALID_ARG, "%s: the model is already quantized", in_dir);
         goto done;
     }
+    if (cfg.n_experts) { /* the MLX loader reads only the dense modules' quantization (config.h) */
+        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: MLX-quantizing a mixture-of-experts model (%s) is not supported yet",
+                       in_dir, cfg.model_type);
+        goto done;
+    }
     if ((rc = ember_weights_open(in_dir, &w, err))) goto done;
     if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
         rc = ember_err(err, EMBER_ERR_IO, "%s: cannot create: %s", out_dir, strerror(errno));

@@ -956,6 +956,32 @@ static int cpu_add(ember_backend *be, ember_tensor *dst, const ember_tensor *a, 
     return run_ew(be, dst, a, b, 1, 0.0f, "add", err);
 }
 
+/* The MoE combine (backend.h). One thread: n * D multiply-adds, small
+   beside the experts' matmuls; a row's terms land in i order. */
+static int cpu_add_rows_scaled(ember_backend *be, ember_tensor *dst, const ember_tensor *src, const int32_t *ids,
+                               const float *w, int n, ember_error *err) {
+    (void)be;
+    int rc;
+    if ((rc = need_f32(dst, "add_rows_scaled", "dst", err)) || (rc = need_f32(src, "add_rows_scaled", "src", err)))
+        return rc;
+    const int64_t D = ember_tensor_row_len(dst), R = ember_tensor_rows(dst);
+    if (n < 0 || ember_tensor_row_len(src) != D || ember_tensor_rows(src) < n)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "add_rows_scaled: src does not hold %d rows of %lld", n,
+                         (long long)D);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= R)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "add_rows_scaled: row %d is outside [0, %lld)", ids[i],
+                             (long long)R);
+    float *d0 = host(dst);
+    const float *s0 = host(src);
+    for (int i = 0; i < n; i++) {
+        float *d = d0 + (size_t)ids[i] * (size_t)D;
+        const float *s = s0 + (size_t)i * (size_t)D, wi = w[i];
+        for (int64_t j = 0; j < D; j++) d[j] += wi * s[j];
+    }
+    return EMBER_OK;
+}
+
 /* ---- life cycle ------------------------------------------------------------------------ */
 
 static void cpu_free(ember_backend *be) {
@@ -991,6 +1017,7 @@ static const ember_backend_ops k_cpu_ops = {
     .scale = cpu_scale,
     .softcap = cpu_softcap,
     .add = cpu_add,
+    .add_rows_scaled = cpu_add_rows_scaled,
 };
 
 int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_error *err) {

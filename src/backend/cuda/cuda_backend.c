@@ -776,6 +776,16 @@ static int cuda_add(ember_backend *be, ember_tensor *dst, const ember_tensor *a,
     return run_ew(be, dst, a, b, 1, 0.0f, "add", err);
 }
 
+/* The MoE combine (backend.h): not on the GPU yet. Returns
+   EMBER_ERR_UNSUPPORTED naming the op; touches nothing. */
+static int cuda_add_rows_scaled(ember_backend *be, ember_tensor *dst, const ember_tensor *src, const int32_t *ids,
+                                const float *w, int n, ember_error *err) {
+    (void)be, (void)dst, (void)src, (void)ids, (void)w, (void)n;
+    return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                     "add_rows_scaled (the mixture-of-experts combine) is not implemented on the CUDA backend yet; "
+                     "run mixture-of-experts models on the CPU");
+}
+
 /* ---- life cycle ------------------------------------------------------------------------- */
 
 static void cuda_free(ember_backend *be) {
@@ -826,6 +836,7 @@ static const ember_backend_ops k_cuda_ops = {
     .scale = cuda_scale,
     .softcap = cuda_softcap,
     .add = cuda_add,
+    .add_rows_scaled = cuda_add_rows_scaled,
     .weight_ok = cuda_weight_ok,
     .kv_ok = cuda_kv_ok,
 };
