@@ -133,6 +133,12 @@ if [ "${SKIP_OPS_BENCH:-0}" != 1 ]; then
 fi
 note ""
 
+# ensure_model PRESET: writes $MD/PRESET (ember mkmodel, bf16) unless it is there
+ensure_model() {
+  [ -d "$MD/$1" ] || step "mkmodel $1 bf16" "$OUTDIR/mkmodel-$1.log" "${RUN_ENV[@]}" \
+    "$BUILD/ember" mkmodel --preset "$1" --dtype bf16 --out "$MD/$1"
+}
+
 # ---- whole models: ember bench --device cuda:0 on random weights of real shapes ---------------------
 # MODEL_BENCH="llama3.2-1b llama3.1-8b" (presets of ember mkmodel, bf16), MODEL_BENCH_ARGS (default
 # "-p 512 -n 128 -r 3"); the models are written to MODEL_DIR (default /tmp/ember-models).
@@ -140,8 +146,7 @@ if [ -n "${MODEL_BENCH:-}" ]; then
   MD=${MODEL_DIR:-/tmp/ember-models}
   mkdir -p "$MD"
   for preset in $MODEL_BENCH; do
-    [ -d "$MD/$preset" ] || step "mkmodel $preset bf16" "$OUTDIR/mkmodel-$preset.log" "${RUN_ENV[@]}" \
-      "$BUILD/ember" mkmodel --preset "$preset" --dtype bf16 --out "$MD/$preset"
+    ensure_model "$preset"
     step "ember bench --device cuda:0 $preset" "$OUTDIR/model-bench-$preset.txt" "${RUN_ENV[@]}" \
       timeout "${BENCH_TIMEOUT:-240}" "$BUILD/ember" bench --device cuda:0 --model "$MD/$preset" \
       ${MODEL_BENCH_ARGS:--p 512 -n 128 -r 3}
@@ -155,8 +160,7 @@ if [ -n "${DECODE_ROWS:-}" ]; then
   MD=${MODEL_DIR:-/tmp/ember-models}
   mkdir -p "$MD"
   for preset in $DECODE_ROWS; do
-    [ -d "$MD/$preset" ] || step "mkmodel $preset bf16" "$OUTDIR/mkmodel-$preset.log" "${RUN_ENV[@]}" \
-      "$BUILD/ember" mkmodel --preset "$preset" --dtype bf16 --out "$MD/$preset"
+    ensure_model "$preset"
     step "decode_rows --device cuda:0 $preset" "$OUTDIR/decode-rows-$preset.txt" "${RUN_ENV[@]}" \
       timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/decode_rows" --device cuda:0 --model "$MD/$preset" \
       ${DECODE_ROWS_ARGS:---rows 1,8,64,256 --depth 1024 --steps 16 --kv-type bf16}

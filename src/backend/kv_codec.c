@@ -546,3 +546,16 @@ int ember_kv_map_check_blocks(const ember_kv_map *map, int r, int lo, int hi, co
     }
     return EMBER_OK;
 }
+
+int ember_kv_rw_check(const ember_kv_map *map, const ember_tensor *k, const ember_tensor *v, const char *op, int *T,
+                      int *H, int *D, ember_error *err) {
+    if (k->ndim != 3 || v->ndim != 3 || v->shape[0] != k->shape[0] || v->shape[1] != k->shape[1] ||
+        v->shape[2] != k->shape[2] || k->shape[0] > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: k and v must both be [T, H, D]", op);
+    *T = (int)k->shape[0];
+    *H = (int)k->shape[1];
+    *D = (int)k->shape[2];
+    int rc = ember_kv_map_check(map, *T, *H, *D, op, err);
+    for (int t = 0; t < *T && !rc; t++) rc = ember_kv_map_check_blocks(map, map->row[t], map->pos[t], map->pos[t], op, err);
+    return rc;
+}

@@ -67,4 +67,10 @@ int ember_kv_map_check(const ember_kv_map *map, int T, int H, int D, const char 
 /* Checks that row r's blocks for positions [lo, hi] exist in its pool. */
 int ember_kv_map_check_blocks(const ember_kv_map *map, int r, int lo, int hi, const char *op, ember_error *err);
 
+/* The checks kv_write / kv_read share on every backend: k and v both
+   [T, H, D] (filled in), the map valid for them, every token's position in
+   its row's blocks. The caller checks dtype and memory itself. */
+int ember_kv_rw_check(const ember_kv_map *map, const ember_tensor *k, const ember_tensor *v, const char *op, int *T,
+                      int *H, int *D, ember_error *err);
+
 #endif

@@ -652,13 +652,8 @@ static int cpu_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_ten
     const char *op = write ? "kv_write" : "kv_read";
     int rc;
     if ((rc = need_f32(k, op, "k", err)) || (rc = need_f32(v, op, "v", err))) return rc;
-    if (k->ndim != 3 || v->ndim != 3 || v->shape[0] != k->shape[0] || v->shape[1] != k->shape[1] ||
-        v->shape[2] != k->shape[2] || k->shape[0] > INT32_MAX)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: k and v must both be [T, H, D]", op);
-    int T = (int)k->shape[0], H = (int)k->shape[1], D = (int)k->shape[2];
-    if ((rc = ember_kv_map_check(map, T, H, D, op, err))) return rc;
-    for (int t = 0; t < T; t++)
-        if ((rc = ember_kv_map_check_blocks(map, map->row[t], map->pos[t], map->pos[t], op, err))) return rc;
+    int T, H, D;
+    if ((rc = ember_kv_rw_check(map, k, v, op, &T, &H, &D, err))) return rc;
     kvrw_job j = {map, host(k), host(v), T, H, D, write};
     ember_pool_run(cpu(be)->pool, H, kvrw_task, &j);
     return EMBER_OK;

@@ -642,13 +642,8 @@ static int cuda_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_te
     const char *op = write ? "kv_write" : "kv_read";
     int rc;
     if ((rc = need_f32(be, k, op, "k", err)) || (rc = need_f32(be, v, op, "v", err))) return rc;
-    if (k->ndim != 3 || v->ndim != 3 || v->shape[0] != k->shape[0] || v->shape[1] != k->shape[1] ||
-        v->shape[2] != k->shape[2] || k->shape[0] > INT32_MAX)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: k and v must both be [T, H, D]", op);
-    int T = (int)k->shape[0], H = (int)k->shape[1], D = (int)k->shape[2];
-    if ((rc = ember_kv_map_check(map, T, H, D, op, err))) return rc;
-    for (int t = 0; t < T; t++)
-        if ((rc = ember_kv_map_check_blocks(map, map->row[t], map->pos[t], map->pos[t], op, err))) return rc;
+    int T, H, D;
+    if ((rc = ember_kv_rw_check(map, k, v, op, &T, &H, &D, err))) return rc;
     if (T == 0) return EMBER_OK;
     if ((rc = bind(c, err))) return rc;
     ember_cu_kv d;
