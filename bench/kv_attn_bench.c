@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
         ember_kv_type t;
         if (ember_kv_type_parse(kinds[k], 0, 0, &t, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
         const int heads[1] = {HKV}, dims[1] = {D}, win[1] = {0};
-        ember_kv_params p = {t, 1, heads, dims, win, 1, depth + 16, 0, 0, 256};
+        ember_kv_params p = {t, 1, heads, dims, win, 1, depth + 16, 0, 0, 256, NULL, {0}};
         ember_kv *kv;
         if (ember_kv_new(be, &p, &kv, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
         if (fill(be, kv, depth)) return 1;

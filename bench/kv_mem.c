@@ -55,7 +55,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < n_kinds; k++) {
         ember_kv_type t;
         if (ember_kv_type_parse(kinds[k], 0, 0, &t, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
-        ember_kv_params p = {t, LAYERS, heads, dims, win, rows, len, 0, 0, CH};
+        ember_kv_params p = {t, LAYERS, heads, dims, win, rows, len, 0, 0, CH, NULL, {0}};
         ember_kv *kv;
         if (ember_kv_new(be, &p, &kv, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
         long before = rss_bytes();

@@ -36,8 +36,10 @@ static void expect_err(const char *json, int code, const char *needle) {
    messages name. */
 static void family_table(void) {
     char b[256];
-    CHECK(strcmp(ember_arch_list(false, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, qwen3_moe, glm4_moe") == 0);
-    CHECK(strcmp(ember_arch_list(true, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, glm4moe") == 0);
+    CHECK(strcmp(ember_arch_list(false, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, qwen3_moe, glm4_moe, "
+                                                 "qwen3_next, qwen3_5_text, qwen3_5_moe_text") == 0);
+    CHECK(strcmp(ember_arch_list(true, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, glm4moe, "
+                                                "qwen3next, qwen35, qwen35moe") == 0);
     CHECK(strcmp(ember_arch_list(true, b, 8), "llama, ") == 0); /* cut, NUL-terminated */
     const ember_arch *a = ember_arch_find_gguf("mistral");
     CHECK(a && strcmp(a->model_type, "llama") == 0 && a->rope_interleaved);
@@ -94,6 +96,49 @@ static void moe_config(void) {
                EMBER_ERR_FORMAT, "topk_group 1");
 }
 
+#define HYB "\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":4," \
+            "\"num_attention_heads\":4,\"head_dim\":32,\"linear_num_key_heads\":2,\"linear_num_value_heads\":4," \
+            "\"linear_key_head_dim\":16,\"linear_value_head_dim\":16,\"partial_rotary_factor\":0.25"
+#define LT "\"layer_types\":[\"linear_attention\",\"linear_attention\",\"linear_attention\",\"full_attention\"]"
+
+/* The hybrid families' fields: layer_types or the hub's full_attention_interval,
+   the DeltaNet shapes, M-RoPE sections, the gated shared expert; impossible
+   hybrid metadata refused naming the field. */
+static void hybrid_config(void) {
+    ember_model_config c;
+    ember_error err = {0};
+    CHECKF(parse("{\"model_type\":\"qwen3_5_text\"," HYB "," LT ",\"linear_conv_kernel_dim\":4,"
+                 "\"rope_parameters\":{\"rope_theta\":1e4,\"partial_rotary_factor\":0.25,\"mrope_section\":[2,1,1],"
+                 "\"mrope_interleaved\":true}}", &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.n_linear == 3 && c.layer_linear[0] && c.layer_linear[2] && !c.layer_linear[3] && c.lin_conv_k == 4 &&
+          c.lin_k_heads == 2 && c.lin_v_heads == 4 && c.lin_k_dim == 16 && c.lin_v_dim == 16 && c.attn_output_gate &&
+          c.qk_norm && c.n_experts == 0 && c.layer_window[0] == 0);
+    /* hub format: every 4th layer full by default */
+    CHECKF(parse("{\"model_type\":\"qwen3_next\"," HYB ",\"num_experts\":4,\"num_experts_per_tok\":2,"
+                 "\"moe_intermediate_size\":32,\"shared_expert_intermediate_size\":48}", &c, &err) == EMBER_OK,
+           "%s", err.msg);
+    CHECK(c.n_linear == 3 && !c.layer_linear[3] && c.shared_expert_size == 48 && c.norm_topk_prob && c.layer_moe[0]);
+    CHECKF(parse("{\"model_type\":\"qwen3_next\"," HYB ",\"full_attention_interval\":2,\"num_experts\":4,"
+                 "\"num_experts_per_tok\":2,\"moe_intermediate_size\":32}", &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.n_linear == 2 && c.layer_linear[0] && !c.layer_linear[1] && c.layer_linear[2] && !c.layer_linear[3]);
+    expect_err("{\"model_type\":\"qwen3_5_text\"," HYB ",\"layer_types\":[\"linear_attention\",\"full_attention\"]}",
+               EMBER_ERR_FORMAT, "layer_types");
+    expect_err("{\"model_type\":\"qwen3_5_text\"," HYB ",\"layer_types\":[\"linear_attention\",\"linear_attention\","
+               "\"mamba\",\"full_attention\"]}",
+               EMBER_ERR_UNSUPPORTED, "layer_types[2]");
+    expect_err("{\"model_type\":\"qwen3_5_text\"," HYB "," LT ",\"linear_conv_kernel_dim\":0}", EMBER_ERR_FORMAT,
+               "linear_conv_kernel_dim");
+    expect_err("{\"model_type\":\"qwen3_5_text\",\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128,"
+               "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"linear_num_key_heads\":3,"
+               "\"linear_num_value_heads\":4}",
+               EMBER_ERR_FORMAT, "linear_num_value_heads 4 is not a multiple of linear_num_key_heads 3");
+    expect_err("{\"model_type\":\"qwen3_5_text\"," HYB "," LT ",\"rope_parameters\":{\"rope_theta\":1e4,"
+               "\"partial_rotary_factor\":0.25,\"mrope_section\":[2,2,1]}}",
+               EMBER_ERR_FORMAT, "mrope_section");
+    /* linear_attention is a layer type of the hybrids only */
+    expect_err("{\"model_type\":\"qwen3\"," HYB "," LT "}", EMBER_ERR_UNSUPPORTED, "layer_types[0]");
+}
+
 /* ember_moe_route against weights worked out by hand: softmax top-2 with
    and without renormalising; the sigmoid router where the bias changes the
    choice but not the weights, and where group top-k excludes the single
@@ -138,6 +183,7 @@ static void moe_routing(void) {
 int main(void) {
     family_table();
     moe_config();
+    hybrid_config();
     moe_routing();
     ember_model_config c;
     ember_error err = {0};

@@ -1,7 +1,8 @@
 /*
  * test_fixtures.c - parity with HuggingFace transformers on the fixture
  * models: for every fixture of a supported family (llama, qwen2, qwen3, qwen3_moe,
- * glm4_moe, mistral, phi3, gemma2, gemma3_text) and every instruction set this CPU
+ * glm4_moe, mistral, phi3, gemma2, gemma3_text, and the hybrids qwen3_next,
+ * qwen3_5_text, qwen3_5_moe_text) and every instruction set this CPU
  * has, the logits of every prompt position within 1e-4 x max|logit| (the
  * fixtures' recommended mark), the decode-step logits of p0, and the 24
  * greedy ids exactly; and the sliding-window families (mistral, gemma2,
@@ -17,8 +18,9 @@
 #include "fixture.h"
 #include "kv/kv.h"
 
-static const char *const k_families[] = {"llama",  "llama_bf16", "qwen2",      "qwen3", "qwen3_moe", "glm4_moe",
-                                         "mistral", "phi3",       "gemma2", "gemma3_text"};
+static const char *const k_families[] = {"llama",   "llama_bf16", "qwen2",      "qwen3",       "qwen3_moe",
+                                         "glm4_moe", "mistral",   "phi3",       "gemma2",      "gemma3_text",
+                                         "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"};
 
 /* Relative logit tolerance per KV kind (f32: the fixtures' 1e-4 mark). */
 typedef struct kv_tol {
@@ -126,7 +128,8 @@ static void long_run(const char *family) {
             ember_kv_type t;
             ember_error err = {0};
             ember_kv_type_parse("f32", 0, 0, &t, &err);
-            ember_kv_params kp = {t, m->cfg.n_layers, heads, dims, win, 1, 512, 0, 1 << 20, 32};
+            ember_kv_params kp = {t, m->cfg.n_layers, heads, dims, win, 1, 512, 0, 1 << 20, 32,
+                                  m->cfg.n_linear ? m->cfg.layer_linear : NULL, ember_llm_rec_shape(&m->cfg)};
             CHECK(ember_kv_new(m->be, &kp, &m->kv, &err) == EMBER_OK);
         }
         lg[k] = malloc(sizeof(float) * (size_t)(f.p[2].n + NEW) * (size_t)f.vocab);
@@ -277,8 +280,13 @@ static void glm_mtp_layers(void) {
     fixture_close(&f);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     shared_dir();
+    if (argc > 1) { /* one family, f32 KV, every ISA (for working on it) */
+        static const kv_tol f32 = {"f32", 1e-4f};
+        for (ember_isa i = EMBER_ISA_SCALAR; i <= ember_isa_detect(); i++) run_family(argv[1], i, &f32);
+        return test_done();
+    }
     const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         ember_model_params mp;

@@ -367,7 +367,7 @@ static void run_kind(const char *kind, int group, int quant_start, double budget
     ember_cpu_params cp = {2, EMBER_ISA_AUTO, false, {0}};
     CHECK(ember_backend_cpu_new(&cp, &c->be, &err) == EMBER_OK);
     CHECKF(ember_kv_type_parse(kind, group, quant_start, &c->type, &err) == EMBER_OK, "%s", err.msg);
-    ember_kv_params p = {c->type, LAYERS, k_heads, k_dims, k_win, ROWS, CTX, 0, RETAIN, CHUNK};
+    ember_kv_params p = {c->type, LAYERS, k_heads, k_dims, k_win, ROWS, CTX, 0, RETAIN, CHUNK, NULL, {0}};
     int rc = ember_kv_new(c->be, &p, &c->kv, &err);
     size_t budget = 0;
     if (!rc && budget_rows > 0) {

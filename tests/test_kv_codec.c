@@ -135,7 +135,7 @@ static ember_kv *fill(ember_backend *be, const char *kind, int H, int D, int win
     ember_error err = {0};
     CHECKF(ember_kv_type_parse(kind, 0, 0, &t, &err) == EMBER_OK, "%s", err.msg);
     const int heads[1] = {H}, dims[1] = {D}, win[1] = {window};
-    ember_kv_params p = {t, 1, heads, dims, win, 1, 4096, 0, 4096, 256};
+    ember_kv_params p = {t, 1, heads, dims, win, 1, 4096, 0, 4096, 256, NULL, {0}};
     ember_kv *kv = NULL;
     CHECKF(ember_kv_new(be, &p, &kv, &err) == EMBER_OK, "%s", err.msg);
     uint64_t saved = g_rng;

@@ -93,7 +93,7 @@ static ember_kv *make_kv(const char *kind, int qs, bool rotating) {
     ember_kv_type t;
     CHECK(ember_kv_type_parse(kind, 0, qs, &t, &err) == EMBER_OK);
     static const int heads[LAYERS] = {HEADS, HEADS}, dims[LAYERS] = {HD, HD}, win[LAYERS] = {0, 48};
-    ember_kv_params p = {t, LAYERS, heads, dims, rotating ? win : NULL, ROWS, CTX, 0, 64, 24};
+    ember_kv_params p = {t, LAYERS, heads, dims, rotating ? win : NULL, ROWS, CTX, 0, 64, 24, NULL, {0}};
     ember_kv *kv = NULL;
     CHECKF(ember_kv_new(g_be, &p, &kv, &err) == EMBER_OK, "%s", err.msg);
     return kv;

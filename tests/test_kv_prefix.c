@@ -45,7 +45,7 @@ static void run_kind(const char *kind, int quant_start) {
     ember_kv_type t;
     CHECK(ember_kv_type_parse(kind, 0, quant_start, &t, &err) == EMBER_OK);
     const int heads[LAYERS] = {HEADS, HEADS}, dims[LAYERS] = {HD, HD};
-    ember_kv_params p = {t, LAYERS, heads, dims, NULL, ROWS, CTX, 0, 0, 24};
+    ember_kv_params p = {t, LAYERS, heads, dims, NULL, ROWS, CTX, 0, 0, 24, NULL, {0}};
     ember_kv *kv;
     CHECK(ember_kv_new(g_be, &p, &kv, &err) == EMBER_OK);
     ember_kv_prefix *px;
@@ -152,7 +152,7 @@ static void rotating(const char *kind, int qs) {
     ember_kv_type t;
     CHECK(ember_kv_type_parse(kind, 0, qs, &t, &err) == EMBER_OK);
     const int heads[LAYERS] = {HEADS, HEADS}, dims[LAYERS] = {HD, HD}, win[LAYERS] = {0, 32};
-    ember_kv_params p = {t, LAYERS, heads, dims, win, ROWS, CTX, 0, 0, 24};
+    ember_kv_params p = {t, LAYERS, heads, dims, win, ROWS, CTX, 0, 0, 24, NULL, {0}};
     ember_kv *kv;
     CHECK(ember_kv_new(g_be, &p, &kv, &err) == EMBER_OK);
     ember_kv_prefix *px;

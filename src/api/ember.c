@@ -139,7 +139,8 @@ static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, embe
         dims[l] = m->cfg.head_dim;
         win[l] = m->llm->layers[l].window;
     }
-    ember_kv_params kp = {kt, L, heads, dims, win, p->n_rows, p->n_ctx, p->kv_budget, -1, p->max_batch_tokens};
+    ember_kv_params kp = {kt, L, heads, dims, win, p->n_rows, p->n_ctx, p->kv_budget, -1, p->max_batch_tokens,
+                          m->cfg.n_linear ? m->cfg.layer_linear : NULL, ember_llm_rec_shape(&m->cfg)};
     for (;;) {
         rc = ember_kv_new(m->be, &kp, &m->kv, err);
         if (rc) break;

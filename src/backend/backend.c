@@ -46,3 +46,12 @@ int ember_tensor_alloc(ember_backend *be, ember_tensor *t, ember_buffer **buf, e
     }
     return rc;
 }
+
+size_t ember_rec_layer_floats(const ember_rec_shape *s) {
+    return (size_t)(s->conv_k - 1) * (size_t)s->conv_dim + (size_t)s->n_v_heads * (size_t)s->k_dim * (size_t)s->v_dim;
+}
+
+size_t ember_rec_log_floats(const ember_rec_shape *s) {
+    return (size_t)s->conv_dim + (size_t)s->n_k_heads * (size_t)s->k_dim + (size_t)s->n_v_heads * (size_t)s->v_dim +
+           2 * (size_t)s->n_v_heads;
+}

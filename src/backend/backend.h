@@ -144,6 +144,68 @@ typedef struct ember_kv_map {
     const int32_t *row, *pos; /* [T] */
 } ember_kv_map;
 
+/* ---- recurrent state (hybrid models' linear-attention layers) -------------
+ *
+ * A gated DeltaNet layer keeps, per row, a fixed-size state instead of keys
+ * and values: the causal convolution's last K - 1 inputs and one matrix per
+ * value head. The kv part (src/kv) holds it in slots of one f32 pool; a
+ * slot holds every recurrent layer of one row, layer after layer:
+ *   conv   [K - 1][C]       the inputs of the K - 1 latest positions, oldest
+ *                           first (C = 2 Hk Dk + Hv Dv channels: q, k, v)
+ *   state  [Hv][Dk][Dv]     S of each value head
+ * A forward never writes the slot it reads: it reads the row's state from
+ * slot src (-1: all zeros, an empty row) and writes the state after its
+ * last token to slot dst, so a failed forward or a shared slot needs no
+ * copy. A row in a speculative round also logs, per position p of the
+ * round, what a replay needs (log entry p - log_base, per layer):
+ *   x [C]   the convolution's input
+ *   k [Hk Dk] (l2-normalised), v [Hv Dv], g [Hv] (log decay), beta [Hv]
+ * so that the state after any k <= d of its d positions can be rebuilt
+ * from the round's starting slot (delta_replay) without the weights.
+ */
+typedef struct ember_rec_shape {
+    int conv_dim;  /* C = 2 Hk Dk + Hv Dv */
+    int conv_k;    /* K, the kernel width (>= 1) */
+    int n_k_heads, n_v_heads; /* Hk, Hv (a multiple of Hk) */
+    int k_dim, v_dim;         /* Dk, Dv */
+} ember_rec_shape;
+
+/* Floats of one layer's part of a slot, and of one log entry of a layer. */
+size_t ember_rec_layer_floats(const ember_rec_shape *s);
+size_t ember_rec_log_floats(const ember_rec_shape *s);
+
+/* One recurrent layer's view of the state pool and the logs. */
+typedef struct ember_rec_layer {
+    ember_tensor *pool;   /* u8 [n_slots * slot_floats * 4]: f32 slots */
+    size_t slot_floats;   /* floats of a slot (every recurrent layer) */
+    size_t off;           /* this layer's part inside a slot, in floats */
+    size_t log_off;       /* this layer's part of a log position, in floats */
+    size_t log_stride;    /* floats of one log position (every recurrent layer) */
+    ember_rec_shape s;
+} ember_rec_layer;
+
+/* How a row of a batch reaches its state. */
+typedef struct ember_rec_rowref {
+    int32_t src, dst;  /* slots (src -1: zeros) */
+    ember_tensor *log; /* f32 [cap * log_stride] of a row in a speculative round, else NULL */
+    int32_t log_base;  /* the round's first position */
+    int32_t log_cap;   /* positions the log holds */
+} ember_rec_rowref;
+
+typedef struct ember_rec_map {
+    const ember_rec_layer *layer;
+    const ember_rec_rowref *refs; /* [n_refs], by cache row */
+    int n_refs;
+    const int32_t *row, *pos;     /* [T] */
+} ember_rec_map;
+
+/* The per-layer weights of delta_net (f32 tensors). */
+typedef struct ember_delta_w {
+    const ember_tensor *conv;    /* [C, K] the depthwise kernel */
+    const ember_tensor *a_log;   /* [Hv] */
+    const ember_tensor *dt_bias; /* [Hv] */
+} ember_delta_w;
+
 typedef struct ember_backend_ops {
     const char *name;
     void (*free)(ember_backend *be);
@@ -216,6 +278,35 @@ typedef struct ember_backend_ops {
        receives, never on the other rows. CUDA: EMBER_ERR_UNSUPPORTED for now. */
     int (*add_rows_scaled)(ember_backend *be, ember_tensor *dst, const ember_tensor *src, const int32_t *ids,
                            const float *w, int n, ember_error *err);
+
+    /*
+     * The gated DeltaNet core of a linear-attention layer (hybrid models).
+     * x [T, C] the input projection's q, k, v part before the convolution;
+     * b [T, Hv] the beta logits, a [T, Hv] the decay inputs; out [T, Hv Dv]. Per token t of row r = row[t], in batch order:
+     *   y = silu(causal depthwise conv over the row's inputs, width K)
+     *   q, k = l2norm(y's q, k heads) (eps 1e-6), q *= Dk^-1/2; v = y's v
+     *   g = -exp(a_log) softplus(a + dt_bias); beta = sigmoid(b)
+     *   per value head h (key head h / (Hv / Hk)):
+     *     S = exp(g) S; S += k (beta (v - S^T k))^T; out = S^T q
+     * The state comes from the map's src slot and goes to its dst slot. A
+     * row's tokens of one forward that fill whole aligned spans of 64
+     * positions run the chunked (parallel) form of the same rule, the rest
+     * the recurrent form above; a row in a speculative round (log set)
+     * always runs the recurrent form and logs (backend.h above). A row's
+     * result depends only on its own tokens: batch invariant.
+     */
+    int (*delta_net)(ember_backend *be, ember_tensor *out, const ember_tensor *x, const ember_tensor *b,
+                     const ember_tensor *a, const ember_delta_w *w, const ember_rec_map *map, ember_error *err);
+    /* Rebuilds the state after the first n logged positions of a round:
+       slot dst = slot src advanced by log entries [0, n) of log, for every
+       layer of layers[n_layers], with the recurrent form's arithmetic (so
+       bit-identical to the forward that logged them). */
+    int (*delta_replay)(ember_backend *be, const ember_rec_layer *layers, int n_layers, int32_t src, int32_t dst,
+                        const ember_tensor *log, int n, ember_error *err);
+    /* dst = x * sigmoid(gate), elementwise (an attention output gate); dst
+       may be x. */
+    int (*sigmoid_mul)(ember_backend *be, ember_tensor *dst, const ember_tensor *x, const ember_tensor *gate,
+                       ember_error *err);
 
     /* What the backend supports, asked before loading (NULL: everything).
        weight_ok: matmul and get_rows take weights of this dtype; kv_ok: the

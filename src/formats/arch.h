@@ -17,7 +17,8 @@
 typedef enum ember_arch_family {
     EMBER_FAMILY_LLAMA = 0, /* llama, mistral, qwen2, qwen3, phi3 */
     EMBER_FAMILY_GEMMA,     /* gemma2, gemma3_text */
-    EMBER_FAMILY_QWEN3_MOE  /* qwen3_moe, glm4_moe (qwen3_moe.c) */
+    EMBER_FAMILY_QWEN3_MOE, /* qwen3_moe, glm4_moe (qwen3_moe.c) */
+    EMBER_FAMILY_HYBRID     /* qwen3_next, qwen3_5_text, qwen3_5_moe_text (qwen3_next.c) */
 } ember_arch_family;
 
 typedef struct ember_arch {

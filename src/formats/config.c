@@ -247,6 +247,9 @@ static int parse_windows(const char *file, const json_t *root, ember_model_confi
             } else if (strcmp(s, "sliding_attention") == 0) {
                 cfg->layer_window[i] = use_sw ? window : 0;
                 cfg->layer_sliding[i] = true;
+            } else if (strcmp(s, "linear_attention") == 0 && ember_arch_find(cfg->model_type) &&
+                       ember_arch_find(cfg->model_type)->family == EMBER_FAMILY_HYBRID) {
+                cfg->layer_window[i] = 0; /* a DeltaNet layer (parse_hybrid) */
             } else {
                 return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: layer_types[%d] '%.32s' is not supported", file, i,
                                  s);
@@ -329,7 +332,8 @@ static int parse_moe(const char *file, const json_t *root, ember_model_config *c
         (rc = get_int(file, root, "num_experts_per_tok", true, 0, 1, 1 << 16, &cfg->n_experts_used, err)) ||
         (rc = get_int(file, root, "moe_intermediate_size", true, 0, 1, 1 << 22, &cfg->moe_intermediate_size, err)) ||
         (rc = get_int(file, root, "decoder_sparse_step", false, 1, 1, EMBER_MAX_LAYERS, &step, err)) ||
-        (rc = get_bool(file, root, "norm_topk_prob", glm, &cfg->norm_topk_prob, err)))
+        (rc = get_bool(file, root, "norm_topk_prob", glm || strcmp(cfg->model_type, "qwen3_next") == 0,
+                             &cfg->norm_topk_prob, err)))
         return rc;
     cfg->n_group = cfg->topk_group = 1;
     if (glm && ((rc = get_int(file, root, "n_group", false, 1, 1, 256, &cfg->n_group, err)) ||
@@ -361,6 +365,75 @@ static int parse_moe(const char *file, const json_t *root, ember_model_config *c
             return ember_err(err, EMBER_ERR_FORMAT, "%s: mlp_only_layers[%zu] must be a layer index in [0, %d)", file,
                              i, cfg->n_layers);
         cfg->layer_moe[json_integer_value(v)] = false;
+    }
+    return EMBER_OK;
+}
+
+/*
+ * The hybrid fields (qwen3_next, qwen3_5_text, qwen3_5_moe_text), with
+ * transformers' defaults: layer_types (or, in older configs,
+ * full_attention_interval: every interval-th layer full, default 4), the
+ * DeltaNet head counts and sizes, the convolution width; the attention
+ * layers have qk-norm and an output gate; the MoE variants a sigmoid-gated
+ * shared expert of shared_expert_intermediate_size. Impossible values are
+ * refused naming the field.
+ */
+static int parse_hybrid(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
+    int rc, interval = 4;
+    if ((rc = get_int(file, root, "linear_conv_kernel_dim", false, 4, 1, 64, &cfg->lin_conv_k, err)) ||
+        (rc = get_int(file, root, "linear_key_head_dim", false, 128, 1, 4096, &cfg->lin_k_dim, err)) ||
+        (rc = get_int(file, root, "linear_value_head_dim", false, 128, 1, 4096, &cfg->lin_v_dim, err)) ||
+        (rc = get_int(file, root, "linear_num_key_heads", false, 16, 1, 4096, &cfg->lin_k_heads, err)) ||
+        (rc = get_int(file, root, "linear_num_value_heads", false, 32, 1, 4096, &cfg->lin_v_heads, err)) ||
+        (rc = get_int(file, root, "full_attention_interval", false, 4, 1, EMBER_MAX_LAYERS, &interval, err)))
+        return rc;
+    if (cfg->lin_v_heads % cfg->lin_k_heads)
+        return ember_err(err, EMBER_ERR_FORMAT,
+                         "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d", file,
+                         cfg->lin_v_heads, cfg->lin_k_heads);
+    const json_t *lt = json_object_get(root, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt))
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'layer_types' must be an array, got %s", file,
+                             ember_json_type_bare(lt));
+        if (json_array_size(lt) != (size_t)cfg->n_layers)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: layer_types has %zu entries for num_hidden_layers %d", file,
+                             json_array_size(lt), cfg->n_layers);
+        for (int l = 0; l < cfg->n_layers; l++) {
+            const json_t *v = json_array_get(lt, (size_t)l);
+            const char *t = json_is_string(v) ? json_string_value(v) : "";
+            if (strcmp(t, "linear_attention") && strcmp(t, "full_attention"))
+                return ember_err(err, EMBER_ERR_FORMAT,
+                                 "%s: layer_types[%d] must be \"linear_attention\" or \"full_attention\"", file, l);
+            cfg->layer_linear[l] = strcmp(t, "linear_attention") == 0;
+        }
+    } else {
+        for (int l = 0; l < cfg->n_layers; l++) cfg->layer_linear[l] = (l + 1) % interval != 0;
+    }
+    cfg->n_linear = 0;
+    for (int l = 0; l < cfg->n_layers; l++) cfg->n_linear += cfg->layer_linear[l];
+    cfg->qk_norm = true;
+    cfg->attn_output_gate = true;
+    if (cfg->n_experts &&
+        (rc = get_int(file, root, "shared_expert_intermediate_size", false, 0, 0, 1 << 22, &cfg->shared_expert_size, err)))
+        return rc;
+    const json_t *rp = json_object_get(root, "rope_parameters");
+    const json_t *ms = rp && json_is_object(rp) ? json_object_get(rp, "mrope_section") : NULL;
+    if (ms && !json_is_null(ms)) { /* M-RoPE: text positions make it plain RoPE; the sections must still fit */
+        long long sum = 0;
+        bool ok = json_is_array(ms);
+        for (size_t i = 0; ok && i < json_array_size(ms); i++) {
+            const json_t *v = json_array_get(ms, i);
+            ok = json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 4096;
+            if (ok) sum += json_integer_value(v);
+        }
+        double prf = cfg->rope.partial_rotary_factor > 0 ? cfg->rope.partial_rotary_factor : 1.0;
+        long long half = (long long)(cfg->head_dim * prf) / 2;
+        if (!ok || sum != half)
+            return ember_err(err, EMBER_ERR_FORMAT,
+                             "%s: rope_parameters.mrope_section must be integers summing to %lld (half the rotated "
+                             "dimensions)",
+                             file, half);
     }
     return EMBER_OK;
 }
@@ -594,9 +667,15 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
         cfg->attn_out_bias = false; /* glm4_moe: q, k, v biases only */
         if ((rc = get_bool(file, root, "use_qk_norm", false, &cfg->qk_norm, err))) goto done;
     }
-    if ((glm || strcmp(mt, "qwen3_moe") == 0) && (rc = parse_moe(file, root, cfg, err))) goto done;
+    const bool hybrid = strcmp(mt, "qwen3_next") == 0 || strcmp(mt, "qwen3_5_text") == 0 ||
+                        strcmp(mt, "qwen3_5_moe_text") == 0;
+    if ((glm || strcmp(mt, "qwen3_moe") == 0 || (hybrid && strcmp(mt, "qwen3_5_text") != 0)) &&
+        (rc = parse_moe(file, root, cfg, err)))
+        goto done;
+    if (hybrid && strcmp(mt, "qwen3_next") != 0) cfg->norm_topk_prob = true; /* Qwen3.5 MoE always renormalises */
     if (gemma && (rc = parse_gemma(file, root, cfg, err))) goto done;
     if ((rc = parse_rope(file, root, cfg, err)) || (rc = parse_windows(file, root, cfg, err))) goto done;
+    if (hybrid && (rc = parse_hybrid(file, root, cfg, err))) goto done;
     if ((rc = parse_quant(file, root, cfg, err))) goto done;
     if ((rc = get_bos(file, root, cfg, err)) || (rc = get_eos(file, root, cfg, err))) goto done;
 done:

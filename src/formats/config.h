@@ -99,6 +99,15 @@ typedef struct ember_model_config {
     bool layer_moe[EMBER_MAX_LAYERS];   /* per layer: the MLP is the MoE block (else the dense one) */
     int layer_window[EMBER_MAX_LAYERS]; /* per layer: sliding window, 0 = full */
     bool layer_sliding[EMBER_MAX_LAYERS]; /* per layer: a sliding_attention layer (uses rope_local) */
+    /* hybrid linear attention (qwen3_next, qwen3_5_text, qwen3_5_moe_text):
+       gated DeltaNet layers beside gated full-attention layers */
+    bool layer_linear[EMBER_MAX_LAYERS]; /* per layer: a linear-attention (DeltaNet) layer */
+    int n_linear;                       /* how many */
+    int lin_conv_k;                     /* linear_conv_kernel_dim */
+    int lin_k_heads, lin_v_heads;       /* linear_num_key_heads, linear_num_value_heads */
+    int lin_k_dim, lin_v_dim;           /* linear_key_head_dim, linear_value_head_dim */
+    bool attn_output_gate;              /* q_proj is 2x wide: per head, q then a sigmoid gate on the output */
+    int shared_expert_size;             /* shared_expert_intermediate_size: a sigmoid-gated shared expert; 0: none */
     int bos_id;                         /* -1 if none */
     int n_eos;
     int eos_ids[EMBER_MAX_EOS];

@@ -150,11 +150,17 @@ void ember_kv_free(ember_kv *kv) {
     free(kv->g);
     free(kv->tabs);
     free(kv->refs);
-    free(kv->rows);
     free(kv->layer_group);
     free(kv->layer_index);
     free(kv->jr);
     free(kv->in_batch);
+    if (kv->rows)
+        for (int r = 0; r < kv->n_rows; r++) ember_buffer_free(kv->rows[r].log_buf);
+    if (kv->rec.n_layers) pool_fini(&kv->rec.pool);
+    free(kv->rec.index);
+    free(kv->rec.views);
+    free(kv->rec.refs);
+    free(kv->rows);
     free(kv);
 }
 
@@ -199,7 +205,7 @@ static size_t group_row_blocks(const ember_kv *kv, const kv_group *G, int n) {
 }
 
 size_t ember_kv_request_bytes(const ember_kv *kv, int n) {
-    size_t total = 0;
+    size_t total = 2 * kv->rec.pool.block_bytes; /* the state, and the next one during a forward */
     bool trans = kv->type.quant_start > 0;
     for (int g = 0; g < kv->n_groups; g++) {
         const kv_group *G = &kv->g[g];
@@ -241,7 +247,12 @@ int ember_kv_new(ember_backend *be, const ember_kv_params *p, ember_kv **out, em
     if (!kv->layer_group || !kv->layer_index || !kv->g || !kv->rows || !kv->in_batch)
         rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV cache");
     /* layer groups */
+    if (!rc) rc = kv_rec_init(kv, p, err);
     for (int l = 0; l < p->n_layers && !rc; l++) {
+        if (kv->rec.n_layers && kv->rec.index[l] >= 0) {
+            kv->layer_group[l] = -1; /* recurrent state, no keys and values */
+            continue;
+        }
         int w = p->window ? p->window[l] : 0;
         if (w >= p->n_ctx) w = 0; /* a window the context never exceeds is full attention */
         int g = 0;
@@ -292,6 +303,7 @@ int ember_kv_new(ember_backend *be, const ember_kv_params *p, ember_kv **out, em
         size_t min_blocks = 0; /* a row must get at least one block of each group (both pools when converting) */
         for (int g = 0; g < kv->n_groups; g++)
             for (int i = 0; i < kv->g[g].n_pools; i++) min_blocks += kv->g[g].pool[i].block_bytes;
+        min_blocks += 2 * kv->rec.pool.block_bytes;
         if (!rc && budget < min_blocks)
             rc = ember_err(err, EMBER_ERR_NOMEM, "a KV budget of %zu bytes holds no block (one is %zu bytes)", budget,
                            min_blocks);
@@ -300,13 +312,22 @@ int ember_kv_new(ember_backend *be, const ember_kv_params *p, ember_kv **out, em
     for (int g = 0; g < kv->n_groups && !rc; g++)
         for (int i = 0; i < kv->g[g].n_pools && !rc; i++)
             rc = pool_init(kv, &kv->g[g].pool[i], kv->g[g].pool[i].block_bytes, kv->budget, err);
+    if (!rc && kv->rec.n_layers) rc = pool_init(kv, &kv->rec.pool, kv->rec.pool.block_bytes, kv->budget, err);
+    if (!rc && kv->rec.n_layers) {
+        for (int i = 0; i < kv->rec.n_layers; i++) kv->rec.views[i].pool = &kv->rec.pool.t;
+        if (!(kv->rec.refs = calloc((size_t)p->n_rows, sizeof *kv->rec.refs)))
+            rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV cache");
+    }
     if (!rc) {
         size_t n = (size_t)kv->n_groups * (size_t)p->n_rows;
         kv->tabs = calloc(n, sizeof *kv->tabs);
         kv->refs = calloc(n, sizeof *kv->refs);
         if (!kv->tabs || !kv->refs) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV cache");
     }
-    for (int r = 0; r < p->n_rows && !rc; r++) kv->rows[r].spec_base = -1;
+    for (int r = 0; r < p->n_rows && kv->rows; r++) {
+        kv->rows[r].spec_base = -1;
+        kv->rows[r].slot = kv->rows[r].ckpt = kv->rows[r].nxt = -1;
+    }
     if (rc) {
         ember_kv_free(kv);
         return rc;
@@ -329,8 +350,8 @@ const ember_kv_type *ember_kv_get_type(const ember_kv *kv) {
 
 void ember_kv_describe(const ember_kv *kv, char *buf, size_t n) {
     ember_kv_type t = kv->type;
-    const kv_pool *p = &kv->g[0].pool[kv->g[0].n_pools - 1];
-    if (p->k.enc == EMBER_KVE_Q8 || p->k.enc == EMBER_KVE_Q4) t.group = p->k.group; /* as used: at most the head */
+    const kv_pool *p = kv->n_groups ? &kv->g[0].pool[kv->g[0].n_pools - 1] : NULL;
+    if (p && (p->k.enc == EMBER_KVE_Q8 || p->k.enc == EMBER_KVE_Q4)) t.group = p->k.group; /* as used: at most the head */
     ember_kv_type_describe(&t, buf, n);
 }
 
@@ -358,6 +379,7 @@ size_t ember_kv_row_bytes(const ember_kv *kv, int r) {
     for (int g = 0; g < kv->n_groups; g++)
         b += (size_t)kv->tabs[(size_t)g * (size_t)kv->n_rows + (size_t)r].n *
              kv->g[g].pool[kv->rows[r].converted ? 1 : 0].block_bytes;
+    if (kv->rows[r].slot >= 0) b += kv->rec.pool.block_bytes;
     return b;
 }
 
@@ -365,13 +387,14 @@ int ember_kv_blocks_used(const ember_kv *kv) {
     int n = 0;
     for (int g = 0; g < kv->n_groups; g++)
         for (int i = 0; i < kv->g[g].n_pools; i++) n += kv->g[g].pool[i].next - kv->g[g].pool[i].n_free;
+    if (kv->rec.n_layers) n += kv->rec.pool.next - kv->rec.pool.n_free; /* state slots count as blocks */
     return n;
 }
 
 size_t ember_kv_need_bytes(const ember_kv *kv, int r, int n) {
     if (r < 0 || r >= kv->n_rows || n <= 0) return 0;
     const kv_row *row = &kv->rows[r];
-    size_t total = 0;
+    size_t total = kv->rec.pool.block_bytes; /* the forward's new state slot */
     bool convert = kv->type.quant_start > 0 && !row->converted && row->len + n > kv->type.quant_start;
     for (int g = 0; g < kv->n_groups; g++) {
         const kv_group *G = &kv->g[g];
@@ -398,6 +421,7 @@ int ember_kv_len(const ember_kv *kv, int r) {
 int ember_kv_min_reuse(const ember_kv *kv, int r) {
     if (r < 0 || r >= kv->n_rows) return 0;
     const kv_row *row = &kv->rows[r];
+    if (kv->rec.n_layers) return row->len; /* a recurrent state holds only its end */
     int m = 0;
     if (row->converted && kv->type.quant_start > m) m = kv->type.quant_start;
     for (int g = 0; g < kv->n_groups; g++) {
@@ -431,6 +455,7 @@ void ember_kv_clear(ember_kv *kv, int r) {
     row_cut(kv, r, 0);
     kv->rows[r].spec_base = -1;
     kv->rows[r].converted = false;
+    kv_rec_clear(kv, r);
 }
 
 int ember_kv_trim(ember_kv *kv, int r, int n, ember_error *err) {
@@ -457,6 +482,8 @@ int ember_kv_clone(ember_kv *kv, int src, int dst, ember_error *err) {
     if (src < 0 || src >= kv->n_rows || dst < 0 || dst >= kv->n_rows)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "KV rows %d -> %d: no such row", src, dst);
     if (src == dst) return EMBER_OK;
+    if (kv->rec.n_layers && kv->rows[src].spec_base >= 0)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "KV row %d is in a speculative round", src);
     for (int g = 0; g < kv->n_groups; g++) /* reserve first: failure changes nothing */
         if (kv_tab_reserve(kv_tab_of(kv, g, dst), kv_tab_of(kv, g, src)->n))
             return ember_err(err, EMBER_ERR_NOMEM, "out of memory cloning a KV row");
@@ -472,6 +499,7 @@ int ember_kv_clone(ember_kv *kv, int src, int dst, ember_error *err) {
     kv->rows[dst].len = kv->rows[src].len;
     kv->rows[dst].converted = kv->rows[src].converted;
     kv->rows[dst].spec_base = -1;
+    if ((kv->rows[dst].slot = kv->rows[src].slot) >= 0) kv_pool_ref(&kv->rec.pool, kv->rows[dst].slot);
     return EMBER_OK;
 }
 
@@ -488,6 +516,7 @@ int ember_kv_spec_begin(ember_kv *kv, int r, ember_error *err) {
     if (kv->rows[r].spec_base >= 0)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "KV row %d is already in a speculative round", r);
     kv->rows[r].spec_base = kv->rows[r].len;
+    if ((kv->rows[r].ckpt = kv->rows[r].slot) >= 0) kv_pool_ref(&kv->rec.pool, kv->rows[r].ckpt);
     return EMBER_OK;
 }
 
@@ -498,6 +527,8 @@ int ember_kv_spec_commit(ember_kv *kv, int r, int k, ember_error *err) {
     if (k < 0 || row->spec_base + k > row->len)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "KV row %d: cannot keep %d of %d speculative positions", r, k,
                          row->len - row->spec_base);
+    int rc = kv_rec_spec_end(kv, r, k, err);
+    if (rc) return rc;
     row_cut(kv, r, row->spec_base + k);
     row->spec_base = -1;
     row_release_old(kv, r);
@@ -527,6 +558,7 @@ int ember_kv_rowstate_len(const ember_kv_rowstate *s) {
 
 void ember_kv_rowstate_free(ember_kv *kv, ember_kv_rowstate *s) {
     if (!s) return;
+    if (s->slot >= 0) kv_pool_unref(kv, &kv->rec.pool, s->slot);
     for (int g = 0; g < kv->n_groups; g++) {
         kv_pool *p = &kv->g[g].pool[s->converted ? 1 : 0];
         for (int i = 0; i < s->tabs[g].n; i++) kv_pool_unref(kv, p, s->tabs[g].blk[i]);
@@ -555,6 +587,7 @@ int ember_kv_extract(ember_kv *kv, int r, ember_kv_rowstate **out, ember_error *
     s->kv = kv;
     s->len = kv->rows[r].len;
     s->converted = kv->rows[r].converted;
+    if ((s->slot = kv->rows[r].slot) >= 0) kv_pool_ref(&kv->rec.pool, s->slot);
     for (int g = 0; g < kv->n_groups; g++) {
         kv_tab *t = kv_tab_of(kv, g, r);
         kv_pool *p = kv_pool_of(kv, g, r);
@@ -629,6 +662,7 @@ void ember_kv_merge_commit(ember_kv *kv, ember_kv_prepared *p) {
         ember_kv_clear(kv, r);
         kv->rows[r].len = s->len;
         kv->rows[r].converted = s->converted;
+        if ((kv->rows[r].slot = s->slot) >= 0) kv_pool_ref(&kv->rec.pool, s->slot);
         for (int g = 0; g < kv->n_groups; g++) {
             kv_tab *t = kv_tab_of(kv, g, r);
             free(t->blk);
@@ -654,7 +688,7 @@ int ember_kv_merge(ember_kv *kv, ember_kv_rowstate *const *states, const int *ds
 
 /* ---- a forward pass ------------------------------------------------------------- */
 
-enum { J_NEW, J_COW, J_CONV };
+enum { J_NEW, J_COW, J_CONV, J_REC };
 
 
 static int journal_push(ember_kv *kv, kv_jent e) {
@@ -669,10 +703,16 @@ static int journal_push(ember_kv *kv, kv_jent e) {
     return 0;
 }
 
+_Static_assert(J_REC == J_REC_KIND, "kv_internal.h's J_REC_KIND");
+
+int kv_journal_push(ember_kv *kv, kv_jent e) {
+    return journal_push(kv, e);
+}
+
 static void journal_undo(ember_kv *kv) {
     while (kv->n_j > 0) {
         kv_jent *e = &kv->jr[--kv->n_j];
-        kv_tab *t = kv_tab_of(kv, e->g, e->r);
+        kv_tab *t = e->kind == J_REC ? NULL : kv_tab_of(kv, e->g, e->r);
         if (e->kind == J_NEW) {
             kv_pool_unref(kv, kv_pool_of(kv, e->g, e->r), e->nw);
             t->n--;
@@ -680,6 +720,9 @@ static void journal_undo(ember_kv *kv) {
         } else if (e->kind == J_COW) {
             t->blk[e->idx] = e->old;
             kv_pool_unref(kv, kv_pool_of(kv, e->g, e->r), e->nw);
+        } else if (e->kind == J_REC) { /* the forward's new state slot */
+            kv_pool_unref(kv, &kv->rec.pool, e->nw);
+            kv->rows[e->r].nxt = -1;
         } else { /* J_CONV: drop the quantized table, bring the f32 one back */
             tab_release(kv, &kv->g[e->g].pool[1], t);
             free(t->blk);
@@ -836,6 +879,7 @@ int ember_kv_begin(ember_kv *kv, const int32_t *row, const int32_t *pos, int T, 
             if (!rc) R->converted = true;
             if (rc) break;
         }
+        if (kv->rec.n_layers && (rc = kv_rec_begin_row(kv, r, n, err))) break;
         for (int g = 0; g < kv->n_groups && !rc; g++) {
             kv_tab *tb = kv_tab_of(kv, g, r);
             kv_pool *p = kv_pool_of(kv, g, r);
@@ -908,6 +952,7 @@ void ember_kv_end(ember_kv *kv, bool ok) {
         return;
     }
     journal_commit(kv);
+    kv_rec_commit(kv);
     for (int t = 0; t < kv->batch_n; t++) {
         int r = kv->batch_row[t];
         if (kv->batch_pos[t] + 1 > kv->rows[r].len) kv->rows[r].len = kv->batch_pos[t] + 1;
@@ -916,7 +961,8 @@ void ember_kv_end(ember_kv *kv, bool ok) {
 }
 
 int ember_kv_read_pos(ember_kv *kv, int r, int layer, int p, float *k, float *v, ember_error *err) {
-    if (r < 0 || r >= kv->n_rows || layer < 0 || layer >= kv->n_layers || p < 0 || p >= kv->rows[r].len)
+    if (r < 0 || r >= kv->n_rows || layer < 0 || layer >= kv->n_layers || p < 0 || p >= kv->rows[r].len ||
+        kv->layer_group[layer] < 0)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "KV row %d layer %d has no position %d", r, layer, p);
     int g = kv->layer_group[layer];
     const kv_group *G = &kv->g[g];

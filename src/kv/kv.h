@@ -26,6 +26,16 @@
  * and for every kind, a layer group with a sliding window is rotating: it
  * keeps only the last window + retain positions of a row.
  *
+ * Recurrent state (hybrid models' linear-attention layers, backend.h): a
+ * row holds one slot of a state pool, a fixed size whatever its length,
+ * counted in the budget like blocks and shared by reference like them.
+ * Each forward writes the row's new state to a fresh slot and drops the
+ * old one when it commits, so a failed forward changes nothing. Such a
+ * row cannot be trimmed (ember_kv_min_reuse is its length); a speculative
+ * round keeps the starting slot and a log of the round's inputs, and
+ * commit(k) rebuilds the state after k positions from them (delta_replay:
+ * k recurrent steps per layer, no weights read; k = 0 or all cost nothing).
+ *
  * The contract (every kind):
  *   append      ember_kv_begin / ember_kv_end around a forward pass: begin
  *               checks the batch and takes every block it needs (and any
@@ -83,6 +93,10 @@ typedef struct ember_kv_params {
                             trim and rollback (< 0: 64) */
     int max_chunk;       /* most positions a row appends in one forward (<= 0: 512);
                             sizes the rotating groups' blocks per row */
+    const bool *recurrent; /* [n_layers] layers that keep recurrent state (the
+                              linear-attention layers of hybrid models) instead
+                              of keys and values; NULL: none */
+    ember_rec_shape rec;   /* their state's shape (backend.h) */
 } ember_kv_params;
 
 typedef struct ember_kv ember_kv;
@@ -156,6 +170,12 @@ int ember_kv_row_save(ember_kv *kv, int r, void **blob, size_t *n, ember_error *
    kind; on any error (bad or foreign blob, no memory) row r is unchanged. */
 int ember_kv_row_load(ember_kv *kv, int r, const void *blob, size_t n, ember_error *err);
 
+/* Bytes of one row's recurrent state (0 without recurrent layers). */
+size_t ember_kv_state_bytes(const ember_kv *kv);
+/* Copies row r's recurrent state (every recurrent layer, backend.h's slot
+   layout) into out[ember_kv_state_bytes / 4]; zeros for an empty row. */
+int ember_kv_read_state(ember_kv *kv, int r, float *out, ember_error *err);
+
 /* ---- a forward pass ---- */
 /* Checks that tokens (row[t], pos[t]) continue their rows and takes the
    blocks they need. On error nothing changed. */
@@ -163,6 +183,8 @@ int ember_kv_begin(ember_kv *kv, const int32_t *row, const int32_t *pos, int T, 
 /* Layer l's map for the batch of the open forward (views: room for 2). */
 void ember_kv_map_for(const ember_kv *kv, int layer, const int32_t *row, const int32_t *pos, ember_kv_layer *views,
                       ember_kv_map *map);
+/* Recurrent layer `layer`'s map for the batch of the open forward. */
+void ember_kv_rec_map_for(const ember_kv *kv, int layer, const int32_t *row, const int32_t *pos, ember_rec_map *map);
 /* Ends the open forward: ok commits the new positions, !ok returns every
    row to its state before ember_kv_begin. */
 void ember_kv_end(ember_kv *kv, bool ok);

@@ -38,7 +38,25 @@ typedef struct kv_row {
     int len;
     int spec_base; /* -1: no speculative round */
     bool converted;
+    /* recurrent state (kv_rec): slots of rec.pool, -1 for none */
+    int32_t slot;        /* the state after the row's positions (-1: zeros, an empty row) */
+    int32_t ckpt;        /* the state at the round's start (a reference), or -1 */
+    int32_t nxt;         /* the open forward's output slot, or -1 */
+    ember_buffer *log_buf; /* the round's log (backend.h), grown on demand */
+    ember_tensor log;
+    int log_cap;         /* positions the log holds */
 } kv_row;
+
+/* The recurrent part of a cache (none when n_layers is 0). */
+typedef struct kv_rec {
+    int n_layers;          /* recurrent layers */
+    int *index;            /* [kv n_layers] a layer's index among them, -1 for attention layers */
+    ember_rec_layer *views; /* [n_layers] */
+    ember_rec_shape shape;
+    kv_pool pool;          /* slots: block_bytes = one slot */
+    size_t slot_floats, log_stride;
+    ember_rec_rowref *refs; /* [n_rows], valid for the rows of the open forward */
+} kv_rec;
 
 typedef struct kv_jent {
     int kind, g, r, idx;
@@ -62,6 +80,7 @@ struct ember_kv {
     const int32_t *batch_row, *batch_pos;
     int batch_n;
     int *in_batch; /* [n_rows] scratch of ember_kv_begin */
+    kv_rec rec;
     kv_jent *jr;
     int n_j, cap_j;
 };
@@ -79,11 +98,28 @@ void kv_pool_ref(kv_pool *p, int32_t id);
 int kv_tab_reserve(kv_tab *t, int n);
 kv_pool *kv_pool_of(ember_kv *kv, int g, int r);
 
+/* ---- recurrent state (kv_rec.c) ---- */
+#define J_REC_KIND 3 /* kv.c's journal kind of a forward's new state slot */
+int kv_journal_push(ember_kv *kv, kv_jent e);
+/* Sets up kv->rec from p (not the pool: kv.c sizes it with the budget). */
+int kv_rec_init(ember_kv *kv, const ember_kv_params *p, ember_error *err);
+/* Drops row r's slots and log. */
+void kv_rec_clear(ember_kv *kv, int r);
+/* The recurrent side of ending row r's round keeping k positions. On error
+   the row is unchanged (still in its round). */
+int kv_rec_spec_end(ember_kv *kv, int r, int k, ember_error *err);
+/* ember_kv_begin for row r growing by n: its next slot (journaled), its
+   log when in a round, its map entry. */
+int kv_rec_begin_row(ember_kv *kv, int r, int n, ember_error *err);
+/* ember_kv_end(ok): every row of the batch moves to its next slot. */
+void kv_rec_commit(ember_kv *kv);
+
 /* A row detached from the cache (ember_kv_extract): references on its blocks. */
 struct ember_kv_rowstate {
     const ember_kv *kv;
     int len;
     bool converted;
+    int32_t slot; /* a reference on the recurrent state's slot, or -1 */
     kv_tab *tabs; /* [n_groups] */
 };
 

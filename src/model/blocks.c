@@ -52,6 +52,11 @@ static bool find_weight(const ember_loader *L, const char *name, wview *v) {
     return true;
 }
 
+bool ember_load_has(const ember_loader *L, const char *name) {
+    wview v;
+    return find_weight(L, name, &v);
+}
+
 void ember_load_claim(ember_loader *L, const char *name) {
     if (!L->claimed) return;
     if (L->gg) {
@@ -234,6 +239,53 @@ int ember_load_split(ember_loader *L, const char *name, int n, ember_tensor *con
     return EMBER_OK;
 }
 
+int ember_load_regrouped(ember_loader *L, const char *name, int64_t rows, int64_t cols, const int32_t *perm, int n,
+                         ember_tensor *const *parts, const int64_t *part_rows) {
+    ember_llm *m = L->m;
+    ember_tensor whole;
+    int rc = ember_load_tensor(L, &whole, name, 2, (const int64_t[]){rows, cols}, false, false);
+    if (rc) return rc;
+    switch (whole.dtype) { /* rows must be whole byte ranges */
+    case EMBER_F32: case EMBER_F16: case EMBER_BF16: case EMBER_Q4_0: case EMBER_Q4_1: case EMBER_Q5_0:
+    case EMBER_Q5_1: case EMBER_Q8_0: case EMBER_Q4_K: case EMBER_Q5_K: case EMBER_Q6_K: case EMBER_Q8_K: break;
+    default:
+        return ember_err(L->err, EMBER_ERR_UNSUPPORTED, "%s: tensor '%s' is %s, whose rows cannot be regrouped",
+                         L->primary, name, ember_dtype_get(whole.dtype)->name);
+    }
+    if (rows < 1 || whole.nbytes % (size_t)rows)
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' cannot be split into rows", L->primary, name);
+    const size_t row_bytes = whole.nbytes / (size_t)rows;
+    ember_buffer *b = NULL;
+    ember_tensor t;
+    if ((rc = ember_tensor_alloc(m->be, &t, &b, whole.dtype, 2, (const int64_t[]){rows, cols}, L->err))) return rc;
+    for (int64_t j = 0; j < rows && !rc; j++) {
+        if (perm[j] < 0 || perm[j] >= rows) {
+            rc = ember_err(L->err, EMBER_ERR_INTERNAL, "bad row regrouping of '%s'", name);
+            break;
+        }
+        rc = m->be->ops->copy(m->be, &t, (size_t)j * row_bytes, &whole, (size_t)perm[j] * row_bytes, row_bytes,
+                              L->err);
+    }
+    if (rc) {
+        ember_buffer_free(b);
+        return rc;
+    }
+    if ((rc = keep_buf(m, b, L->err))) return rc; /* it freed b */
+    /* the file's view (kept just before b) is no longer needed */
+    if (m->n_bufs >= 2 && m->bufs[m->n_bufs - 2] == whole.buf) {
+        ember_buffer_free(m->bufs[m->n_bufs - 2]);
+        m->bufs[m->n_bufs - 2] = b;
+        m->n_bufs--;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if ((rc = ember_tensor_view(parts[i], b, off, t.dtype, 2, (const int64_t[]){part_rows[i], cols}, L->err)))
+            return rc;
+        off += (size_t)part_rows[i] * row_bytes;
+    }
+    return EMBER_OK;
+}
+
 int ember_load_moe(ember_loader *L, int i) {
     ember_llm *m = L->m;
     const ember_model_config *c = &m->cfg;
@@ -355,17 +407,22 @@ int ember_blk_attention(ember_fwd *f, int l, const ember_llm_layer *ly, const em
     const float eps = f->m->cfg.rms_norm_eps;
     ember_error *err = f->err;
     int rc;
-    ember_matmul qkv[3] = {{&f->q, &ly->wq, opt(&ly->bq)}, {&f->k, &ly->wk, opt(&ly->bk)}, {&f->v, &ly->wv, opt(&ly->bv)}};
+    ember_tensor qg = rows_view(&f->st->qgate, 2, f->T, f->q.shape[1], 0);
+    ember_matmul qkv[4] = {{&f->q, &ly->wq, opt(&ly->bq)},
+                           {&f->k, &ly->wk, opt(&ly->bk)},
+                           {&f->v, &ly->wv, opt(&ly->bv)},
+                           {&qg, &ly->wq_gate, NULL}};
     ember_kv_layer views[2];
     ember_kv_map map;
     ember_kv_map_for(f->kv, l, f->b->row, f->b->pos, views, &map);
-    if ((rc = ops->matmul(be, &f->h, 3, qkv, err))) return rc;
+    if ((rc = ops->matmul(be, &f->h, ly->wq_gate.buf ? 4 : 3, qkv, err))) return rc;
     if (ly->q_norm.buf && ((rc = ops->rms_norm(be, &f->qh, &f->qh, &ly->q_norm, eps, qk_plus_one, err)) ||
                            (rc = ops->rms_norm(be, &f->kh, &f->kh, &ly->k_norm, eps, qk_plus_one, err))))
         return rc;
     ember_matmul o = {&f->h, &ly->wo, opt(&ly->bo)};
     if ((rc = ops->rope(be, &f->q3, f->b->pos, rope, err)) || (rc = ops->rope(be, &f->k3, f->b->pos, rope, err)) ||
         (rc = ops->kv_write(be, &map, &f->k3, &f->v3, err)) || (rc = ops->attention(be, &f->att3, &f->q3, &map, a, err)) ||
+        (ly->wq_gate.buf && (rc = ops->sigmoid_mul(be, &f->att, &f->att, &qg, err))) ||
         (rc = ops->matmul(be, &f->att, 1, &o, err)))
         return rc;
     return EMBER_OK;
@@ -486,15 +543,26 @@ int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly) {
             return rc;
     }
     if (!ly->sh_gate.buf) return EMBER_OK;
-    /* the shared expert on every token, added to the routed sum */
-    const int64_t Is = (int64_t)c->n_shared_experts * Im;
+    /* the shared expert on every token, added to the routed sum (weighed by
+       sigmoid(h Wsg) per token when it has a gate) */
+    const int64_t Is = ly->sh_gate.shape[0];
     ember_tensor y = rows_view(&st->moe_y, 2, T, H, 0), g = rows_view(&st->moe_gate, 2, T, Is, 0),
                  u = rows_view(&st->moe_up, 2, T, Is, 0);
     ember_matmul gu[2] = {{&g, &ly->sh_gate, NULL}, {&u, &ly->sh_up, NULL}}, dn = {&y, &ly->sh_down, NULL};
     if ((rc = ops->matmul(be, &in, 2, gu, err)) || (rc = ops->swiglu(be, &g, &g, &u, err)) ||
-        (rc = ops->matmul(be, &g, 1, &dn, err)) || (rc = ops->add(be, &f->h, &f->h, &y, err)))
+        (rc = ops->matmul(be, &g, 1, &dn, err)))
         return rc;
-    return EMBER_OK;
+    if (!ly->sh_expert_gate.buf) return ops->add(be, &f->h, &f->h, &y, err);
+    ember_tensor sg = rows_view(&st->moe_logits, 2, T, 1, 0);
+    ember_matmul gm = {&sg, &ly->sh_expert_gate, NULL};
+    if ((rc = ops->matmul(be, &in, 1, &gm, err)) ||
+        (rc = ops->read(be, &sg, 0, st->moe_host, (size_t)T * sizeof(float), err)))
+        return rc;
+    for (int t = 0; t < T; t++) {
+        st->moe_ids[t] = t;
+        st->moe_ew[t] = 1.0f / (1.0f + expf(-st->moe_host[t]));
+    }
+    return ops->add_rows_scaled(be, &f->h, &y, st->moe_ids, st->moe_ew, T, err);
 }
 
 int ember_blk_residual(ember_fwd *f) {

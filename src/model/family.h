@@ -35,6 +35,9 @@ typedef struct ember_loader {
     size_t n_tensors;
 } ember_loader;
 
+/* Whether the source holds a weight called name (a HuggingFace name). */
+bool ember_load_has(const ember_loader *L, const char *name);
+
 /* Marks the file tensor with HuggingFace name `name` as used (no-op when
    absent). ember_load_tensor and ember_load_split mark what they bind. */
 void ember_load_claim(ember_loader *L, const char *name);
@@ -66,6 +69,16 @@ int ember_load_split(ember_loader *L, const char *name, int n, ember_tensor *con
    ember_llm_free). A missing or misshapen tensor is an error naming it. */
 int ember_load_moe(ember_loader *L, int i);
 
+/*
+ * Binds parts[i] to consecutive row ranges of a copy of the matrix called
+ * name ([rows, cols] in all) whose rows are regrouped: new row j is old
+ * row perm[j]; parts[i] takes part_rows[i] rows. For fused projections
+ * whose pieces interleave per head (qwen3_next's in_proj_qkvz, a gated
+ * q_proj). The copy is made once at load; the file's view is released.
+ */
+int ember_load_regrouped(ember_loader *L, const char *name, int64_t rows, int64_t cols, const int32_t *perm, int n,
+                         ember_tensor *const *parts, const int64_t *part_rows);
+
 /* Binds the embedding, the final norm and the output projection (the
    embedding when tied_embeddings), and counts the bytes a decode token reads. */
 int ember_load_io(ember_loader *L);
@@ -86,6 +99,7 @@ struct ember_family {
 extern const ember_family ember_family_llama; /* llama.c: llama, mistral, qwen2, qwen3, phi3 */
 extern const ember_family ember_family_gemma; /* gemma.c: gemma2, gemma3_text */
 extern const ember_family ember_family_qwen3_moe; /* qwen3_moe.c: qwen3_moe, glm4_moe */
+extern const ember_family ember_family_qwen3_next; /* qwen3_next.c: qwen3_next, qwen3_5_text, qwen3_5_moe_text */
 
 /* ---- blocks of a forward pass -------------------------------------------------------- */
 

@@ -90,6 +90,7 @@ static int check_unclaimed(const ember_loader *L) {
 static const ember_family *family_for(const char *model_type) {
     const ember_arch *row = ember_arch_find(model_type);
     if (row && row->family == EMBER_FAMILY_QWEN3_MOE) return &ember_family_qwen3_moe;
+    if (row && row->family == EMBER_FAMILY_HYBRID) return &ember_family_qwen3_next;
     return ember_arch_is_gemma(model_type) ? &ember_family_gemma : &ember_family_llama;
 }
 
@@ -184,6 +185,11 @@ int ember_llm_load_gguf(const char *path, ember_backend *be, ember_model_config 
     return ember_llm_from_gguf(f, be, cfg, out, err);
 }
 
+ember_rec_shape ember_llm_rec_shape(const ember_model_config *c) {
+    return (ember_rec_shape){2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim, c->lin_conv_k,
+                             c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim};
+}
+
 /* ---- run state ------------------------------------------------------------------------ */
 
 void ember_llm_state_free(ember_llm_state *st) {
@@ -223,7 +229,10 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
         rc = ember_tensor_alloc(m->be, want[i].t, &st->bufs[i], EMBER_F32, 2, (const int64_t[]){want[i].rows, want[i].cols},
                                 err);
     if (c->n_experts) { /* the MoE block's scratch (state in model.h) */
-        const int64_t E = c->n_experts, K = c->n_experts_used, Is = (int64_t)c->n_shared_experts * c->moe_intermediate_size,
+        const int64_t E = c->n_experts, K = c->n_experts_used,
+                      Is = c->shared_expert_size > (int64_t)c->n_shared_experts * c->moe_intermediate_size
+                               ? c->shared_expert_size
+                               : (int64_t)c->n_shared_experts * c->moe_intermediate_size,
                       Im = Is > c->moe_intermediate_size ? Is : c->moe_intermediate_size;
         struct {
             ember_tensor *t;
@@ -241,6 +250,17 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
         st->moe_choice = malloc((size_t)E * sizeof *st->moe_choice);
         if (!rc && (!st->moe_host || !st->moe_sel || !st->moe_w || !st->moe_ids || !st->moe_ew || !st->moe_choice))
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
+    if (c->n_linear || c->attn_output_gate) { /* the hybrid layers' scratch */
+        const int64_t C = 2 * (int64_t)c->lin_k_heads * c->lin_k_dim + (int64_t)c->lin_v_heads * c->lin_v_dim,
+                      Z = (int64_t)c->lin_v_heads * c->lin_v_dim, Hv = c->lin_v_heads;
+        struct {
+            ember_tensor *t;
+            int64_t cols;
+        } hy[] = {{&st->qgate, Q}, {&st->lin_x, C}, {&st->lin_z, Z}, {&st->lin_b, Hv}, {&st->lin_a, Hv}, {&st->lin_o, Z}};
+        for (size_t i = 0; i < EMBER_ARRAY_LEN(hy) && !rc; i++)
+            rc = ember_tensor_alloc(m->be, hy[i].t, &st->bufs[EMBER_ARRAY_LEN(want) + 6 + i], EMBER_F32, 2,
+                                    (const int64_t[]){T, hy[i].cols > 0 ? hy[i].cols : 1}, err);
     }
     st->tmp_idx = calloc((size_t)max_tokens, sizeof *st->tmp_idx);
     if (!rc && !st->tmp_idx) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");

@@ -4,6 +4,9 @@
  * glm4_moe in qwen3_moe.c) as a forward pass
  * over a batch of rows.
  *
+ * qwen3_next, qwen3_5_text and qwen3_5_moe_text (hybrid: gated DeltaNet
+ * layers whose per-row state the KV cache keeps, kv.h) are in qwen3_next.c.
+ *
  * A batch is a flat list of tokens; each token carries its row (a KV cache
  * row) and its position. Any mix works: one prompt's prefill, many rows'
  * decode steps, or both. Each token's result depends only on its own row's
@@ -44,6 +47,18 @@ typedef struct ember_llm_layer {
     float *router_bias;         /* [E] host, owned: glm4_moe's e_score_correction_bias; NULL when absent */
     ember_tensor sh_gate, sh_up; /* [Is, H], Is = n_shared_experts * Im: the shared expert; buf NULL when none */
     ember_tensor sh_down;        /* [H, Is] */
+    ember_tensor sh_expert_gate; /* [1, H]: a sigmoid gate on the shared expert (qwen3_next); buf NULL when none */
+    ember_tensor wq_gate;        /* [Hq * D, H]: the attention's output gate (hybrid models; the
+                                    gate rows of their 2x-wide q_proj); buf NULL when none */
+    /* a linear-attention (gated DeltaNet) layer of a hybrid model; buf NULL on
+       other layers. C = 2 Hk Dk + Hv Dv, Z = Hv Dv (config.h's lin_*) */
+    ember_tensor lin_qkv;        /* [C, H] in_proj_qkv (qwen3_next: regrouped rows of in_proj_qkvz) */
+    ember_tensor lin_z;          /* [Z, H] in_proj_z */
+    ember_tensor lin_b, lin_a;   /* [Hv, H] in_proj_b, in_proj_a (qwen3_next: of in_proj_ba) */
+    ember_tensor lin_conv;       /* [C, K] f32: conv1d.weight */
+    ember_tensor lin_a_log, lin_dt_bias; /* [Hv] f32 */
+    ember_tensor lin_norm;       /* [Dv] f32: the gated RMSNorm's weight */
+    ember_tensor lin_out;        /* [H, Z] out_proj */
     int window;                  /* sliding window, 0 = full attention */
     bool local_rope;             /* RoPE with inv_freq_local (gemma3's sliding layers) */
 } ember_llm_layer;
@@ -101,6 +116,10 @@ bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, s
    model_type is returned as it is. */
 const char *ember_gguf_arch_of(const char *model_type);
 
+/* The recurrent state's shape of a hybrid model's linear-attention layers
+   (cfg.layer_linear), for ember_kv_params.rec. */
+ember_rec_shape ember_llm_rec_shape(const ember_model_config *c);
+
 typedef struct ember_llm_state {
     int max_tokens, max_logit_rows;
     ember_tensor x, h, q, k, v, att, gate, up; /* [max_tokens, ...] */
@@ -109,7 +128,10 @@ typedef struct ember_llm_state {
        tokens gathered for one expert and their results [max_tokens, H], the
        expert's gate and up [max_tokens, max(Im, Is)], the router logits [max_tokens, E] */
     ember_tensor moe_in, moe_x, moe_y, moe_gate, moe_up, moe_logits;
-    ember_buffer *bufs[16];
+    /* hybrid models (buf NULL otherwise): the attention's output gate [max_tokens, Hq * D];
+       a DeltaNet layer's projections [max_tokens, C], [.., Z], [.., Hv], [.., Hv] and output [.., Z] */
+    ember_tensor qgate, lin_x, lin_z, lin_b, lin_a, lin_o;
+    ember_buffer *bufs[24];
     int32_t *tmp_idx; /* [max_tokens] */
     float *moe_host;  /* [max_tokens * E] router logits on the host */
     int32_t *moe_sel; /* [max_tokens * k] each token's chosen experts */

@@ -37,6 +37,7 @@
 #include "core/cpu.h"
 #include "core/threadpool.h"
 #include "core/util.h"
+#include "cpu_delta.h"
 #include "kern_mlx.h"
 #include "kernels.h"
 #include "qkern.h"
@@ -880,7 +881,7 @@ typedef struct ew_job {
     float *dst;
     const float *a, *b;
     int64_t n;
-    int kind; /* 0 swiglu, 1 add, 2 geglu, 3 scale, 4 softcap */
+    int kind; /* 0 swiglu, 1 add, 2 geglu, 3 scale, 4 softcap, 5 sigmoid_mul */
     float s;  /* scale, cap */
 } ew_job;
 
@@ -906,8 +907,10 @@ static void ew_task(void *ctx, int task, int thread) {
         for (int64_t i = i0; i < i1; i++) j->dst[i] = gelu_tanh(j->a[i]) * j->b[i];
     } else if (j->kind == 3) {
         for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] * j->s;
-    } else {
+    } else if (j->kind == 4) {
         for (int64_t i = i0; i < i1; i++) j->dst[i] = tanhf(j->a[i] / j->s) * j->s;
+    } else {
+        for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] * (1.0f / (1.0f + expf(-j->b[i])));
     }
 }
 
@@ -949,6 +952,90 @@ static int cpu_softcap(ember_backend *be, ember_tensor *dst, const ember_tensor 
 static int cpu_add(ember_backend *be, ember_tensor *dst, const ember_tensor *a, const ember_tensor *b,
                    ember_error *err) {
     return run_ew(be, dst, a, b, 1, 0.0f, "add", err);
+}
+
+static int cpu_sigmoid_mul(ember_backend *be, ember_tensor *dst, const ember_tensor *x, const ember_tensor *gate,
+                           ember_error *err) {
+    return run_ew(be, dst, x, gate, 5, 0.0f, "sigmoid_mul", err);
+}
+
+/* ---- recurrent state (cpu_delta.c) ----------------------------------------------------- */
+
+/* Checks a slot index against the pool of layer L. */
+static bool slot_ok(const ember_rec_layer *L, int32_t slot) {
+    return slot >= 0 && (size_t)slot < L->pool->nbytes / sizeof(float) / L->slot_floats;
+}
+
+static bool rec_layer_ok(const ember_rec_layer *L) {
+    const ember_rec_shape *s = &L->s;
+    return L->pool && L->pool->buf && s->conv_k >= 1 && s->n_k_heads >= 1 &&
+           s->n_v_heads >= s->n_k_heads && s->n_v_heads % s->n_k_heads == 0 && s->k_dim >= 1 && s->v_dim >= 1 &&
+           s->conv_dim == 2 * s->n_k_heads * s->k_dim + s->n_v_heads * s->v_dim && L->slot_floats &&
+           L->off + ember_rec_layer_floats(s) <= L->slot_floats && L->log_off + ember_rec_log_floats(s) <= L->log_stride;
+}
+
+static int cpu_delta_net(ember_backend *be, ember_tensor *out, const ember_tensor *x, const ember_tensor *b,
+                         const ember_tensor *a_in, const ember_delta_w *w, const ember_rec_map *map, ember_error *err) {
+    int rc;
+    if ((rc = need_f32(out, "delta_net", "out", err)) || (rc = need_f32(x, "delta_net", "x", err)) ||
+        (rc = need_f32(b, "delta_net", "b", err)) || (rc = need_f32(a_in, "delta_net", "a", err)) || (rc = need_f32(w->conv, "delta_net", "conv", err)) ||
+        (rc = need_f32(w->a_log, "delta_net", "a_log", err)) || (rc = need_f32(w->dt_bias, "delta_net", "dt_bias", err)))
+        return rc;
+    const ember_rec_layer *L = map->layer;
+    if (!rec_layer_ok(L)) return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: bad state layout");
+    const ember_rec_shape *s = &L->s;
+    const int64_t T = ember_tensor_rows(x);
+    if (T < 1 || T > INT32_MAX || ember_tensor_row_len(x) != s->conv_dim || ember_tensor_rows(b) != T ||
+        ember_tensor_row_len(b) != s->n_v_heads || ember_tensor_rows(a_in) != T ||
+        ember_tensor_row_len(a_in) != s->n_v_heads || ember_tensor_rows(out) != T ||
+        ember_tensor_row_len(out) != (int64_t)s->n_v_heads * s->v_dim ||
+        ember_tensor_nelem(w->conv) != (int64_t)s->conv_dim * s->conv_k || ember_tensor_nelem(w->a_log) != s->n_v_heads ||
+        ember_tensor_nelem(w->dt_bias) != s->n_v_heads)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: shapes do not match the state's");
+    float **logs = calloc((size_t)map->n_refs + 1, sizeof *logs);
+    if (!logs) return ember_err(err, EMBER_ERR_NOMEM, "out of memory in delta_net");
+    for (int64_t t = 0; t < T && !rc; t++) {
+        int r = map->row[t];
+        if (r < 0 || r >= map->n_refs) {
+            rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d outside the map", r);
+            break;
+        }
+        const ember_rec_rowref *ref = &map->refs[r];
+        if (!slot_ok(L, ref->dst) || (ref->src >= 0 && !slot_ok(L, ref->src)) || ref->src == ref->dst) {
+            rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d has bad state slots", r);
+            break;
+        }
+        if (ref->log) {
+            int p = map->pos[t] - ref->log_base;
+            if (p < 0 || p >= ref->log_cap || ref->log->dtype != EMBER_F32 ||
+                (size_t)ref->log_cap * L->log_stride * sizeof(float) > ref->log->nbytes) {
+                rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d position %d is outside its log", r,
+                               map->pos[t]);
+                break;
+            }
+            logs[r] = host(ref->log);
+        }
+    }
+    if (!rc) {
+        cpu_delta_args a = {host(out), host(x), host(b), host(a_in), host(w->conv), host(w->a_log), host(w->dt_bias),
+                            host(L->pool), logs, map, (int)T};
+        rc = cpu_delta_run(cpu(be)->pool, &a, err);
+    }
+    free(logs);
+    return rc;
+}
+
+static int cpu_delta_replay(ember_backend *be, const ember_rec_layer *layers, int n_layers, int32_t src, int32_t dst,
+                            const ember_tensor *log, int n, ember_error *err) {
+    (void)be;
+    if (n_layers < 1 || !layers || !log || log->dtype != EMBER_F32 || n < 0)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_replay: bad arguments");
+    for (int l = 0; l < n_layers; l++)
+        if (!rec_layer_ok(&layers[l]) || !slot_ok(&layers[l], dst) || (src >= 0 && !slot_ok(&layers[l], src)) ||
+            src == dst || (size_t)n * layers[l].log_stride * sizeof(float) > log->nbytes ||
+            layers[l].pool != layers[0].pool)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_replay: bad state or log");
+    return cpu_delta_rebuild(layers, n_layers, host(layers[0].pool), src, dst, host(log), n, err);
 }
 
 /* The MoE combine (backend.h). One thread: n * D multiply-adds, small
@@ -1013,6 +1100,9 @@ static const ember_backend_ops k_cpu_ops = {
     .softcap = cpu_softcap,
     .add = cpu_add,
     .add_rows_scaled = cpu_add_rows_scaled,
+    .delta_net = cpu_delta_net,
+    .delta_replay = cpu_delta_replay,
+    .sigmoid_mul = cpu_sigmoid_mul,
 };
 
 int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_error *err) {
