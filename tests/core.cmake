@@ -38,6 +38,8 @@ set_tests_properties(soak_demo_model PROPERTIES FIXTURES_SETUP soak_model)
 add_test(NAME soak COMMAND soak $<TARGET_FILE:ember> ${EMBER_SOAK_MODEL})
 set_tests_properties(soak PROPERTIES FIXTURES_REQUIRED soak_model TIMEOUT 900 LABELS soak)
 ember_test(test_kv test_kv.c)
+# Recurrent state rows (hybrid models) under the cache contract (src/kv/kv_rec.c).
+ember_test(test_kv_rec test_kv_rec.c)
 ember_test(test_kv_codec test_kv_codec.c)
 ember_test(test_kv_prefix test_kv_prefix.c)
 ember_test(test_kv_disk test_kv_disk.c)

@@ -22,8 +22,15 @@
 #include "ember.h"
 #include "fixture.h"
 
-static const char *const k_families[] = {"llama",   "llama_bf16", "qwen2",  "qwen3",
-                                         "mistral", "phi3",       "gemma2", "gemma3_text"};
+static const char *const k_families[] = {"llama",   "llama_bf16", "qwen2",  "qwen3",       "mistral",
+                                         "phi3",    "gemma2",     "gemma3_text", "qwen3_next", "qwen3_5_text",
+                                         "qwen3_5_moe_text"};
+
+/* The hybrid families (recurrent state rows): their rows are reused only
+   whole, never cut back to a shorter prefix. */
+static bool is_hybrid(const char *family) {
+    return strncmp(family, "qwen3_next", 10) == 0 || strncmp(family, "qwen3_5", 7) == 0;
+}
 
 typedef struct kv_kind {
     const char *type;
@@ -232,7 +239,10 @@ static void greedy_family_kind(const char *family, const kv_kind *kind, uint64_t
         CHECKF(same_result(&spec[i], &plain[i], q.stop[i]),
                "%s KV %s@%d request %d (draft_max %d%s): speculative output differs (n %d vs %d)", family, kind->type,
                kind->quant_start, i, q.draft_max[i], q.opt_out[i] ? ", opted out" : "", spec[i].n, plain[i].n);
-    CHECKF(st.spec_drafted_total > 0 && st.spec_accepted_total > 0 && st.spec_accepted_total <= st.spec_drafted_total,
+    /* the hybrid fixtures' continuations hardly repeat (22 of 24 greedy ids distinct): n-gram
+       drafts may all miss there; their acceptance is tested with draft models below */
+    CHECKF(st.spec_drafted_total > 0 && (st.spec_accepted_total > 0 || is_hybrid(family)) &&
+               st.spec_accepted_total <= st.spec_drafted_total,
            "%s KV %s: %llu drafted, %llu accepted", family, kind->type, (unsigned long long)st.spec_drafted_total,
            (unsigned long long)st.spec_accepted_total);
     CHECK(st.decode_tokens_total >= st.decode_forwards_total + st.spec_accepted_total - NREQ);
@@ -270,7 +280,9 @@ static void greedy_family_kind(const char *family, const kv_kind *kind, uint64_t
                "%s KV %s@%d follow-up %d (%d cached) differs", family, kind->type, kind->quant_start, i,
                follow[i].done.n_cached);
     }
-    CHECKF(reused >= NREQ / 2, "%s KV %s: only %d follow-ups reused generated positions", family, kind->type, reused);
+    /* a hybrid row holds more than a follow-up shares (its last output), and its state cannot go back */
+    CHECKF(is_hybrid(family) || reused >= NREQ / 2, "%s KV %s: only %d follow-ups reused generated positions", family,
+           kind->type, reused);
     ember_engine_free(e);
     ember_model_free(m);
 }
@@ -352,7 +364,11 @@ static void greedy_draft_model(void) {
         const char *target, *draft;
         int kind; /* index into k_kinds for the target */
         bool same;
-    } cases[] = {{"qwen2", "qwen2", 0, true}, {"llama", "llama_bf16", 1, false}, {"gemma2", "gemma2", 3, false}};
+    } cases[] = {{"qwen2", "qwen2", 0, true},
+                 {"llama", "llama_bf16", 1, false},
+                 {"gemma2", "gemma2", 3, false},
+                 {"qwen3_5_text", "qwen3_5_text", 0, true},      /* recurrent rows: every draft kept */
+                 {"qwen3_5_moe_text", "qwen3_5_text", 0, false}}; /* and cut back to any k of d */
     const kv_kind f32 = {"f32", 0};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char dir[600], ddir[600];
@@ -621,6 +637,7 @@ int main(void) {
     for (size_t f = 0; f < sizeof k_families / sizeof *k_families; f++)
         for (size_t k = 0; k < nk; k++) {
             if (SPEC_TEST_SANITIZED && k != f % nk && k != (f + nk / 2) % nk) continue;
+            if (is_hybrid(k_families[f]) && k != 0 && k != 6) continue; /* their KV is one attention layer */
             greedy_family_kind(k_families[f], &k_kinds[k], &drafted, &accepted);
             rollback_family_kind(k_families[f], &k_kinds[k]);
         }

@@ -1121,7 +1121,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
                                    err);
     if (!rc && e->p.spec == EMBER_SPEC_DRAFT) rc = ember_draft_model_new(e->p.draft_model, m, e->n_rows, &e->src, err);
     if (!rc) rc = ember_kv_prefix_new(m->kv, &e->px, err);
-    if (!rc && !ember_kv_prefix_supported(e->px)) { /* a rotating group: reuse stays per row */
+    if (!rc && !ember_kv_prefix_supported(e->px)) { /* recurrent state: reuse stays per row (and disk) */
         ember_kv_prefix_free(e->px);
         e->px = NULL;
     }

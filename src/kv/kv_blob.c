@@ -8,8 +8,12 @@
  *   the shape:   i32 block n_layers n_groups, then per group
  *                i32 n_layers n_heads head_dim window  u64 block_bytes of
  *                the pool the row uses
- *   the row:     i32 len converted, then per group i32 first n_blocks
- *   payload:     per group, its blocks' bytes in table order
+ *   recurrent:   (a cache with recurrent layers only) i32 n_layers conv_dim
+ *                conv_k n_k_heads n_v_heads k_dim v_dim  u64 slot bytes
+ *   the row:     i32 len converted, then per group i32 first n_blocks;
+ *                with recurrent layers, i32 has_state (1 iff len > 0)
+ *   payload:     per group, its blocks' bytes in table order; then the
+ *                state slot's bytes when has_state
  *   u32 CRC-32 (IEEE) of every byte before it
  * A blob loads only into a cache of the same kind and shape; every field is
  * checked before anything is allocated, and the row changes only once the
@@ -152,6 +156,12 @@ static void put_shape(wbuf *w, const ember_kv *kv, bool converted) {
         put32(w, (uint32_t)G->window);
         put64(w, G->pool[converted ? 1 : 0].block_bytes);
     }
+    if (kv->rec.n_layers) {
+        const ember_rec_shape *r = &kv->rec.shape;
+        int q[] = {kv->rec.n_layers, r->conv_dim, r->conv_k, r->n_k_heads, r->n_v_heads, r->k_dim, r->v_dim};
+        for (size_t i = 0; i < EMBER_ARRAY_LEN(q); i++) put32(w, (uint32_t)q[i]);
+        put64(w, kv->rec.pool.block_bytes);
+    }
 }
 
 /* ---- writing ---------------------------------------------------------------------- */
@@ -163,7 +173,9 @@ struct kv_blob_writer {
     int stage;           /* 0 header, 1 blocks, 2 CRC, 3 done */
     int g, i;            /* the next block: group g, table entry i */
     uint32_t crc;
-    unsigned char *blk;  /* [largest block] scratch */
+    unsigned char *blk;  /* [big] scratch */
+    size_t big;          /* the largest block, at least 64 KiB (state pieces) */
+    size_t off;          /* stage 4: bytes of the state slot written */
     size_t total;
 };
 
@@ -188,6 +200,10 @@ int kv_blob_writer_new(ember_kv *kv, const ember_kv_rowstate *s, kv_blob_writer 
         if (bb > big) big = bb;
         total += (size_t)t->n * bb;
     }
+    if (kv->rec.n_layers) {
+        put32(&w->hdr, s->slot >= 0 ? 1u : 0u);
+        if (s->slot >= 0) total += kv->rec.pool.block_bytes;
+    }
     if (!w->hdr.fail) {
         uint32_t h = (uint32_t)w->hdr.n;
         unsigned char b[4] = {(unsigned char)h, (unsigned char)(h >> 8), (unsigned char)(h >> 16),
@@ -195,7 +211,9 @@ int kv_blob_writer_new(ember_kv *kv, const ember_kv_rowstate *s, kv_blob_writer 
         memcpy(w->hdr.p + 12, b, 4);
     }
     w->total = w->hdr.n + total + 4;
-    if (w->hdr.fail || !(w->blk = malloc(big ? big : 1))) {
+    if (kv->rec.n_layers && big < (1u << 16)) big = 1u << 16;
+    w->big = big ? big : 1;
+    if (w->hdr.fail || !(w->blk = malloc(w->big))) {
         kv_blob_writer_free(w);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory saving a KV row");
     }
@@ -224,7 +242,7 @@ int kv_blob_writer_step(kv_blob_writer *w, kv_sink *out, size_t bytes, ember_err
     }
     while (w->stage == 1 && done < bytes) {
         if (w->g == kv->n_groups) {
-            w->stage = 2;
+            w->stage = kv->rec.n_layers && w->s->slot >= 0 ? 4 : 2;
             break;
         }
         const kv_tab *t = &w->s->tabs[w->g];
@@ -241,6 +259,15 @@ int kv_blob_writer_step(kv_blob_writer *w, kv_sink *out, size_t bytes, ember_err
         w->crc = kv_crc32(w->crc, w->blk, p->block_bytes);
         done += p->block_bytes;
         w->i++;
+    }
+    while (w->stage == 4 && done < bytes) { /* the state slot, in pieces of the largest block */
+        const size_t sb = kv->rec.pool.block_bytes, piece = sb - w->off < w->big ? sb - w->off : w->big;
+        if ((rc = kv->be->ops->read(kv->be, &kv->rec.pool.t, (size_t)w->s->slot * sb + w->off, w->blk, piece, err)) ||
+            (rc = out->write(out->u, w->blk, piece, err)))
+            return rc;
+        w->crc = kv_crc32(w->crc, w->blk, piece);
+        done += piece;
+        if ((w->off += piece) == sb) w->stage = 2;
     }
     if (w->stage == 2) {
         unsigned char b[4] = {(unsigned char)w->crc, (unsigned char)(w->crc >> 8), (unsigned char)(w->crc >> 16),
@@ -293,6 +320,7 @@ typedef struct blob_info {
     size_t hdr, total;
     int len;
     bool conv;
+    bool state; /* a recurrent state follows the blocks */
     int first[EMBER_KV_MAX_GROUPS], cnt[EMBER_KV_MAX_GROUPS];
 } blob_info;
 
@@ -321,11 +349,18 @@ static int parse_header(ember_kv *kv, const unsigned char *b, size_t n, size_t *
     for (int i = 0; i < 9; i++)
         if (!geti(&rd, &f[i])) return BAD("truncated header");
     uint64_t bb;
-    if (f[8] != kv->n_groups || f[8] < 1 || f[8] > EMBER_KV_MAX_GROUPS) return BAD("made by a cache of another shape");
+    if (f[8] != kv->n_groups || (f[8] < 1 && !kv->rec.n_layers) || f[8] > EMBER_KV_MAX_GROUPS)
+        return BAD("made by a cache of another shape");
     for (int g = 0; g < f[8]; g++) {
         int gl, gh, gd, gw;
         if (!geti(&rd, &gl) || !geti(&rd, &gh) || !geti(&rd, &gd) || !geti(&rd, &gw) || !get64(&rd, &bb))
             return BAD("truncated header");
+    }
+    if (kv->rec.n_layers) { /* the recurrent fields (compared below with the rest of the shape) */
+        int q;
+        for (int i = 0; i < 7; i++)
+            if (!geti(&rd, &q)) return BAD("truncated header");
+        if (!get64(&rd, &bb)) return BAD("truncated header");
     }
     size_t shape_end = rd.at;
     if (!get32(&rd, &lenv) || !get32(&rd, &conv)) return BAD("truncated header");
@@ -356,6 +391,14 @@ static int parse_header(ember_kv *kv, const unsigned char *b, size_t n, size_t *
         if (!ember_mul_ok((size_t)cnt, G->pool[conv ? 1 : 0].block_bytes, &add) ||
             !ember_add_ok(payload, add, &payload))
             return BAD("payload size overflows");
+    }
+    bi->state = false;
+    if (kv->rec.n_layers) {
+        uint32_t has;
+        if (!get32(&rd, &has)) return BAD("truncated header");
+        if (has > 1 || (has == 1) != (len > 0)) return BAD("recurrent state flag %u does not match its length %d", has, len);
+        bi->state = has == 1;
+        if (bi->state && !ember_add_ok(payload, kv->rec.pool.block_bytes, &payload)) return BAD("payload size overflows");
     }
     if (rd.at != hdr) return BAD("header size does not match its fields");
     if (!ember_add_ok(payload, (size_t)hdr + 4, &bi->total)) return BAD("payload size overflows");
@@ -405,11 +448,32 @@ static int read_payload(ember_kv *kv, int r, const blob_info *bi, kv_source *in,
             rc = kv->be->ops->write(kv->be, &p->t, (size_t)id * p->block_bytes, blk, p->block_bytes, err);
         }
     }
+    int32_t slot = -1; /* the recurrent state, read in pieces into a new slot */
+    if (!rc && bi->state) {
+        const size_t sb = kv->rec.pool.block_bytes;
+        size_t piece = big > (1u << 16) ? big : (1u << 16);
+        unsigned char *tmp = realloc(blk, piece);
+        if (!tmp) {
+            rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory loading a KV row");
+        } else {
+            blk = tmp;
+            if ((slot = kv_pool_take(kv, &kv->rec.pool)) < 0)
+                rc = ember_err(err, EMBER_ERR_NOMEM, "the KV cache is full (loading a row's recurrent state)");
+        }
+        for (size_t off = 0; !rc && off < sb; off += piece) {
+            size_t nb = sb - off < piece ? sb - off : piece;
+            if (!(rc = in->read(in->u, blk, nb, err))) {
+                crc = kv_crc32(crc, blk, nb);
+                rc = kv->be->ops->write(kv->be, &kv->rec.pool.t, (size_t)slot * sb + off, blk, nb, err);
+            }
+        }
+    }
     unsigned char cb[4];
     if (!rc && !(rc = in->read(in->u, cb, 4, err)) && rd32(cb) != crc)
         rc = BAD("checksum mismatch (corrupt or truncated)");
     free(blk);
     if (rc) {
+        if (slot >= 0) kv_pool_unref(kv, &kv->rec.pool, slot);
         for (int g = 0; g < kv->n_groups; g++) {
             kv_pool *p = &kv->g[g].pool[bi->conv ? 1 : 0];
             for (int i = 0; i < nt[g].n; i++) kv_pool_unref(kv, p, nt[g].blk[i]);
@@ -426,6 +490,7 @@ static int read_payload(ember_kv *kv, int r, const blob_info *bi, kv_source *in,
     kv->rows[r].len = bi->len;
     kv->rows[r].converted = bi->conv;
     kv->rows[r].spec_base = -1;
+    kv->rows[r].slot = slot;
     return EMBER_OK;
 }
 

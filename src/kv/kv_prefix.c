@@ -53,7 +53,11 @@ int ember_kv_prefix_new(ember_kv *kv, ember_kv_prefix **out, ember_error *err) {
     ember_kv_prefix *px = calloc(1, sizeof *px);
     if (!px) return ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the prefix cache");
     px->kv = kv;
-    px->supported = true; /* every kind shares (rotating groups: the blocks a row still held) */
+    /* every kind shares (rotating groups: the blocks a row still held); a
+       recurrent state holds only its end, not the prefixes the table's
+       entries stand for: such rows reuse per row and through the disk tier,
+       where a whole row is restored exactly */
+    px->supported = kv->rec.n_layers == 0;
     px->free_head = -1;
     px->n_buckets = 1024;
     px->bucket = malloc(px->n_buckets * sizeof *px->bucket);
