@@ -227,8 +227,12 @@ static void hostile(void) {
 
 /* ---- OpenAI: non-streamed vs streamed ------------------------------------------------------ */
 
+/* Chunks that carried a piece of a call's arguments in the last streamed answer. */
+static int g_arg_chunks;
+
 /* The streamed answer rebuilt: {"content", "tool_calls": [{id, name, arguments}], "finish"}. */
 static json_t *sse_chat(const char *body) {
+    g_arg_chunks = 0;
     json_t *calls = json_array();
     char *content = calloc(1, strlen(body) + 1);
     size_t cn = 0;
@@ -266,6 +270,7 @@ static json_t *sse_chat(const char *body) {
             json_t *call = json_array_get(calls, idx);
             order_ok &= call != NULL;
             const char *a = json_string_value(json_object_get(fn, "arguments"));
+            if (call && a && *a) g_arg_chunks++;
             if (call && a) {
                 char *cat = malloc(strlen(json_string_value(json_object_get(call, "arguments"))) + strlen(a) + 1);
                 strcpy(cat, json_string_value(json_object_get(call, "arguments")));
@@ -355,6 +360,8 @@ static void openai_calls(void) {
     json_decref(a);
     const char *id = json_string_value(json_object_get(json_array_get(json_object_get(m, "tool_calls"), 0), "id"));
     CHECK(id && !strncmp(id, "call_", 5) && strlen(id) > 12);
+    /* the arguments streamed as they were generated, not in one piece at the end */
+    CHECKF(g_arg_chunks > 3, "arguments streamed in %d chunks", g_arg_chunks);
     json_decref(m);
     /* parallel calls, no text: content is null */
     const char *two = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n"
@@ -427,7 +434,10 @@ static void openai_results(void) {
 /* ---- Anthropic ------------------------------------------------------------------------------ */
 
 /* The streamed message rebuilt: {"content": [blocks], "stop_reason"}. */
+static int g_json_deltas; /* input_json_delta events of the last streamed message */
+
 static json_t *sse_anthropic(const char *body) {
+    g_json_deltas = 0;
     json_t *blocks = json_array();
     const char *stop = "";
     char stop_b[32];
@@ -453,6 +463,7 @@ static json_t *sse_anthropic(const char *body) {
             json_t *cb = json_array_get(blocks, (size_t)idx), *dl = json_object_get(j, "delta");
             const char *dt = json_string_value(json_object_get(dl, "type"));
             const char *key = dt && !strcmp(dt, "text_delta") ? "text" : "partial";
+            if (dt && !strcmp(dt, "input_json_delta")) g_json_deltas++;
             const char *piece = json_string_value(json_object_get(dl, dt && !strcmp(dt, "text_delta") ? "text" : "partial_json"));
             const char *have = json_string_value(json_object_get(cb, key));
             ok &= have && piece;
@@ -537,6 +548,7 @@ static void anthropic_calls(void) {
           !strcmp(json_string_value(json_object_get(u1, "name")), "get_weather") &&
           !strcmp(json_string_value(json_object_get(json_object_get(u1, "input"), "city")), "Rome"));
     CHECK(!strncmp(json_string_value(json_object_get(u1, "id")), "toolu_", 6));
+    CHECKF(g_json_deltas > 3, "input streamed in %d input_json_delta events", g_json_deltas);
     CHECK(json_is_object(json_object_get(u3, "input")) && !strcmp(json_string_value(json_object_get(u3, "name")), "get_time"));
     const char *use_id = json_string_value(json_object_get(u1, "id"));
     /* the call fed back as tool_use and tool_result blocks */
