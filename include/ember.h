@@ -324,6 +324,18 @@ typedef struct ember_gen_params {
     int no_speculation;    /* nonzero: this request never speculates, whatever the engine's spec */
     int draft_max;         /* > 0: at most this many draft tokens per step for this request (the
                               engine's draft_max still bounds it); 0: the engine's */
+    /* Optional constraint on the tokens (the server's grammars: tool_choice, response_format).
+       On the engine thread, before each token of this request is sampled (drafts verified
+       included), constrain_mask(user, logits, n_vocab) sets the logits of the tokens not
+       allowed to -INFINITY (after penalties and biases, before the sampler chain);
+       constrain_accept(user, token) is then told the token chosen. Other rows never see it.
+       On a successful submit the engine owns constrain_user and calls
+       constrain_free(constrain_user) (when non-NULL) once the request is over; after a failed
+       submit the caller keeps it. */
+    int (*constrain_mask)(void *user, float *logits, int n_vocab);
+    void (*constrain_accept)(void *user, int32_t token);
+    void (*constrain_free)(void *user);
+    void *constrain_user;
 } ember_gen_params;
 
 typedef enum ember_event_kind { EMBER_EV_TOKEN = 1, EMBER_EV_DONE = 2 } ember_event_kind;

@@ -159,6 +159,29 @@ static void hostile(void) {
          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c1\","
          "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":5}}]}]}",
          "messages", "arguments"},
+        /* enforced tool_choice: schemas the constrainer cannot handle, response_format shapes */
+        {"/v1/chat/completions",
+         "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+         "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^x$\"}}}}}],\"tool_choice\":\"required\"}",
+         "tools", "pattern"},
+        {"/v1/chat/completions",
+         "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"$defs\":{\"n\":"
+         "{\"type\":\"object\",\"properties\":{\"k\":{\"$ref\":\"#/$defs/n\"}}}},\"$ref\":\"#/$defs/n\"}}}],"
+         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}",
+         "tools", "recursive"},
+        {"/v1/chat/completions",
+         "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+         "\"string\"}}}],\"tool_choice\":\"required\"}",
+         "tools", "object"},
+        {"/v1/chat/completions", "{" USER ",\"response_format\":{\"type\":\"json_schema\"}}", "response_format", "name"},
+        {"/v1/chat/completions", "{" USER ",\"response_format\":{\"type\":\"yaml\"}}", "response_format", "yaml"},
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
+         "\"integer\",\"minimum\":1}}}}",
+         "response_format", "minimum"},
+        {"/v1/chat/completions",
+         "{" USER "," TOOLS ",\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}}",
+         "response_format", "tool_choice"},
         /* the test hook: only with text */
         {"/v1/chat/completions", "{" USER ",\"ember_test_output\":5}", "ember_test_output", "string"},
         /* Anthropic */
@@ -227,8 +250,12 @@ static void hostile(void) {
 
 /* ---- OpenAI: non-streamed vs streamed ------------------------------------------------------ */
 
+/* Chunks that carried a piece of a call's arguments in the last streamed answer. */
+static int g_arg_chunks;
+
 /* The streamed answer rebuilt: {"content", "tool_calls": [{id, name, arguments}], "finish"}. */
 static json_t *sse_chat(const char *body) {
+    g_arg_chunks = 0;
     json_t *calls = json_array();
     char *content = calloc(1, strlen(body) + 1);
     size_t cn = 0;
@@ -266,6 +293,7 @@ static json_t *sse_chat(const char *body) {
             json_t *call = json_array_get(calls, idx);
             order_ok &= call != NULL;
             const char *a = json_string_value(json_object_get(fn, "arguments"));
+            if (call && a && *a) g_arg_chunks++;
             if (call && a) {
                 char *cat = malloc(strlen(json_string_value(json_object_get(call, "arguments"))) + strlen(a) + 1);
                 strcpy(cat, json_string_value(json_object_get(call, "arguments")));
@@ -342,6 +370,108 @@ static json_t *call_args(const json_t *msg, size_t i) {
     return a ? json_loads(a, 0, NULL) : NULL;
 }
 
+static json_t *sse_anthropic(const char *body);
+
+/* Enforced tool_choice on random weights (no script): the sampler follows the
+   call format and the tool's schema, so every answer is a call of the right
+   tool whose arguments parse and hold the required properties; streamed
+   too. response_format json_schema / json_object likewise. */
+static void enforced(void) {
+    int n_done = 0;
+    for (int k = 0; k < 3; k++) {
+        char body[4096];
+        snprintf(body, sizeof body,
+                 "{" USER "," TOOLS ",\"max_tokens\":400,\"temperature\":%s,\"seed\":%d,\"tool_choice\":%s}",
+                 k == 0 ? "0" : "1", k, k == 2 ? "{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}" : "\"required\"");
+        int st;
+        json_t *j = post("/v1/chat/completions", body, &st, NULL);
+        CHECKF(st == 200, "status %d", st);
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *msg = json_object_get(ch, "message");
+        const char *fin = str_or(json_object_get(ch, "finish_reason"), "");
+        json_t *calls = json_object_get(msg, "tool_calls");
+        if (strcmp(fin, "length")) n_done++;
+        if (strcmp(fin, "length")) { /* unless max_tokens cut it: one call, arguments valid */
+            CHECKF(!strcmp(fin, "tool_calls") && json_array_size(calls) == 1, "case %d: finish %s, %zu calls", k, fin,
+                   json_array_size(calls));
+            const char *name = call_name(msg, 0);
+            json_t *a = call_args(msg, 0);
+            CHECKF(json_is_object(a), "case %d: arguments %s", k,
+                   str_or(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments"), "?"));
+            if (k == 2) CHECK(name && !strcmp(name, "get_time"));
+            if (name && !strcmp(name, "get_weather")) CHECK(json_is_string(json_object_get(a, "city")));
+            json_decref(a);
+        }
+        json_decref(j);
+    }
+    fprintf(stderr, "enforced tool_choice: %d of 3 answers complete calls\n", n_done);
+    /* a tool whose arguments are bounded (an enum, an integer, no free text) always completes */
+    for (int k = 0; k < 2; k++) {
+        char body[4096];
+        snprintf(body, sizeof body,
+                 "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"pick\",\"parameters\":{\"type\":"
+                 "\"object\",\"properties\":{\"color\":{\"enum\":[\"red\",\"green\"]},\"n\":{\"type\":\"integer\"}},"
+                 "\"required\":[\"color\",\"n\"],\"additionalProperties\":false}}}],\"max_tokens\":300,\"temperature\":%d,"
+                 "\"seed\":3,\"tool_choice\":\"required\"}",
+                 k);
+        int st;
+        json_t *j = post("/v1/chat/completions", body, &st, NULL);
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *msg = json_object_get(ch, "message");
+        json_t *a = call_args(msg, 0);
+        const char *color = json_string_value(json_object_get(a, "color"));
+        CHECKF(st == 200 && !strcmp(str_or(json_object_get(ch, "finish_reason"), ""), "tool_calls") &&
+                   !strcmp(call_name(msg, 0) ? call_name(msg, 0) : "", "pick") && color &&
+                   (!strcmp(color, "red") || !strcmp(color, "green")) && json_is_integer(json_object_get(a, "n")) &&
+                   json_object_size(a) == 2,
+               "bounded tool, temperature %d: status %d", k, st);
+        json_decref(a);
+        json_decref(j);
+    }
+    /* Anthropic any, streamed: a tool_use block whose streamed input parses */
+    char body[4096];
+    snprintf(body, sizeof body, "{\"max_tokens\":400,\"stream\":true," USER "," ATOOLS ",\"tool_choice\":{\"type\":\"any\"}}");
+    http_resp r;
+    http_request(g_port, "POST", "/v1/messages", body, &r);
+    CHECK(r.status == 200);
+    json_t *sm = sse_anthropic(r.body);
+    http_resp_free(&r);
+    const char *stop = str_or(json_object_get(sm, "stop_reason"), "");
+    if (strcmp(stop, "max_tokens")) {
+        json_t *blk = json_array_get(json_object_get(sm, "content"), 0);
+        CHECKF(!strcmp(stop, "tool_use") && !strcmp(str_or(json_object_get(blk, "type"), ""), "tool_use") &&
+                   json_is_object(json_object_get(blk, "input")),
+               "anthropic any: stop %s", stop);
+    }
+    json_decref(sm);
+    /* structured output */
+    static const char *const formats[] = {
+        "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"w\",\"strict\":true,\"schema\":{\"type\":\"object\","
+        "\"properties\":{\"n\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},"
+        "\"maxItems\":2},\"ok\":{\"type\":\"boolean\"}},\"required\":[\"n\",\"tags\",\"ok\"],\"additionalProperties\":false}}}",
+        "{\"type\":\"json_object\"}",
+    };
+    for (int k = 0; k < 2; k++) {
+        snprintf(body, sizeof body, "{" USER ",\"max_tokens\":400,\"temperature\":1,\"seed\":7,\"response_format\":%s}",
+                 formats[k]);
+        int st;
+        json_t *j = post("/v1/chat/completions", body, &st, NULL);
+        CHECKF(st == 200, "status %d", st);
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+        const char *c = str_or(json_object_get(json_object_get(ch, "message"), "content"), "");
+        CHECKF(k == 1 || strcmp(str_or(json_object_get(ch, "finish_reason"), ""), "length"),
+               "a bounded schema ran out of tokens: %s", c);
+        if (strcmp(str_or(json_object_get(ch, "finish_reason"), ""), "length")) {
+            json_t *x = json_loads(c, 0, NULL);
+            CHECKF(json_is_object(x), "format %d: content does not parse: %s", k, c);
+            if (k == 0)
+                CHECKF(json_is_integer(json_object_get(x, "n")) && json_is_array(json_object_get(x, "tags")) &&
+                           json_is_boolean(json_object_get(x, "ok")) && json_object_size(x) == 3,
+                       "format 0: %s", c);
+            json_decref(x);
+        }
+        json_decref(j);
+    }
+}
+
 static void openai_calls(void) {
     char fin[32];
     /* one call, text before it */
@@ -355,6 +485,8 @@ static void openai_calls(void) {
     json_decref(a);
     const char *id = json_string_value(json_object_get(json_array_get(json_object_get(m, "tool_calls"), 0), "id"));
     CHECK(id && !strncmp(id, "call_", 5) && strlen(id) > 12);
+    /* the arguments streamed as they were generated, not in one piece at the end */
+    CHECKF(g_arg_chunks > 3, "arguments streamed in %d chunks", g_arg_chunks);
     json_decref(m);
     /* parallel calls, no text: content is null */
     const char *two = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n"
@@ -427,7 +559,10 @@ static void openai_results(void) {
 /* ---- Anthropic ------------------------------------------------------------------------------ */
 
 /* The streamed message rebuilt: {"content": [blocks], "stop_reason"}. */
+static int g_json_deltas; /* input_json_delta events of the last streamed message */
+
 static json_t *sse_anthropic(const char *body) {
+    g_json_deltas = 0;
     json_t *blocks = json_array();
     const char *stop = "";
     char stop_b[32];
@@ -453,6 +588,7 @@ static json_t *sse_anthropic(const char *body) {
             json_t *cb = json_array_get(blocks, (size_t)idx), *dl = json_object_get(j, "delta");
             const char *dt = json_string_value(json_object_get(dl, "type"));
             const char *key = dt && !strcmp(dt, "text_delta") ? "text" : "partial";
+            if (dt && !strcmp(dt, "input_json_delta")) g_json_deltas++;
             const char *piece = json_string_value(json_object_get(dl, dt && !strcmp(dt, "text_delta") ? "text" : "partial_json"));
             const char *have = json_string_value(json_object_get(cb, key));
             ok &= have && piece;
@@ -537,6 +673,7 @@ static void anthropic_calls(void) {
           !strcmp(json_string_value(json_object_get(u1, "name")), "get_weather") &&
           !strcmp(json_string_value(json_object_get(json_object_get(u1, "input"), "city")), "Rome"));
     CHECK(!strncmp(json_string_value(json_object_get(u1, "id")), "toolu_", 6));
+    CHECKF(g_json_deltas > 3, "input streamed in %d input_json_delta events", g_json_deltas);
     CHECK(json_is_object(json_object_get(u3, "input")) && !strcmp(json_string_value(json_object_get(u3, "name")), "get_time"));
     const char *use_id = json_string_value(json_object_get(u1, "id"));
     /* the call fed back as tool_use and tool_result blocks */
@@ -675,6 +812,7 @@ int main(void) {
     openai_calls();
     openai_results();
     anthropic_calls();
+    enforced();
     ember_server_stop(s, 5.0);
 
     /* without the hook the field is refused */

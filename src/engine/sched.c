@@ -101,6 +101,7 @@ static void stream_unref(ember_stream *s) {
     int left = --s->refs;
     pthread_mutex_unlock(&s->mu);
     if (left > 0) return;
+    if (s->g.constrain_free) s->g.constrain_free(s->g.constrain_user);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s->q);
@@ -582,8 +583,10 @@ static ember_finish emit_token(ember_engine *e, row *r, float *lg, int32_t draft
     bool want_lp = g->logprobs || g->top_logprobs > 0;
     if (want_lp) memcpy(e->raw, lg, (size_t)V * sizeof *lg);
     process_logits(r, lg, V);
+    if (g->constrain_mask) g->constrain_mask(g->constrain_user, lg, V); /* this row's logits only */
     int32_t t = draft >= 0 ? ember_sampler_sample_draft(r->sampler, lg, draft) : ember_sampler_sample(r->sampler, lg);
     *tok = t;
+    if (g->constrain_accept) g->constrain_accept(g->constrain_user, t);
     ev.token = t;
     if (want_lp) {
         double lse = log_sum_exp(e->raw, V);
@@ -1209,6 +1212,7 @@ int ember_engine_submit(ember_engine *e, const ember_gen_params *g, ember_stream
         bool stopping = e->stop;
         pthread_mutex_unlock(&e->mu);
         s->refs = 1;
+        s->g.constrain_free = NULL; /* a failed submit leaves the constraint with the caller */
         stream_unref(s);
         return stopping ? ember_err(err, EMBER_ERR_LIMIT, "the engine is shutting down")
                         : ember_err(err, EMBER_ERR_LIMIT, "the queue is full (%d requests waiting)", e->p.max_queue);

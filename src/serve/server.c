@@ -37,6 +37,7 @@
 #include "core/util.h"
 #include "serve.h"
 #include "api/textgen.h"
+#include "sample/grammar.h"
 
 #define MAX_JSON_DEPTH 64
 #define MAX_STOPS 16
@@ -77,6 +78,9 @@ struct ember_server {
     uint64_t finished[5];     /* by ember_finish */
     int32_t keep_ids[8];      /* special tokens spelling the tool format's markers: kept in the text */
     int n_keep;
+    /* constrained decoding: every token's bytes in a trie, made at the first request that needs it */
+    pthread_mutex_t gv_mu;
+    ember_gvocab *gv;
 };
 
 static void histo_add(histo *h, const double *bounds, int nb, double v) {
@@ -302,6 +306,7 @@ typedef struct gen_req {
     json_t *tools;   /* the request's tools in OpenAI's shape (owned), NULL when none */
     int tool_choice; /* TOOLS_AUTO, ... */
     bool one_call;   /* parallel_tool_calls false / disable_parallel_tool_use: calls after the first are dropped */
+    ember_grammar *gram; /* owned until submit: what the output must follow (tool_choice, response_format) */
     int32_t *script; /* TESTS ONLY (ember_test_output): tokens that replace the sampled ones */
     int n_script;
     bool script_ends; /* the script is shorter than max_tokens: its end is the end of the turn */
@@ -313,6 +318,8 @@ static void gen_req_free(gen_req *q) {
     free(q->ids);
     free(q->bias);
     json_decref(q->tools);
+    ember_grammar_free(q->gram);
+    if (q->g.constrain_free && q->g.constrain_user) q->g.constrain_free(q->g.constrain_user); /* never submitted */
     free(q->script);
     for (int i = 0; i < q->n_stops; i++) free(q->stops[i]);
     memset(q, 0, sizeof *q);
@@ -587,6 +594,273 @@ static int parse_tool_choice(const json_t *body, bool anth, gen_req *q, bad *b) 
         return fail(b, 400, "tool_choice", "this 'tool_choice' needs 'tools'");
     if (named && !has_tool(q->tools, named))
         return fail(b, 400, "tool_choice", "tool_choice names '%.64s', which is not one of 'tools'", named);
+    return 0;
+}
+
+static int tool_grammar(ember_server *s, const gen_req *q, const char *named, bad *b);
+
+/* The name a named tool_choice gives (NULL for others). */
+static const char *choice_name(const json_t *body, bool anth) {
+    const json_t *tc = json_object_get(body, "tool_choice");
+    return json_string_value(anth ? json_object_get(tc, "name") : json_object_get(json_object_get(tc, "function"), "name"));
+}
+
+/* An enforced tool_choice (required / any / named) as the grammar of one call. */
+static int enforce_tool_choice(ember_server *s, const json_t *body, bool anth, gen_req *q, bad *b) {
+    if (q->tool_choice != TOOLS_REQUIRED && q->tool_choice != TOOLS_NAMED) return 0;
+    return tool_grammar(s, q, q->tool_choice == TOOLS_NAMED ? choice_name(body, anth) : NULL, b);
+}
+
+/* ---- constrained decoding ------------------------------------------------------------------ */
+
+/* The bytes of the GPT-2 byte-level alphabet's code point cp, or -1. */
+static int bytelevel_byte(unsigned cp) {
+    if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255)) return (int)cp;
+    if (cp < 256 || cp > 323) return -1;
+    unsigned k = cp - 256; /* the k-th byte outside the ranges above */
+    for (int b = 0; b < 256; b++) {
+        bool in = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+        if (!in && k-- == 0) return b;
+    }
+    return -1;
+}
+
+/* What token id writes in the middle of a text, into buf (up to 256 bytes):
+   byte-level vocabularies map their alphabet back to bytes; SentencePiece
+   ones write U+2581 as a space and <0xNN> as the byte. false: unknown. */
+static bool token_bytes(const ember_tokenizer *tok, bool bytelevel, int32_t id, char *buf, size_t *n) {
+    size_t len = 0;
+    const char *t = ember_tok_id_text(tok, id, &len);
+    if (!t || len == 0 || len > 256) return false;
+    *n = 0;
+    if (!bytelevel && len == 6 && !memcmp(t, "<0x", 3) && t[5] == '>') {
+        buf[(*n)++] = (char)strtol(t + 3, NULL, 16);
+        return true;
+    }
+    const unsigned char *u = (const unsigned char *)t;
+    for (size_t i = 0; i < len;) {
+        unsigned cp = u[i];
+        size_t l = cp < 0x80 ? 1 : (cp >> 5) == 6 ? 2 : (cp >> 4) == 14 ? 3 : 4;
+        if (i + l > len) return false;
+        if (l == 2) cp = (cp & 0x1fu) << 6 | (u[i + 1] & 0x3fu);
+        if (l == 3) cp = (cp & 0x0fu) << 12 | (u[i + 1] & 0x3fu) << 6 | (u[i + 2] & 0x3fu);
+        if (bytelevel) {
+            int b = l <= 2 ? bytelevel_byte(cp) : -1;
+            if (b < 0) return false;
+            buf[(*n)++] = (char)b;
+        } else if (l == 3 && cp == 0x2581) {
+            buf[(*n)++] = ' ';
+        } else {
+            memcpy(buf + *n, t + i, l);
+            *n += l;
+        }
+        i += l;
+    }
+    return true;
+}
+
+/* The server's vocabulary trie, made once (under gv_mu). */
+static const ember_gvocab *server_gvocab(ember_server *s, bad *b) {
+    pthread_mutex_lock(&s->gv_mu);
+    if (!s->gv) {
+        int n = s->info.vocab_size, nt = ember_tok_n_vocab(s->tok);
+        bool bytelevel = ember_tok_text_id(s->tok, "\xc4\xa0", 2) >= 0; /* "Ġ": spaces as the byte alphabet writes them */
+        char **bytes = calloc((size_t)n, sizeof *bytes);
+        size_t *lens = calloc((size_t)n, sizeof *lens);
+        bool *end = calloc((size_t)n, sizeof *end);
+        char buf[1024];
+        bool ok = bytes && lens && end;
+        for (int i = 0; ok && i < n; i++) {
+            for (int k = 0; k < s->info.n_eos; k++) end[i] |= s->info.eos_ids[k] == i;
+            if (i >= nt || end[i]) continue;
+            size_t len = 0;
+            if (ember_tok_is_special(s->tok, i)) {
+                bool keep = false;
+                for (int k = 0; k < s->n_keep; k++) keep |= s->keep_ids[k] == i;
+                const char *t = keep ? ember_tok_id_text(s->tok, i, &len) : NULL;
+                if (!t || len > sizeof buf) continue;
+                memcpy(buf, t, len);
+            } else if (!token_bytes(s->tok, bytelevel, i, buf, &len)) {
+                continue;
+            }
+            bytes[i] = malloc(len ? len : 1);
+            if (!bytes[i]) ok = false;
+            else memcpy(bytes[i], buf, len);
+            lens[i] = len;
+        }
+        ember_error err = {0};
+        if (ok && ember_gvocab_new(n, (const char *const *)bytes, lens, end, &s->gv, &err)) ok = false;
+        for (int i = 0; bytes && i < n; i++) free(bytes[i]);
+        free(bytes);
+        free(lens);
+        free(end);
+        if (!ok) {
+            pthread_mutex_unlock(&s->gv_mu);
+            fail(b, 500, NULL, "out of memory building the vocabulary's trie");
+            return NULL;
+        }
+    }
+    const ember_gvocab *v = s->gv;
+    pthread_mutex_unlock(&s->gv_mu);
+    return v;
+}
+
+/* A JSON string's text quoted, into out (room for 2 * 64 + 3). */
+static void quoted(char *out, size_t n, const char *name) {
+    snprintf(out, n, "\"%s\"", name);
+}
+
+/* The grammar of one forced call in the server's tool format: every tool
+   (tool_choice required / any) or the named one, its arguments following
+   its parameters schema. */
+static int tool_grammar(ember_server *s, const gen_req *q, const char *named, bad *b) {
+    ember_tool_format f = s->o.tool_format;
+    if (f != EMBER_TOOLS_HERMES && f != EMBER_TOOLS_LLAMA3 && f != EMBER_TOOLS_MISTRAL)
+        return fail(b, 400, "tool_choice",
+                    "this tool_choice cannot be enforced with the '%s' tool-call format (enforced: hermes, llama3_json, "
+                    "mistral); use \"auto\"",
+                    ember_tool_format_name(f));
+    ember_grammar *g = ember_grammar_new();
+    if (!g) return fail(b, 500, NULL, "out of memory");
+    ((gen_req *)q)->gram = g;
+    bool mistral_args = f == EMBER_TOOLS_MISTRAL && ember_tok_text_id(s->tok, "[ARGS]", 6) >= 0;
+    size_t nt = json_array_size(q->tools), k = 0, i;
+    char **heads = calloc(nt, sizeof *heads);
+    int *next = calloc(nt, sizeof *next);
+    if (!heads || !next) {
+        free(heads);
+        free(next);
+        return fail(b, 500, NULL, "out of memory");
+    }
+    int rc = 0;
+    ember_error err = {0};
+    const json_t *t;
+    json_array_foreach(q->tools, i, t) {
+        const json_t *fn = json_object_get(t, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (named && strcmp(name, named)) continue;
+        const json_t *params = json_object_get(fn, "parameters");
+        char where[64];
+        snprintf(where, sizeof where, "tools[%zu] parameters", i);
+        int args = json_is_object(params) && json_object_size(params) ? ember_grammar_schema(g, params, params, where, &err)
+                                                                       : ember_grammar_any_object(g, &err);
+        if (args < 0) {
+            rc = fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, "tools", "%s", err.msg);
+            break;
+        }
+        const json_t *ty = json_object_get(params, "type");
+        if (ty && !(json_is_string(ty) && !strcmp(json_string_value(ty), "object"))) {
+            rc = fail(b, 400, "tools", "%s: a tool's parameters must describe an object to be enforced", where);
+            break;
+        }
+        char q1[160], h[400];
+        quoted(q1, sizeof q1, name);
+        int close = -1;
+        if (mistral_args) {
+            snprintf(h, sizeof h, "%s[ARGS]", name);
+            next[k] = args;
+        } else {
+            snprintf(h, sizeof h, "{\"name\": %s, \"%s\": ", q1, f == EMBER_TOOLS_LLAMA3 ? "parameters" : "arguments");
+            close = ember_grammar_literal(g, "}", 1, &err);
+            int parts[2] = {args, close};
+            next[k] = close < 0 ? -1 : ember_grammar_seq(g, parts, 2, &err);
+            if (next[k] < 0) {
+                rc = fail(b, 500, NULL, "%s", err.msg);
+                break;
+            }
+        }
+        heads[k] = strdup(h);
+        if (!heads[k++]) {
+            rc = fail(b, 500, NULL, "out of memory");
+            break;
+        }
+    }
+    int body = rc ? -1 : ember_grammar_choice(g, (const char *const *)heads, next, (int)k, &err);
+    for (size_t x = 0; x < k; x++) free(heads[x]);
+    free(heads);
+    free(next);
+    if (rc) return rc;
+    if (body < 0) return fail(b, 400, "tools", "%s", err.msg);
+    int parts[3], np = 0;
+    const char *open = f == EMBER_TOOLS_HERMES ? "<tool_call>\n" : f == EMBER_TOOLS_MISTRAL ? (mistral_args ? "[TOOL_CALLS]" : "[TOOL_CALLS][") : NULL;
+    const char *close = f == EMBER_TOOLS_HERMES ? "\n</tool_call>" : f == EMBER_TOOLS_MISTRAL && !mistral_args ? "]" : NULL;
+    if (open) parts[np++] = ember_grammar_literal(g, open, strlen(open), &err);
+    parts[np++] = body;
+    if (close) parts[np++] = ember_grammar_literal(g, close, strlen(close), &err);
+    for (int x = 0; x < np; x++)
+        if (parts[x] < 0) return fail(b, 500, NULL, "%s", err.msg);
+    int root = ember_grammar_seq(g, parts, np, &err);
+    if (root < 0 || ember_grammar_set_root(g, root, &err)) return fail(b, 500, NULL, "%s", err.msg);
+    return 0;
+}
+
+/* response_format {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema", ...}}. */
+static int format_grammar(const json_t *rf, gen_req *q, bad *b) {
+    const char *t = json_string_value(json_object_get(rf, "type"));
+    if (!json_is_object(rf) || !t)
+        return fail(b, 400, "response_format", "'response_format' must be an object with a 'type'");
+    if (!strcmp(t, "text")) return 0;
+    if (strcmp(t, "json_object") && strcmp(t, "json_schema"))
+        return fail(b, 400, "response_format", "response_format.type must be text, json_object or json_schema, not '%.32s'",
+                    t);
+    if (q->gram) return fail(b, 400, "response_format", "'response_format' with an enforced 'tool_choice' is not supported");
+    const json_t *js = json_object_get(rf, "json_schema"), *sch = json_object_get(js, "schema");
+    if (!strcmp(t, "json_schema")) {
+        if (!json_is_object(js) || !json_is_string(json_object_get(js, "name")))
+            return fail(b, 400, "response_format", "response_format.json_schema must be an object with a 'name'");
+        if (sch && !json_is_object(sch))
+            return fail(b, 400, "response_format", "response_format.json_schema.schema must be an object");
+    }
+    q->gram = ember_grammar_new();
+    if (!q->gram) return fail(b, 500, NULL, "out of memory");
+    ember_error err = {0};
+    int root = sch ? ember_grammar_schema(q->gram, sch, sch, "response_format.json_schema.schema", &err)
+                   : ember_grammar_any_object(q->gram, &err);
+    if (root < 0) return fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, "response_format", "%s", err.msg);
+    if (ember_grammar_set_root(q->gram, root, &err)) return fail(b, 500, NULL, "%s", err.msg);
+    return 0;
+}
+
+/* The engine-side constraint of one request: the grammar and the matcher
+   (owned by the engine once submitted; freed by cons_free). */
+typedef struct constraint {
+    ember_grammar *g;
+    ember_gmatch *m;
+} constraint;
+
+static int cons_mask(void *u, float *logits, int n) {
+    return ember_gmatch_mask(((constraint *)u)->m, logits, n);
+}
+
+static void cons_accept(void *u, int32_t token) {
+    ember_gmatch_accept(((constraint *)u)->m, token);
+}
+
+static void cons_free(void *u) {
+    constraint *c = u;
+    if (!c) return;
+    ember_gmatch_free(c->m);
+    ember_grammar_free(c->g);
+    free(c);
+}
+
+/* Moves q->gram into a constraint on q->g (the vocabulary's trie made first). */
+static int attach_grammar(ember_server *s, gen_req *q, bad *b) {
+    if (!q->gram) return 0;
+    const ember_gvocab *v = server_gvocab(s, b);
+    if (!v) return -1;
+    constraint *c = calloc(1, sizeof *c);
+    ember_error err = {0};
+    if (!c || ember_gmatch_new(q->gram, v, &c->m, &err)) {
+        free(c);
+        return fail(b, 500, NULL, "out of memory");
+    }
+    c->g = q->gram;
+    q->gram = NULL;
+    q->g.constrain_mask = cons_mask;
+    q->g.constrain_accept = cons_accept;
+    q->g.constrain_free = cons_free;
+    q->g.constrain_user = c;
     return 0;
 }
 
@@ -949,17 +1223,19 @@ static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q,
         q->g.top_logprobs = (int)top;
         q->lp_mode = lp ? 1 : 0;
         const json_t *rf = json_object_get(body, "response_format");
-        const json_t *rft = json_object_get(rf, "type");
-        if (rf && !json_is_null(rf) && !(json_is_string(rft) && !strcmp(json_string_value(rft), "text")))
-            return fail(b, 400, "response_format", "only response_format {\"type\": \"text\"} is supported");
-        if (parse_tools(body, false, q, b) || parse_tool_choice(body, false, q, b)) return -1;
+        if (parse_tools(body, false, q, b) || parse_tool_choice(body, false, q, b) ||
+            enforce_tool_choice(s, body, false, q, b))
+            return -1;
+        if (rf && !json_is_null(rf) && format_grammar(rf, q, b)) return -1;
         json_t *msgs = normalize_messages(json_object_get(body, "messages"), false, NULL, b);
         if (!msgs) return -1;
         int rc = chat_prompt(s, body, msgs, q, b);
         json_decref(msgs);
         if (rc) return rc;
     } else if (proto == PROTO_ANTHROPIC) {
-        if (parse_tools(body, true, q, b) || parse_tool_choice(body, true, q, b)) return -1;
+        if (parse_tools(body, true, q, b) || parse_tool_choice(body, true, q, b) ||
+            enforce_tool_choice(s, body, true, q, b))
+            return -1;
         json_t *msgs = normalize_messages(json_object_get(body, "messages"), true, json_object_get(body, "system"), b);
         if (!msgs) return -1;
         int rc = chat_prompt(s, body, msgs, q, b);
@@ -996,7 +1272,7 @@ static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q,
         if (s->o.default_max_tokens > 0 && q->g.max_tokens > s->o.default_max_tokens)
             q->g.max_tokens = s->o.default_max_tokens;
     }
-    if (parse_test_output(s, body, q, b)) return -1;
+    if (parse_test_output(s, body, q, b) || attach_grammar(s, q, b)) return -1;
     q->g.prompt = q->ids;
     q->g.n_prompt = q->n_ids;
     return 0;
@@ -1520,6 +1796,8 @@ static enum MHD_Result run_generation(ember_server *s, struct MHD_Connection *c,
         textgen_keep(&r->tg, s->keep_ids, s->n_keep);
     }
     int rc = ember_engine_submit(s->eng, &r->q.g, &r->es, &err);
+    if (rc) cons_free(r->q.g.constrain_user); /* not taken by the engine */
+    r->q.g.constrain_user = NULL;
     if (rc) {
         unsigned code = rc == EMBER_ERR_LIMIT ? (atomic_load(&s->draining) ? 503 : 429) : rc == EMBER_ERR_NOMEM ? 500 : 400;
         run_free(r);
@@ -1882,6 +2160,7 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
     if (!s->o.model_id) s->o.model_id = "ember";
     s->created = time(NULL);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->gv_mu, NULL);
     ember_model_get_info(m, &s->info);
     for (const char *const *mk = ember_tool_format_markers(o->tool_format); *mk && s->n_keep < 8; mk++) {
         int32_t id = ember_tok_text_id(tok, *mk, strlen(*mk));
@@ -1903,6 +2182,7 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
         free(s->bos_text);
         free(s->eos_text);
         pthread_mutex_destroy(&s->mu);
+        pthread_mutex_destroy(&s->gv_mu);
         free(s);
         return rc;
     }
@@ -1951,6 +2231,8 @@ void ember_server_stop(ember_server *s, double drain_seconds) {
     ember_engine_shutdown(s->eng);
     if (s->d) MHD_stop_daemon(s->d);
     ember_engine_free(s->eng);
+    ember_gvocab_free(s->gv);
+    pthread_mutex_destroy(&s->gv_mu);
     free(s->bos_text);
     free(s->eos_text);
     pthread_mutex_destroy(&s->mu);

@@ -10,6 +10,10 @@
  *               decided yet: hold it), CALL (complete and well formed: the
  *               calls are reported, the bytes consumed) or BAD (malformed:
  *               the marker becomes content and the scan goes on after it).
+ *   Calls whose head ({"name": "f", "arguments": { or NAME[ARGS]{) comes
+ *   first stream instead (ST_ARGS: the arguments through an incremental JSON
+ *   check, each accepted byte reported at once; ST_TAIL: the call's closing
+ *   '}' and marker); see "streamed calls" below.
  *   Llama 3 has no marker in front of a call: a call is only recognized at
  *   the very start of the text (LLAMA_START), calls may follow each other
  *   separated by ';' (LLAMA_AFTER), and the first thing that is not a call
@@ -31,8 +35,17 @@
 #define MAX_NAME 256  /* bytes of a function or parameter name */
 #define MAX_DEPTH 128 /* nesting of argument values */
 
-enum { ST_TEXT, ST_LLAMA_START, ST_LLAMA_CALL, ST_LLAMA_AFTER, ST_PLAIN };
+enum { ST_TEXT, ST_LLAMA_START, ST_LLAMA_CALL, ST_LLAMA_AFTER, ST_PLAIN, ST_ARGS, ST_TAIL };
 enum { R_NEED, R_CALL, R_BAD };
+enum { TAIL_NONE, TAIL_HERMES, TAIL_LLAMA };
+
+/* The incremental JSON checker of a streamed call's arguments. */
+typedef struct jscan {
+    char stack[MAX_DEPTH]; /* the closing bracket of each open level */
+    int depth, st, num, hex, lit_pos;
+    const char *lit;
+    bool key, done;
+} jscan;
 
 struct ember_tool_parser {
     ember_tool_format f;
@@ -42,6 +55,9 @@ struct ember_tool_parser {
     int state;
     int n_calls;
     bool finished, failed;
+    /* a streamed call (ST_ARGS, then ST_TAIL) */
+    jscan js;
+    int call_idx, tail, resume; /* resume: the state after the call */
     ember_tool_sink sink;
     void *user;
 };
@@ -351,6 +367,268 @@ static bool json_call(const char *s, size_t n, pcall *out, bool *oom) {
     json_decref(inner);
     json_decref(o);
     return ok;
+}
+
+/* ---- streamed calls: an incremental JSON checker -------------------------------------------------
+ *
+ * A call whose head is complete and whose arguments object has begun
+ * ({"name": "f", "arguments": { ... for Hermes and Llama 3, NAME[ARGS]{ for
+ * Mistral) is committed: it is reported at once and its arguments are
+ * reported as they arrive, each byte once the checker below has accepted it
+ * as a possible prefix of a JSON object. A committed call that breaks (a
+ * byte that cannot continue the JSON) ends there, with the arguments written
+ * so far, and the rest is text again; one cut off by the end of the text ends
+ * with what it has. Either way the events depend only on the bytes seen. */
+
+enum { J_VALUE, J_ARR_FIRST, J_KEY_OR_END, J_KEY, J_COLON, J_AFTER, J_STR, J_ESC, J_HEX, J_NUM, J_LIT };
+enum { N_SIGN, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
+
+static void js_init(jscan *j) {
+    memset(j, 0, sizeof *j);
+    j->st = J_VALUE;
+}
+
+static void js_end_value(jscan *j) {
+    j->st = J_AFTER;
+    if (j->depth == 0) j->done = true;
+}
+
+static int js_start(jscan *j, char c) {
+    switch (c) {
+    case '{':
+    case '[':
+        if (j->depth == MAX_DEPTH) return -1;
+        j->stack[j->depth++] = c == '{' ? '}' : ']';
+        j->st = c == '{' ? J_KEY_OR_END : J_ARR_FIRST;
+        return 1;
+    case '"':
+        j->st = J_STR;
+        j->key = false;
+        return 1;
+    case 't': j->lit = "true"; break;
+    case 'f': j->lit = "false"; break;
+    case 'n': j->lit = "null"; break;
+    case '-':
+        j->st = J_NUM;
+        j->num = N_SIGN;
+        return 1;
+    default:
+        if (c < '0' || c > '9') return -1;
+        j->st = J_NUM;
+        j->num = c == '0' ? N_ZERO : N_INT;
+        return 1;
+    }
+    j->st = J_LIT;
+    j->lit_pos = 1;
+    return 1;
+}
+
+/* Feeds one byte: 1 accepted, -1 it cannot continue the value. */
+static int js_feed(jscan *j, char c) {
+    if (j->done) return -1;
+    bool ws = is_ws(c), digit = c >= '0' && c <= '9';
+    switch (j->st) {
+    case J_VALUE: return ws ? 1 : js_start(j, c);
+    case J_ARR_FIRST:
+        if (ws) return 1;
+        if (c == ']') {
+            j->depth--;
+            js_end_value(j);
+            return 1;
+        }
+        return js_start(j, c);
+    case J_KEY_OR_END:
+        if (c == '}') {
+            j->depth--;
+            js_end_value(j);
+            return 1;
+        }
+        /* fall through */
+    case J_KEY:
+        if (ws) return 1;
+        if (c != '"') return -1;
+        j->st = J_STR;
+        j->key = true;
+        return 1;
+    case J_COLON:
+        if (ws) return 1;
+        if (c != ':') return -1;
+        j->st = J_VALUE;
+        return 1;
+    case J_AFTER:
+        if (ws) return 1;
+        if (c == ',') {
+            j->st = j->stack[j->depth - 1] == '}' ? J_KEY : J_VALUE;
+            return 1;
+        }
+        if (c != j->stack[j->depth - 1]) return -1;
+        j->depth--;
+        js_end_value(j);
+        return 1;
+    case J_STR:
+        if (c == '"') {
+            if (j->key)
+                j->st = J_COLON;
+            else
+                js_end_value(j);
+        } else if (c == '\\') {
+            j->st = J_ESC;
+        } else if ((unsigned char)c < 0x20) {
+            return -1;
+        }
+        return 1;
+    case J_ESC:
+        if (c == 'u') {
+            j->hex = 4;
+            j->st = J_HEX;
+            return 1;
+        }
+        if (!strchr("\"\\/bfnrt", c) || !c) return -1;
+        j->st = J_STR;
+        return 1;
+    case J_HEX:
+        if (!digit && !((c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) return -1;
+        if (--j->hex == 0) j->st = J_STR;
+        return 1;
+    case J_LIT:
+        if (c != j->lit[j->lit_pos]) return -1;
+        if (!j->lit[++j->lit_pos]) js_end_value(j);
+        return 1;
+    case J_NUM: {
+        int nx = -1;
+        switch (j->num) {
+        case N_SIGN: nx = digit ? (c == '0' ? N_ZERO : N_INT) : -1; break;
+        case N_ZERO: nx = c == '.' ? N_DOT : (c == 'e' || c == 'E') ? N_E : -1; break;
+        case N_INT: nx = digit ? N_INT : c == '.' ? N_DOT : (c == 'e' || c == 'E') ? N_E : -1; break;
+        case N_DOT: nx = digit ? N_FRAC : -1; break;
+        case N_FRAC: nx = digit ? N_FRAC : (c == 'e' || c == 'E') ? N_E : -1; break;
+        case N_E: nx = digit ? N_EXP : (c == '+' || c == '-') ? N_ESIGN : -1; break;
+        case N_ESIGN: nx = digit ? N_EXP : -1; break;
+        case N_EXP: nx = digit ? N_EXP : -1; break;
+        }
+        if (nx >= 0) {
+            j->num = nx;
+            return 1;
+        }
+        if (j->num == N_SIGN || j->num == N_DOT || j->num == N_E || j->num == N_ESIGN) return -1;
+        js_end_value(j); /* the number ended: the byte belongs to what follows */
+        return js_feed(j, c);
+    }
+    }
+    return -1;
+}
+
+/* {"name": "NAME", "arguments": { (or "parameters"), white space allowed
+   between the parts, from s[i]: 1 matched (*args at the arguments' '{', the
+   name copied), 0 not decided yet, -1 another shape. */
+static int call_head(const char *s, size_t n, size_t i, char *name, size_t *args) {
+    i = skip_ws(s, n, i);
+    if (i == n) return 0;
+    if (s[i] != '{') return -1;
+    i = skip_ws(s, n, i + 1);
+    int r = expect(s, n, i, "\"name\"");
+    if (r <= 0) return r;
+    i = skip_ws(s, n, i + 6);
+    if (i == n) return 0;
+    if (s[i] != ':') return -1;
+    i = skip_ws(s, n, i + 1);
+    if (i == n) return 0;
+    if (s[i] != '"') return -1;
+    size_t nb = ++i;
+    while (i < n && name_char(s[i]) && i - nb <= MAX_NAME) i++;
+    if (i == n) return 0;
+    if (s[i] != '"' || !valid_name(s + nb, i - nb)) return -1;
+    memcpy(name, s + nb, i - nb);
+    name[i - nb] = 0;
+    i = skip_ws(s, n, i + 1);
+    if (i == n) return 0;
+    if (s[i] != ',') return -1;
+    i = skip_ws(s, n, i + 1);
+    int a = expect(s, n, i, "\"arguments\""), p = expect(s, n, i, "\"parameters\"");
+    if (a < 0 && p < 0) return -1;
+    if (a < 1 && p < 1) return 0;
+    i = skip_ws(s, n, i + (a == 1 ? 11 : 12));
+    if (i == n) return 0;
+    if (s[i] != ':') return -1;
+    i = skip_ws(s, n, i + 1);
+    if (i == n) return 0;
+    if (s[i] != '{') return -1;
+    *args = i;
+    return 1;
+}
+
+/* Mistral's NAME[ARGS]{ or NAME[CALL_ID]id[ARGS]{ after [TOOL_CALLS] (s[i]
+   just past the marker): as call_head. */
+static int mistral_head(const char *s, size_t n, size_t i, char *name, size_t *args) {
+    size_t j = skip_ws(s, n, i), k = j;
+    while (k < n && name_char(s[k]) && k - j <= MAX_NAME) k++;
+    if (k == n) return 0;
+    if (s[k] != '[' || !valid_name(s + j, k - j)) return -1;
+    memcpy(name, s + j, k - j);
+    name[k - j] = 0;
+    int r = expect(s, n, k, "[CALL_ID]");
+    if (r == 0) return 0;
+    if (r == 1) {
+        k += strlen("[CALL_ID]");
+        while (k < n && name_char(s[k])) k++;
+        if (k == n) return 0;
+    }
+    r = expect(s, n, k, "[ARGS]");
+    if (r <= 0) return r;
+    k = skip_ws(s, n, k + strlen("[ARGS]"));
+    if (k == n) return 0;
+    if (s[k] != '{') return -1;
+    *args = k;
+    return 1;
+}
+
+/* What follows a streamed call's arguments: white space, the '}' closing the
+   call's object (optional before Hermes' marker), white space, and the
+   closing marker (NULL: none, the '}' is required). 1: all there (*end past
+   it); 0: not decided yet; -1: something else. *kept: the bytes that belong
+   to the call in any case (up to the '}'). */
+static int tail_scan(const char *s, size_t n, const char *marker, size_t *end, size_t *kept) {
+    size_t i = 0;
+    bool brace = false;
+    *kept = 0;
+    for (;;) {
+        i = skip_ws(s, n, i);
+        if (i == n) return 0;
+        if (!brace && s[i] == '}') {
+            brace = true;
+            *kept = ++i;
+            if (!marker) {
+                *end = i;
+                return 1;
+            }
+            continue;
+        }
+        if (!marker) return -1;
+        int r = expect(s, n, i, marker);
+        if (r == 1) *end = i + strlen(marker);
+        return r;
+    }
+}
+
+static void start_stream(ember_tool_parser *p, const char *name, int tail, int resume) {
+    p->call_idx = p->n_calls++;
+    ember_tool_event ev = {EMBER_TOOL_EV_CALL_START, p->call_idx, name, NULL, 0};
+    emit(p, &ev);
+    js_init(&p->js);
+    p->tail = tail;
+    p->resume = resume;
+    p->state = ST_ARGS;
+}
+
+static void stream_args(ember_tool_parser *p, const char *s, size_t n) {
+    if (n == 0) return;
+    ember_tool_event ev = {EMBER_TOOL_EV_CALL_ARGS, p->call_idx, NULL, s, n};
+    emit(p, &ev);
+}
+
+static void stream_end(ember_tool_parser *p) {
+    ember_tool_event ev = {EMBER_TOOL_EV_CALL_END, p->call_idx, NULL, NULL, 0};
+    emit(p, &ev);
 }
 
 /* ---- Hermes / Qwen3-Coder ---------------------------------------------------------------------- */
@@ -693,6 +971,33 @@ static size_t run(ember_tool_parser *p, bool final, bool *oom) {
     size_t n = p->len, pos = 0;
     const char *const *marks = start_markers(p->f);
     while (pos < n && !p->failed && !*oom) {
+        if (p->state == ST_ARGS) {
+            size_t i = pos;
+            int r = 1;
+            for (; i < n; i++) {
+                r = js_feed(&p->js, s[i]);
+                if (r < 0) break;
+                if (p->js.done) {
+                    i++;
+                    break;
+                }
+            }
+            stream_args(p, s + pos, i - pos);
+            pos = i;
+            if (!p->js.done && r > 0) break; /* more to come */
+            stream_end(p);
+            p->state = p->js.done && p->tail != TAIL_NONE ? ST_TAIL : p->resume;
+            continue;
+        }
+        if (p->state == ST_TAIL) {
+            size_t end = 0, kept = 0;
+            int r = tail_scan(s + pos, n - pos, p->tail == TAIL_HERMES ? "</tool_call>" : NULL, &end, &kept);
+            if (r == 0 && !final) break;
+            if (r == 0 && skip_ws(s, n, pos + kept) == n) kept = n - pos; /* blanks at the end go with the call */
+            pos += r == 1 ? end : kept;
+            p->state = p->resume;
+            continue;
+        }
         if (p->state == ST_PLAIN) {
             emit_content(p, s + pos, n - pos);
             pos = n;
@@ -715,6 +1020,18 @@ static size_t run(ember_tool_parser *p, bool final, bool *oom) {
             }
             emit_content(p, s + pos, at - pos);
             pos = at;
+            if (p->f != EMBER_TOOLS_GEMMA4 && p->f != EMBER_TOOLS_QWEN3_CODER) { /* a call that can stream? */
+                char name[MAX_NAME + 1];
+                size_t args = 0;
+                int h = p->f == EMBER_TOOLS_MISTRAL ? mistral_head(s + pos, n - pos, ml, name, &args)
+                                                    : call_head(s + pos, n - pos, ml, name, &args);
+                if (h == 0 && !final) break;
+                if (h == 1) {
+                    start_stream(p, name, p->f == EMBER_TOOLS_MISTRAL ? TAIL_NONE : TAIL_HERMES, ST_TEXT);
+                    pos += args;
+                    continue;
+                }
+            }
             size_t used = 0;
             pcall c = {{0}, NULL, 0};
             int r;
@@ -753,6 +1070,20 @@ static size_t run(ember_tool_parser *p, bool final, bool *oom) {
             continue;
         }
         /* ST_LLAMA_CALL */
+        {
+            size_t k = skip_ws(s, n, pos), args = 0;
+            while (p->n_calls > 0 && k < n && (s[k] == ';' || is_ws(s[k]))) k++;
+            int r = expect(s, n, k, "<|python_tag|>");
+            if (r == 1) k += strlen("<|python_tag|>");
+            char name[MAX_NAME + 1];
+            int h = r == 0 ? 0 : call_head(s + pos, n - pos, k - pos, name, &args);
+            if (h == 0 && !final) break;
+            if (h == 1) {
+                start_stream(p, name, TAIL_LLAMA, ST_LLAMA_AFTER);
+                pos += args;
+                continue;
+            }
+        }
         size_t used = 0;
         int r = llama_call(p, s + pos, n - pos, p->n_calls > 0, final, &used, oom);
         if (r == R_NEED) break;
@@ -762,6 +1093,10 @@ static size_t run(ember_tool_parser *p, bool final, bool *oom) {
         }
         pos += used;
         p->state = ST_LLAMA_AFTER;
+    }
+    if (final && p->state == ST_ARGS && !p->failed && !*oom) { /* cut off: the call ends with what it has */
+        stream_end(p);
+        p->state = p->resume;
     }
     return pos;
 }

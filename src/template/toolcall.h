@@ -15,11 +15,19 @@
  *   CALL_ARGS   a piece of the call's arguments, JSON text of an object;
  *   CALL_END    the call is complete.
  * Text that may be the start of a call marker is held back until it is
- * decided. A call is reported once it is complete and well formed (its
- * arguments are then reported as one CALL_ARGS piece): a call that turns out
- * malformed, or is cut off when the text ends, is reported as CONTENT,
- * markers included. So the events are the same however the text is split
- * into pieces: streamed events join into exactly the one-piece result.
+ * decided. Calls whose name comes before their arguments object (Hermes'
+ * and Llama 3's {"name": "f", "arguments": {..}}, Mistral's
+ * NAME[ARGS]{..}) stream: once the head is complete and the arguments
+ * object has begun the call is committed (CALL_START), and each byte of the
+ * arguments is reported (CALL_ARGS pieces) as soon as an incremental JSON
+ * check accepts it; a committed call that breaks or is cut off ends there
+ * with what it has (its arguments then are not a complete JSON object) and
+ * the rest is text again. Other calls (other shapes, Qwen3-Coder, Gemma 4,
+ * Mistral's JSON list) are reported once complete and well formed, their
+ * arguments in one piece; a malformed or cut-off one is reported as CONTENT,
+ * markers included. Every decision depends only on the bytes seen, so the
+ * events join into the same result however the text is split into pieces:
+ * streamed events join into exactly the one-piece result.
  *
  * Arguments are the model's own JSON text of the arguments object (no
  * re-serialization, so numbers keep their spelling), except for the formats
