@@ -185,6 +185,8 @@ typedef struct ember_model_info {
     size_t kv_bytes_per_token; /* every layer, final kind */
     size_t kv_capacity;     /* bytes of KV blocks the budget allows */
     char device[96];        /* "cpu", or "cuda:0 (NVIDIA H200)" */
+    int n_linear_layers;    /* hybrid models: linear-attention (gated DeltaNet) layers; 0 otherwise */
+    size_t state_bytes_per_row; /* their recurrent state per sequence, whatever its length */
 } ember_model_info;
 
 EMBER_API void ember_model_get_info(const ember_model *m, ember_model_info *info);

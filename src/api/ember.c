@@ -374,4 +374,6 @@ void ember_model_get_info(const ember_model *m, ember_model_info *info) {
     info->kv_bytes_per_token = ember_kv_bytes_per_token(m->kv, false);
     info->kv_capacity = ember_kv_capacity_bytes(m->kv);
     ember_backend_describe(m->be, info->device, sizeof info->device);
+    info->n_linear_layers = m->cfg.n_linear;
+    info->state_bytes_per_row = ember_kv_state_bytes(m->kv);
 }

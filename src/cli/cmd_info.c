@@ -25,7 +25,11 @@ int cmd_info(int argc, char **argv) {
     ember_model_info i;
     ember_model_get_info(m, &i);
     printf("arch          %s\n", i.arch);
-    printf("layers        %d\n", i.n_layers);
+    if (i.n_linear_layers)
+        printf("layers        %d (%d linear attention, %d full attention)\n", i.n_layers, i.n_linear_layers,
+               i.n_layers - i.n_linear_layers);
+    else
+        printf("layers        %d\n", i.n_layers);
     printf("hidden        %d\n", i.hidden_size);
     printf("heads         %d (kv %d, head_dim %d)\n", i.n_heads, i.n_kv_heads, i.head_dim);
     printf("vocab         %d\n", i.vocab_size);
@@ -34,6 +38,9 @@ int cmd_info(int argc, char **argv) {
     printf("weights       %s, %.1f MiB read per token\n", i.weight_dtype, (double)i.weight_bytes / (1 << 20));
     printf("kv cache      %s, %zu bytes per token (%.1f KiB), budget %.1f MiB (context %d)\n", i.kv_type,
            i.kv_bytes_per_token, (double)i.kv_bytes_per_token / 1024, (double)i.kv_capacity / (1 << 20), i.n_ctx);
+    if (i.n_linear_layers)
+        printf("state         %.1f KiB of recurrent state per sequence (f32, any length)\n",
+               (double)i.state_bytes_per_row / 1024);
     printf("eos ids      ");
     for (int k = 0; k < i.n_eos; k++) printf(" %d", i.eos_ids[k]);
     printf("\nbos id        %d\n", i.bos_id);
