@@ -82,9 +82,9 @@ fi
 build() {
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON -DEMBER_WERROR="${EMBER_GPU_WERROR:-ON}" "${CMAKE_EXTRA[@]}" \
     ${EMBER_SHARED_DIR:+-DEMBER_SHARED_DIR="$EMBER_SHARED_DIR"} &&
-    cmake --build "$BUILD" -j"$JOBS" --target test_cuda_ops test_cuda_model cuda_ops_bench decode_rows ember
+    cmake --build "$BUILD" -j"$JOBS" --target test_cuda_ops test_cuda_model test_kv_rec cuda_ops_bench decode_rows ember
 }
-if ! step "build (-DEMBER_CUDA=ON; test_cuda_ops, test_cuda_model, cuda_ops_bench, ember)" "$OUTDIR/build.log" build; then
+if ! step "build (-DEMBER_CUDA=ON; test_cuda_ops, test_cuda_model, test_kv_rec, cuda_ops_bench, ember)" "$OUTDIR/build.log" build; then
   tail -30 "$OUTDIR/build.log"
   exit 1
 fi
@@ -101,6 +101,9 @@ MODEL_TEST=$BUILD/tests/test_cuda_model
 step "ctest -R cuda" "$OUTDIR/test.log" "${RUN_ENV[@]}" bash -c "cd '$BUILD' && ctest -R cuda --output-on-failure -V --timeout 300"
 grep -E 'checks,|skipped' "$OUTDIR/test.log" | sed 's/^[0-9]*: //' | sed 's/^/  /' | tee -a "$RES"
 if grep -q 'skipped: no CUDA device' "$OUTDIR/test.log"; then note "  (no CUDA device: the GPU tests were skipped)"; status=1; fi
+# recurrent state rows (hybrid models) on cpu and cuda:0: the cache contract through delta_net / delta_replay
+step "test_kv_rec (cpu, cuda:0)" "$OUTDIR/kv_rec.log" "${RUN_ENV[@]}" "$BUILD/tests/test_kv_rec"
+grep -E 'checks,|^cpu:|^cuda:0:' "$OUTDIR/kv_rec.log" | sed 's/^/  /' | tee -a "$RES"
 
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer \
       /usr/local/cuda/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
@@ -112,7 +115,9 @@ if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -n "$SAN" ]; then
     step "compute-sanitizer --tool $tool" "$OUTDIR/$tool.log" "${RUN_ENV[@]}" \
       timeout "${SANITIZE_TIMEOUT:-200}" "$SAN" --tool $tool "${extra[@]}" --error-exitcode 99 "$TEST"
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|checks,' "$OUTDIR/$tool.log" | sed 's/^/  /' | tee -a "$RES"
-    # the model test (two families) through the same tool
+    [ $tool = memcheck ] && step "compute-sanitizer --tool memcheck test_kv_rec" "$OUTDIR/memcheck-kv_rec.log" \
+      "${RUN_ENV[@]}" timeout "${SANITIZE_TIMEOUT:-200}" "$SAN" --tool memcheck --error-exitcode 99 "$BUILD/tests/test_kv_rec"
+    # the model test (three families) through the same tool
     [ "${SKIP_MODEL_SANITIZE:-0}" = 1 ] && continue
     step "compute-sanitizer --tool $tool test_cuda_model (quick)" "$OUTDIR/$tool-model.log" "${RUN_ENV[@]}" \
       env EMBER_CUDA_MODEL_QUICK=1 timeout "${SANITIZE_TIMEOUT:-200}" "$SAN" --tool $tool "${extra[@]}" \

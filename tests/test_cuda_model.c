@@ -1,6 +1,7 @@
 /*
  * test_cuda_model.c - the fixture models on the GPU (--device cuda:0):
- *   - parity with HuggingFace transformers: for every supported family, the
+ *   - parity with HuggingFace transformers: for every supported family (the
+ *     mixture-of-experts and hybrid linear-attention ones included), the
  *     logits of every prompt position and of p0's 24 decode steps within
  *     the fixtures' mark (1e-4 x max |logit| with an f32 KV cache; 1e-3 f16,
  *     1e-2 bf16, as the CPU test allows), and the 24 greedy ids of the
@@ -10,7 +11,7 @@
  *     three rows) give the bits each gets alone, and so does a prefill cut
  *     into chunks of 5 tokens;
  *   - the refusals: a quantized KV kind, and a device index past the last.
- * EMBER_CUDA_MODEL_QUICK=1 (the sanitizer runs): llama and gemma2, f32 only.
+ * EMBER_CUDA_MODEL_QUICK=1 (the sanitizer runs): llama, gemma2 and qwen3_5_moe_text, f32 only.
  * Without a CUDA device it prints "skipped: no CUDA device" and exits 77;
  * without ../shared, "skipped" too.
  */
@@ -18,8 +19,9 @@
 #include "ember.h"
 #include "fixture.h"
 
-static const char *const k_families[] = {"llama",   "llama_bf16", "qwen2",  "qwen3",
-                                         "mistral", "phi3",       "gemma2", "gemma3_text"};
+static const char *const k_families[] = {"llama",     "llama_bf16", "qwen2",      "qwen3",        "mistral",
+                                         "phi3",      "gemma2",     "gemma3_text", "qwen3_moe",   "glm4_moe",
+                                         "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"};
 
 enum { GEN = 24 };
 
@@ -157,9 +159,10 @@ int main(void) {
     }
     shared_dir();
     test_refusals();
-    if (getenv("EMBER_CUDA_MODEL_QUICK")) { /* under compute-sanitizer: two families, f32 */
+    if (getenv("EMBER_CUDA_MODEL_QUICK")) { /* under compute-sanitizer: three families, f32 */
         run_family("llama", "f32", 1e-4f);
         run_family("gemma2", "f32", 1e-4f);
+        run_family("qwen3_5_moe_text", "f32", 1e-4f); /* DeltaNet, gated attention, MoE with a gated shared expert */
         return test_done();
     }
     for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++) run_family(k_families[k], "f32", 1e-4f);

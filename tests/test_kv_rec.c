@@ -15,7 +15,8 @@
  *     bit;
  *   - sizes: the state's bytes in the budget, a full cache refused cleanly.
  * Every ISA's kernels are the same C here (the op is plain C), so one run
- * covers them.
+ * covers them. With a CUDA device (a CUDA build on a GPU machine) the
+ * whole suite runs again on cuda:0.
  */
 #define TEST_RNG_SEED 0x7265632d6b76ull
 #include "backend/backend.h"
@@ -369,10 +370,12 @@ static void init_tensors(void) {
     CHECK(g_be->ops->write(g_be, &g_dtb, 0, dt, sizeof dt, &err) == EMBER_OK);
 }
 
-int main(void) {
+/* The whole suite on backend be (named in messages). */
+static void run_suite(ember_backend *be, const char *name) {
     ember_error err = {0};
-    ember_cpu_params cp = {2, EMBER_ISA_AUTO, false, {0}};
-    CHECK(ember_backend_cpu_new(&cp, &g_be, &err) == EMBER_OK);
+    g_be = be;
+    memset(g_seq, 0, sizeof g_seq);
+    memset(g_len, 0, sizeof g_len);
     init_tensors();
     g_state_floats = 2 * ember_rec_layer_floats(&k_shape);
     ember_kv_type t;
@@ -381,15 +384,40 @@ int main(void) {
     const bool rec[NL] = {true, false, true};
     ember_kv_params p = {t, NL, heads, dims, NULL, ROWS, CTX, 0, 0, MAXT, rec, k_shape};
     ember_kv *kv;
-    CHECKF(ember_kv_new(g_be, &p, &kv, &err) == EMBER_OK, "%s", err.msg);
+    CHECKF(ember_kv_new(g_be, &p, &kv, &err) == EMBER_OK, "%s: %s", name, err.msg);
     p.n_rows = 1;
     CHECK(ember_kv_new(g_be, &p, &g_ref, &err) == EMBER_OK);
+    int before = g_fail;
     property(kv);
     forms(kv);
     sizes();
     ember_kv_free(kv);
     ember_kv_free(g_ref);
-    for (size_t i = 0; i < sizeof g_bufs / sizeof g_bufs[0]; i++) ember_buffer_free(g_bufs[i]);
-    ember_backend_free(g_be);
+    for (size_t i = 0; i < sizeof g_bufs / sizeof g_bufs[0]; i++) {
+        ember_buffer_free(g_bufs[i]);
+        g_bufs[i] = NULL;
+    }
+    fprintf(stderr, "%s: %s\n", name, g_fail == before ? "ok" : "FAILED");
+}
+
+int main(void) {
+    ember_error err = {0};
+    ember_cpu_params cp = {2, EMBER_ISA_AUTO, false, {0}};
+    ember_backend *be;
+    CHECK(ember_backend_cpu_new(&cp, &be, &err) == EMBER_OK);
+    run_suite(be, "cpu");
+    ember_backend_free(be);
+    /* the same on the GPU when there is one (a CUDA build on a GPU machine) */
+    int count = 0;
+    if (ember_cuda_device_count(&count, &err) || count == 0) {
+        fprintf(stderr, "note: no CUDA device, the GPU run is skipped\n");
+        return test_done();
+    }
+    ember_cuda_params gp = {.device = 0};
+    CHECKF(ember_backend_cuda_new(&gp, &be, &err) == EMBER_OK, "%s", err.msg);
+    if (be) {
+        run_suite(be, "cuda:0");
+        ember_backend_free(be);
+    }
     return test_done();
 }

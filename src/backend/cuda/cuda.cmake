@@ -18,7 +18,7 @@ if(EMBER_CUDA)
   find_package(CUDAToolkit REQUIRED)
   add_library(ember_cuda OBJECT
     src/backend/cuda/cuda_backend.c src/backend/cuda/cuda_matmul.cu src/backend/cuda/cuda_ops.cu
-    src/backend/cuda/cuda_attn.cu)
+    src/backend/cuda/cuda_attn.cu src/backend/cuda/cuda_delta.cu)
   # --fmad=false: no multiply-add contraction (the C side builds with
   # -ffp-contract=off); the matmul kernels call fmaf explicitly.
   set(EMBER_CUDA_NVCC_FLAGS "-gencode=arch=compute_90,code=[sm_90,compute_90]" --fmad=false -lineinfo
@@ -27,6 +27,7 @@ if(EMBER_CUDA)
     list(APPEND EMBER_CUDA_NVCC_FLAGS -Werror=all-warnings "-Xcompiler=-Werror")
   endif()
   set_source_files_properties(src/backend/cuda/cuda_matmul.cu src/backend/cuda/cuda_ops.cu src/backend/cuda/cuda_attn.cu
+    src/backend/cuda/cuda_delta.cu
     PROPERTIES COMPILE_OPTIONS "${EMBER_CUDA_NVCC_FLAGS}")
   set_source_files_properties(src/backend/cuda/cuda_backend.c PROPERTIES COMPILE_OPTIONS "${EMBER_CUDA_C_FLAGS}")
   # the CUDA headers are system headers: no warnings from them

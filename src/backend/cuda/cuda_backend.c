@@ -32,6 +32,7 @@
  * (EMBER_ERR_UNSUPPORTED, refused at load through weight_ok / kv_ok), CUDA
  * graphs.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +80,8 @@ typedef struct cuda_backend {
     unsigned long long arg_clock;
     float *parts; /* device scratch of split attention */
     size_t parts_cap;  /* floats */
+    float *delta_scratch; /* device scratch of delta_net, grown on demand */
+    size_t delta_cap;     /* bytes */
     ember_cu_kv_ref *refs_h; /* host staging of a KV map's tables */
     int32_t *blocks_h;
     size_t refs_cap, blocks_cap;
@@ -771,14 +774,170 @@ static int cuda_add(ember_backend *be, ember_tensor *dst, const ember_tensor *a,
     return run_ew(be, dst, a, b, 1, 0.0f, "add", err);
 }
 
-/* The MoE combine (backend.h): not on the GPU yet. Returns
-   EMBER_ERR_UNSUPPORTED naming the op; touches nothing. */
+static int cuda_sigmoid_mul(ember_backend *be, ember_tensor *dst, const ember_tensor *x, const ember_tensor *gate,
+                            ember_error *err) {
+    return run_ew(be, dst, x, gate, 5, 0.0f, "sigmoid_mul", err);
+}
+
+/* The MoE combine (backend.h): ids and w go through the argument area. */
 static int cuda_add_rows_scaled(ember_backend *be, ember_tensor *dst, const ember_tensor *src, const int32_t *ids,
                                 const float *w, int n, ember_error *err) {
-    (void)be, (void)dst, (void)src, (void)ids, (void)w, (void)n;
-    return ember_err(err, EMBER_ERR_UNSUPPORTED,
-                     "add_rows_scaled (the mixture-of-experts combine) is not implemented on the CUDA backend yet; "
-                     "run mixture-of-experts models on the CPU");
+    cuda_backend *c = cu(be);
+    int rc;
+    if ((rc = need_f32(be, dst, "add_rows_scaled", "dst", err)) || (rc = need_f32(be, src, "add_rows_scaled", "src", err)))
+        return rc;
+    const int64_t D = ember_tensor_row_len(dst), R = ember_tensor_rows(dst);
+    if (n < 0 || ember_tensor_row_len(src) != D || ember_tensor_rows(src) < n)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "add_rows_scaled: src does not hold %d rows of %lld", n,
+                         (long long)D);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= R)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "add_rows_scaled: row %d is outside [0, %lld)", ids[i],
+                             (long long)R);
+    if (!n || !D) return EMBER_OK;
+    if ((rc = bind(c, err))) return rc;
+    const void *part[2] = {ids, w};
+    size_t bytes[2] = {(size_t)n * sizeof *ids, (size_t)n * sizeof *w};
+    void *d[2];
+    if ((rc = upload_args(c, 2, part, bytes, d, err))) return rc;
+    return launched(c, ember_cu_add_rows_scaled(c->stream, dev(dst), dev(src), d[0], d[1], n, D), "add_rows_scaled",
+                    err);
+}
+
+/* ---- recurrent state (cuda_delta.cu) ---------------------------------------------------- */
+
+static bool rec_layer_ok(const ember_rec_layer *L) {
+    const ember_rec_shape *s = &L->s;
+    return L->pool && L->pool->buf && s->conv_k >= 1 && s->n_k_heads >= 1 && s->n_v_heads >= s->n_k_heads &&
+           s->n_v_heads % s->n_k_heads == 0 && s->k_dim >= 1 && s->v_dim >= 1 && s->v_dim <= 1024 &&
+           s->conv_dim == 2 * s->n_k_heads * s->k_dim + s->n_v_heads * s->v_dim && L->slot_floats &&
+           L->off + ember_rec_layer_floats(s) <= L->slot_floats && L->log_off + ember_rec_log_floats(s) <= L->log_stride;
+}
+
+static bool slot_ok(const ember_rec_layer *L, int32_t slot) {
+    return slot >= 0 && (size_t)slot < L->pool->nbytes / sizeof(float) / L->slot_floats;
+}
+
+/* The gated DeltaNet core (backend.h; cuda_delta.cu: the recurrent form for
+   every token). The per-token and per-row tables are built here and go
+   through the argument area; the scratch (post-convolution activations)
+   is a backend buffer grown on demand. */
+static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tensor *x, const ember_tensor *b,
+                          const ember_tensor *a_in, const ember_delta_w *w, const ember_rec_map *map, ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc;
+    if ((rc = need_f32(be, out, "delta_net", "out", err)) || (rc = need_f32(be, x, "delta_net", "x", err)) ||
+        (rc = need_f32(be, b, "delta_net", "b", err)) || (rc = need_f32(be, a_in, "delta_net", "a", err)) ||
+        (rc = need_f32(be, w->conv, "delta_net", "conv", err)) || (rc = need_f32(be, w->a_log, "delta_net", "a_log", err)) ||
+        (rc = need_f32(be, w->dt_bias, "delta_net", "dt_bias", err)))
+        return rc;
+    const ember_rec_layer *L = map->layer;
+    if (!rec_layer_ok(L)) return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: bad state layout");
+    const ember_rec_shape *s = &L->s;
+    const int64_t T = ember_tensor_rows(x);
+    if (T < 1 || T > (1 << 24) || ember_tensor_row_len(x) != s->conv_dim || ember_tensor_rows(b) != T ||
+        ember_tensor_row_len(b) != s->n_v_heads || ember_tensor_rows(a_in) != T ||
+        ember_tensor_row_len(a_in) != s->n_v_heads || ember_tensor_rows(out) != T ||
+        ember_tensor_row_len(out) != (int64_t)s->n_v_heads * s->v_dim ||
+        ember_tensor_nelem(w->conv) != (int64_t)s->conv_dim * s->conv_k || ember_tensor_nelem(w->a_log) != s->n_v_heads ||
+        ember_tensor_nelem(w->dt_bias) != s->n_v_heads)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: shapes do not match the state's");
+    const int nT = (int)T;
+    int32_t *ints = malloc((size_t)nT * 3 * sizeof *ints);
+    int32_t *first = malloc((size_t)(map->n_refs > 0 ? map->n_refs : 1) * sizeof *first);
+    ember_cu_delta_row *rows = calloc((size_t)nT, sizeof *rows);
+    if (!ints || !first || !rows) {
+        rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory in delta_net");
+        goto done;
+    }
+    int32_t *tok = ints, *tok_row = ints + nT, *tok_j = ints + 2 * nT;
+    for (int r = 0; r < map->n_refs; r++) first[r] = -1;
+    int nr = 0;
+    for (int t = 0; t < nT && !rc; t++) {
+        int r = map->row[t];
+        if (r < 0 || r >= map->n_refs) {
+            rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d outside the map", r);
+            break;
+        }
+        const ember_rec_rowref *ref = &map->refs[r];
+        if (first[r] < 0) {
+            if (!slot_ok(L, ref->dst) || (ref->src >= 0 && !slot_ok(L, ref->src)) || ref->src == ref->dst) {
+                rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d has bad state slots", r);
+                break;
+            }
+            first[r] = nr;
+            rows[nr] = (ember_cu_delta_row){0, 0, ref->src, ref->dst, ref->log ? dev(ref->log) : NULL,
+                                            ref->log_base, 0};
+            nr++;
+        }
+        if (ref->log) {
+            int p = map->pos[t] - ref->log_base;
+            if (p < 0 || p >= ref->log_cap || (size_t)ref->log_cap * L->log_stride * sizeof(float) > ref->log->nbytes) {
+                rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d position %d is outside its log", r,
+                               map->pos[t]);
+                break;
+            }
+        }
+        tok_row[t] = first[r];
+        tok_j[t] = rows[first[r]].n++;
+    }
+    if (rc) goto done;
+    for (int i = 0, o = 0; i < nr; i++) {
+        rows[i].start = o;
+        o += rows[i].n;
+    }
+    for (int t = 0; t < nT; t++) tok[rows[tok_row[t]].start + tok_j[t]] = t;
+    /* scratch: y [T, C] and gb [T, 2 Hv] */
+    size_t need = ((size_t)nT * (size_t)s->conv_dim + (size_t)nT * 2 * (size_t)s->n_v_heads) * sizeof(float);
+    if ((rc = bind(c, err))) goto done;
+    if (need > c->delta_cap) {
+        if (c->delta_scratch) cudaFree(c->delta_scratch);
+        c->delta_scratch = NULL;
+        c->delta_cap = 0;
+        void *p = NULL;
+        cudaError_t e = cudaMalloc(&p, need);
+        c->delta_scratch = p;
+        if (e != cudaSuccess) {
+            rc = cuda_fail(err, e, "allocating delta_net scratch");
+            goto done;
+        }
+        c->delta_cap = need;
+    }
+    const void *part[5] = {rows, tok, tok_row, tok_j, map->pos};
+    size_t bytes[5] = {(size_t)nr * sizeof *rows, (size_t)nT * 4, (size_t)nT * 4, (size_t)nT * 4, (size_t)nT * 4};
+    void *d[5];
+    if ((rc = upload_args(c, 5, part, bytes, d, err))) goto done;
+    float *y = c->delta_scratch;
+    ember_cu_delta a = {dev(out), y, y + (size_t)nT * (size_t)s->conv_dim, dev(x), dev(b), dev(a_in), dev(w->conv),
+                        dev(w->a_log), dev(w->dt_bias), (float *)dev(L->pool), d[0], d[1], d[2], d[3], d[4],
+                        L->slot_floats, L->off, L->log_stride, L->log_off, nT, nr, s->conv_dim, s->conv_k,
+                        s->n_k_heads, s->n_v_heads, s->k_dim, s->v_dim, (float)(1.0 / sqrt((double)s->k_dim))};
+    rc = launched(c, ember_cu_delta_net(c->stream, &a), "delta_net", err);
+done:
+    free(ints);
+    free(first);
+    free(rows);
+    return rc;
+}
+
+static int cuda_delta_replay(ember_backend *be, const ember_rec_layer *layers, int n_layers, int32_t src, int32_t dst,
+                             const ember_tensor *log, int n, ember_error *err) {
+    cuda_backend *c = cu(be);
+    if (n_layers < 1 || !layers || !log || n < 0 || !log->buf)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_replay: bad arguments");
+    const size_t lf = ember_rec_layer_floats(&layers[0].s), logf = ember_rec_log_floats(&layers[0].s);
+    for (int l = 0; l < n_layers; l++) /* the layout kv_rec.c makes: equal layers, one after another */
+        if (!rec_layer_ok(&layers[l]) || !slot_ok(&layers[l], dst) || (src >= 0 && !slot_ok(&layers[l], src)) ||
+            src == dst || (size_t)n * layers[l].log_stride * sizeof(float) > log->nbytes ||
+            layers[l].pool != layers[0].pool || layers[l].off != lf * (size_t)l || layers[l].log_off != logf * (size_t)l ||
+            memcmp(&layers[l].s, &layers[0].s, sizeof layers[0].s))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_replay: bad state or log");
+    int rc = bind(c, err);
+    if (rc) return rc;
+    const ember_rec_shape *s = &layers[0].s;
+    ember_cu_replay a = {(float *)dev(layers[0].pool), dev(log), layers[0].slot_floats, lf, layers[0].log_stride, logf,
+                         src, dst, n, n_layers, s->conv_dim, s->conv_k, s->n_k_heads, s->n_v_heads, s->k_dim, s->v_dim};
+    return launched(c, ember_cu_delta_replay(c->stream, &a), "delta_replay", err);
 }
 
 /* ---- life cycle ------------------------------------------------------------------------- */
@@ -792,6 +951,7 @@ static void cuda_free(ember_backend *be) {
         for (int i = 0; i < ARG_SLOTS; i++)
             if (c->slots[i].dev) cudaFree(c->slots[i].dev);
         if (c->parts) cudaFree(c->parts);
+        if (c->delta_scratch) cudaFree(c->delta_scratch);
         cudaStreamDestroy(c->stream);
     }
     for (int i = 0; i < ARG_SLOTS; i++) free(c->slots[i].host);
@@ -832,6 +992,9 @@ static const ember_backend_ops k_cuda_ops = {
     .softcap = cuda_softcap,
     .add = cuda_add,
     .add_rows_scaled = cuda_add_rows_scaled,
+    .delta_net = cuda_delta_net,
+    .delta_replay = cuda_delta_replay,
+    .sigmoid_mul = cuda_sigmoid_mul,
     .weight_ok = cuda_weight_ok,
     .kv_ok = cuda_kv_ok,
 };

@@ -80,8 +80,8 @@ cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_t *pos, con
                           int H, int D, int n_rot, int interleaved, float attn_factor);
 
 /* dst = silu(gate) * up (kind 0 on a = gate, b = up), a + b (kind 1),
-   gelu_tanh(gate) * up (kind 2), a * s (kind 3) or s * tanh(a / s) (kind
-   4), n elements; dst may alias either input. */
+   gelu_tanh(gate) * up (kind 2), a * s (kind 3), s * tanh(a / s) (kind
+   4) or a * sigmoid(b) (kind 5), n elements; dst may alias either input. */
 cudaError_t ember_cu_elementwise(cudaStream_t stream, int kind, float *dst, const float *a, const float *b,
                                  float s, int64_t n);
 
@@ -121,6 +121,46 @@ cudaError_t ember_cu_kv_rw(cudaStream_t stream, const ember_cu_kv *kv, float *k,
    floats, T * Hq <= 65535; 0: the fused kernel. Same bits either way. */
 cudaError_t ember_cu_attention(cudaStream_t stream, const ember_cu_kv *kv, float *out, const float *q, int Hq,
                                float scale, int window, float softcap, int n_span, float *parts);
+
+/* ---- gated DeltaNet (cuda_delta.cu) ---- */
+
+/* A row of a delta_net batch: its tokens tok[start .. start + n), its
+   state slots, its log (a row in a speculative round) or NULL. */
+typedef struct ember_cu_delta_row {
+    int32_t start, n, src, dst;
+    float *log;
+    int32_t log_base, pad;
+} ember_cu_delta_row;
+
+/* The arguments of delta_net (backend.h), device pointers; the rows
+   in order of first appearance, tok grouped by row. */
+typedef struct ember_cu_delta {
+    float *out, *y, *gb;               /* [T, Hv Dv]; scratch [T, C], [T, 2 Hv] */
+    const float *x, *b, *a;            /* [T, C], [T, Hv], [T, Hv] */
+    const float *conv_w, *a_log, *dt_bias;
+    float *slots;                      /* the state pool */
+    const ember_cu_delta_row *rows;
+    const int32_t *tok, *tok_row, *tok_j, *pos; /* [T] */
+    unsigned long long slot_floats, off, log_stride, log_off;
+    int T, n_rows, C, K, Hk, Hv, Dk, Dv;
+    float qscale;
+} ember_cu_delta;
+
+/* delta_replay over n_layers consecutive recurrent layers of one row. */
+typedef struct ember_cu_replay {
+    float *slots;
+    const float *log;
+    unsigned long long slot_floats, layer_floats, log_stride, log_floats;
+    int src, dst, n, n_layers, C, K, Hk, Hv, Dk, Dv;
+} ember_cu_replay;
+
+cudaError_t ember_cu_delta_net(cudaStream_t stream, const ember_cu_delta *a);
+cudaError_t ember_cu_delta_replay(cudaStream_t stream, const ember_cu_replay *a);
+
+/* dst[ids[i], :] += w[i] * src[i, :] for i = 0 .. n - 1 in order; ids and
+   w device memory (checked by the caller). */
+cudaError_t ember_cu_add_rows_scaled(cudaStream_t stream, float *dst, const float *src, const int32_t *ids,
+                                     const float *w, int n, int64_t D);
 
 #ifdef __cplusplus
 }

@@ -150,8 +150,10 @@ static __global__ void __launch_bounds__(THREADS)
             dst[i] = 0.5f * g * (1.0f + tanhf(inner)) * b[i];
         } else if (kind == 3) {
             dst[i] = a[i] * s;
-        } else {
+        } else if (kind == 4) {
             dst[i] = tanhf(a[i] / s) * s;
+        } else {
+            dst[i] = a[i] * (1.0f / (1.0f + expf(-b[i])));
         }
     }
 }
