@@ -18,6 +18,7 @@ static const ember_arch k_archs[] = {
     {"gemma3_text", "gemma3", NULL, EMBER_FAMILY_GEMMA, false},
     {"qwen3_moe", "qwen3moe", NULL, EMBER_FAMILY_QWEN3_MOE, false}, /* GGUF: refused for now (gguf_model.c) */
     {"glm4_moe", "glm4moe", NULL, EMBER_FAMILY_QWEN3_MOE, false},
+    {"gemma4_text", "gemma4", NULL, EMBER_FAMILY_GEMMA4, false}, /* GGUF: refused for now (gguf_model.c) */
 };
 #define N_ARCHS (sizeof k_archs / sizeof k_archs[0])
 
