@@ -37,9 +37,9 @@ static void expect_err(const char *json, int code, const char *needle) {
 static void family_table(void) {
     char b[256];
     CHECK(strcmp(ember_arch_list(false, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, qwen3_moe, glm4_moe, "
-                                                 "qwen3_next, qwen3_5_text, qwen3_5_moe_text") == 0);
+                                                 "qwen3_next, qwen3_5_text, qwen3_5_moe_text, gemma4_text") == 0);
     CHECK(strcmp(ember_arch_list(true, b, sizeof b), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, glm4moe, "
-                                                "qwen3next, qwen35, qwen35moe") == 0);
+                                                "qwen3next, qwen35, qwen35moe, gemma4") == 0);
     CHECK(strcmp(ember_arch_list(true, b, 8), "llama, ") == 0); /* cut, NUL-terminated */
     const ember_arch *a = ember_arch_find_gguf("mistral");
     CHECK(a && strcmp(a->model_type, "llama") == 0 && a->rope_interleaved);
@@ -301,7 +301,7 @@ int main(void) {
                "low_freq_factor");
     expect_err("{" BASE ",\"hidden_act\":\"gelu\"}", EMBER_ERR_UNSUPPORTED, "gelu");
     /* an unknown model_type: one line naming it and every supported one */
-    expect_err("{\"model_type\":\"gemma4_text\"}", EMBER_ERR_UNSUPPORTED, "gemma4_text");
+    expect_err("{\"model_type\":\"gemma4\"}", EMBER_ERR_UNSUPPORTED, "gemma4"); /* the multimodal wrapper */
     {
         ember_error e = {0};
         CHECK(parse("{\"model_type\":\"mixtral\"}", &c, &e) == EMBER_ERR_UNSUPPORTED);

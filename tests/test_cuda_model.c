@@ -11,6 +11,8 @@
  *     three rows) give the bits each gets alone, and so does a prefill cut
  *     into chunks of 5 tokens;
  *   - the refusals: a quantized KV kind, and a device index past the last.
+ *   - gemma4_text and gemma4_text_ple the same way (f16 at 1e-2, as
+ *     test_gemma4.c), and gemma4_text_moe.
  * EMBER_CUDA_MODEL_QUICK=1 (the sanitizer runs): llama, gemma2 and qwen3_5_moe_text, f32 only.
  * Without a CUDA device it prints "skipped: no CUDA device" and exits 77;
  * without ../shared, "skipped" too.
@@ -169,6 +171,12 @@ int main(void) {
     for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++) {
         run_family(k_families[k], "f16", 1e-3f);
         run_family(k_families[k], "bf16", 1e-2f);
+    }
+    /* Gemma 4 (gemma4.c): every layout, MoE included; f16 at test_gemma4.c's mark (scores unscaled) */
+    static const char *const g4[] = {"gemma4_text", "gemma4_text_ple", "gemma4_text_moe"};
+    for (size_t k = 0; k < sizeof g4 / sizeof g4[0]; k++) {
+        run_family(g4[k], "f32", 1e-4f);
+        run_family(g4[k], "f16", 1e-2f);
     }
     return test_done();
 }

@@ -134,12 +134,8 @@ static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, embe
         free(win);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
-    for (int l = 0; l < L; l++) {
-        heads[l] = m->cfg.n_kv_heads;
-        dims[l] = m->cfg.head_dim;
-        win[l] = m->llm->layers[l].window;
-    }
-    ember_kv_params kp = {kt, L, heads, dims, win, p->n_rows, p->n_ctx, p->kv_budget, -1, p->max_batch_tokens,
+    const int n_kv = ember_llm_kv_layout(m->llm, heads, dims, win); /* per layer; KV-shared layers have none */
+    ember_kv_params kp = {kt, n_kv, heads, dims, win, p->n_rows, p->n_ctx, p->kv_budget, -1, p->max_batch_tokens,
                           m->cfg.n_linear ? m->cfg.layer_linear : NULL, ember_llm_rec_shape(&m->cfg)};
     for (;;) {
         rc = ember_kv_new(m->be, &kp, &m->kv, err);

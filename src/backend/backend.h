@@ -275,7 +275,7 @@ typedef struct ember_backend_ops {
        dst[ids[i], :] += w[i] * src[i, :]. dst [R, D], src [>= n, D], both f32;
        ids [n] (each in [0, R)) and w [n] are host arrays. A row of dst receives
        its terms in i order, so its result depends only on the terms it
-       receives, never on the other rows. CUDA: EMBER_ERR_UNSUPPORTED for now. */
+       receives, never on the other rows. */
     int (*add_rows_scaled)(ember_backend *be, ember_tensor *dst, const ember_tensor *src, const int32_t *ids,
                            const float *w, int n, ember_error *err);
 

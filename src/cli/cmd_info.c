@@ -3,6 +3,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "engine/engine.h"
 
 int cmd_info(int argc, char **argv) {
     const char *model = NULL;
@@ -32,6 +33,9 @@ int cmd_info(int argc, char **argv) {
         printf("layers        %d\n", i.n_layers);
     printf("hidden        %d\n", i.hidden_size);
     printf("heads         %d (kv %d, head_dim %d)\n", i.n_heads, i.n_kv_heads, i.head_dim);
+    char layout[256]; /* what differs per layer (windows, gemma4's shapes, KV sharing, experts) */
+    ember_llm_describe(m->llm, layout, sizeof layout);
+    if (layout[0]) printf("layout        %s\n", layout);
     printf("vocab         %d\n", i.vocab_size);
     printf("max positions %d\n", i.max_position_embeddings);
     printf("device        %s\n", i.device);

@@ -13,12 +13,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Which forward pass runs a model (src/model: llama.c, gemma.c or qwen3_moe.c). */
+/* Which forward pass runs a model (src/model: llama.c, gemma.c, qwen3_moe.c or gemma4.c). */
 typedef enum ember_arch_family {
     EMBER_FAMILY_LLAMA = 0, /* llama, mistral, qwen2, qwen3, phi3 */
     EMBER_FAMILY_GEMMA,     /* gemma2, gemma3_text */
     EMBER_FAMILY_QWEN3_MOE, /* qwen3_moe, glm4_moe (qwen3_moe.c) */
-    EMBER_FAMILY_HYBRID     /* qwen3_next, qwen3_5_text, qwen3_5_moe_text (qwen3_next.c) */
+    EMBER_FAMILY_HYBRID,    /* qwen3_next, qwen3_5_text, qwen3_5_moe_text (qwen3_next.c) */
+    EMBER_FAMILY_GEMMA4     /* gemma4_text (gemma4.c; not read from or written to GGUF yet) */
 } ember_arch_family;
 
 typedef struct ember_arch {

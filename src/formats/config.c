@@ -148,10 +148,15 @@ static int parse_rope_obj(const char *file, const json_t *root, const json_t *sr
         r->type = EMBER_ROPE_LLAMA3;
     else if (strcmp(type, "yarn") == 0)
         r->type = EMBER_ROPE_YARN;
+    else if (strcmp(type, "proportional") == 0)
+        r->type = EMBER_ROPE_PROPORTIONAL;
     else
         return ember_err(err, EMBER_ERR_UNSUPPORTED,
-                         "%s: rope type '%.32s' is not supported (supported: default, linear, llama3, yarn)", file,
-                         type);
+                         "%s: rope type '%.32s' is not supported (supported: default, linear, llama3, yarn, "
+                         "proportional)",
+                         file, type);
+    if (r->type == EMBER_ROPE_PROPORTIONAL) /* gemma4: factor optional */
+        return get_num(file, src, "factor", false, 1.0, 1e-6, 1e6, &r->factor, err);
     bool need_factor = r->type != EMBER_ROPE_YARN;
     if ((rc = get_num(file, src, "factor", need_factor, -1.0, 1e-6, 1e6, &r->factor, err))) return rc;
     if ((rc = get_int(file, src, "original_max_position_embeddings", false, cfg->max_pos, 1,
@@ -438,6 +443,182 @@ static int parse_hybrid(const char *file, const json_t *root, ember_model_config
     return EMBER_OK;
 }
 
+/* ---- gemma4_text ---------------------------------------------------------------- */
+
+/* One per_layer_config entry (transformers 5): {"head_dim": D, "num_key_value_heads": K}. */
+static int g4_layer_entry(const char *file, const char *key, const json_t *v, ember_model_config *cfg,
+                          ember_error *err) {
+    char *end = NULL;
+    long l = strtol(key, &end, 10);
+    if (!*key || *end || l < 0 || l >= cfg->n_layers)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: per_layer_config key '%.32s' is not a layer index in [0, %d)",
+                         file, key, cfg->n_layers);
+    if (!json_is_object(v))
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: per_layer_config.%s must be an object, got %s", file, key,
+                         ember_json_type_bare(v));
+    const char *k;
+    json_t *x;
+    json_object_foreach((json_t *)v, k, x) {
+        if (strcmp(k, "head_dim") != 0 && strcmp(k, "num_key_value_heads") != 0)
+            return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                             "%s: per_layer_config.%s.%.32s is not supported (head_dim and num_key_value_heads are)",
+                             file, key, k);
+    }
+    char where[300];
+    snprintf(where, sizeof where, "%s: per_layer_config.%s", file, key);
+    int rc;
+    if ((rc = get_int(where, v, "head_dim", false, 0, 2, 4096, &cfg->layer_head_dim[l], err)) ||
+        (rc = get_int(where, v, "num_key_value_heads", false, 0, 1, 4096, &cfg->layer_kv_heads[l], err)))
+        return rc;
+    return EMBER_OK;
+}
+
+/* The per-layer attention shapes: per_layer_config (transformers 5) or the
+   hub's global_head_dim (default 512) and num_global_key_value_heads (with
+   attention_k_eq_v) on the full-attention layers, as transformers reads them. */
+static int g4_layer_shapes(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
+    int rc;
+    const json_t *plc = json_object_get(root, "per_layer_config");
+    if (plc && !json_is_null(plc)) {
+        if (!json_is_object(plc))
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: field 'per_layer_config' must be an object, got %s", file,
+                             ember_json_type_bare(plc));
+        const char *key;
+        json_t *v;
+        json_object_foreach((json_t *)plc, key, v) {
+            if ((rc = g4_layer_entry(file, key, v, cfg, err))) return rc;
+        }
+        return EMBER_OK;
+    }
+    int ghd, gkv;
+    if ((rc = get_int(file, root, "global_head_dim", false, 512, 2, 4096, &ghd, err)) ||
+        (rc = get_int(file, root, "num_global_key_value_heads", false, 0, 1, 4096, &gkv, err)))
+        return rc;
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (!cfg->layer_sliding[l]) {
+            cfg->layer_head_dim[l] = ghd;
+            if (cfg->attn_k_eq_v) cfg->layer_kv_heads[l] = gkv;
+        }
+    return EMBER_OK;
+}
+
+/* The gemma4_text fields, with transformers' defaults (Gemma4TextConfig):
+   sliding_window 512, layer_types 5 sliding : 1 full with the last layer
+   full, rope_parameters per layer type (default / proportional), no
+   soft-capping of scores, attention scale 1, q/k norms; the per-layer
+   shapes, attention_k_eq_v, num_kv_shared_layers (each shared layer reads
+   the last earlier non-shared layer of its type), per-layer inputs
+   (hidden_size_per_layer_input 256, vocab_size_per_layer_input),
+   use_double_wide_mlp and the MoE block (enable_moe_block: num_experts,
+   top_k_experts, moe_intermediate_size). Impossible combinations are refused
+   naming the field. */
+static int parse_gemma4(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
+    int rc, window;
+    const int L = cfg->n_layers;
+    if ((rc = get_int(file, root, "sliding_window", false, 512, 1, 1 << 30, &window, err))) return rc;
+    const json_t *lt = json_object_get(root, "layer_types");
+    if (!lt || json_is_null(lt))
+        for (int l = 0; l < L; l++) cfg->layer_sliding[l] = (l + 1) % 6 != 0;
+    cfg->layer_sliding[L - 1] = false; /* transformers makes the last layer full attention */
+    for (int l = 0; l < L; l++) cfg->layer_window[l] = cfg->layer_sliding[l] ? window : 0;
+    const json_t *rp = json_object_get(root, "rope_parameters");
+    if (!rp || json_is_null(rp)) { /* transformers' defaults per layer type */
+        cfg->rope_local = cfg->rope;
+        cfg->rope_local.type = EMBER_ROPE_DEFAULT;
+        cfg->rope_local.theta = 10000.0;
+        cfg->rope_local.partial_rotary_factor = 1.0;
+        cfg->rope.type = EMBER_ROPE_PROPORTIONAL;
+        cfg->rope.theta = 1000000.0;
+        cfg->rope.partial_rotary_factor = 0.25;
+        cfg->rope.factor = 1.0;
+    } else {
+        for (int l = 0; l < L; l++) {
+            const char *kind = cfg->layer_sliding[l] ? "sliding_attention" : "full_attention";
+            if (!json_object_get(rp, kind))
+                return ember_err(err, EMBER_ERR_FORMAT, "%s: rope_parameters has no '%s' entry (layer %d)", file,
+                                 kind, l);
+        }
+    }
+    if ((rc = get_softcap(file, root, "final_logit_softcapping", 0.0, &cfg->final_softcap, err))) return rc;
+    cfg->attn_softcap = 0.0f;
+    cfg->query_pre_attn_scalar = 0.0f;
+    cfg->qk_norm = true;
+    const json_t *bidir = json_object_get(root, "use_bidirectional_attention");
+    if (bidir && !json_is_null(bidir) &&
+        (!json_is_string(bidir) || strcmp(json_string_value(bidir), "vision") != 0)) /* "vision": text stays causal */
+        return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                         "%s: use_bidirectional_attention '%.32s' is not supported (null or \"vision\")", file,
+                         json_is_string(bidir) ? json_string_value(bidir) : ember_json_type_bare(bidir));
+    if (cfg->attn_bias)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: attention_bias true is not supported for gemma4_text", file);
+    bool moe = false;
+    if ((rc = get_bool(file, root, "attention_k_eq_v", false, &cfg->attn_k_eq_v, err)) ||
+        (rc = get_int(file, root, "num_kv_shared_layers", false, 0, 0, L - 1, &cfg->n_kv_shared, err)) ||
+        (rc = get_int(file, root, "hidden_size_per_layer_input", false, 256, 0, 1 << 16, &cfg->ple_dim, err)) ||
+        (rc = get_bool(file, root, "use_double_wide_mlp", false, &cfg->double_wide_mlp, err)) ||
+        (rc = get_bool(file, root, "enable_moe_block", false, &moe, err)))
+        return rc;
+    if (cfg->ple_dim) {
+        if ((rc = get_int(file, root, "vocab_size_per_layer_input", false, 262144, 0, 1 << 24, &cfg->ple_vocab, err)))
+            return rc;
+        if (cfg->ple_vocab < cfg->vocab_size) /* the per-layer table is indexed by the token ids */
+            return ember_err(err, EMBER_ERR_FORMAT,
+                             "%s: vocab_size_per_layer_input %d is below vocab_size %d (hidden_size_per_layer_input %d)",
+                             file, cfg->ple_vocab, cfg->vocab_size, cfg->ple_dim);
+    }
+    if (moe) {
+        cfg->moe_beside_mlp = true;
+        if ((rc = get_int(file, root, "num_experts", true, 0, 1, 1 << 16, &cfg->n_experts, err)) ||
+            (rc = get_int(file, root, "top_k_experts", true, 0, 1, 1 << 16, &cfg->n_experts_used, err)) ||
+            (rc = get_int(file, root, "moe_intermediate_size", true, 0, 1, 1 << 22, &cfg->moe_intermediate_size,
+                          err)))
+            return rc;
+        if (cfg->n_experts_used > cfg->n_experts)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: top_k_experts %d is above num_experts %d", file,
+                             cfg->n_experts_used, cfg->n_experts);
+        cfg->norm_topk_prob = true; /* the router renormalises its top k */
+        cfg->n_group = cfg->topk_group = 1;
+        cfg->routed_scale = 1.0f;
+        for (int l = 0; l < L; l++) cfg->layer_moe[l] = true;
+    }
+    if ((rc = g4_layer_shapes(file, root, cfg, err))) return rc;
+    int kind_dim[2] = {0, 0}; /* full, sliding: one RoPE table each, so one head size each */
+    for (int l = 0; l < L; l++) {
+        const int d = ember_cfg_head_dim(cfg, l), kv = ember_cfg_kv_heads(cfg, l), s = cfg->layer_sliding[l];
+        if (d % 2)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: layer %d: head_dim %d must be even (per_layer_config)", file,
+                             l, d);
+        if (cfg->n_heads % kv)
+            return ember_err(err, EMBER_ERR_FORMAT,
+                             "%s: layer %d: num_attention_heads %d is not a multiple of its num_key_value_heads %d "
+                             "(per_layer_config)",
+                             file, l, cfg->n_heads, kv);
+        if (kind_dim[s] && kind_dim[s] != d)
+            return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                             "%s: layer %d: head_dim %d differs from %d of the other %s layers (per_layer_config)", file,
+                             l, d, kind_dim[s], s ? "sliding" : "full-attention");
+        kind_dim[s] = d;
+    }
+    const int first = L - cfg->n_kv_shared;
+    for (int l = first; l < L; l++) { /* the last earlier non-shared layer of the same type */
+        int src = -1;
+        for (int j = first - 1; j >= 0 && src < 0; j--)
+            if (cfg->layer_sliding[j] == cfg->layer_sliding[l]) src = j;
+        if (src < 0)
+            return ember_err(err, EMBER_ERR_FORMAT,
+                             "%s: num_kv_shared_layers %d: layer %d (%s) has no earlier layer of its type to share K/V "
+                             "with",
+                             file, cfg->n_kv_shared, l, cfg->layer_sliding[l] ? "sliding" : "full attention");
+        if (ember_cfg_kv_heads(cfg, l) != ember_cfg_kv_heads(cfg, src))
+            return ember_err(err, EMBER_ERR_FORMAT,
+                             "%s: num_kv_shared_layers: layer %d has %d KV heads, layer %d whose K/V it shares has %d "
+                             "(per_layer_config)",
+                             file, l, ember_cfg_kv_heads(cfg, l), src, ember_cfg_kv_heads(cfg, src));
+        cfg->layer_kv_src[l] = src;
+    }
+    return EMBER_OK;
+}
+
 /* ---- MLX quantization ---------------------------------------------------------- */
 
 static const char *const k_layer_modules[EMBER_QUANT_LAYER_MODULES] = {
@@ -638,7 +819,8 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
     double eps;
     if ((rc = get_num(file, root, "rms_norm_eps", false, 1e-6, 0.0, 1.0, &eps, err))) goto done;
     cfg->rms_norm_eps = (float)eps;
-    const bool gemma = ember_arch_is_gemma(mt);
+    const bool g4 = strcmp(mt, "gemma4_text") == 0; /* gemma4.c: gemma's conventions, its own fields */
+    const bool gemma = ember_arch_is_gemma(mt) || g4;
     const char *act;
     /* gemma reads hidden_activation (gelu_pytorch_tanh when absent), the others hidden_act (silu) */
     const char *act_key = gemma ? "hidden_activation" : "hidden_act", *act_want = gemma ? "gelu_pytorch_tanh" : "silu";
@@ -673,8 +855,9 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
         (rc = parse_moe(file, root, cfg, err)))
         goto done;
     if (hybrid && strcmp(mt, "qwen3_next") != 0) cfg->norm_topk_prob = true; /* Qwen3.5 MoE always renormalises */
-    if (gemma && (rc = parse_gemma(file, root, cfg, err))) goto done;
+    if (gemma && !g4 && (rc = parse_gemma(file, root, cfg, err))) goto done;
     if ((rc = parse_rope(file, root, cfg, err)) || (rc = parse_windows(file, root, cfg, err))) goto done;
+    if (g4 && (rc = parse_gemma4(file, root, cfg, err))) goto done;
     if (hybrid && (rc = parse_hybrid(file, root, cfg, err))) goto done;
     if ((rc = parse_quant(file, root, cfg, err))) goto done;
     if ((rc = get_bos(file, root, cfg, err)) || (rc = get_eos(file, root, cfg, err))) goto done;

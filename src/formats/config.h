@@ -21,7 +21,9 @@ typedef enum ember_rope_type {
     EMBER_ROPE_DEFAULT = 0,
     EMBER_ROPE_LINEAR,
     EMBER_ROPE_LLAMA3,
-    EMBER_ROPE_YARN
+    EMBER_ROPE_YARN,
+    EMBER_ROPE_PROPORTIONAL /* gemma4: the first partial_rotary_factor * head_dim / 2 pairs rotate with
+                               frequencies of the whole head (theta^(-2i / head_dim)), the rest not at all */
 } ember_rope_type;
 
 typedef struct ember_rope_config {
@@ -112,7 +114,38 @@ typedef struct ember_model_config {
     int n_eos;
     int eos_ids[EMBER_MAX_EOS];
     ember_quant_config quant;
+    /* gemma4_text (gemma4.c): per-layer attention shapes (per_layer_config, or the hub's
+       global_head_dim / num_global_key_value_heads; 0: head_dim / n_kv_heads), keys reused as
+       values on full-attention layers, KV sharing, per-layer input embeddings (PLE), double-wide
+       MLPs and the MoE block beside the dense MLP. Read them through the ember_cfg_* helpers. */
+    int layer_head_dim[EMBER_MAX_LAYERS];
+    int layer_kv_heads[EMBER_MAX_LAYERS];
+    int layer_kv_src[EMBER_MAX_LAYERS]; /* KV-shared layers: the layer whose K/V they attend over */
+    bool attn_k_eq_v;       /* attention_k_eq_v: full-attention layers have no v_proj, v = k */
+    int n_kv_shared;        /* num_kv_shared_layers: the last n layers compute no K/V of their own */
+    int ple_dim, ple_vocab; /* hidden_size_per_layer_input, vocab_size_per_layer_input; 0: no PLE */
+    bool double_wide_mlp;   /* use_double_wide_mlp: KV-shared layers' MLP is 2 * intermediate_size wide */
+    bool moe_beside_mlp;    /* enable_moe_block: the MoE block runs beside the dense MLP on every layer */
 } ember_model_config;
+
+/* Layer l's head size, KV heads, MLP width, and the layer whose KV cache it
+   reads and writes (itself unless KV-shared): per-layer values where the
+   family has them (gemma4_text), the model's otherwise. */
+static inline int ember_cfg_head_dim(const ember_model_config *c, int l) {
+    return c->layer_head_dim[l] > 0 ? c->layer_head_dim[l] : c->head_dim;
+}
+static inline int ember_cfg_kv_heads(const ember_model_config *c, int l) {
+    return c->layer_kv_heads[l] > 0 ? c->layer_kv_heads[l] : c->n_kv_heads;
+}
+static inline bool ember_cfg_kv_shared(const ember_model_config *c, int l) {
+    return c->n_kv_shared > 0 && l >= c->n_layers - c->n_kv_shared;
+}
+static inline int ember_cfg_kv_layer(const ember_model_config *c, int l) {
+    return ember_cfg_kv_shared(c, l) ? c->layer_kv_src[l] : l;
+}
+static inline int ember_cfg_intermediate(const ember_model_config *c, int l) {
+    return c->double_wide_mlp && ember_cfg_kv_shared(c, l) ? 2 * c->intermediate_size : c->intermediate_size;
+}
 
 /* Whether config.json's model_type names a family Ember runs (a row of the
    family table, formats/arch.h). */

@@ -591,3 +591,205 @@ int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, floa
     }
     return EMBER_OK;
 }
+
+/* ---- Gemma 4's blocks (family.h, gemma4.c) ------------------------------------------ */
+
+int ember_load_fused_experts(ember_loader *L, int i) {
+    ember_llm *m = L->m;
+    const ember_model_config *c = &m->cfg;
+    ember_llm_layer *ly = &m->layers[i];
+    const int64_t E = c->n_experts, H = c->hidden_size, Im = c->moe_intermediate_size;
+    char gn[256], dn[256];
+    int rc;
+    if (E < 1 || c->n_experts_used < 1 || c->n_experts_used > E)
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: layer %d: %d experts with top-%d is not a mixture of experts",
+                         L->primary, i, (int)E, c->n_experts_used);
+    ember_tensor gu, down;
+    snprintf(gn, sizeof gn, "model.layers.%d.experts.gate_up_proj", i);
+    snprintf(dn, sizeof dn, "model.layers.%d.experts.down_proj", i);
+    if ((rc = ember_load_tensor(L, &gu, gn, 3, (const int64_t[]){E, 2 * Im, H}, false, false)) ||
+        (rc = ember_load_tensor(L, &down, dn, 3, (const int64_t[]){E, H, Im}, false, false)))
+        return rc;
+    if (gu.nbytes % (size_t)(E * 2 * Im) || down.nbytes % (size_t)(E * H))
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: layer %d: the fused expert tensors cannot be split into rows",
+                         L->primary, i);
+    const size_t gu_row = gu.nbytes / (size_t)(E * 2 * Im), dn_row = down.nbytes / (size_t)(E * H);
+    ly->experts = calloc((size_t)E * 3, sizeof *ly->experts);
+    if (!ly->experts) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
+    for (int64_t e = 0; e < E; e++) { /* expert e: gate rows [2e Im, (2e + 1) Im), up rows after, down [e H, (e + 1) H) */
+        ember_tensor *ex = &ly->experts[3 * e];
+        if ((rc = ember_tensor_view(&ex[0], gu.buf, gu.offset + (size_t)(2 * e * Im) * gu_row, gu.dtype, 2,
+                                    (const int64_t[]){Im, H}, L->err)) ||
+            (rc = ember_tensor_view(&ex[1], gu.buf, gu.offset + (size_t)((2 * e + 1) * Im) * gu_row, gu.dtype, 2,
+                                    (const int64_t[]){Im, H}, L->err)) ||
+            (rc = ember_tensor_view(&ex[2], down.buf, down.offset + (size_t)(e * H) * dn_row, down.dtype, 2,
+                                    (const int64_t[]){H, Im}, L->err)))
+            return rc;
+    }
+    return EMBER_OK;
+}
+
+int ember_load_ones(ember_loader *L, ember_tensor *t, int n) {
+    ember_llm *m = L->m;
+    ember_buffer *b = NULL;
+    float *one = malloc((size_t)n * sizeof *one);
+    if (!one) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) one[i] = 1.0f;
+    int rc = ember_tensor_alloc(m->be, t, &b, EMBER_F32, 1, (const int64_t[]){n}, L->err);
+    if (!rc) rc = m->be->ops->write(m->be, t, 0, one, (size_t)n * sizeof *one, L->err);
+    free(one);
+    if (rc) {
+        ember_buffer_free(b);
+        return rc;
+    }
+    return keep_buf(m, b, L->err);
+}
+
+void ember_fwd_layer_shape(ember_fwd *f, int D, int Hkv, int I) {
+    ember_llm_state *st = f->st;
+    const int T = f->T, Hq = f->m->cfg.n_heads;
+    f->q = rows_view(&st->q, 2, T, (int64_t)Hq * D, 0);
+    f->k = rows_view(&st->k, 2, T, (int64_t)Hkv * D, 0);
+    f->v = rows_view(&st->v, 2, T, (int64_t)Hkv * D, 0);
+    f->att = rows_view(&st->att, 2, T, (int64_t)Hq * D, 0);
+    f->q3 = rows_view(&st->q, 3, T, Hq, D);
+    f->k3 = rows_view(&st->k, 3, T, Hkv, D);
+    f->v3 = rows_view(&st->v, 3, T, Hkv, D);
+    f->att3 = rows_view(&st->att, 3, T, Hq, D);
+    f->qh = rows_view(&st->q, 2, (int64_t)T * Hq, D, 0);
+    f->kh = rows_view(&st->k, 2, (int64_t)T * Hkv, D, 0);
+    f->gate = rows_view(&st->gate, 2, T, I, 0);
+    f->up = rows_view(&st->up, 2, T, I, 0);
+}
+
+int ember_blk_attention_g4(ember_fwd *f, const ember_llm_layer *ly, const ember_rope *rope, const ember_attn *a) {
+    ember_backend *be = f->m->be;
+    const ember_backend_ops *ops = be->ops;
+    const float eps = f->m->cfg.rms_norm_eps;
+    ember_error *err = f->err;
+    const int64_t D = f->q3.shape[2], Hkv = f->k3.shape[1];
+    int rc;
+    ember_kv_layer views[2];
+    ember_kv_map map;
+    ember_kv_map_for(f->kv, ly->kv_layer, f->b->row, f->b->pos, views, &map);
+    ember_matmul qkv[3] = {{&f->q, &ly->wq, NULL}, {&f->k, &ly->wk, NULL}, {&f->v, &ly->wv, NULL}};
+    if (ly->kv_shared) { /* K and V are in the cache already: an earlier layer wrote them in this pass */
+        if ((rc = ops->matmul(be, &f->h, 1, qkv, err))) return rc;
+    } else {
+        ember_tensor vh = rows_view(&f->st->v, 2, (int64_t)f->T * Hkv, D, 0), one = f->m->ones;
+        one.shape[0] = D;
+        one.nbytes = (size_t)D * sizeof(float);
+        if ((rc = ops->matmul(be, &f->h, ly->k_eq_v ? 2 : 3, qkv, err)) ||
+            (ly->k_eq_v && (rc = ops->copy(be, &f->v, 0, &f->k, 0, f->k.nbytes, err))) ||
+            (rc = ops->rms_norm(be, &f->kh, &f->kh, &ly->k_norm, eps, false, err)) ||
+            (rc = ops->rms_norm(be, &vh, &vh, &one, eps, false, err)) ||
+            (rc = ops->rope(be, &f->k3, f->b->pos, rope, err)) || (rc = ops->kv_write(be, &map, &f->k3, &f->v3, err)))
+            return rc;
+    }
+    ember_matmul o = {&f->h, &ly->wo, NULL};
+    if ((rc = ops->rms_norm(be, &f->qh, &f->qh, &ly->q_norm, eps, false, err)) ||
+        (rc = ops->rope(be, &f->q3, f->b->pos, rope, err)) || (rc = ops->attention(be, &f->att3, &f->q3, &map, a, err)) ||
+        (rc = ops->matmul(be, &f->att, 1, &o, err)))
+        return rc;
+    return EMBER_OK;
+}
+
+int ember_blk_ple_inputs(ember_fwd *f) {
+    ember_llm *m = f->m;
+    ember_backend *be = m->be;
+    const ember_backend_ops *ops = be->ops;
+    ember_llm_state *st = f->st;
+    const ember_model_config *c = &m->cfg;
+    const int64_t T = f->T, L = c->n_layers, P = c->ple_dim;
+    ember_tensor all = rows_view(&st->ple_all, 2, T, L * P, 0), allh = rows_view(&st->ple_all, 2, T * L, P, 0),
+                 tok = rows_view(&st->ple_tok, 2, T, L * P, 0);
+    ember_matmul proj = {&all, &m->ple_model_proj, NULL};
+    int rc;
+    if ((rc = ops->get_rows(be, &tok, &m->ple_embed, f->b->tok, f->T, f->err)) ||
+        (rc = ops->scale(be, &tok, &tok, (float)sqrt((double)P), f->err)) ||
+        (rc = ops->matmul(be, &f->x, 1, &proj, f->err)) ||
+        (rc = ops->scale(be, &all, &all, (float)pow((double)c->hidden_size, -0.5), f->err)) ||
+        (rc = ops->rms_norm(be, &allh, &allh, &m->ple_proj_norm, c->rms_norm_eps, false, f->err)) ||
+        (rc = ops->add(be, &all, &all, &tok, f->err)) ||
+        (rc = ops->scale(be, &all, &all, (float)pow(2.0, -0.5), f->err)))
+        return rc;
+    return EMBER_OK;
+}
+
+int ember_blk_ple(ember_fwd *f, int l, const ember_llm_layer *ly) {
+    ember_backend *be = f->m->be;
+    const ember_backend_ops *ops = be->ops;
+    ember_llm_state *st = f->st;
+    const ember_model_config *c = &f->m->cfg;
+    const int64_t T = f->T, L = c->n_layers, P = c->ple_dim;
+    for (int t = 0; t < f->T; t++) st->ple_ids[t] = (int32_t)(t * L + l); /* row l of token t's [L, P] */
+    ember_tensor allh = rows_view(&st->ple_all, 2, T * L, P, 0), one = rows_view(&st->ple_one, 2, T, P, 0),
+                 g = rows_view(&st->ple_g, 2, T, P, 0);
+    ember_matmul gate = {&g, &ly->ple_gate, NULL}, proj = {&f->h, &ly->ple_proj, NULL};
+    int rc;
+    if ((rc = ops->get_rows(be, &one, &allh, st->ple_ids, f->T, f->err)) ||
+        (rc = ops->matmul(be, &f->x, 1, &gate, f->err)) || (rc = ops->geglu(be, &g, &g, &one, f->err)) ||
+        (rc = ops->matmul(be, &g, 1, &proj, f->err)) ||
+        (rc = ops->rms_norm(be, &f->h, &f->h, &ly->ple_norm, c->rms_norm_eps, false, f->err)) ||
+        (rc = ops->add(be, &f->x, &f->x, &f->h, f->err)))
+        return rc;
+    return EMBER_OK;
+}
+
+int ember_blk_moe_g4(ember_fwd *f, const ember_llm_layer *ly) {
+    ember_backend *be = f->m->be;
+    const ember_backend_ops *ops = be->ops;
+    const ember_model_config *c = &f->m->cfg;
+    ember_llm_state *st = f->st;
+    ember_error *err = f->err;
+    const int T = f->T, E = c->n_experts, K = c->n_experts_used;
+    const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
+    const float eps = c->rms_norm_eps;
+    int rc;
+    if (!ops->add_rows_scaled)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "the %s backend cannot run a mixture-of-experts block", ops->name);
+    ember_tensor lg = rows_view(&st->moe_logits, 2, T, E, 0), in = rows_view(&st->moe_in, 2, T, H, 0),
+                 h1 = rows_view(&st->mlp_out, 2, T, H, 0);
+    ember_matmul route = {&lg, &ly->router, NULL};
+    /* the dense MLP's share, then the router on the residual stream, then the experts' input */
+    if ((rc = ops->rms_norm(be, &h1, &f->h, &ly->post_ffn_norm1, eps, false, err)) ||
+        (rc = ops->rms_norm(be, &in, &f->x, &ly->router_scale, eps, false, err)) ||
+        (rc = ops->scale(be, &in, &in, (float)pow((double)H, -0.5), err)) || (rc = ops->matmul(be, &in, 1, &route, err)) ||
+        (rc = ops->read(be, &lg, 0, st->moe_host, (size_t)T * (size_t)E * sizeof(float), err)) ||
+        (rc = ops->rms_norm(be, &in, &f->x, &ly->pre_ffn_norm2, eps, false, err)) ||
+        (rc = ops->scale(be, &f->h, &f->h, 0.0f, err)))
+        return rc;
+    for (int t = 0; t < T; t++) { /* softmax, top k renormalised (c->norm_topk_prob), times per_expert_scale */
+        int32_t *sel = st->moe_sel + (size_t)t * K;
+        float *w = st->moe_w + (size_t)t * K;
+        ember_moe_route(c, st->moe_host + (size_t)t * (size_t)E, NULL, st->moe_choice, sel, w);
+        for (int j = 0; j < K; j++) w[j] *= ly->expert_scale[sel[j]];
+    }
+    for (int e = 0; e < E; e++) { /* grouped by expert, as ember_blk_moe; GeGLU experts */
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < K; j++)
+                if (st->moe_sel[(size_t)t * K + j] == e) {
+                    st->moe_ids[n] = t;
+                    st->moe_ew[n++] = st->moe_w[(size_t)t * K + j];
+                }
+        if (!n) continue;
+        const ember_tensor *ex = &ly->experts[3 * e];
+        ember_tensor x = rows_view(&st->moe_x, 2, n, H, 0), y = rows_view(&st->moe_y, 2, n, H, 0),
+                     g = rows_view(&st->moe_gate, 2, n, Im, 0), u = rows_view(&st->moe_up, 2, n, Im, 0);
+        ember_matmul gu[2] = {{&g, &ex[0], NULL}, {&u, &ex[1], NULL}}, dn = {&y, &ex[2], NULL};
+        if ((rc = ops->get_rows(be, &x, &in, st->moe_ids, n, err)) || (rc = ops->matmul(be, &x, 2, gu, err)) ||
+            (rc = ops->geglu(be, &g, &g, &u, err)) || (rc = ops->matmul(be, &g, 1, &dn, err)) ||
+            (rc = ops->add_rows_scaled(be, &f->h, &y, st->moe_ids, st->moe_ew, n, err)))
+            return rc;
+    }
+    if ((rc = ops->rms_norm(be, &f->h, &f->h, &ly->post_ffn_norm2, eps, false, err)) ||
+        (rc = ops->add(be, &f->h, &h1, &f->h, err)))
+        return rc;
+    return EMBER_OK;
+}
+
+int ember_blk_scale_x(ember_fwd *f, float s) {
+    ember_backend *be = f->m->be;
+    return s == 1.0f ? EMBER_OK : be->ops->scale(be, &f->x, &f->x, s, f->err);
+}

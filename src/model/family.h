@@ -100,6 +100,7 @@ extern const ember_family ember_family_llama; /* llama.c: llama, mistral, qwen2,
 extern const ember_family ember_family_gemma; /* gemma.c: gemma2, gemma3_text */
 extern const ember_family ember_family_qwen3_moe; /* qwen3_moe.c: qwen3_moe, glm4_moe */
 extern const ember_family ember_family_qwen3_next; /* qwen3_next.c: qwen3_next, qwen3_5_text, qwen3_5_moe_text */
+extern const ember_family ember_family_gemma4;    /* gemma4.c: gemma4_text */
 
 /* ---- blocks of a forward pass -------------------------------------------------------- */
 
@@ -175,5 +176,55 @@ int ember_blk_residual(ember_fwd *f);
  * softcap > 0.
  */
 int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, float softcap, float *logits);
+
+/* ---- Gemma 4's blocks (gemma4.c) ------------------------------------------------------- */
+
+/* Binds layer i's fused experts: model.layers.i.experts.gate_up_proj
+   [E, 2 Im, H] (gate rows, then up, per expert) and experts.down_proj
+   [E, H, Im] (no .weight suffix), as per-expert row views in ly->experts
+   (allocated here, freed by ember_llm_free). */
+int ember_load_fused_experts(ember_loader *L, int i);
+
+/* Binds t to a new f32 vector of n ones (the weight of a norm without a
+   scale), kept with the model's buffers. */
+int ember_load_ones(ember_loader *L, ember_tensor *t, int n);
+
+/* Re-points f's q, k, v, att (and their 3-D / per-head views) and gate, up
+   at a layer of head size D, Hkv KV heads and MLP width I (gemma4's layers
+   differ; the run state is sized for the widest). */
+void ember_fwd_layer_shape(ember_fwd *f, int D, int Hkv, int I);
+
+/*
+ * Gemma 4's self-attention on f->h, the result in f->h (f's shape set for
+ * the layer): q = norm(h Wq, q_norm); unless ly->kv_shared:
+ * k = h Wk, v = h Wv (v = k when ly->k_eq_v), k = norm(k, k_norm), v =
+ * norm(v) without a scale, rope(k) and the KV write to cache layer
+ * ly->kv_layer; rope(q); attention over cache layer ly->kv_layer with a;
+ * then Wo. Norms are plain RMSNorm (x * w).
+ */
+int ember_blk_attention_g4(ember_fwd *f, const ember_llm_layer *ly, const ember_rope *rope, const ember_attn *a);
+
+/* The per-layer inputs of the batch into st->ple_all [T, L * P], from the
+   token ids and the scaled embeddings in f->x (call right after the
+   embedding): (norm(x Wpm * H^-0.5, per layer) + embed_per_layer[tok] *
+   sqrt(P)) * 2^-0.5. */
+int ember_blk_ple_inputs(ember_fwd *f);
+
+/* Layer l's per-layer input added to the residual stream:
+   x += norm((gelu_tanh(x Wgate) * ple_l) Wproj, post_per_layer_input_norm). */
+int ember_blk_ple(ember_fwd *f, int l, const ember_llm_layer *ly);
+
+/*
+ * Gemma 4's MoE block beside the dense MLP, whose output is in f->h: routes
+ * each token on the residual stream f->x (z = (norm(x) * router.scale *
+ * H^-0.5) Wr; softmax, the top k renormalised, times per_expert_scale),
+ * runs the chosen experts (GeGLU, grouped by expert as ember_blk_moe) on
+ * norm(x, pre_feedforward_layernorm_2), and leaves in f->h
+ * norm(mlp, post_feedforward_layernorm_1) + norm(experts, post_feedforward_layernorm_2).
+ */
+int ember_blk_moe_g4(ember_fwd *f, const ember_llm_layer *ly);
+
+/* f->x *= s (a no-op when s is 1). */
+int ember_blk_scale_x(ember_fwd *f, float s);
 
 #endif

@@ -145,6 +145,10 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
         return ember_err(err, EMBER_ERR_UNSUPPORTED,
                          "%s: architecture '%.32s' (hybrid linear attention) is not supported from GGUF yet; load the "
                          "HuggingFace directory", f->path, arch);
+    if (row->family == EMBER_FAMILY_GEMMA4) /* per-layer shapes, KV sharing and per-layer inputs have no GGUF keys here yet */
+        return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                         "%s: architecture '%.32s' is not supported from GGUF yet; load the HuggingFace directory",
+                         f->path, arch);
     const bool gemma = row->family == EMBER_FAMILY_GEMMA;
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", row->model_type);
     *mode = row->rope_interleaved ? EMBER_ROPE_INTERLEAVED : EMBER_ROPE_NEOX;

@@ -24,6 +24,7 @@ void ember_llm_free(ember_llm *m) {
     for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
         free(m->layers[i].experts);
         free(m->layers[i].router_bias);
+        free(m->layers[i].expert_scale);
     }
     free(m->layers);
     free(m->inv_freq);
@@ -91,7 +92,20 @@ static const ember_family *family_for(const char *model_type) {
     const ember_arch *row = ember_arch_find(model_type);
     if (row && row->family == EMBER_FAMILY_QWEN3_MOE) return &ember_family_qwen3_moe;
     if (row && row->family == EMBER_FAMILY_HYBRID) return &ember_family_qwen3_next;
+    if (row && row->family == EMBER_FAMILY_GEMMA4) return &ember_family_gemma4;
     return ember_arch_is_gemma(model_type) ? &ember_family_gemma : &ember_family_llama;
+}
+
+/* The head size of the full-attention and of the sliding layers (the
+   first layer of each kind; head_dim when there is none). */
+static void rope_dims(const ember_model_config *c, int *global, int *local) {
+    *global = *local = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        int *d = c->layer_sliding[l] ? local : global;
+        if (!*d) *d = ember_cfg_head_dim(c, l);
+    }
+    if (!*global) *global = c->head_dim;
+    if (!*local) *local = c->head_dim;
 }
 
 /* Everything but the file: RoPE tables, layers, then the family's tensors. */
@@ -101,12 +115,14 @@ static int build(ember_llm *m, ember_loader *L) {
     int rc;
     m->family = family_for(cfg->model_type);
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
-    m->inv_freq = calloc((size_t)cfg->head_dim / 2 + 1, sizeof *m->inv_freq);
-    m->inv_freq_local = calloc((size_t)cfg->head_dim / 2 + 1, sizeof *m->inv_freq_local);
+    int d_global, d_local; /* the head size of each layer kind (gemma4's differ) */
+    rope_dims(cfg, &d_global, &d_local);
+    m->inv_freq = calloc((size_t)d_global / 2 + 1, sizeof *m->inv_freq);
+    m->inv_freq_local = calloc((size_t)d_local / 2 + 1, sizeof *m->inv_freq_local);
     if (!m->layers || !m->inv_freq || !m->inv_freq_local) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
-    if ((rc = ember_rope_freqs(&cfg->rope, cfg->head_dim, m->inv_freq, &m->n_rot, &m->attn_factor, err))) return rc;
+    if ((rc = ember_rope_freqs(&cfg->rope, d_global, m->inv_freq, &m->n_rot, &m->attn_factor, err))) return rc;
     const ember_rope_config *local = cfg->rope_local.theta > 0 ? &cfg->rope_local : &cfg->rope; /* unset: one kind */
-    if ((rc = ember_rope_freqs(local, cfg->head_dim, m->inv_freq_local, &m->n_rot_local,
+    if ((rc = ember_rope_freqs(local, d_local, m->inv_freq_local, &m->n_rot_local,
                                &m->attn_factor_local, err)))
         return rc;
     size_t n = 0;
@@ -202,6 +218,8 @@ void ember_llm_state_free(ember_llm_state *st) {
     free(st->moe_ids);
     free(st->moe_ew);
     free(st->moe_choice);
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(st->g4_bufs); i++) ember_buffer_free(st->g4_bufs[i]);
+    free(st->ple_ids);
     free(st);
 }
 
@@ -216,8 +234,14 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
     st->max_tokens = max_tokens;
     st->max_logit_rows = max_tokens < LOGIT_ROWS ? max_tokens : LOGIT_ROWS;
     st->n_rows = n_kv_rows;
-    const int64_t T = max_tokens, H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
-                  KV = (int64_t)c->n_kv_heads * c->head_dim, I = c->intermediate_size, L = st->max_logit_rows;
+    int64_t Q = 0, KV = 0, I = 0; /* the widest layer's (gemma4's layers differ) */
+    for (int l = 0; l < c->n_layers; l++) {
+        const int64_t d = ember_cfg_head_dim(c, l), q = (int64_t)c->n_heads * d, kv = ember_cfg_kv_heads(c, l) * d;
+        Q = q > Q ? q : Q;
+        KV = kv > KV ? kv : KV;
+        I = ember_cfg_intermediate(c, l) > I ? ember_cfg_intermediate(c, l) : I;
+    }
+    const int64_t T = max_tokens, H = c->hidden_size, L = st->max_logit_rows;
     struct {
         ember_tensor *t;
         int64_t cols, rows;
@@ -262,6 +286,18 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
             rc = ember_tensor_alloc(m->be, hy[i].t, &st->bufs[EMBER_ARRAY_LEN(want) + 6 + i], EMBER_F32, 2,
                                     (const int64_t[]){T, hy[i].cols > 0 ? hy[i].cols : 1}, err);
     }
+    if (!rc && (c->ple_dim || c->moe_beside_mlp)) { /* gemma4's scratch (state in model.h) */
+        const int64_t P = c->ple_dim ? c->ple_dim : 1;
+        struct {
+            ember_tensor *t;
+            int64_t cols;
+        } g4[] = {{&st->ple_all, (int64_t)c->n_layers * P}, {&st->ple_one, P}, {&st->ple_g, P}, {&st->mlp_out, H},
+                  {&st->ple_tok, (int64_t)c->n_layers * P}};
+        for (size_t i = 0; i < EMBER_ARRAY_LEN(g4) && !rc; i++)
+            rc = ember_tensor_alloc(m->be, g4[i].t, &st->g4_bufs[i], EMBER_F32, 2, (const int64_t[]){T, g4[i].cols}, err);
+        st->ple_ids = malloc((size_t)T * sizeof *st->ple_ids);
+        if (!rc && !st->ple_ids) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
     st->tmp_idx = calloc((size_t)max_tokens, sizeof *st->tmp_idx);
     if (!rc && !st->tmp_idx) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if (rc) {
@@ -298,4 +334,44 @@ int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const emb
     rc = m->family->forward(m, st, kv, b, logits, err);
     ember_kv_end(kv, rc == EMBER_OK);
     return rc;
+}
+
+/* ---- the KV cache's layers and the layout line (model.h) ------------------------------ */
+
+int ember_llm_kv_layout(const ember_llm *m, int *heads, int *dims, int *win) {
+    const ember_model_config *c = &m->cfg;
+    const int n = c->n_layers - c->n_kv_shared; /* the shared layers come last and own no cache layer */
+    for (int l = 0; l < n; l++) {
+        heads[l] = ember_cfg_kv_heads(c, l);
+        dims[l] = ember_cfg_head_dim(c, l);
+        win[l] = m->layers[l].window;
+    }
+    return n;
+}
+
+void ember_llm_describe(const ember_llm *m, char *buf, size_t n) {
+    const ember_model_config *c = &m->cfg;
+    size_t o = 0;
+    if (!n) return;
+    buf[0] = '\0';
+#define PUT(...) (o += o < n ? (size_t)snprintf(buf + o, n - o, __VA_ARGS__) : 0)
+    int n_sliding = 0, window = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (m->layers[l].window) n_sliding++, window = m->layers[l].window;
+    if (n_sliding) PUT("%d of %d layers sliding (window %d)", n_sliding, c->n_layers, window);
+    for (int l = 0; l < c->n_layers; l++) /* the first full-attention layer whose shape differs */
+        if (!c->layer_sliding[l] && (ember_cfg_head_dim(c, l) != c->head_dim || ember_cfg_kv_heads(c, l) != c->n_kv_heads)) {
+            PUT("%sglobal layers: head_dim %d, kv %d", o ? "; " : "", ember_cfg_head_dim(c, l), ember_cfg_kv_heads(c, l));
+            break;
+        }
+    if (c->attn_k_eq_v) PUT("%sK = V on global layers", o ? "; " : "");
+    if (c->n_kv_shared)
+        PUT("%slayers %d-%d share earlier layers' KV", o ? "; " : "", c->n_layers - c->n_kv_shared, c->n_layers - 1);
+    if (c->double_wide_mlp && c->n_kv_shared) PUT(" (MLP %d wide)", 2 * c->intermediate_size);
+    if (c->ple_dim) PUT("%sper-layer inputs %d per layer", o ? "; " : "", c->ple_dim);
+    if (c->n_experts)
+        PUT("%s%d experts, top %d, width %d%s", o ? "; " : "", c->n_experts, c->n_experts_used, c->moe_intermediate_size,
+            c->moe_beside_mlp ? ", beside the dense MLP" : "");
+#undef PUT
+    if (o >= n) buf[n - 1] = '\0';
 }

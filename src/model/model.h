@@ -1,7 +1,7 @@
 /*
  * model.h - a decoder-only model (every family: llama, mistral, qwen2,
  * qwen3, phi3 in llama.c; gemma2, gemma3_text in gemma.c; qwen3_moe,
- * glm4_moe in qwen3_moe.c) as a forward pass
+ * glm4_moe in qwen3_moe.c; gemma4_text in gemma4.c) as a forward pass
  * over a batch of rows.
  *
  * qwen3_next, qwen3_5_text and qwen3_5_moe_text (hybrid: gated DeltaNet
@@ -61,6 +61,18 @@ typedef struct ember_llm_layer {
     ember_tensor lin_out;        /* [H, Z] out_proj */
     int window;                  /* sliding window, 0 = full attention */
     bool local_rope;             /* RoPE with inv_freq_local (gemma3's sliding layers) */
+    /* gemma4 (gemma4.c); buf NULL where absent */
+    int head_dim, n_kv_heads;    /* this layer's attention shape */
+    int kv_layer;                /* the KV cache layer it attends over (its own, or the shared one's) */
+    bool kv_shared;              /* no k/v of its own: attends over kv_layer's K/V, writes nothing */
+    bool k_eq_v;                 /* v = k before the norms (attention_k_eq_v, full-attention layers) */
+    float layer_scalar;          /* the layer's output (the whole residual stream) is multiplied by it */
+    ember_tensor ple_gate;       /* [P, H] per_layer_input_gate */
+    ember_tensor ple_proj;       /* [H, P] per_layer_projection */
+    ember_tensor ple_norm;       /* [H] post_per_layer_input_norm */
+    ember_tensor router_scale;   /* [H] router.scale (router = router.proj [E, H]) */
+    float *expert_scale;         /* [E] host, owned: router.per_expert_scale */
+    ember_tensor pre_ffn_norm2, post_ffn_norm1, post_ffn_norm2; /* the MoE block beside the dense MLP */
 } ember_llm_layer;
 
 typedef struct ember_llm {
@@ -84,7 +96,23 @@ typedef struct ember_llm {
     const char *weight_dtype; /* a dtype name ("f32", "q4_k", ...) or "mixed" */
     ember_rope_mode rope_mode; /* NEOX for HF weights and qwen GGUFs, INTERLEAVED for llama GGUFs */
     ember_gguf *gguf;        /* the GGUF file the weights view, owned (NULL for safetensors) */
+    /* gemma4 (gemma4.c): per-layer inputs; buf NULL where absent */
+    ember_tensor ple_embed;      /* [Vp, L * P] embed_tokens_per_layer */
+    ember_tensor ple_model_proj; /* [L * P, H] per_layer_model_projection */
+    ember_tensor ple_proj_norm;  /* [P] per_layer_projection_norm */
+    ember_tensor ones;           /* [max head_dim] f32 ones: the norms without a scale */
 } ember_llm;
+
+/* The KV cache layers of model m: fills heads[i], dims[i] and win[i] (room
+   for cfg.n_layers each) and returns their count. KV-shared layers
+   (gemma4) have none of their own: layer l attends over cache layer
+   ember_cfg_kv_layer(&m->cfg, l). */
+int ember_llm_kv_layout(const ember_llm *m, int *heads, int *dims, int *win);
+
+/* One line describing the layout of model m beyond its config's sizes
+   (sliding / global layers, per-layer shapes, KV sharing, per-layer inputs,
+   experts) into buf (n bytes); "" when there is nothing to add. */
+void ember_llm_describe(const ember_llm *m, char *buf, size_t n);
 
 /* Builds the model from a parsed config and an open weight store, checking
    every tensor's presence, dtype and shape. */
@@ -140,6 +168,12 @@ typedef struct ember_llm_state {
     float *moe_ew;    /* [max_tokens] their weights for that expert */
     float *moe_choice; /* [E] one token's selection scores (sigmoid router) */
     int n_rows;
+    /* gemma4: the per-layer inputs [max_tokens, L * P], one layer's [max_tokens, P] and its gate
+       [max_tokens, P]; the dense MLP's output beside the MoE block [max_tokens, H]; buf NULL when unused */
+    ember_tensor ple_all, ple_one, ple_g, mlp_out;
+    ember_tensor ple_tok; /* [max_tokens, L * P] the token part of the per-layer inputs */
+    ember_buffer *g4_bufs[5];
+    int32_t *ple_ids; /* [max_tokens] */
 } ember_llm_state;
 
 int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember_llm_state **out, ember_error *err);

@@ -372,6 +372,9 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
                        "%s: quantizing a hybrid linear-attention model (%s) to GGUF is not supported yet", in_dir,
                        cfg.model_type);
+    if (!rc && strcmp(cfg.model_type, "gemma4_text") == 0) /* the GGUF reader refuses it too (gguf_model.c) */
+        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: quantizing %s to GGUF is not supported yet", in_dir,
+                       cfg.model_type);
     if (!rc) rc = ember_weights_open(in_dir, &w, err);
     if (rc) goto done;
     g = ember_gguf_writer_new();

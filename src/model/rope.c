@@ -15,6 +15,18 @@ static double yarn_corr_dim(double rotations, int dim, double base, int max_pos)
 
 int ember_rope_freqs(const ember_rope_config *r, int head_dim, float *inv_freq, int *n_rot, float *attn_factor,
                      ember_error *err) {
+    if (r->type == EMBER_ROPE_PROPORTIONAL) { /* gemma4 (config.h): every pair of the head, most at rest */
+        int half = head_dim / 2, angles = (int)floor(r->partial_rotary_factor * head_dim / 2.0);
+        if (head_dim < 2 || head_dim % 2 || angles < 1 || angles > half)
+            return ember_err(err, EMBER_ERR_FORMAT, "rope: proportional RoPE with %d rotated pairs for head_dim %d",
+                             angles, head_dim);
+        for (int i = 0; i < half; i++)
+            inv_freq[i] = i < angles ? 1.0f / powf((float)r->theta, (float)(2 * i) / (float)head_dim) / (float)r->factor
+                                     : 0.0f; /* cos 1, sin 0: the dimension passes unchanged */
+        *n_rot = head_dim;
+        *attn_factor = 1.0f;
+        return EMBER_OK;
+    }
     int dim = (int)(head_dim * r->partial_rotary_factor);
     dim -= dim % 2;
     if (dim < 2 || dim > head_dim)
@@ -25,7 +37,8 @@ int ember_rope_freqs(const ember_rope_config *r, int head_dim, float *inv_freq, 
     *attn_factor = 1.0f;
     for (int i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(base, (float)(2 * i) / (float)dim);
     switch (r->type) {
-    case EMBER_ROPE_DEFAULT: break;
+    case EMBER_ROPE_DEFAULT:
+    case EMBER_ROPE_PROPORTIONAL: break; /* handled above */
     case EMBER_ROPE_LINEAR:
         for (int i = 0; i < half; i++) inv_freq[i] = inv_freq[i] / (float)r->factor;
         break;
