@@ -206,7 +206,7 @@ static void long_run(const char *family) {
             ember_kv_type t;
             ember_error err = {0};
             ember_kv_type_parse("f32", 0, 0, &t, &err);
-            ember_kv_params kp = {t, n, heads, dims, win, 1, 512, 0, 1 << 20, 32};
+            ember_kv_params kp = {t, n, heads, dims, win, 1, 512, 0, 1 << 20, 32, NULL, {0}};
             CHECK(ember_kv_new(m->be, &kp, &m->kv, &err) == EMBER_OK);
         }
         lg[k] = malloc(sizeof(float) * (size_t)(f.p[2].n + NEW) * (size_t)f.vocab);
