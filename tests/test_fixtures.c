@@ -236,6 +236,69 @@ static void moe_refusals(void) {
     fixture_close(&f);
 }
 
+/* A hybrid model missing a DeltaNet tensor (qwen3_5_text's A_log renamed,
+   qwen3_next's fused in_proj_ba renamed) or with a misshapen convolution
+   (linear_conv_kernel_dim changed) is refused naming the tensor. */
+static void hybrid_refusals(void) {
+    static const struct {
+        const char *family, *tensor, *cfg_key, *cfg_new, *want;
+    } cases[] = {
+        {"qwen3_5_text", "model.layers.1.linear_attn.A_log", NULL, NULL,
+         "missing tensor 'model.layers.1.linear_attn.A_log'"},
+        {"qwen3_next", "model.layers.2.linear_attn.in_proj_ba.weight", NULL, NULL,
+         "missing tensor 'model.layers.2.linear_attn.in_proj_ba.weight'"},
+        {"qwen3_5_moe_text", NULL, "\"linear_conv_kernel_dim\": 4", "\"linear_conv_kernel_dim\": 3",
+         "tensor 'model.layers.0.linear_attn.conv1d.weight' has shape [128, 1, 4], expected [128, 1, 3]"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fixture f;
+        fixture_open(&f, cases[c].family);
+        char path[700];
+        size_t nc = 0, nw = 0;
+        snprintf(path, sizeof path, "%s/config.json", f.dir);
+        char *cfg = slurp(path, &nc);
+        snprintf(path, sizeof path, "%s/model.safetensors", f.dir);
+        char *wts = slurp(path, &nw);
+        bool ok = cfg && wts;
+        if (ok && cases[c].tensor) { /* rename the tensor in the header: its last letter */
+            char *name = NULL;
+            size_t n = strlen(cases[c].tensor);
+            for (size_t i = 0; !name && i + n < nw && i < 65536; i++)
+                if (!memcmp(wts + i, cases[c].tensor, n) && wts[i + n] == '"') name = wts + i;
+            ok = name != NULL;
+            if (ok) name[n - 1] = name[n - 1] == 'X' ? 'Y' : 'X';
+        }
+        if (ok && cases[c].cfg_key) {
+            char *k = strstr(cfg, cases[c].cfg_key);
+            ok = k && strlen(cases[c].cfg_key) == strlen(cases[c].cfg_new);
+            if (ok) memcpy(k, cases[c].cfg_new, strlen(cases[c].cfg_new));
+        }
+        CHECKF(ok, "%s fixture: cannot make the corrupt copy", cases[c].family);
+        char dir[] = "/tmp/ember_hyb_XXXXXX";
+        if (ok && mkdtemp(dir)) {
+            put(dir, "config.json", cfg, nc);
+            put(dir, "model.safetensors", wts, nw);
+            ember_model_params mp;
+            ember_model_params_init(&mp);
+            mp.n_threads = 1;
+            ember_model *m = NULL;
+            ember_error err = {0};
+            CHECK(ember_model_load(dir, &mp, &m, &err) == EMBER_ERR_FORMAT && !m);
+            CHECKF(strstr(err.msg, cases[c].want) && !strchr(err.msg, '\n'), "want \"%s\", got: %s", cases[c].want,
+                   err.msg);
+            ember_model_free(m);
+            snprintf(path, sizeof path, "%s/config.json", dir);
+            unlink(path);
+            snprintf(path, sizeof path, "%s/model.safetensors", dir);
+            unlink(path);
+            rmdir(dir);
+        }
+        free(cfg);
+        free(wts);
+        fixture_close(&f);
+    }
+}
+
 /* glm4_moe's MTP layers (num_nextn_predict_layers, numbered after the
    decoder layers) are skipped at load, as transformers does: the fixture
    read as a 1-layer model whose layer 1 is the MTP layer loads, and
@@ -299,6 +362,7 @@ int main(int argc, char **argv) {
         for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++) run_family(k_families[k], isas[i], &f32);
     }
     moe_refusals();
+    hybrid_refusals();
     glm_mtp_layers();
     long_run("mistral");
     long_run("gemma2");
