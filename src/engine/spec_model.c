@@ -14,6 +14,13 @@
  * nothing can drift out of step. A row whose trim is refused (a rotating
  * window that no longer holds the shared prefix) is cleared and prefilled.
  *
+ * A draft model with recurrent state (a hybrid: its rows cannot be trimmed)
+ * instead drafts inside a speculative round of its own cache: the history
+ * up to its last token is fed outside the round, then the round begins and
+ * the last token and the drafts are fed; the next proposal commits the
+ * round's positions the new history kept (kv.h: a replay of k recurrent
+ * steps at most) or rolls it back, so the row is never prefilled again.
+ *
  * Ownership: the source borrows the draft model (the caller loaded it, with
  * at least the target's rows and context, and frees it after the engine);
  * it owns held[] and its logits. Threading: the engine thread only, which
@@ -35,6 +42,7 @@ typedef struct model_src {
     int *n_held;
     float *logits;  /* [V] the last position's logits */
     int32_t *pos, *row; /* [max_batch_tokens] staging */
+    int *round_base;    /* [n_slots] recurrent draft caches: the open round's first position, or -1 */
     int n_ctx, chunk;
 } model_src;
 
@@ -67,25 +75,60 @@ static int feed(model_src *s, int slot, const int32_t *t, int n, int start) {
 }
 
 static void reset(model_src *s, int slot) {
-    ember_kv_clear(s->m->kv, slot);
+    ember_kv_clear(s->m->kv, slot); /* ends any round too */
     s->n_held[slot] = 0;
+    s->round_base[slot] = -1;
+}
+
+/* A recurrent draft row in a round: keep the round's positions below c
+   (the part of the held tokens the new history shares), or none. */
+static void end_round(model_src *s, int slot, int c) {
+    ember_kv *kv = s->m->kv;
+    int base = s->round_base[slot];
+    s->round_base[slot] = -1;
+    if (!ember_kv_in_spec(kv, slot)) return;
+    int len = ember_kv_len(kv, slot), k = c < base ? 0 : (c > len ? len : c) - base;
+    if (ember_kv_spec_commit(kv, slot, k, NULL) != EMBER_OK) {
+        reset(s, slot);
+        return;
+    }
+    s->n_held[slot] = base + k;
 }
 
 static int model_draft(ember_draft *d, int slot, const int32_t *hist, int n_hist, int n_max, int32_t *out) {
     model_src *s = (model_src *)d;
+    ember_kv *kv = s->m->kv;
     const int V = s->m->cfg.vocab_size;
+    const bool rec = ember_kv_state_bytes(kv) > 0;
     if (n_hist + n_max > s->n_ctx) n_max = s->n_ctx - n_hist;
-    if (n_max <= 0) return 0;
+    if (n_max <= 0) {
+        if (s->round_base[slot] >= 0) end_round(s, slot, 0);
+        return 0;
+    }
     /* in step with the history: keep the common prefix, feed the rest */
     int c = 0, h = s->n_held[slot];
     while (c < h && c < n_hist && s->held[slot][c] == hist[c]) c++;
     if (c == n_hist) c--; /* the last token is fed again: its logits propose the first draft */
+    if (s->round_base[slot] >= 0) {
+        end_round(s, slot, c);
+        h = s->n_held[slot];
+        if (c > h) c = h;
+    }
     if (c < h) {
-        if (c < ember_kv_min_reuse(s->m->kv, slot) || ember_kv_trim(s->m->kv, slot, c, NULL) != EMBER_OK) {
+        if (c < ember_kv_min_reuse(kv, slot) || ember_kv_trim(kv, slot, c, NULL) != EMBER_OK) {
             reset(s, slot);
             c = 0;
         }
         s->n_held[slot] = c;
+    }
+    if (rec) { /* the confirmed history outside the round; the last token and the drafts in it */
+        if (feed(s, slot, hist + c, n_hist - 1 - c, c) != EMBER_OK ||
+            ember_kv_spec_begin(kv, slot, NULL) != EMBER_OK) {
+            reset(s, slot);
+            return 0;
+        }
+        s->round_base[slot] = n_hist - 1;
+        c = n_hist - 1;
     }
     if (feed(s, slot, hist + c, n_hist - c, c) != EMBER_OK) {
         reset(s, slot);
@@ -113,6 +156,7 @@ static void model_destroy(ember_draft *d) {
     for (int i = 0; s->held && i < s->base.n_slots; i++) free(s->held[i]);
     free(s->held);
     free(s->n_held);
+    free(s->round_base);
     free(s->logits);
     free(s->pos);
     free(s->row);
@@ -148,16 +192,20 @@ int ember_draft_model_new(ember_model *draft, const ember_model *target, int n_s
     s->chunk = draft->params.max_batch_tokens;
     s->held = calloc((size_t)n_slots, sizeof *s->held);
     s->n_held = calloc((size_t)n_slots, sizeof *s->n_held);
+    s->round_base = malloc((size_t)n_slots * sizeof *s->round_base);
     s->logits = malloc((size_t)draft->cfg.vocab_size * sizeof *s->logits);
     s->pos = malloc((size_t)s->chunk * sizeof *s->pos);
     s->row = malloc((size_t)s->chunk * sizeof *s->row);
-    bool ok = s->held && s->n_held && s->logits && s->pos && s->row;
+    bool ok = s->held && s->n_held && s->round_base && s->logits && s->pos && s->row;
     for (int i = 0; ok && i < n_slots; i++) ok = (s->held[i] = malloc((size_t)(s->n_ctx + 1) * sizeof(int32_t))) != NULL;
     if (!ok) {
         model_destroy(&s->base);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory for the draft model's rows");
     }
-    for (int i = 0; i < n_slots; i++) ember_kv_clear(draft->kv, i);
+    for (int i = 0; i < n_slots; i++) {
+        ember_kv_clear(draft->kv, i);
+        s->round_base[i] = -1;
+    }
     *out = &s->base;
     return EMBER_OK;
 }
