@@ -57,6 +57,8 @@ typedef struct cpu_backend {
     size_t qscratch_bytes;
     struct cpu_packed *packed; /* the weight ranges kept packed */
     float *attn_parts;         /* attention span states (split mode), grown on demand */
+    void *delta_scratch;       /* delta_net's scratch (cpu_delta.c), grown on demand */
+    size_t delta_cap;          /* its bytes */
     size_t attn_parts_cap;
     int n_packed, cap_packed;
 } cpu_backend;
@@ -1019,7 +1021,7 @@ static int cpu_delta_net(ember_backend *be, ember_tensor *out, const ember_tenso
     if (!rc) {
         cpu_delta_args a = {host(out), host(x), host(b), host(a_in), host(w->conv), host(w->a_log), host(w->dt_bias),
                             host(L->pool), logs, map, (int)T};
-        rc = cpu_delta_run(cpu(be)->pool, &a, err);
+        rc = cpu_delta_run(cpu(be)->pool, &a, &cpu(be)->delta_scratch, &cpu(be)->delta_cap, err);
     }
     free(logs);
     return rc;
@@ -1074,6 +1076,7 @@ static void cpu_free(ember_backend *be) {
     free(c->qscratch);
     free(c->packed);
     free(c->attn_parts);
+    free(c->delta_scratch);
     for (int i = 0; i < 3; i++) free(c->act[i]);
     free(c);
 }

@@ -25,8 +25,9 @@
  * They agree to rounding; decode always takes the recurrent form.
  *
  * Memory: the scratch of a call (post-convolution activations of the batch,
- * the per-thread chunk work areas) is allocated per call and freed before
- * it returns; the state lives in the caller's slots.
+ * the per-thread chunk work areas, the row tables) is one area the backend
+ * keeps and grows (nothing allocated per step once warm); the state lives
+ * in the caller's slots. delta_replay needs Dv floats per call.
  */
 #include "cpu_delta.h"
 
@@ -295,34 +296,37 @@ static void dn_conv_state(void *ctx, int i, int thread) {
         memcpy(d + (size_t)e * C, conv_input(j, ri, ri->n - (K - 1) + e, cstate, zeros), (size_t)C * sizeof *d);
 }
 
-int cpu_delta_run(ember_pool *pool, const cpu_delta_args *a, ember_error *err) {
+int cpu_delta_run(ember_pool *pool, const cpu_delta_args *a, void **scratch, size_t *cap, ember_error *err) {
     const ember_rec_map *map = a->map;
     const ember_rec_shape *s = &map->layer->s;
     const int T = a->T, C = s->conv_dim, Hv = s->n_v_heads, Dk = s->k_dim, Dv = s->v_dim;
     const int nt = ember_pool_size(pool);
-    /* rows in order of first appearance, their tokens grouped */
-    int *first = malloc((size_t)map->n_refs * sizeof *first);
-    int *ints = malloc((size_t)T * 4 * sizeof *ints);
-    row_info *rows = malloc((size_t)T * sizeof *rows);
     size_t work = (size_t)C; /* phase 1 and 3: zeros; phase 2: the recurrent scratch and the chunk areas */
     size_t chunk = CH + (size_t)CH * CH + (size_t)CH * (2 * (size_t)Dv + Dk) + CH;
     if (chunk > work) work = chunk;
     if ((size_t)Dv > work) work = (size_t)Dv;
-    float *y = malloc(((size_t)T * C + (size_t)T * 2 * Hv + (size_t)nt * work) * sizeof *y);
-    int rc = EMBER_OK;
-    if (!first || !ints || !rows || !y) {
-        rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory in delta_net");
-        goto done;
+    /* one scratch area, kept by the backend between calls: the floats (post-convolution
+       activations, g and beta, per-thread work), the row table, then the int tables */
+    const size_t n_f = (size_t)T * C + (size_t)T * 2 * Hv + (size_t)nt * work;
+    const size_t need = n_f * sizeof(float) + (size_t)T * sizeof(row_info) +
+                        ((size_t)map->n_refs + (size_t)T * 3) * sizeof(int);
+    if (need > *cap) {
+        void *p = realloc(*scratch, need);
+        if (!p) return ember_err(err, EMBER_ERR_NOMEM, "out of memory in delta_net");
+        *scratch = p;
+        *cap = need;
     }
-    int *tok = ints, *tok_row = ints + T, *tok_j = ints + 2 * T, *cnt = ints + 3 * T;
+    float *y = *scratch;
+    row_info *rows = (row_info *)(y + n_f);
+    int *first = (int *)(rows + T), *tok = first + map->n_refs, *tok_row = tok + T, *tok_j = tok_row + T;
+    /* rows in order of first appearance, their tokens grouped */
     for (int r = 0; r < map->n_refs; r++) first[r] = -1;
     int nr = 0;
     for (int t = 0; t < T; t++) {
         int r = map->row[t];
         if (first[r] < 0) {
             first[r] = nr;
-            rows[nr] = (row_info){0, 0, r};
-            cnt[nr++] = 0;
+            rows[nr++] = (row_info){0, 0, r};
         }
         tok_row[t] = first[r];
         tok_j[t] = rows[first[r]].n++;
@@ -337,13 +341,7 @@ int cpu_delta_run(ember_pool *pool, const cpu_delta_args *a, ember_error *err) {
     ember_pool_run(pool, T, dn_token, &j);
     ember_pool_run(pool, nr * Hv, dn_head, &j);
     ember_pool_run(pool, nr, dn_conv_state, &j);
-    (void)cnt;
-done:
-    free(first);
-    free(ints);
-    free(rows);
-    free(y);
-    return rc;
+    return EMBER_OK;
 }
 
 /* ---- delta_replay ---- */

@@ -23,9 +23,10 @@ typedef struct cpu_delta_args {
     int T;
 } cpu_delta_args;
 
-/* Runs delta_net on the pool. Allocates its scratch per call (freed before
-   it returns). Returns EMBER_OK or EMBER_ERR_NOMEM. */
-int cpu_delta_run(ember_pool *pool, const cpu_delta_args *a, ember_error *err);
+/* Runs delta_net on the pool. *scratch (*cap bytes) is the caller's area,
+   grown with realloc when too small (the caller frees it). Returns EMBER_OK
+   or EMBER_ERR_NOMEM (then *scratch is unchanged). */
+int cpu_delta_run(ember_pool *pool, const cpu_delta_args *a, void **scratch, size_t *cap, ember_error *err);
 
 /* delta_replay on host memory: slots as above, log the row's log floats. */
 int cpu_delta_rebuild(const ember_rec_layer *layers, int n_layers, float *slots, int32_t src, int32_t dst,
