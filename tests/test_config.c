@@ -301,7 +301,7 @@ int main(void) {
                "low_freq_factor");
     expect_err("{" BASE ",\"hidden_act\":\"gelu\"}", EMBER_ERR_UNSUPPORTED, "gelu");
     /* an unknown model_type: one line naming it and every supported one */
-    expect_err("{\"model_type\":\"gemma4\"}", EMBER_ERR_UNSUPPORTED, "gemma4"); /* the multimodal wrapper */
+    expect_err("{\"model_type\":\"gemma4\"}", EMBER_ERR_FORMAT, "text_config"); /* a multimodal wrapper without its text model */
     {
         ember_error e = {0};
         CHECK(parse("{\"model_type\":\"mixtral\"}", &c, &e) == EMBER_ERR_UNSUPPORTED);

@@ -299,6 +299,134 @@ static void hybrid_refusals(void) {
     }
 }
 
+/* A multimodal checkpoint built from a fixture: the fixture's config as
+   text_config under the wrapper's model_type (with eos at the top level
+   only), its tensors renamed into the wrapper's layout, and vision tensors
+   beside them. Loads as the text model and gives the fixture's logits bit
+   for bit; without its text tensors it is refused naming them. */
+typedef struct st_copy {
+    const ember_st_tensor **t; /* [n] the source of each output (NULL: a vision tensor, zeros) */
+} st_copy;
+
+static int st_copy_fill(void *user, int index, size_t first, size_t n, void *dst, ember_error *err) {
+    (void)err;
+    const st_copy *c = user;
+    const ember_st_tensor *t = c->t[index]; /* the fixtures are f32: 4 bytes an element */
+    if (t)
+        memcpy(dst, t->data + first * 4, n * 4);
+    else
+        memset(dst, 0, n * 4);
+    return 0;
+}
+
+static void multimodal_one(const char *family, const char *wrapper, const char *text_prefix, const char *head_prefix,
+                           bool drop_text) {
+    fixture f;
+    fixture_open(&f, family);
+    char path[700];
+    size_t nc = 0;
+    snprintf(path, sizeof path, "%s/config.json", f.dir);
+    char *cfg = slurp(path, &nc);
+    snprintf(path, sizeof path, "%s/model.safetensors", f.dir);
+    ember_st_file *sf = NULL;
+    ember_error err = {0};
+    CHECKF(cfg && ember_st_open(path, &sf, &err) == EMBER_OK, "%s: %s", family, err.msg);
+    if (!cfg || !sf) {
+        free(cfg);
+        fixture_close(&f);
+        return;
+    }
+    /* config: {"model_type": wrapper, "eos_token_id": 2, "text_config": <fixture config>, "vision_config": {...}} */
+    size_t cap = nc + 512;
+    char *wcfg = malloc(cap);
+    int wn = snprintf(wcfg, cap,
+                      "{\"model_type\": \"%s\", \"architectures\": [\"X\"], \"vision_config\": {\"hidden_size\": 8},"
+                      " \"text_config\": %s}",
+                      wrapper, cfg);
+    /* tensors: renamed, plus two vision ones */
+    int n = sf->n_tensors + 2;
+    ember_st_out *outs = calloc((size_t)n, sizeof *outs);
+    const ember_st_tensor **src = calloc((size_t)n, sizeof *src);
+    char (*names)[160] = calloc((size_t)n, sizeof *names);
+    int k = 0;
+    for (int i = 0; i < sf->n_tensors; i++) {
+        const ember_st_tensor *t = &sf->tensors[i];
+        if (strncmp(t->name, "model.", 6) == 0) {
+            if (drop_text) continue;
+            snprintf(names[k], sizeof names[k], "%s%s", text_prefix, t->name + 6);
+        } else if (strncmp(t->name, "lm_head.", 8) == 0) {
+            snprintf(names[k], sizeof names[k], "%s%s", head_prefix, t->name + 8);
+        } else {
+            snprintf(names[k], sizeof names[k], "%s", t->name);
+        }
+        outs[k] = (ember_st_out){names[k], t->dtype, t->ndim, {0}};
+        memcpy(outs[k].shape, t->shape, sizeof outs[k].shape);
+        src[k++] = t;
+    }
+    snprintf(names[k], sizeof names[k], "model.visual.patch_embed.proj.weight");
+    outs[k] = (ember_st_out){names[k], EMBER_F32, 2, {8, 12}};
+    src[k++] = NULL;
+    snprintf(names[k], sizeof names[k], "model.multi_modal_projector.linear.weight");
+    outs[k] = (ember_st_out){names[k], EMBER_F32, 2, {64, 8}};
+    src[k++] = NULL;
+    char dir[] = "/tmp/ember_mm_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    put(dir, "config.json", wcfg, (size_t)wn);
+    st_copy cp = {src};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECKF(ember_st_write(path, outs, k, st_copy_fill, &cp, &err) == EMBER_OK, "%s", err.msg);
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.n_threads = 2;
+    ember_model *m = NULL;
+    int rc = ember_model_load(dir, &mp, &m, &err);
+    if (drop_text) {
+        CHECKF(rc == EMBER_ERR_FORMAT && strstr(err.msg, "language_model") && !strchr(err.msg, '\n'),
+               "%s in %s without text tensors: %s", family, wrapper, err.msg);
+    } else {
+        CHECKF(rc == EMBER_OK, "%s in %s: %s", family, wrapper, err.msg);
+        fixture_prompt *p = &f.p[1];
+        const int V = f.vocab;
+        float *lg = malloc((size_t)(p->n + 3) * (size_t)V * sizeof *lg);
+        int32_t out[4];
+        ember_request r = {0};
+        r.prompt = p->ids;
+        r.n_prompt = p->n;
+        r.max_new_tokens = 4;
+        r.ignore_eos = 1;
+        ember_sampling_init(&r.sampling);
+        r.out_ids = out;
+        r.out_logits = lg;
+        if (m) CHECKF(ember_generate(m, &r, 1, &err) == EMBER_OK, "%s", err.msg);
+        float mx = max_abs(p->logits, (size_t)p->n * (size_t)V), d = 0;
+        for (size_t i = 0; m && i < (size_t)p->n * (size_t)V; i++) d = fmaxf(d, fabsf(lg[i] - p->logits[i]));
+        CHECKF(m && d <= 1e-4f * mx && !memcmp(out, p->greedy, sizeof out), "%s in %s: logits off by %g", family,
+               wrapper, d);
+        free(lg);
+    }
+    ember_model_free(m);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+    free(names);
+    free(src);
+    free(outs);
+    free(wcfg);
+    ember_st_free(sf);
+    free(cfg);
+    fixture_close(&f);
+}
+
+static void multimodal(void) {
+    multimodal_one("qwen3_5_text", "qwen3_5", "model.language_model.", "lm_head.", false);
+    multimodal_one("qwen3_5_moe_text", "qwen3_5_moe", "model.language_model.", "lm_head.", false);
+    multimodal_one("gemma3_text", "gemma3", "language_model.model.", "language_model.lm_head.", false); /* the older layout */
+    multimodal_one("gemma3_text", "gemma3", "model.language_model.", "lm_head.", false);
+    multimodal_one("qwen3_5_text", "qwen3_5", "model.language_model.", "lm_head.", true); /* no text tensors */
+}
+
 /* glm4_moe's MTP layers (num_nextn_predict_layers, numbered after the
    decoder layers) are skipped at load, as transformers does: the fixture
    read as a 1-layer model whose layer 1 is the MTP layer loads, and
@@ -363,6 +491,7 @@ int main(int argc, char **argv) {
     }
     moe_refusals();
     hybrid_refusals();
+    multimodal();
     glm_mtp_layers();
     long_run("mistral");
     long_run("gemma2");

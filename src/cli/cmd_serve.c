@@ -51,16 +51,17 @@ static bool is_file(const char *p) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* Whether dir holds a config.json of a model type ember runs and a tokenizer. */
+/* Whether dir holds a tokenizer and a config.json ember reads (a model type
+   it runs, or the text model of a multimodal checkpoint). */
 static bool servable(const char *dir) {
     char p[4096], *text = NULL;
+    size_t len = 0;
     if (!pcat(p, sizeof p, dir, "/tokenizer.json") || !is_file(p)) return false;
-    if (!pcat(p, sizeof p, dir, "/config.json") || ember_read_file(p, 1 << 20, &text, NULL, NULL)) return false;
-    json_t *j = json_loads(text, 0, NULL);
+    if (!pcat(p, sizeof p, dir, "/config.json") || ember_read_file(p, 1 << 20, &text, &len, NULL)) return false;
+    ember_model_config *cfg = malloc(sizeof *cfg);
+    bool ok = cfg && ember_config_parse(p, text, len, cfg, NULL) == EMBER_OK;
+    free(cfg);
     free(text);
-    const char *mt = json_string_value(json_object_get(j, "model_type"));
-    bool ok = mt && ember_config_model_type_supported(mt);
-    json_decref(j);
     return ok;
 }
 

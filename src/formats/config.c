@@ -770,6 +770,53 @@ bool ember_config_model_type_supported(const char *model_type) {
     return ember_arch_find(model_type) != NULL;
 }
 
+/* The multimodal checkpoints whose text model Ember runs: their config's
+   model_type, and the text model's. */
+static const struct {
+    const char *wrapper, *text;
+} k_wrappers[] = {
+    {"qwen3_5", "qwen3_5_text"}, {"qwen3_5_moe", "qwen3_5_moe_text"}, {"gemma3", "gemma3_text"}, {"gemma4", "gemma4_text"}};
+
+/*
+ * A multimodal config (k_wrappers) read as its text model: *out (a new
+ * reference the caller releases) is text_config with the top level's other
+ * fields where text_config lacks them (eos and bos ids, tie_word_embeddings,
+ * ...), and model_type the text model's when text_config has none. The
+ * vision and audio parts are not read. Returns EMBER_OK with *out NULL when
+ * mt is not a wrapper.
+ */
+static int unwrap_text_config(const char *file, json_t *root, const char *mt, json_t **out, ember_error *err) {
+    *out = NULL;
+    const char *text_type = NULL;
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(k_wrappers); i++)
+        if (strcmp(mt, k_wrappers[i].wrapper) == 0) text_type = k_wrappers[i].text;
+    if (!text_type) return EMBER_OK;
+    json_t *tc = json_object_get(root, "text_config");
+    if (!tc || !json_is_object(tc))
+        return ember_err(err, EMBER_ERR_FORMAT,
+                         "%s: model_type '%s' (a multimodal model) needs a 'text_config' object for its text model",
+                         file, mt);
+    json_t *m = json_deep_copy(tc);
+    if (!m) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        if (!strcmp(key, "text_config") || !strcmp(key, "vision_config") || !strcmp(key, "audio_config") ||
+            !strcmp(key, "model_type") || !strcmp(key, "architectures") || json_object_get(m, key))
+            continue;
+        if (json_object_set(m, key, v)) {
+            json_decref(m);
+            return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        }
+    }
+    if (!json_object_get(m, "model_type") && json_object_set_new(m, "model_type", json_string(text_type))) {
+        json_decref(m);
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
+    *out = m;
+    return EMBER_OK;
+}
+
 int ember_config_parse(const char *file, const char *text, size_t len, ember_model_config *cfg,
                        ember_error *err) {
     memset(cfg, 0, sizeof *cfg);
@@ -789,6 +836,18 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
     if (!mt) {
         rc = ember_err(err, EMBER_ERR_FORMAT, "%s: missing required field 'model_type'", file);
         goto done;
+    }
+    json_t *inner;
+    if ((rc = unwrap_text_config(file, root, mt, &inner, err))) goto done;
+    if (inner) { /* a multimodal checkpoint: its text model from here on */
+        json_decref(root);
+        root = inner;
+        cfg->text_of_multimodal = true;
+        if ((rc = get_str(file, root, "model_type", &mt, err))) goto done;
+        if (!mt) {
+            rc = ember_err(err, EMBER_ERR_FORMAT, "%s: text_config.model_type must be a string", file);
+            goto done;
+        }
     }
     if (!ember_config_model_type_supported(mt)) {
         char list[256];

@@ -110,6 +110,9 @@ typedef struct ember_model_config {
     int lin_k_dim, lin_v_dim;           /* linear_key_head_dim, linear_value_head_dim */
     bool attn_output_gate;              /* q_proj is 2x wide: per head, q then a sigmoid gate on the output */
     int shared_expert_size;             /* shared_expert_intermediate_size: a sigmoid-gated shared expert; 0: none */
+    bool text_of_multimodal;            /* the text model of a multimodal checkpoint (its config's
+                                           text_config; weights model.language_model.* or
+                                           language_model.model.*, ember_weights_use_text_model) */
     int bos_id;                         /* -1 if none */
     int n_eos;
     int eos_ids[EMBER_MAX_EOS];

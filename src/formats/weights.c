@@ -23,6 +23,14 @@ void ember_weights_free(ember_weights *w) {
 }
 
 const ember_st_tensor *ember_weights_find(const ember_weights *w, const char *name, const char **file) {
+    char mapped[512];
+    if (w->text_prefix && strncmp(name, "model.", 6) == 0) {
+        if ((size_t)snprintf(mapped, sizeof mapped, "%s%s", w->text_prefix, name + 6) >= sizeof mapped) return NULL;
+        name = mapped;
+    } else if (w->head_prefix && strncmp(name, "lm_head.", 8) == 0) {
+        if ((size_t)snprintf(mapped, sizeof mapped, "%s%s", w->head_prefix, name + 8) >= sizeof mapped) return NULL;
+        name = mapped;
+    }
     for (int i = 0; i < w->n_files; i++) {
         const ember_st_tensor *t = ember_st_find(w->files[i], name);
         if (t) {
@@ -31,6 +39,30 @@ const ember_st_tensor *ember_weights_find(const ember_weights *w, const char *na
         }
     }
     return NULL;
+}
+
+int ember_weights_use_text_model(ember_weights *w, ember_error *err) {
+    static const struct {
+        const char *text, *head;
+    } k_layouts[] = {{"model.language_model.", NULL}, {"language_model.model.", "language_model.lm_head."}};
+    w->text_prefix = w->head_prefix = NULL;
+    for (size_t i = 0; i < sizeof k_layouts / sizeof k_layouts[0]; i++) {
+        w->text_prefix = k_layouts[i].text;
+        w->head_prefix = k_layouts[i].head;
+        if (ember_weights_find(w, "model.embed_tokens.weight", NULL)) return EMBER_OK;
+    }
+    w->text_prefix = w->head_prefix = NULL;
+    return ember_err(err, EMBER_ERR_FORMAT,
+                     "%s: a multimodal checkpoint without its text model's tensors (no "
+                     "model.language_model.embed_tokens.weight or language_model.model.embed_tokens.weight)",
+                     w->primary);
+}
+
+bool ember_weights_is_text(const ember_weights *w, const char *stored_name) {
+    if (!w->text_prefix) return true;
+    if (strncmp(stored_name, w->text_prefix, strlen(w->text_prefix)) == 0) return true;
+    const char *head = w->head_prefix ? w->head_prefix : "lm_head.";
+    return strncmp(stored_name, head, strlen(head)) == 0;
 }
 
 static bool file_exists(const char *p) {

@@ -51,12 +51,17 @@ static int apply_freq_factors(ember_loader *L) {
     return EMBER_OK;
 }
 
-/* Tensors a file may hold that no family reads: transformers' rotary
+/* Tensors a file may hold that no family reads: a multimodal checkpoint's
+   non-text parts, the MTP layers of the hybrids, transformers' rotary
    buffers, glm4_moe's num_nextn_predict_layers MTP layers (numbered after
    the decoder layers), and the output projection of a tied model (transformers ties it
    to the embedding, ignoring the stored copy). */
-static bool ignorable(const ember_llm *m, const char *name) {
+static bool ignorable(const ember_llm *m, const ember_weights *w, const char *name) {
     size_t n = strlen(name);
+    if (!ember_weights_is_text(w, name)) return true; /* a multimodal checkpoint's vision / audio parts */
+    if (strncmp(name, "mtp.", 4) == 0 && m->cfg.n_linear) return true; /* Qwen3-Next / 3.5 MTP (transformers skips it) */
+    if (m->cfg.tie_embeddings && w->head_prefix && strncmp(name, w->head_prefix, strlen(w->head_prefix)) == 0)
+        return true;
     static const char inv[] = "rotary_emb.inv_freq";
     if (n >= sizeof inv - 1 && strcmp(name + n - (sizeof inv - 1), inv) == 0) return true;
     int l = -1;
@@ -81,7 +86,7 @@ static int check_unclaimed(const ember_loader *L) {
     }
     for (int f = 0; f < L->w->n_files; f++)
         for (int i = 0; i < L->w->files[f]->n_tensors; i++, k++)
-            if (!L->claimed[k] && !ignorable(m, L->w->files[f]->tensors[i].name))
+            if (!L->claimed[k] && !ignorable(m, L->w, L->w->files[f]->tensors[i].name))
                 return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' is not part of a %s model",
                                  L->w->files[f]->path, L->w->files[f]->tensors[i].name, m->cfg.model_type);
     return EMBER_OK;

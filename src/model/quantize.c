@@ -368,6 +368,10 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
     if (!rc && cfg.n_experts) /* the GGUF reader does not take expert tensors yet (gguf_model.c) */
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: quantizing a mixture-of-experts model (%s) is not supported yet",
                        in_dir, cfg.model_type);
+    if (!rc && cfg.text_of_multimodal) /* its tensors carry the wrapper's names (weights.h) */
+        rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
+                       "%s: quantizing a multimodal checkpoint (%s inside text_config) is not supported yet", in_dir,
+                       cfg.model_type);
     if (!rc && cfg.n_linear) /* the GGUF reader does not take the DeltaNet layers yet (gguf_model.c) */
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
                        "%s: quantizing a hybrid linear-attention model (%s) to GGUF is not supported yet", in_dir,

@@ -235,6 +235,12 @@ int ember_quantize_to_mlx(const char *in_dir, const char *out_dir, const ember_m
     int n = 0, cap = 0, rc = ember_config_load(in_dir, &cfg, err);
     qctx q = {0};
     if (rc) goto done;
+    if (cfg.text_of_multimodal) {
+        rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
+                       "%s: MLX-quantizing a multimodal checkpoint (%s inside text_config) is not supported yet", in_dir,
+                       cfg.model_type);
+        goto done;
+    }
     if (cfg.n_linear) {
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
                        "%s: MLX-quantizing a hybrid linear-attention model (%s) is not supported yet", in_dir,
