@@ -17,15 +17,19 @@ typedef struct result {
     ember_event done;
 } result;
 
-static ember_model *load(const char *dir, int rows) {
+static ember_model *load_batch(const char *dir, int rows, int max_batch) {
     ember_model_params mp;
     ember_model_params_init(&mp);
     mp.n_rows = rows;
     mp.n_threads = 2;
-    mp.max_batch_tokens = 64; /* small: forces chunked prefill beside decode */
+    mp.max_batch_tokens = max_batch;
     ember_model *m = fx_load_params(dir, &mp);
     if (!m) exit(1);
     return m;
+}
+
+static ember_model *load(const char *dir, int rows) {
+    return load_batch(dir, rows, 64); /* small: forces chunked prefill beside decode */
 }
 
 static void drain(ember_stream *s, result *r) {
@@ -65,14 +69,15 @@ static ember_gen_params gp(const int32_t *ids, int n, int max_tokens, float temp
    the first request's prompt and first steps), each counted as paced; with
    pacing off it takes the full chunk of 64 and no step is paced. Either
    way both requests get the same tokens (chunk invariance). */
-static void test_pacing(const fixture *f) {
+static void test_pacing(const fixture *f, bool hybrid) {
     int32_t longp[200];
     for (int i = 0; i < 200; i++) longp[i] = f->p[i % 3].ids[(i / 3) % f->p[i % 3].n];
     result a[2], b[2];
     uint64_t paced[2];
     double t_dec = 0, t_tok = 0;
     for (int k = 0; k < 2; k++) {
-        ember_model *m = load(f->dir, 2);
+        /* a hybrid: room for whole spans, so that an unpaced step takes the prompt whole */
+        ember_model *m = load_batch(f->dir, 2, hybrid ? 256 : 64);
         ember_engine_params ep;
         memset(&ep, 0, sizeof ep);
         ep.prefill_pace = k == 0 ? 1.0f : -1.0f;
@@ -104,8 +109,13 @@ static void test_pacing(const fixture *f) {
         ember_engine_free(e);
         ember_model_free(m);
     }
-    CHECKF(paced[0] >= 200 / 16 - 1, "pace 1: %llu paced steps for a 200-token prompt", (unsigned long long)paced[0]);
+    /* a hybrid's prompt is cut at the delta rule's 64-position spans whatever the pace (sched.c:
+       recurrent_chunk), so its paced steps are fewer; its logprobs are bit for bit the same */
+    CHECKF(hybrid || paced[0] >= 200 / 16 - 1, "pace 1: %llu paced steps for a 200-token prompt",
+           (unsigned long long)paced[0]);
     CHECKF(paced[1] == 0, "pacing off: %llu paced steps", (unsigned long long)paced[1]);
+    CHECKF(!memcmp(b[0].lp, b[1].lp, sizeof(float) * (size_t)b[0].n), "%s: pacing changed the logprobs",
+           hybrid ? "hybrid" : "dense");
     CHECK(t_dec > 0 && t_tok > 0);
     CHECK(a[0].n == 64 && b[0].n == 20); /* the first 64 of a's 400 tokens are kept */
     CHECKF(a[0].n == a[1].n && !memcmp(a[0].ids, a[1].ids, sizeof(int32_t) * (size_t)a[0].n) && b[0].n == b[1].n &&
@@ -113,6 +123,38 @@ static void test_pacing(const fixture *f) {
            "pacing changed the tokens");
     fprintf(stderr, "pacing: %llu paced steps (decode step %.3g ms, prompt token %.3g ms)\n",
             (unsigned long long)paced[0], t_dec * 1e3, t_tok * 1e3);
+}
+
+/* A hybrid model's prompt goes through the engine in chunks cut at the
+   delta rule's 64-position spans (sched.c: recurrent_chunk), so its bits do
+   not depend on the prefill budget: 200 prompt tokens with a budget of 256,
+   40 and 16 give the same tokens and the same logprobs, bit for bit. */
+static void test_hybrid_chunks(const fixture *f) {
+    int32_t longp[200];
+    for (int i = 0; i < 200; i++) longp[i] = f->p[i % 3].ids[(i / 3) % f->p[i % 3].n];
+    static const int budgets[3] = {256, 40, 16};
+    result r[3];
+    for (int k = 0; k < 3; k++) {
+        ember_model *m = load_batch(f->dir, 1, 256);
+        ember_engine_params ep;
+        memset(&ep, 0, sizeof ep);
+        ep.prefill_chunk = budgets[k];
+        ember_engine *e;
+        ember_error err = {0};
+        CHECKF(ember_engine_new(m, &ep, &e, &err) == EMBER_OK, "%s", err.msg);
+        ember_gen_params g = gp(longp, 200, 8, 0.0f, 0);
+        g.logprobs = 1;
+        ember_stream *st;
+        CHECK(ember_engine_submit(e, &g, &st, &err) == EMBER_OK);
+        drain(st, &r[k]);
+        ember_stream_free(st);
+        ember_engine_free(e);
+        ember_model_free(m);
+    }
+    for (int k = 1; k < 3; k++)
+        CHECKF(r[k].n == 8 && r[k].n == r[0].n && !memcmp(r[k].ids, r[0].ids, sizeof(int32_t) * 8) &&
+                   !memcmp(r[k].lp, r[0].lp, sizeof(float) * 8),
+               "hybrid: a prefill budget of %d changed the output", budgets[k]);
 }
 
 int main(void) {
@@ -437,7 +479,12 @@ int main(void) {
         }
         ember_model_free(m);
     }
+    test_pacing(&f, false);
     fixture_close(&f);
-    test_pacing(&f);
+    fixture h; /* a hybrid model: its prompt's chunking must not depend on the pace either */
+    fixture_open(&h, "qwen3_5_text");
+    test_pacing(&h, true);
+    test_hybrid_chunks(&h);
+    fixture_close(&h);
     return test_done();
 }

@@ -199,6 +199,9 @@ typedef struct ember_rec_map {
     const int32_t *row, *pos;     /* [T] */
 } ember_rec_map;
 
+/* delta_net's chunked form runs on aligned spans of this many positions. */
+#define EMBER_DELTA_SPAN 64
+
 /* The per-layer weights of delta_net (f32 tensors). */
 typedef struct ember_delta_w {
     const ember_tensor *conv;    /* [C, K] the depthwise kernel */

@@ -776,6 +776,30 @@ static void plan_decode(ember_engine *e, int *nt_io, int *no_io) {
    whether the pace, not the prompts, bounded it) and the KV memory left
    (*spare, reduced by what is planned); a row that cannot fit makes room
    or ends. */
+/*
+ * The prefill chunk of a row of a model with recurrent state (hybrid
+ * models), k positions asked for, room the most the batch and the cache
+ * allow. The backend runs the delta rule's chunked form on the aligned
+ * spans of EMBER_DELTA_SPAN positions a forward holds whole, and the
+ * recurrent form elsewhere; the two agree only to rounding. So that a
+ * request's bits do not depend on how busy the engine is (pacing, other
+ * rows), the prompt is cut only at span boundaries (at least up to the
+ * next one, even past the step's budget) or at its end; and after a
+ * preemption, the generated tokens (decoded one by one the first time) are
+ * recomputed in pieces shorter than a span, which never hold one whole.
+ * Where the batch or the cache cannot take a whole span (max_batch_tokens
+ * below it), the plain chunk goes: correct, equal only to rounding.
+ */
+static int recurrent_chunk(const row *r, int k, int room) {
+    if (r->n_fed >= r->n_prompt) return k < EMBER_DELTA_SPAN - 1 ? k : EMBER_DELTA_SPAN - 1;
+    int end = r->n_fed + k;
+    if (end >= r->n_prompt) return r->n_prompt - r->n_fed; /* the prompt's end (k held all of it) */
+    int aligned = end / EMBER_DELTA_SPAN * EMBER_DELTA_SPAN;
+    if (aligned <= r->n_fed) aligned = (r->n_fed / EMBER_DELTA_SPAN + 1) * EMBER_DELTA_SPAN; /* the next boundary */
+    if (aligned > r->n_prompt) aligned = r->n_prompt;
+    return aligned - r->n_fed <= room ? aligned - r->n_fed : k;
+}
+
 static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_io, bool *paced_out) {
     ember_model *m = e->m;
     ember_kv *kv = m->kv;
@@ -806,6 +830,7 @@ static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_
         if (k > budget) k = budget;
         int lim = ember_kv_max_append(kv, i); /* chunks stop at a KV conversion offset */
         if (k > lim) k = lim;
+        if (ember_kv_state_bytes(kv)) k = recurrent_chunk(r, k, (B - nt) < lim ? B - nt : lim);
         while (k > 0 && ember_kv_need_bytes(kv, i, k) > spare) k = k > EMBER_KV_BLOCK ? k - EMBER_KV_BLOCK : k - 1;
         if (k <= 0) {
             /* no memory for this row now. With nothing else in the step, make

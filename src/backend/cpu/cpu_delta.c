@@ -35,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CH 64 /* the chunked form's span, in positions (aligned to multiples) */
+#define CH EMBER_DELTA_SPAN /* the chunked form's span, in positions (aligned to multiples) */
 
 /* ---- the arithmetic both forms and the replay share ---- */
 
