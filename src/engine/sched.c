@@ -233,6 +233,10 @@ struct ember_engine {
     uint64_t next_order;
     uint64_t steps;
     int *out_row; /* [n_rows + draft tokens] row of each logits row of a step */
+    /* plan_drafts' arguments to ember_draft_propose_many, [n_rows] each */
+    int *d_slot, *d_nhist, *d_cap, *d_n;
+    const int32_t **d_hist;
+    int32_t **d_out;
     float *raw; /* [V] a row's logits before penalties, for logprobs */
     int *plan;          /* [n_rows] tokens each row takes in this step */
     ember_kv_prefix *px; /* the prefix cache; NULL when the cache's kinds cannot share */
@@ -272,6 +276,12 @@ void ember_engine_free(ember_engine *e) {
     for (int i = 0; i < e->n_rows && e->rows; i++) row_free_mem(&e->rows[i]);
     free(e->rows);
     free(e->out_row);
+    free(e->d_slot);
+    free(e->d_nhist);
+    free(e->d_cap);
+    free(e->d_n);
+    free(e->d_hist);
+    free(e->d_out);
     free(e->plan);
     free(e->raw);
     pthread_mutex_destroy(&e->mu);
@@ -878,7 +888,9 @@ static void plan_drafts(ember_engine *e, int *nt_io, int *no_io, size_t spare) {
     ember_model *m = e->m;
     ember_kv *kv = m->kv;
     const int B = m->params.max_batch_tokens;
-    int *out_row = e->out_row, nt = *nt_io, no = *no_io;
+    int *out_row = e->out_row, nt = *nt_io, no = *no_io, n = 0, room = B - nt;
+    /* the rows that draft this step and how many each may: the batch room
+       goes to them in row order, each taking its cap */
     for (int i = 0; i < e->n_rows && e->src; i++) {
         row *r = &e->rows[i];
         if (!e->plan[i] || !r->spec) continue;
@@ -886,9 +898,22 @@ static void plan_drafts(ember_engine *e, int *nt_io, int *no_io, size_t spare) {
         if (r->s->g.draft_max > 0 && r->s->g.draft_max < cap) cap = r->s->g.draft_max;
         if (cap > lim) cap = lim;
         if (cap > r->s->g.max_tokens - r->n_gen - 1) cap = r->s->g.max_tokens - r->n_gen - 1; /* tokens it may still take */
-        if (cap > B - nt) cap = B - nt;
+        if (cap > room) cap = room;
         if (cap < e->p.draft_min) continue;
-        int d = ember_draft_propose(e->src, i, r->hist, r->n_hist, cap, r->draft);
+        e->d_slot[n] = i;
+        e->d_hist[n] = r->hist;
+        e->d_nhist[n] = r->n_hist;
+        e->d_cap[n] = cap;
+        e->d_out[n] = r->draft;
+        n++;
+        room -= cap;
+    }
+    /* one call: a draft model proposes for every row in shared forwards */
+    ember_draft_propose_many(e->src, n, e->d_slot, e->d_hist, e->d_nhist, e->d_cap, e->d_out, e->d_n);
+    for (int j = 0; j < n; j++) {
+        const int i = e->d_slot[j];
+        row *r = &e->rows[i];
+        int d = e->d_n[j];
         size_t base = ember_kv_need_bytes(kv, i, 1), extra = 0;
         while (d >= e->p.draft_min && (extra = ember_kv_need_bytes(kv, i, 1 + d) - base) > spare) d--;
         if (d < e->p.draft_min || ember_kv_spec_begin(kv, i, NULL) != EMBER_OK) continue;
@@ -1126,9 +1151,18 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     if (drafts > (size_t)m->params.max_batch_tokens) drafts = (size_t)m->params.max_batch_tokens;
     n_out += drafts;
     e->out_row = malloc(n_out * sizeof *e->out_row);
+    e->d_slot = malloc((size_t)e->n_rows * sizeof *e->d_slot);
+    e->d_nhist = malloc((size_t)e->n_rows * sizeof *e->d_nhist);
+    e->d_cap = malloc((size_t)e->n_rows * sizeof *e->d_cap);
+    e->d_n = malloc((size_t)e->n_rows * sizeof *e->d_n);
+    e->d_hist = malloc((size_t)e->n_rows * sizeof *e->d_hist);
+    e->d_out = malloc((size_t)e->n_rows * sizeof *e->d_out);
     e->plan = calloc((size_t)e->n_rows, sizeof *e->plan);
     e->steps = 1;
-    int rc = e->rows && e->raw && e->out_row && e->plan ? EMBER_OK : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    int rc = e->rows && e->raw && e->out_row && e->plan && e->d_slot && e->d_nhist && e->d_cap && e->d_n && e->d_hist &&
+                     e->d_out
+                 ? EMBER_OK
+                 : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     ember_sampling sp;
     ember_sampling_init(&sp);
     for (int i = 0; i < e->n_rows && !rc; i++) {

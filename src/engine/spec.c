@@ -24,6 +24,20 @@ int ember_draft_propose(ember_draft *d, int slot, const int32_t *hist, int n_his
     return n < 0 ? 0 : n > n_max ? n_max : n;
 }
 
+void ember_draft_propose_many(ember_draft *d, int n, const int *slots, const int32_t *const *hist, const int *n_hist,
+                              const int *n_max, int32_t *const *out, int *n_out) {
+    for (int i = 0; i < n; i++) n_out[i] = 0;
+    if (!d || n <= 0) return;
+    if (!d->ops->draft_many) {
+        for (int i = 0; i < n; i++) n_out[i] = ember_draft_propose(d, slots[i], hist[i], n_hist[i], n_max[i], out[i]);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= d->n_slots) return; /* a caller's bug: propose nothing */
+    d->ops->draft_many(d, n, slots, hist, n_hist, n_max, out, n_out);
+    for (int i = 0; i < n; i++) n_out[i] = n_out[i] < 0 ? 0 : n_out[i] > n_max[i] ? (n_max[i] > 0 ? n_max[i] : 0) : n_out[i];
+}
+
 void ember_draft_commit(ember_draft *d, int slot, int n_drafted, int n_accepted) {
     if (d && slot >= 0 && slot < d->n_slots && d->ops->commit) d->ops->commit(d, slot, n_drafted, n_accepted);
 }
@@ -72,7 +86,8 @@ static void ngram_destroy(ember_draft *d) {
     free(d);
 }
 
-static const ember_draft_ops k_ngram_ops = {"ngram", NULL, ngram_draft, NULL, NULL, ngram_destroy};
+static const ember_draft_ops k_ngram_ops = {
+    .name = "ngram", .draft = ngram_draft, .destroy = ngram_destroy};
 
 int ember_draft_ngram_new(int n_slots, int ngram_min, int ngram_max, int window, ember_draft **out,
                           ember_error *err) {

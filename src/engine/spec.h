@@ -39,6 +39,11 @@ typedef struct ember_draft_ops {
     const char *name;
     int (*open)(ember_draft *d, int slot, const int32_t *hist, int n_hist, ember_error *err);
     int (*draft)(ember_draft *d, int slot, const int32_t *hist, int n_hist, int n_max, int32_t *out);
+    /* Optional: proposals for n distinct slots at once (a source that batches
+       its work across rows); for each i the contract of draft, its count in
+       n_out[i]. NULL: draft is called slot by slot. */
+    void (*draft_many)(ember_draft *d, int n, const int *slots, const int32_t *const *hist, const int *n_hist,
+                       const int *n_max, int32_t *const *out, int *n_out);
     void (*commit)(ember_draft *d, int slot, int n_drafted, int n_accepted);
     void (*close)(ember_draft *d, int slot);
     void (*destroy)(ember_draft *d);
@@ -56,6 +61,10 @@ int ember_draft_open(ember_draft *d, int slot, const int32_t *hist, int n_hist, 
 /* Writes up to n_max proposed tokens into out; returns how many (0..n_max).
    Never fails: a source that cannot propose returns 0. */
 int ember_draft_propose(ember_draft *d, int slot, const int32_t *hist, int n_hist, int n_max, int32_t *out);
+/* ember_draft_propose for n distinct slots at once (n_out[i] proposals in
+   out[i]); a source that batches does all of them in shared forwards. */
+void ember_draft_propose_many(ember_draft *d, int n, const int *slots, const int32_t *const *hist, const int *n_hist,
+                              const int *n_max, int32_t *const *out, int *n_out);
 /* Of the n_drafted tokens last proposed on slot, n_accepted were kept. */
 void ember_draft_commit(ember_draft *d, int slot, int n_drafted, int n_accepted);
 /* The request on slot ended (a closed slot is ignored). */

@@ -40,9 +40,15 @@ typedef struct model_src {
     ember_model *m;
     int32_t **held; /* [n_slots][n_ctx] tokens in the draft row */
     int *n_held;
-    float *logits;  /* [V] the last position's logits */
     int32_t *pos, *row; /* [max_batch_tokens] staging */
     int *round_base;    /* [n_slots] recurrent draft caches: the open round's first position, or -1 */
+    /* draft_many's scratch: per job (at most n_slots) its count, start, wish and state,
+       the staged batch [chunk] (tokens, logit rows and their jobs), the logits [n_slots * V] */
+    int *want, *at, *cnt;
+    bool *live;
+    const int32_t **jtok;
+    int32_t *tok, *outi, *outj;
+    float *logits_many;
     int n_ctx, chunk;
 } model_src;
 
@@ -51,27 +57,6 @@ static int argmax(const float *x, int n) {
     for (int i = 1; i < n; i++)
         if (x[i] > x[b]) b = i;
     return b;
-}
-
-/* Feeds tokens t[0, n) at positions start.. of row `slot`, in chunks; the
-   logits of the last one land in s->logits. */
-static int feed(model_src *s, int slot, const int32_t *t, int n, int start) {
-    ember_error err = {0};
-    for (int o = 0; o < n;) {
-        int k = n - o < s->chunk ? n - o : s->chunk;
-        for (int i = 0; i < k; i++) {
-            s->pos[i] = start + o + i;
-            s->row[i] = slot;
-        }
-        int32_t last = k - 1;
-        ember_batch b = {k, t + o, s->pos, s->row, 1, &last};
-        int rc = ember_llm_forward(s->m->llm, s->m->st, s->m->kv, &b, s->logits, &err);
-        if (rc) return rc;
-        memcpy(s->held[slot] + start + o, t + o, (size_t)k * sizeof *t);
-        s->n_held[slot] = start + o + k;
-        o += k;
-    }
-    return EMBER_OK;
 }
 
 static void reset(model_src *s, int slot) {
@@ -95,54 +80,139 @@ static void end_round(model_src *s, int slot, int c) {
     s->n_held[slot] = base + k;
 }
 
-static int model_draft(ember_draft *d, int slot, const int32_t *hist, int n_hist, int n_max, int32_t *out) {
+/* One batched feed: for each job j (live[j] set), tokens tok[j][0, cnt[j])
+   at positions at[j].. of row slot[j]; the logits of each job's last token
+   go to s->logits_many[j] when want_logits. Forwards of at most s->chunk
+   tokens. A failed forward resets the rows it held and clears their live
+   flag; returns how many jobs are still live. */
+static int feed_many(model_src *s, int n, const int *slot, const int32_t *const *tok, const int *cnt, const int *at,
+                     bool *live, bool want_logits) {
+    const int V = s->m->cfg.vocab_size;
+    int j = 0, o = 0; /* the next token: job j, offset o */
+    while (j < n) {
+        int nt = 0, nout = 0, first = j, first_o = o;
+        while (j < n && nt < s->chunk) {
+            if (!live[j] || o >= cnt[j]) {
+                j++;
+                o = 0;
+                continue;
+            }
+            s->tok[nt] = tok[j][o];
+            s->pos[nt] = at[j] + o;
+            s->row[nt] = slot[j];
+            if (want_logits && o == cnt[j] - 1) {
+                s->outi[nout] = nt;
+                s->outj[nout++] = j;
+            }
+            nt++;
+            if (++o == cnt[j]) {
+                j++;
+                o = 0;
+            }
+        }
+        if (!nt) break;
+        ember_error err = {0};
+        ember_batch b = {nt, s->tok, s->pos, s->row, nout, s->outi};
+        /* the logits land from row outj[0] on (rows below hold earlier forwards' jobs) */
+        float *lg = s->logits_many + (size_t)(nout ? s->outj[0] : 0) * (size_t)V;
+        int rc = ember_llm_forward(s->m->llm, s->m->st, s->m->kv, &b, lg, &err);
+        /* the jobs this forward touched: from (first, first_o) up to (j, o) */
+        for (int q = first, qo = first_o; q < n && (q < j || (q == j && qo < o)); q++, qo = 0) {
+            if (!live[q] || qo >= cnt[q]) continue;
+            int end = q < j ? cnt[q] : o;
+            if (rc) {
+                reset(s, slot[q]);
+                live[q] = false;
+            } else {
+                memcpy(s->held[slot[q]] + at[q] + qo, tok[q] + qo, (size_t)(end - qo) * sizeof(int32_t));
+                s->n_held[slot[q]] = at[q] + end;
+            }
+        }
+        if (!rc && want_logits) /* each finished job's logits to its own row of the staging area */
+            for (int k = nout - 1; k >= 0; k--) /* spread upward: outj[k] >= outj[0] + k */
+                if (s->outj[k] != s->outj[0] + k)
+                    memmove(s->logits_many + (size_t)s->outj[k] * V, lg + (size_t)k * V, (size_t)V * sizeof(float));
+    }
+    int left = 0;
+    for (int q = 0; q < n; q++) left += live[q];
+    return left;
+}
+
+static void model_draft_many(ember_draft *d, int n, const int *slots, const int32_t *const *hist, const int *n_hist,
+                             const int *n_max, int32_t *const *out, int *n_out) {
     model_src *s = (model_src *)d;
     ember_kv *kv = s->m->kv;
     const int V = s->m->cfg.vocab_size;
     const bool rec = ember_kv_state_bytes(kv) > 0;
-    if (n_hist + n_max > s->n_ctx) n_max = s->n_ctx - n_hist;
-    if (n_max <= 0) {
-        if (s->round_base[slot] >= 0) end_round(s, slot, 0);
-        return 0;
-    }
-    /* in step with the history: keep the common prefix, feed the rest */
-    int c = 0, h = s->n_held[slot];
-    while (c < h && c < n_hist && s->held[slot][c] == hist[c]) c++;
-    if (c == n_hist) c--; /* the last token is fed again: its logits propose the first draft */
-    if (s->round_base[slot] >= 0) {
-        end_round(s, slot, c);
-        h = s->n_held[slot];
-        if (c > h) c = h;
-    }
-    if (c < h) {
-        if (c < ember_kv_min_reuse(kv, slot) || ember_kv_trim(kv, slot, c, NULL) != EMBER_OK) {
-            reset(s, slot);
-            c = 0;
+    int *want = s->want, *at = s->at, *cnt = s->cnt;
+    bool *live = s->live;
+    const int32_t **tok = s->jtok;
+    for (int i = 0; i < n; i++) {
+        const int slot = slots[i];
+        n_out[i] = 0;
+        want[i] = n_hist[i] + n_max[i] > s->n_ctx ? s->n_ctx - n_hist[i] : n_max[i];
+        live[i] = want[i] > 0 && n_hist[i] > 0;
+        if (!live[i]) {
+            if (s->round_base[slot] >= 0) end_round(s, slot, 0);
+            continue;
         }
-        s->n_held[slot] = c;
-    }
-    if (rec) { /* the confirmed history outside the round; the last token and the drafts in it */
-        if (feed(s, slot, hist + c, n_hist - 1 - c, c) != EMBER_OK ||
-            ember_kv_spec_begin(kv, slot, NULL) != EMBER_OK) {
-            reset(s, slot);
-            return 0;
+        /* in step with the history: keep the common prefix, feed the rest */
+        int c = 0, h = s->n_held[slot];
+        while (c < h && c < n_hist[i] && s->held[slot][c] == hist[i][c]) c++;
+        if (c == n_hist[i]) c--; /* the last token is fed again: its logits propose the first draft */
+        if (s->round_base[slot] >= 0) {
+            end_round(s, slot, c);
+            h = s->n_held[slot];
+            if (c > h) c = h;
         }
-        s->round_base[slot] = n_hist - 1;
-        c = n_hist - 1;
+        if (c < h) {
+            if (c < ember_kv_min_reuse(kv, slot) || ember_kv_trim(kv, slot, c, NULL) != EMBER_OK) {
+                reset(s, slot);
+                c = 0;
+            }
+            s->n_held[slot] = c;
+        }
+        /* first the history up to its last token (for a recurrent cache, outside the round) */
+        tok[i] = hist[i] + c;
+        cnt[i] = n_hist[i] - 1 - c;
+        at[i] = c;
     }
-    if (feed(s, slot, hist + c, n_hist - c, c) != EMBER_OK) {
-        reset(s, slot);
-        return 0;
+    if (!feed_many(s, n, slots, tok, cnt, at, live, false)) return;
+    for (int i = 0; i < n; i++) { /* then the last token, whose logits propose the first draft */
+        if (!live[i]) continue;
+        if (rec) {
+            if (ember_kv_spec_begin(kv, slots[i], NULL) != EMBER_OK) {
+                reset(s, slots[i]);
+                live[i] = false;
+                continue;
+            }
+            s->round_base[slots[i]] = n_hist[i] - 1;
+        }
+        tok[i] = hist[i] + n_hist[i] - 1;
+        cnt[i] = 1;
+        at[i] = n_hist[i] - 1;
     }
+    /* one token per row per forward, each row's last proposal fed back */
+    while (feed_many(s, n, slots, tok, cnt, at, live, true)) {
+        bool more = false;
+        for (int i = 0; i < n; i++) {
+            if (!live[i]) continue;
+            out[i][n_out[i]] = argmax(s->logits_many + (size_t)i * V, V);
+            if (++n_out[i] == want[i]) {
+                live[i] = false;
+                continue;
+            }
+            tok[i] = &out[i][n_out[i] - 1];
+            at[i] = n_hist[i] + n_out[i] - 1;
+            more = true;
+        }
+        if (!more) break;
+    }
+}
+
+static int model_draft(ember_draft *d, int slot, const int32_t *hist, int n_hist, int n_max, int32_t *out) {
     int n = 0;
-    for (;;) {
-        out[n] = argmax(s->logits, V);
-        if (++n == n_max) break;
-        if (feed(s, slot, &out[n - 1], 1, n_hist + n - 1) != EMBER_OK) {
-            reset(s, slot); /* the n proposals so far came from sound logits */
-            break;
-        }
-    }
+    model_draft_many(d, 1, &slot, &hist, &n_hist, &n_max, &out, &n);
     return n;
 }
 
@@ -157,7 +227,15 @@ static void model_destroy(ember_draft *d) {
     free(s->held);
     free(s->n_held);
     free(s->round_base);
-    free(s->logits);
+    free(s->want);
+    free(s->at);
+    free(s->cnt);
+    free(s->live);
+    free(s->jtok);
+    free(s->tok);
+    free(s->outi);
+    free(s->outj);
+    free(s->logits_many);
     free(s->pos);
     free(s->row);
     free(s);
@@ -166,6 +244,7 @@ static void model_destroy(ember_draft *d) {
 static const ember_draft_ops k_model_ops = {
     .name = "draft",
     .draft = model_draft,
+    .draft_many = model_draft_many,
     .close = model_close,
     .destroy = model_destroy,
 };
@@ -193,10 +272,19 @@ int ember_draft_model_new(ember_model *draft, const ember_model *target, int n_s
     s->held = calloc((size_t)n_slots, sizeof *s->held);
     s->n_held = calloc((size_t)n_slots, sizeof *s->n_held);
     s->round_base = malloc((size_t)n_slots * sizeof *s->round_base);
-    s->logits = malloc((size_t)draft->cfg.vocab_size * sizeof *s->logits);
+    s->want = malloc((size_t)n_slots * sizeof *s->want);
+    s->at = malloc((size_t)n_slots * sizeof *s->at);
+    s->cnt = malloc((size_t)n_slots * sizeof *s->cnt);
+    s->live = malloc((size_t)n_slots * sizeof *s->live);
+    s->jtok = malloc((size_t)n_slots * sizeof *s->jtok);
+    s->tok = malloc((size_t)s->chunk * sizeof *s->tok);
+    s->outi = malloc((size_t)s->chunk * sizeof *s->outi);
+    s->outj = malloc((size_t)s->chunk * sizeof *s->outj);
+    s->logits_many = malloc((size_t)n_slots * (size_t)draft->cfg.vocab_size * sizeof *s->logits_many);
     s->pos = malloc((size_t)s->chunk * sizeof *s->pos);
     s->row = malloc((size_t)s->chunk * sizeof *s->row);
-    bool ok = s->held && s->n_held && s->round_base && s->logits && s->pos && s->row;
+    bool ok = s->held && s->n_held && s->round_base && s->pos && s->row && s->want && s->at && s->cnt &&
+              s->live && s->jtok && s->tok && s->outi && s->outj && s->logits_many;
     for (int i = 0; ok && i < n_slots; i++) ok = (s->held[i] = malloc((size_t)(s->n_ctx + 1) * sizeof(int32_t))) != NULL;
     if (!ok) {
         model_destroy(&s->base);
