@@ -55,3 +55,15 @@ size_t ember_rec_log_floats(const ember_rec_shape *s) {
     return (size_t)s->conv_dim + (size_t)s->n_k_heads * (size_t)s->k_dim + (size_t)s->n_v_heads * (size_t)s->v_dim +
            2 * (size_t)s->n_v_heads;
 }
+
+bool ember_rec_layer_ok(const ember_rec_layer *L) {
+    const ember_rec_shape *s = &L->s;
+    return L->pool && L->pool->buf && s->conv_k >= 1 && s->n_k_heads >= 1 && s->n_v_heads >= s->n_k_heads &&
+           s->n_v_heads % s->n_k_heads == 0 && s->k_dim >= 1 && s->v_dim >= 1 &&
+           s->conv_dim == 2 * s->n_k_heads * s->k_dim + s->n_v_heads * s->v_dim && L->slot_floats &&
+           L->off + ember_rec_layer_floats(s) <= L->slot_floats && L->log_off + ember_rec_log_floats(s) <= L->log_stride;
+}
+
+bool ember_rec_slot_ok(const ember_rec_layer *L, int32_t slot) {
+    return slot >= 0 && (size_t)slot < L->pool->nbytes / sizeof(float) / L->slot_floats;
+}

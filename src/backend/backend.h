@@ -202,6 +202,11 @@ typedef struct ember_rec_map {
 /* delta_net's chunked form runs on aligned spans of this many positions. */
 #define EMBER_DELTA_SPAN 64
 
+/* The checks both backends make of a recurrent layer's view (shape and
+   layout consistent, the pool there) and of a slot index (inside the pool). */
+bool ember_rec_layer_ok(const ember_rec_layer *L);
+bool ember_rec_slot_ok(const ember_rec_layer *L, int32_t slot);
+
 /* The per-layer weights of delta_net (f32 tensors). */
 typedef struct ember_delta_w {
     const ember_tensor *conv;    /* [C, K] the depthwise kernel */

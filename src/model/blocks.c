@@ -503,7 +503,12 @@ void ember_moe_route(const ember_model_config *c, const float *z, const float *b
         route_softmax(z, c->n_experts, c->n_experts_used, c->norm_topk_prob, sel, w);
 }
 
-int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly) {
+/* The routed experts of a MoE block (the routing in st->moe_sel / moe_w): for
+   each expert in increasing order, the tokens routed to it (in batch order)
+   are gathered from in, run through its gated MLP (act: SwiGLU or GeGLU)
+   and added into f->h with their weights. Only the chosen experts run, each
+   once per forward; a token's terms arrive in expert order. */
+static int moe_experts(ember_fwd *f, const ember_llm_layer *ly, const ember_tensor *in, ember_act act) {
     ember_backend *be = f->m->be;
     const ember_backend_ops *ops = be->ops;
     const ember_model_config *c = &f->m->cfg;
@@ -512,18 +517,6 @@ int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly) {
     const int T = f->T, E = c->n_experts, K = c->n_experts_used;
     const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
     int rc;
-    if (!ops->add_rows_scaled)
-        return ember_err(err, EMBER_ERR_UNSUPPORTED, "the %s backend cannot run a mixture-of-experts block", ops->name);
-    ember_tensor lg = rows_view(&st->moe_logits, 2, T, E, 0), in = rows_view(&st->moe_in, 2, T, H, 0);
-    ember_matmul route = {&lg, &ly->router, NULL};
-    if ((rc = ops->matmul(be, &f->h, 1, &route, err)) ||
-        (rc = ops->read(be, &lg, 0, st->moe_host, (size_t)T * (size_t)E * sizeof(float), err)) ||
-        (rc = ops->copy(be, &in, 0, &f->h, 0, (size_t)T * (size_t)H * sizeof(float), err)) ||
-        (rc = ops->scale(be, &f->h, &f->h, 0.0f, err)))
-        return rc;
-    for (int t = 0; t < T; t++) /* each token routed on its own logits */
-        ember_moe_route(c, st->moe_host + (size_t)t * (size_t)E, ly->router_bias, st->moe_choice,
-                        st->moe_sel + (size_t)t * K, st->moe_w + (size_t)t * K);
     for (int e = 0; e < E; e++) {
         int n = 0; /* the tokens routed to expert e, in batch order */
         for (int t = 0; t < T; t++)
@@ -537,11 +530,37 @@ int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly) {
         ember_tensor x = rows_view(&st->moe_x, 2, n, H, 0), y = rows_view(&st->moe_y, 2, n, H, 0),
                      g = rows_view(&st->moe_gate, 2, n, Im, 0), u = rows_view(&st->moe_up, 2, n, Im, 0);
         ember_matmul gu[2] = {{&g, &ex[0], NULL}, {&u, &ex[1], NULL}}, dn = {&y, &ex[2], NULL};
-        if ((rc = ops->get_rows(be, &x, &in, st->moe_ids, n, err)) || (rc = ops->matmul(be, &x, 2, gu, err)) ||
-            (rc = ops->swiglu(be, &g, &g, &u, err)) || (rc = ops->matmul(be, &g, 1, &dn, err)) ||
+        if ((rc = ops->get_rows(be, &x, in, st->moe_ids, n, err)) || (rc = ops->matmul(be, &x, 2, gu, err)) ||
+            (rc = act == EMBER_ACT_GELU_TANH ? ops->geglu(be, &g, &g, &u, err) : ops->swiglu(be, &g, &g, &u, err)) ||
+            (rc = ops->matmul(be, &g, 1, &dn, err)) ||
             (rc = ops->add_rows_scaled(be, &f->h, &y, st->moe_ids, st->moe_ew, n, err)))
             return rc;
     }
+    return EMBER_OK;
+}
+
+int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly) {
+    ember_backend *be = f->m->be;
+    const ember_backend_ops *ops = be->ops;
+    const ember_model_config *c = &f->m->cfg;
+    ember_llm_state *st = f->st;
+    ember_error *err = f->err;
+    const int T = f->T, E = c->n_experts, K = c->n_experts_used;
+    const int64_t H = c->hidden_size;
+    int rc;
+    if (!ops->add_rows_scaled)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "the %s backend cannot run a mixture-of-experts block", ops->name);
+    ember_tensor lg = rows_view(&st->moe_logits, 2, T, E, 0), in = rows_view(&st->moe_in, 2, T, H, 0);
+    ember_matmul route = {&lg, &ly->router, NULL};
+    if ((rc = ops->matmul(be, &f->h, 1, &route, err)) ||
+        (rc = ops->read(be, &lg, 0, st->moe_host, (size_t)T * (size_t)E * sizeof(float), err)) ||
+        (rc = ops->copy(be, &in, 0, &f->h, 0, (size_t)T * (size_t)H * sizeof(float), err)) ||
+        (rc = ops->scale(be, &f->h, &f->h, 0.0f, err)))
+        return rc;
+    for (int t = 0; t < T; t++) /* each token routed on its own logits */
+        ember_moe_route(c, st->moe_host + (size_t)t * (size_t)E, ly->router_bias, st->moe_choice,
+                        st->moe_sel + (size_t)t * K, st->moe_w + (size_t)t * K);
+    if ((rc = moe_experts(f, ly, &in, EMBER_ACT_SILU))) return rc;
     if (!ly->sh_gate.buf) return EMBER_OK;
     /* the shared expert on every token, added to the routed sum (weighed by
        sigmoid(h Wsg) per token when it has a gate) */
@@ -743,7 +762,7 @@ int ember_blk_moe_g4(ember_fwd *f, const ember_llm_layer *ly) {
     ember_llm_state *st = f->st;
     ember_error *err = f->err;
     const int T = f->T, E = c->n_experts, K = c->n_experts_used;
-    const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
+    const int64_t H = c->hidden_size;
     const float eps = c->rms_norm_eps;
     int rc;
     if (!ops->add_rows_scaled)
@@ -765,24 +784,7 @@ int ember_blk_moe_g4(ember_fwd *f, const ember_llm_layer *ly) {
         ember_moe_route(c, st->moe_host + (size_t)t * (size_t)E, NULL, st->moe_choice, sel, w);
         for (int j = 0; j < K; j++) w[j] *= ly->expert_scale[sel[j]];
     }
-    for (int e = 0; e < E; e++) { /* grouped by expert, as ember_blk_moe; GeGLU experts */
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < K; j++)
-                if (st->moe_sel[(size_t)t * K + j] == e) {
-                    st->moe_ids[n] = t;
-                    st->moe_ew[n++] = st->moe_w[(size_t)t * K + j];
-                }
-        if (!n) continue;
-        const ember_tensor *ex = &ly->experts[3 * e];
-        ember_tensor x = rows_view(&st->moe_x, 2, n, H, 0), y = rows_view(&st->moe_y, 2, n, H, 0),
-                     g = rows_view(&st->moe_gate, 2, n, Im, 0), u = rows_view(&st->moe_up, 2, n, Im, 0);
-        ember_matmul gu[2] = {{&g, &ex[0], NULL}, {&u, &ex[1], NULL}}, dn = {&y, &ex[2], NULL};
-        if ((rc = ops->get_rows(be, &x, &in, st->moe_ids, n, err)) || (rc = ops->matmul(be, &x, 2, gu, err)) ||
-            (rc = ops->geglu(be, &g, &g, &u, err)) || (rc = ops->matmul(be, &g, 1, &dn, err)) ||
-            (rc = ops->add_rows_scaled(be, &f->h, &y, st->moe_ids, st->moe_ew, n, err)))
-            return rc;
-    }
+    if ((rc = moe_experts(f, ly, &in, EMBER_ACT_GELU_TANH))) return rc; /* GeGLU experts */
     if ((rc = ops->rms_norm(be, &f->h, &f->h, &ly->post_ffn_norm2, eps, false, err)) ||
         (rc = ops->add(be, &f->h, &h1, &f->h, err)))
         return rc;

@@ -963,19 +963,6 @@ static int cpu_sigmoid_mul(ember_backend *be, ember_tensor *dst, const ember_ten
 
 /* ---- recurrent state (cpu_delta.c) ----------------------------------------------------- */
 
-/* Checks a slot index against the pool of layer L. */
-static bool slot_ok(const ember_rec_layer *L, int32_t slot) {
-    return slot >= 0 && (size_t)slot < L->pool->nbytes / sizeof(float) / L->slot_floats;
-}
-
-static bool rec_layer_ok(const ember_rec_layer *L) {
-    const ember_rec_shape *s = &L->s;
-    return L->pool && L->pool->buf && s->conv_k >= 1 && s->n_k_heads >= 1 &&
-           s->n_v_heads >= s->n_k_heads && s->n_v_heads % s->n_k_heads == 0 && s->k_dim >= 1 && s->v_dim >= 1 &&
-           s->conv_dim == 2 * s->n_k_heads * s->k_dim + s->n_v_heads * s->v_dim && L->slot_floats &&
-           L->off + ember_rec_layer_floats(s) <= L->slot_floats && L->log_off + ember_rec_log_floats(s) <= L->log_stride;
-}
-
 static int cpu_delta_net(ember_backend *be, ember_tensor *out, const ember_tensor *x, const ember_tensor *b,
                          const ember_tensor *a_in, const ember_delta_w *w, const ember_rec_map *map, ember_error *err) {
     int rc;
@@ -984,7 +971,7 @@ static int cpu_delta_net(ember_backend *be, ember_tensor *out, const ember_tenso
         (rc = need_f32(w->a_log, "delta_net", "a_log", err)) || (rc = need_f32(w->dt_bias, "delta_net", "dt_bias", err)))
         return rc;
     const ember_rec_layer *L = map->layer;
-    if (!rec_layer_ok(L)) return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: bad state layout");
+    if (!ember_rec_layer_ok(L)) return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: bad state layout");
     const ember_rec_shape *s = &L->s;
     const int64_t T = ember_tensor_rows(x);
     if (T < 1 || T > INT32_MAX || ember_tensor_row_len(x) != s->conv_dim || ember_tensor_rows(b) != T ||
@@ -1003,7 +990,8 @@ static int cpu_delta_net(ember_backend *be, ember_tensor *out, const ember_tenso
             break;
         }
         const ember_rec_rowref *ref = &map->refs[r];
-        if (!slot_ok(L, ref->dst) || (ref->src >= 0 && !slot_ok(L, ref->src)) || ref->src == ref->dst) {
+        if (!ember_rec_slot_ok(L, ref->dst) || (ref->src >= 0 && !ember_rec_slot_ok(L, ref->src)) ||
+            ref->src == ref->dst) {
             rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d has bad state slots", r);
             break;
         }
@@ -1033,7 +1021,8 @@ static int cpu_delta_replay(ember_backend *be, const ember_rec_layer *layers, in
     if (n_layers < 1 || !layers || !log || log->dtype != EMBER_F32 || n < 0)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_replay: bad arguments");
     for (int l = 0; l < n_layers; l++)
-        if (!rec_layer_ok(&layers[l]) || !slot_ok(&layers[l], dst) || (src >= 0 && !slot_ok(&layers[l], src)) ||
+        if (!ember_rec_layer_ok(&layers[l]) || !ember_rec_slot_ok(&layers[l], dst) ||
+            (src >= 0 && !ember_rec_slot_ok(&layers[l], src)) ||
             src == dst || (size_t)n * layers[l].log_stride * sizeof(float) > log->nbytes ||
             layers[l].pool != layers[0].pool)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_replay: bad state or log");

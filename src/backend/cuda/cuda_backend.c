@@ -806,18 +806,6 @@ static int cuda_add_rows_scaled(ember_backend *be, ember_tensor *dst, const embe
 
 /* ---- recurrent state (cuda_delta.cu) ---------------------------------------------------- */
 
-static bool rec_layer_ok(const ember_rec_layer *L) {
-    const ember_rec_shape *s = &L->s;
-    return L->pool && L->pool->buf && s->conv_k >= 1 && s->n_k_heads >= 1 && s->n_v_heads >= s->n_k_heads &&
-           s->n_v_heads % s->n_k_heads == 0 && s->k_dim >= 1 && s->v_dim >= 1 && s->v_dim <= 1024 &&
-           s->conv_dim == 2 * s->n_k_heads * s->k_dim + s->n_v_heads * s->v_dim && L->slot_floats &&
-           L->off + ember_rec_layer_floats(s) <= L->slot_floats && L->log_off + ember_rec_log_floats(s) <= L->log_stride;
-}
-
-static bool slot_ok(const ember_rec_layer *L, int32_t slot) {
-    return slot >= 0 && (size_t)slot < L->pool->nbytes / sizeof(float) / L->slot_floats;
-}
-
 /* The gated DeltaNet core (backend.h; cuda_delta.cu: the recurrent form for
    every token). The per-token and per-row tables are built here and go
    through the argument area; the scratch (post-convolution activations)
@@ -832,7 +820,8 @@ static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tens
         (rc = need_f32(be, w->dt_bias, "delta_net", "dt_bias", err)))
         return rc;
     const ember_rec_layer *L = map->layer;
-    if (!rec_layer_ok(L)) return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: bad state layout");
+    if (!ember_rec_layer_ok(L) || L->s.v_dim > 1024) /* head_k: a thread per value column */
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: bad state layout");
     const ember_rec_shape *s = &L->s;
     const int64_t T = ember_tensor_rows(x);
     if (T < 1 || T > (1 << 24) || ember_tensor_row_len(x) != s->conv_dim || ember_tensor_rows(b) != T ||
@@ -861,7 +850,8 @@ static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tens
         }
         const ember_rec_rowref *ref = &map->refs[r];
         if (first[r] < 0) {
-            if (!slot_ok(L, ref->dst) || (ref->src >= 0 && !slot_ok(L, ref->src)) || ref->src == ref->dst) {
+            if (!ember_rec_slot_ok(L, ref->dst) || (ref->src >= 0 && !ember_rec_slot_ok(L, ref->src)) ||
+            ref->src == ref->dst) {
                 rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d has bad state slots", r);
                 break;
             }
@@ -927,7 +917,8 @@ static int cuda_delta_replay(ember_backend *be, const ember_rec_layer *layers, i
         return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_replay: bad arguments");
     const size_t lf = ember_rec_layer_floats(&layers[0].s), logf = ember_rec_log_floats(&layers[0].s);
     for (int l = 0; l < n_layers; l++) /* the layout kv_rec.c makes: equal layers, one after another */
-        if (!rec_layer_ok(&layers[l]) || !slot_ok(&layers[l], dst) || (src >= 0 && !slot_ok(&layers[l], src)) ||
+        if (!ember_rec_layer_ok(&layers[l]) || !ember_rec_slot_ok(&layers[l], dst) ||
+            (src >= 0 && !ember_rec_slot_ok(&layers[l], src)) ||
             src == dst || (size_t)n * layers[l].log_stride * sizeof(float) > log->nbytes ||
             layers[l].pool != layers[0].pool || layers[l].off != lf * (size_t)l || layers[l].log_off != logf * (size_t)l ||
             memcmp(&layers[l].s, &layers[0].s, sizeof layers[0].s))
