@@ -24,9 +24,11 @@
  *      -exp(A_log), conv1d squeezed, qwen3next's in_proj_qkvz split, the
  *      value heads tiled, experts stacked, f32 routers);
  *   4. impossible hybrid metadata and missing DeltaNet tensors are refused
- *      with one line naming the key or tensor.
+ *      with one line naming the key or tensor;
+ *   5. `ember mkmodel` of a dense hybrid config (see test_mkmodel).
  * Exits 77 when ../shared is absent.
  */
+#define _POSIX_C_SOURCE 200809L /* popen */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -410,11 +412,51 @@ static void test_refusals(void) {
     expect_refused(src, "blk.0.ffn_down_exps.weight", "blk.0.ffn_down_exqs.weight", -1, "blk.0.ffn_down_exps");
 }
 
+/* 5: `ember mkmodel` writes a dense hybrid from a config (Qwen3.5's
+   separate layout, conv1d [C, 1, K]); it loads, and its F32 GGUF gives its
+   logits within 1e-5 (tiled value heads); a MoE hybrid config is refused
+   naming the model type. */
+static void test_mkmodel(void) {
+    char dir[700], gguf[700], cmd[2048];
+    snprintf(dir, sizeof dir, "%s/hyb-mk35", EMBER_TEST_TMP);
+    snprintf(gguf, sizeof gguf, "%s/hyb-mk35.gguf", EMBER_TEST_TMP);
+    snprintf(cmd, sizeof cmd, "%s mkmodel --config %s/fixtures/qwen3_5_text/config.json --out %s --dtype f32 --std 0.1",
+             EMBER_BIN, shared_dir(), dir);
+    if (!CHECKV(system(cmd) == 0, "%s", cmd)) return;
+    ember_error err = {0};
+    if (!CHECKV(ember_quantize_to_gguf(dir, gguf, EMBER_QSCHEME_F32, &err) == EMBER_OK, "%s", err.msg)) return;
+    fixture f;
+    fixture_open(&f, "qwen3_5_text");
+    const size_t n = (size_t)(f.p[0].n + f.p[1].n + f.p[2].n) * (size_t)f.vocab;
+    float *a = malloc(n * 4), *b = malloc(n * 4);
+    if (CHECKV(a && b && prompt_logits(dir, &f, a) == 0 && prompt_logits(gguf, &f, b) == 0, "mkmodel hybrid runs")) {
+        float d = 0, mx = 0;
+        for (size_t k = 0; k < n; k++) {
+            d = fmaxf(d, fabsf(a[k] - b[k]));
+            mx = fmaxf(mx, fabsf(a[k]));
+        }
+        fprintf(stderr, "mkmodel qwen3_5_text f32 GGUF vs directory: max|dlogit| %g (max|logit| %g)\n", d, mx);
+        CHECKF(mx > 0 && d <= 1e-5f * mx, "mkmodel hybrid: max|dlogit| %g of %g", d, mx);
+    }
+    free(a);
+    free(b);
+    fixture_close(&f);
+    snprintf(cmd, sizeof cmd, "%s mkmodel --config %s/fixtures/qwen3_5_moe_text/config.json --out %s-moe 2>&1",
+             EMBER_BIN, shared_dir(), dir);
+    FILE *p = popen(cmd, "r");
+    char out[1024] = {0};
+    size_t got = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    int rc = p ? pclose(p) : -1;
+    CHECKF(got > 0 && rc != 0 && strstr(out, "qwen3_5_moe_text") && strstr(out, "not supported"),
+           "mkmodel of a MoE hybrid: rc %d '%s'", rc, out);
+}
+
 int main(void) {
     shared_dir();
     shared_require("fixtures/qwen3_5_text");
     test_logits();
     test_layout();
     test_refusals();
+    test_mkmodel();
     return test_done();
 }
