@@ -1,7 +1,7 @@
 /*
  * gguf_model.c - GGUF files as llama.cpp's converter writes them
  * (architectures llama, mistral as llama, qwen2, qwen3, phi3, gemma2,
- * gemma3) mapped onto the same model config and tensor names as HuggingFace
+ * gemma3, qwen3next, qwen35, qwen35moe) mapped onto the same model config and tensor names as HuggingFace
  * safetensors, so each family's code (llama.c, gemma.c) runs both.
  *
  * Metadata (ARCH = general.architecture):
@@ -33,6 +33,29 @@
  * used as they are (ember_llm.norm_plus_one false).
  * phi3: fused blk.N.attn_qkv and blk.N.ffn_up (gate rows, then up rows), as
  * HF's qkv_proj and gate_up_proj; the sliding window on every layer.
+ *
+ * qwen3next / qwen35 / qwen35moe (hybrid linear attention, qwen3_next.c):
+ *   ARCH.ssm.conv_kernel -> lin_conv_k, .ssm.state_size -> lin_k_dim,
+ *   .ssm.group_count -> lin_k_heads, .ssm.time_step_rank -> lin_v_heads,
+ *   .ssm.inner_size / time_step_rank -> lin_v_dim; recurrent layers from
+ *   ARCH.attention.recurrent_layers (one flag per layer) or
+ *   ARCH.full_attention_interval (default 4); ARCH.rope.dimension_sections
+ *   (qwen35: M-RoPE, plain partial RoPE for text) must sum to half of
+ *   rope.dimension_count; ARCH.expert_count / expert_used_count /
+ *   expert_feed_forward_length / expert_shared_feed_forward_length (the
+ *   shared expert's width defaults to feed_forward_length, as llama.cpp);
+ *   the top-k is always renormalised; ARCH.nextn_predict_layers MTP blocks
+ *   at the end of block_count are not run and their tensors are ignored.
+ *   Tensors (blk.N.): attn_qkv / attn_gate (in_proj_qkv / in_proj_z),
+ *   ssm_beta / ssm_alpha (in_proj_b / a) or qwen3next's fused ssm_ba,
+ *   ssm_conv1d [C, K], ssm_dt.bias, ssm_a (holds -exp(A_log)), ssm_norm,
+ *   ssm_out, post_attention_norm, ffn_gate_inp (router),
+ *   ffn_{gate,up,down}_exps (stacked [E, rows, cols]: blocks.c),
+ *   ffn_{gate,up,down}_shexp, ffn_gate_inp_shexp. The converter's
+ *   transforms are undone in qwen3_next.c: norms stored as 1 + w (except
+ *   ssm_norm), ssm_a used as is, and for qwen35 / qwen35moe the value heads
+ *   in llama.cpp's tiled order (cfg.lin_v_tiled: the delta_net op pairs
+ *   value head h with key head h % Hk; rows and columns are not moved).
  *
  * RoPE layout: llama.cpp's converter permutes llama Q/K rows so that llama
  * GGUFs rotate interleaved pairs; the other architectures keep HF's NEOX

@@ -31,8 +31,13 @@
  * is regrouped the same way (q rows, then gate rows).
  *
  * The recurrent state (the convolution's inputs and S per value head) lives
- * in the KV cache's state slots (kv.h); GGUF files of these architectures
- * are refused for now (gguf_model.c).
+ * in the KV cache's state slots (kv.h). GGUF files (qwen3next, qwen35,
+ * qwen35moe as llama.cpp's converter writes them; names in gguf_model.c)
+ * load through the same code: their in_proj_qkvz is already split
+ * (attn_qkv / attn_gate), qwen3next's ssm_ba stays fused and is regrouped
+ * here, conv1d is [C, K], ssm_a = -exp(A_log) is handed to delta_net as
+ * is (ember_delta_w.a_neg), norms hold 1 + w (m->norm_plus_one false), and
+ * Qwen3.5's value heads are in llama.cpp's tiled order (cfg.lin_v_tiled).
  */
 #include <math.h>
 #include <stdio.h>
