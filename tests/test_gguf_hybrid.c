@@ -25,7 +25,8 @@
  *      value heads tiled, experts stacked, f32 routers);
  *   4. impossible hybrid metadata and missing DeltaNet tensors are refused
  *      with one line naming the key or tensor;
- *   5. `ember mkmodel` of a dense hybrid config (see test_mkmodel).
+ *   5. `ember mkmodel` of a dense hybrid config (see test_mkmodel);
+ *   6. layers that follow no interval, as ARCH.attention.recurrent_layers.
  * Exits 77 when ../shared is absent.
  */
 #define _POSIX_C_SOURCE 200809L /* popen */
@@ -451,6 +452,56 @@ static void test_mkmodel(void) {
            "mkmodel of a MoE hybrid: rc %d '%s'", rc, out);
 }
 
+/* 6: layers that follow no full_attention_interval (linear, full, linear,
+   linear) are written as ARCH.attention.recurrent_layers (one flag per
+   layer) and read back: the F32 GGUF gives the directory's logits. */
+static void test_recurrent_layers(void) {
+    char cfgp[700], dir[700], gguf[700], cmd[2048];
+    snprintf(cfgp, sizeof cfgp, "%s/hyb-irregular.json", EMBER_TEST_TMP);
+    snprintf(dir, sizeof dir, "%s/hyb-irregular", EMBER_TEST_TMP);
+    snprintf(gguf, sizeof gguf, "%s/hyb-irregular.gguf", EMBER_TEST_TMP);
+    FILE *fp = fopen(cfgp, "w");
+    if (!CHECKV(fp != NULL, "cannot write %s", cfgp)) return;
+    fprintf(fp, "{\"architectures\": [\"Qwen3_5ForCausalLM\"], \"model_type\": \"qwen3_5_text\", \"vocab_size\": 512,"
+                " \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
+                " \"num_key_value_heads\": 2, \"head_dim\": 32, \"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-06,"
+                " \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\", \"linear_attention\"],"
+                " \"linear_conv_kernel_dim\": 4, \"linear_key_head_dim\": 16, \"linear_value_head_dim\": 16,"
+                " \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4, \"partial_rotary_factor\": 0.25,"
+                " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.25},"
+                " \"tie_word_embeddings\": true, \"hidden_act\": \"silu\"}");
+    fclose(fp);
+    snprintf(cmd, sizeof cmd, "%s mkmodel --config %s --out %s --dtype f32 --std 0.1", EMBER_BIN, cfgp, dir);
+    if (!CHECKV(system(cmd) == 0, "%s", cmd)) return;
+    ember_error err = {0};
+    if (!CHECKV(ember_quantize_to_gguf(dir, gguf, EMBER_QSCHEME_F32, &err) == EMBER_OK, "%s", err.msg)) return;
+    ember_gguf *g = NULL;
+    if (CHECKV(ember_gguf_open(gguf, &g, &err) == EMBER_OK, "%s", err.msg)) {
+        const ember_gguf_kv *kv = ember_gguf_find_kv(g, "qwen35.attention.recurrent_layers");
+        CHECKF(kv && kv->type == EMBER_GGUF_ARRAY && kv->arr_type == EMBER_GGUF_BOOL && kv->arr_len == 4 &&
+                   kv->arr_data[0] && !kv->arr_data[1] && kv->arr_data[2] && kv->arr_data[3],
+               "qwen35.attention.recurrent_layers is not [1, 0, 1, 1]");
+        CHECK(!ember_gguf_find_kv(g, "qwen35.full_attention_interval"));
+        CHECK(ember_gguf_find_tensor(g, "blk.1.attn_q.weight") && ember_gguf_find_tensor(g, "blk.3.ssm_out.weight"));
+        ember_gguf_free(g);
+    }
+    fixture f;
+    fixture_open(&f, "qwen3_5_text");
+    const size_t n = (size_t)(f.p[0].n + f.p[1].n + f.p[2].n) * (size_t)f.vocab;
+    float *a = malloc(n * 4), *b = malloc(n * 4);
+    if (CHECKV(a && b && prompt_logits(dir, &f, a) == 0 && prompt_logits(gguf, &f, b) == 0, "irregular hybrid runs")) {
+        float d = 0, mx = 0;
+        for (size_t k = 0; k < n; k++) {
+            d = fmaxf(d, fabsf(a[k] - b[k]));
+            mx = fmaxf(mx, fabsf(a[k]));
+        }
+        CHECKF(mx > 0 && d <= 1e-5f * mx, "irregular layers: max|dlogit| %g of %g", d, mx);
+    }
+    free(a);
+    free(b);
+    fixture_close(&f);
+}
+
 int main(void) {
     shared_dir();
     shared_require("fixtures/qwen3_5_text");
@@ -458,5 +509,6 @@ int main(void) {
     test_layout();
     test_refusals();
     test_mkmodel();
+    test_recurrent_layers();
     return test_done();
 }
