@@ -68,7 +68,8 @@ static const preset k_presets[] = {
      " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192},"
      " \"tie_word_embeddings\": false, \"hidden_act\": \"silu\", \"bos_token_id\": 128000,"
      " \"eos_token_id\": [128001, 128008, 128009]}"},
-    /* Qwen3.5-2B's text model (the hub's text_config; our reading of it, see bench/RESULTS.md) */
+    /* Qwen3.5-2B's text model as we recall the hub's text_config (not checked against the file;
+       llama.cpp types it as qwen35 2B; bench/RESULTS.md) */
     {"qwen3.5-2b", "Qwen3.5-2B's text shape (hybrid: 18 gated DeltaNet + 6 gated attention layers, hidden 2048, "
                    "vocab 248320, tied)",
      "{\"architectures\": [\"Qwen3_5ForCausalLM\"], \"model_type\": \"qwen3_5_text\", \"vocab_size\": 248320,"
