@@ -1,5 +1,7 @@
 # Quantized weights: kernels, GGUF models, quantize round trips, KL bounds.
 ember_test(test_qkernels test_qkernels.c)
 ember_test(test_quant_models test_quant_models.c)
+# Hybrid linear attention (qwen3next, qwen35, qwen35moe) through GGUF in llama.cpp's layout.
+ember_test(test_gguf_hybrid test_gguf_hybrid.c)
 # MLX affine group-wise quantization: format, kernels, models, KL bounds.
 ember_test(test_mlx test_mlx.c)

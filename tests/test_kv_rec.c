@@ -28,7 +28,7 @@
 #define NL 3 /* layers: recurrent, attention, recurrent */
 #define MAXT 128
 
-static const ember_rec_shape k_shape = {2 * 1 * 4 + 2 * 4, 3, 1, 2, 4, 4}; /* C 16, K 3, Hk 1, Hv 2, Dk 4, Dv 4 */
+static const ember_rec_shape k_shape = {2 * 1 * 4 + 2 * 4, 3, 1, 2, 4, 4, 0}; /* C 16, K 3, Hk 1, Hv 2, Dk 4, Dv 4 */
 #define C 16
 #define HV 2
 #define Z 8
@@ -81,7 +81,7 @@ static int forward(ember_kv *kv, const int32_t *row, const int32_t *tok, int T, 
         CHECK(g_be->ops->write(g_be, &at, 0, a, (size_t)T * HV * 4, &err) == EMBER_OK);
         ember_rec_map map;
         ember_kv_rec_map_for(kv, l, row, pos, &map);
-        const ember_delta_w w = {&g_conv, &g_alog, &g_dtb};
+        const ember_delta_w w = {&g_conv, &g_alog, &g_dtb, NULL};
         CHECKF(g_be->ops->delta_net(g_be, &ot, &xt, &bt, &at, &w, &map, &err) == EMBER_OK, "%s", err.msg);
         if (out && l == 2) CHECK(g_be->ops->read(g_be, &ot, 0, out, (size_t)T * Z * 4, &err) == EMBER_OK);
     }

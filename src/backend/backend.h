@@ -168,6 +168,8 @@ typedef struct ember_rec_shape {
     int conv_k;    /* K, the kernel width (>= 1) */
     int n_k_heads, n_v_heads; /* Hk, Hv (a multiple of Hk) */
     int k_dim, v_dim;         /* Dk, Dv */
+    int v_tiled;              /* 0: value head h reads key head h / (Hv / Hk) (HF's grouped order); 1: key head
+                                 h % Hk (the tiled order llama.cpp's converter writes for qwen35 / qwen35moe) */
 } ember_rec_shape;
 
 /* Floats of one layer's part of a slot, and of one log entry of a layer. */
@@ -212,6 +214,7 @@ typedef struct ember_delta_w {
     const ember_tensor *conv;    /* [C, K] the depthwise kernel */
     const ember_tensor *a_log;   /* [Hv] */
     const ember_tensor *dt_bias; /* [Hv] */
+    const ember_tensor *a_neg;   /* [Hv] or NULL: -exp(A_log) as GGUF stores it (ssm_a); used instead of a_log */
 } ember_delta_w;
 
 typedef struct ember_backend_ops {
@@ -293,8 +296,10 @@ typedef struct ember_backend_ops {
      * b [T, Hv] the beta logits, a [T, Hv] the decay inputs; out [T, Hv Dv]. Per token t of row r = row[t], in batch order:
      *   y = silu(causal depthwise conv over the row's inputs, width K)
      *   q, k = l2norm(y's q, k heads) (eps 1e-6), q *= Dk^-1/2; v = y's v
-     *   g = -exp(a_log) softplus(a + dt_bias); beta = sigmoid(b)
-     *   per value head h (key head h / (Hv / Hk)):
+     *   g = -exp(a_log) softplus(a + dt_bias) (w->a_neg, when set, is the
+     *   -exp(a_log) of each head, and a_log is not read); beta = sigmoid(b)
+     *   per value head h (key head h / (Hv / Hk), or h % Hk when the
+     *   state's shape is v_tiled):
      *     S = exp(g) S; S += k (beta (v - S^T k))^T; out = S^T q
      * The state comes from the map's src slot and goes to its dst slot. A
      * row's tokens of one forward that fill whole aligned spans of 64

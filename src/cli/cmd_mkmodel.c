@@ -68,6 +68,18 @@ static const preset k_presets[] = {
      " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192},"
      " \"tie_word_embeddings\": false, \"hidden_act\": \"silu\", \"bos_token_id\": 128000,"
      " \"eos_token_id\": [128001, 128008, 128009]}"},
+    /* Qwen3.5-2B's text model as we recall the hub's text_config (not checked against the file;
+       llama.cpp types it as qwen35 2B; bench/RESULTS.md) */
+    {"qwen3.5-2b", "Qwen3.5-2B's text shape (hybrid: 18 gated DeltaNet + 6 gated attention layers, hidden 2048, "
+                   "vocab 248320, tied)",
+     "{\"architectures\": [\"Qwen3_5ForCausalLM\"], \"model_type\": \"qwen3_5_text\", \"vocab_size\": 248320,"
+     " \"hidden_size\": 2048, \"intermediate_size\": 6144, \"num_hidden_layers\": 24, \"num_attention_heads\": 8,"
+     " \"num_key_value_heads\": 2, \"head_dim\": 256, \"max_position_embeddings\": 262144, \"rms_norm_eps\": 1e-06,"
+     " \"full_attention_interval\": 4, \"linear_conv_kernel_dim\": 4, \"linear_key_head_dim\": 128,"
+     " \"linear_value_head_dim\": 128, \"linear_num_key_heads\": 16, \"linear_num_value_heads\": 16,"
+     " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000.0, \"partial_rotary_factor\": 0.25,"
+     " \"mrope_interleaved\": true, \"mrope_section\": [11, 11, 10]}, \"tie_word_embeddings\": true,"
+     " \"hidden_act\": \"silu\", \"eos_token_id\": 248044}"},
     {"gemma3-1b", "Gemma-3-1B's shape (hidden 1152, 26 layers, 4 heads of 256, 1 KV head, 5 of 6 layers sliding 512, "
                   "vocab 262144, tied)",
      "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", \"vocab_size\": 262144,"
@@ -82,7 +94,7 @@ static const preset k_presets[] = {
 typedef struct tensor_spec {
     char name[128];
     int ndim;
-    int64_t shape[2];
+    int64_t shape[3];
     bool is_norm;
 } tensor_spec;
 
@@ -127,9 +139,55 @@ static int add_spec(tensor_spec *s, int *n, const char *name, int64_t d0, int64_
     return 0;
 }
 
-/* The tensors the model loader reads for cfg (model/llama.c, model/gemma.c).
-   Gemma's norms scale by 1 + w, so their weights are noise around 0. */
+/* A hybrid's (model/qwen3_next.c) layer tensors in Qwen3.5's separate
+   layout, dense MLP; its norms scale by 1 + w (noise around 0) except the
+   DeltaNet's gated norm; A_log and dt_bias noise around 0. */
+static void hybrid_layer(const ember_model_config *c, int l, tensor_spec *s, int *n) {
+    const int64_t H = c->hidden_size, D = c->head_dim, Q = (int64_t)c->n_heads * D, KV = (int64_t)c->n_kv_heads * D,
+                  I = c->intermediate_size, Hv = c->lin_v_heads, Z = Hv * c->lin_v_dim,
+                  C = 2 * (int64_t)c->lin_k_heads * c->lin_k_dim + Z;
+    char nm[128];
+#define L(suffix) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), nm)
+    add_spec(s, n, L("input_layernorm.weight"), H, 0, false);
+    add_spec(s, n, L("post_attention_layernorm.weight"), H, 0, false);
+    if (c->layer_linear[l]) {
+        add_spec(s, n, L("linear_attn.in_proj_qkv.weight"), C, H, false);
+        add_spec(s, n, L("linear_attn.in_proj_z.weight"), Z, H, false);
+        add_spec(s, n, L("linear_attn.in_proj_b.weight"), Hv, H, false);
+        add_spec(s, n, L("linear_attn.in_proj_a.weight"), Hv, H, false);
+        add_spec(s, n, L("linear_attn.conv1d.weight"), C, 1, false);
+        s[*n - 1].ndim = 3; /* [C, 1, K] */
+        s[*n - 1].shape[2] = c->lin_conv_k;
+        add_spec(s, n, L("linear_attn.A_log"), Hv, 0, false);
+        add_spec(s, n, L("linear_attn.dt_bias"), Hv, 0, false);
+        add_spec(s, n, L("linear_attn.norm.weight"), c->lin_v_dim, 0, true);
+        add_spec(s, n, L("linear_attn.out_proj.weight"), H, Z, false);
+    } else {
+        add_spec(s, n, L("self_attn.q_proj.weight"), 2 * Q, H, false); /* q and its output gate per head */
+        add_spec(s, n, L("self_attn.k_proj.weight"), KV, H, false);
+        add_spec(s, n, L("self_attn.v_proj.weight"), KV, H, false);
+        add_spec(s, n, L("self_attn.o_proj.weight"), H, Q, false);
+        add_spec(s, n, L("self_attn.q_norm.weight"), D, 0, false);
+        add_spec(s, n, L("self_attn.k_norm.weight"), D, 0, false);
+    }
+    add_spec(s, n, L("mlp.gate_proj.weight"), I, H, false);
+    add_spec(s, n, L("mlp.up_proj.weight"), I, H, false);
+    add_spec(s, n, L("mlp.down_proj.weight"), H, I, false);
+#undef L
+}
+
+/* The tensors the model loader reads for cfg (model/llama.c, model/gemma.c,
+   model/qwen3_next.c for dense hybrids). Gemma's norms scale by 1 + w, so
+   their weights are noise around 0. */
 static int list_tensors(const ember_model_config *c, tensor_spec *s) {
+    if (c->n_linear) {
+        int n = 0;
+        add_spec(s, &n, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, false);
+        for (int l = 0; l < c->n_layers; l++) hybrid_layer(c, l, s, &n);
+        add_spec(s, &n, "model.norm.weight", c->hidden_size, 0, false);
+        if (!c->tie_embeddings) add_spec(s, &n, "lm_head.weight", c->vocab_size, c->hidden_size, false);
+        return n;
+    }
     int n = 0;
     const int64_t H = c->hidden_size, D = c->head_dim, Q = (int64_t)c->n_heads * D, KV = (int64_t)c->n_kv_heads * D,
                   I = c->intermediate_size;
@@ -303,6 +361,10 @@ int cmd_mkmodel(int argc, char **argv) {
         free(text);
         return cli_fail("mkmodel", "%s", err.msg);
     }
+    if (cfg.n_experts) { /* list_tensors writes dense MLPs only */
+        free(text);
+        return cli_fail("mkmodel", "%s: mixture-of-experts models (%s) are not supported yet", cfg_name, cfg.model_type);
+    }
     if (make_dirs(out) != 0) {
         free(text);
         return cli_fail("mkmodel", "%s: cannot create directory: %s", out, strerror(errno));
@@ -329,7 +391,8 @@ int cmd_mkmodel(int argc, char **argv) {
     if (!rc) {
         int n = list_tensors(&cfg, specs);
         for (int i = 0; i < n; i++)
-            outs[i] = (ember_st_out){specs[i].name, dt, specs[i].ndim, {specs[i].shape[0], specs[i].shape[1]}};
+            outs[i] = (ember_st_out){specs[i].name, dt, specs[i].ndim,
+                                     {specs[i].shape[0], specs[i].shape[1], specs[i].shape[2]}};
         gen_ctx g = {specs, dt, std, seed, {{0}}, -1};
         if (ember_st_write(st_path, outs, n, fill, &g, &err)) rc = cli_fail("mkmodel", "%s", err.msg);
     }

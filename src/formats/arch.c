@@ -18,7 +18,7 @@ static const ember_arch k_archs[] = {
     {"gemma3_text", "gemma3", NULL, EMBER_FAMILY_GEMMA, false},
     {"qwen3_moe", "qwen3moe", NULL, EMBER_FAMILY_QWEN3_MOE, false}, /* GGUF: refused for now (gguf_model.c) */
     {"glm4_moe", "glm4moe", NULL, EMBER_FAMILY_QWEN3_MOE, false},
-    {"qwen3_next", "qwen3next", NULL, EMBER_FAMILY_HYBRID, false}, /* GGUF: not yet */
+    {"qwen3_next", "qwen3next", NULL, EMBER_FAMILY_HYBRID, false},
     {"qwen3_5_text", "qwen35", NULL, EMBER_FAMILY_HYBRID, false},
     {"qwen3_5_moe_text", "qwen35moe", NULL, EMBER_FAMILY_HYBRID, false},
     {"gemma4_text", "gemma4", NULL, EMBER_FAMILY_GEMMA4, false}, /* GGUF: refused for now (gguf_model.c) */

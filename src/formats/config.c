@@ -429,14 +429,14 @@ static int parse_hybrid(const char *file, const json_t *root, ember_model_config
         bool ok = json_is_array(ms);
         for (size_t i = 0; ok && i < json_array_size(ms); i++) {
             const json_t *v = json_array_get(ms, i);
-            ok = json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 4096;
-            if (ok) sum += json_integer_value(v);
+            ok = json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 4096 && i < 4;
+            if (ok) sum += cfg->mrope_section[cfg->n_mrope++] = (int)json_integer_value(v);
         }
         double prf = cfg->rope.partial_rotary_factor > 0 ? cfg->rope.partial_rotary_factor : 1.0;
         long long half = (long long)(cfg->head_dim * prf) / 2;
         if (!ok || sum != half)
             return ember_err(err, EMBER_ERR_FORMAT,
-                             "%s: rope_parameters.mrope_section must be integers summing to %lld (half the rotated "
+                             "%s: rope_parameters.mrope_section must be at most 4 integers summing to %lld (half the rotated "
                              "dimensions)",
                              file, half);
     }

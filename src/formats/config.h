@@ -108,6 +108,9 @@ typedef struct ember_model_config {
     int lin_conv_k;                     /* linear_conv_kernel_dim */
     int lin_k_heads, lin_v_heads;       /* linear_num_key_heads, linear_num_value_heads */
     int lin_k_dim, lin_v_dim;           /* linear_key_head_dim, linear_value_head_dim */
+    bool lin_v_tiled;                   /* value heads in llama.cpp's tiled order (GGUF qwen35 / qwen35moe):
+                                           head h reads key head h % Hk, not h / (Hv / Hk) */
+    int mrope_section[4], n_mrope;      /* rope_parameters.mrope_section (Qwen3.5; equal to plain RoPE for text) */
     bool attn_output_gate;              /* q_proj is 2x wide: per head, q then a sigmoid gate on the output */
     int shared_expert_size;             /* shared_expert_intermediate_size: a sigmoid-gated shared expert; 0: none */
     bool text_of_multimodal;            /* the text model of a multimodal checkpoint (its config's

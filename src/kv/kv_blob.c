@@ -9,7 +9,9 @@
  *                i32 n_layers n_heads head_dim window  u64 block_bytes of
  *                the pool the row uses
  *   recurrent:   (a cache with recurrent layers only) i32 n_layers conv_dim
- *                conv_k n_k_heads n_v_heads k_dim v_dim  u64 slot bytes
+ *                conv_k n_k_heads n_v_heads k_dim v_dim v_tiled (the value
+ *                heads' order: a GGUF model's state is not a safetensors
+ *                one's)  u64 slot bytes
  *   the row:     i32 len converted, then per group i32 first n_blocks;
  *                with recurrent layers, i32 has_state (1 iff len > 0)
  *   payload:     per group, its blocks' bytes in table order; then the
@@ -158,7 +160,7 @@ static void put_shape(wbuf *w, const ember_kv *kv, bool converted) {
     }
     if (kv->rec.n_layers) {
         const ember_rec_shape *r = &kv->rec.shape;
-        int q[] = {kv->rec.n_layers, r->conv_dim, r->conv_k, r->n_k_heads, r->n_v_heads, r->k_dim, r->v_dim};
+        int q[] = {kv->rec.n_layers, r->conv_dim, r->conv_k, r->n_k_heads, r->n_v_heads, r->k_dim, r->v_dim, r->v_tiled};
         for (size_t i = 0; i < EMBER_ARRAY_LEN(q); i++) put32(w, (uint32_t)q[i]);
         put64(w, kv->rec.pool.block_bytes);
     }
@@ -358,7 +360,7 @@ static int parse_header(ember_kv *kv, const unsigned char *b, size_t n, size_t *
     }
     if (kv->rec.n_layers) { /* the recurrent fields (compared below with the rest of the shape) */
         int q;
-        for (int i = 0; i < 7; i++)
+        for (int i = 0; i < 8; i++)
             if (!geti(&rd, &q)) return BAD("truncated header");
         if (!get64(&rd, &bb)) return BAD("truncated header");
     }

@@ -286,6 +286,38 @@ int ember_load_regrouped(ember_loader *L, const char *name, int64_t rows, int64_
     return EMBER_OK;
 }
 
+/* GGUF's stacked experts: the tensor gn [E, rows, cols] bound as one buffer
+   over the file's bytes, expert e a view of its slice in parts[e * stride]. */
+static int load_stacked(ember_loader *L, const char *gn, int E, int64_t rows, int64_t cols, ember_tensor *parts,
+                        int stride) {
+    ember_llm *m = L->m;
+    const ember_gguf_tensor *t = ember_gguf_find_tensor(L->gg, gn);
+    if (!t) return ember_err(L->err, EMBER_ERR_FORMAT, "%s: missing tensor '%s'", L->primary, gn);
+    if (t->ndim != 3 || t->shape[0] != E || t->shape[1] != rows || t->shape[2] != cols) {
+        char got[128], want[128];
+        shape_str(got, sizeof got, t->ndim, t->shape);
+        shape_str(want, sizeof want, 3, (const int64_t[]){E, rows, cols});
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected %s", L->primary, gn, got,
+                         want);
+    }
+    if (!weight_dtype_ok(t->dtype) || t->nbytes % (size_t)E)
+        return ember_err(L->err, EMBER_ERR_UNSUPPORTED, "%s: tensor '%s' has unsupported dtype %s", L->primary, gn,
+                         ember_dtype_get(t->dtype)->st_name);
+    int rc = check_backend_dtype(L, L->primary, gn, t->dtype);
+    ember_buffer *b = NULL;
+    if (rc || (rc = m->be->ops->buffer_from_host(m->be, t->data, t->nbytes, &b, L->err))) return rc;
+    if ((rc = keep_buf(m, b, L->err))) return rc; /* it freed b */
+    const size_t per = t->nbytes / (size_t)E;
+    for (int e = 0; e < E; e++)
+        if ((rc = ember_tensor_view(&parts[(size_t)e * (size_t)stride], b, (size_t)e * per, t->dtype, 2,
+                                    (const int64_t[]){rows, cols}, L->err)))
+            return rc;
+    if (L->claimed) L->claimed[t - L->gg->tensors] = 1;
+    L->dtype_seen |= (uint64_t)1 << t->dtype;
+    m->weight_bytes += t->nbytes;
+    return EMBER_OK;
+}
+
 int ember_load_moe(ember_loader *L, int i) {
     ember_llm *m = L->m;
     const ember_model_config *c = &m->cfg;
@@ -302,7 +334,14 @@ int ember_load_moe(ember_loader *L, int i) {
     ly->experts = calloc((size_t)E * 3, sizeof *ly->experts);
     if (!ly->experts) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
     static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
-    for (int e = 0; e < E; e++)
+    if (L->gg) { /* GGUF stacks each projection of every expert: blk.i.ffn_{gate,up,down}_exps */
+        static const char *const gg[3] = {"gate", "up", "down"};
+        for (int p = 0; p < 3; p++) {
+            snprintf(n, sizeof n, "blk.%d.ffn_%s_exps.weight", i, gg[p]);
+            if ((rc = load_stacked(L, n, E, p < 2 ? Im : H, p < 2 ? H : Im, ly->experts + p, 3))) return rc;
+        }
+    }
+    for (int e = 0; e < E && !L->gg; e++)
         for (int p = 0; p < 3; p++) {
             const int64_t shape[2] = {p < 2 ? Im : H, p < 2 ? H : Im};
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", i, e, proj[p]);

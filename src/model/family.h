@@ -66,7 +66,9 @@ int ember_load_split(ember_loader *L, const char *name, int n, ember_tensor *con
    ([Is, H], [Is, H], [H, Is], Is = n_shared * Im); with a sigmoid router,
    mlp.gate.e_score_correction_bias [E] (copied to ly->router_bias).
    ly->experts and ly->router_bias are allocated here (freed by
-   ember_llm_free). A missing or misshapen tensor is an error naming it. */
+   ember_llm_free). From GGUF the experts are llama.cpp's stacked
+   blk.i.ffn_{gate,up,down}_exps [E, rows, cols], each expert a view of its
+   slice. A missing or misshapen tensor is an error naming it. */
 int ember_load_moe(ember_loader *L, int i);
 
 /*

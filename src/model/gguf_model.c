@@ -1,7 +1,7 @@
 /*
  * gguf_model.c - GGUF files as llama.cpp's converter writes them
  * (architectures llama, mistral as llama, qwen2, qwen3, phi3, gemma2,
- * gemma3) mapped onto the same model config and tensor names as HuggingFace
+ * gemma3, qwen3next, qwen35, qwen35moe) mapped onto the same model config and tensor names as HuggingFace
  * safetensors, so each family's code (llama.c, gemma.c) runs both.
  *
  * Metadata (ARCH = general.architecture):
@@ -33,6 +33,29 @@
  * used as they are (ember_llm.norm_plus_one false).
  * phi3: fused blk.N.attn_qkv and blk.N.ffn_up (gate rows, then up rows), as
  * HF's qkv_proj and gate_up_proj; the sliding window on every layer.
+ *
+ * qwen3next / qwen35 / qwen35moe (hybrid linear attention, qwen3_next.c):
+ *   ARCH.ssm.conv_kernel -> lin_conv_k, .ssm.state_size -> lin_k_dim,
+ *   .ssm.group_count -> lin_k_heads, .ssm.time_step_rank -> lin_v_heads,
+ *   .ssm.inner_size / time_step_rank -> lin_v_dim; recurrent layers from
+ *   ARCH.attention.recurrent_layers (one flag per layer) or
+ *   ARCH.full_attention_interval (default 4); ARCH.rope.dimension_sections
+ *   (qwen35: M-RoPE, plain partial RoPE for text) must sum to half of
+ *   rope.dimension_count; ARCH.expert_count / expert_used_count /
+ *   expert_feed_forward_length / expert_shared_feed_forward_length (the
+ *   shared expert's width defaults to feed_forward_length, as llama.cpp);
+ *   the top-k is always renormalised; ARCH.nextn_predict_layers MTP blocks
+ *   at the end of block_count are not run and their tensors are ignored.
+ *   Tensors (blk.N.): attn_qkv / attn_gate (in_proj_qkv / in_proj_z),
+ *   ssm_beta / ssm_alpha (in_proj_b / a) or qwen3next's fused ssm_ba,
+ *   ssm_conv1d [C, K], ssm_dt.bias, ssm_a (holds -exp(A_log)), ssm_norm,
+ *   ssm_out, post_attention_norm, ffn_gate_inp (router),
+ *   ffn_{gate,up,down}_exps (stacked [E, rows, cols]: blocks.c),
+ *   ffn_{gate,up,down}_shexp, ffn_gate_inp_shexp. The converter's
+ *   transforms are undone in qwen3_next.c: norms stored as 1 + w (except
+ *   ssm_norm), ssm_a used as is, and for qwen35 / qwen35moe the value heads
+ *   in llama.cpp's tiled order (cfg.lin_v_tiled: the delta_net op pairs
+ *   value head h with key head h % Hk; rows and columns are not moved).
  *
  * RoPE layout: llama.cpp's converter permutes llama Q/K rows so that llama
  * GGUFs rotate interleaved pairs; the other architectures keep HF's NEOX
@@ -125,6 +148,104 @@ static int gemma_config(const ember_gguf *f, const char *arch, int window, ember
     return EMBER_OK;
 }
 
+/* One u32 key as an int in [lo, hi] (def when absent and not required). */
+static int get_int_key(const ember_gguf *f, const char *key, bool required, int def, int lo, int hi, int *out,
+                       ember_error *err) {
+    *out = def;
+    if (!ember_gguf_find_kv(f, key)) {
+        if (required) return ember_err(err, EMBER_ERR_FORMAT, "%s: missing key '%s'", f->path, key);
+        return EMBER_OK;
+    }
+    uint32_t u;
+    int rc = ember_gguf_get_u32(f, key, &u, err);
+    if (rc) return rc;
+    if (u < (uint32_t)lo || u > (uint32_t)hi)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: %s %u out of range [%d, %d]", f->path, key, u, lo, hi);
+    *out = (int)u;
+    return EMBER_OK;
+}
+
+/* The hybrid keys (qwen3next, qwen35, qwen35moe; see the top of the file);
+   cfg's dimensions and RoPE are set. */
+static int hybrid_config(const ember_gguf *f, const char *arch, int n_rot, ember_model_config *cfg, ember_error *err) {
+    char key[160];
+    int rc, inner, interval;
+#define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
+    if ((rc = get_int_key(f, KEY("ssm.conv_kernel"), true, 0, 1, 64, &cfg->lin_conv_k, err)) ||
+        (rc = get_int_key(f, KEY("ssm.state_size"), true, 0, 1, 4096, &cfg->lin_k_dim, err)) ||
+        (rc = get_int_key(f, KEY("ssm.group_count"), true, 0, 1, 4096, &cfg->lin_k_heads, err)) ||
+        (rc = get_int_key(f, KEY("ssm.time_step_rank"), true, 0, 1, 4096, &cfg->lin_v_heads, err)) ||
+        (rc = get_int_key(f, KEY("ssm.inner_size"), true, 0, 1, 1 << 22, &inner, err)) ||
+        (rc = get_int_key(f, KEY("full_attention_interval"), false, 4, 1, EMBER_MAX_LAYERS, &interval, err)))
+        return rc;
+    if (cfg->lin_v_heads % cfg->lin_k_heads)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: %s.ssm.time_step_rank %d is not a multiple of ssm.group_count %d",
+                         f->path, arch, cfg->lin_v_heads, cfg->lin_k_heads);
+    if (inner % cfg->lin_v_heads)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: %s.ssm.inner_size %d is not a multiple of ssm.time_step_rank %d",
+                         f->path, arch, inner, cfg->lin_v_heads);
+    cfg->lin_v_dim = inner / cfg->lin_v_heads;
+    cfg->lin_v_tiled = strcmp(arch, "qwen3next") != 0; /* the converter reorders qwen35's value heads */
+    /* which layers are recurrent: one flag per layer, else every interval-th layer is full attention */
+    const ember_gguf_kv *kv = ember_gguf_find_kv(f, KEY("attention.recurrent_layers"));
+    if (kv) {
+        int32_t *flags = NULL;
+        size_t n = 0;
+        if (kv->type == EMBER_GGUF_ARRAY && kv->arr_type == EMBER_GGUF_BOOL && kv->arr_bytes == kv->arr_len) {
+            n = kv->arr_len;
+            flags = malloc(n * sizeof *flags + 1);
+            if (!flags) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+            for (size_t i = 0; i < n; i++) flags[i] = kv->arr_data[i] != 0;
+        } else if ((rc = ember_gguf_get_i32s(f, key, &flags, &n, err))) {
+            return rc;
+        }
+        if (n < (size_t)cfg->n_layers) {
+            free(flags);
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: %s has %zu entries for %d layers", f->path, key, n,
+                             cfg->n_layers);
+        }
+        for (int l = 0; l < cfg->n_layers; l++) cfg->layer_linear[l] = flags[l] != 0;
+        free(flags);
+    } else {
+        for (int l = 0; l < cfg->n_layers; l++) cfg->layer_linear[l] = (l + 1) % interval != 0;
+    }
+    cfg->n_linear = 0;
+    for (int l = 0; l < cfg->n_layers; l++) cfg->n_linear += cfg->layer_linear[l];
+    cfg->qk_norm = true;
+    cfg->attn_output_gate = true;
+    /* M-RoPE sections (qwen35): text positions make it plain partial RoPE; they must still fit */
+    kv = ember_gguf_find_kv(f, KEY("rope.dimension_sections"));
+    if (kv) {
+        int32_t *sec = NULL;
+        size_t n = 0;
+        if ((rc = ember_gguf_get_i32s(f, key, &sec, &n, err))) return rc;
+        long long sum = 0;
+        bool ok = n <= 4;
+        for (size_t i = 0; ok && i < n; i++) {
+            ok = sec[i] >= 0 && sec[i] <= 4096;
+            sum += sec[i];
+        }
+        free(sec);
+        if (!ok || sum * 2 != n_rot)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: %s must be at most 4 sections summing to %d (half the rotated "
+                             "dimensions)", f->path, key, n_rot / 2);
+    }
+    if (!ember_gguf_find_kv(f, KEY("expert_count"))) return EMBER_OK;
+    if ((rc = get_int_key(f, key, true, 0, 1, 1 << 16, &cfg->n_experts, err)) ||
+        (rc = get_int_key(f, KEY("expert_used_count"), true, 0, 1, cfg->n_experts, &cfg->n_experts_used, err)) ||
+        (rc = get_int_key(f, KEY("expert_feed_forward_length"), true, 0, 1, 1 << 22, &cfg->moe_intermediate_size,
+                          err)) ||
+        (rc = get_int_key(f, KEY("expert_shared_feed_forward_length"), false, cfg->intermediate_size, 0, 1 << 22,
+                          &cfg->shared_expert_size, err)))
+        return rc;
+#undef KEY
+    cfg->norm_topk_prob = true; /* llama.cpp renormalises these architectures' top-k */
+    cfg->routed_scale = 1.0f;
+    cfg->n_group = cfg->topk_group = 1;
+    for (int l = 0; l < cfg->n_layers; l++) cfg->layer_moe[l] = true;
+    return EMBER_OK;
+}
+
 int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_rope_mode *mode, ember_error *err) {
     memset(cfg, 0, sizeof *cfg);
     cfg->bos_id = -1;
@@ -141,14 +262,11 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
         return ember_err(err, EMBER_ERR_UNSUPPORTED,
                          "%s: architecture '%.32s' (mixture of experts) is not supported from GGUF yet; load the "
                          "HuggingFace directory", f->path, arch);
-    if (row->family == EMBER_FAMILY_HYBRID) /* the DeltaNet tensors' GGUF names and layouts are not mapped yet */
-        return ember_err(err, EMBER_ERR_UNSUPPORTED,
-                         "%s: architecture '%.32s' (hybrid linear attention) is not supported from GGUF yet; load the "
-                         "HuggingFace directory", f->path, arch);
     if (row->family == EMBER_FAMILY_GEMMA4) /* per-layer shapes, KV sharing and per-layer inputs have no GGUF keys here yet */
         return ember_err(err, EMBER_ERR_UNSUPPORTED,
                          "%s: architecture '%.32s' is not supported from GGUF yet; load the HuggingFace directory",
                          f->path, arch);
+    const bool hybrid = row->family == EMBER_FAMILY_HYBRID;
     const bool gemma = row->family == EMBER_FAMILY_GEMMA;
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", row->model_type);
     *mode = row->rope_interleaved ? EMBER_ROPE_INTERLEAVED : EMBER_ROPE_NEOX;
@@ -158,8 +276,20 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
     if ((rc = ember_gguf_get_u32(f, KEY("embedding_length"), &u, err))) return rc;
     cfg->hidden_size = (int)(u > 1u << 20 ? 0 : u);
     if ((rc = ember_gguf_get_u32(f, KEY("block_count"), &u, err))) return rc;
+    if (hybrid && ember_gguf_find_kv(f, KEY("nextn_predict_layers"))) { /* MTP blocks after the decoder's: not run */
+        uint32_t mtp;
+        if ((rc = ember_gguf_get_u32(f, key, &mtp, err))) return rc;
+        if (mtp >= u) return ember_err(err, EMBER_ERR_FORMAT, "%s: %s %u for %u blocks", f->path, key, mtp, u);
+        cfg->n_mtp_layers = (int)mtp;
+        u -= mtp;
+    }
     cfg->n_layers = (int)(u > EMBER_MAX_LAYERS ? 0 : u);
-    if ((rc = ember_gguf_get_u32(f, KEY("feed_forward_length"), &u, err))) return rc;
+    /* a MoE hybrid needs no dense width: the experts' stands in when the key is absent */
+    const bool ffn_from_experts = hybrid && !ember_gguf_find_kv(f, KEY("feed_forward_length")) &&
+                                  ember_gguf_find_kv(f, KEY("expert_count"));
+    if ((rc = ember_gguf_get_u32(f, KEY(ffn_from_experts ? "expert_feed_forward_length" : "feed_forward_length"), &u,
+                                 err)))
+        return rc;
     cfg->intermediate_size = (int)(u > 1u << 22 ? 0 : u);
     if ((rc = ember_gguf_get_u32(f, KEY("attention.head_count"), &u, err))) return rc;
     cfg->n_heads = (int)(u > 4096 ? 0 : u);
@@ -251,6 +381,7 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
     cfg->attn_out_bias = ember_gguf_find_tensor(f, "blk.0.attn_output.bias") != NULL;
     cfg->mlp_bias = ember_gguf_find_tensor(f, "blk.0.ffn_gate.bias") != NULL;
     cfg->qk_norm = ember_gguf_find_tensor(f, "blk.0.attn_q_norm.weight") != NULL;
+    if (hybrid && (rc = hybrid_config(f, arch, n_rot, cfg, err))) return rc;
     static const char *const k_special[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
                                             "tokenizer.ggml.eot_token_id"};
     for (int i = 0; i < 3; i++) {
@@ -309,9 +440,30 @@ bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, s
     static const pair k_gemma[] = {{"post_attention_layernorm.weight", "post_attention_norm.weight"},
                                    {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
                                    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"}};
+    /* hybrids (llama.cpp's names; the loader undoes the converter's transforms: qwen3_next.c) */
+    static const pair k_hybrid[] = {{"post_attention_layernorm.weight", "post_attention_norm.weight"},
+                                    {"linear_attn.in_proj_qkv.weight", "attn_qkv.weight"},
+                                    {"linear_attn.in_proj_z.weight", "attn_gate.weight"},
+                                    {"linear_attn.in_proj_b.weight", "ssm_beta.weight"},
+                                    {"linear_attn.in_proj_a.weight", "ssm_alpha.weight"},
+                                    {"linear_attn.in_proj_ba.weight", "ssm_ba.weight"},
+                                    {"linear_attn.conv1d.weight", "ssm_conv1d.weight"},
+                                    {"linear_attn.dt_bias", "ssm_dt.bias"},
+                                    {"linear_attn.A_log", "ssm_a"}, /* holds -exp(A_log) */
+                                    {"linear_attn.norm.weight", "ssm_norm.weight"},
+                                    {"linear_attn.out_proj.weight", "ssm_out.weight"},
+                                    {"mlp.gate.weight", "ffn_gate_inp.weight"},
+                                    {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+                                    {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+                                    {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+                                    {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"}};
+    const ember_arch *row = ember_arch_find(model_type);
     const pair *fam = k_llama;
     size_t n_fam = sizeof k_llama / sizeof k_llama[0];
-    if (ember_arch_is_gemma(model_type)) {
+    if (row && row->family == EMBER_FAMILY_HYBRID) {
+        fam = k_hybrid;
+        n_fam = sizeof k_hybrid / sizeof k_hybrid[0];
+    } else if (ember_arch_is_gemma(model_type)) {
         fam = k_gemma;
         n_fam = sizeof k_gemma / sizeof k_gemma[0];
     } else if (strcmp(model_type, "phi3") == 0) {

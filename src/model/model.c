@@ -78,10 +78,14 @@ static int check_unclaimed(const ember_loader *L) {
     const ember_llm *m = L->m;
     size_t k = 0;
     if (L->gg) {
-        for (size_t i = 0; i < L->gg->n_tensors; i++)
+        for (size_t i = 0; i < L->gg->n_tensors; i++) {
+            int blk = -1;
+            if (m->cfg.n_mtp_layers && sscanf(L->gg->tensors[i].name, "blk.%d.", &blk) == 1 && blk >= m->cfg.n_layers)
+                continue; /* a multi-token-prediction block after the decoder's (not run) */
             if (!L->claimed[i])
                 return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' is not part of a %s model", L->primary,
                                  L->gg->tensors[i].name, m->cfg.model_type);
+        }
         return EMBER_OK;
     }
     for (int f = 0; f < L->w->n_files; f++)
@@ -208,7 +212,7 @@ int ember_llm_load_gguf(const char *path, ember_backend *be, ember_model_config 
 
 ember_rec_shape ember_llm_rec_shape(const ember_model_config *c) {
     return (ember_rec_shape){2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim, c->lin_conv_k,
-                             c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim};
+                             c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim, c->lin_v_tiled};
 }
 
 /* ---- run state ------------------------------------------------------------------------ */

@@ -57,6 +57,7 @@ typedef struct ember_llm_layer {
     ember_tensor lin_b, lin_a;   /* [Hv, H] in_proj_b, in_proj_a (qwen3_next: of in_proj_ba) */
     ember_tensor lin_conv;       /* [C, K] f32: conv1d.weight */
     ember_tensor lin_a_log, lin_dt_bias; /* [Hv] f32 */
+    ember_tensor lin_a_neg;      /* [Hv] f32: -exp(A_log) as GGUF stores it (ssm_a; then lin_a_log is unbound) */
     ember_tensor lin_norm;       /* [Dv] f32: the gated RMSNorm's weight */
     ember_tensor lin_out;        /* [H, Z] out_proj */
     int window;                  /* sliding window, 0 = full attention */

@@ -48,6 +48,10 @@ static bool ends_with(const char *s, const char *suffix) {
 ember_dtype ember_qscheme_type(ember_qscheme s, const char *name, int ndim, int64_t row_len, int layer, int n_layers,
                                bool tied) {
     if (ndim < 2 || s == EMBER_QSCHEME_F32) return EMBER_F32;
+    /* kept in f32 as llama.cpp does: the hybrids' conv kernels, the routers and the shared experts' gates */
+    if (ends_with(name, "ssm_conv1d.weight") || ends_with(name, "ffn_gate_inp.weight") ||
+        ends_with(name, "ffn_gate_inp_shexp.weight"))
+        return EMBER_F32;
     ember_dtype base = s == EMBER_QSCHEME_Q8_0 ? EMBER_Q8_0 : s == EMBER_QSCHEME_Q4_0 ? EMBER_Q4_0 : EMBER_Q4_K;
     ember_dtype t = base;
     if (strcmp(name, "output.weight") == 0 || (tied && strcmp(name, "token_embd.weight") == 0)) {
@@ -278,6 +282,225 @@ static int write_gemma(ember_gguf_writer *g, const ember_model_config *c, const 
     return EMBER_OK;
 }
 
+/* The hybrids' keys as llama.cpp's converter writes them (qwen3next,
+   qwen35, qwen35moe), read back by gguf_model.c: the DeltaNet sizes, which
+   layers are recurrent, Qwen3.5's M-RoPE sections, the experts. */
+static int write_hybrid(ember_gguf_writer *g, const ember_model_config *c, const char *arch, int n_rot,
+                        ember_error *err) {
+    char k[128];
+    int rc;
+#define KEY(x) (snprintf(k, sizeof k, "%s.%s", arch, x), k)
+    if ((rc = ember_gguf_set_u32(g, KEY("ssm.conv_kernel"), (uint32_t)c->lin_conv_k, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("ssm.state_size"), (uint32_t)c->lin_k_dim, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("ssm.group_count"), (uint32_t)c->lin_k_heads, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("ssm.time_step_rank"), (uint32_t)c->lin_v_heads, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("ssm.inner_size"), (uint32_t)(c->lin_v_dim * c->lin_v_heads), err)))
+        return rc;
+    int interval = 0; /* every interval-th layer full attention? (the first full layer sets it) */
+    for (int l = 0; l < c->n_layers && !interval; l++)
+        if (!c->layer_linear[l]) interval = l + 1;
+    bool periodic = interval > 0;
+    for (int l = 0; l < c->n_layers && periodic; l++) periodic = c->layer_linear[l] == ((l + 1) % interval != 0);
+    if (periodic) {
+        if ((rc = ember_gguf_set_u32(g, KEY("full_attention_interval"), (uint32_t)interval, err))) return rc;
+    } else {
+        bool flags[EMBER_MAX_LAYERS];
+        for (int l = 0; l < c->n_layers; l++) flags[l] = c->layer_linear[l];
+        if ((rc = ember_gguf_set_bools(g, KEY("attention.recurrent_layers"), flags, (size_t)c->n_layers, err)))
+            return rc;
+    }
+    if (strcmp(arch, "qwen3next") != 0) { /* llama.cpp requires the sections for qwen35 / qwen35moe */
+        int32_t sec[4] = {0, 0, 0, 0};
+        if (c->n_mrope) {
+            for (int i = 0; i < c->n_mrope && i < 4; i++) sec[i] = c->mrope_section[i];
+        } else { /* text positions: any split of the rotated pairs is plain RoPE; Qwen3.5's proportions */
+            sec[0] = sec[1] = (int32_t)(n_rot / 2 * 11 / 32);
+            sec[2] = (int32_t)(n_rot / 2) - 2 * sec[0];
+        }
+        if ((rc = ember_gguf_set_i32s(g, KEY("rope.dimension_sections"), sec, 4, err))) return rc;
+    }
+    if (c->n_experts &&
+        ((rc = ember_gguf_set_u32(g, KEY("expert_count"), (uint32_t)c->n_experts, err)) ||
+         (rc = ember_gguf_set_u32(g, KEY("expert_used_count"), (uint32_t)c->n_experts_used, err)) ||
+         (rc = ember_gguf_set_u32(g, KEY("expert_feed_forward_length"), (uint32_t)c->moe_intermediate_size, err)) ||
+         (rc = ember_gguf_set_u32(g, KEY("expert_shared_feed_forward_length"), (uint32_t)c->shared_expert_size, err))))
+        return rc;
+#undef KEY
+    return EMBER_OK;
+}
+
+/* What llama.cpp's layout cannot say about a hybrid: refused naming the field. */
+static int hybrid_check(const char *in_dir, const ember_model_config *c, ember_error *err) {
+    if (c->lin_k_dim != c->lin_v_dim)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                         "%s: linear_key_head_dim %d differs from linear_value_head_dim %d, which GGUF's ssm.state_size "
+                         "cannot hold", in_dir, c->lin_k_dim, c->lin_v_dim);
+    if (c->attn_bias) return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: attention_bias has no GGUF tensor for %s", in_dir, c->model_type);
+    if (!c->n_experts) return EMBER_OK;
+    for (int l = 0; l < c->n_layers; l++)
+        if (!c->layer_moe[l])
+            return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                             "%s: layer %d is dense (mlp_only_layers / decoder_sparse_step); GGUF's %s has experts in "
+                             "every layer", in_dir, l, c->model_type);
+    if (!c->norm_topk_prob)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: norm_topk_prob false; llama.cpp renormalises the top-k of %s",
+                         in_dir, c->model_type);
+    if (!c->shared_expert_size)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: shared_expert_intermediate_size 0; GGUF's %s has a shared expert",
+                         in_dir, c->model_type);
+    return EMBER_OK;
+}
+
+/* llama.cpp's order of a Qwen3.5 layer's value heads (its converter's
+   reordering): Hv = Hk r heads of d rows (cols false) or d columns (cols
+   true) starting at row / column `first`, from HF's grouped order (key
+   head g's r heads together) to the tiled one: new head v Hk + g is old
+   head g r + v. */
+static int tile_heads(float *x, int64_t rows, int64_t row_len, int64_t first, int Hk, int r, int64_t d, bool cols,
+                      ember_error *err) {
+    const int64_t n = (int64_t)Hk * r * d, unit = cols ? 1 : row_len, len = cols ? rows : 1;
+    const int64_t stride = cols ? row_len : 0;
+    if (r <= 1) return EMBER_OK;
+    float *tmp = malloc((size_t)(n * unit) * sizeof *tmp + 1);
+    if (!tmp) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    for (int64_t q = 0; q < len; q++) {
+        float *base = x + q * stride + first * unit;
+        memcpy(tmp, base, (size_t)(n * unit) * sizeof *tmp);
+        for (int g = 0; g < Hk; g++)
+            for (int v = 0; v < r; v++)
+                memcpy(base + ((int64_t)v * Hk + g) * d * unit, tmp + ((int64_t)g * r + v) * d * unit,
+                       (size_t)(d * unit) * sizeof *tmp);
+    }
+    free(tmp);
+    return EMBER_OK;
+}
+
+/* The converter's transforms of one hybrid tensor (GGUF name gn, f32 x
+   [rows, K]), in place: Gemma-style norms store 1 + w (not ssm_norm),
+   ssm_a = -exp(A_log), and for qwen35 / qwen35moe the value heads tiled. */
+static int hybrid_transform(const ember_model_config *c, const char *arch, const char *gn, float *x, int64_t rows,
+                            int64_t K, ember_error *err) {
+    const size_t n = (size_t)(rows * K);
+    if (ends_with(gn, "norm.weight") && !ends_with(gn, "ssm_norm.weight"))
+        for (size_t e = 0; e < n; e++) x[e] = 1.0f + x[e];
+    if (ends_with(gn, ".ssm_a"))
+        for (size_t e = 0; e < n; e++) x[e] = -expf(x[e]);
+    if (strcmp(arch, "qwen3next") == 0) return EMBER_OK;
+    const int Hk = c->lin_k_heads, r = c->lin_v_heads / c->lin_k_heads;
+    const int64_t Dv = c->lin_v_dim, QK = 2 * (int64_t)Hk * c->lin_k_dim;
+    if (ends_with(gn, "attn_qkv.weight") || ends_with(gn, "ssm_conv1d.weight"))
+        return tile_heads(x, rows, K, QK, Hk, r, Dv, false, err);
+    if (ends_with(gn, "attn_gate.weight")) return tile_heads(x, rows, K, 0, Hk, r, Dv, false, err);
+    if (ends_with(gn, "ssm_beta.weight") || ends_with(gn, "ssm_alpha.weight"))
+        return tile_heads(x, rows, K, 0, Hk, r, 1, false, err);
+    if (ends_with(gn, ".ssm_a") || ends_with(gn, "ssm_dt.bias")) return tile_heads(x, 1, K, 0, Hk, r, 1, true, err);
+    if (ends_with(gn, "ssm_out.weight")) return tile_heads(x, rows, K, 0, Hk, r, Dv, true, err);
+    return EMBER_OK;
+}
+
+/* Encodes x [rows, K] (freed here) in the scheme's type for gn and adds it
+   with shape (ndim 1: [K]; 2: [rows, K]; 3: [E, rows / E, K]). */
+static int emit(ember_gguf_writer *g, ember_pool *pool, ember_qscheme s, const char *gn, float *x, int ndim,
+                const int64_t *shape, int n_layers, bool tied, ember_error *err) {
+    const int64_t K = shape[ndim - 1];
+    int64_t rows = 1;
+    for (int i = 0; i < ndim - 1; i++) rows *= shape[i];
+    int layer = -1;
+    sscanf(gn, "blk.%d.", &layer);
+    ember_dtype qt = ember_qscheme_type(s, gn, ndim, K, layer, n_layers, tied);
+    size_t bytes = 0;
+    void *q = NULL;
+    if (!ember_dtype_nbytes(qt, (size_t)(rows * K), &bytes) || !(q = malloc(bytes + 1))) {
+        free(x);
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
+    enc_job j = {qt, x, q, rows, K, bytes / (size_t)rows, 16};
+    ember_pool_run(pool, (int)((rows + 15) / 16), enc_task, &j);
+    free(x);
+    return ember_gguf_add_tensor(g, gn, qt, ndim, shape, q, err);
+}
+
+/* A float tensor of the model into dst as f32, its shape and dtype checked. */
+static int read_f32(const ember_weights *w, const char *in_dir, const char *name, int ndim, const int64_t *shape,
+                    float *dst, ember_error *err) {
+    const ember_st_tensor *t = ember_weights_find(w, name, NULL);
+    if (!t) return ember_err(err, EMBER_ERR_FORMAT, "%s: missing tensor '%s'", in_dir, name);
+    bool same = t->ndim == ndim && ember_can_dequantize(t->dtype);
+    size_t n = 1;
+    for (int i = 0; same && i < ndim; i++) {
+        same = t->shape[i] == shape[i];
+        n *= (size_t)shape[i];
+    }
+    if (!same) return ember_err(err, EMBER_ERR_FORMAT, "%s: tensor '%s' has an unexpected shape or dtype", in_dir, name);
+    return ember_dequantize(t->dtype, t->data, dst, n, err);
+}
+
+/* Layer l's experts stacked as llama.cpp stores them: blk.l.ffn_{gate,up,down}_exps [E, rows, cols]. */
+static int write_experts(ember_gguf_writer *g, ember_pool *pool, ember_qscheme s, const ember_weights *w,
+                         const char *in_dir, const ember_model_config *c, int l, bool tied, ember_error *err) {
+    static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"}, *const gg[3] = {"gate", "up", "down"};
+    const int E = c->n_experts;
+    const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
+    for (int p = 0; p < 3; p++) {
+        const int64_t rows = p < 2 ? Im : H, K = p < 2 ? H : Im, per = rows * K;
+        float *x = malloc((size_t)(E * per) * sizeof *x + 1);
+        if (!x) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        char name[160], gn[96];
+        int rc = EMBER_OK;
+        for (int e = 0; e < E && !rc; e++) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, hf[p]);
+            rc = read_f32(w, in_dir, name, 2, (const int64_t[]){rows, K}, x + (size_t)(e * per), err);
+        }
+        if (rc) {
+            free(x);
+            return rc;
+        }
+        snprintf(gn, sizeof gn, "blk.%d.ffn_%s_exps.weight", l, gg[p]);
+        if ((rc = emit(g, pool, s, gn, x, 3, (const int64_t[]){E, rows, K}, c->n_layers, tied, err))) return rc;
+    }
+    return EMBER_OK;
+}
+
+/* qwen3_next's fused in_proj_qkvz of layer l split as llama.cpp's converter
+   does: per key head q, k, v, z -> attn_qkv (all q, all k, all v) and
+   attn_gate (all z). */
+static int write_qkvz(ember_gguf_writer *g, ember_pool *pool, ember_qscheme s, const ember_weights *w,
+                      const char *in_dir, const ember_model_config *c, int l, bool tied, ember_error *err) {
+    const int64_t H = c->hidden_size, Hk = c->lin_k_heads, Dk = c->lin_k_dim, r = c->lin_v_heads / c->lin_k_heads,
+                  Dv = c->lin_v_dim, W = 2 * Dk + 2 * r * Dv, rows = Hk * W, C = 2 * Hk * Dk + Hk * r * Dv,
+                  Z = Hk * r * Dv;
+    char name[160], gn[96];
+    snprintf(name, sizeof name, "model.layers.%d.linear_attn.in_proj_qkvz.weight", l);
+    float *all = malloc((size_t)(rows * H) * sizeof *all + 1), *qkv = malloc((size_t)(C * H) * sizeof *qkv + 1),
+          *z = malloc((size_t)(Z * H) * sizeof *z + 1);
+    int rc = !all || !qkv || !z ? ember_err(err, EMBER_ERR_NOMEM, "out of memory")
+                                : read_f32(w, in_dir, name, 2, (const int64_t[]){rows, H}, all, err);
+    if (!rc) {
+        const size_t rb = (size_t)H * sizeof *all;
+        int64_t j = 0;
+        for (int64_t part = 0; part < 3; part++) /* q, k, v */
+            for (int64_t hk = 0; hk < Hk; hk++) {
+                const int64_t off = part == 0 ? 0 : part == 1 ? Dk : 2 * Dk, len = part < 2 ? Dk : r * Dv;
+                memcpy(qkv + j * H, all + (hk * W + off) * H, (size_t)len * rb);
+                j += len;
+            }
+        for (int64_t hk = 0; hk < Hk; hk++)
+            memcpy(z + hk * r * Dv * H, all + (hk * W + 2 * Dk + r * Dv) * H, (size_t)(r * Dv) * rb);
+    }
+    free(all);
+    if (rc) {
+        free(qkv);
+        free(z);
+        return rc;
+    }
+    snprintf(gn, sizeof gn, "blk.%d.attn_qkv.weight", l);
+    rc = emit(g, pool, s, gn, qkv, 2, (const int64_t[]){C, H}, c->n_layers, tied, err);
+    snprintf(gn, sizeof gn, "blk.%d.attn_gate.weight", l);
+    if (!rc) return emit(g, pool, s, gn, z, 2, (const int64_t[]){Z, H}, c->n_layers, tied, err);
+    free(z);
+    return rc;
+}
+
 static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_model_config *c, const char *arch, ember_qscheme s,
                           ember_error *err) {
     char k[128];
@@ -311,7 +534,10 @@ static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_
                                      err)))
             return rc;
     }
-    if (ember_arch_is_gemma(c->model_type)) {
+    const ember_arch *row = ember_arch_find(c->model_type);
+    if (row && row->family == EMBER_FAMILY_HYBRID) {
+        if ((rc = write_hybrid(g, c, arch, n_rot, err))) return rc;
+    } else if (ember_arch_is_gemma(c->model_type)) {
         if ((rc = write_gemma(g, c, arch, err))) return rc;
     } else {
         /* one sliding window for every layer (mistral, phi3): llama.cpp
@@ -365,16 +591,14 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
     if (!rc && cfg.quant.bits) /* MLX-quantized input: its matrices are packed codes */
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: the model is already quantized (MLX %d-bit); quantize the "
                        "F32 / F16 / BF16 original", in_dir, cfg.quant.bits);
-    if (!rc && cfg.n_experts) /* the GGUF reader does not take expert tensors yet (gguf_model.c) */
+    const bool hybrid = !rc && cfg.n_linear > 0;
+    if (hybrid) rc = hybrid_check(in_dir, &cfg, err);
+    if (!rc && cfg.n_experts && !hybrid) /* the GGUF reader takes qwen3moe / glm4moe experts not yet (gguf_model.c) */
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: quantizing a mixture-of-experts model (%s) is not supported yet",
                        in_dir, cfg.model_type);
     if (!rc && cfg.text_of_multimodal) /* its tensors carry the wrapper's names (weights.h) */
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
                        "%s: quantizing a multimodal checkpoint (%s inside text_config) is not supported yet", in_dir,
-                       cfg.model_type);
-    if (!rc && cfg.n_linear) /* the GGUF reader does not take the DeltaNet layers yet (gguf_model.c) */
-        rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
-                       "%s: quantizing a hybrid linear-attention model (%s) to GGUF is not supported yet", in_dir,
                        cfg.model_type);
     if (!rc && strcmp(cfg.model_type, "gemma4_text") == 0) /* the GGUF reader refuses it too (gguf_model.c) */
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: quantizing %s to GGUF is not supported yet", in_dir,
@@ -398,14 +622,30 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
         for (int i = 0; i < w->files[f]->n_tensors && !rc; i++) {
             const ember_st_tensor *t = &w->files[f]->tensors[i];
             char gn[128];
+            int hl = -1, used = 0;
+            if (hybrid && sscanf(t->name, "model.layers.%d.%n", &hl, &used) == 1 && used > 0) {
+                if (strcmp(t->name + used, "linear_attn.in_proj_qkvz.weight") == 0) { /* qwen3_next: split */
+                    rc = write_qkvz(g, pool, s, w, in_dir, &cfg, hl, tied, err);
+                    continue;
+                }
+                int e = -1, used2 = 0;
+                if (sscanf(t->name + used, "mlp.experts.%d.%n", &e, &used2) == 1 && used2 > 0) {
+                    if (e == 0 && strcmp(t->name + used + used2, "gate_proj.weight") == 0) /* the layer's once */
+                        rc = write_experts(g, pool, s, w, in_dir, &cfg, hl, tied, err);
+                    continue;
+                }
+            }
             if (!ember_gguf_tensor_name(cfg.model_type, t->name, gn, sizeof gn)) continue; /* e.g. rotary inv_freq */
             if (tied && strcmp(gn, "output.weight") == 0) continue;
-            if (t->ndim < 1 || t->ndim > 2 || !ember_can_dequantize(t->dtype)) {
+            /* conv1d [C, 1, K]: the converter squeezes it to [C, K] */
+            const bool conv = hybrid && t->ndim == 3 && t->shape[1] == 1 && ends_with(gn, "ssm_conv1d.weight");
+            if ((!conv && (t->ndim < 1 || t->ndim > 2)) || !ember_can_dequantize(t->dtype)) {
                 rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: tensor '%s' is not a 1-D or 2-D float tensor", in_dir,
                                t->name);
                 break;
             }
-            int64_t rows = t->ndim == 2 ? t->shape[0] : 1, K = t->shape[t->ndim - 1];
+            int64_t rows = t->ndim >= 2 ? t->shape[0] : 1, K = t->shape[t->ndim - 1];
+            const int ndim = conv ? 2 : t->ndim;
             size_t n = (size_t)(rows * K);
             float *x = malloc(n * sizeof *x + 1);
             if (!x) {
@@ -421,7 +661,8 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
                 rc = permute_rows(x, K, 1, ends_with(gn, "attn_q.bias") ? cfg.n_heads : cfg.n_kv_heads, err);
             if (!rc && gemma && ends_with(gn, "norm.weight")) /* llama.cpp stores Gemma's 1 + w */
                 for (size_t e = 0; e < n; e++) x[e] = 1.0f + x[e];
-            ember_dtype qt = ember_qscheme_type(s, gn, t->ndim, K, layer, cfg.n_layers, tied);
+            if (!rc && hybrid) rc = hybrid_transform(&cfg, arch, gn, x, rows, K, err);
+            ember_dtype qt = ember_qscheme_type(s, gn, ndim, K, layer, cfg.n_layers, tied);
             size_t bytes = 0;
             void *q = NULL;
             if (!rc && (!ember_dtype_nbytes(qt, n, &bytes) || !(q = malloc(bytes + 1))))
@@ -430,7 +671,7 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
                 enc_job j = {qt, x, q, rows, K, bytes / (size_t)rows, 16};
                 ember_pool_run(pool, (int)((rows + 15) / 16), enc_task, &j);
                 int64_t shape[2] = {rows, K};
-                rc = ember_gguf_add_tensor(g, gn, qt, t->ndim, t->ndim == 2 ? shape : shape + 1, q, err);
+                rc = ember_gguf_add_tensor(g, gn, qt, ndim, ndim == 2 ? shape : shape + 1, q, err);
             } else {
                 free(q);
             }

@@ -31,8 +31,13 @@
  * is regrouped the same way (q rows, then gate rows).
  *
  * The recurrent state (the convolution's inputs and S per value head) lives
- * in the KV cache's state slots (kv.h); GGUF files of these architectures
- * are refused for now (gguf_model.c).
+ * in the KV cache's state slots (kv.h). GGUF files (qwen3next, qwen35,
+ * qwen35moe as llama.cpp's converter writes them; names in gguf_model.c)
+ * load through the same code: their in_proj_qkvz is already split
+ * (attn_qkv / attn_gate), qwen3next's ssm_ba stays fused and is regrouped
+ * here, conv1d is [C, K], ssm_a = -exp(A_log) is handed to delta_net as
+ * is (ember_delta_w.a_neg), norms hold 1 + w (m->norm_plus_one false), and
+ * Qwen3.5's value heads are in llama.cpp's tiled order (cfg.lin_v_tiled).
  */
 #include <math.h>
 #include <stdio.h>
@@ -53,11 +58,15 @@ static int load_linear(ember_loader *L, int i) {
     char n[256];
     int rc;
     const bool fused = ember_load_has(L, NAME("linear_attn.in_proj_qkvz.weight")); /* qwen3_next */
+    const bool fused_ba = ember_load_has(L, NAME("linear_attn.in_proj_ba.weight")); /* qwen3_next, also in GGUF */
+    int32_t *perm = NULL;
+    if (fused || fused_ba) {
+        perm = malloc((size_t)(Hk * (2 * Dk + 2 * r * Dv) + 2 * Hv) * sizeof *perm);
+        if (!perm) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
+    }
     if (fused) {
         /* per key head g: q [Dk], k [Dk], v [r Dv], z [r Dv] -> q all, k all, v all, z all */
         const int64_t W = 2 * Dk + 2 * r * Dv, rows = Hk * W;
-        int32_t *perm = malloc((size_t)rows * sizeof *perm);
-        if (!perm) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
         int64_t j = 0;
         for (int64_t g = 0; g < Hk; g++)
             for (int64_t e = 0; e < Dk; e++) perm[j++] = (int32_t)(g * W + e);
@@ -70,28 +79,31 @@ static int load_linear(ember_loader *L, int i) {
         ember_tensor *qkvz[2] = {&ly->lin_qkv, &ly->lin_z};
         rc = ember_load_regrouped(L, NAME("linear_attn.in_proj_qkvz.weight"), rows, H, perm, 2, qkvz,
                                   SHAPE(C, Z));
+    } else if (!(rc = ember_load_tensor(L, &ly->lin_qkv, NAME("linear_attn.in_proj_qkv.weight"), 2, SHAPE(C, H),
+                                        false, false))) {
+        rc = ember_load_tensor(L, &ly->lin_z, NAME("linear_attn.in_proj_z.weight"), 2, SHAPE(Z, H), false, false);
+    }
+    if (!rc && fused_ba) {
         /* per key head g: b [r], a [r] -> b all, a all */
-        for (int64_t g = 0, q = 0; !rc && g < Hk; g++)
+        for (int64_t g = 0, q = 0; g < Hk; g++)
             for (int64_t e = 0; e < r; e++, q++) {
                 perm[q] = (int32_t)(g * 2 * r + e);
                 perm[Hv + q] = (int32_t)(g * 2 * r + r + e);
             }
         ember_tensor *ba[2] = {&ly->lin_b, &ly->lin_a};
-        if (!rc) rc = ember_load_regrouped(L, NAME("linear_attn.in_proj_ba.weight"), 2 * Hv, H, perm, 2, ba, SHAPE(Hv, Hv));
-        free(perm);
-        if (rc) return rc;
-    } else if ((rc = ember_load_tensor(L, &ly->lin_qkv, NAME("linear_attn.in_proj_qkv.weight"), 2, SHAPE(C, H), false,
-                                       false)) ||
-               (rc = ember_load_tensor(L, &ly->lin_z, NAME("linear_attn.in_proj_z.weight"), 2, SHAPE(Z, H), false,
-                                       false)) ||
-               (rc = ember_load_tensor(L, &ly->lin_b, NAME("linear_attn.in_proj_b.weight"), 2, SHAPE(Hv, H), false,
-                                       false)) ||
-               (rc = ember_load_tensor(L, &ly->lin_a, NAME("linear_attn.in_proj_a.weight"), 2, SHAPE(Hv, H), false,
-                                       false))) {
-        return rc;
+        rc = ember_load_regrouped(L, NAME("linear_attn.in_proj_ba.weight"), 2 * Hv, H, perm, 2, ba, SHAPE(Hv, Hv));
+    } else if (!rc && !(rc = ember_load_tensor(L, &ly->lin_b, NAME("linear_attn.in_proj_b.weight"), 2, SHAPE(Hv, H),
+                                               false, false))) {
+        rc = ember_load_tensor(L, &ly->lin_a, NAME("linear_attn.in_proj_a.weight"), 2, SHAPE(Hv, H), false, false);
     }
-    if ((rc = ember_load_tensor(L, &ly->lin_conv, NAME("linear_attn.conv1d.weight"), 3, SHAPE(C, 1, K), true, false)) ||
-        (rc = ember_load_tensor(L, &ly->lin_a_log, NAME("linear_attn.A_log"), 1, SHAPE(Hv), true, false)) ||
+    free(perm);
+    if (rc) return rc;
+    /* GGUF (llama.cpp's converter): conv1d squeezed to [C, K]; A_log stored as ssm_a = -exp(A_log) */
+    if ((rc = L->gg ? ember_load_tensor(L, &ly->lin_conv, NAME("linear_attn.conv1d.weight"), 2, SHAPE(C, K), true, false)
+                    : ember_load_tensor(L, &ly->lin_conv, NAME("linear_attn.conv1d.weight"), 3, SHAPE(C, 1, K), true,
+                                        false)) ||
+        (rc = ember_load_tensor(L, L->gg ? &ly->lin_a_neg : &ly->lin_a_log, NAME("linear_attn.A_log"), 1, SHAPE(Hv),
+                                true, false)) ||
         (rc = ember_load_tensor(L, &ly->lin_dt_bias, NAME("linear_attn.dt_bias"), 1, SHAPE(Hv), true, false)) ||
         (rc = ember_load_tensor(L, &ly->lin_norm, NAME("linear_attn.norm.weight"), 1, SHAPE(Dv), true, false)) ||
         (rc = ember_load_tensor(L, &ly->lin_out, NAME("linear_attn.out_proj.weight"), 2, SHAPE(H, Z), false, false)))
@@ -211,7 +223,7 @@ static int blk_delta(ember_fwd *f, int l, const ember_llm_layer *ly) {
     ember_matmul out = {&f->h, &ly->lin_out, NULL};
     ember_rec_map map;
     ember_kv_rec_map_for(f->kv, l, f->b->row, f->b->pos, &map);
-    const ember_delta_w w = {&ly->lin_conv, &ly->lin_a_log, &ly->lin_dt_bias};
+    const ember_delta_w w = {&ly->lin_conv, &ly->lin_a_log, &ly->lin_dt_bias, ly->lin_a_neg.buf ? &ly->lin_a_neg : NULL};
     int rc;
     if ((rc = ops->matmul(be, &f->h, 4, in, err)) || (rc = ops->delta_net(be, &o, &x, &b, &a, &w, &map, err)) ||
         (rc = ops->rms_norm(be, &oh, &oh, &ly->lin_norm, c->rms_norm_eps, false, err)) ||
@@ -228,17 +240,18 @@ static int hybrid_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const
     ember_fwd_init(&f, m, st, kv, b, err);
     const ember_rope rope = {m->inv_freq, m->n_rot, m->rope_mode, m->attn_factor};
     const ember_attn ap = {1.0f / sqrtf((float)c->head_dim), 0, 0.0f};
+    const bool p1 = m->norm_plus_one; /* x * (1 + w); a GGUF stores the 1 + w */
     int rc = ember_blk_embed(&f, 1.0f);
     for (int l = 0; !rc && l < c->n_layers; l++) {
         const ember_llm_layer *ly = &m->layers[l];
-        if ((rc = ember_blk_norm(&f, &f.h, &f.x, &ly->attn_norm, true)) ||
-            (rc = c->layer_linear[l] ? blk_delta(&f, l, ly) : ember_blk_attention(&f, l, ly, &rope, &ap, true)) ||
-            (rc = ember_blk_residual(&f)) || (rc = ember_blk_norm(&f, &f.h, &f.x, &ly->ffn_norm, true)) ||
+        if ((rc = ember_blk_norm(&f, &f.h, &f.x, &ly->attn_norm, p1)) ||
+            (rc = c->layer_linear[l] ? blk_delta(&f, l, ly) : ember_blk_attention(&f, l, ly, &rope, &ap, p1)) ||
+            (rc = ember_blk_residual(&f)) || (rc = ember_blk_norm(&f, &f.h, &f.x, &ly->ffn_norm, p1)) ||
             (rc = ly->experts ? ember_blk_moe(&f, ly) : ember_blk_mlp(&f, ly, c->act)) ||
             (rc = ember_blk_residual(&f)))
             break;
     }
-    if (!rc) rc = ember_blk_logits(&f, &m->out_norm, true, 0.0f, logits);
+    if (!rc) rc = ember_blk_logits(&f, &m->out_norm, p1, 0.0f, logits);
     return rc;
 }
 

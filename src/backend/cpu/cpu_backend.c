@@ -968,7 +968,8 @@ static int cpu_delta_net(ember_backend *be, ember_tensor *out, const ember_tenso
     int rc;
     if ((rc = need_f32(out, "delta_net", "out", err)) || (rc = need_f32(x, "delta_net", "x", err)) ||
         (rc = need_f32(b, "delta_net", "b", err)) || (rc = need_f32(a_in, "delta_net", "a", err)) || (rc = need_f32(w->conv, "delta_net", "conv", err)) ||
-        (rc = need_f32(w->a_log, "delta_net", "a_log", err)) || (rc = need_f32(w->dt_bias, "delta_net", "dt_bias", err)))
+        (rc = w->a_neg ? need_f32(w->a_neg, "delta_net", "a_neg", err) : need_f32(w->a_log, "delta_net", "a_log", err)) ||
+        (rc = need_f32(w->dt_bias, "delta_net", "dt_bias", err)))
         return rc;
     const ember_rec_layer *L = map->layer;
     if (!ember_rec_layer_ok(L)) return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: bad state layout");
@@ -978,7 +979,7 @@ static int cpu_delta_net(ember_backend *be, ember_tensor *out, const ember_tenso
         ember_tensor_row_len(b) != s->n_v_heads || ember_tensor_rows(a_in) != T ||
         ember_tensor_row_len(a_in) != s->n_v_heads || ember_tensor_rows(out) != T ||
         ember_tensor_row_len(out) != (int64_t)s->n_v_heads * s->v_dim ||
-        ember_tensor_nelem(w->conv) != (int64_t)s->conv_dim * s->conv_k || ember_tensor_nelem(w->a_log) != s->n_v_heads ||
+        ember_tensor_nelem(w->conv) != (int64_t)s->conv_dim * s->conv_k || ember_tensor_nelem(w->a_neg ? w->a_neg : w->a_log) != s->n_v_heads ||
         ember_tensor_nelem(w->dt_bias) != s->n_v_heads)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: shapes do not match the state's");
     float **logs = calloc((size_t)map->n_refs + 1, sizeof *logs);
@@ -1007,8 +1008,8 @@ static int cpu_delta_net(ember_backend *be, ember_tensor *out, const ember_tenso
         }
     }
     if (!rc) {
-        cpu_delta_args a = {host(out), host(x), host(b), host(a_in), host(w->conv), host(w->a_log), host(w->dt_bias),
-                            host(L->pool), logs, map, (int)T};
+        cpu_delta_args a = {host(out), host(x), host(b), host(a_in), host(w->conv), w->a_neg ? NULL : host(w->a_log),
+                            host(w->dt_bias), host(L->pool), logs, map, (int)T, w->a_neg ? host(w->a_neg) : NULL};
         rc = cpu_delta_run(cpu(be)->pool, &a, &cpu(be)->delta_scratch, &cpu(be)->delta_cap, err);
     }
     free(logs);

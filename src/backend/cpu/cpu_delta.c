@@ -145,7 +145,7 @@ static void dn_token(void *ctx, int t, int thread) {
     const float *bt = j->a->b + (size_t)t * Hv, *at = j->a->a + (size_t)t * Hv;
     float *gb = j->gb + (size_t)t * 2 * Hv;
     for (int h = 0; h < Hv; h++) {
-        gb[h] = -expf(j->a->a_log[h]) * softplus(at[h] + j->a->dt_bias[h]);
+        gb[h] = (j->a->a_neg ? j->a->a_neg[h] : -expf(j->a->a_log[h])) * softplus(at[h] + j->a->dt_bias[h]);
         gb[Hv + h] = 1.0f / (1.0f + expf(-bt[h]));
     }
     float *log = j->a->logs[ri->r];
@@ -242,7 +242,7 @@ static void dn_head(void *ctx, int unit, int thread) {
     const dn_job *j = ctx;
     const ember_rec_shape *s = j->s;
     const int C = s->conv_dim, K = s->conv_k, Hk = s->n_k_heads, Hv = s->n_v_heads, Dk = s->k_dim, Dv = s->v_dim;
-    const int h = unit % Hv, kh = h / (Hv / Hk);
+    const int h = unit % Hv, kh = s->v_tiled ? h % Hk : h / (Hv / Hk);
     const row_info *ri = &j->rows[unit / Hv];
     const ember_rec_rowref *ref = &j->a->map->refs[ri->r];
     const size_t conv_f = (size_t)(K - 1) * C, head_f = (size_t)Dk * Dv;
@@ -375,7 +375,7 @@ int cpu_delta_rebuild(const ember_rec_layer *layers, int n_layers, float *slots,
                 memcpy(S, p0 + conv_f + (size_t)h * head_f, head_f * sizeof *S);
             else
                 memset(S, 0, head_f * sizeof *S);
-            const int kh = h / (Hv / Hk);
+            const int kh = s->v_tiled ? h % Hk : h / (Hv / Hk);
             for (int m = 0; m < n; m++) {
                 const float *e = log + (size_t)m * L->log_stride + L->log_off + C;
                 const float *k = e + (size_t)kh * Dk, *v = e + (size_t)Hk * Dk + (size_t)h * Dv,

@@ -21,6 +21,7 @@ typedef struct cpu_delta_args {
     float *const *logs;   /* [n_refs] */
     const ember_rec_map *map;
     int T;
+    const float *a_neg;   /* [Hv] -exp(A_log) precomputed (GGUF's ssm_a), or NULL: from a_log */
 } cpu_delta_args;
 
 /* Runs delta_net on the pool. *scratch (*cap bytes) is the caller's area,

@@ -816,7 +816,9 @@ static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tens
     int rc;
     if ((rc = need_f32(be, out, "delta_net", "out", err)) || (rc = need_f32(be, x, "delta_net", "x", err)) ||
         (rc = need_f32(be, b, "delta_net", "b", err)) || (rc = need_f32(be, a_in, "delta_net", "a", err)) ||
-        (rc = need_f32(be, w->conv, "delta_net", "conv", err)) || (rc = need_f32(be, w->a_log, "delta_net", "a_log", err)) ||
+        (rc = need_f32(be, w->conv, "delta_net", "conv", err)) ||
+        (rc = w->a_neg ? need_f32(be, w->a_neg, "delta_net", "a_neg", err)
+                       : need_f32(be, w->a_log, "delta_net", "a_log", err)) ||
         (rc = need_f32(be, w->dt_bias, "delta_net", "dt_bias", err)))
         return rc;
     const ember_rec_layer *L = map->layer;
@@ -828,7 +830,7 @@ static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tens
         ember_tensor_row_len(b) != s->n_v_heads || ember_tensor_rows(a_in) != T ||
         ember_tensor_row_len(a_in) != s->n_v_heads || ember_tensor_rows(out) != T ||
         ember_tensor_row_len(out) != (int64_t)s->n_v_heads * s->v_dim ||
-        ember_tensor_nelem(w->conv) != (int64_t)s->conv_dim * s->conv_k || ember_tensor_nelem(w->a_log) != s->n_v_heads ||
+        ember_tensor_nelem(w->conv) != (int64_t)s->conv_dim * s->conv_k || ember_tensor_nelem(w->a_neg ? w->a_neg : w->a_log) != s->n_v_heads ||
         ember_tensor_nelem(w->dt_bias) != s->n_v_heads)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: shapes do not match the state's");
     const int nT = (int)T;
@@ -899,9 +901,10 @@ static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tens
     if ((rc = upload_args(c, 5, part, bytes, d, err))) goto done;
     float *y = c->delta_scratch;
     ember_cu_delta a = {dev(out), y, y + (size_t)nT * (size_t)s->conv_dim, dev(x), dev(b), dev(a_in), dev(w->conv),
-                        dev(w->a_log), dev(w->dt_bias), (float *)dev(L->pool), d[0], d[1], d[2], d[3], d[4],
-                        L->slot_floats, L->off, L->log_stride, L->log_off, nT, nr, s->conv_dim, s->conv_k,
-                        s->n_k_heads, s->n_v_heads, s->k_dim, s->v_dim, (float)(1.0 / sqrt((double)s->k_dim))};
+                        w->a_neg ? NULL : dev(w->a_log), dev(w->dt_bias), w->a_neg ? dev(w->a_neg) : NULL, (float *)dev(L->pool), d[0],
+                        d[1], d[2], d[3], d[4], L->slot_floats, L->off, L->log_stride, L->log_off, nT, nr, s->conv_dim,
+                        s->conv_k, s->n_k_heads, s->n_v_heads, s->k_dim, s->v_dim, s->v_tiled,
+                        (float)(1.0 / sqrt((double)s->k_dim))};
     rc = launched(c, ember_cu_delta_net(c->stream, &a), "delta_net", err);
 done:
     free(ints);
@@ -927,7 +930,8 @@ static int cuda_delta_replay(ember_backend *be, const ember_rec_layer *layers, i
     if (rc) return rc;
     const ember_rec_shape *s = &layers[0].s;
     ember_cu_replay a = {(float *)dev(layers[0].pool), dev(log), layers[0].slot_floats, lf, layers[0].log_stride, logf,
-                         src, dst, n, n_layers, s->conv_dim, s->conv_k, s->n_k_heads, s->n_v_heads, s->k_dim, s->v_dim};
+                         src, dst, n, n_layers, s->conv_dim, s->conv_k, s->n_k_heads, s->n_v_heads, s->k_dim, s->v_dim,
+                         s->v_tiled};
     return launched(c, ember_cu_delta_replay(c->stream, &a), "delta_replay", err);
 }
 

@@ -70,7 +70,7 @@ static __global__ void __launch_bounds__(THREADS) token_k(ember_cu_delta a) {
     }
     for (int h = threadIdx.x; h < Hv; h += blockDim.x) {
         const float bt = a.b[(size_t)t * Hv + h], at = a.a[(size_t)t * Hv + h];
-        a.gb[(size_t)t * 2 * Hv + h] = -expf(a.a_log[h]) * softplus_f(at + a.dt_bias[h]);
+        a.gb[(size_t)t * 2 * Hv + h] = (a.a_neg ? a.a_neg[h] : -expf(a.a_log[h])) * softplus_f(at + a.dt_bias[h]);
         a.gb[(size_t)t * 2 * Hv + Hv + h] = 1.0f / (1.0f + expf(-bt));
     }
     if (!ri->log) return;
@@ -104,7 +104,7 @@ static __device__ __forceinline__ float step_col(float *S, int Dk, int Dv, int j
 
 static __global__ void head_k(ember_cu_delta a) {
     const int Hv = a.Hv, Hk = a.Hk, Dk = a.Dk, Dv = a.Dv, C = a.C, K = a.K;
-    const int h = blockIdx.x % Hv, kh = h / (Hv / Hk);
+    const int h = blockIdx.x % Hv, kh = a.v_tiled ? h % Hk : h / (Hv / Hk);
     const ember_cu_delta_row *ri = &a.rows[blockIdx.x / Hv];
     const size_t conv_f = (size_t)(K - 1) * C, head_f = (size_t)Dk * Dv;
     float *S = a.slots + (size_t)ri->dst * a.slot_floats + a.off + conv_f + (size_t)h * head_f;
@@ -151,7 +151,7 @@ extern "C" cudaError_t ember_cu_delta_net(cudaStream_t stream, const ember_cu_de
 
 static __global__ void replay_head_k(ember_cu_replay a) {
     const int Hv = a.Hv, Hk = a.Hk, Dk = a.Dk, Dv = a.Dv, C = a.C, K = a.K;
-    const int h = blockIdx.x % Hv, li = blockIdx.x / Hv, kh = h / (Hv / Hk);
+    const int h = blockIdx.x % Hv, li = blockIdx.x / Hv, kh = a.v_tiled ? h % Hk : h / (Hv / Hk);
     const size_t conv_f = (size_t)(K - 1) * C, head_f = (size_t)Dk * Dv;
     const size_t off = a.layer_floats * (size_t)li, loff = a.log_floats * (size_t)li;
     float *S = a.slots + (size_t)a.dst * a.slot_floats + off + conv_f + (size_t)h * head_f;

@@ -138,11 +138,13 @@ typedef struct ember_cu_delta {
     float *out, *y, *gb;               /* [T, Hv Dv]; scratch [T, C], [T, 2 Hv] */
     const float *x, *b, *a;            /* [T, C], [T, Hv], [T, Hv] */
     const float *conv_w, *a_log, *dt_bias;
+    const float *a_neg;                /* [Hv] -exp(a_log) as GGUF stores it, or NULL (then a_log) */
     float *slots;                      /* the state pool */
     const ember_cu_delta_row *rows;
     const int32_t *tok, *tok_row, *tok_j, *pos; /* [T] */
     unsigned long long slot_floats, off, log_stride, log_off;
     int T, n_rows, C, K, Hk, Hv, Dk, Dv;
+    int v_tiled;                       /* value head h reads key head h % Hk (else h / (Hv / Hk)) */
     float qscale;
 } ember_cu_delta;
 
@@ -151,7 +153,7 @@ typedef struct ember_cu_replay {
     float *slots;
     const float *log;
     unsigned long long slot_floats, layer_floats, log_stride, log_floats;
-    int src, dst, n, n_layers, C, K, Hk, Hv, Dk, Dv;
+    int src, dst, n, n_layers, C, K, Hk, Hv, Dk, Dv, v_tiled;
 } ember_cu_replay;
 
 cudaError_t ember_cu_delta_net(cudaStream_t stream, const ember_cu_delta *a);
