@@ -42,6 +42,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "family.h"
 
@@ -58,7 +59,9 @@ static int load_linear(ember_loader *L, int i) {
     char n[256];
     int rc;
     const bool fused = ember_load_has(L, NAME("linear_attn.in_proj_qkvz.weight")); /* qwen3_next */
-    const bool fused_ba = ember_load_has(L, NAME("linear_attn.in_proj_ba.weight")); /* qwen3_next, also in GGUF */
+    /* qwen3_next's b and a are always fused (in GGUF too): a missing in_proj_ba is named as such */
+    const bool fused_ba = ember_load_has(L, NAME("linear_attn.in_proj_ba.weight")) ||
+                          strcmp(m->cfg.model_type, "qwen3_next") == 0;
     int32_t *perm = NULL;
     if (fused || fused_ba) {
         perm = malloc((size_t)(Hk * (2 * Dk + 2 * r * Dv) + 2 * Hv) * sizeof *perm);
