@@ -39,7 +39,7 @@ static bool file_exists(const char *p) {
 }
 
 static int add_file(ember_weights *w, const char *path, ember_error *err) {
-    ember_st_file **nf = realloc(w->files, (size_t)(w->n_files + 1) * sizeof *nf);
+    ember_st_file **nf = ember_realloc(w->files, (size_t)(w->n_files + 1) * sizeof *nf);
     if (!nf) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", path);
     w->files = nf;
     int rc = ember_st_open(path, &w->files[w->n_files], err);
@@ -129,7 +129,7 @@ done:
 
 int ember_weights_open(const char *dir, ember_weights **out, ember_error *err) {
     *out = NULL;
-    ember_weights *w = calloc(1, sizeof *w);
+    ember_weights *w = ember_calloc(1, sizeof *w);
     if (!w || !(w->dir = ember_strdup(dir))) {
         free(w);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory");

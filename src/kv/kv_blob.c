@@ -79,7 +79,7 @@ static bool reserve(wbuf *w, size_t n) {
             }
             cap *= 2;
         }
-        unsigned char *q = realloc(w->p, cap);
+        unsigned char *q = ember_realloc(w->p, cap);
         if (!q) {
             w->fail = true;
             return false;
@@ -169,7 +169,7 @@ struct kv_blob_writer {
 
 int kv_blob_writer_new(ember_kv *kv, const ember_kv_rowstate *s, kv_blob_writer **out, ember_error *err) {
     *out = NULL;
-    kv_blob_writer *w = calloc(1, sizeof *w);
+    kv_blob_writer *w = ember_calloc(1, sizeof *w);
     if (!w) return ember_err(err, EMBER_ERR_NOMEM, "out of memory saving a KV row");
     w->kv = kv;
     w->s = s;
@@ -195,7 +195,7 @@ int kv_blob_writer_new(ember_kv *kv, const ember_kv_rowstate *s, kv_blob_writer 
         memcpy(w->hdr.p + 12, b, 4);
     }
     w->total = w->hdr.n + total + 4;
-    if (w->hdr.fail || !(w->blk = malloc(big ? big : 1))) {
+    if (w->hdr.fail || !(w->blk = ember_malloc(big ? big : 1))) {
         kv_blob_writer_free(w);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory saving a KV row");
     }
@@ -382,12 +382,12 @@ static int read_payload(ember_kv *kv, int r, const blob_info *bi, kv_source *in,
     size_t big = 0;
     for (int g = 0; g < kv->n_groups; g++)
         if (kv->g[g].pool[bi->conv ? 1 : 0].block_bytes > big) big = kv->g[g].pool[bi->conv ? 1 : 0].block_bytes;
-    unsigned char *blk = malloc(big ? big : 1);
+    unsigned char *blk = ember_malloc(big ? big : 1);
     int rc = blk ? EMBER_OK : ember_err(err, EMBER_ERR_NOMEM, "out of memory loading a KV row");
     for (int g = 0; g < kv->n_groups && !rc; g++) {
         kv_pool *p = &kv->g[g].pool[bi->conv ? 1 : 0];
         int cnt = bi->cnt[g];
-        if (cnt && !(nt[g].blk = malloc((size_t)(cnt + 8) * sizeof *nt[g].blk))) {
+        if (cnt && !(nt[g].blk = ember_malloc((size_t)(cnt + 8) * sizeof *nt[g].blk))) {
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory loading a KV row");
             break;
         }

@@ -46,6 +46,7 @@
 
 #include "formats/arch.h"
 #include "model.h"
+#include "core/alloc.h"
 
 /* The gemma2 / gemma3 keys (see the top of the file); cfg's dimensions and
    RoPE are set. */
@@ -84,7 +85,7 @@ static int gemma_config(const ember_gguf *f, const char *arch, int window, ember
     if (kv && kv->type == EMBER_GGUF_ARRAY && kv->arr_type == EMBER_GGUF_BOOL) {
         n_flags = kv->arr_len;
         if (n_flags == (size_t)cfg->n_layers && kv->arr_bytes == n_flags) {
-            flags = malloc(n_flags * sizeof *flags + 1);
+            flags = ember_malloc(n_flags * sizeof *flags + 1);
             if (!flags) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
             for (size_t i = 0; i < n_flags; i++) flags[i] = kv->arr_data[i] != 0;
         }

@@ -222,7 +222,7 @@ static int permute_rows(float *w, int64_t rows, int64_t cols, int heads, ember_e
     if (heads < 1 || rows % heads || (rows / heads) % 2)
         return ember_err(err, EMBER_ERR_FORMAT, "cannot permute %lld rows into %d heads", (long long)rows, heads);
     int64_t hd = rows / heads;
-    float *tmp = malloc((size_t)(hd * cols) * sizeof *tmp);
+    float *tmp = ember_malloc((size_t)(hd * cols) * sizeof *tmp);
     if (!tmp) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     for (int h = 0; h < heads; h++) {
         float *head = w + (size_t)(h * hd * cols);
@@ -250,7 +250,7 @@ static int write_gemma(ember_gguf_writer *g, const ember_model_config *c, const 
         return rc;
     const int period = g2 ? 2 : 6;
     bool periodic = true;
-    bool *flags = malloc((size_t)c->n_layers * sizeof *flags);
+    bool *flags = ember_malloc((size_t)c->n_layers * sizeof *flags);
     if (!flags) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     for (int i = 0; i < c->n_layers; i++) {
         flags[i] = c->layer_window[i] > 0;
@@ -342,7 +342,7 @@ static int add_rope_freqs(ember_gguf_writer *g, const ember_model_config *c, emb
     ember_rope_config def = c->rope;
     def.type = EMBER_ROPE_DEFAULT;
     int half = c->head_dim / 2 + 1, n_rot, n_rot2;
-    float af, *a = calloc((size_t)half, 4), *b = calloc((size_t)half, 4);
+    float af, *a = ember_calloc((size_t)half, 4), *b = ember_calloc((size_t)half, 4);
     int rc = !a || !b ? ember_err(err, EMBER_ERR_NOMEM, "out of memory") : EMBER_OK;
     if (!rc) rc = ember_rope_freqs(&def, c->head_dim, a, &n_rot, &af, err);
     if (!rc) rc = ember_rope_freqs(&c->rope, c->head_dim, b, &n_rot2, &af, err);
@@ -396,7 +396,7 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
             }
             int64_t rows = t->ndim == 2 ? t->shape[0] : 1, K = t->shape[t->ndim - 1];
             size_t n = (size_t)(rows * K);
-            float *x = malloc(n * sizeof *x + 1);
+            float *x = ember_malloc(n * sizeof *x + 1);
             if (!x) {
                 rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
                 break;
@@ -413,7 +413,7 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
             ember_dtype qt = ember_qscheme_type(s, gn, t->ndim, K, layer, cfg.n_layers, tied);
             size_t bytes = 0;
             void *q = NULL;
-            if (!rc && (!ember_dtype_nbytes(qt, n, &bytes) || !(q = malloc(bytes + 1))))
+            if (!rc && (!ember_dtype_nbytes(qt, n, &bytes) || !(q = ember_malloc(bytes + 1))))
                 rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
             if (!rc) {
                 enc_job j = {qt, x, q, rows, K, bytes / (size_t)rows, 16};

@@ -33,6 +33,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
+#include "core/fault.h"
 #include "core/jsonutil.h"
 #include "core/util.h"
 #include "serve.h"
@@ -113,7 +114,7 @@ static int json_depth(const char *s, size_t n) {
 
 /* Copies s[0..n) replacing invalid UTF-8 with U+FFFD (malloc'd, NUL-terminated). */
 static char *utf8_clean(const char *s, size_t n) {
-    char *o = malloc(n * 3 + 1), *p = o;
+    char *o = ember_malloc(n * 3 + 1), *p = o;
     if (!o) return NULL;
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
@@ -397,7 +398,7 @@ static int parse_sampling(ember_server *s, const json_t *o, gen_req *q, bad *b) 
         if (!json_is_object(lb)) return fail(b, 400, "logit_bias", "'logit_bias' must be an object");
         size_t nb = json_object_size(lb);
         if (nb > 1024) return fail(b, 400, "logit_bias", "'logit_bias' may hold at most 1024 entries");
-        q->bias = calloc(nb ? nb : 1, sizeof *q->bias);
+        q->bias = ember_calloc(nb ? nb : 1, sizeof *q->bias);
         if (!q->bias) return fail(b, 500, NULL, "out of memory");
         const char *key;
         const json_t *val;
@@ -891,7 +892,7 @@ static int completion_prompt(ember_server *s, const json_t *p, gen_req *q, bad *
     size_t n = json_array_size(p);
     if (n > (size_t)s->info.n_ctx + 1)
         return fail(b, 400, "prompt", "the prompt has %zu tokens; this model's context holds %d", n, s->info.n_ctx);
-    q->ids = malloc(n * sizeof *q->ids);
+    q->ids = ember_malloc(n * sizeof *q->ids);
     if (!q->ids) return fail(b, 500, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(p, i);
@@ -1442,6 +1443,10 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         on_event(r, &ev, true);
     }
+    if (ember_fault_hit(EMBER_FAULT_WRITE)) { /* simulated: the write of this chunk fails */
+        ember_stream_cancel(r->es);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
     size_t n = r->out.len < max ? r->out.len : max;
     memcpy(buf, r->out.data, n);
     sb_consume(&r->out, n);
@@ -1488,7 +1493,7 @@ static json_t *full_response(gen_run *r) {
 
 static enum MHD_Result run_generation(ember_server *s, struct MHD_Connection *c, int proto, const json_t *body) {
     bad b = {0};
-    gen_run *r = calloc(1, sizeof *r);
+    gen_run *r = ember_calloc(1, sizeof *r);
     if (!r) return send_error(s, c, proto, 500, NULL, "out of memory");
     atomic_fetch_add(&s->active, 1);
     r->srv = s;
@@ -1722,7 +1727,7 @@ static enum MHD_Result do_detokenize(ember_server *s, struct MHD_Connection *c, 
     const json_t *t = json_object_get(body, "tokens");
     if (!json_is_array(t)) return send_error(s, c, PROTO_CHAT, 400, "tokens", "'tokens' must be an array of token ids");
     size_t n = json_array_size(t);
-    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    int32_t *ids = ember_malloc((n ? n : 1) * sizeof *ids);
     if (!ids) return send_error(s, c, PROTO_CHAT, 500, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(t, i);
@@ -1805,7 +1810,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     ember_server *s = cls;
     req_ctx *rq = *con_cls;
     if (!rq) {
-        rq = calloc(1, sizeof *rq);
+        rq = ember_calloc(1, sizeof *rq);
         if (!rq) return MHD_NO;
         *con_cls = rq;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -1869,7 +1874,7 @@ static uint64_t tokenizer_fingerprint(const ember_tokenizer *tok) {
 int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_chat_template *tmpl,
                        const ember_server_opts *o, ember_server **out, ember_error *err) {
     *out = NULL;
-    ember_server *s = calloc(1, sizeof *s);
+    ember_server *s = ember_calloc(1, sizeof *s);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     s->m = m;
     s->tok = tok;

@@ -22,10 +22,11 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 ember_tok_ws *ember_tok_ws_new(const ember_tokenizer *t) {
     if (!t) return NULL;
-    ember_tok_ws *ws = calloc(1, sizeof *ws);
+    ember_tok_ws *ws = ember_calloc(1, sizeof *ws);
     if (!ws) return NULL;
     ws->tok = t;
     if (tok_rx_init(&ws->rx, t->max_caps)) {
@@ -226,7 +227,7 @@ static int encode_ws(const ember_tokenizer *t, struct ember_tok_ws *ws, const ch
     }
     if (!rc && (!(flags & EMBER_TOK_ADD_SPECIAL) || t->n_posts == 0)) { /* nothing to add: hand over */
         if (seq.cap > seq.n * 2 + 1024) { /* give back the over-reservation */
-            int32_t *v = realloc(seq.v, (seq.n ? seq.n : 1) * sizeof *v);
+            int32_t *v = ember_realloc(seq.v, (seq.n ? seq.n : 1) * sizeof *v);
             if (v) seq.v = v;
         }
         *ids = seq.v;
