@@ -13,6 +13,7 @@ typedef struct fault_state {
 
 static atomic_int g_any; /* some kind armed, or short reads on */
 static atomic_int g_short;
+static atomic_bool g_hold;
 static fault_state g_kind[EMBER_FAULT_NKINDS];
 
 void ember_fault_arm(ember_fault_kind kind, long nth, bool sticky) {
@@ -30,6 +31,7 @@ void ember_fault_arm(ember_fault_kind kind, long nth, bool sticky) {
 void ember_fault_reset(void) {
     atomic_store(&g_any, 0);
     atomic_store(&g_short, 0);
+    atomic_store(&g_hold, false);
     for (int k = 0; k < EMBER_FAULT_NKINDS; k++) atomic_store(&g_kind[k].armed, false);
 }
 
@@ -43,13 +45,17 @@ long ember_fault_injected(ember_fault_kind kind) {
 
 bool ember_fault_hit(ember_fault_kind kind) {
     if (!atomic_load_explicit(&g_any, memory_order_relaxed)) return false;
-    if ((unsigned)kind >= EMBER_FAULT_NKINDS) return false;
+    if ((unsigned)kind >= EMBER_FAULT_NKINDS || atomic_load(&g_hold)) return false;
     fault_state *f = &g_kind[kind];
     if (!atomic_load(&f->armed)) return false;
     long c = atomic_fetch_add(&f->calls, 1) + 1, n = atomic_load(&f->nth);
     if (n <= 0 || c < n || (c > n && !atomic_load(&f->sticky))) return false;
     atomic_fetch_add(&f->injected, 1);
     return true;
+}
+
+void ember_fault_hold(bool on) {
+    atomic_store(&g_hold, on);
 }
 
 void ember_fault_short_reads(int max_bytes) {

@@ -52,6 +52,10 @@ long ember_fault_injected(ember_fault_kind kind);
 /* The hook: counts a call of kind; true when this call must fail. */
 bool ember_fault_hit(ember_fault_kind kind);
 
+/* While held, the hooks neither count nor fail (a test inspecting state
+   between the steps of a walked run). */
+void ember_fault_hold(bool on);
+
 /* Every read() of a whole file returns at most max_bytes (0: off). */
 void ember_fault_short_reads(int max_bytes);
 /* The cap a reader applies to a read of n bytes (n when off). */
