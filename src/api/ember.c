@@ -271,7 +271,8 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
                              "%s: not a model directory (config.json and *.safetensors) nor a GGUF file", path);
     } else {
         char *cfg_path = ember_path_join(path, "config.json");
-        bool has_cfg = cfg_path && stat(cfg_path, &st) == 0;
+        if (!cfg_path) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        bool has_cfg = stat(cfg_path, &st) == 0;
         free(cfg_path);
         if (!has_cfg)
             return ember_err(err, EMBER_ERR_FORMAT, "%s: not a model directory: config.json not found", path);

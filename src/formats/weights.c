@@ -140,9 +140,11 @@ int ember_weights_open(const char *dir, ember_weights **out, ember_error *err) {
     if (!single || !index)
         rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     else if (file_exists(index))
-        rc = (w->primary = ember_strdup(index)) ? open_sharded(w, index, err) : EMBER_ERR_NOMEM;
+        rc = (w->primary = ember_strdup(index)) ? open_sharded(w, index, err)
+                                                : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     else if (file_exists(single))
-        rc = (w->primary = ember_strdup(single)) ? add_file(w, single, err) : EMBER_ERR_NOMEM;
+        rc = (w->primary = ember_strdup(single)) ? add_file(w, single, err)
+                                                 : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     else
         rc = ember_err(err, EMBER_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json", dir);
     free(single);
