@@ -262,10 +262,12 @@ int ember_tok_encode(const ember_tokenizer *t, ember_tok_ws *ws, const char *tex
     if (ws && ws->tok != t)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_tok_encode: workspace belongs to another tokenizer");
     if (!text) text = "";
-    if (ws) return encode_ws(t, ws, text, len, flags, ids, n_ids, err);
-    ember_tok_ws *tmp = ember_tok_ws_new(t);
-    if (!tmp) return nomem(err);
-    int rc = encode_ws(t, tmp, text, len, flags, ids, n_ids, err);
+    ember_err_clear(err);
+    ember_tok_ws *tmp = ws ? NULL : ember_tok_ws_new(t);
+    if (!ws && !tmp) return nomem(err);
+    int rc = encode_ws(t, ws ? ws : tmp, text, len, flags, ids, n_ids, err);
     ember_tok_ws_free(tmp);
+    /* the word-level helpers return a bare status: the message is made here */
+    if (rc && err && err->code == EMBER_OK) rc = rc == EMBER_ERR_NOMEM ? nomem(err) : ember_err(err, rc, "encoding failed");
     return rc;
 }

@@ -704,7 +704,7 @@ int tok_regex_translate(const char *src, size_t n, char **out, size_t *out_n, em
     if (!rc && !t.fail && !t.out.p && tok_buf_reserve(&t.out, 1)) rc = TR_NOMEM;
     if (rc || t.fail) {
         tok_buf_free(&t.out);
-        if (rc == TR_NOMEM) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", where);
+        if (rc == TR_NOMEM || rc == EMBER_ERR_NOMEM) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", where);
         return t.fail ? t.fail : rc;
     }
     *out = t.out.p;
