@@ -146,7 +146,7 @@ static json_t *jstr_clean(const char *s, size_t n) {
     char *c = utf8_clean(s, n);
     json_t *j = c ? json_string(c) : NULL;
     free(c);
-    return j ? j : json_string("");
+    return j; /* NULL when out of memory: a json_pack taking it fails too, never an empty text */
 }
 
 /* The type of v for error messages ("an object", ...): core/jsonutil.h. */
@@ -753,18 +753,22 @@ static json_t *normalize_messages(const json_t *msgs, bool anthropic, const json
     }
     json_t *out = json_array();
     json_t *ids = json_object(); /* tool call ids seen so far */
+    if (!out || !ids) goto oom;
     if (system && !json_is_null(system)) {
         strbuf sb = {0};
         bool ok;
-        if (content_text(system, &sb, &ok) || !ok) {
+        int crc = content_text(system, &sb, &ok);
+        if (crc || !ok) {
             sb_free(&sb);
+            if (crc) goto oom;
             json_decref(out);
             json_decref(ids);
             fail(b, 400, "system", "'system' must be a string or an array of text blocks");
             return NULL;
         }
-        json_array_append_new(out, json_pack("{s:s, s:s%}", "role", "system", "content", sb.data ? sb.data : "", sb.len));
+        int arc = json_array_append_new(out, json_pack("{s:s, s:s%}", "role", "system", "content", sb.data ? sb.data : "", sb.len));
         sb_free(&sb);
+        if (arc) goto oom;
     }
     size_t i;
     const json_t *m;
@@ -787,21 +791,30 @@ static json_t *normalize_messages(const json_t *msgs, bool anthropic, const json
             continue;
         }
         json_t *copy = json_deep_copy(m);
-        if (!strcmp(r, "developer")) json_object_set_new(copy, "role", json_string("system"));
+        if (!copy || (!strcmp(r, "developer") && json_object_set_new(copy, "role", json_string("system")))) {
+            json_decref(copy);
+            goto oom;
+        }
         strbuf sb = {0};
         bool ok;
         const json_t *c = json_object_get(m, "content");
-        if (content_text(c, &sb, &ok) || !ok) {
+        int crc = content_text(c, &sb, &ok);
+        if (crc || !ok) {
             sb_free(&sb);
             json_decref(copy);
+            if (crc) goto oom;
             fail(b, 400, "messages", "messages[%zu].content must be a string or an array of text parts", i);
             goto bad;
         }
         const json_t *tcs = json_object_get(m, "tool_calls");
         bool has_calls = tcs && !json_is_null(tcs);
-        if (c && !json_is_null(c))
-            json_object_set_new(copy, "content", json_stringn(sb.data ? sb.data : "", sb.len));
-        else if (!has_calls) {
+        if (c && !json_is_null(c)) {
+            if (json_object_set_new(copy, "content", json_stringn(sb.data ? sb.data : "", sb.len))) {
+                sb_free(&sb);
+                json_decref(copy);
+                goto oom;
+            }
+        } else if (!has_calls) {
             sb_free(&sb);
             json_decref(copy);
             fail(b, 400, "messages", "messages[%zu] has no content", i);
@@ -831,10 +844,12 @@ static json_t *normalize_messages(const json_t *msgs, bool anthropic, const json
                 goto bad;
             }
         }
-        json_array_append_new(out, copy);
+        if (json_array_append_new(out, copy)) goto oom;
     }
     json_decref(ids);
     return out;
+oom: /* jansson's allocations fail silently: each result is checked */
+    fail(b, 500, NULL, "out of memory");
 bad:
     json_decref(ids);
     json_decref(out);
@@ -847,13 +862,18 @@ static int chat_prompt(ember_server *s, const json_t *body, const json_t *msgs, 
         return fail(b, 400, "messages", "this model has no chat template: use /v1/completions with a raw prompt");
     json_t *vars = json_object();
     json_t *kw = json_object_get(body, "chat_template_kwargs");
-    if (json_is_object(kw)) json_object_update(vars, kw);
-    json_object_set(vars, "messages", (json_t *)msgs);
+    bool oom = !vars; /* every jansson call that allocates is checked: a missing variable renders silently */
+    if (!oom && json_is_object(kw)) oom |= json_object_update(vars, kw) != 0;
+    if (!oom) oom |= json_object_set(vars, "messages", (json_t *)msgs) != 0;
     /* tool_choice "none": the model is not told about the tools at all */
-    if (q->tools && q->tool_choice != TOOLS_NONE) json_object_set(vars, "tools", q->tools);
-    json_object_set_new(vars, "add_generation_prompt", json_true());
-    json_object_set_new(vars, "bos_token", json_string(s->bos_text ? s->bos_text : ""));
-    json_object_set_new(vars, "eos_token", json_string(s->eos_text ? s->eos_text : ""));
+    if (!oom && q->tools && q->tool_choice != TOOLS_NONE) oom |= json_object_set(vars, "tools", q->tools) != 0;
+    if (!oom) oom |= json_object_set_new(vars, "add_generation_prompt", json_true()) != 0;
+    if (!oom) oom |= json_object_set_new(vars, "bos_token", json_string(s->bos_text ? s->bos_text : "")) != 0;
+    if (!oom) oom |= json_object_set_new(vars, "eos_token", json_string(s->eos_text ? s->eos_text : "")) != 0;
+    if (oom) {
+        json_decref(vars);
+        return fail(b, 500, NULL, "out of memory");
+    }
     char *text = NULL;
     size_t len = 0;
     ember_error err = {0};
@@ -1013,6 +1033,7 @@ typedef struct gen_run {
     textgen tg;
     strbuf out;        /* SSE bytes not yet written */
     strbuf delta;      /* text released by the last token */
+    bool failed;       /* the text could not be made (no memory): the answer is an error, not a short text */
     json_t *lp;        /* logprobs entries (chat: content array; completion: object of arrays) */
     char id[48];
     long created;
@@ -1125,21 +1146,24 @@ static json_t *record_logprobs(gen_run *r, const ember_event *ev) {
     return NULL;
 }
 
-static void sse_data(strbuf *o, json_t *j) {
-    char *s = json_dumps(j, JSON_COMPACT);
+/* Appends j (consumed) to r->out as SSE data. A chunk that cannot be made
+   (no memory: j NULL, or no room) fails the stream rather than leave a hole
+   in the text. */
+static void sse_data(gen_run *r, json_t *j) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    if (!s) return;
-    sb_puts(o, "data: ");
-    sb_puts(o, s);
-    sb_puts(o, "\n\n");
+    if (!s || sb_puts(&r->out, "data: ") || sb_puts(&r->out, s) || sb_puts(&r->out, "\n\n")) r->failed = true;
     free(s);
 }
 
-static void sse_event(strbuf *o, const char *name, json_t *j) {
-    sb_puts(o, "event: ");
-    sb_puts(o, name);
-    sb_puts(o, "\n");
-    sse_data(o, j);
+static void sse_event(gen_run *r, const char *name, json_t *j) {
+    if (sb_puts(&r->out, "event: ") || sb_puts(&r->out, name) || sb_puts(&r->out, "\n")) r->failed = true;
+    sse_data(r, j);
+}
+
+/* json_object_set_new on a chunk; a failure (no memory) fails the stream. */
+static void set_or_fail(gen_run *r, json_t *o, const char *key, json_t *v) {
+    if (json_object_set_new(o, key, v)) r->failed = true;
 }
 
 static json_t *chunk_base(const gen_run *r) {
@@ -1158,7 +1182,7 @@ static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_ent
         int index = 0;
         if (r->tp) { /* with tools, text blocks open as text comes, between tool_use blocks */
             if (!r->block_open) {
-                sse_event(&r->out, "content_block_start",
+                sse_event(r, "content_block_start",
                           json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", r->n_blocks,
                                     "content_block", "type", "text", "text", ""));
                 r->block_open = true;
@@ -1166,7 +1190,7 @@ static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_ent
             }
             index = r->n_blocks - 1;
         }
-        sse_event(&r->out, "content_block_delta",
+        sse_event(r, "content_block_delta",
                   json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", index, "delta", "type",
                             "text_delta", "text", jstr_clean(text, len)));
         return;
@@ -1183,28 +1207,28 @@ static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_ent
         choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", jstr_clean(text, len), "logprobs",
                            "finish_reason");
     }
-    json_object_set_new(c, "choices", json_pack("[o]", choice));
-    sse_data(&r->out, c);
+    set_or_fail(r, c, "choices", json_pack("[o]", choice));
+    sse_data(r, c);
 }
 
 static void stream_start(gen_run *r) {
     if (r->q.proto == PROTO_ANTHROPIC) {
         json_t *u = json_pack("{s:i, s:i}", "input_tokens", r->q.n_ids, "output_tokens", 0);
-        sse_event(&r->out, "message_start",
+        sse_event(r, "message_start",
                   json_pack("{s:s, s:{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:o}}", "type", "message_start", "message",
                             "id", r->id, "type", "message", "role", "assistant", "content", "model",
                             r->srv->o.model_id, "stop_reason", "stop_sequence", "usage", u));
         if (!r->tp)
-            sse_event(&r->out, "content_block_start",
+            sse_event(r, "content_block_start",
                       json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
                                 "type", "text", "text", ""));
-        sse_event(&r->out, "ping", json_pack("{s:s}", "type", "ping"));
+        sse_event(r, "ping", json_pack("{s:s}", "type", "ping"));
     } else if (r->q.proto == PROTO_CHAT) {
         json_t *c = chunk_base(r);
-        json_object_set_new(c, "choices",
+        set_or_fail(r, c, "choices",
                             json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", 0, "delta", "role", "assistant",
                                       "content", "", "logprobs", "finish_reason"));
-        sse_data(&r->out, c);
+        sse_data(r, c);
     }
 }
 
@@ -1212,33 +1236,33 @@ static void stream_end(gen_run *r) {
     const char *fr = finish_name(r);
     if (r->q.proto == PROTO_ANTHROPIC) {
         if (r->tp && r->n_blocks == 0) { /* nothing at all: one empty text block, as without tools */
-            sse_event(&r->out, "content_block_start",
+            sse_event(r, "content_block_start",
                       json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
                                 "type", "text", "text", ""));
             r->block_open = true;
             r->n_blocks = 1;
         }
         if (!r->tp || r->block_open)
-            sse_event(&r->out, "content_block_stop",
+            sse_event(r, "content_block_stop",
                       json_pack("{s:s, s:i}", "type", "content_block_stop", "index", r->tp ? r->n_blocks - 1 : 0));
         json_t *seq = r->tg.stopped ? json_string(r->q.stops[r->tg.stop_index]) : json_null();
-        sse_event(&r->out, "message_delta",
+        sse_event(r, "message_delta",
                   json_pack("{s:s, s:{s:s, s:o}, s:{s:i}}", "type", "message_delta", "delta", "stop_reason", fr,
                             "stop_sequence", seq, "usage", "output_tokens", r->n_tokens));
-        sse_event(&r->out, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+        sse_event(r, "message_stop", json_pack("{s:s}", "type", "message_stop"));
         return;
     }
     json_t *c = chunk_base(r);
     json_t *choice = r->q.proto == PROTO_CHAT
                          ? json_pack("{s:i, s:{}, s:n, s:s}", "index", 0, "delta", "logprobs", "finish_reason", fr)
                          : json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "", "logprobs", "finish_reason", fr);
-    json_object_set_new(c, "choices", json_pack("[o]", choice));
-    sse_data(&r->out, c);
+    set_or_fail(r, c, "choices", json_pack("[o]", choice));
+    sse_data(r, c);
     if (r->q.include_usage) {
         c = chunk_base(r);
-        json_object_set_new(c, "choices", json_array());
-        json_object_set_new(c, "usage", usage_json(r));
-        sse_data(&r->out, c);
+        set_or_fail(r, c, "choices", json_array());
+        set_or_fail(r, c, "usage", usage_json(r));
+        sse_data(r, c);
     }
     sb_puts(&r->out, "data: [DONE]\n\n");
 }
@@ -1298,21 +1322,21 @@ static int tool_sink(void *user, const ember_tool_event *ev) {
         if (!r->streaming) return 0;
         if (anth) {
             if (r->block_open) {
-                sse_event(&r->out, "content_block_stop",
+                sse_event(r, "content_block_stop",
                           json_pack("{s:s, s:i}", "type", "content_block_stop", "index", r->n_blocks - 1));
                 r->block_open = false;
             }
-            sse_event(&r->out, "content_block_start",
+            sse_event(r, "content_block_start",
                       json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type", "content_block_start", "index",
                                 r->n_blocks, "content_block", "type", "tool_use", "id", id, "name", ev->name, "input"));
             r->n_blocks++;
         } else {
             json_t *c = chunk_base(r);
-            json_object_set_new(c, "choices",
+            set_or_fail(r, c, "choices",
                                 json_pack("[{s:i, s:{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}, s:n, s:n}]", "index", 0, "delta",
                                           "tool_calls", "index", idx, "id", id, "type", "function", "function", "name",
                                           ev->name, "arguments", "", "logprobs", "finish_reason"));
-            sse_data(&r->out, c);
+            sse_data(r, c);
         }
         return 0;
     }
@@ -1321,16 +1345,16 @@ static int tool_sink(void *user, const ember_tool_event *ev) {
         if (sb_append(&r->args, ev->text, ev->len)) return -1;
         if (!r->streaming || !ev->len) return 0;
         if (anth) {
-            sse_event(&r->out, "content_block_delta",
+            sse_event(r, "content_block_delta",
                       json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", r->n_blocks - 1,
                                 "delta", "type", "input_json_delta", "partial_json", jstr_clean(ev->text, ev->len)));
         } else {
             json_t *c = chunk_base(r);
-            json_object_set_new(c, "choices",
+            set_or_fail(r, c, "choices",
                                 json_pack("[{s:i, s:{s:[{s:i, s:{s:o}}]}, s:n, s:n}]", "index", 0, "delta", "tool_calls",
                                           "index", r->n_calls - 1, "function", "arguments",
                                           jstr_clean(ev->text, ev->len), "logprobs", "finish_reason"));
-            sse_data(&r->out, c);
+            sse_data(r, c);
         }
         return 0;
     case EMBER_TOOL_EV_CALL_END: {
@@ -1343,7 +1367,7 @@ static int tool_sink(void *user, const ember_tool_event *ev) {
                                 json_is_object(input) ? input : json_object());
             if (input && !json_is_object(input)) json_decref(input);
             if (r->streaming)
-                sse_event(&r->out, "content_block_stop",
+                sse_event(r, "content_block_stop",
                           json_pack("{s:s, s:i}", "type", "content_block_stop", "index", r->n_blocks - 1));
         }
         return 0;
@@ -1380,7 +1404,10 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
         json_t *lp = record_logprobs(r, ev);
         r->delta.len = 0;
         ember_error err;
-        if (textgen_push(&r->tg, token, &r->delta, &err) != EMBER_OK) ember_stream_cancel(r->es);
+        if (textgen_push(&r->tg, token, &r->delta, &err) != EMBER_OK) {
+            r->failed = true;
+            ember_stream_cancel(r->es);
+        }
         if (r->tg.stopped) ember_stream_cancel(r->es);
         if (r->tp) { /* text goes through the tool-call parser; logprobs in a chunk of their own */
             if (streaming && lp)
@@ -1401,7 +1428,7 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
     pthread_mutex_unlock(&s->mu);
     r->delta.len = 0;
     ember_error err;
-    textgen_finish(&r->tg, &r->delta, &err);
+    if (textgen_finish(&r->tg, &r->delta, &err) != EMBER_OK) r->failed = true;
     if (r->tp) {
         tool_text(r, r->delta.data ? r->delta.data : "", r->delta.len, true);
         r->delta.len = 0;
@@ -1412,10 +1439,10 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
         if (ev->finish == EMBER_FINISH_ERROR && !r->tg.stopped) {
             json_t *e = json_pack("{s:{s:s, s:s}}", "error", "message", "generation failed", "type", "server_error");
             if (r->q.proto == PROTO_ANTHROPIC)
-                sse_event(&r->out, "error", json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                sse_event(r, "error", json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
                                                       "api_error", "message", "generation failed"));
             else
-                sse_data(&r->out, e), e = NULL;
+                sse_data(r, e), e = NULL;
             json_decref(e);
         } else {
             stream_end(r);
@@ -1427,6 +1454,7 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     gen_run *r = cls;
+    if (r->failed) return MHD_CONTENT_READER_END_WITH_ERROR; /* no [DONE]: the client sees the stream break */
     while (r->out.len == 0) {
         if (r->finished) return MHD_CONTENT_READER_END_OF_STREAM;
         if (r->done) {
@@ -1443,6 +1471,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         on_event(r, &ev, true);
     }
+    if (r->failed) return MHD_CONTENT_READER_END_WITH_ERROR;
     if (ember_fault_hit(EMBER_FAULT_WRITE)) { /* simulated: the write of this chunk fails */
         ember_stream_cancel(r->es);
         return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -1556,7 +1585,9 @@ static enum MHD_Result run_generation(ember_server *s, struct MHD_Connection *c,
         on_event(r, &ev, false);
     }
     enum MHD_Result ret;
-    if (r->final.finish == EMBER_FINISH_ERROR && !r->tg.stopped)
+    if (r->failed)
+        ret = send_error(s, c, proto, 500, NULL, "out of memory");
+    else if (r->final.finish == EMBER_FINISH_ERROR && !r->tg.stopped)
         ret = send_error(s, c, proto, 500, NULL, "generation failed");
     else
         ret = send_json(s, c, 200, full_response(r));
@@ -1753,6 +1784,7 @@ static enum MHD_Result do_detokenize(ember_server *s, struct MHD_Connection *c, 
 typedef struct req_ctx {
     strbuf body;
     bool too_large;
+    bool nomem; /* the body could not be stored */
 } req_ctx;
 
 static enum MHD_Result route(ember_server *s, struct MHD_Connection *c, const char *url, const char *method,
@@ -1781,6 +1813,7 @@ static enum MHD_Result route(ember_server *s, struct MHD_Connection *c, const ch
                                                     : 0;
     if (!kind) return send_error(s, c, proto, 404, NULL, "no endpoint %s %s", method, url);
     if (!post) return send_error(s, c, proto, 405, NULL, "use POST for %s", url);
+    if (rq->nomem) return send_error(s, c, proto, 500, NULL, "out of memory");
     if (rq->too_large)
         return send_error(s, c, proto, 413, NULL, "the request body is larger than the %zu-byte limit", s->o.max_body);
     if (kind <= 3 && atomic_load(&s->draining))
@@ -1790,6 +1823,8 @@ static enum MHD_Result route(ember_server *s, struct MHD_Connection *c, const ch
         return send_error(s, c, proto, 400, NULL, "the JSON body is nested deeper than %d levels", MAX_JSON_DEPTH);
     json_error_t je;
     json_t *body = json_loadb(text, rq->body.len, 0, &je);
+    if (!body && json_error_code(&je) == json_error_out_of_memory)
+        return send_error(s, c, proto, 500, NULL, "out of memory");
     if (!body) return send_error(s, c, proto, 400, NULL, "invalid JSON body: %s (line %d, column %d)", je.text, je.line, je.column);
     enum MHD_Result r;
     if (!json_is_object(body))
@@ -1819,8 +1854,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (*upload_size) {
         if (!rq->too_large) {
-            if (rq->body.len + *upload_size > s->o.max_body || sb_append(&rq->body, upload, *upload_size))
+            if (rq->body.len + *upload_size > s->o.max_body)
                 rq->too_large = true;
+            else if (sb_append(&rq->body, upload, *upload_size))
+                rq->nomem = rq->too_large = true; /* too_large: store no more */
         }
         *upload_size = 0;
         return MHD_YES;
