@@ -10,7 +10,8 @@
  *     also with every read() cut short (same ids);
  *   - the text API on the demo model: open, render, tokenize, chat; and
  *     generate alone on an open ember_text, after whose failure a clean
- *     generate on the same object must give the clean run's text;
+ *     generate on the same object must give the clean run's text; and two
+ *     chats at once, where the one not failed must give the clean text;
  *   - a KV cache operation sequence (append, clone, trim, extract / merge,
  *     speculative round, save / load): an operation that fails leaves every
  *     row exactly as it was, and the rest of the sequence then gives the
@@ -230,6 +231,43 @@ static int run_text_generate(void *u, ember_error *err) {
     return rc;
 }
 
+/* two chats at once on an open object: a failure in one leaves the other's
+   text right (the engine keeps serving the other row) */
+typedef struct chat_job {
+    ember_text *t;
+    char *text;
+    int rc;
+    ember_error err;
+} chat_job;
+
+static void *chat_thread(void *u) {
+    chat_job *j = u;
+    j->rc = generate(j->t, &j->text, &j->err);
+    return NULL;
+}
+
+static int run_text_two(void *u, ember_error *err) {
+    text_run *r = u;
+    chat_job a = {r->t, NULL, 0, {0}}, b = {r->t, NULL, 0, {0}};
+    pthread_t th;
+    bool threaded = pthread_create(&th, NULL, chat_thread, &a) == 0;
+    chat_thread(&b);
+    if (threaded) pthread_join(th, NULL);
+    CHECK(threaded);
+    int rc = EMBER_OK;
+    chat_job *jobs[2] = {&a, &b};
+    for (int i = 0; i < 2; i++) {
+        if (jobs[i]->rc == EMBER_OK)
+            CHECKF(!strcmp(jobs[i]->text, r->want), "point %ld: concurrent chat %d: '%s'", g_fault_n, i, jobs[i]->text);
+        else if (!rc) {
+            rc = jobs[i]->rc;
+            *err = jobs[i]->err;
+        }
+        ember_free(jobs[i]->text);
+    }
+    return rc;
+}
+
 static void text_api(void) {
     text_run r = {0};
     fault_walk("text open+render+chat", EMBER_FAULT_ALLOC, run_text_open, &r);
@@ -239,6 +277,7 @@ static void text_api(void) {
     ember_error err;
     if (r.want && ember_text_open(g_demo, &p, &r.t, &err) == EMBER_OK) {
         fault_walk("text chat on an open object", EMBER_FAULT_ALLOC, run_text_generate, &r);
+        fault_walk("text two chats at once", EMBER_FAULT_ALLOC, run_text_two, &r);
         ember_text_free(r.t);
     }
     free(r.want);
