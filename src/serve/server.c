@@ -1454,8 +1454,7 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     gen_run *r = cls;
-    if (r->failed) return MHD_CONTENT_READER_END_WITH_ERROR; /* no [DONE]: the client sees the stream break */
-    while (r->out.len == 0) {
+    while (r->out.len == 0 && !r->failed) {
         if (r->finished) return MHD_CONTENT_READER_END_OF_STREAM;
         if (r->done) {
             r->finished = true;
@@ -1471,7 +1470,10 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         on_event(r, &ev, true);
     }
-    if (r->failed) return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (r->failed) { /* no [DONE]: the client sees the stream break */
+        ember_stream_cancel(r->es);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
     if (ember_fault_hit(EMBER_FAULT_WRITE)) { /* simulated: the write of this chunk fails */
         ember_stream_cancel(r->es);
         return MHD_CONTENT_READER_END_WITH_ERROR;
