@@ -8,9 +8,9 @@
  * nothing failed. The run function itself checks what "correct" and "as it
  * was" mean for its surface, and that nothing half-built is handed out.
  *
- * Bounded: every N up to a cap (400 by default), then a number of points
- * spread evenly over the rest (60 by default), the last call among them; a
- * slow surface asks for fewer (fault_walk_n). The environment raises the
+ * Bounded: every N up to a cap (400 by default, 150 under the sanitizers),
+ * then a number of points spread evenly over the rest (60, or 40), the last
+ * call among them; a slow surface asks for fewer (fault_walk_n). The environment raises the
  * bounds: EMBER_FAULT_ALL=1000000000 walks every point.
  * EMBER_FAULT_ONLY=N walks the single point N (to debug one).
  * Under AddressSanitizer each walk ends with a leak check, so a leak is
@@ -20,6 +20,7 @@
 #define EMBER_TEST_FAULT_WALK_H
 
 #include "core/fault.h"
+#include "core/util.h"
 #include "test.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -31,6 +32,9 @@
 #endif
 #ifdef FAULT_LSAN
 #include <sanitizer/lsan_interface.h>
+#define FAULT_SANITIZED 1
+#else
+#define FAULT_SANITIZED 0
 #endif
 
 typedef int (*fault_run_fn)(void *user, ember_error *err);
@@ -54,6 +58,7 @@ static long fault_walk_n(const char *name, ember_fault_kind kind, fault_run_fn r
     static const char *const kinds[] = {"alloc", "read", "write"};
     if (fault_env("EMBER_FAULT_ALL", 0) > all) all = fault_env("EMBER_FAULT_ALL", 0);
     if (fault_env("EMBER_FAULT_SAMPLED", 0) > sampled) sampled = fault_env("EMBER_FAULT_SAMPLED", 0);
+    double t0 = ember_now();
     ember_error err = {0};
     ember_fault_arm(kind, 0, false);
     int rc = run(user, &err);
@@ -91,17 +96,18 @@ static long fault_walk_n(const char *name, ember_fault_kind kind, fault_run_fn r
 #ifdef FAULT_LSAN
     CHECKF(__lsan_do_recoverable_leak_check() == 0, "%s: leaks after the walk (above)", name);
 #endif
-    fprintf(stderr, "fault walk %-34s %-5s %7ld calls, %4ld points: %4ld clean errors, %4ld recovered\n", name,
-            kinds[kind], calls, points, failed, recovered);
+    fprintf(stderr, "fault walk %-34s %-5s %7ld calls, %4ld points: %4ld clean errors, %4ld recovered (%.1f s)\n",
+            name, kinds[kind], calls, points, failed, recovered, ember_now() - t0);
     g_fault_points += points;
     g_fault_failed += failed;
     g_fault_recovered += recovered;
     return calls;
 }
 
-/* The default bounds: every point up to 400, then 60 more. */
+/* The default bounds: every point up to 400, then 60 more; under the
+   sanitizers (each run several times slower) up to 150, then 40. */
 static long fault_walk(const char *name, ember_fault_kind kind, fault_run_fn run, void *user) {
-    return fault_walk_n(name, kind, run, user, 400, 60);
+    return fault_walk_n(name, kind, run, user, FAULT_SANITIZED ? 150 : 400, FAULT_SANITIZED ? 40 : 60);
 }
 
 #endif
