@@ -7,7 +7,10 @@
 # A third pass builds the whole tree with clang and runs every libFuzzer target
 # for a bounded time. Warnings are errors in every pass (-DEMBER_WERROR=ON).
 # env:   JOBS=N (default: cores), SKIP_SANITIZE=1 / SKIP_FUZZ=1 / SKIP_CUDA=1 to leave a pass out,
-#        FUZZ_SECONDS=N per fuzz target (default 20; scripts/fuzz.sh runs them for hours)
+#        FUZZ_SECONDS=N per fuzz target (default 20; scripts/fuzz.sh runs them for hours),
+#        SOAK_SECONDS=N / ASAN_SOAK_SECONDS=N the soak's length in each pass (default 60 / 20;
+#        longer by hand: build/tests/soak build/ember MODEL_DIR SECONDS). docs/testing.md
+#        says where CI's time goes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -26,7 +29,7 @@ run_suite() { # build-dir cmake-args...
 }
 
 echo "== release build"
-SOAK_SECONDS=${SOAK_SECONDS:-120} run_suite build -DCMAKE_BUILD_TYPE=Release
+SOAK_SECONDS=${SOAK_SECONDS:-60} run_suite build -DCMAKE_BUILD_TYPE=Release
 # The CUDA backend where the toolkit is installed (CI has nvcc, no GPU): compile
 # it and run the GPU tests, which skip (77, "skipped: no CUDA device") without
 # a GPU. Only the library and the GPU test are built, to keep this stage short;
@@ -43,7 +46,7 @@ if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
   # ASan's quarantine grows RSS by design: the soak's RSS check is lifted here and
   # LeakSanitizer (non-zero exit of the server on a leak) does that job instead
-  SOAK_SECONDS=${ASAN_SOAK_SECONDS:-45} SOAK_MAX_RSS_SLOPE_KIB=1000000000 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  SOAK_SECONDS=${ASAN_SOAK_SECONDS:-20} SOAK_MAX_RSS_SLOPE_KIB=1000000000 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DEMBER_SANITIZE=ON
 fi
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
@@ -56,6 +59,8 @@ if [ "${SKIP_FUZZ:-0}" != 1 ]; then
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DEMBER_FUZZ=ON -DEMBER_TESTS=ON -DEMBER_WERROR=ON \
     -DEMBER_FUZZ_SECONDS="${FUZZ_SECONDS:-20}" >/dev/null
   cmake --build build-fuzz -j"$JOBS"
-  (cd build-fuzz && ctest -L fuzz --output-on-failure)
+  # the targets are independent (a corpus and crash prefix each) and single-threaded:
+  # JOBS of them at a time, each for its whole FUZZ_SECONDS
+  (cd build-fuzz && ctest -L fuzz -j"$JOBS" --output-on-failure)
 fi
 echo "== all tests passed"

@@ -11,5 +11,10 @@ prints=$(grep -rnE '\b(printf|puts|perror)[[:space:]]*\(|fprintf[[:space:]]*\([[
 if [ -n "$prints" ]; then
   echo "printing outside src/cli (docs/rules.md):"; echo "$prints"; fail=1
 fi
+allocs=$(grep -rnE '\b(malloc|calloc|realloc|aligned_alloc|strdup|strndup)[[:space:]]*\(' src/ --include='*.c' --include='*.h' \
+         | grep -v '^src/cli/' | grep -v '^src/core/fault.c:')
+if [ -n "$allocs" ]; then
+  echo "allocation outside ember_malloc and friends (docs/rules.md, src/core/alloc.h):"; echo "$allocs"; fail=1
+fi
 [ $fail = 0 ] && echo "rules ok"
 exit $fail

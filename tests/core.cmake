@@ -45,3 +45,6 @@ ember_test(test_kv_rec test_kv_rec.c)
 ember_test(test_kv_codec test_kv_codec.c)
 ember_test(test_kv_prefix test_kv_prefix.c)
 ember_test(test_kv_disk test_kv_disk.c)
+# Simulated failures: every allocation, file read and streamed write failed in
+# turn along a run of each surface (tests/test_faults.c, docs/testing.md).
+ember_test(test_faults test_faults.c)

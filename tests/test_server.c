@@ -12,9 +12,8 @@
  *     answers and no request or KV is left running;
  *   - overload: 429 with Retry-After; graceful stop.
  */
-#include "http_client.h"
+#include "server_util.h"
 
-#include <jansson.h>
 #include <pthread.h>
 
 #include <dirent.h>
@@ -25,8 +24,6 @@
 #include "serve/serve.h"
 #include "test.h"
 
-static int g_port;
-
 static ember_server *start_spec(ember_model *m, ember_tokenizer *tok, ember_chat_template *tmpl, int max_queue,
                                 ember_spec_mode spec) {
     ember_server_opts o = {0};
@@ -34,39 +31,11 @@ static ember_server *start_spec(ember_model *m, ember_tokenizer *tok, ember_chat
     o.model_id = "demo";
     o.max_queue = max_queue;
     o.max_body = 256 * 1024;
-    ember_error err = {0};
-    for (int attempt = 0; attempt < 50; attempt++) {
-        o.port = 20000 + (int)((getpid() * 7 + attempt * 131) % 20000);
-        ember_server *s;
-        if (ember_server_start(m, tok, tmpl, &o, &s, &err) == EMBER_OK) {
-            g_port = o.port;
-            return s;
-        }
-    }
-    fprintf(stderr, "cannot start the server: %s\n", err.msg);
-    exit(1);
+    return server_start(m, tok, tmpl, &o, 0);
 }
 
 static ember_server *start(ember_model *m, ember_tokenizer *tok, ember_chat_template *tmpl, int max_queue) {
     return start_spec(m, tok, tmpl, max_queue, EMBER_SPEC_NONE);
-}
-
-/* POST and parse the JSON body (NULL if not JSON). */
-static json_t *post(const char *path, const char *body, int *status) {
-    http_resp r;
-    http_request(g_port, "POST", path, body, &r);
-    *status = r.status;
-    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
-    http_resp_free(&r);
-    return j;
-}
-
-static int health(void) {
-    http_resp r;
-    http_request(g_port, "GET", "/health", NULL, &r);
-    int st = r.status;
-    http_resp_free(&r);
-    return st;
 }
 
 typedef struct bad_case {
@@ -237,7 +206,7 @@ static void protocol_checks(void) {
                     "\"max_tokens\":12,\"temperature\":0%s}";
     char body[1024];
     snprintf(body, sizeof body, q, "");
-    json_t *j = post("/v1/chat/completions", body, &st);
+    json_t *j = post("/v1/chat/completions", body, &st, NULL);
     CHECK(st == 200);
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
     const char *text = json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
@@ -270,7 +239,7 @@ static void protocol_checks(void) {
         const int want[] = {0, 0, prompt_tokens - 1};
         for (int i = 0; i < 3; i++) {
             snprintf(body, sizeof body, q, extra[i]);
-            json_t *jc = post("/v1/chat/completions", body, &st);
+            json_t *jc = post("/v1/chat/completions", body, &st, NULL);
             json_t *uc = json_object_get(jc, "usage");
             CHECKF(st == 200 && json_integer_value(json_object_get(json_object_get(uc, "prompt_tokens_details"),
                                                                    "cached_tokens")) == want[i],
@@ -281,7 +250,7 @@ static void protocol_checks(void) {
             json_decref(jc);
         }
         snprintf(body, sizeof body, q, ",\"cache_salt\":7");
-        json_t *jb = post("/v1/chat/completions", body, &st);
+        json_t *jb = post("/v1/chat/completions", body, &st, NULL);
         CHECK(st == 400 && strstr(json_string_value(json_object_get(json_object_get(jb, "error"), "message")), "cache_salt"));
         json_decref(jb);
     }
@@ -306,7 +275,7 @@ static void protocol_checks(void) {
         strcat(sb, stop_json);
         strcat(sb, "}");
         free(stop_json);
-        json_t *sjr = post("/v1/chat/completions", sb, &st);
+        json_t *sjr = post("/v1/chat/completions", sb, &st, NULL);
         json_t *c0 = json_array_get(json_object_get(sjr, "choices"), 0);
         const char *st_text = json_string_value(json_object_get(json_object_get(c0, "message"), "content"));
         const char *first = strstr(text, stop);
@@ -318,7 +287,7 @@ static void protocol_checks(void) {
     }
     json_decref(j);
     /* completions with token ids, logprobs */
-    j = post("/v1/completions", "{\"prompt\":[72,101,108,108,111],\"max_tokens\":6,\"temperature\":0,\"logprobs\":3}", &st);
+    j = post("/v1/completions", "{\"prompt\":[72,101,108,108,111],\"max_tokens\":6,\"temperature\":0,\"logprobs\":3}", &st, NULL);
     CHECK(st == 200);
     ch = json_array_get(json_object_get(j, "choices"), 0);
     json_t *lp = json_object_get(ch, "logprobs");
@@ -330,7 +299,7 @@ static void protocol_checks(void) {
     j = post("/v1/chat/completions",
              "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":4,\"temperature\":0,\"logprobs\":true,"
              "\"top_logprobs\":2}",
-             &st);
+             &st, NULL);
     CHECK(st == 200);
     json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
     CHECK(json_array_size(content) == 4);
@@ -344,7 +313,7 @@ static void protocol_checks(void) {
     const char *aq = "{\"model\":\"m\",\"max_tokens\":5,\"system\":\"sys\",\"messages\":[{\"role\":\"user\",\"content\":"
                      "[{\"type\":\"text\",\"text\":\"hi\"}]}],\"temperature\":0%s}";
     snprintf(body, sizeof body, aq, "");
-    j = post("/v1/messages", body, &st);
+    j = post("/v1/messages", body, &st, NULL);
     CHECK(st == 200 && !strcmp(json_string_value(json_object_get(j, "type")), "message"));
     CHECK(!strcmp(json_string_value(json_object_get(j, "stop_reason")), "max_tokens"));
     CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "output_tokens")) == 5);
@@ -383,14 +352,14 @@ static void protocol_checks(void) {
     CHECK(r.status == 200 && !strcmp(json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")), "demo"));
     json_decref(j);
     http_resp_free(&r);
-    j = post("/tokenize", "{\"content\":\"héllo <|im_end|>\"}", &st);
+    j = post("/tokenize", "{\"content\":\"héllo <|im_end|>\"}", &st, NULL);
     CHECK(st == 200 && json_array_size(json_object_get(j, "tokens")) == 8);
     char *toks = json_dumps(json_object_get(j, "tokens"), 0);
     char db[512];
     snprintf(db, sizeof db, "{\"tokens\":%s}", toks);
     free(toks);
     json_decref(j);
-    j = post("/detokenize", db, &st);
+    j = post("/detokenize", db, &st, NULL);
     CHECK(st == 200 && !strcmp(json_string_value(json_object_get(j, "content")), "héllo <|im_end|>"));
     json_decref(j);
     http_request(g_port, "GET", "/metrics", NULL, &r);
@@ -426,7 +395,7 @@ static void *run_job(void *arg) {
         return NULL;
     }
     int st;
-    json_t *j = post("/v1/completions", jb->body, &st);
+    json_t *j = post("/v1/completions", jb->body, &st, NULL);
     jb->status = st;
     const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
     jb->text = t ? strdup(t) : NULL;
@@ -460,23 +429,6 @@ static void batch_invariance(void) {
     fprintf(stderr, "batch invariance: %d/%d concurrent requests identical to their solo runs\n", same, N);
 }
 
-static void wait_idle(ember_server *s, ember_engine_stats *st) {
-    (void)s;
-    for (int i = 0; i < 200; i++) {
-        http_resp r;
-        http_request(g_port, "GET", "/metrics", NULL, &r);
-        bool idle = r.body && strstr(r.body, "ember_requests_running 0\n") && strstr(r.body, "ember_requests_waiting 0\n") &&
-                    strstr(r.body, "ember_kv_cache_used_bytes 0\n");
-        http_resp_free(&r);
-        if (idle) {
-            st->running = 0;
-            return;
-        }
-        usleep(50000);
-    }
-    st->running = -1;
-}
-
 static void disconnects(ember_server *s) {
     enum { N = 50 };
     static job jobs[N];
@@ -492,12 +444,11 @@ static void disconnects(ember_server *s) {
         pthread_create(&th[i], NULL, run_job, &jobs[i]);
     }
     for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
-    ember_engine_stats st;
-    wait_idle(s, &st);
-    CHECKF(st.running == 0, "rows still running after the clients left");
+    (void)s;
+    CHECKF(server_wait_idle(), "rows still running after the clients left");
     CHECK(health() == 200);
     int status;
-    json_t *j = post("/v1/completions", "{\"prompt\":\"still there?\",\"max_tokens\":3}", &status);
+    json_t *j = post("/v1/completions", "{\"prompt\":\"still there?\",\"max_tokens\":3}", &status, NULL);
     CHECK(status == 200);
     json_decref(j);
     fprintf(stderr, "50 dropped streaming clients: server idle and answering\n");
@@ -630,7 +581,7 @@ static void restart(const char *model_dir, ember_tokenizer *tok, ember_chat_temp
         }
         g_port = o.port;
         int status;
-        json_t *j = post("/v1/chat/completions", body, &status);
+        json_t *j = post("/v1/chat/completions", body, &status, NULL);
         CHECK(status == 200 && j);
         const char *text = json_string_value(json_object_get(
             json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
@@ -679,7 +630,7 @@ static char *spec_completion(const char *extra) {
              "\"ignore_eos\":true,\"cache_prompt\":false%s}",
              extra);
     int st;
-    json_t *j = post("/v1/completions", body, &st);
+    json_t *j = post("/v1/completions", body, &st, NULL);
     const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
     CHECKF(st == 200 && t, "completion: status %d", st);
     char *r = t ? ember_strndup(t, strlen(t)) : NULL;

@@ -18,17 +18,13 @@
  *     override (the Mistral format on the same template).
  * Skipped (77) when shared/testdata is absent.
  */
-#include "http_client.h"
-
-#include <jansson.h>
+#include "server_util.h"
 
 #include "core/mapfile.h"
 #include "core/util.h"
 #include "ember.h"
 #include "serve/serve.h"
 #include "test.h"
-
-static int g_port;
 
 /* A JSON string's text, or dflt. */
 static const char *str_or(const json_t *j, const char *dflt) {
@@ -43,37 +39,7 @@ static ember_server *start(ember_model *m, ember_tokenizer *tok, ember_chat_temp
     o.max_body = 256 * 1024;
     o.tool_format = f;
     o.test_output = test_output;
-    ember_error err = {0};
-    for (int attempt = 0; attempt < 50; attempt++) {
-        o.port = 20000 + (int)((getpid() * 13 + attempt * 137 + 7919) % 20000);
-        ember_server *s;
-        if (ember_server_start(m, tok, tmpl, &o, &s, &err) == EMBER_OK) {
-            g_port = o.port;
-            return s;
-        }
-    }
-    fprintf(stderr, "cannot start the server: %s\n", err.msg);
-    exit(1);
-}
-
-static json_t *post(const char *path, const char *body, int *status, http_resp *raw) {
-    http_resp r;
-    http_request(g_port, "POST", path, body, &r);
-    *status = r.status;
-    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
-    if (raw)
-        *raw = r;
-    else
-        http_resp_free(&r);
-    return j;
-}
-
-static int health(void) {
-    http_resp r;
-    http_request(g_port, "GET", "/health", NULL, &r);
-    int st = r.status;
-    http_resp_free(&r);
-    return st;
+    return server_start(m, tok, tmpl, &o, 1);
 }
 
 #define TOOLS                                                                                                         \

@@ -616,8 +616,10 @@ static void sampled_distribution(void) {
     fprintf(stderr, "sampled: chi-square %.1f over %d dof (limit %.1f); %llu drafted, %llu accepted\n", chi, df, limit,
             (unsigned long long)st_spec.spec_drafted_total, (unsigned long long)st_spec.spec_accepted_total);
     CHECKF(df >= 20 && chi < limit, "sampled rows: chi-square %.1f over %d dof (limit %.1f)", chi, df, limit);
-    /* not vacuous: drafts were verified, some accepted, some rejected */
-    CHECK(st_spec.spec_drafted_total >= N && st_spec.spec_accepted_total > N / 10 &&
+    /* not vacuous: drafts were verified, some accepted, some rejected. (About one
+       draft a row; how many rows draft at a step depends on the batching, so the
+       total is not exactly N: 3999 of 4000 once on a loaded machine.) */
+    CHECK(st_spec.spec_drafted_total >= N / 2 && st_spec.spec_accepted_total > N / 10 &&
           st_spec.spec_drafted_total - st_spec.spec_accepted_total > N / 10);
     ember_model_free(m);
 }

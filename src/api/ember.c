@@ -126,8 +126,8 @@ static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, embe
     int rc = ember_kv_type_parse(p->kv_type, p->kv_group_size, p->kv_quant_start, &kt, err);
     if (rc) return rc;
     const int L = m->cfg.n_layers;
-    int *heads = malloc((size_t)L * sizeof *heads), *dims = malloc((size_t)L * sizeof *dims),
-        *win = malloc((size_t)L * sizeof *win);
+    int *heads = ember_malloc((size_t)L * sizeof *heads), *dims = ember_malloc((size_t)L * sizeof *dims),
+        *win = ember_malloc((size_t)L * sizeof *win);
     if (!heads || !dims || !win) {
         free(heads);
         free(dims);
@@ -199,7 +199,7 @@ static uint64_t fingerprint_file(uint64_t h, const char *dir, const char *name) 
         size_t size = (size_t)st.st_size;
         h = ember_mix64(h ^ (uint64_t)size);
         static const size_t head = 65536;
-        unsigned char *buf = malloc(head);
+        unsigned char *buf = ember_malloc(head);
         if (buf) {
             ssize_t k = pread(fd, buf, size < head ? size : head, 0);
             if (k > 0) h = hash_bytes(h, buf, (size_t)k);
@@ -236,12 +236,12 @@ static uint64_t model_fingerprint(const char *path, bool gguf) {
         if (!want) continue;
         if (n == cap) {
             size_t nc = cap ? 2 * cap : 16;
-            char **g = realloc(names, nc * sizeof *g);
+            char **g = ember_realloc(names, nc * sizeof *g);
             if (!g) break;
             names = g;
             cap = nc;
         }
-        if (!(names[n] = strdup(nm))) break;
+        if (!(names[n] = ember_strdup(nm))) break;
         n++;
     }
     closedir(d);
@@ -268,7 +268,8 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
                              "%s: not a model directory (config.json and *.safetensors) nor a GGUF file", path);
     } else {
         char *cfg_path = ember_path_join(path, "config.json");
-        bool has_cfg = cfg_path && stat(cfg_path, &st) == 0;
+        if (!cfg_path) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        bool has_cfg = stat(cfg_path, &st) == 0;
         free(cfg_path);
         if (!has_cfg)
             return ember_err(err, EMBER_ERR_FORMAT, "%s: not a model directory: config.json not found", path);
@@ -283,7 +284,7 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
     int cuda;
     int rc = parse_device(p.device, &cuda, err);
     if (rc) return rc;
-    ember_model *m = calloc(1, sizeof *m);
+    ember_model *m = ember_calloc(1, sizeof *m);
     if (!m) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     m->log = (ember_logger){p.log, p.log_user};
     if (cuda < 0)
@@ -324,10 +325,10 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
     m->fingerprint = model_fingerprint(path, gguf);
     m->params = p;
     size_t B = (size_t)p.max_batch_tokens;
-    m->b_tok = malloc(B * sizeof(int32_t));
-    m->b_pos = malloc(B * sizeof(int32_t));
-    m->b_row = malloc(B * sizeof(int32_t));
-    m->b_out = malloc(B * sizeof(int32_t));
+    m->b_tok = ember_malloc(B * sizeof(int32_t));
+    m->b_pos = ember_malloc(B * sizeof(int32_t));
+    m->b_row = ember_malloc(B * sizeof(int32_t));
+    m->b_out = ember_malloc(B * sizeof(int32_t));
     if (!m->b_tok || !m->b_pos || !m->b_row || !m->b_out) {
         rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         goto fail;

@@ -135,7 +135,7 @@ int ember_text_open(const char *model, const ember_text_params *params, ember_te
     if (params && (rc = read_sized(&p, sizeof p, params, params->size, "ember_text_params", err))) return rc;
     char path[4096];
     if ((rc = resolve_path(model, path, sizeof path, err))) return rc;
-    ember_text *t = calloc(1, sizeof *t);
+    ember_text *t = ember_calloc(1, sizeof *t);
     if (!t) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     ember_model_params mp;
     ember_model_params_init(&mp);
@@ -186,7 +186,7 @@ int ember_text_detokenize(const ember_text *t, const int32_t *ids, size_t n_ids,
         return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_text_detokenize: a NULL argument");
     *text = NULL;
     int32_t nv = ember_tok_n_vocab(t->tok);
-    int32_t *known = malloc((n_ids ? n_ids : 1) * sizeof *known);
+    int32_t *known = ember_malloc((n_ids ? n_ids : 1) * sizeof *known);
     if (!known) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     size_t k = 0; /* ids the tokenizer lacks (model padding rows) give no text */
     for (size_t i = 0; i < n_ids; i++)
@@ -333,7 +333,7 @@ int ember_text_generate_ids(ember_text *t, const int32_t *ids, size_t n_ids, con
                          res->size);
     if (gp.n_stop < 0 || (gp.n_stop && !gp.stop))
         return ember_err(err, EMBER_ERR_INVALID_ARG, "stop: %d strings at %p", gp.n_stop, (const void *)gp.stop);
-    char **stops = malloc((size_t)(gp.n_stop ? gp.n_stop : 1) * sizeof *stops);
+    char **stops = ember_malloc((size_t)(gp.n_stop ? gp.n_stop : 1) * sizeof *stops);
     if (!stops) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     for (int i = 0; i < gp.n_stop; i++) {
         if (!gp.stop[i] || !gp.stop[i][0]) {

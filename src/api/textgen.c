@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include "textgen.h"
+#include "core/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,7 @@ int sb_append(strbuf *b, const char *s, size_t n) {
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->data, cap);
+        char *p = ember_realloc(b->data, cap);
         if (!p) return -1;
         b->data = p;
         b->cap = cap;

@@ -11,10 +11,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fault.h"
 #include "util.h"
 
 static int open_regular(const char *path, int *fd_out, size_t *size_out, ember_error *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = ember_fault_hit(EMBER_FAULT_READ) ? (errno = EIO, -1) : open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return ember_err(err, EMBER_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -37,7 +38,7 @@ int ember_mapfile_open(const char *path, ember_mapfile **out, ember_error *err) 
     size_t size;
     int rc = open_regular(path, &fd, &size, err);
     if (rc) return rc;
-    ember_mapfile *m = calloc(1, sizeof *m);
+    ember_mapfile *m = ember_calloc(1, sizeof *m);
     char *p = ember_strdup(path);
     if (!m || !p) {
         free(m);
@@ -48,7 +49,8 @@ int ember_mapfile_open(const char *path, ember_mapfile **out, ember_error *err) 
     m->path = p;
     m->size = size;
     if (size > 0) {
-        void *d = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        void *d = ember_fault_hit(EMBER_FAULT_READ) ? (errno = EIO, MAP_FAILED)
+                                                    : mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (d == MAP_FAILED) {
             int e = errno;
             close(fd);
@@ -83,14 +85,15 @@ int ember_read_file(const char *path, size_t max_size, char **out, size_t *out_l
         return ember_err(err, EMBER_ERR_LIMIT, "%s: file is %zu bytes, larger than the %zu-byte limit",
                          path, size, max_size);
     }
-    char *buf = malloc(size + 1);
+    char *buf = ember_malloc(size + 1);
     if (!buf) {
         close(fd);
         return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", path);
     }
     size_t got = 0;
     while (got < size) {
-        ssize_t n = read(fd, buf + got, size - got);
+        ssize_t n = ember_fault_hit(EMBER_FAULT_READ) ? (errno = EIO, -1)
+                                                      : read(fd, buf + got, ember_fault_read_cap(size - got));
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
             int e = n < 0 ? errno : EIO;

@@ -36,6 +36,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "threadpool.h"
+#include "alloc.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -129,7 +130,7 @@ ember_pool *ember_pool_new(int n_threads, ember_error *err) {
         ember_err(err, EMBER_ERR_INVALID_ARG, "thread count %d is too large (max 1024)", n_threads);
         return NULL;
     }
-    ember_pool *p = calloc(1, sizeof *p);
+    ember_pool *p = ember_calloc(1, sizeof *p);
     if (!p) {
         ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the thread pool");
         return NULL;
@@ -142,14 +143,14 @@ ember_pool *ember_pool_new(int n_threads, ember_error *err) {
     atomic_init(&p->n_sleeping, 0);
     atomic_init(&p->quit, 0);
     if (n_threads > 1) {
-        p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
+        p->threads = ember_calloc((size_t)n_threads - 1, sizeof *p->threads);
         if (!p->threads) {
             ember_pool_free(p);
             ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the thread pool");
             return NULL;
         }
         for (int i = 1; i < n_threads; i++) {
-            worker_arg *a = malloc(sizeof *a);
+            worker_arg *a = ember_malloc(sizeof *a);
             if (a) *a = (worker_arg){p, i};
             if (!a || pthread_create(&p->threads[i - 1], NULL, worker_main, a) != 0) {
                 free(a);

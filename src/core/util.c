@@ -11,7 +11,7 @@ char *ember_strdup(const char *s) {
 }
 
 char *ember_strndup(const char *s, size_t n) {
-    char *r = malloc(n + 1);
+    char *r = ember_malloc(n + 1);
     if (!r) return NULL;
     memcpy(r, s, n);
     r[n] = '\0';
@@ -21,7 +21,7 @@ char *ember_strndup(const char *s, size_t n) {
 char *ember_path_join(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
     bool slash = la > 0 && a[la - 1] != '/';
-    char *r = malloc(la + slash + lb + 1);
+    char *r = ember_malloc(la + slash + lb + 1);
     if (!r) return NULL;
     memcpy(r, a, la);
     if (slash) r[la] = '/';

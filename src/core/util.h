@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "alloc.h"
+
 /* *out = a * b; returns false (and leaves *out unspecified) on overflow. */
 static inline bool ember_mul_ok(size_t a, size_t b, size_t *out) {
     return !__builtin_mul_overflow(a, b, out);

@@ -20,7 +20,7 @@ int ember_engine_reserve_logits(ember_model *m, size_t rows, ember_error *err) {
     size_t n;
     if (!ember_mul_ok(rows, (size_t)m->cfg.vocab_size * sizeof(float), &n))
         return ember_err(err, EMBER_ERR_NOMEM, "logits buffer size overflows");
-    float *l = realloc(m->logits, n);
+    float *l = ember_realloc(m->logits, n);
     if (!l) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu rows of logits", rows);
     m->logits = l;
     m->logits_rows = rows;
@@ -79,7 +79,7 @@ int ember_generate(ember_model *m, ember_request *reqs, int n, ember_error *err)
         int rc = check_request(m, &reqs[i], i, err);
         if (rc) return rc;
     }
-    row_run *rows = calloc((size_t)n, sizeof *rows);
+    row_run *rows = ember_calloc((size_t)n, sizeof *rows);
     if (!rows) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     int rc = EMBER_OK;
     for (int i = 0; i < n && !rc; i++) {

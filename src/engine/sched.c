@@ -71,6 +71,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/alloc.h"
 #include "core/util.h"
 #include "engine.h"
 #include "kv/kv_disk.h"
@@ -117,7 +118,7 @@ static bool stream_push(ember_stream *s, const ember_event *ev) {
     bool ok = true;
     if (s->count == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 16;
-        ember_event *q = malloc(cap * sizeof *q);
+        ember_event *q = ember_malloc(cap * sizeof *q);
         if (!q) {
             ok = false;
         } else {
@@ -1133,7 +1134,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     if (ep.ngram_max < ep.ngram_min || ep.ngram_max > 16)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "n-gram sizes %d..%d: want 1 <= min <= max <= 16", ep.ngram_min,
                          ep.ngram_max);
-    ember_engine *e = calloc(1, sizeof *e);
+    ember_engine *e = ember_calloc(1, sizeof *e);
     if (!e) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -1144,20 +1145,20 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
         e->p.prefill_chunk = m->params.max_batch_tokens;
     const int V = m->cfg.vocab_size;
     e->n_rows = m->params.n_rows;
-    e->rows = calloc((size_t)e->n_rows, sizeof *e->rows);
-    e->raw = malloc((size_t)V * sizeof *e->raw);
+    e->rows = ember_calloc((size_t)e->n_rows, sizeof *e->rows);
+    e->raw = ember_malloc((size_t)V * sizeof *e->raw);
     /* logits rows of a step: one per decoding row or prompt end, and one per draft token */
     size_t n_out = (size_t)e->n_rows, drafts = e->p.spec ? n_out * (size_t)e->p.draft_max : 0;
     if (drafts > (size_t)m->params.max_batch_tokens) drafts = (size_t)m->params.max_batch_tokens;
     n_out += drafts;
-    e->out_row = malloc(n_out * sizeof *e->out_row);
-    e->d_slot = malloc((size_t)e->n_rows * sizeof *e->d_slot);
-    e->d_nhist = malloc((size_t)e->n_rows * sizeof *e->d_nhist);
-    e->d_cap = malloc((size_t)e->n_rows * sizeof *e->d_cap);
-    e->d_n = malloc((size_t)e->n_rows * sizeof *e->d_n);
-    e->d_hist = malloc((size_t)e->n_rows * sizeof *e->d_hist);
-    e->d_out = malloc((size_t)e->n_rows * sizeof *e->d_out);
-    e->plan = calloc((size_t)e->n_rows, sizeof *e->plan);
+    e->out_row = ember_malloc(n_out * sizeof *e->out_row);
+    e->d_slot = ember_malloc((size_t)e->n_rows * sizeof *e->d_slot);
+    e->d_nhist = ember_malloc((size_t)e->n_rows * sizeof *e->d_nhist);
+    e->d_cap = ember_malloc((size_t)e->n_rows * sizeof *e->d_cap);
+    e->d_n = ember_malloc((size_t)e->n_rows * sizeof *e->d_n);
+    e->d_hist = ember_malloc((size_t)e->n_rows * sizeof *e->d_hist);
+    e->d_out = ember_malloc((size_t)e->n_rows * sizeof *e->d_out);
+    e->plan = ember_calloc((size_t)e->n_rows, sizeof *e->plan);
     e->steps = 1;
     int rc = e->rows && e->raw && e->out_row && e->plan && e->d_slot && e->d_nhist && e->d_cap && e->d_n && e->d_hist &&
                      e->d_out
@@ -1167,10 +1168,10 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     ember_sampling_init(&sp);
     for (int i = 0; i < e->n_rows && !rc; i++) {
         row *r = &e->rows[i];
-        r->hist = malloc(((size_t)m->params.n_ctx + 1) * sizeof *r->hist);
-        r->counts = calloc((size_t)V, sizeof *r->counts);
-        r->seen = calloc((size_t)V / 8 + 1, 1);
-        r->draft = e->p.spec ? malloc((size_t)e->p.draft_max * sizeof *r->draft) : NULL;
+        r->hist = ember_malloc(((size_t)m->params.n_ctx + 1) * sizeof *r->hist);
+        r->counts = ember_calloc((size_t)V, sizeof *r->counts);
+        r->seen = ember_calloc((size_t)V / 8 + 1, 1);
+        r->draft = e->p.spec ? ember_malloc((size_t)e->p.draft_max * sizeof *r->draft) : NULL;
         if (!r->hist || !r->counts || !r->seen || (e->p.spec && !r->draft))
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         if (!rc) rc = ember_sampler_new(&sp, V, &r->sampler, err);
@@ -1243,12 +1244,12 @@ int ember_engine_submit(ember_engine *e, const ember_gen_params *g, ember_stream
         !(sp->min_p >= 0 && sp->min_p <= 1) || sp->top_k < 0)
         return ember_err(err, EMBER_ERR_INVALID_ARG,
                          "sampling: temperature >= 0, top_p in (0, 1], min_p in [0, 1], top_k >= 0 required");
-    ember_stream *s = calloc(1, sizeof *s);
+    ember_stream *s = ember_calloc(1, sizeof *s);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     s->g = *g;
-    s->prompt = malloc((size_t)g->n_prompt * sizeof *s->prompt);
-    s->bias = g->n_logit_bias ? malloc((size_t)g->n_logit_bias * sizeof *s->bias) : NULL;
-    s->stop_ids = g->n_stop_ids ? malloc((size_t)g->n_stop_ids * sizeof *s->stop_ids) : NULL;
+    s->prompt = ember_malloc((size_t)g->n_prompt * sizeof *s->prompt);
+    s->bias = g->n_logit_bias ? ember_malloc((size_t)g->n_logit_bias * sizeof *s->bias) : NULL;
+    s->stop_ids = g->n_stop_ids ? ember_malloc((size_t)g->n_stop_ids * sizeof *s->stop_ids) : NULL;
     if (!s->prompt || (g->n_logit_bias && !s->bias) || (g->n_stop_ids && !s->stop_ids)) {
         free(s->prompt);
         free(s->bias);

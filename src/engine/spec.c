@@ -8,6 +8,7 @@
  * occurrence follows the current topic / loop rather than an old one.
  */
 #include "spec.h"
+#include "core/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -97,7 +98,7 @@ int ember_draft_ngram_new(int n_slots, int ngram_min, int ngram_max, int window,
         return ember_err(err, EMBER_ERR_INVALID_ARG, "n-gram drafts: n-gram sizes %d..%d (want 1 <= min <= max <= 16)",
                          ngram_min, ngram_max);
     if (window < 2) return ember_err(err, EMBER_ERR_INVALID_ARG, "n-gram drafts: a window of %d tokens", window);
-    ngram_src *g = calloc(1, sizeof *g);
+    ngram_src *g = ember_calloc(1, sizeof *g);
     if (!g) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     g->base.ops = &k_ngram_ops;
     g->base.n_slots = n_slots;

@@ -34,6 +34,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "spec.h"
+#include "core/alloc.h"
 
 typedef struct model_src {
     ember_draft base;
@@ -263,29 +264,29 @@ int ember_draft_model_new(ember_model *draft, const ember_model *target, int n_s
         return ember_err(err, EMBER_ERR_INVALID_ARG,
                          "the draft model holds %d rows of %d positions; the target needs %d of %d",
                          draft->params.n_rows, draft->params.n_ctx, n_slots, target->params.n_ctx);
-    model_src *s = calloc(1, sizeof *s);
+    model_src *s = ember_calloc(1, sizeof *s);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     s->base = (ember_draft){&k_model_ops, n_slots};
     s->m = draft;
     s->n_ctx = target->params.n_ctx;
     s->chunk = draft->params.max_batch_tokens;
-    s->held = calloc((size_t)n_slots, sizeof *s->held);
-    s->n_held = calloc((size_t)n_slots, sizeof *s->n_held);
-    s->round_base = malloc((size_t)n_slots * sizeof *s->round_base);
-    s->want = malloc((size_t)n_slots * sizeof *s->want);
-    s->at = malloc((size_t)n_slots * sizeof *s->at);
-    s->cnt = malloc((size_t)n_slots * sizeof *s->cnt);
-    s->live = malloc((size_t)n_slots * sizeof *s->live);
-    s->jtok = malloc((size_t)n_slots * sizeof *s->jtok);
-    s->tok = malloc((size_t)s->chunk * sizeof *s->tok);
-    s->outi = malloc((size_t)s->chunk * sizeof *s->outi);
-    s->outj = malloc((size_t)s->chunk * sizeof *s->outj);
-    s->logits_many = malloc((size_t)n_slots * (size_t)draft->cfg.vocab_size * sizeof *s->logits_many);
-    s->pos = malloc((size_t)s->chunk * sizeof *s->pos);
-    s->row = malloc((size_t)s->chunk * sizeof *s->row);
+    s->held = ember_calloc((size_t)n_slots, sizeof *s->held);
+    s->n_held = ember_calloc((size_t)n_slots, sizeof *s->n_held);
+    s->round_base = ember_malloc((size_t)n_slots * sizeof *s->round_base);
+    s->want = ember_malloc((size_t)n_slots * sizeof *s->want);
+    s->at = ember_malloc((size_t)n_slots * sizeof *s->at);
+    s->cnt = ember_malloc((size_t)n_slots * sizeof *s->cnt);
+    s->live = ember_malloc((size_t)n_slots * sizeof *s->live);
+    s->jtok = ember_malloc((size_t)n_slots * sizeof *s->jtok);
+    s->tok = ember_malloc((size_t)s->chunk * sizeof *s->tok);
+    s->outi = ember_malloc((size_t)s->chunk * sizeof *s->outi);
+    s->outj = ember_malloc((size_t)s->chunk * sizeof *s->outj);
+    s->logits_many = ember_malloc((size_t)n_slots * (size_t)draft->cfg.vocab_size * sizeof *s->logits_many);
+    s->pos = ember_malloc((size_t)s->chunk * sizeof *s->pos);
+    s->row = ember_malloc((size_t)s->chunk * sizeof *s->row);
     bool ok = s->held && s->n_held && s->round_base && s->pos && s->row && s->want && s->at && s->cnt &&
               s->live && s->jtok && s->tok && s->outi && s->outj && s->logits_many;
-    for (int i = 0; ok && i < n_slots; i++) ok = (s->held[i] = malloc((size_t)(s->n_ctx + 1) * sizeof(int32_t))) != NULL;
+    for (int i = 0; ok && i < n_slots; i++) ok = (s->held[i] = ember_malloc((size_t)(s->n_ctx + 1) * sizeof(int32_t))) != NULL;
     if (!ok) {
         model_destroy(&s->base);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory for the draft model's rows");

@@ -141,7 +141,7 @@ static int build_index(ember_gguf *f, size_t n, name_at_fn name_at, int64_t **in
                        const char *what, ember_error *err) {
     size_t cap = 16;
     while (cap < n * 2) cap *= 2; /* n is bounded by the file size, so no overflow */
-    int64_t *ix = malloc(cap * sizeof *ix);
+    int64_t *ix = ember_malloc(cap * sizeof *ix);
     if (!ix) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", f->path);
     for (size_t i = 0; i < cap; i++) ix[i] = -1;
     for (size_t k = 0; k < n; k++) {
@@ -313,9 +313,9 @@ static int copy_strs(cursor *c, ember_gguf_kv *kv, const unsigned char *p, size_
         q += 8 + len;
         total += len + 1; /* the strings fit in the file, so this cannot overflow */
     }
-    kv->arr_strs = malloc(n * sizeof *kv->arr_strs);
-    kv->arr_str_lens = malloc(n * sizeof *kv->arr_str_lens);
-    char *blob = malloc(total);
+    kv->arr_strs = ember_malloc(n * sizeof *kv->arr_strs);
+    kv->arr_str_lens = ember_malloc(n * sizeof *kv->arr_str_lens);
+    char *blob = ember_malloc(total);
     if (!kv->arr_strs || !kv->arr_str_lens || !blob) {
         free(blob);
         free(kv->arr_strs); /* arr_len is still 0: free_kv must not touch a blob */
@@ -469,7 +469,7 @@ static int place_tensors(ember_gguf *f, ember_error *err) {
                              f->path, t->name, (unsigned long long)t->offset, t->nbytes, f->data_size);
     }
     if (f->n_tensors < 2) return EMBER_OK;
-    ember_gguf_tensor **sorted = malloc(f->n_tensors * sizeof *sorted);
+    ember_gguf_tensor **sorted = ember_malloc(f->n_tensors * sizeof *sorted);
     if (!sorted) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", f->path);
     for (size_t i = 0; i < f->n_tensors; i++) sorted[i] = &f->tensors[i];
     qsort(sorted, f->n_tensors, sizeof *sorted, cmp_offset);
@@ -541,7 +541,7 @@ static int grow(cursor *c, void **arr, size_t *cap, size_t n, size_t elem) {
     if (n < *cap) return EMBER_OK;
     size_t nc = *cap ? *cap * 2 : 16, bytes;
     if (!ember_mul_ok(nc, elem, &bytes)) return ember_err(c->err, EMBER_ERR_NOMEM, "%s: out of memory", c->path);
-    void *p = realloc(*arr, bytes);
+    void *p = ember_realloc(*arr, bytes);
     if (!p) return ember_err(c->err, EMBER_ERR_NOMEM, "%s: out of memory", c->path);
     *arr = p;
     *cap = nc;
@@ -594,7 +594,7 @@ static int parse_all(cursor *c, ember_gguf *f) {
 int ember_gguf_parse(const char *name, const unsigned char *buf, size_t size, ember_gguf **out, ember_error *err) {
     *out = NULL;
     if (!name) name = "(gguf)";
-    ember_gguf *f = calloc(1, sizeof *f);
+    ember_gguf *f = ember_calloc(1, sizeof *f);
     if (!f || !(f->path = ember_strdup(name))) {
         free(f);
         return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", name);
@@ -796,7 +796,7 @@ int ember_gguf_get_f32s(const ember_gguf *f, const char *key, float **out, size_
         return type_error(f, kv, "array of f32", err);
     float *v = NULL;
     if (kv->arr_len) {
-        v = malloc(kv->arr_len * sizeof *v); /* arr_len * 4 <= arr_bytes */
+        v = ember_malloc(kv->arr_len * sizeof *v); /* arr_len * 4 <= arr_bytes */
         if (!v) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", f->path);
     }
     for (size_t i = 0; i < kv->arr_len; i++) {
@@ -825,7 +825,7 @@ int ember_gguf_get_i32s(const ember_gguf *f, const char *key, int32_t **out, siz
         return type_error(f, kv, "array of integers", err);
     int32_t *v = NULL;
     if (kv->arr_len) {
-        v = malloc(kv->arr_len * sizeof *v); /* at most 4x arr_bytes */
+        v = ember_malloc(kv->arr_len * sizeof *v); /* at most 4x arr_bytes */
         if (!v) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", f->path);
     }
     for (size_t i = 0; i < kv->arr_len; i++) {

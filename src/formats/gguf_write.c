@@ -33,7 +33,7 @@ struct ember_gguf_writer {
 };
 
 ember_gguf_writer *ember_gguf_writer_new(void) {
-    return calloc(1, sizeof(ember_gguf_writer));
+    return ember_calloc(1, sizeof(ember_gguf_writer));
 }
 
 void ember_gguf_writer_free(ember_gguf_writer *w) {
@@ -53,7 +53,7 @@ static bool put(ember_gguf_writer *w, const void *p, size_t n) {
     if (w->kv_len + n > w->kv_cap) {
         size_t cap = w->kv_cap ? w->kv_cap * 2 : 4096;
         while (cap < w->kv_len + n) cap *= 2;
-        unsigned char *nk = realloc(w->kv, cap);
+        unsigned char *nk = ember_realloc(w->kv, cap);
         if (!nk) return false;
         w->kv = nk;
         w->kv_cap = cap;
@@ -89,7 +89,7 @@ static int begin(ember_gguf_writer *w, const char *key, uint32_t type, size_t *m
 }
 
 static int end(ember_gguf_writer *w, const char *key, bool ok, size_t mark, ember_error *err) {
-    char **nk = ok ? realloc(w->keys, (w->n_kv + 1) * sizeof *nk) : NULL;
+    char **nk = ok ? ember_realloc(w->keys, (w->n_kv + 1) * sizeof *nk) : NULL;
     char *k = nk ? ember_strdup(key) : NULL;
     if (nk) w->keys = nk;
     if (!k) {
@@ -173,7 +173,7 @@ int ember_gguf_add_tensor(ember_gguf_writer *w, const char *name, ember_dtype t,
     }
     if (w->n_tensors == w->cap_tensors) {
         size_t cap = w->cap_tensors ? w->cap_tensors * 2 : 64;
-        wtensor *nt = realloc(w->tensors, cap * sizeof *nt);
+        wtensor *nt = ember_realloc(w->tensors, cap * sizeof *nt);
         if (!nt) {
             free(data);
             return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
@@ -202,7 +202,7 @@ static bool fput(FILE *fp, const void *p, size_t n) {
 
 int ember_gguf_write_file(const ember_gguf_writer *w, const char *path, ember_error *err) {
     size_t plen = strlen(path);
-    char *tmp = malloc(plen + 8);
+    char *tmp = ember_malloc(plen + 8);
     if (!tmp) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     snprintf(tmp, plen + 8, "%s.tmp", path);
     FILE *fp = fopen(tmp, "wb");

@@ -217,7 +217,7 @@ int ember_mlx_repack(const ember_mlx_part *weight, const ember_mlx_part *scales,
     size_t bytes;
     if (!ember_dtype_nbytes(dt, (size_t)N * (size_t)K, &bytes) || (size_t)N > SIZE_MAX / (size_t)K)
         return ember_err(err, EMBER_ERR_LIMIT, "%s: tensor '%s' is too large", weight->file, weight->name);
-    unsigned char *dst = malloc(bytes ? bytes : 1);
+    unsigned char *dst = ember_malloc(bytes ? bytes : 1);
     if (!dst) return ember_err(err, EMBER_ERR_NOMEM, "out of memory repacking '%s'", weight->name);
     const size_t row_in = (size_t)K * (size_t)bits / 8, bb = ember_dtype_get(dt)->block_bytes;
     const int64_t groups = K / G;

@@ -48,7 +48,7 @@ const ember_st_tensor *ember_st_find(const ember_st_file *f, const char *name) {
 static int build_index(ember_st_file *f, ember_error *err) {
     size_t cap = 16;
     while (cap < (size_t)f->n_tensors * 2) cap *= 2;
-    f->index = malloc(cap * sizeof *f->index);
+    f->index = ember_malloc(cap * sizeof *f->index);
     if (!f->index) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", f->path);
     for (size_t i = 0; i < cap; i++) f->index[i] = -1;
     f->index_cap = cap;
@@ -127,7 +127,7 @@ static int parse_tensor(ember_st_file *f, const char *key, json_t *v, ember_st_t
 int ember_st_parse(const char *name, const unsigned char *buf, size_t size, ember_st_file **out,
                    ember_error *err) {
     *out = NULL;
-    ember_st_file *f = calloc(1, sizeof *f);
+    ember_st_file *f = ember_calloc(1, sizeof *f);
     if (!f || !(f->path = ember_strdup(name))) {
         free(f);
         return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", name);
@@ -165,7 +165,7 @@ int ember_st_parse(const char *name, const unsigned char *buf, size_t size, embe
         goto done;
     }
     size_t n = json_object_size(root);
-    f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
+    f->tensors = ember_calloc(n ? n : 1, sizeof *f->tensors);
     if (!f->tensors) {
         rc = ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", name);
         goto done;
@@ -198,7 +198,7 @@ int ember_st_parse(const char *name, const unsigned char *buf, size_t size, embe
         f->n_tensors++;
     }
     /* overlap check on non-empty tensors sorted by start offset */
-    sorted = malloc((size_t)(f->n_tensors ? f->n_tensors : 1) * sizeof *sorted);
+    sorted = ember_malloc((size_t)(f->n_tensors ? f->n_tensors : 1) * sizeof *sorted);
     if (!sorted) {
         rc = ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", name);
         goto done;
@@ -253,7 +253,7 @@ int ember_st_write(const char *path, const ember_st_out *t, int n, ember_st_fill
     char *hdr = NULL;
     void *chunk = NULL;
     FILE *fp = NULL;
-    size_t *sizes = calloc((size_t)(n > 0 ? n : 1), sizeof *sizes);
+    size_t *sizes = ember_calloc((size_t)(n > 0 ? n : 1), sizeof *sizes);
     if (!root || !sizes) {
         rc = ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", path);
         goto done;
@@ -300,7 +300,7 @@ int ember_st_write(const char *path, const ember_st_out *t, int n, ember_st_fill
     fwrite(lenb, 1, 8, fp);
     fwrite(hdr, 1, hlen, fp);
     for (size_t i = hlen; i < padded; i++) fputc(' ', fp);
-    chunk = malloc(FILL_CHUNK * 8);
+    chunk = ember_malloc(FILL_CHUNK * 8);
     if (!chunk) {
         rc = ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", path);
         goto done;

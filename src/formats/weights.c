@@ -71,7 +71,7 @@ static bool file_exists(const char *p) {
 }
 
 static int add_file(ember_weights *w, const char *path, ember_error *err) {
-    ember_st_file **nf = realloc(w->files, (size_t)(w->n_files + 1) * sizeof *nf);
+    ember_st_file **nf = ember_realloc(w->files, (size_t)(w->n_files + 1) * sizeof *nf);
     if (!nf) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", path);
     w->files = nf;
     int rc = ember_st_open(path, &w->files[w->n_files], err);
@@ -161,7 +161,7 @@ done:
 
 int ember_weights_open(const char *dir, ember_weights **out, ember_error *err) {
     *out = NULL;
-    ember_weights *w = calloc(1, sizeof *w);
+    ember_weights *w = ember_calloc(1, sizeof *w);
     if (!w || !(w->dir = ember_strdup(dir))) {
         free(w);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
@@ -172,9 +172,11 @@ int ember_weights_open(const char *dir, ember_weights **out, ember_error *err) {
     if (!single || !index)
         rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     else if (file_exists(index))
-        rc = (w->primary = ember_strdup(index)) ? open_sharded(w, index, err) : EMBER_ERR_NOMEM;
+        rc = (w->primary = ember_strdup(index)) ? open_sharded(w, index, err)
+                                                : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     else if (file_exists(single))
-        rc = (w->primary = ember_strdup(single)) ? add_file(w, single, err) : EMBER_ERR_NOMEM;
+        rc = (w->primary = ember_strdup(single)) ? add_file(w, single, err)
+                                                 : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     else
         rc = ember_err(err, EMBER_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json", dir);
     free(single);

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backend/kv_codec.h"
+#include "core/alloc.h"
 #include "core/util.h"
 #include "kv_internal.h"
 
@@ -57,7 +58,7 @@ int kv_tab_reserve(kv_tab *t, int n) {
     if (n <= t->cap) return 0;
     int cap = t->cap ? t->cap : 8;
     while (cap < n) cap *= 2;
-    int32_t *b = realloc(t->blk, (size_t)cap * sizeof *b);
+    int32_t *b = ember_realloc(t->blk, (size_t)cap * sizeof *b);
     if (!b) return -1;
     t->blk = b;
     t->cap = cap;
@@ -122,8 +123,8 @@ static int pool_init(ember_kv *kv, kv_pool *p, size_t block_bytes, size_t budget
     if (cap > INT32_MAX / 2) cap = INT32_MAX / 2;
     if (cap < 1) cap = 1;
     p->cap = (int)cap;
-    p->free = malloc(cap * sizeof *p->free);
-    p->ref = calloc(cap, sizeof *p->ref);
+    p->free = ember_malloc(cap * sizeof *p->free);
+    p->ref = ember_calloc(cap, sizeof *p->ref);
     if (!p->free || !p->ref) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV block tables");
     const int64_t shape[1] = {(int64_t)(cap * block_bytes)};
     int rc = ember_tensor_alloc(kv->be, &p->t, &p->buf, EMBER_U8, 1, shape, err);
@@ -229,7 +230,7 @@ int ember_kv_new(ember_backend *be, const ember_kv_params *p, ember_kv **out, em
         if (p->n_heads[l] < 1 || p->head_dim[l] < 1 || p->n_heads[l] > 4096 || p->head_dim[l] > 4096 ||
             (p->window && p->window[l] < 0))
             return ember_err(err, EMBER_ERR_INVALID_ARG, "invalid KV cache dimensions for layer %d", l);
-    ember_kv *kv = calloc(1, sizeof *kv);
+    ember_kv *kv = ember_calloc(1, sizeof *kv);
     if (!kv) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV cache");
     kv->be = be;
     kv->type = p->type;
@@ -238,11 +239,11 @@ int ember_kv_new(ember_backend *be, const ember_kv_params *p, ember_kv **out, em
     kv->n_ctx = p->n_ctx;
     kv->retain = p->retain < 0 ? 64 : p->retain;
     kv->max_chunk = p->max_chunk > 0 ? p->max_chunk : 512;
-    kv->layer_group = calloc((size_t)p->n_layers, sizeof *kv->layer_group);
-    kv->layer_index = calloc((size_t)p->n_layers, sizeof *kv->layer_index);
-    kv->g = calloc((size_t)p->n_layers, sizeof *kv->g);
-    kv->rows = calloc((size_t)p->n_rows, sizeof *kv->rows);
-    kv->in_batch = calloc((size_t)p->n_rows, sizeof *kv->in_batch);
+    kv->layer_group = ember_calloc((size_t)p->n_layers, sizeof *kv->layer_group);
+    kv->layer_index = ember_calloc((size_t)p->n_layers, sizeof *kv->layer_index);
+    kv->g = ember_calloc((size_t)p->n_layers, sizeof *kv->g);
+    kv->rows = ember_calloc((size_t)p->n_rows, sizeof *kv->rows);
+    kv->in_batch = ember_calloc((size_t)p->n_rows, sizeof *kv->in_batch);
     int rc = EMBER_OK;
     if (!kv->layer_group || !kv->layer_index || !kv->g || !kv->rows || !kv->in_batch)
         rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV cache");
@@ -269,7 +270,7 @@ int ember_kv_new(ember_backend *be, const ember_kv_params *p, ember_kv **out, em
             G->n_heads = p->n_heads[l];
             G->head_dim = p->head_dim[l];
             G->window = w;
-            G->layers = calloc((size_t)p->n_layers, sizeof *G->layers);
+            G->layers = ember_calloc((size_t)p->n_layers, sizeof *G->layers);
             if (!G->layers) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV cache");
         }
         if (!rc) {
@@ -281,7 +282,7 @@ int ember_kv_new(ember_backend *be, const ember_kv_params *p, ember_kv **out, em
     bool trans = p->type.quant_start > 0;
     for (int g = 0; g < kv->n_groups && !rc; g++) {
         kv_group *G = &kv->g[g];
-        G->signs = malloc((size_t)G->head_dim * sizeof *G->signs);
+        G->signs = ember_malloc((size_t)G->head_dim * sizeof *G->signs);
         if (!G->signs) {
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV cache");
             break;
@@ -315,13 +316,13 @@ int ember_kv_new(ember_backend *be, const ember_kv_params *p, ember_kv **out, em
     if (!rc && kv->rec.n_layers) rc = pool_init(kv, &kv->rec.pool, kv->rec.pool.block_bytes, kv->budget, err);
     if (!rc && kv->rec.n_layers) {
         for (int i = 0; i < kv->rec.n_layers; i++) kv->rec.views[i].pool = &kv->rec.pool.t;
-        if (!(kv->rec.refs = calloc((size_t)p->n_rows, sizeof *kv->rec.refs)))
+        if (!(kv->rec.refs = ember_calloc((size_t)p->n_rows, sizeof *kv->rec.refs)))
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV cache");
     }
     if (!rc) {
         size_t n = (size_t)kv->n_groups * (size_t)p->n_rows;
-        kv->tabs = calloc(n, sizeof *kv->tabs);
-        kv->refs = calloc(n, sizeof *kv->refs);
+        kv->tabs = ember_calloc(n, sizeof *kv->tabs);
+        kv->refs = ember_calloc(n, sizeof *kv->refs);
         if (!kv->tabs || !kv->refs) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV cache");
     }
     for (int r = 0; r < p->n_rows && kv->rows; r++) {
@@ -573,8 +574,8 @@ int ember_kv_extract(ember_kv *kv, int r, ember_kv_rowstate **out, ember_error *
     if (r < 0 || r >= kv->n_rows) return ember_err(err, EMBER_ERR_INVALID_ARG, "KV row %d does not exist", r);
     if (kv->rows[r].spec_base >= 0)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "KV row %d is in a speculative round", r);
-    ember_kv_rowstate *s = calloc(1, sizeof *s);
-    if (s) s->tabs = calloc((size_t)kv->n_groups, sizeof *s->tabs);
+    ember_kv_rowstate *s = ember_calloc(1, sizeof *s);
+    if (s) s->tabs = ember_calloc((size_t)kv->n_groups, sizeof *s->tabs);
     bool ok = s && s->tabs;
     for (int g = 0; g < kv->n_groups && ok; g++) ok = !kv_tab_reserve(&s->tabs[g], kv_tab_of(kv, g, r)->n + 1);
     if (!ok) {
@@ -624,12 +625,12 @@ int ember_kv_merge_prepare(ember_kv *kv, ember_kv_rowstate *const *states, const
         for (int j = 0; j < i; j++)
             if (dst[j] == dst[i]) return ember_err(err, EMBER_ERR_INVALID_ARG, "KV merge: row %d named twice", dst[i]);
     }
-    ember_kv_prepared *p = calloc(1, sizeof *p);
+    ember_kv_prepared *p = ember_calloc(1, sizeof *p);
     if (p) {
         p->n = n;
-        p->dst = malloc((size_t)(n ? n : 1) * sizeof *p->dst);
-        p->states = malloc((size_t)(n ? n : 1) * sizeof *p->states);
-        p->arrays = calloc((size_t)(n ? n : 1) * (size_t)kv->n_groups, sizeof *p->arrays);
+        p->dst = ember_malloc((size_t)(n ? n : 1) * sizeof *p->dst);
+        p->states = ember_malloc((size_t)(n ? n : 1) * sizeof *p->states);
+        p->arrays = ember_calloc((size_t)(n ? n : 1) * (size_t)kv->n_groups, sizeof *p->arrays);
     }
     bool ok = p && p->dst && p->states && p->arrays;
     for (int i = 0; i < n && ok; i++) {
@@ -637,7 +638,7 @@ int ember_kv_merge_prepare(ember_kv *kv, ember_kv_rowstate *const *states, const
         p->states[i] = states[i];
         for (int g = 0; g < kv->n_groups && ok; g++) {
             int cnt = states[i]->tabs[g].n;
-            int32_t *a = malloc((size_t)(cnt + 8) * sizeof *a);
+            int32_t *a = ember_malloc((size_t)(cnt + 8) * sizeof *a);
             p->arrays[i * kv->n_groups + g] = a;
             ok = a != NULL;
             if (ok && cnt) memcpy(a, states[i]->tabs[g].blk, (size_t)cnt * sizeof *a);
@@ -694,7 +695,7 @@ enum { J_NEW, J_COW, J_CONV, J_REC };
 static int journal_push(ember_kv *kv, kv_jent e) {
     if (kv->n_j == kv->cap_j) {
         int cap = kv->cap_j ? kv->cap_j * 2 : 64;
-        kv_jent *j = realloc(kv->jr, (size_t)cap * sizeof *j);
+        kv_jent *j = ember_realloc(kv->jr, (size_t)cap * sizeof *j);
         if (!j) return -1;
         kv->jr = j;
         kv->cap_j = cap;
@@ -818,7 +819,7 @@ static int convert_group(ember_kv *kv, int g, int r, ember_error *err) {
     nt.first = t->first;
     size_t big = G->pool[0].k.head_bytes > G->pool[0].v.head_bytes ? G->pool[0].k.head_bytes : G->pool[0].v.head_bytes;
     size_t qbig = G->pool[1].k.head_bytes > G->pool[1].v.head_bytes ? G->pool[1].k.head_bytes : G->pool[1].v.head_bytes;
-    unsigned char *src = malloc(big), *dst = malloc(qbig), *prev = malloc(qbig);
+    unsigned char *src = ember_malloc(big), *dst = ember_malloc(qbig), *prev = ember_malloc(qbig);
     int rc = src && dst && prev ? EMBER_OK : ember_err(err, EMBER_ERR_NOMEM, "out of memory converting a KV row");
     for (int li = 0; li < G->n_layers && !rc; li++)
         for (int h = 0; h < G->n_heads && !rc; h++)

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/util.h"
 #include "kv_internal.h"
 
@@ -85,7 +86,7 @@ static bool reserve(wbuf *w, size_t n) {
             }
             cap *= 2;
         }
-        unsigned char *q = realloc(w->p, cap);
+        unsigned char *q = ember_realloc(w->p, cap);
         if (!q) {
             w->fail = true;
             return false;
@@ -183,7 +184,7 @@ struct kv_blob_writer {
 
 int kv_blob_writer_new(ember_kv *kv, const ember_kv_rowstate *s, kv_blob_writer **out, ember_error *err) {
     *out = NULL;
-    kv_blob_writer *w = calloc(1, sizeof *w);
+    kv_blob_writer *w = ember_calloc(1, sizeof *w);
     if (!w) return ember_err(err, EMBER_ERR_NOMEM, "out of memory saving a KV row");
     w->kv = kv;
     w->s = s;
@@ -215,7 +216,7 @@ int kv_blob_writer_new(ember_kv *kv, const ember_kv_rowstate *s, kv_blob_writer 
     w->total = w->hdr.n + total + 4;
     if (kv->rec.n_layers && big < (1u << 16)) big = 1u << 16;
     w->big = big ? big : 1;
-    if (w->hdr.fail || !(w->blk = malloc(w->big))) {
+    if (w->hdr.fail || !(w->blk = ember_malloc(w->big))) {
         kv_blob_writer_free(w);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory saving a KV row");
     }
@@ -427,12 +428,12 @@ static int read_payload(ember_kv *kv, int r, const blob_info *bi, kv_source *in,
     size_t big = 0;
     for (int g = 0; g < kv->n_groups; g++)
         if (kv->g[g].pool[bi->conv ? 1 : 0].block_bytes > big) big = kv->g[g].pool[bi->conv ? 1 : 0].block_bytes;
-    unsigned char *blk = malloc(big ? big : 1);
+    unsigned char *blk = ember_malloc(big ? big : 1);
     int rc = blk ? EMBER_OK : ember_err(err, EMBER_ERR_NOMEM, "out of memory loading a KV row");
     for (int g = 0; g < kv->n_groups && !rc; g++) {
         kv_pool *p = &kv->g[g].pool[bi->conv ? 1 : 0];
         int cnt = bi->cnt[g];
-        if (cnt && !(nt[g].blk = malloc((size_t)(cnt + 8) * sizeof *nt[g].blk))) {
+        if (cnt && !(nt[g].blk = ember_malloc((size_t)(cnt + 8) * sizeof *nt[g].blk))) {
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory loading a KV row");
             break;
         }
@@ -454,7 +455,7 @@ static int read_payload(ember_kv *kv, int r, const blob_info *bi, kv_source *in,
     if (!rc && bi->state) {
         const size_t sb = kv->rec.pool.block_bytes;
         size_t piece = big > (1u << 16) ? big : (1u << 16);
-        unsigned char *tmp = realloc(blk, piece);
+        unsigned char *tmp = ember_realloc(blk, piece);
         if (!tmp) {
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory loading a KV row");
         } else {

@@ -150,12 +150,12 @@ static int read_header(ember_kv_disk *d, FILE *f, size_t size, int32_t **tokens,
         return ember_err(err, EMBER_ERR_FORMAT, "bad token count %u", nt);
     if (hb != FILE_FIXED + 4 * nt + 4) return ember_err(err, EMBER_ERR_FORMAT, "bad header size");
     if (size < hb) return ember_err(err, EMBER_ERR_FORMAT, "truncated header");
-    unsigned char *tb = malloc((size_t)nt * 4 + 4);
+    unsigned char *tb = ember_malloc((size_t)nt * 4 + 4);
     if (!tb) return ember_err(err, EMBER_ERR_NOMEM, "out of memory reading a prompt cache file");
     int rc = file_read(&src, tb, (size_t)nt * 4 + 4, err);
     if (!rc && kv_crc32(kv_crc32(0, fx, FILE_FIXED), tb, (size_t)nt * 4) != get32(tb + (size_t)nt * 4))
         rc = ember_err(err, EMBER_ERR_FORMAT, "header checksum mismatch");
-    int32_t *t = rc ? NULL : malloc((size_t)nt * sizeof *t);
+    int32_t *t = rc ? NULL : ember_malloc((size_t)nt * sizeof *t);
     if (!rc && !t) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory reading a prompt cache file");
     for (uint32_t i = 0; !rc && i < nt; i++) {
         t[i] = (int32_t)get32(tb + 4 * (size_t)i);
@@ -191,7 +191,7 @@ static int read_header(ember_kv_disk *d, FILE *f, size_t size, int32_t **tokens,
 static bool grow_index(ember_kv_disk *d) {
     if (d->n_files < d->cap_files) return true;
     int cap = d->cap_files ? 2 * d->cap_files : 16;
-    dfile *f = realloc(d->f, (size_t)cap * sizeof *f);
+    dfile *f = ember_realloc(d->f, (size_t)cap * sizeof *f);
     if (!f) return false;
     d->f = f;
     d->cap_files = cap;
@@ -225,8 +225,8 @@ int ember_kv_disk_open(ember_kv *kv, const char *dir, size_t max_bytes, uint64_t
         return ember_err(err, EMBER_ERR_IO, "the prompt cache directory %s is not writable: %s", dir, strerror(errno));
     DIR *dh = opendir(dir);
     if (!dh) return ember_err(err, EMBER_ERR_IO, "cannot read the prompt cache directory %s: %s", dir, strerror(errno));
-    ember_kv_disk *d = calloc(1, sizeof *d);
-    if (d) d->dir = strdup(dir);
+    ember_kv_disk *d = ember_calloc(1, sizeof *d);
+    if (d) d->dir = ember_strdup(dir);
     if (!d || !d->dir) {
         closedir(dh);
         if (d) free(d);
@@ -434,7 +434,7 @@ int ember_kv_disk_queue(ember_kv_disk *d, int r, const int32_t *tokens, uint64_t
     j.salt = salt;
     int rc = ember_kv_extract(d->kv, r, &j.st, err);
     if (rc) return rc;
-    if (!(j.tokens = malloc((size_t)n * sizeof *j.tokens))) {
+    if (!(j.tokens = ember_malloc((size_t)n * sizeof *j.tokens))) {
         ember_kv_rowstate_free(d->kv, j.st);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory queueing a prompt cache write");
     }
@@ -508,7 +508,7 @@ static bool begin_write(ember_kv_disk *d) {
     evict_to(d, size <= d->max_bytes ? d->max_bytes - size : 0);
     snprintf(d->tmp, sizeof d->tmp, TMP_PREFIX "%ld-%llu%s", (long)getpid(), (unsigned long long)d->clock++, FILE_EXT);
     char p[4096];
-    unsigned char *hdr = malloc(hb);
+    unsigned char *hdr = ember_malloc(hb);
     bool ok = hdr && path_of(d, d->tmp, p, sizeof p) && (d->out = fopen(p, "wb"));
     if (ok) {
         memcpy(hdr, FILE_MAGIC, 8);

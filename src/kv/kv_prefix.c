@@ -50,7 +50,7 @@ static uint64_t root_key(uint64_t salt) {
 }
 
 int ember_kv_prefix_new(ember_kv *kv, ember_kv_prefix **out, ember_error *err) {
-    ember_kv_prefix *px = calloc(1, sizeof *px);
+    ember_kv_prefix *px = ember_calloc(1, sizeof *px);
     if (!px) return ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the prefix cache");
     px->kv = kv;
     /* every kind shares (rotating groups: the blocks a row still held); a
@@ -60,7 +60,7 @@ int ember_kv_prefix_new(ember_kv *kv, ember_kv_prefix **out, ember_error *err) {
     px->supported = kv->rec.n_layers == 0;
     px->free_head = -1;
     px->n_buckets = 1024;
-    px->bucket = malloc(px->n_buckets * sizeof *px->bucket);
+    px->bucket = ember_malloc(px->n_buckets * sizeof *px->bucket);
     if (!px->bucket) {
         free(px);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the prefix cache");
@@ -132,10 +132,10 @@ static int grow(ember_kv_prefix *px) {
     const int ng = px->kv->n_groups;
     if (px->free_head < 0) {
         int cap = px->cap ? px->cap * 2 : 64;
-        px_ent *e = realloc(px->e, (size_t)cap * sizeof *e);
+        px_ent *e = ember_realloc(px->e, (size_t)cap * sizeof *e);
         if (!e) return -1;
         px->e = e;
-        int32_t *b = realloc(px->blk, (size_t)cap * (size_t)ng * sizeof *b);
+        int32_t *b = ember_realloc(px->blk, (size_t)cap * (size_t)ng * sizeof *b);
         if (!b) return -1;
         px->blk = b;
         for (int i = cap - 1; i >= px->cap; i--) {
@@ -147,7 +147,7 @@ static int grow(ember_kv_prefix *px) {
     }
     if ((size_t)px->n_live + 1 > px->n_buckets) { /* rehash into twice the buckets */
         size_t nb = px->n_buckets * 2;
-        int32_t *bk = malloc(nb * sizeof *bk);
+        int32_t *bk = ember_malloc(nb * sizeof *bk);
         if (!bk) return 0; /* longer chains, still correct */
         for (size_t i = 0; i < nb; i++) bk[i] = -1;
         for (int32_t i = 0; i < px->cap; i++)
@@ -247,7 +247,7 @@ int ember_kv_prefix_attach(ember_kv_prefix *px, int r, const int32_t *tokens, in
         !px->supported)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "prefix cache: cannot install %d positions into KV row %d", n, r);
     const int ng = kv->n_groups, nb = n / B;
-    int32_t *idx = malloc((size_t)nb * sizeof *idx);
+    int32_t *idx = ember_malloc((size_t)nb * sizeof *idx);
     if (!idx) return ember_err(err, EMBER_ERR_NOMEM, "out of memory installing a cached prefix");
     if (walk(px, tokens, n, salt, idx, false) < nb || n < kv->type.quant_start) {
         free(idx);
@@ -302,7 +302,7 @@ static int by_stamp(const void *a, const void *b) {
 size_t ember_kv_prefix_evict(ember_kv_prefix *px, size_t bytes) {
     ember_kv *kv = px->kv;
     size_t start = kv->used, freed = 0;
-    px_cand *cand = px->n_live ? malloc((size_t)px->n_live * sizeof *cand) : NULL;
+    px_cand *cand = px->n_live ? ember_malloc((size_t)px->n_live * sizeof *cand) : NULL;
     while (freed < bytes && cand) { /* a round takes today's leaves; their parents may be next round's */
         int n = 0;
         for (int32_t i = 0; i < px->cap; i++)

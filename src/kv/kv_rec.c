@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "kv_internal.h"
 
 int kv_rec_init(ember_kv *kv, const ember_kv_params *p, ember_error *err) {
@@ -31,8 +32,8 @@ int kv_rec_init(ember_kv *kv, const ember_kv_params *p, ember_error *err) {
         s->conv_dim != 2 * s->n_k_heads * s->k_dim + s->n_v_heads * s->v_dim)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "invalid recurrent state dimensions");
     R->shape = *s;
-    R->index = malloc((size_t)p->n_layers * sizeof *R->index);
-    R->views = calloc((size_t)n, sizeof *R->views);
+    R->index = ember_malloc((size_t)p->n_layers * sizeof *R->index);
+    R->views = ember_calloc((size_t)n, sizeof *R->views);
     if (!R->index || !R->views) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV cache");
     const size_t lf = ember_rec_layer_floats(s), logf = ember_rec_log_floats(s);
     R->slot_floats = lf * (size_t)n;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/util.h"
 #include "family.h"
 #include "formats/quant.h"
@@ -94,7 +95,7 @@ static bool weight_dtype_ok(ember_dtype t) {
 static int keep_buf(ember_llm *m, ember_buffer *b, ember_error *err) {
     if (m->n_bufs == m->cap_bufs) {
         int cap = m->cap_bufs ? m->cap_bufs * 2 : 64;
-        ember_buffer **nb = realloc(m->bufs, (size_t)cap * sizeof *nb);
+        ember_buffer **nb = ember_realloc(m->bufs, (size_t)cap * sizeof *nb);
         if (!nb) {
             ember_buffer_free(b);
             return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
@@ -195,7 +196,7 @@ int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int nd
     if (as_f32) {
         size_t n = 1;
         for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-        float *tmp = malloc(n * sizeof *tmp + 1);
+        float *tmp = ember_malloc(n * sizeof *tmp + 1);
         if (!tmp) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory loading '%s'", name);
         rc = ember_dequantize(st.dtype, st.data, tmp, n, L->err);
         if (!rc) rc = ember_tensor_alloc(m->be, t, &b, EMBER_F32, ndim, shape, L->err);
@@ -331,7 +332,7 @@ int ember_load_moe(ember_loader *L, int i) {
                          L->primary, i, E, c->n_experts_used);
     snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", i);
     if ((rc = ember_load_tensor(L, &ly->router, n, 2, (const int64_t[]){E, H}, false, false))) return rc;
-    ly->experts = calloc((size_t)E * 3, sizeof *ly->experts);
+    ly->experts = ember_calloc((size_t)E * 3, sizeof *ly->experts);
     if (!ly->experts) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
     static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
     if (L->gg) { /* GGUF stacks each projection of every expert: blk.i.ffn_{gate,up,down}_exps */
@@ -361,7 +362,7 @@ int ember_load_moe(ember_loader *L, int i) {
     ember_tensor bias;
     snprintf(n, sizeof n, "model.layers.%d.mlp.gate.e_score_correction_bias", i);
     if ((rc = ember_load_tensor(L, &bias, n, 1, (const int64_t[]){E}, true, false))) return rc;
-    ly->router_bias = malloc((size_t)E * sizeof *ly->router_bias);
+    ly->router_bias = ember_malloc((size_t)E * sizeof *ly->router_bias);
     if (!ly->router_bias) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
     return m->be->ops->read(m->be, &bias, 0, ly->router_bias, (size_t)E * sizeof *ly->router_bias, L->err);
 }
@@ -672,7 +673,7 @@ int ember_load_fused_experts(ember_loader *L, int i) {
         return ember_err(L->err, EMBER_ERR_FORMAT, "%s: layer %d: the fused expert tensors cannot be split into rows",
                          L->primary, i);
     const size_t gu_row = gu.nbytes / (size_t)(E * 2 * Im), dn_row = down.nbytes / (size_t)(E * H);
-    ly->experts = calloc((size_t)E * 3, sizeof *ly->experts);
+    ly->experts = ember_calloc((size_t)E * 3, sizeof *ly->experts);
     if (!ly->experts) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
     for (int64_t e = 0; e < E; e++) { /* expert e: gate rows [2e Im, (2e + 1) Im), up rows after, down [e H, (e + 1) H) */
         ember_tensor *ex = &ly->experts[3 * e];
@@ -690,7 +691,7 @@ int ember_load_fused_experts(ember_loader *L, int i) {
 int ember_load_ones(ember_loader *L, ember_tensor *t, int n) {
     ember_llm *m = L->m;
     ember_buffer *b = NULL;
-    float *one = malloc((size_t)n * sizeof *one);
+    float *one = ember_malloc((size_t)n * sizeof *one);
     if (!one) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) one[i] = 1.0f;
     int rc = ember_tensor_alloc(m->be, t, &b, EMBER_F32, 1, (const int64_t[]){n}, L->err);

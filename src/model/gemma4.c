@@ -46,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/alloc.h"
 #include "family.h"
 
 /* Binds layer i's tensors (HuggingFace names), shapes from the config and
@@ -116,7 +117,7 @@ static int load_layer(ember_loader *L, int i) {
         return rc;
 #undef NAME
 #undef SHAPE
-    ly->expert_scale = malloc((size_t)E * sizeof *ly->expert_scale);
+    ly->expert_scale = ember_malloc((size_t)E * sizeof *ly->expert_scale);
     if (!ly->expert_scale) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
     return m->be->ops->read(m->be, &pes, 0, ly->expert_scale, (size_t)E * sizeof *ly->expert_scale, L->err);
 }

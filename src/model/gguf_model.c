@@ -69,6 +69,7 @@
 
 #include "formats/arch.h"
 #include "model.h"
+#include "core/alloc.h"
 
 /* The gemma2 / gemma3 keys (see the top of the file); cfg's dimensions and
    RoPE are set. */
@@ -107,7 +108,7 @@ static int gemma_config(const ember_gguf *f, const char *arch, int window, ember
     if (kv && kv->type == EMBER_GGUF_ARRAY && kv->arr_type == EMBER_GGUF_BOOL) {
         n_flags = kv->arr_len;
         if (n_flags == (size_t)cfg->n_layers && kv->arr_bytes == n_flags) {
-            flags = malloc(n_flags * sizeof *flags + 1);
+            flags = ember_malloc(n_flags * sizeof *flags + 1);
             if (!flags) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
             for (size_t i = 0; i < n_flags; i++) flags[i] = kv->arr_data[i] != 0;
         }
@@ -193,7 +194,7 @@ static int hybrid_config(const ember_gguf *f, const char *arch, int n_rot, ember
         size_t n = 0;
         if (kv->type == EMBER_GGUF_ARRAY && kv->arr_type == EMBER_GGUF_BOOL && kv->arr_bytes == kv->arr_len) {
             n = kv->arr_len;
-            flags = malloc(n * sizeof *flags + 1);
+            flags = ember_malloc(n * sizeof *flags + 1);
             if (!flags) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
             for (size_t i = 0; i < n; i++) flags[i] = kv->arr_data[i] != 0;
         } else if ((rc = ember_gguf_get_i32s(f, key, &flags, &n, err))) {

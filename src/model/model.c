@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/util.h"
 #include "formats/arch.h"
 #include "family.h"
@@ -123,11 +124,11 @@ static int build(ember_llm *m, ember_loader *L) {
     ember_error *err = L->err;
     int rc;
     m->family = family_for(cfg->model_type);
-    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
+    m->layers = ember_calloc((size_t)cfg->n_layers, sizeof *m->layers);
     int d_global, d_local; /* the head size of each layer kind (gemma4's differ) */
     rope_dims(cfg, &d_global, &d_local);
-    m->inv_freq = calloc((size_t)d_global / 2 + 1, sizeof *m->inv_freq);
-    m->inv_freq_local = calloc((size_t)d_local / 2 + 1, sizeof *m->inv_freq_local);
+    m->inv_freq = ember_calloc((size_t)d_global / 2 + 1, sizeof *m->inv_freq);
+    m->inv_freq_local = ember_calloc((size_t)d_local / 2 + 1, sizeof *m->inv_freq_local);
     if (!m->layers || !m->inv_freq || !m->inv_freq_local) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if ((rc = ember_rope_freqs(&cfg->rope, d_global, m->inv_freq, &m->n_rot, &m->attn_factor, err))) return rc;
     const ember_rope_config *local = cfg->rope_local.theta > 0 ? &cfg->rope_local : &cfg->rope; /* unset: one kind */
@@ -140,7 +141,7 @@ static int build(ember_llm *m, ember_loader *L) {
     } else {
         for (int f = 0; f < L->w->n_files; f++) n += (size_t)L->w->files[f]->n_tensors;
     }
-    L->claimed = calloc(n + 1, 1);
+    L->claimed = ember_calloc(n + 1, 1);
     L->n_tensors = n;
     if (!L->claimed) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if ((rc = apply_freq_factors(L))) return rc;
@@ -159,7 +160,7 @@ static int build(ember_llm *m, ember_loader *L) {
 int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_backend *be, ember_llm **out,
                    ember_error *err) {
     *out = NULL;
-    ember_llm *m = calloc(1, sizeof *m);
+    ember_llm *m = ember_calloc(1, sizeof *m);
     if (!m) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     m->cfg = *cfg;
     m->be = be;
@@ -179,7 +180,7 @@ int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_
 int ember_llm_from_gguf(ember_gguf *f, ember_backend *be, ember_model_config *cfg, ember_llm **out,
                         ember_error *err) {
     *out = NULL;
-    ember_llm *m = calloc(1, sizeof *m);
+    ember_llm *m = ember_calloc(1, sizeof *m);
     if (!m) {
         ember_gguf_free(f);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
@@ -238,7 +239,7 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
     if (max_tokens < 1 || n_kv_rows < 1)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "invalid batch size %d", max_tokens);
     const ember_model_config *c = &m->cfg;
-    ember_llm_state *st = calloc(1, sizeof *st);
+    ember_llm_state *st = ember_calloc(1, sizeof *st);
     if (!st) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     st->max_tokens = max_tokens;
     st->max_logit_rows = max_tokens < LOGIT_ROWS ? max_tokens : LOGIT_ROWS;
@@ -275,12 +276,12 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
         for (size_t i = 0; i < EMBER_ARRAY_LEN(moe) && !rc; i++)
             rc = ember_tensor_alloc(m->be, moe[i].t, &st->bufs[EMBER_ARRAY_LEN(want) + i], EMBER_F32, 2,
                                     (const int64_t[]){T, moe[i].cols}, err);
-        st->moe_host = malloc((size_t)(T * E) * sizeof *st->moe_host);
-        st->moe_sel = malloc((size_t)(T * K) * sizeof *st->moe_sel);
-        st->moe_w = malloc((size_t)(T * K) * sizeof *st->moe_w);
-        st->moe_ids = malloc((size_t)T * sizeof *st->moe_ids);
-        st->moe_ew = malloc((size_t)T * sizeof *st->moe_ew);
-        st->moe_choice = malloc((size_t)E * sizeof *st->moe_choice);
+        st->moe_host = ember_malloc((size_t)(T * E) * sizeof *st->moe_host);
+        st->moe_sel = ember_malloc((size_t)(T * K) * sizeof *st->moe_sel);
+        st->moe_w = ember_malloc((size_t)(T * K) * sizeof *st->moe_w);
+        st->moe_ids = ember_malloc((size_t)T * sizeof *st->moe_ids);
+        st->moe_ew = ember_malloc((size_t)T * sizeof *st->moe_ew);
+        st->moe_choice = ember_malloc((size_t)E * sizeof *st->moe_choice);
         if (!rc && (!st->moe_host || !st->moe_sel || !st->moe_w || !st->moe_ids || !st->moe_ew || !st->moe_choice))
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
@@ -304,10 +305,10 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
                   {&st->ple_tok, (int64_t)c->n_layers * P}};
         for (size_t i = 0; i < EMBER_ARRAY_LEN(g4) && !rc; i++)
             rc = ember_tensor_alloc(m->be, g4[i].t, &st->g4_bufs[i], EMBER_F32, 2, (const int64_t[]){T, g4[i].cols}, err);
-        st->ple_ids = malloc((size_t)T * sizeof *st->ple_ids);
+        st->ple_ids = ember_malloc((size_t)T * sizeof *st->ple_ids);
         if (!rc && !st->ple_ids) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
-    st->tmp_idx = calloc((size_t)max_tokens, sizeof *st->tmp_idx);
+    st->tmp_idx = ember_calloc((size_t)max_tokens, sizeof *st->tmp_idx);
     if (!rc && !st->tmp_idx) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if (rc) {
         ember_llm_state_free(st);

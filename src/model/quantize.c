@@ -18,6 +18,7 @@
 
 #include "core/cpu.h"
 #include "core/threadpool.h"
+#include "core/alloc.h"
 #include "core/util.h"
 #include "formats/arch.h"
 #include "formats/config.h"
@@ -226,7 +227,7 @@ static int permute_rows(float *w, int64_t rows, int64_t cols, int heads, ember_e
     if (heads < 1 || rows % heads || (rows / heads) % 2)
         return ember_err(err, EMBER_ERR_FORMAT, "cannot permute %lld rows into %d heads", (long long)rows, heads);
     int64_t hd = rows / heads;
-    float *tmp = malloc((size_t)(hd * cols) * sizeof *tmp);
+    float *tmp = ember_malloc((size_t)(hd * cols) * sizeof *tmp);
     if (!tmp) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     for (int h = 0; h < heads; h++) {
         float *head = w + (size_t)(h * hd * cols);
@@ -254,7 +255,7 @@ static int write_gemma(ember_gguf_writer *g, const ember_model_config *c, const 
         return rc;
     const int period = g2 ? 2 : 6;
     bool periodic = true;
-    bool *flags = malloc((size_t)c->n_layers * sizeof *flags);
+    bool *flags = ember_malloc((size_t)c->n_layers * sizeof *flags);
     if (!flags) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     for (int i = 0; i < c->n_layers; i++) {
         flags[i] = c->layer_window[i] > 0;
@@ -361,7 +362,7 @@ static int tile_heads(float *x, int64_t rows, int64_t row_len, int64_t first, in
     const int64_t n = (int64_t)Hk * r * d, unit = cols ? 1 : row_len, len = cols ? rows : 1;
     const int64_t stride = cols ? row_len : 0;
     if (r <= 1) return EMBER_OK;
-    float *tmp = malloc((size_t)(n * unit) * sizeof *tmp + 1);
+    float *tmp = ember_malloc((size_t)(n * unit) * sizeof *tmp + 1);
     if (!tmp) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     for (int64_t q = 0; q < len; q++) {
         float *base = x + q * stride + first * unit;
@@ -410,7 +411,7 @@ static int emit(ember_gguf_writer *g, ember_pool *pool, ember_qscheme s, const c
     ember_dtype qt = ember_qscheme_type(s, gn, ndim, K, layer, n_layers, tied);
     size_t bytes = 0;
     void *q = NULL;
-    if (!ember_dtype_nbytes(qt, (size_t)(rows * K), &bytes) || !(q = malloc(bytes + 1))) {
+    if (!ember_dtype_nbytes(qt, (size_t)(rows * K), &bytes) || !(q = ember_malloc(bytes + 1))) {
         free(x);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
@@ -443,7 +444,7 @@ static int write_experts(ember_gguf_writer *g, ember_pool *pool, ember_qscheme s
     const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
     for (int p = 0; p < 3; p++) {
         const int64_t rows = p < 2 ? Im : H, K = p < 2 ? H : Im, per = rows * K;
-        float *x = malloc((size_t)(E * per) * sizeof *x + 1);
+        float *x = ember_malloc((size_t)(E * per) * sizeof *x + 1);
         if (!x) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         char name[160], gn[96];
         int rc = EMBER_OK;
@@ -471,8 +472,8 @@ static int write_qkvz(ember_gguf_writer *g, ember_pool *pool, ember_qscheme s, c
                   Z = Hk * r * Dv;
     char name[160], gn[96];
     snprintf(name, sizeof name, "model.layers.%d.linear_attn.in_proj_qkvz.weight", l);
-    float *all = malloc((size_t)(rows * H) * sizeof *all + 1), *qkv = malloc((size_t)(C * H) * sizeof *qkv + 1),
-          *z = malloc((size_t)(Z * H) * sizeof *z + 1);
+    float *all = ember_malloc((size_t)(rows * H) * sizeof *all + 1), *qkv = ember_malloc((size_t)(C * H) * sizeof *qkv + 1),
+          *z = ember_malloc((size_t)(Z * H) * sizeof *z + 1);
     int rc = !all || !qkv || !z ? ember_err(err, EMBER_ERR_NOMEM, "out of memory")
                                 : read_f32(w, in_dir, name, 2, (const int64_t[]){rows, H}, all, err);
     if (!rc) {
@@ -568,7 +569,7 @@ static int add_rope_freqs(ember_gguf_writer *g, const ember_model_config *c, emb
     ember_rope_config def = c->rope;
     def.type = EMBER_ROPE_DEFAULT;
     int half = c->head_dim / 2 + 1, n_rot, n_rot2;
-    float af, *a = calloc((size_t)half, 4), *b = calloc((size_t)half, 4);
+    float af, *a = ember_calloc((size_t)half, 4), *b = ember_calloc((size_t)half, 4);
     int rc = !a || !b ? ember_err(err, EMBER_ERR_NOMEM, "out of memory") : EMBER_OK;
     if (!rc) rc = ember_rope_freqs(&def, c->head_dim, a, &n_rot, &af, err);
     if (!rc) rc = ember_rope_freqs(&c->rope, c->head_dim, b, &n_rot2, &af, err);
@@ -647,7 +648,7 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
             int64_t rows = t->ndim >= 2 ? t->shape[0] : 1, K = t->shape[t->ndim - 1];
             const int ndim = conv ? 2 : t->ndim;
             size_t n = (size_t)(rows * K);
-            float *x = malloc(n * sizeof *x + 1);
+            float *x = ember_malloc(n * sizeof *x + 1);
             if (!x) {
                 rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
                 break;
@@ -665,7 +666,7 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
             ember_dtype qt = ember_qscheme_type(s, gn, ndim, K, layer, cfg.n_layers, tied);
             size_t bytes = 0;
             void *q = NULL;
-            if (!rc && (!ember_dtype_nbytes(qt, n, &bytes) || !(q = malloc(bytes + 1))))
+            if (!rc && (!ember_dtype_nbytes(qt, n, &bytes) || !(q = ember_malloc(bytes + 1))))
                 rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
             if (!rc) {
                 enc_job j = {qt, x, q, rows, K, bytes / (size_t)rows, 16};

@@ -117,9 +117,9 @@ static int quantize_module(qctx *q, const plan_entry *e, ember_error *err) {
     int64_t N = t->shape[0], K = t->shape[1];
     row_job j = {q, e, K, (size_t)K * (size_t)e->bits / 8,
                  (size_t)(K / q->o->group_size) * ember_dtype_get(e->sdt)->block_bytes};
-    q->packed = malloc((size_t)N * j.packed_row + 1);
-    q->scales = malloc((size_t)N * j.sb_row + 1);
-    q->biases = malloc((size_t)N * j.sb_row + 1);
+    q->packed = ember_malloc((size_t)N * j.packed_row + 1);
+    q->scales = ember_malloc((size_t)N * j.sb_row + 1);
+    q->biases = ember_malloc((size_t)N * j.sb_row + 1);
     if (!q->packed || !q->scales || !q->biases) return ember_err(err, EMBER_ERR_NOMEM, "out of memory quantizing '%s'", t->name);
     ember_pool_run(q->pool, (int)N, row_task, &j);
     q->cur = t;
@@ -274,7 +274,7 @@ int ember_quantize_to_mlx(const char *in_dir, const char *out_dir, const ember_m
             if ((tied && strcmp(t->name, "lm_head.weight") == 0) || ends_with(t->name, "rotary_emb.inv_freq")) continue;
             if (n + 3 > cap) {
                 cap = cap ? 2 * cap : 256;
-                plan_entry *np = realloc(plan, (size_t)cap * sizeof *np);
+                plan_entry *np = ember_realloc(plan, (size_t)cap * sizeof *np);
                 if (!np) {
                     rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
                     goto done;
@@ -296,15 +296,15 @@ int ember_quantize_to_mlx(const char *in_dir, const char *out_dir, const ember_m
             }
         }
     }
-    outs = calloc((size_t)(n ? n : 1), sizeof *outs);
-    names = calloc((size_t)(n ? n : 1), sizeof *names);
+    outs = ember_calloc((size_t)(n ? n : 1), sizeof *outs);
+    names = ember_calloc((size_t)(n ? n : 1), sizeof *names);
     pool = ember_pool_new(ember_cpu_count(), err);
     if (!pool) {
         rc = err ? err->code : EMBER_ERR_NOMEM;
         goto done;
     }
     q = (qctx){o, plan, pool, NULL, max_k, NULL, NULL, NULL, NULL};
-    q.scratch = malloc((size_t)ember_pool_size(pool) * max_k * sizeof(float));
+    q.scratch = ember_malloc((size_t)ember_pool_size(pool) * max_k * sizeof(float));
     if (!outs || !names || !q.scratch) {
         rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         goto done;
@@ -322,7 +322,7 @@ int ember_quantize_to_mlx(const char *in_dir, const char *out_dir, const ember_m
         }
         static const char *const suffix[] = {"", "weight", "scales", "biases"};
         size_t len = strlen(t->name) - 6; /* keeps the '.' */
-        if (!(names[i] = malloc(len + 8))) {
+        if (!(names[i] = ember_malloc(len + 8))) {
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
             goto done;
         }

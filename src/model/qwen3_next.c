@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "family.h"
 
 #define NAME(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix), n)
@@ -64,7 +65,7 @@ static int load_linear(ember_loader *L, int i) {
                           strcmp(m->cfg.model_type, "qwen3_next") == 0;
     int32_t *perm = NULL;
     if (fused || fused_ba) {
-        perm = malloc((size_t)(Hk * (2 * Dk + 2 * r * Dv) + 2 * Hv) * sizeof *perm);
+        perm = ember_malloc((size_t)(Hk * (2 * Dk + 2 * r * Dv) + 2 * Hv) * sizeof *perm);
         if (!perm) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
     }
     if (fused) {
@@ -126,7 +127,7 @@ static int load_attention(ember_loader *L, int i) {
     char n[256];
     int rc;
     /* q_proj per head: q [D], gate [D] -> q all, gate all */
-    int32_t *perm = malloc((size_t)(2 * Q) * sizeof *perm);
+    int32_t *perm = ember_malloc((size_t)(2 * Q) * sizeof *perm);
     if (!perm) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
     for (int64_t h = 0; h < Hq; h++)
         for (int64_t e = 0; e < D; e++) {

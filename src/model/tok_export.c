@@ -134,10 +134,10 @@ int ember_gguf_write_tokenizer(ember_gguf_writer *g, const char *dir, int vocab_
         rc = ember_err(err, EMBER_ERR_LIMIT, "%s/tokenizer.json: %d token ids is out of range", dir, n);
         goto done;
     }
-    tokens = calloc((size_t)n, sizeof *tokens);
-    types = calloc((size_t)n, sizeof *types);
+    tokens = ember_calloc((size_t)n, sizeof *tokens);
+    types = ember_calloc((size_t)n, sizeof *types);
     n_merges = json_array_size(mj);
-    merges = calloc(n_merges ? n_merges : 1, sizeof *merges);
+    merges = ember_calloc(n_merges ? n_merges : 1, sizeof *merges);
     if (!tokens || !types || !merges) {
         rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         goto done;
@@ -186,7 +186,7 @@ int ember_gguf_write_tokenizer(ember_gguf_writer *g, const char *dir, int vocab_
                    json_is_string(json_array_get(m, 1))) {
             const char *l = json_string_value(json_array_get(m, 0)), *r = json_string_value(json_array_get(m, 1));
             size_t ll = strlen(l), rl = strlen(r);
-            merges[i] = malloc(ll + rl + 2);
+            merges[i] = ember_malloc(ll + rl + 2);
             if (merges[i]) {
                 memcpy(merges[i], l, ll);
                 merges[i][ll] = ' ';

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
+
 #define MAX_STACK 32   /* frames: nesting of values */
 #define MAX_TOKEN 128  /* bytes of a token the trie holds (longer ones are never allowed) */
 #define MAX_PROPS 64   /* properties of one object */
@@ -71,7 +73,7 @@ static void node_free(gnode *nd) {
 }
 
 ember_grammar *ember_grammar_new(void) {
-    ember_grammar *g = calloc(1, sizeof *g);
+    ember_grammar *g = ember_calloc(1, sizeof *g);
     if (g) {
         g->root = -1;
         g->any = -1;
@@ -91,7 +93,7 @@ static int add(ember_grammar *g, int kind, ember_error *err) {
     if (g->n == g->cap) {
         if (g->cap >= (1 << 20)) return ember_err(err, EMBER_ERR_LIMIT, "the grammar is too large");
         int cap = g->cap ? g->cap * 2 : 32;
-        gnode *nn = realloc(g->nodes, (size_t)cap * sizeof *nn);
+        gnode *nn = ember_realloc(g->nodes, (size_t)cap * sizeof *nn);
         if (!nn) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         g->nodes = nn;
         g->cap = cap;
@@ -116,7 +118,7 @@ int ember_grammar_literal(ember_grammar *g, const char *text, size_t len, ember_
     int k = add(g, K_LIT, err);
     if (k < 0) return k;
     gnode *nd = &g->nodes[k];
-    nd->text = malloc(len);
+    nd->text = ember_malloc(len);
     if (!nd->text) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     memcpy(nd->text, text, len);
     nd->len = len;
@@ -132,7 +134,7 @@ int ember_grammar_seq(ember_grammar *g, const int *nodes, int n, ember_error *er
     int k = add(g, K_SEQ, err);
     if (k < 0) return k;
     gnode *nd = &g->nodes[k];
-    nd->kids = malloc((size_t)n * sizeof *nd->kids);
+    nd->kids = ember_malloc((size_t)n * sizeof *nd->kids);
     if (!nd->kids) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     memcpy(nd->kids, nodes, (size_t)n * sizeof *nodes);
     nd->n = n;
@@ -169,9 +171,9 @@ static int sort_keys(gnode *nd, const char *what, ember_error *err) {
 }
 
 static int alloc_keys(gnode *nd, int n, bool with_next, ember_error *err) {
-    nd->keys = calloc((size_t)n, sizeof *nd->keys);
-    nd->klen = calloc((size_t)n, sizeof *nd->klen);
-    if (with_next) nd->next = calloc((size_t)n, sizeof *nd->next);
+    nd->keys = ember_calloc((size_t)n, sizeof *nd->keys);
+    nd->klen = ember_calloc((size_t)n, sizeof *nd->klen);
+    if (with_next) nd->next = ember_calloc((size_t)n, sizeof *nd->next);
     if (!nd->keys || !nd->klen || (with_next && !nd->next)) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     return 0;
 }
@@ -184,7 +186,7 @@ int ember_grammar_choice(ember_grammar *g, const char *const *heads, const int *
     if (alloc_keys(nd, n, true, err)) return -1;
     for (int i = 0; i < n; i++) {
         size_t l = strlen(heads[i]);
-        nd->keys[i] = malloc(l + 1);
+        nd->keys[i] = ember_malloc(l + 1);
         if (!nd->keys[i]) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         memcpy(nd->keys[i], heads[i], l + 1);
         nd->klen[i] = l;
@@ -206,7 +208,7 @@ static int make_union(ember_grammar *g, const int *alts, int n, const char *wher
     int k = add(g, K_UNION, err);
     if (k < 0) return k;
     gnode *nd = &g->nodes[k];
-    nd->kids = malloc((size_t)n * sizeof *nd->kids);
+    nd->kids = ember_malloc((size_t)n * sizeof *nd->kids);
     if (!nd->kids) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     memcpy(nd->kids, alts, (size_t)n * sizeof *alts);
     nd->n = n;
@@ -265,7 +267,7 @@ static int any_value(ember_grammar *g, ember_error *err) {
     set_first(g->nodes[arr].first, '[');
     if (g->str < 0) g->str = str;
     gnode *nd = &g->nodes[u];
-    nd->kids = malloc(5 * sizeof *nd->kids);
+    nd->kids = ember_malloc(5 * sizeof *nd->kids);
     if (!nd->kids) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     int alts[5] = {obj, arr, str, num, lit};
     memcpy(nd->kids, alts, sizeof alts);
@@ -336,7 +338,7 @@ static int compile_object(ember_grammar *g, const json_t *s, const json_t *root,
     set_first(g->nodes[k].first, '{');
     if (np == 0) return k; /* {} only */
     if (alloc_keys(&g->nodes[k], (int)np, false, err)) return -1;
-    g->nodes[k].kids = calloc(np, sizeof(int));
+    g->nodes[k].kids = ember_calloc(np, sizeof(int));
     if (!g->nodes[k].kids) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     const char *name;
     const json_t *ps;
@@ -355,7 +357,7 @@ static int compile_object(ember_grammar *g, const json_t *s, const json_t *root,
         int v = compile(g, ps, root, sub, depth + 1, err);
         if (v < 0) return v;
         gnode *nd = &g->nodes[k]; /* compile may have moved the nodes */
-        nd->keys[i] = malloc(l + 1);
+        nd->keys[i] = ember_malloc(l + 1);
         if (!nd->keys[i]) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         memcpy(nd->keys[i], name, l + 1);
         nd->klen[i] = l;
@@ -468,7 +470,7 @@ static int compile(ember_grammar *g, const json_t *s, const json_t *root, const 
         if (n > MAX_ENUM)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: enums of more than %d values are not supported", where,
                              MAX_ENUM);
-        char **heads = calloc(n, sizeof *heads);
+        char **heads = ember_calloc(n, sizeof *heads);
         if (!heads) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         int rc = 0;
         size_t total = 0;
@@ -909,20 +911,20 @@ int ember_gvocab_new(int n, const char *const *bytes, const size_t *lens, const 
                      ember_error *err) {
     *out = NULL;
     if (n < 1) return ember_err(err, EMBER_ERR_INVALID_ARG, "an empty vocabulary");
-    ember_gvocab *v = calloc(1, sizeof *v);
+    ember_gvocab *v = ember_calloc(1, sizeof *v);
     if (!v) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     v->n = n;
-    v->tok = calloc((size_t)n, sizeof *v->tok);
-    v->tlen = calloc((size_t)n, 1);
-    v->end_ids = malloc((size_t)n * sizeof *v->end_ids);
-    int32_t *order = malloc((size_t)n * sizeof *order);
+    v->tok = ember_calloc((size_t)n, sizeof *v->tok);
+    v->tlen = ember_calloc((size_t)n, 1);
+    v->end_ids = ember_malloc((size_t)n * sizeof *v->end_ids);
+    int32_t *order = ember_malloc((size_t)n * sizeof *order);
     size_t total = 0;
     int m = 0;
     bool oom = !v->tok || !v->tlen || !v->end_ids || !order;
     for (int i = 0; i < n && !oom; i++) {
         if (end && end[i]) v->end_ids[v->n_end++] = i;
         if (!bytes[i] || lens[i] == 0 || lens[i] > MAX_TOKEN || (end && end[i])) continue;
-        v->tok[i] = malloc(lens[i]);
+        v->tok[i] = ember_malloc(lens[i]);
         if (!v->tok[i]) {
             oom = true;
             break;
@@ -934,12 +936,12 @@ int ember_gvocab_new(int n, const char *const *bytes, const size_t *lens, const 
     }
     if (!oom) {
         isort_tokens(v, order, m);
-        v->byte = malloc(total + 1);
-        v->depth = malloc(total + 1);
-        v->skip = malloc((total + 1) * sizeof *v->skip);
-        v->tstart = malloc((total + 1) * sizeof *v->tstart);
-        v->tcount = calloc(total + 1, sizeof *v->tcount);
-        v->ends = malloc(((size_t)m + 1) * sizeof *v->ends);
+        v->byte = ember_malloc(total + 1);
+        v->depth = ember_malloc(total + 1);
+        v->skip = ember_malloc((total + 1) * sizeof *v->skip);
+        v->tstart = ember_malloc((total + 1) * sizeof *v->tstart);
+        v->tcount = ember_calloc(total + 1, sizeof *v->tcount);
+        v->ends = ember_malloc(((size_t)m + 1) * sizeof *v->ends);
         oom = !v->byte || !v->depth || !v->skip || !v->tstart || !v->tcount || !v->ends;
     }
     if (oom) {
@@ -979,7 +981,7 @@ int ember_gvocab_new(int n, const char *const *bytes, const size_t *lens, const 
 /* Sorts ids by their bytes (merge sort: no global comparator state). */
 static void isort_tokens(const ember_gvocab *v, int32_t *ids, int n) {
     if (n < 2) return;
-    int32_t *tmp = malloc((size_t)n * sizeof *tmp);
+    int32_t *tmp = ember_malloc((size_t)n * sizeof *tmp);
     if (!tmp) { /* fall back to an in-place insertion sort */
         for (int i = 1; i < n; i++)
             for (int j = i; j > 0 && cmp_key(v->tok[ids[j - 1]], v->tlen[ids[j - 1]], v->tok[ids[j]], v->tlen[ids[j]]) > 0;
@@ -1017,12 +1019,12 @@ struct ember_gmatch {
 int ember_gmatch_new(const ember_grammar *g, const ember_gvocab *v, ember_gmatch **out, ember_error *err) {
     *out = NULL;
     if (!g || !v || g->root < 0) return ember_err(err, EMBER_ERR_INVALID_ARG, "a grammar without a root");
-    ember_gmatch *m = calloc(1, sizeof *m);
+    ember_gmatch *m = ember_calloc(1, sizeof *m);
     if (!m) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     m->g = g;
     m->v = v;
-    m->lvl = malloc((MAX_TOKEN + 1) * sizeof *m->lvl);
-    m->allow = malloc((size_t)v->n);
+    m->lvl = ember_malloc((MAX_TOKEN + 1) * sizeof *m->lvl);
+    m->allow = ember_malloc((size_t)v->n);
     if (!m->lvl || !m->allow) {
         ember_gmatch_free(m);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory");

@@ -1,5 +1,6 @@
 /* sampler.c - see sampler.h. */
 #include "sampler.h"
+#include "core/alloc.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -73,10 +74,10 @@ int ember_sampler_configure(ember_sampler *s, const ember_sampling *p, ember_err
 int ember_sampler_new(const ember_sampling *p, int vocab, ember_sampler **out, ember_error *err) {
     *out = NULL;
     if (vocab < 1) return ember_err(err, EMBER_ERR_INVALID_ARG, "vocabulary of %d tokens", vocab);
-    ember_sampler *s = calloc(1, sizeof *s);
+    ember_sampler *s = ember_calloc(1, sizeof *s);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     s->vocab = vocab;
-    s->c = malloc((size_t)vocab * sizeof *s->c);
+    s->c = ember_malloc((size_t)vocab * sizeof *s->c);
     int rc = s->c ? ember_sampler_configure(s, p, err) : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if (rc) {
         ember_sampler_free(s);

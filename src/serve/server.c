@@ -33,7 +33,9 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
+#include "core/fault.h"
 #include "core/jsonutil.h"
+#include "core/alloc.h"
 #include "core/util.h"
 #include "serve.h"
 #include "api/textgen.h"
@@ -117,7 +119,7 @@ static int json_depth(const char *s, size_t n) {
 
 /* Copies s[0..n) replacing invalid UTF-8 with U+FFFD (malloc'd, NUL-terminated). */
 static char *utf8_clean(const char *s, size_t n) {
-    char *o = malloc(n * 3 + 1), *p = o;
+    char *o = ember_malloc(n * 3 + 1), *p = o;
     if (!o) return NULL;
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
@@ -149,7 +151,7 @@ static json_t *jstr_clean(const char *s, size_t n) {
     char *c = utf8_clean(s, n);
     json_t *j = c ? json_string(c) : NULL;
     free(c);
-    return j ? j : json_string("");
+    return j; /* NULL when out of memory: a json_pack taking it fails too, never an empty text */
 }
 
 /* The type of v for error messages ("an object", ...): core/jsonutil.h. */
@@ -404,7 +406,7 @@ static int parse_sampling(ember_server *s, const json_t *o, gen_req *q, bad *b) 
         if (!json_is_object(lb)) return fail(b, 400, "logit_bias", "'logit_bias' must be an object");
         size_t nb = json_object_size(lb);
         if (nb > 1024) return fail(b, 400, "logit_bias", "'logit_bias' may hold at most 1024 entries");
-        q->bias = calloc(nb ? nb : 1, sizeof *q->bias);
+        q->bias = ember_calloc(nb ? nb : 1, sizeof *q->bias);
         if (!q->bias) return fail(b, 500, NULL, "out of memory");
         const char *key;
         const json_t *val;
@@ -665,9 +667,9 @@ static const ember_gvocab *server_gvocab(ember_server *s, bad *b) {
     if (!s->gv) {
         int n = s->info.vocab_size, nt = ember_tok_n_vocab(s->tok);
         bool bytelevel = ember_tok_text_id(s->tok, "\xc4\xa0", 2) >= 0; /* "Ġ": spaces as the byte alphabet writes them */
-        char **bytes = calloc((size_t)n, sizeof *bytes);
-        size_t *lens = calloc((size_t)n, sizeof *lens);
-        bool *end = calloc((size_t)n, sizeof *end);
+        char **bytes = ember_calloc((size_t)n, sizeof *bytes);
+        size_t *lens = ember_calloc((size_t)n, sizeof *lens);
+        bool *end = ember_calloc((size_t)n, sizeof *end);
         char buf[1024];
         bool ok = bytes && lens && end;
         for (int i = 0; ok && i < n; i++) {
@@ -683,7 +685,7 @@ static const ember_gvocab *server_gvocab(ember_server *s, bad *b) {
             } else if (!token_bytes(s->tok, bytelevel, i, buf, &len)) {
                 continue;
             }
-            bytes[i] = malloc(len ? len : 1);
+            bytes[i] = ember_malloc(len ? len : 1);
             if (!bytes[i]) ok = false;
             else memcpy(bytes[i], buf, len);
             lens[i] = len;
@@ -725,8 +727,8 @@ static int tool_grammar(ember_server *s, const gen_req *q, const char *named, ba
     ((gen_req *)q)->gram = g;
     bool mistral_args = f == EMBER_TOOLS_MISTRAL && ember_tok_text_id(s->tok, "[ARGS]", 6) >= 0;
     size_t nt = json_array_size(q->tools), k = 0, i;
-    char **heads = calloc(nt, sizeof *heads);
-    int *next = calloc(nt, sizeof *next);
+    char **heads = ember_calloc(nt, sizeof *heads);
+    int *next = ember_calloc(nt, sizeof *next);
     if (!heads || !next) {
         free(heads);
         free(next);
@@ -769,7 +771,7 @@ static int tool_grammar(ember_server *s, const gen_req *q, const char *named, ba
                 break;
             }
         }
-        heads[k] = strdup(h);
+        heads[k] = ember_strdup(h);
         if (!heads[k++]) {
             rc = fail(b, 500, NULL, "out of memory");
             break;
@@ -849,7 +851,7 @@ static int attach_grammar(ember_server *s, gen_req *q, bad *b) {
     if (!q->gram) return 0;
     const ember_gvocab *v = server_gvocab(s, b);
     if (!v) return -1;
-    constraint *c = calloc(1, sizeof *c);
+    constraint *c = ember_calloc(1, sizeof *c);
     ember_error err = {0};
     if (!c || ember_gmatch_new(q->gram, v, &c->m, &err)) {
         free(c);
@@ -1026,18 +1028,22 @@ static json_t *normalize_messages(const json_t *msgs, bool anthropic, const json
     }
     json_t *out = json_array();
     json_t *ids = json_object(); /* tool call ids seen so far */
+    if (!out || !ids) goto oom;
     if (system && !json_is_null(system)) {
         strbuf sb = {0};
         bool ok;
-        if (content_text(system, &sb, &ok) || !ok) {
+        int crc = content_text(system, &sb, &ok);
+        if (crc || !ok) {
             sb_free(&sb);
+            if (crc) goto oom;
             json_decref(out);
             json_decref(ids);
             fail(b, 400, "system", "'system' must be a string or an array of text blocks");
             return NULL;
         }
-        json_array_append_new(out, json_pack("{s:s, s:s%}", "role", "system", "content", sb.data ? sb.data : "", sb.len));
+        int arc = json_array_append_new(out, json_pack("{s:s, s:s%}", "role", "system", "content", sb.data ? sb.data : "", sb.len));
         sb_free(&sb);
+        if (arc) goto oom;
     }
     size_t i;
     const json_t *m;
@@ -1060,21 +1066,30 @@ static json_t *normalize_messages(const json_t *msgs, bool anthropic, const json
             continue;
         }
         json_t *copy = json_deep_copy(m);
-        if (!strcmp(r, "developer")) json_object_set_new(copy, "role", json_string("system"));
+        if (!copy || (!strcmp(r, "developer") && json_object_set_new(copy, "role", json_string("system")))) {
+            json_decref(copy);
+            goto oom;
+        }
         strbuf sb = {0};
         bool ok;
         const json_t *c = json_object_get(m, "content");
-        if (content_text(c, &sb, &ok) || !ok) {
+        int crc = content_text(c, &sb, &ok);
+        if (crc || !ok) {
             sb_free(&sb);
             json_decref(copy);
+            if (crc) goto oom;
             fail(b, 400, "messages", "messages[%zu].content must be a string or an array of text parts", i);
             goto bad;
         }
         const json_t *tcs = json_object_get(m, "tool_calls");
         bool has_calls = tcs && !json_is_null(tcs);
-        if (c && !json_is_null(c))
-            json_object_set_new(copy, "content", json_stringn(sb.data ? sb.data : "", sb.len));
-        else if (!has_calls) {
+        if (c && !json_is_null(c)) {
+            if (json_object_set_new(copy, "content", json_stringn(sb.data ? sb.data : "", sb.len))) {
+                sb_free(&sb);
+                json_decref(copy);
+                goto oom;
+            }
+        } else if (!has_calls) {
             sb_free(&sb);
             json_decref(copy);
             fail(b, 400, "messages", "messages[%zu] has no content", i);
@@ -1104,10 +1119,12 @@ static json_t *normalize_messages(const json_t *msgs, bool anthropic, const json
                 goto bad;
             }
         }
-        json_array_append_new(out, copy);
+        if (json_array_append_new(out, copy)) goto oom;
     }
     json_decref(ids);
     return out;
+oom: /* jansson's allocations fail silently: each result is checked */
+    fail(b, 500, NULL, "out of memory");
 bad:
     json_decref(ids);
     json_decref(out);
@@ -1120,13 +1137,18 @@ static int chat_prompt(ember_server *s, const json_t *body, const json_t *msgs, 
         return fail(b, 400, "messages", "this model has no chat template: use /v1/completions with a raw prompt");
     json_t *vars = json_object();
     json_t *kw = json_object_get(body, "chat_template_kwargs");
-    if (json_is_object(kw)) json_object_update(vars, kw);
-    json_object_set(vars, "messages", (json_t *)msgs);
+    bool oom = !vars; /* every jansson call that allocates is checked: a missing variable renders silently */
+    if (!oom && json_is_object(kw)) oom |= json_object_update(vars, kw) != 0;
+    if (!oom) oom |= json_object_set(vars, "messages", (json_t *)msgs) != 0;
     /* tool_choice "none": the model is not told about the tools at all */
-    if (q->tools && q->tool_choice != TOOLS_NONE) json_object_set(vars, "tools", q->tools);
-    json_object_set_new(vars, "add_generation_prompt", json_true());
-    json_object_set_new(vars, "bos_token", json_string(s->bos_text ? s->bos_text : ""));
-    json_object_set_new(vars, "eos_token", json_string(s->eos_text ? s->eos_text : ""));
+    if (!oom && q->tools && q->tool_choice != TOOLS_NONE) oom |= json_object_set(vars, "tools", q->tools) != 0;
+    if (!oom) oom |= json_object_set_new(vars, "add_generation_prompt", json_true()) != 0;
+    if (!oom) oom |= json_object_set_new(vars, "bos_token", json_string(s->bos_text ? s->bos_text : "")) != 0;
+    if (!oom) oom |= json_object_set_new(vars, "eos_token", json_string(s->eos_text ? s->eos_text : "")) != 0;
+    if (oom) {
+        json_decref(vars);
+        return fail(b, 500, NULL, "out of memory");
+    }
     char *text = NULL;
     size_t len = 0;
     ember_error err = {0};
@@ -1165,7 +1187,7 @@ static int completion_prompt(ember_server *s, const json_t *p, gen_req *q, bad *
     size_t n = json_array_size(p);
     if (n > (size_t)s->info.n_ctx + 1)
         return fail(b, 400, "prompt", "the prompt has %zu tokens; this model's context holds %d", n, s->info.n_ctx);
-    q->ids = malloc(n * sizeof *q->ids);
+    q->ids = ember_malloc(n * sizeof *q->ids);
     if (!q->ids) return fail(b, 500, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(p, i);
@@ -1288,6 +1310,7 @@ typedef struct gen_run {
     textgen tg;
     strbuf out;        /* SSE bytes not yet written */
     strbuf delta;      /* text released by the last token */
+    bool failed;       /* the text could not be made (no memory): the answer is an error, not a short text */
     json_t *lp;        /* logprobs entries (chat: content array; completion: object of arrays) */
     char id[48];
     long created;
@@ -1400,21 +1423,24 @@ static json_t *record_logprobs(gen_run *r, const ember_event *ev) {
     return NULL;
 }
 
-static void sse_data(strbuf *o, json_t *j) {
-    char *s = json_dumps(j, JSON_COMPACT);
+/* Appends j (consumed) to r->out as SSE data. A chunk that cannot be made
+   (no memory: j NULL, or no room) fails the stream rather than leave a hole
+   in the text. */
+static void sse_data(gen_run *r, json_t *j) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    if (!s) return;
-    sb_puts(o, "data: ");
-    sb_puts(o, s);
-    sb_puts(o, "\n\n");
+    if (!s || sb_puts(&r->out, "data: ") || sb_puts(&r->out, s) || sb_puts(&r->out, "\n\n")) r->failed = true;
     free(s);
 }
 
-static void sse_event(strbuf *o, const char *name, json_t *j) {
-    sb_puts(o, "event: ");
-    sb_puts(o, name);
-    sb_puts(o, "\n");
-    sse_data(o, j);
+static void sse_event(gen_run *r, const char *name, json_t *j) {
+    if (sb_puts(&r->out, "event: ") || sb_puts(&r->out, name) || sb_puts(&r->out, "\n")) r->failed = true;
+    sse_data(r, j);
+}
+
+/* json_object_set_new on a chunk; a failure (no memory) fails the stream. */
+static void set_or_fail(gen_run *r, json_t *o, const char *key, json_t *v) {
+    if (json_object_set_new(o, key, v)) r->failed = true;
 }
 
 static json_t *chunk_base(const gen_run *r) {
@@ -1433,7 +1459,7 @@ static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_ent
         int index = 0;
         if (r->tp) { /* with tools, text blocks open as text comes, between tool_use blocks */
             if (!r->block_open) {
-                sse_event(&r->out, "content_block_start",
+                sse_event(r, "content_block_start",
                           json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", r->n_blocks,
                                     "content_block", "type", "text", "text", ""));
                 r->block_open = true;
@@ -1441,7 +1467,7 @@ static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_ent
             }
             index = r->n_blocks - 1;
         }
-        sse_event(&r->out, "content_block_delta",
+        sse_event(r, "content_block_delta",
                   json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", index, "delta", "type",
                             "text_delta", "text", jstr_clean(text, len)));
         return;
@@ -1458,28 +1484,28 @@ static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_ent
         choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", jstr_clean(text, len), "logprobs",
                            "finish_reason");
     }
-    json_object_set_new(c, "choices", json_pack("[o]", choice));
-    sse_data(&r->out, c);
+    set_or_fail(r, c, "choices", json_pack("[o]", choice));
+    sse_data(r, c);
 }
 
 static void stream_start(gen_run *r) {
     if (r->q.proto == PROTO_ANTHROPIC) {
         json_t *u = json_pack("{s:i, s:i}", "input_tokens", r->q.n_ids, "output_tokens", 0);
-        sse_event(&r->out, "message_start",
+        sse_event(r, "message_start",
                   json_pack("{s:s, s:{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:o}}", "type", "message_start", "message",
                             "id", r->id, "type", "message", "role", "assistant", "content", "model",
                             r->srv->o.model_id, "stop_reason", "stop_sequence", "usage", u));
         if (!r->tp)
-            sse_event(&r->out, "content_block_start",
+            sse_event(r, "content_block_start",
                       json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
                                 "type", "text", "text", ""));
-        sse_event(&r->out, "ping", json_pack("{s:s}", "type", "ping"));
+        sse_event(r, "ping", json_pack("{s:s}", "type", "ping"));
     } else if (r->q.proto == PROTO_CHAT) {
         json_t *c = chunk_base(r);
-        json_object_set_new(c, "choices",
+        set_or_fail(r, c, "choices",
                             json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", 0, "delta", "role", "assistant",
                                       "content", "", "logprobs", "finish_reason"));
-        sse_data(&r->out, c);
+        sse_data(r, c);
     }
 }
 
@@ -1487,33 +1513,33 @@ static void stream_end(gen_run *r) {
     const char *fr = finish_name(r);
     if (r->q.proto == PROTO_ANTHROPIC) {
         if (r->tp && r->n_blocks == 0) { /* nothing at all: one empty text block, as without tools */
-            sse_event(&r->out, "content_block_start",
+            sse_event(r, "content_block_start",
                       json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0, "content_block",
                                 "type", "text", "text", ""));
             r->block_open = true;
             r->n_blocks = 1;
         }
         if (!r->tp || r->block_open)
-            sse_event(&r->out, "content_block_stop",
+            sse_event(r, "content_block_stop",
                       json_pack("{s:s, s:i}", "type", "content_block_stop", "index", r->tp ? r->n_blocks - 1 : 0));
         json_t *seq = r->tg.stopped ? json_string(r->q.stops[r->tg.stop_index]) : json_null();
-        sse_event(&r->out, "message_delta",
+        sse_event(r, "message_delta",
                   json_pack("{s:s, s:{s:s, s:o}, s:{s:i}}", "type", "message_delta", "delta", "stop_reason", fr,
                             "stop_sequence", seq, "usage", "output_tokens", r->n_tokens));
-        sse_event(&r->out, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+        sse_event(r, "message_stop", json_pack("{s:s}", "type", "message_stop"));
         return;
     }
     json_t *c = chunk_base(r);
     json_t *choice = r->q.proto == PROTO_CHAT
                          ? json_pack("{s:i, s:{}, s:n, s:s}", "index", 0, "delta", "logprobs", "finish_reason", fr)
                          : json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "", "logprobs", "finish_reason", fr);
-    json_object_set_new(c, "choices", json_pack("[o]", choice));
-    sse_data(&r->out, c);
+    set_or_fail(r, c, "choices", json_pack("[o]", choice));
+    sse_data(r, c);
     if (r->q.include_usage) {
         c = chunk_base(r);
-        json_object_set_new(c, "choices", json_array());
-        json_object_set_new(c, "usage", usage_json(r));
-        sse_data(&r->out, c);
+        set_or_fail(r, c, "choices", json_array());
+        set_or_fail(r, c, "usage", usage_json(r));
+        sse_data(r, c);
     }
     sb_puts(&r->out, "data: [DONE]\n\n");
 }
@@ -1573,21 +1599,21 @@ static int tool_sink(void *user, const ember_tool_event *ev) {
         if (!r->streaming) return 0;
         if (anth) {
             if (r->block_open) {
-                sse_event(&r->out, "content_block_stop",
+                sse_event(r, "content_block_stop",
                           json_pack("{s:s, s:i}", "type", "content_block_stop", "index", r->n_blocks - 1));
                 r->block_open = false;
             }
-            sse_event(&r->out, "content_block_start",
+            sse_event(r, "content_block_start",
                       json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type", "content_block_start", "index",
                                 r->n_blocks, "content_block", "type", "tool_use", "id", id, "name", ev->name, "input"));
             r->n_blocks++;
         } else {
             json_t *c = chunk_base(r);
-            json_object_set_new(c, "choices",
+            set_or_fail(r, c, "choices",
                                 json_pack("[{s:i, s:{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}, s:n, s:n}]", "index", 0, "delta",
                                           "tool_calls", "index", idx, "id", id, "type", "function", "function", "name",
                                           ev->name, "arguments", "", "logprobs", "finish_reason"));
-            sse_data(&r->out, c);
+            sse_data(r, c);
         }
         return 0;
     }
@@ -1596,16 +1622,16 @@ static int tool_sink(void *user, const ember_tool_event *ev) {
         if (sb_append(&r->args, ev->text, ev->len)) return -1;
         if (!r->streaming || !ev->len) return 0;
         if (anth) {
-            sse_event(&r->out, "content_block_delta",
+            sse_event(r, "content_block_delta",
                       json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", r->n_blocks - 1,
                                 "delta", "type", "input_json_delta", "partial_json", jstr_clean(ev->text, ev->len)));
         } else {
             json_t *c = chunk_base(r);
-            json_object_set_new(c, "choices",
+            set_or_fail(r, c, "choices",
                                 json_pack("[{s:i, s:{s:[{s:i, s:{s:o}}]}, s:n, s:n}]", "index", 0, "delta", "tool_calls",
                                           "index", r->n_calls - 1, "function", "arguments",
                                           jstr_clean(ev->text, ev->len), "logprobs", "finish_reason"));
-            sse_data(&r->out, c);
+            sse_data(r, c);
         }
         return 0;
     case EMBER_TOOL_EV_CALL_END: {
@@ -1618,7 +1644,7 @@ static int tool_sink(void *user, const ember_tool_event *ev) {
                                 json_is_object(input) ? input : json_object());
             if (input && !json_is_object(input)) json_decref(input);
             if (r->streaming)
-                sse_event(&r->out, "content_block_stop",
+                sse_event(r, "content_block_stop",
                           json_pack("{s:s, s:i}", "type", "content_block_stop", "index", r->n_blocks - 1));
         }
         return 0;
@@ -1655,7 +1681,10 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
         json_t *lp = record_logprobs(r, ev);
         r->delta.len = 0;
         ember_error err;
-        if (textgen_push(&r->tg, token, &r->delta, &err) != EMBER_OK) ember_stream_cancel(r->es);
+        if (textgen_push(&r->tg, token, &r->delta, &err) != EMBER_OK) {
+            r->failed = true;
+            ember_stream_cancel(r->es);
+        }
         if (r->tg.stopped) ember_stream_cancel(r->es);
         if (r->tp) { /* text goes through the tool-call parser; logprobs in a chunk of their own */
             if (streaming && lp)
@@ -1676,7 +1705,7 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
     pthread_mutex_unlock(&s->mu);
     r->delta.len = 0;
     ember_error err;
-    textgen_finish(&r->tg, &r->delta, &err);
+    if (textgen_finish(&r->tg, &r->delta, &err) != EMBER_OK) r->failed = true;
     if (r->tp) {
         tool_text(r, r->delta.data ? r->delta.data : "", r->delta.len, true);
         r->delta.len = 0;
@@ -1687,10 +1716,10 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
         if (ev->finish == EMBER_FINISH_ERROR && !r->tg.stopped) {
             json_t *e = json_pack("{s:{s:s, s:s}}", "error", "message", "generation failed", "type", "server_error");
             if (r->q.proto == PROTO_ANTHROPIC)
-                sse_event(&r->out, "error", json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                sse_event(r, "error", json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
                                                       "api_error", "message", "generation failed"));
             else
-                sse_data(&r->out, e), e = NULL;
+                sse_data(r, e), e = NULL;
             json_decref(e);
         } else {
             stream_end(r);
@@ -1702,7 +1731,7 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     gen_run *r = cls;
-    while (r->out.len == 0) {
+    while (r->out.len == 0 && !r->failed) {
         if (r->finished) return MHD_CONTENT_READER_END_OF_STREAM;
         if (r->done) {
             r->finished = true;
@@ -1717,6 +1746,14 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             continue;
         }
         on_event(r, &ev, true);
+    }
+    if (r->failed) { /* no [DONE]: the client sees the stream break */
+        ember_stream_cancel(r->es);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    if (ember_fault_hit(EMBER_FAULT_WRITE)) { /* simulated: the write of this chunk fails */
+        ember_stream_cancel(r->es);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     size_t n = r->out.len < max ? r->out.len : max;
     memcpy(buf, r->out.data, n);
@@ -1764,7 +1801,7 @@ static json_t *full_response(gen_run *r) {
 
 static enum MHD_Result run_generation(ember_server *s, struct MHD_Connection *c, int proto, const json_t *body) {
     bad b = {0};
-    gen_run *r = calloc(1, sizeof *r);
+    gen_run *r = ember_calloc(1, sizeof *r);
     if (!r) return send_error(s, c, proto, 500, NULL, "out of memory");
     atomic_fetch_add(&s->active, 1);
     r->srv = s;
@@ -1829,7 +1866,9 @@ static enum MHD_Result run_generation(ember_server *s, struct MHD_Connection *c,
         on_event(r, &ev, false);
     }
     enum MHD_Result ret;
-    if (r->final.finish == EMBER_FINISH_ERROR && !r->tg.stopped)
+    if (r->failed)
+        ret = send_error(s, c, proto, 500, NULL, "out of memory");
+    else if (r->final.finish == EMBER_FINISH_ERROR && !r->tg.stopped)
         ret = send_error(s, c, proto, 500, NULL, "generation failed");
     else
         ret = send_json(s, c, 200, full_response(r));
@@ -2000,7 +2039,7 @@ static enum MHD_Result do_detokenize(ember_server *s, struct MHD_Connection *c, 
     const json_t *t = json_object_get(body, "tokens");
     if (!json_is_array(t)) return send_error(s, c, PROTO_CHAT, 400, "tokens", "'tokens' must be an array of token ids");
     size_t n = json_array_size(t);
-    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    int32_t *ids = ember_malloc((n ? n : 1) * sizeof *ids);
     if (!ids) return send_error(s, c, PROTO_CHAT, 500, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(t, i);
@@ -2026,6 +2065,7 @@ static enum MHD_Result do_detokenize(ember_server *s, struct MHD_Connection *c, 
 typedef struct req_ctx {
     strbuf body;
     bool too_large;
+    bool nomem; /* the body could not be stored */
 } req_ctx;
 
 static enum MHD_Result route(ember_server *s, struct MHD_Connection *c, const char *url, const char *method,
@@ -2054,6 +2094,7 @@ static enum MHD_Result route(ember_server *s, struct MHD_Connection *c, const ch
                                                     : 0;
     if (!kind) return send_error(s, c, proto, 404, NULL, "no endpoint %s %s", method, url);
     if (!post) return send_error(s, c, proto, 405, NULL, "use POST for %s", url);
+    if (rq->nomem) return send_error(s, c, proto, 500, NULL, "out of memory");
     if (rq->too_large)
         return send_error(s, c, proto, 413, NULL, "the request body is larger than the %zu-byte limit", s->o.max_body);
     if (kind <= 3 && atomic_load(&s->draining))
@@ -2063,6 +2104,8 @@ static enum MHD_Result route(ember_server *s, struct MHD_Connection *c, const ch
         return send_error(s, c, proto, 400, NULL, "the JSON body is nested deeper than %d levels", MAX_JSON_DEPTH);
     json_error_t je;
     json_t *body = json_loadb(text, rq->body.len, 0, &je);
+    if (!body && json_error_code(&je) == json_error_out_of_memory)
+        return send_error(s, c, proto, 500, NULL, "out of memory");
     if (!body) return send_error(s, c, proto, 400, NULL, "invalid JSON body: %s (line %d, column %d)", je.text, je.line, je.column);
     enum MHD_Result r;
     if (!json_is_object(body))
@@ -2083,7 +2126,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     ember_server *s = cls;
     req_ctx *rq = *con_cls;
     if (!rq) {
-        rq = calloc(1, sizeof *rq);
+        rq = ember_calloc(1, sizeof *rq);
         if (!rq) return MHD_NO;
         *con_cls = rq;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -2092,8 +2135,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (*upload_size) {
         if (!rq->too_large) {
-            if (rq->body.len + *upload_size > s->o.max_body || sb_append(&rq->body, upload, *upload_size))
+            if (rq->body.len + *upload_size > s->o.max_body)
                 rq->too_large = true;
+            else if (sb_append(&rq->body, upload, *upload_size))
+                rq->nomem = rq->too_large = true; /* too_large: store no more */
         }
         *upload_size = 0;
         return MHD_YES;
@@ -2147,7 +2192,7 @@ static uint64_t tokenizer_fingerprint(const ember_tokenizer *tok) {
 int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_chat_template *tmpl,
                        const ember_server_opts *o, ember_server **out, ember_error *err) {
     *out = NULL;
-    ember_server *s = calloc(1, sizeof *s);
+    ember_server *s = ember_calloc(1, sizeof *s);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     s->m = m;
     s->tok = tok;

@@ -10,6 +10,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "template/chat.h"
+#include "core/alloc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ struct ember_chat_template {
 int ember_chat_template_compile(const char *text, size_t len, ember_chat_template **out, ember_error *err) {
     if (!out) return ember_err(err, EMBER_ERR_INVALID_ARG, "chat template: out is NULL");
     *out = NULL;
-    ember_chat_template *t = calloc(1, sizeof *t);
+    ember_chat_template *t = ember_calloc(1, sizeof *t);
     if (!t) return ember_err(err, EMBER_ERR_NOMEM, "chat template: out of memory");
     int rc = jinja_compile(text, len, NULL, &t->prog, err);
     if (rc) {
@@ -69,8 +70,8 @@ static int convert_object(jinja_ctx *c, const json_t *j, int depth, jv *out, emb
         unsigned long long iv;
         if (!index_key(json_object_iter_key(it), json_object_iter_key_len(it), &iv)) continue;
         if (!iiters) {
-            iiters = malloc(n * sizeof *iiters);
-            ivals = malloc(n * sizeof *ivals);
+            iiters = ember_malloc(n * sizeof *iiters);
+            ivals = ember_malloc(n * sizeof *ivals);
             if (!iiters || !ivals) {
                 free(iiters);
                 free(ivals);

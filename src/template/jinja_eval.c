@@ -374,7 +374,7 @@ static const char *memfind(const char *h, size_t hn, const char *n, size_t nn) {
         }
         return NULL;
     }
-    size_t *fail = malloc(nn * sizeof *fail);
+    size_t *fail = ember_malloc(nn * sizeof *fail);
     if (!fail) { /* out of memory: fall back to the direct scan */
         for (size_t i = 0; i + nn <= hn; i++)
             if (h[i] == n[0] && memcmp(h + i, n, nn) == 0) return h + i;
@@ -2878,7 +2878,7 @@ int jinja_compile(const char *src, size_t len, const jinja_options *opt, jinja_t
     int max_nesting = opt && opt->max_nesting > 0 ? opt->max_nesting : DEFAULT_MAX_NESTING;
     if (len > max_source)
         return ember_err(err, EMBER_ERR_LIMIT, "template: %zu bytes is over the limit of %zu bytes", len, max_source);
-    jinja_template *t = calloc(1, sizeof *t);
+    jinja_template *t = ember_calloc(1, sizeof *t);
     if (!t) return ember_err(err, EMBER_ERR_NOMEM, "template: out of memory");
     ja_init(&t->arena, 0);
     t->source = ja_strdup(&t->arena, src ? src : "", len);
@@ -2906,7 +2906,7 @@ void jinja_free(jinja_template *t) {
 }
 
 jinja_ctx *jinja_ctx_new(const jinja_limits *limits) {
-    jinja_ctx *c = calloc(1, sizeof *c);
+    jinja_ctx *c = ember_calloc(1, sizeof *c);
     if (!c) return NULL;
     if (limits) c->lim = *limits;
     if (!c->lim.max_output) c->lim.max_output = DEFAULT_MAX_OUTPUT;
@@ -3025,7 +3025,7 @@ int jinja_render(const jinja_template *t, jinja_ctx *c, char **out, size_t *out_
         return rc;
     }
     if (!sink.p) {
-        sink.p = malloc(1);
+        sink.p = ember_malloc(1);
         if (!sink.p) return ember_err(err, EMBER_ERR_NOMEM, "template: out of memory");
         sink.p[0] = '\0';
     }

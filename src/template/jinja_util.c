@@ -62,7 +62,7 @@ void *ja_alloc(jarena *a, size_t n) {
             a->failed = EMBER_ERR_LIMIT;
             return NULL;
         }
-        ja_chunk *nc = malloc(bytes);
+        ja_chunk *nc = ember_malloc(bytes);
         if (!nc) {
             a->failed = EMBER_ERR_NOMEM;
             return NULL;
@@ -142,7 +142,7 @@ bool jsb_add(jsb *b, const char *s, size_t n) {
     if (need > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap < need) cap = cap > SIZE_MAX / 2 ? need : cap * 2;
-        char *p = realloc(b->p, cap);
+        char *p = ember_realloc(b->p, cap);
         if (!p) {
             b->failed = EMBER_ERR_NOMEM;
             return false;

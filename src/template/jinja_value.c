@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "template/jinja_value.h"
+#include "core/alloc.h"
 
 jv jv_undefined(void) {
     jv v;
@@ -388,7 +389,7 @@ int jv_tojson(jsb *b, jv v, const jv_json_opts *o, int depth, bool undef_null, c
         bool ind = o->indent > 0 && d->len > 0;
         size_t *order = NULL;
         if (o->sort_keys && d->len > 1) {
-            order = malloc(d->len * sizeof *order);
+            order = ember_malloc(d->len * sizeof *order);
             if (!order) return tj_fail(b, why, whylen, "tojson: out of memory");
             for (size_t i = 0; i < d->len; i++) order[i] = i;
             /* insertion sort is stable; key counts are small */
@@ -515,7 +516,7 @@ static size_t decimal_prefix(const char *s, size_t n, bool *inf) {
 
 static double strtod_n(const char *s, size_t n) {
     char buf[128];
-    char *tmp = n < sizeof buf ? buf : malloc(n + 1);
+    char *tmp = n < sizeof buf ? buf : ember_malloc(n + 1);
     if (!tmp) return NAN;
     memcpy(tmp, s, n);
     tmp[n] = '\0';

@@ -24,7 +24,9 @@
 static int load_gguf(const char *path, ember_chat_template **out, int *tools, ember_error *err) {
     ember_gguf *g = NULL;
     ember_error gerr = {0};
-    if (ember_gguf_open(path, &g, &gerr)) return EMBER_OK;
+    int orc = ember_gguf_open(path, &g, &gerr);
+    if (orc == EMBER_ERR_NOMEM || orc == EMBER_ERR_IO) return ember_err(err, orc, "%s", gerr.msg);
+    if (orc) return EMBER_OK;
     const char *src = NULL;
     size_t n = 0;
     int rc = EMBER_OK;
@@ -49,18 +51,22 @@ int ember_chat_template_load(const char *model, ember_chat_template **out, int *
     ember_error rerr = {0};
     const char *src = NULL;
     json_t *cfg = NULL;
+    /* a file that is there but cannot be read (I/O error, no memory) is an
+       error, not a model without a template */
+    int rc = EMBER_OK;
     snprintf(p, sizeof p, "%.4000s/chat_template.jinja", model);
-    if (stat(p, &st) == 0 && !ember_read_file(p, 4 << 20, &text, &len, &rerr)) {
+    if (stat(p, &st) == 0) {
+        if ((rc = ember_read_file(p, 4 << 20, &text, &len, &rerr))) return ember_err(err, rc, "%s", rerr.msg);
         src = text;
     } else {
         snprintf(p, sizeof p, "%.4000s/tokenizer_config.json", model);
-        if (stat(p, &st) == 0 && !ember_read_file(p, 64 << 20, &text, &len, &rerr)) {
+        if (stat(p, &st) == 0) {
+            if ((rc = ember_read_file(p, 64 << 20, &text, &len, &rerr))) return ember_err(err, rc, "%s", rerr.msg);
             cfg = json_loadb(text, len, 0, NULL);
             src = ember_chat_template_from_config(cfg, NULL);
             if (src) len = strlen(src);
         }
     }
-    int rc = EMBER_OK;
     if (src && tools) *tools = (int)ember_tool_format_detect(src, len);
     if (src && (rc = ember_chat_template_compile(src, len, out, &rerr)))
         rc = ember_err(err, rc, "%s: chat template does not compile: %s", p, rerr.msg);

@@ -28,6 +28,7 @@
  */
 #define _GNU_SOURCE
 #include "template/toolcall.h"
+#include "core/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -261,7 +262,7 @@ static void tb_add(tbuf *t, const char *s, size_t n) {
     if (t->n + n + 1 > t->cap) {
         size_t cap = t->cap ? t->cap : 64;
         while (cap < t->n + n + 1) cap *= 2;
-        char *d = realloc(t->d, cap);
+        char *d = ember_realloc(t->d, cap);
         if (!d) {
             t->oom = true;
             return;
@@ -354,7 +355,7 @@ static bool json_call(const char *s, size_t n, pcall *out, bool *oom) {
         ok = false;
     }
     if (ok) {
-        out->args = malloc(e - b + 1);
+        out->args = ember_malloc(e - b + 1);
         if (!out->args) {
             *oom = true;
             ok = false;
@@ -768,7 +769,7 @@ static int mistral_call(ember_tool_parser *p, const char *s, size_t n, bool fina
             return R_BAD;
         }
         json_decref(arr);
-        pcall *calls = calloc(k, sizeof *calls);
+        pcall *calls = ember_calloc(k, sizeof *calls);
         if (!calls) {
             *oom = true;
             return R_BAD;
@@ -1123,7 +1124,7 @@ static int step(ember_tool_parser *p, bool final, ember_tool_sink sink, void *us
 }
 
 ember_tool_parser *ember_tool_parser_new(ember_tool_format f, const json_t *tools) {
-    ember_tool_parser *p = calloc(1, sizeof *p);
+    ember_tool_parser *p = ember_calloc(1, sizeof *p);
     if (!p) return NULL;
     p->f = f;
     p->tools = tools;
@@ -1148,7 +1149,7 @@ int ember_tool_parser_feed(ember_tool_parser *p, const char *text, size_t len, e
             if (cap > ((size_t)-1) / 4) return ember_err(err, EMBER_ERR_NOMEM, "tool calls: out of memory");
             cap *= 2;
         }
-        char *b = realloc(p->buf, cap);
+        char *b = ember_realloc(p->buf, cap);
         if (!b) return ember_err(err, EMBER_ERR_NOMEM, "tool calls: out of memory");
         p->buf = b;
         p->cap = cap;

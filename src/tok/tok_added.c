@@ -15,11 +15,12 @@
 #include <utf8proc.h>
 
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 static int trie_new_node(tok_trie *tr) {
     if (tr->n_nodes == tr->cap) {
         size_t cap = tr->cap ? tr->cap * 2 : 64;
-        int32_t *t = realloc(tr->term, cap * sizeof *t);
+        int32_t *t = ember_realloc(tr->term, cap * sizeof *t);
         if (!t) return -1;
         tr->term = t;
         tr->cap = cap;

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 static int nomem(ember_error *err) { return ember_err(err, EMBER_ERR_NOMEM, "out of memory"); }
 
@@ -30,17 +31,17 @@ static int ensure_syms(struct ember_tok_ws *ws, size_t n) {
     if (n <= ws->sym_cap) return EMBER_OK;
     size_t cap = ws->sym_cap ? ws->sym_cap : 256;
     while (cap < n) cap *= 2;
-    int32_t *a = realloc(ws->sym_id, cap * sizeof *a);
+    int32_t *a = ember_realloc(ws->sym_id, cap * sizeof *a);
     if (a) ws->sym_id = a;
-    uint32_t *b = realloc(ws->sym_off, cap * sizeof *b);
+    uint32_t *b = ember_realloc(ws->sym_off, cap * sizeof *b);
     if (b) ws->sym_off = b;
-    uint32_t *c = realloc(ws->sym_len, cap * sizeof *c);
+    uint32_t *c = ember_realloc(ws->sym_len, cap * sizeof *c);
     if (c) ws->sym_len = c;
-    int32_t *d = realloc(ws->sym_prev, cap * sizeof *d);
+    int32_t *d = ember_realloc(ws->sym_prev, cap * sizeof *d);
     if (d) ws->sym_prev = d;
-    int32_t *e = realloc(ws->sym_next, cap * sizeof *e);
+    int32_t *e = ember_realloc(ws->sym_next, cap * sizeof *e);
     if (e) ws->sym_next = e;
-    uint64_t *h = realloc(ws->heap, cap * 2 * sizeof *h);
+    uint64_t *h = ember_realloc(ws->heap, cap * 2 * sizeof *h);
     if (h) ws->heap = h;
     if (!a || !b || !c || !d || !e || !h) return EMBER_ERR_NOMEM;
     ws->sym_cap = cap;
@@ -53,7 +54,7 @@ static int ensure_syms(struct ember_tok_ws *ws, size_t n) {
 static int heap_push(struct ember_tok_ws *ws, uint64_t key) {
     if (ws->heap_n == ws->heap_cap) {
         size_t cap = ws->heap_cap * 2;
-        uint64_t *h = realloc(ws->heap, cap * sizeof *h);
+        uint64_t *h = ember_realloc(ws->heap, cap * sizeof *h);
         if (!h) return EMBER_ERR_NOMEM;
         ws->heap = h;
         ws->heap_cap = cap;
@@ -128,7 +129,7 @@ static void cache_put(struct ember_tok_ws *ws, const char *p, size_t n, uint64_t
                       size_t n_ids) {
     if (n == 0 || n > TOK_BPE_CACHE_MAX_KEY) return;
     if (!ws->cache) {
-        ws->cache = calloc(TOK_BPE_CACHE_SLOTS, sizeof *ws->cache);
+        ws->cache = ember_calloc(TOK_BPE_CACHE_SLOTS, sizeof *ws->cache);
         if (!ws->cache) return;
     }
     if (ws->cache_used >= TOK_BPE_CACHE_SLOTS / 2 || ws->cache_keys.n > (64u << 20)) {

@@ -9,9 +9,10 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 int tok_new(const char *name, ember_tokenizer **out, ember_error *err) {
-    ember_tokenizer *t = calloc(1, sizeof *t);
+    ember_tokenizer *t = ember_calloc(1, sizeof *t);
     if (!t) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", name);
     t->name = tok_arena_strdup(&t->pool, name, strlen(name));
     if (!t->name) {
@@ -33,10 +34,10 @@ static int grow_ids(ember_tokenizer *t, int32_t need, ember_error *err) {
         return ember_err(err, EMBER_ERR_LIMIT, "%s: more than %d token ids", t->name, TOK_MAX_VOCAB);
     size_t cap = t->id_cap ? t->id_cap : 1024;
     while (cap < (size_t)need) cap *= 2;
-    tok_sv *tx = realloc(t->text, cap * sizeof *tx);
+    tok_sv *tx = ember_realloc(t->text, cap * sizeof *tx);
     if (!tx) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
     t->text = tx;
-    uint8_t *fl = realloc(t->flags, cap);
+    uint8_t *fl = ember_realloc(t->flags, cap);
     if (!fl) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
     t->flags = fl;
     for (size_t i = t->id_cap; i < cap; i++) {
@@ -92,7 +93,7 @@ int tok_add_merge(ember_tokenizer *t, int32_t left, int32_t right, uint32_t rank
     tok_sv a = t->text[left], b = t->text[right];
     size_t n = a.n + b.n;
     char stack[256];
-    char *buf = n <= sizeof stack ? stack : malloc(n);
+    char *buf = n <= sizeof stack ? stack : ember_malloc(n);
     if (!buf) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
     memcpy(buf, a.p, a.n);
     memcpy(buf + a.n, b.p, b.n);
@@ -114,7 +115,7 @@ int tok_add_added(ember_tokenizer *t, int32_t id, const char *s, size_t n, bool 
     if (rc) return rc;
     if ((t->n_added & (t->n_added - 1)) == 0) { /* grow at powers of two */
         size_t cap = t->n_added ? t->n_added * 2 : 16;
-        tok_added *a = realloc(t->added, cap * sizeof *a);
+        tok_added *a = ember_realloc(t->added, cap * sizeof *a);
         if (!a) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
         t->added = a;
     }
@@ -244,7 +245,7 @@ int tok_finish(ember_tokenizer *t, ember_error *err) {
         int32_t j = tok_smap_get(&t->map, a->norm, a->norm_n);
         if (j < 0 || j == a->id) continue;
         if (!t->remap) {
-            t->remap = malloc((size_t)t->n_all * sizeof *t->remap);
+            t->remap = ember_malloc((size_t)t->n_all * sizeof *t->remap);
             if (!t->remap) return nomem_t(t, err);
             for (int32_t i = 0; i < t->n_all; i++) t->remap[i] = i;
         }

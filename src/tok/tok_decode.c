@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 static int nomem(ember_error *err) { return ember_err(err, EMBER_ERR_NOMEM, "out of memory"); }
 
@@ -150,7 +151,7 @@ typedef struct slist {
 static int sl_push(slist *l, tok_arena *a, const char *s, size_t n, bool copy) {
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 64;
-        tok_sv *v = realloc(l->v, cap * sizeof *v);
+        tok_sv *v = ember_realloc(l->v, cap * sizeof *v);
         if (!v) return EMBER_ERR_NOMEM;
         l->v = v;
         l->cap = cap;
@@ -600,7 +601,7 @@ struct ember_tok_stream {
 
 int ember_tok_stream_new(const ember_tokenizer *t, unsigned flags, ember_tok_stream **out, ember_error *err) {
     if (!t || !out) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_tok_stream_new: NULL argument");
-    ember_tok_stream *s = calloc(1, sizeof *s);
+    ember_tok_stream *s = ember_calloc(1, sizeof *s);
     if (!s) return nomem(err);
     s->t = t;
     s->flags = flags;

@@ -22,10 +22,11 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 ember_tok_ws *ember_tok_ws_new(const ember_tokenizer *t) {
     if (!t) return NULL;
-    ember_tok_ws *ws = calloc(1, sizeof *ws);
+    ember_tok_ws *ws = ember_calloc(1, sizeof *ws);
     if (!ws) return NULL;
     ws->tok = t;
     if (tok_rx_init(&ws->rx, t->max_caps)) {
@@ -226,7 +227,7 @@ static int encode_ws(const ember_tokenizer *t, struct ember_tok_ws *ws, const ch
     }
     if (!rc && (!(flags & EMBER_TOK_ADD_SPECIAL) || t->n_posts == 0)) { /* nothing to add: hand over */
         if (seq.cap > seq.n * 2 + 1024) { /* give back the over-reservation */
-            int32_t *v = realloc(seq.v, (seq.n ? seq.n : 1) * sizeof *v);
+            int32_t *v = ember_realloc(seq.v, (seq.n ? seq.n : 1) * sizeof *v);
             if (v) seq.v = v;
         }
         *ids = seq.v;
@@ -261,10 +262,12 @@ int ember_tok_encode(const ember_tokenizer *t, ember_tok_ws *ws, const char *tex
     if (ws && ws->tok != t)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_tok_encode: workspace belongs to another tokenizer");
     if (!text) text = "";
-    if (ws) return encode_ws(t, ws, text, len, flags, ids, n_ids, err);
-    ember_tok_ws *tmp = ember_tok_ws_new(t);
-    if (!tmp) return nomem(err);
-    int rc = encode_ws(t, tmp, text, len, flags, ids, n_ids, err);
+    ember_err_clear(err);
+    ember_tok_ws *tmp = ws ? NULL : ember_tok_ws_new(t);
+    if (!ws && !tmp) return nomem(err);
+    int rc = encode_ws(t, ws ? ws : tmp, text, len, flags, ids, n_ids, err);
     ember_tok_ws_free(tmp);
+    /* the word-level helpers return a bare status: the message is made here */
+    if (rc && err && err->code == EMBER_OK) rc = rc == EMBER_ERR_NOMEM ? nomem(err) : ember_err(err, rc, "encoding failed");
     return rc;
 }

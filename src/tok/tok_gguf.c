@@ -27,6 +27,7 @@
 
 #include "formats/gguf.h"
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 #define RE_LLAMA3                                                                                                    \
@@ -126,7 +127,7 @@ static int build_pre(ember_tokenizer *t, const char *pre, ember_error *err) {
         if (name_in(k_pre[k].names, pre)) break;
     if (k == sizeof k_pre / sizeof k_pre[0])
         return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: unsupported tokenizer.ggml.pre '%s'", t->name, pre);
-    t->pre = calloc(1, sizeof *t->pre);
+    t->pre = ember_calloc(1, sizeof *t->pre);
     if (!t->pre) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
     t->model.ignore_merges = k_pre[k].ignore_merges;
     if (k_pre[k].gpt2_bytelevel) return tok_pre_bytelevel_init(t->pre, false, true, err, t->name);
@@ -134,7 +135,7 @@ static int build_pre(ember_tokenizer *t, const char *pre, ember_error *err) {
     while (n < 6 && k_pre[k].re[n]) n++;
     tok_pretok *seq = t->pre;
     seq->type = TOK_PRE_SEQUENCE;
-    seq->kids = calloc(n + 1, sizeof *seq->kids);
+    seq->kids = ember_calloc(n + 1, sizeof *seq->kids);
     if (!seq->kids) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
     for (size_t i = 0; i < n; i++) {
         tok_pretok *s = &seq->kids[seq->n_kids++];
@@ -151,7 +152,7 @@ static int build_pre(ember_tokenizer *t, const char *pre, ember_error *err) {
 
 static int mk_str(char **dst, size_t *dn, const char *s) {
     size_t n = strlen(s);
-    *dst = malloc(n + 1);
+    *dst = ember_malloc(n + 1);
     if (!*dst) return EMBER_ERR_NOMEM;
     memcpy(*dst, s, n + 1);
     *dn = n;
@@ -160,11 +161,11 @@ static int mk_str(char **dst, size_t *dn, const char *s) {
 
 /* Decoder: Replace(from -> " "), then ByteFallback (optional), Fuse, Strip(" ", 1, 0) (optional). */
 static int build_spm_decoder(ember_tokenizer *t, bool byte_fallback, bool strip, ember_error *err) {
-    tok_dec *d = calloc(1, sizeof *d);
+    tok_dec *d = ember_calloc(1, sizeof *d);
     if (!d) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
     t->dec = d;
     d->type = TOK_DEC_SEQUENCE;
-    d->kids = calloc(4, sizeof *d->kids);
+    d->kids = ember_calloc(4, sizeof *d->kids);
     if (!d->kids) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
     tok_dec *r = &d->kids[d->n_kids++];
     r->type = TOK_DEC_REPLACE;
@@ -185,12 +186,12 @@ static int build_spm_decoder(ember_tokenizer *t, bool byte_fallback, bool strip,
 }
 
 static int add_template(ember_tokenizer *t, int32_t first, int32_t last, ember_error *err) {
-    tok_post p = {TOK_POST_TEMPLATE, calloc(3, sizeof(int32_t)), 0, -1, -1};
+    tok_post p = {TOK_POST_TEMPLATE, ember_calloc(3, sizeof(int32_t)), 0, -1, -1};
     if (!p.single) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
     if (first >= 0) p.single[p.n_single++] = first;
     p.single[p.n_single++] = TOK_POST_SEQ_A;
     if (last >= 0) p.single[p.n_single++] = last;
-    t->posts = malloc(sizeof *t->posts);
+    t->posts = ember_malloc(sizeof *t->posts);
     if (!t->posts) {
         free(p.single);
         return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
@@ -226,8 +227,8 @@ static int cmp_scored(const void *a, const void *b) {
 }
 
 static int spm_merges(ember_tokenizer *t, const float *scores, size_t n, ember_error *err) {
-    scored *v = malloc(n * sizeof *v);
-    uint32_t *rank = malloc(n * sizeof *rank);
+    scored *v = ember_malloc(n * sizeof *v);
+    uint32_t *rank = ember_malloc(n * sizeof *rank);
     if (!v || !rank) {
         free(v);
         free(rank);
@@ -299,7 +300,7 @@ static int build(ember_tokenizer *t, const struct ember_gguf *g, ember_error *er
     tok_model *m = &t->model;
     m->type = TOK_MODEL_BPE;
     if (unk >= 0) {
-        m->unk_str = malloc(t->text[unk].n + 1);
+        m->unk_str = ember_malloc(t->text[unk].n + 1);
         if (!m->unk_str) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
         memcpy(m->unk_str, t->text[unk].p, t->text[unk].n);
         m->unk_str[t->text[unk].n] = 0;
@@ -321,10 +322,10 @@ static int build(ember_tokenizer *t, const struct ember_gguf *g, ember_error *er
         if (rc) return rc;
         m->byte_fallback = true;
         bool prefix = opt_bool(g, "tokenizer.ggml.add_space_prefix", true);
-        t->norm = calloc(1, sizeof *t->norm);
+        t->norm = ember_calloc(1, sizeof *t->norm);
         if (!t->norm) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
         t->norm->type = TOK_NORM_SEQUENCE;
-        t->norm->kids = calloc(2, sizeof *t->norm->kids);
+        t->norm->kids = ember_calloc(2, sizeof *t->norm->kids);
         if (!t->norm->kids) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
         if (prefix) {
             tok_norm *p = &t->norm->kids[t->norm->n_kids++];
@@ -362,7 +363,7 @@ static int build(ember_tokenizer *t, const struct ember_gguf *g, ember_error *er
         if (ember_gguf_find_kv(g, "tokenizer.ggml.pre") && (rc = ember_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL, err)))
             return rc;
         if ((rc = build_pre(t, pre, err))) return rc;
-        t->dec = calloc(1, sizeof *t->dec);
+        t->dec = ember_calloc(1, sizeof *t->dec);
         if (!t->dec) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
         t->dec->type = TOK_DEC_BYTELEVEL;
         t->add_bos = opt_bool(g, "tokenizer.ggml.add_bos_token", false);
@@ -372,8 +373,8 @@ static int build(ember_tokenizer *t, const struct ember_gguf *g, ember_error *er
         m->max_chars = 100;
         if (mk_str(&m->word_prefix, &m->word_prefix_n, "\xE2\x96\x81") || mk_str(&m->cont_prefix, &m->cont_prefix_n, ""))
             return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
-        t->norm = calloc(1, sizeof *t->norm);
-        t->pre = calloc(1, sizeof *t->pre);
+        t->norm = ember_calloc(1, sizeof *t->norm);
+        t->pre = ember_calloc(1, sizeof *t->pre);
         if (!t->norm || !t->pre) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
         t->norm->type = TOK_NORM_BERT;
         t->norm->clean_text = t->norm->chinese_chars = t->norm->lowercase = true;

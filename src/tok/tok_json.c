@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/jsonutil.h"
 #include "tok_internal.h"
 
@@ -133,7 +134,7 @@ static int get_uint(jctx *c, const json_t *o, const char *base, const char *key,
 }
 
 static char *dupn(const char *s, size_t n) {
-    char *d = malloc(n + 1);
+    char *d = ember_malloc(n + 1);
     if (!d) return NULL;
     if (n) memcpy(d, s, n);
     d[n] = 0;
@@ -227,7 +228,7 @@ static int parse_norm(jctx *c, const json_t *o, const char *base, int depth, tok
         if (!json_is_array(l)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", ember_json_type(l));
         size_t n = json_array_size(l);
         if (n > TOK_MAX_SEQ_ITEMS) return jfail(c, EMBER_ERR_LIMIT, p, "%zu items (limit %d)", n, TOK_MAX_SEQ_ITEMS);
-        nm->kids = calloc(n ? n : 1, sizeof *nm->kids);
+        nm->kids = ember_calloc(n ? n : 1, sizeof *nm->kids);
         if (!nm->kids) return nomem(c);
         for (size_t i = 0; i < n; i++) {
             char q[PATH];
@@ -360,7 +361,7 @@ static int parse_pre(jctx *c, const json_t *o, const char *base, int depth, tok_
         if (!json_is_array(l)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", ember_json_type(l));
         size_t n = json_array_size(l);
         if (n > TOK_MAX_SEQ_ITEMS) return jfail(c, EMBER_ERR_LIMIT, p, "%zu items (limit %d)", n, TOK_MAX_SEQ_ITEMS);
-        pt->kids = calloc(n ? n : 1, sizeof *pt->kids);
+        pt->kids = ember_calloc(n ? n : 1, sizeof *pt->kids);
         if (!pt->kids) return nomem(c);
         for (size_t i = 0; i < n; i++) {
             char q[PATH];
@@ -463,7 +464,7 @@ static int parse_dec(jctx *c, const json_t *o, const char *base, int depth, tok_
         if (!json_is_array(l)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", ember_json_type(l));
         size_t cnt = json_array_size(l);
         if (cnt > TOK_MAX_SEQ_ITEMS) return jfail(c, EMBER_ERR_LIMIT, p, "%zu items (limit %d)", cnt, TOK_MAX_SEQ_ITEMS);
-        d->kids = calloc(cnt ? cnt : 1, sizeof *d->kids);
+        d->kids = ember_calloc(cnt ? cnt : 1, sizeof *d->kids);
         if (!d->kids) return nomem(c);
         for (size_t i = 0; i < cnt; i++) {
             char q[PATH];
@@ -595,7 +596,7 @@ static int parse_model_vocab(jctx *c, const json_t *m) {
         size_t n = json_array_size(vocab);
         if (n == 0) return jfail(c, EMBER_ERR_FORMAT, "model.vocab", "is empty");
         if (n > TOK_MAX_VOCAB) return jfail(c, EMBER_ERR_LIMIT, "model.vocab", "%zu entries (limit %d)", n, TOK_MAX_VOCAB);
-        md->scores = malloc(n * sizeof *md->scores);
+        md->scores = ember_malloc(n * sizeof *md->scores);
         if (!md->scores) return nomem(c);
         md->n_scores = n;
         double mn = 0;
@@ -619,7 +620,7 @@ static int parse_model_vocab(jctx *c, const json_t *m) {
         md->unk_score = mn - 10;
         md->fuse_unk = true;
         /* the prefix trie (the last of duplicate pieces wins, as the reference's map) */
-        if (!(md->pieces = calloc(1, sizeof *md->pieces))) return nomem(c);
+        if (!(md->pieces = ember_calloc(1, sizeof *md->pieces))) return nomem(c);
         for (size_t i = 0; i < n; i++) {
             tok_sv s = c->t->text[i];
             int32_t last = tok_smap_get(&c->t->map, s.p, s.n);
@@ -688,7 +689,7 @@ static int32_t special_id(const ember_tokenizer *t, const char *s, size_t n, con
 static int push_post(jctx *c, tok_post *p) {
     ember_tokenizer *t = c->t;
     if (t->n_posts >= TOK_MAX_SEQ_ITEMS) return jfail(c, EMBER_ERR_LIMIT, "post_processor", "too many steps");
-    tok_post *v = realloc(t->posts, (t->n_posts + 1) * sizeof *v);
+    tok_post *v = ember_realloc(t->posts, (t->n_posts + 1) * sizeof *v);
     if (!v) {
         free(p->single);
         return nomem(c);
@@ -711,7 +712,7 @@ static int parse_post(jctx *c, const json_t *o, const char *base, int depth) {
         if (!json_is_array(single)) return jfail(c, EMBER_ERR_FORMAT, p, "expected an array, got %s", ember_json_type(single));
         size_t n = json_array_size(single);
         if (n > TOK_MAX_TEMPLATE_ITEMS) return jfail(c, EMBER_ERR_LIMIT, p, "%zu items (limit %d)", n, TOK_MAX_TEMPLATE_ITEMS);
-        tok_post post = {TOK_POST_TEMPLATE, calloc(n ? n : 1, sizeof(int32_t)), 0, -1, -1};
+        tok_post post = {TOK_POST_TEMPLATE, ember_calloc(n ? n : 1, sizeof(int32_t)), 0, -1, -1};
         if (!post.single) return nomem(c);
         for (size_t i = 0; i < n; i++) {
             const json_t *it = json_array_get(single, i);
@@ -907,17 +908,17 @@ static int load_root(jctx *c, const json_t *root, const json_t *cfg, const char 
     }
     const json_t *v = json_object_get(root, "normalizer");
     if (v && !json_is_null(v)) {
-        if (!(t->norm = calloc(1, sizeof *t->norm))) return nomem(c);
+        if (!(t->norm = ember_calloc(1, sizeof *t->norm))) return nomem(c);
         if ((rc = parse_norm(c, v, "normalizer", 0, t->norm))) return rc;
     }
     v = json_object_get(root, "pre_tokenizer");
     if (v && !json_is_null(v)) {
-        if (!(t->pre = calloc(1, sizeof *t->pre))) return nomem(c);
+        if (!(t->pre = ember_calloc(1, sizeof *t->pre))) return nomem(c);
         if ((rc = parse_pre(c, v, "pre_tokenizer", 0, t->pre))) return rc;
     }
     v = json_object_get(root, "decoder");
     if (v && !json_is_null(v)) {
-        if (!(t->dec = calloc(1, sizeof *t->dec))) return nomem(c);
+        if (!(t->dec = ember_calloc(1, sizeof *t->dec))) return nomem(c);
         if ((rc = parse_dec(c, v, "decoder", 0, t->dec))) return rc;
     }
     tok_choose_byte_mode(t);
@@ -960,7 +961,7 @@ int tok_load_json_text(const char *name, const char *json, size_t n, const char 
     int rc = TOK_FALLBACK;
     tok_sv fv, fm;
     if (tok_jfast_locate(json, n, &fv, &fm)) {
-        char *copy = malloc(n + 1);
+        char *copy = ember_malloc(n + 1);
         json_t *root = NULL;
         if (copy) {
             memcpy(copy, json, n);

@@ -23,6 +23,7 @@
 #include <utf8proc.h>
 
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 static int to_arena(struct ember_tok_ws *ws, const tok_buf *b, tok_sv *out, ember_error *err) {
     char *p = tok_arena_strdup(&ws->arena, b->p ? b->p : "", b->n);
@@ -273,7 +274,7 @@ static bool nfc_safe(struct ember_tok_ws *ws, uint32_t cp) {
     if (cp < 0x300) return true;
     if (cp >= 0x30000) return nfc_safe_slow(cp);
     if (!ws->nfc_state) {
-        ws->nfc_state = calloc(0x30000 / 4, 1);
+        ws->nfc_state = ember_calloc(0x30000 / 4, 1);
         if (!ws->nfc_state) return nfc_safe_slow(cp);
     }
     uint8_t *b = &ws->nfc_state[cp >> 2];

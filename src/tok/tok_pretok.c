@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 static int nomem(ember_error *err) { return ember_err(err, EMBER_ERR_NOMEM, "out of memory"); }
 
@@ -51,7 +52,7 @@ static int match_all(const tok_pattern *pat, struct ember_tok_ws *ws, tok_piece 
 static int seg_push(struct ember_tok_ws *ws, size_t *n, size_t s, size_t e, bool m) {
     if (*n == ws->segs_cap) {
         size_t cap = ws->segs_cap ? ws->segs_cap * 2 : 64;
-        void *p = realloc(ws->segs, cap * sizeof *ws->segs);
+        void *p = ember_realloc(ws->segs, cap * sizeof *ws->segs);
         if (!p) return EMBER_ERR_NOMEM;
         ws->segs = p;
         ws->segs_cap = cap;

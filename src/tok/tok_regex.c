@@ -149,7 +149,7 @@ static void cls_op_free(cls_op *o) {
 static int cls_add_range(cls_op *o, uint32_t lo, uint32_t hi) {
     if (o->n_rng == o->cap_rng) {
         size_t cap = o->cap_rng ? o->cap_rng * 2 : 8;
-        void *p = realloc(o->rng, cap * sizeof *o->rng);
+        void *p = ember_realloc(o->rng, cap * sizeof *o->rng);
         if (!p) return EMBER_ERR_NOMEM;
         o->rng = p;
         o->cap_rng = cap;
@@ -704,7 +704,7 @@ int tok_regex_translate(const char *src, size_t n, char **out, size_t *out_n, em
     if (!rc && !t.fail && !t.out.p && tok_buf_reserve(&t.out, 1)) rc = TR_NOMEM;
     if (rc || t.fail) {
         tok_buf_free(&t.out);
-        if (rc == TR_NOMEM) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", where);
+        if (rc == TR_NOMEM || rc == EMBER_ERR_NOMEM) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", where);
         return t.fail ? t.fail : rc;
     }
     *out = t.out.p;
@@ -737,7 +737,7 @@ int tok_pattern_init(tok_pattern *p, bool is_regex, const char *text, size_t n, 
     if (n > TOK_MAX_PATTERN_BYTES)
         return ember_err(err, EMBER_ERR_LIMIT, "%s: pattern of %zu bytes (limit %u)", where, n, TOK_MAX_PATTERN_BYTES);
     if (!is_regex) {
-        p->lit = malloc(n + 1);
+        p->lit = ember_malloc(n + 1);
         if (!p->lit) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", where);
         if (n) memcpy(p->lit, text, n);
         p->lit[n] = 0;

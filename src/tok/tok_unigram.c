@@ -12,15 +12,16 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 static int grow(struct ember_tok_ws *ws, size_t n) {
     if (n <= ws->dbl_cap && n <= ws->i32_cap) return EMBER_OK;
     size_t cap = n < 256 ? 256 : n;
-    double *d = realloc(ws->dbl, cap * sizeof *d);
+    double *d = ember_realloc(ws->dbl, cap * sizeof *d);
     if (d) ws->dbl = d;
-    int32_t *a = realloc(ws->i32a, cap * sizeof *a);
+    int32_t *a = ember_realloc(ws->i32a, cap * sizeof *a);
     if (a) ws->i32a = a;
-    int32_t *b = realloc(ws->i32b, cap * sizeof *b);
+    int32_t *b = ember_realloc(ws->i32b, cap * sizeof *b);
     if (b) ws->i32b = b;
     if (!d || !a || !b) return EMBER_ERR_NOMEM;
     ws->dbl_cap = ws->i32_cap = cap;

@@ -19,7 +19,7 @@ int tok_buf_reserve(tok_buf *b, size_t extra) {
     if (need <= b->cap) return EMBER_OK;
     size_t cap = b->cap ? b->cap : 64;
     while (cap < need) cap *= 2;
-    char *p = realloc(b->p, cap);
+    char *p = ember_realloc(b->p, cap);
     if (!p) return EMBER_ERR_NOMEM;
     b->p = p;
     b->cap = cap;
@@ -60,7 +60,7 @@ int tok_ivec_reserve(tok_ivec *v, size_t extra) {
     if (need <= v->cap) return EMBER_OK;
     size_t cap = v->cap ? v->cap : 64;
     while (cap < need) cap *= 2;
-    int32_t *p = realloc(v->v, cap * sizeof *p);
+    int32_t *p = ember_realloc(v->v, cap * sizeof *p);
     if (!p) return EMBER_ERR_NOMEM;
     v->v = p;
     v->cap = cap;
@@ -104,7 +104,7 @@ void *tok_arena_alloc(tok_arena *a, size_t n) {
         }
     }
     size_t cap = n > (1u << 16) ? n : (1u << 16);
-    tok_arena_chunk *c = malloc(sizeof *c + cap);
+    tok_arena_chunk *c = ember_malloc(sizeof *c + cap);
     if (!c) return NULL;
     c->cap = cap;
     c->used = n;
@@ -144,7 +144,7 @@ int tok_pieces_push(tok_pieces *l, const char *p, size_t n) {
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 64;
         if (cap > SIZE_MAX / sizeof *l->v) return EMBER_ERR_NOMEM;
-        tok_piece *v = realloc(l->v, cap * sizeof *v);
+        tok_piece *v = ember_realloc(l->v, cap * sizeof *v);
         if (!v) return EMBER_ERR_NOMEM;
         l->v = v;
         l->cap = cap;
@@ -186,7 +186,7 @@ uint64_t tok_hash(const void *p, size_t n) {
 static int smap_grow(tok_smap *m) {
     size_t nslots = m->mask ? (m->mask + 1) * 2 : 64;
     if (nslots > ((size_t)1 << 31)) return EMBER_ERR_NOMEM;
-    uint32_t *slot = calloc(nslots, sizeof *slot);
+    uint32_t *slot = ember_calloc(nslots, sizeof *slot);
     if (!slot) return EMBER_ERR_NOMEM;
     size_t mask = nslots - 1;
     for (size_t i = 0; i < m->n; i++) {
@@ -205,7 +205,7 @@ int tok_smap_reserve(tok_smap *m, size_t n) {
     while ((m->mask ? m->mask + 1 : 0) < n * 2)
         if (smap_grow(m)) return EMBER_ERR_NOMEM;
     if (n > m->cap) {
-        tok_smap_ent *ent = realloc(m->ent, n * sizeof *ent);
+        tok_smap_ent *ent = ember_realloc(m->ent, n * sizeof *ent);
         if (!ent) return EMBER_ERR_NOMEM;
         m->ent = ent;
         m->cap = n;
@@ -232,7 +232,7 @@ int tok_smap_put(tok_smap *m, const char *k, size_t n, int32_t v, bool replace, 
     }
     if (m->n == m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 64;
-        tok_smap_ent *ent = realloc(m->ent, cap * sizeof *ent);
+        tok_smap_ent *ent = ember_realloc(m->ent, cap * sizeof *ent);
         if (!ent) return EMBER_ERR_NOMEM;
         m->ent = ent;
         m->cap = cap;
@@ -267,7 +267,7 @@ int tok_umap_init(tok_umap *m, size_t expected) {
         if (n > ((size_t)1 << 40)) return EMBER_ERR_NOMEM;
         n *= 2;
     }
-    m->e = malloc(n * sizeof *m->e);
+    m->e = ember_malloc(n * sizeof *m->e);
     if (!m->e) return EMBER_ERR_NOMEM;
     memset(m->e, 0xFF, n * sizeof *m->e);
     m->mask = n - 1;

@@ -36,6 +36,7 @@
 #include "backend/kv_codec.h"
 #include "core/cpu.h"
 #include "core/threadpool.h"
+#include "core/alloc.h"
 #include "core/util.h"
 #include "cpu_delta.h"
 #include "kern_mlx.h"
@@ -115,7 +116,7 @@ static void *host_alloc(size_t size, size_t *map_len) {
         return (void *)a;
     }
     size_t rounded = (size + 63) & ~(size_t)63;
-    void *d = aligned_alloc(64, rounded ? rounded : 64);
+    void *d = ember_aligned_alloc(64, rounded ? rounded : 64);
     if (d) memset(d, 0, rounded ? rounded : 64);
     return d;
 }
@@ -123,7 +124,7 @@ static void *host_alloc(size_t size, size_t *map_len) {
 static int cpu_buffer_alloc(ember_backend *be, size_t size, ember_buffer **out, ember_error *err) {
     *out = NULL;
     if (size > SIZE_MAX / 2) return ember_err(err, EMBER_ERR_NOMEM, "cannot allocate %zu bytes", size);
-    ember_buffer *b = calloc(1, sizeof *b);
+    ember_buffer *b = ember_calloc(1, sizeof *b);
     size_t map_len = 0;
     void *d = b ? host_alloc(size, &map_len) : NULL;
     if (!d) {
@@ -139,7 +140,7 @@ static int cpu_buffer_from_host(ember_backend *be, const void *h, size_t size, e
                                 ember_error *err) {
     *out = NULL;
     if (cpu(be)->zero_copy && h && ((uintptr_t)h & 15u) == 0) {
-        ember_buffer *b = calloc(1, sizeof *b);
+        ember_buffer *b = ember_calloc(1, sizeof *b);
         if (!b) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         *b = (ember_buffer){.be = be, .data = (void *)h, .size = size, .owned = false};
         *out = b;
@@ -215,7 +216,7 @@ static int ensure_scratch(cpu_backend *c, size_t floats, ember_error *err) {
     size_t total, bytes;
     if (!ember_mul_ok(floats, (size_t)c->n_threads, &total) || !ember_mul_ok(total, 4, &bytes))
         return ember_err(err, EMBER_ERR_NOMEM, "scratch size overflows");
-    float *s = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    float *s = ember_aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of scratch", bytes);
     free(c->scratch);
     c->scratch = s;
@@ -230,7 +231,7 @@ static int ensure_qscratch(cpu_backend *c, size_t bytes, ember_error *err) {
     size_t total;
     if (!ember_mul_ok(bytes, (size_t)c->n_threads, &total))
         return ember_err(err, EMBER_ERR_NOMEM, "scratch size overflows");
-    unsigned char *s = aligned_alloc(64, total);
+    unsigned char *s = ember_aligned_alloc(64, total);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of scratch", total);
     free(c->qscratch);
     c->qscratch = s;
@@ -313,7 +314,7 @@ static int packed_ensure(cpu_backend *c, const ember_tensor *w, bool *packed, em
     if (rc) return rc;
     if (c->n_packed == c->cap_packed) {
         int cap = c->cap_packed ? 2 * c->cap_packed : 64;
-        cpu_packed *p = realloc(c->packed, (size_t)cap * sizeof *p);
+        cpu_packed *p = ember_realloc(c->packed, (size_t)cap * sizeof *p);
         if (!p) return EMBER_OK;
         c->packed = p;
         c->cap_packed = cap;
@@ -483,7 +484,7 @@ static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_k
     if (!ember_mul_ok(cpu_act_row_bytes(kind, K), (size_t)M, &bytes))
         return ember_err(err, EMBER_ERR_NOMEM, "matmul: activation buffer size overflows");
     if (bytes > c->act_cap[kind]) {
-        void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        void *p = ember_aligned_alloc(64, (bytes + 63) & ~(size_t)63);
         if (!p) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of activations", bytes);
         free(c->act[kind]);
         c->act[kind] = p;
@@ -848,7 +849,7 @@ static int cpu_attention(ember_backend *be, ember_tensor *out, const ember_tenso
     /* few units and long contexts: spans run in parallel, then merge */
     size_t need = (size_t)units * (size_t)max_span * (size_t)rep * ((size_t)Dp + 2);
     if (need > c->attn_parts_cap) {
-        float *np = realloc(c->attn_parts, need * sizeof *np);
+        float *np = ember_realloc(c->attn_parts, need * sizeof *np);
         if (!np) return ember_err(err, EMBER_ERR_NOMEM, "attention: out of memory");
         c->attn_parts = np;
         c->attn_parts_cap = need;
@@ -982,7 +983,7 @@ static int cpu_delta_net(ember_backend *be, ember_tensor *out, const ember_tenso
         ember_tensor_nelem(w->conv) != (int64_t)s->conv_dim * s->conv_k || ember_tensor_nelem(w->a_neg ? w->a_neg : w->a_log) != s->n_v_heads ||
         ember_tensor_nelem(w->dt_bias) != s->n_v_heads)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: shapes do not match the state's");
-    float **logs = calloc((size_t)map->n_refs + 1, sizeof *logs);
+    float **logs = ember_calloc((size_t)map->n_refs + 1, sizeof *logs);
     if (!logs) return ember_err(err, EMBER_ERR_NOMEM, "out of memory in delta_net");
     for (int64_t t = 0; t < T && !rc; t++) {
         int r = map->row[t];
@@ -1108,7 +1109,7 @@ int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_
         return ember_err(err, EMBER_ERR_UNSUPPORTED, "this CPU does not support the %s instruction set",
                          ember_isa_name(isa));
     int n = p && p->n_threads > 0 ? p->n_threads : ember_cpu_count();
-    cpu_backend *c = calloc(1, sizeof *c);
+    cpu_backend *c = ember_calloc(1, sizeof *c);
     if (!c) return ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the CPU backend");
     c->pool = ember_pool_new(n, err);
     if (!c->pool) {

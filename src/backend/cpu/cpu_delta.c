@@ -35,6 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
+
 #define CH EMBER_DELTA_SPAN /* the chunked form's span, in positions (aligned to multiples) */
 
 /* ---- the arithmetic both forms and the replay share ---- */
@@ -311,7 +313,7 @@ int cpu_delta_run(ember_pool *pool, const cpu_delta_args *a, void **scratch, siz
     const size_t need = n_f * sizeof(float) + (size_t)T * sizeof(row_info) +
                         ((size_t)map->n_refs + (size_t)T * 3) * sizeof(int);
     if (need > *cap) {
-        void *p = realloc(*scratch, need);
+        void *p = ember_realloc(*scratch, need);
         if (!p) return ember_err(err, EMBER_ERR_NOMEM, "out of memory in delta_net");
         *scratch = p;
         *cap = need;
@@ -356,7 +358,7 @@ int cpu_delta_rebuild(const ember_rec_layer *layers, int n_layers, float *slots,
         const size_t conv_f = (size_t)(K - 1) * C, head_f = (size_t)Dk * Dv;
         const float *p0 = src < 0 ? NULL : slots + (size_t)src * L->slot_floats + L->off;
         float *p1 = slots + (size_t)dst * L->slot_floats + L->off;
-        float *mem = malloc((size_t)Dv * sizeof *mem);
+        float *mem = ember_malloc((size_t)Dv * sizeof *mem);
         if (!mem) return ember_err(err, EMBER_ERR_NOMEM, "out of memory in delta_replay");
         /* the convolution state: the last K - 1 of (old state, logged inputs) */
         for (int e = 0; e < K - 1; e++) {

@@ -42,6 +42,7 @@
 
 #include "backend/backend.h"
 #include "backend/kv_codec.h"
+#include "core/alloc.h"
 #include "core/util.h"
 #include "cuda_kernels.h"
 
@@ -176,7 +177,7 @@ static void prof_mark(cuda_backend *c, const char *name) {
 static void prof_start(cuda_backend *c) {
     const char *path = getenv("EMBER_CUDA_PROFILE");
     if (!path || !*path) return;
-    cuda_prof *p = calloc(1, sizeof *p);
+    cuda_prof *p = ember_calloc(1, sizeof *p);
     if (!p) return;
     int i = 0;
     while (i < PROF_EVENTS && cudaEventCreate(&p->ev[i]) == cudaSuccess) i++;
@@ -219,7 +220,7 @@ static int cuda_buffer_alloc(ember_backend *be, size_t size, ember_buffer **out,
     *out = NULL;
     int rc = bind(c, err);
     if (rc) return rc;
-    ember_buffer *b = calloc(1, sizeof *b);
+    ember_buffer *b = ember_calloc(1, sizeof *b);
     if (!b) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     void *d = NULL;
     cudaError_t e = cudaMalloc(&d, size ? size : 1);
@@ -338,7 +339,7 @@ static int upload_args(cuda_backend *c, int n, const void *const *part, const si
             return ember_err(err, EMBER_ERR_INVALID_ARG, "cuda: op arguments too large");
     }
     if (total > c->bounce_cap) {
-        unsigned char *h = malloc(total);
+        unsigned char *h = ember_malloc(total);
         if (!h) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of op arguments", total);
         free(c->bounce);
         c->bounce = h;
@@ -362,7 +363,7 @@ static int upload_args(cuda_backend *c, int n, const void *const *part, const si
         if (total > hit->cap) {
             size_t cap = hit->cap ? hit->cap : 4096;
             while (cap < total) cap *= 2;
-            unsigned char *h = malloc(cap);
+            unsigned char *h = ember_malloc(cap);
             if (!h) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of op arguments", cap);
             /* kernels queued earlier may still read the old memory */
             cudaError_t e = cudaStreamSynchronize(c->stream);
@@ -595,7 +596,7 @@ static int upload_map(cuda_backend *c, const ember_kv_map *map, int T, int H, in
     /* the tables of the rows in use */
     size_t nref = (size_t)map->n_refs, nblk = 0;
     if (nref > c->refs_cap) {
-        ember_cu_kv_ref *r = realloc(c->refs_h, nref * sizeof *r);
+        ember_cu_kv_ref *r = ember_realloc(c->refs_h, nref * sizeof *r);
         if (!r) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", op);
         c->refs_h = r;
         c->refs_cap = nref;
@@ -611,7 +612,7 @@ static int upload_map(cuda_backend *c, const ember_kv_map *map, int T, int H, in
         nblk += (size_t)ref->n_blocks;
     }
     if (nblk > c->blocks_cap) {
-        int32_t *b = realloc(c->blocks_h, nblk * sizeof *b);
+        int32_t *b = ember_realloc(c->blocks_h, nblk * sizeof *b);
         if (!b) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", op);
         c->blocks_h = b;
         c->blocks_cap = nblk;
@@ -834,9 +835,9 @@ static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tens
         ember_tensor_nelem(w->dt_bias) != s->n_v_heads)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: shapes do not match the state's");
     const int nT = (int)T;
-    int32_t *ints = malloc((size_t)nT * 3 * sizeof *ints);
-    int32_t *first = malloc((size_t)(map->n_refs > 0 ? map->n_refs : 1) * sizeof *first);
-    ember_cu_delta_row *rows = calloc((size_t)nT, sizeof *rows);
+    int32_t *ints = ember_malloc((size_t)nT * 3 * sizeof *ints);
+    int32_t *first = ember_malloc((size_t)(map->n_refs > 0 ? map->n_refs : 1) * sizeof *first);
+    ember_cu_delta_row *rows = ember_calloc((size_t)nT, sizeof *rows);
     if (!ints || !first || !rows) {
         rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory in delta_net");
         goto done;
@@ -1032,7 +1033,7 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
         return ember_err(err, EMBER_ERR_UNSUPPORTED,
                          "cuda:%d has compute capability %d.%d; ember's CUDA kernels need 9.0 (Hopper) or newer",
                          device, major, minor);
-    cuda_backend *c = calloc(1, sizeof *c);
+    cuda_backend *c = ember_calloc(1, sizeof *c);
     if (!c) return ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the CUDA backend");
     c->device = device;
     cudaError_t e = cudaSetDevice(device);
