@@ -42,7 +42,7 @@ static void setup(void) {
     for (int i = 0; i < N_CACHES; i++) {
         ember_kv_type t;
         if (ember_kv_type_parse(kinds[i].kind, 0, kinds[i].qs, &t, &err)) abort();
-        ember_kv_params p = {t, 2, k_heads, k_dims, k_win, 2, 128, 0, 8, 16};
+        ember_kv_params p = {t, 2, k_heads, k_dims, k_win, 2, 128, 0, 8, 16, NULL, {0}};
         if (ember_kv_new(g_be, &p, &g_kv[i], &err)) abort();
     }
 }
