@@ -129,4 +129,31 @@ static inline float max_abs(const float *x, size_t n) {
     return m;
 }
 
+/* Reads file path whole into a malloc'd buffer (NUL-terminated, *n bytes);
+   NULL on failure. The caller frees it. */
+static inline char *fx_slurp(const char *path, size_t *n) {
+    FILE *in = fopen(path, "rb");
+    char *buf = NULL;
+    long len = -1;
+    if (in && fseek(in, 0, SEEK_END) == 0 && (len = ftell(in)) >= 0 && fseek(in, 0, SEEK_SET) == 0 &&
+        (buf = malloc((size_t)len + 1)) && fread(buf, 1, (size_t)len, in) == (size_t)len) {
+        buf[len] = '\0';
+        *n = (size_t)len;
+    } else {
+        free(buf);
+        buf = NULL;
+    }
+    if (in) fclose(in);
+    return buf;
+}
+
+/* Writes n bytes to dir/name (a failed write is a failed check). */
+static inline void fx_put(const char *dir, const char *name, const char *data, size_t n) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *o = fopen(p, "wb");
+    CHECKF(o && fwrite(data, 1, n, o) == n, "cannot write %s", p);
+    if (o) fclose(o);
+}
+
 #endif

@@ -110,7 +110,7 @@ static void test_pacing(const fixture *f, bool hybrid) {
         ember_model_free(m);
     }
     /* a hybrid's prompt is cut at the delta rule's 64-position spans whatever the pace (sched.c:
-       recurrent_chunk), so its paced steps are fewer; its logprobs are bit for bit the same */
+       span_chunk), so its paced steps are fewer; its logprobs are bit for bit the same */
     CHECKF(hybrid || paced[0] >= 200 / 16 - 1, "pace 1: %llu paced steps for a 200-token prompt",
            (unsigned long long)paced[0]);
     CHECKF(paced[1] == 0, "pacing off: %llu paced steps", (unsigned long long)paced[1]);
@@ -126,7 +126,7 @@ static void test_pacing(const fixture *f, bool hybrid) {
 }
 
 /* A hybrid model's prompt goes through the engine in chunks cut at the
-   delta rule's 64-position spans (sched.c: recurrent_chunk), so its bits do
+   delta rule's 64-position spans (sched.c: span_chunk), so its bits do
    not depend on the prefill budget: 200 prompt tokens with a budget of 256,
    40 and 16 give the same tokens and the same logprobs, bit for bit. */
 static void test_hybrid_chunks(const fixture *f) {

@@ -162,30 +162,31 @@ static void long_run(const char *family) {
     fixture_close(&f);
 }
 
-/* Reads file path whole into a malloc'd buffer (*n bytes); NULL on failure. */
-static char *slurp(const char *path, size_t *n) {
-    FILE *in = fopen(path, "rb");
-    char *buf = NULL;
-    long len = -1;
-    if (in && fseek(in, 0, SEEK_END) == 0 && (len = ftell(in)) >= 0 && fseek(in, 0, SEEK_SET) == 0 &&
-        (buf = malloc((size_t)len + 1)) && fread(buf, 1, (size_t)len, in) == (size_t)len) {
-        buf[len] = '\0';
-        *n = (size_t)len;
-    } else {
-        free(buf);
-        buf = NULL;
-    }
-    if (in) fclose(in);
-    return buf;
-}
 
-/* Writes n bytes to dir/name. */
-static void put(const char *dir, const char *name, const char *data, size_t n) {
-    char p[600];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *o = fopen(p, "wb");
-    CHECKF(o && fwrite(data, 1, n, o) == n, "cannot write %s", p);
-    if (o) fclose(o);
+
+/* Writes cfg and wts as a model directory in a temporary folder and checks
+   that loading it is refused as EMBER_ERR_FORMAT with a one-line message
+   holding want; the folder is removed afterwards. */
+static void expect_refused(const char *cfg, size_t nc, const char *wts, size_t nw, const char *want) {
+    char dir[] = "/tmp/ember_bad_XXXXXX", path[600];
+    const bool made = mkdtemp(dir) != NULL;
+    CHECK(made);
+    if (!made) return;
+    fx_put(dir, "config.json", cfg, nc);
+    fx_put(dir, "model.safetensors", wts, nw);
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.n_threads = 1;
+    ember_model *m = NULL;
+    ember_error err = {0};
+    CHECK(ember_model_load(dir, &mp, &m, &err) == EMBER_ERR_FORMAT && !m);
+    CHECKF(strstr(err.msg, want) && !strchr(err.msg, '\n'), "want \"%s\", got: %s", want, err.msg);
+    ember_model_free(m);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
 }
 
 /* Corrupt MoE models built from the qwen3_moe fixture in a temporary
@@ -198,9 +199,9 @@ static void moe_refusals(void) {
     char path[700];
     size_t nc = 0, nw = 0;
     snprintf(path, sizeof path, "%s/config.json", f.dir);
-    char *cfg = slurp(path, &nc);
+    char *cfg = fx_slurp(path, &nc);
     snprintf(path, sizeof path, "%s/model.safetensors", f.dir);
-    char *wts = slurp(path, &nw);
+    char *wts = fx_slurp(path, &nw);
     char *key = cfg ? strstr(cfg, "\"num_local_experts\": 4") : NULL;
     static const char up[] = "model.layers.1.mlp.experts.2.up_proj.weight";
     char *name = NULL;
@@ -211,25 +212,9 @@ static void moe_refusals(void) {
         "tensor 'model.layers.0.mlp.gate.weight' has shape [4, 64], expected [5, 64]",
         "missing tensor 'model.layers.1.mlp.experts.2.up_proj.weight'"};
     for (int c = 0; key && name && c < 2; c++) {
-        char dir[] = "/tmp/ember_moe_XXXXXX";
-        CHECK(mkdtemp(dir) != NULL);
         key[sizeof "\"num_local_experts\": " - 1] = c == 0 ? '5' : '4';
         name[sizeof up - 3] = c == 1 ? 'X' : 'h'; /* ...weigXt */
-        put(dir, "config.json", cfg, nc);
-        put(dir, "model.safetensors", wts, nw);
-        ember_model_params mp;
-        ember_model_params_init(&mp);
-        mp.n_threads = 1;
-        ember_model *m = NULL;
-        ember_error err = {0};
-        CHECK(ember_model_load(dir, &mp, &m, &err) == EMBER_ERR_FORMAT && !m);
-        CHECKF(strstr(err.msg, want[c]) != NULL, "want \"%s\", got: %s", want[c], err.msg);
-        ember_model_free(m);
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        unlink(path);
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        unlink(path);
-        rmdir(dir);
+        expect_refused(cfg, nc, wts, nw, want[c]);
     }
     free(cfg);
     free(wts);
@@ -256,9 +241,9 @@ static void hybrid_refusals(void) {
         char path[700];
         size_t nc = 0, nw = 0;
         snprintf(path, sizeof path, "%s/config.json", f.dir);
-        char *cfg = slurp(path, &nc);
+        char *cfg = fx_slurp(path, &nc);
         snprintf(path, sizeof path, "%s/model.safetensors", f.dir);
-        char *wts = slurp(path, &nw);
+        char *wts = fx_slurp(path, &nw);
         bool ok = cfg && wts;
         if (ok && cases[c].tensor) { /* rename the tensor in the header: its last letter */
             char *name = NULL;
@@ -274,25 +259,7 @@ static void hybrid_refusals(void) {
             if (ok) memcpy(k, cases[c].cfg_new, strlen(cases[c].cfg_new));
         }
         CHECKF(ok, "%s fixture: cannot make the corrupt copy", cases[c].family);
-        char dir[] = "/tmp/ember_hyb_XXXXXX";
-        if (ok && mkdtemp(dir)) {
-            put(dir, "config.json", cfg, nc);
-            put(dir, "model.safetensors", wts, nw);
-            ember_model_params mp;
-            ember_model_params_init(&mp);
-            mp.n_threads = 1;
-            ember_model *m = NULL;
-            ember_error err = {0};
-            CHECK(ember_model_load(dir, &mp, &m, &err) == EMBER_ERR_FORMAT && !m);
-            CHECKF(strstr(err.msg, cases[c].want) && !strchr(err.msg, '\n'), "want \"%s\", got: %s", cases[c].want,
-                   err.msg);
-            ember_model_free(m);
-            snprintf(path, sizeof path, "%s/config.json", dir);
-            unlink(path);
-            snprintf(path, sizeof path, "%s/model.safetensors", dir);
-            unlink(path);
-            rmdir(dir);
-        }
+        if (ok) expect_refused(cfg, nc, wts, nw, cases[c].want);
         free(cfg);
         free(wts);
         fixture_close(&f);
@@ -326,7 +293,7 @@ static void multimodal_one(const char *family, const char *wrapper, const char *
     char path[700];
     size_t nc = 0;
     snprintf(path, sizeof path, "%s/config.json", f.dir);
-    char *cfg = slurp(path, &nc);
+    char *cfg = fx_slurp(path, &nc);
     snprintf(path, sizeof path, "%s/model.safetensors", f.dir);
     ember_st_file *sf = NULL;
     ember_error err = {0};
@@ -371,7 +338,7 @@ static void multimodal_one(const char *family, const char *wrapper, const char *
     src[k++] = NULL;
     char dir[] = "/tmp/ember_mm_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    put(dir, "config.json", wcfg, (size_t)wn);
+    fx_put(dir, "config.json", wcfg, (size_t)wn);
     st_copy cp = {src};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     CHECKF(ember_st_write(path, outs, k, st_copy_fill, &cp, &err) == EMBER_OK, "%s", err.msg);
@@ -437,7 +404,7 @@ static void glm_mtp_layers(void) {
     char path[700];
     size_t nc = 0;
     snprintf(path, sizeof path, "%s/config.json", f.dir);
-    char *cfg = slurp(path, &nc);
+    char *cfg = fx_slurp(path, &nc);
     char *layers = cfg ? strstr(cfg, "\"num_hidden_layers\": 2") : NULL;
     char *mtp = cfg ? strstr(cfg, "\"num_nextn_predict_layers\": 1") : NULL;
     CHECKF(layers && mtp, "%s: unexpected config", path);
@@ -446,7 +413,7 @@ static void glm_mtp_layers(void) {
         CHECK(mkdtemp(dir) != NULL);
         layers[sizeof "\"num_hidden_layers\": " - 1] = '1';
         mtp[sizeof "\"num_nextn_predict_layers\": " - 1] = c == 0 ? '1' : '0';
-        put(dir, "config.json", cfg, nc);
+        fx_put(dir, "config.json", cfg, nc);
         char w[700];
         snprintf(w, sizeof w, "%s/model.safetensors", f.dir);
         snprintf(path, sizeof path, "%s/model.safetensors", dir);

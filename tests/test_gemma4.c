@@ -268,22 +268,6 @@ static void kv_sharing_layout(void) {
 
 /* ---- configs written by hand ----------------------------------------------------------- */
 
-/* Reads path whole (NUL-terminated); NULL on failure. */
-static char *slurp(const char *path, size_t *n) {
-    FILE *in = fopen(path, "rb");
-    char *buf = NULL;
-    long len = -1;
-    if (in && fseek(in, 0, SEEK_END) == 0 && (len = ftell(in)) >= 0 && fseek(in, 0, SEEK_SET) == 0 &&
-        (buf = malloc((size_t)len + 1)) && fread(buf, 1, (size_t)len, in) == (size_t)len) {
-        buf[len] = '\0';
-        *n = (size_t)len;
-    } else {
-        free(buf);
-        buf = NULL;
-    }
-    if (in) fclose(in);
-    return buf;
-}
 
 /* The fixture's config with the text `from` replaced by `to` (which must
    occur), in a temporary directory next to a link to its weights; the
@@ -292,7 +276,7 @@ static bool edited_model(const char *family, const char *from, const char *to, c
     char path[700], w[700];
     snprintf(path, sizeof path, "%s/fixtures/%s/config.json", shared_dir(), family);
     size_t n = 0;
-    char *cfg = slurp(path, &n);
+    char *cfg = fx_slurp(path, &n);
     char *at = cfg ? strstr(cfg, from) : NULL;
     CHECKF(at != NULL, "%s: no \"%s\" in the config", family, from);
     if (!at) {

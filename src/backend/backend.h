@@ -217,6 +217,18 @@ typedef struct ember_delta_w {
     const ember_tensor *a_neg;   /* [Hv] or NULL: -exp(A_log) as GGUF stores it (ssm_a); used instead of a_log */
 } ember_delta_w;
 
+/* The checks every backend makes of these ops' arguments before its own
+   (dtype, device, alignment): shapes against the state's, each token's row,
+   slots and log position (delta_net); the replay's layers laid out as
+   kv_rec.c makes them (delta_replay); the MoE combine's rows
+   (add_rows_scaled). EMBER_OK, or EMBER_ERR_INVALID_ARG with the reason. */
+int ember_delta_net_check(const ember_tensor *out, const ember_tensor *x, const ember_tensor *b, const ember_tensor *a,
+                          const ember_delta_w *w, const ember_rec_map *map, ember_error *err);
+int ember_delta_replay_check(const ember_rec_layer *layers, int n_layers, int32_t src, int32_t dst,
+                             const ember_tensor *log, int n, ember_error *err);
+int ember_rows_scaled_check(const ember_tensor *dst, const ember_tensor *src, const int32_t *ids, int n,
+                            ember_error *err);
+
 typedef struct ember_backend_ops {
     const char *name;
     void (*free)(ember_backend *be);

@@ -788,25 +788,25 @@ static void plan_decode(ember_engine *e, int *nt_io, int *no_io) {
    (*spare, reduced by what is planned); a row that cannot fit makes room
    or ends. */
 /*
- * The prefill chunk of a row of a model with recurrent state (hybrid
- * models), k positions asked for, room the most the batch and the cache
- * allow. The backend runs the delta rule's chunked form on the aligned
- * spans of EMBER_DELTA_SPAN positions a forward holds whole, and the
- * recurrent form elsewhere; the two agree only to rounding. So that a
- * request's bits do not depend on how busy the engine is (pacing, other
- * rows), the prompt is cut only at span boundaries (at least up to the
- * next one, even past the step's budget) or at its end; and after a
- * preemption, the generated tokens (decoded one by one the first time) are
- * recomputed in pieces shorter than a span, which never hold one whole.
- * Where the batch or the cache cannot take a whole span (max_batch_tokens
- * below it), the plain chunk goes: correct, equal only to rounding.
+ * The prefill chunk of a row whose cache asks forwards to hold spans of
+ * `span` positions whole (ember_kv_chunk_span: a hybrid model, whose delta
+ * rule runs a chunked form on such spans and a recurrent form elsewhere;
+ * the two agree only to rounding), k positions asked for, room the most the
+ * batch and the cache allow. So that a request's bits do not depend on how
+ * busy the engine is (pacing, other rows), the prompt is cut only at span
+ * boundaries (at least up to the next one, even past the step's budget) or
+ * at its end; and after a preemption, the generated tokens (decoded one by
+ * one the first time) are recomputed in pieces shorter than a span, which
+ * never hold one whole. Where the batch or the cache cannot take a whole
+ * span (max_batch_tokens below it), the plain chunk goes: correct, equal
+ * only to rounding.
  */
-static int recurrent_chunk(const row *r, int k, int room) {
-    if (r->n_fed >= r->n_prompt) return k < EMBER_DELTA_SPAN - 1 ? k : EMBER_DELTA_SPAN - 1;
+static int span_chunk(const row *r, int span, int k, int room) {
+    if (r->n_fed >= r->n_prompt) return k < span - 1 ? k : span - 1;
     int end = r->n_fed + k;
     if (end >= r->n_prompt) return r->n_prompt - r->n_fed; /* the prompt's end (k held all of it) */
-    int aligned = end / EMBER_DELTA_SPAN * EMBER_DELTA_SPAN;
-    if (aligned <= r->n_fed) aligned = (r->n_fed / EMBER_DELTA_SPAN + 1) * EMBER_DELTA_SPAN; /* the next boundary */
+    int aligned = end / span * span;
+    if (aligned <= r->n_fed) aligned = (r->n_fed / span + 1) * span; /* the next boundary */
     if (aligned > r->n_prompt) aligned = r->n_prompt;
     return aligned - r->n_fed <= room ? aligned - r->n_fed : k;
 }
@@ -841,7 +841,8 @@ static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_
         if (k > budget) k = budget;
         int lim = ember_kv_max_append(kv, i); /* chunks stop at a KV conversion offset */
         if (k > lim) k = lim;
-        if (ember_kv_state_bytes(kv)) k = recurrent_chunk(r, k, (B - nt) < lim ? B - nt : lim);
+        const int span = ember_kv_chunk_span(kv);
+        if (span) k = span_chunk(r, span, k, (B - nt) < lim ? B - nt : lim);
         while (k > 0 && ember_kv_need_bytes(kv, i, k) > spare) k = k > EMBER_KV_BLOCK ? k - EMBER_KV_BLOCK : k - 1;
         if (k <= 0) {
             /* no memory for this row now. With nothing else in the step, make

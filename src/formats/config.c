@@ -374,6 +374,13 @@ static int parse_moe(const char *file, const json_t *root, ember_model_config *c
     return EMBER_OK;
 }
 
+void ember_config_hybrid_layers(ember_model_config *cfg) {
+    cfg->n_linear = 0;
+    for (int l = 0; l < cfg->n_layers; l++) cfg->n_linear += cfg->layer_linear[l];
+    cfg->qk_norm = true;
+    cfg->attn_output_gate = true;
+}
+
 /*
  * The hybrid fields (qwen3_next, qwen3_5_text, qwen3_5_moe_text), with
  * transformers' defaults: layer_types (or, in older configs,
@@ -415,10 +422,7 @@ static int parse_hybrid(const char *file, const json_t *root, ember_model_config
     } else {
         for (int l = 0; l < cfg->n_layers; l++) cfg->layer_linear[l] = (l + 1) % interval != 0;
     }
-    cfg->n_linear = 0;
-    for (int l = 0; l < cfg->n_layers; l++) cfg->n_linear += cfg->layer_linear[l];
-    cfg->qk_norm = true;
-    cfg->attn_output_gate = true;
+    ember_config_hybrid_layers(cfg);
     if (cfg->n_experts &&
         (rc = get_int(file, root, "shared_expert_intermediate_size", false, 0, 0, 1 << 22, &cfg->shared_expert_size, err)))
         return rc;

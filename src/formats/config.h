@@ -171,6 +171,11 @@ int ember_generation_config_parse(const char *name, const char *text, size_t len
    quantization). Paths that are not llama-family matrices give DEFAULT. */
 ember_qmod_kind ember_config_quant_module(const ember_model_config *cfg, const char *path, int *bits, int *group_size);
 
+/* A hybrid model's fields that follow from cfg->layer_linear (set from
+   config.json or GGUF): n_linear, and the attention layers' q/k norms and
+   output gate, which every hybrid family has. */
+void ember_config_hybrid_layers(ember_model_config *cfg);
+
 /* Reads DIR/config.json and, if present, DIR/generation_config.json. */
 int ember_config_load(const char *dir, ember_model_config *cfg, ember_error *err);
 

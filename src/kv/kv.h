@@ -170,6 +170,10 @@ int ember_kv_row_save(ember_kv *kv, int r, void **blob, size_t *n, ember_error *
    kind; on any error (bad or foreign blob, no memory) row r is unchanged. */
 int ember_kv_row_load(ember_kv *kv, int r, const void *blob, size_t n, ember_error *err);
 
+/* The span, in positions, that a forward should hold whole for its result
+   not to depend on how a prompt is cut (the delta rule's chunked form,
+   backend.h EMBER_DELTA_SPAN); 0 when any cut gives the same bits. */
+int ember_kv_chunk_span(const ember_kv *kv);
 /* Bytes of one row's recurrent state (0 without recurrent layers). */
 size_t ember_kv_state_bytes(const ember_kv *kv);
 /* Copies row r's recurrent state (every recurrent layer, backend.h's slot

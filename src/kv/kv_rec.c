@@ -153,6 +153,10 @@ void ember_kv_rec_map_for(const ember_kv *kv, int layer, const int32_t *row, con
     *map = (ember_rec_map){&kv->rec.views[kv->rec.index[layer]], kv->rec.refs, kv->n_rows, row, pos};
 }
 
+int ember_kv_chunk_span(const ember_kv *kv) {
+    return kv->rec.n_layers ? EMBER_DELTA_SPAN : 0;
+}
+
 size_t ember_kv_state_bytes(const ember_kv *kv) {
     return kv->rec.n_layers ? kv->rec.pool.block_bytes : 0;
 }

@@ -409,23 +409,11 @@ static const ember_tensor *opt(const ember_tensor *t) {
 void ember_fwd_init(ember_fwd *f, ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b,
                     ember_error *err) {
     const ember_model_config *c = &m->cfg;
-    const int T = b->n, H = c->hidden_size, D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads,
-              I = c->intermediate_size;
+    const int T = b->n, H = c->hidden_size;
     *f = (ember_fwd){.m = m, .st = st, .kv = kv, .b = b, .err = err, .T = T};
     f->x = rows_view(&st->x, 2, T, H, 0);
     f->h = rows_view(&st->h, 2, T, H, 0);
-    f->q = rows_view(&st->q, 2, T, (int64_t)Hq * D, 0);
-    f->k = rows_view(&st->k, 2, T, (int64_t)Hkv * D, 0);
-    f->v = rows_view(&st->v, 2, T, (int64_t)Hkv * D, 0);
-    f->att = rows_view(&st->att, 2, T, (int64_t)Hq * D, 0);
-    f->q3 = rows_view(&st->q, 3, T, Hq, D);
-    f->k3 = rows_view(&st->k, 3, T, Hkv, D);
-    f->v3 = rows_view(&st->v, 3, T, Hkv, D);
-    f->att3 = rows_view(&st->att, 3, T, Hq, D);
-    f->qh = rows_view(&st->q, 2, (int64_t)T * Hq, D, 0);
-    f->kh = rows_view(&st->k, 2, (int64_t)T * Hkv, D, 0);
-    f->gate = rows_view(&st->gate, 2, T, I, 0);
-    f->up = rows_view(&st->up, 2, T, I, 0);
+    ember_fwd_layer_shape(f, c->head_dim, c->n_kv_heads, c->intermediate_size); /* the model-wide shape */
 }
 
 int ember_blk_embed(ember_fwd *f, float scale) {

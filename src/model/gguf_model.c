@@ -210,10 +210,7 @@ static int hybrid_config(const ember_gguf *f, const char *arch, int n_rot, ember
     } else {
         for (int l = 0; l < cfg->n_layers; l++) cfg->layer_linear[l] = (l + 1) % interval != 0;
     }
-    cfg->n_linear = 0;
-    for (int l = 0; l < cfg->n_layers; l++) cfg->n_linear += cfg->layer_linear[l];
-    cfg->qk_norm = true;
-    cfg->attn_output_gate = true;
+    ember_config_hybrid_layers(cfg);
     /* M-RoPE sections (qwen35): text positions make it plain partial RoPE; they must still fit */
     kv = ember_gguf_find_kv(f, KEY("rope.dimension_sections"));
     if (kv) {

@@ -972,41 +972,14 @@ static int cpu_delta_net(ember_backend *be, ember_tensor *out, const ember_tenso
         (rc = w->a_neg ? need_f32(w->a_neg, "delta_net", "a_neg", err) : need_f32(w->a_log, "delta_net", "a_log", err)) ||
         (rc = need_f32(w->dt_bias, "delta_net", "dt_bias", err)))
         return rc;
+    if ((rc = ember_delta_net_check(out, x, b, a_in, w, map, err))) return rc;
     const ember_rec_layer *L = map->layer;
-    if (!ember_rec_layer_ok(L)) return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: bad state layout");
-    const ember_rec_shape *s = &L->s;
     const int64_t T = ember_tensor_rows(x);
-    if (T < 1 || T > INT32_MAX || ember_tensor_row_len(x) != s->conv_dim || ember_tensor_rows(b) != T ||
-        ember_tensor_row_len(b) != s->n_v_heads || ember_tensor_rows(a_in) != T ||
-        ember_tensor_row_len(a_in) != s->n_v_heads || ember_tensor_rows(out) != T ||
-        ember_tensor_row_len(out) != (int64_t)s->n_v_heads * s->v_dim ||
-        ember_tensor_nelem(w->conv) != (int64_t)s->conv_dim * s->conv_k || ember_tensor_nelem(w->a_neg ? w->a_neg : w->a_log) != s->n_v_heads ||
-        ember_tensor_nelem(w->dt_bias) != s->n_v_heads)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: shapes do not match the state's");
-    float **logs = ember_calloc((size_t)map->n_refs + 1, sizeof *logs);
+    float **logs = ember_calloc((size_t)map->n_refs + 1, sizeof *logs); /* each row's log, host side */
     if (!logs) return ember_err(err, EMBER_ERR_NOMEM, "out of memory in delta_net");
-    for (int64_t t = 0; t < T && !rc; t++) {
-        int r = map->row[t];
-        if (r < 0 || r >= map->n_refs) {
-            rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d outside the map", r);
-            break;
-        }
-        const ember_rec_rowref *ref = &map->refs[r];
-        if (!ember_rec_slot_ok(L, ref->dst) || (ref->src >= 0 && !ember_rec_slot_ok(L, ref->src)) ||
-            ref->src == ref->dst) {
-            rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d has bad state slots", r);
-            break;
-        }
-        if (ref->log) {
-            int p = map->pos[t] - ref->log_base;
-            if (p < 0 || p >= ref->log_cap || ref->log->dtype != EMBER_F32 ||
-                (size_t)ref->log_cap * L->log_stride * sizeof(float) > ref->log->nbytes) {
-                rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d position %d is outside its log", r,
-                               map->pos[t]);
-                break;
-            }
-            logs[r] = host(ref->log);
-        }
+    for (int64_t t = 0; t < T; t++) {
+        const ember_rec_rowref *ref = &map->refs[map->row[t]];
+        if (ref->log) logs[map->row[t]] = host(ref->log);
     }
     if (!rc) {
         cpu_delta_args a = {host(out), host(x), host(b), host(a_in), host(w->conv), w->a_neg ? NULL : host(w->a_log),
@@ -1020,14 +993,8 @@ static int cpu_delta_net(ember_backend *be, ember_tensor *out, const ember_tenso
 static int cpu_delta_replay(ember_backend *be, const ember_rec_layer *layers, int n_layers, int32_t src, int32_t dst,
                             const ember_tensor *log, int n, ember_error *err) {
     (void)be;
-    if (n_layers < 1 || !layers || !log || log->dtype != EMBER_F32 || n < 0)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_replay: bad arguments");
-    for (int l = 0; l < n_layers; l++)
-        if (!ember_rec_layer_ok(&layers[l]) || !ember_rec_slot_ok(&layers[l], dst) ||
-            (src >= 0 && !ember_rec_slot_ok(&layers[l], src)) ||
-            src == dst || (size_t)n * layers[l].log_stride * sizeof(float) > log->nbytes ||
-            layers[l].pool != layers[0].pool)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_replay: bad state or log");
+    int rc = ember_delta_replay_check(layers, n_layers, src, dst, log, n, err);
+    if (rc) return rc;
     return cpu_delta_rebuild(layers, n_layers, host(layers[0].pool), src, dst, host(log), n, err);
 }
 
@@ -1037,16 +1004,10 @@ static int cpu_add_rows_scaled(ember_backend *be, ember_tensor *dst, const ember
                                const float *w, int n, ember_error *err) {
     (void)be;
     int rc;
-    if ((rc = need_f32(dst, "add_rows_scaled", "dst", err)) || (rc = need_f32(src, "add_rows_scaled", "src", err)))
+    if ((rc = need_f32(dst, "add_rows_scaled", "dst", err)) || (rc = need_f32(src, "add_rows_scaled", "src", err)) ||
+        (rc = ember_rows_scaled_check(dst, src, ids, n, err)))
         return rc;
-    const int64_t D = ember_tensor_row_len(dst), R = ember_tensor_rows(dst);
-    if (n < 0 || ember_tensor_row_len(src) != D || ember_tensor_rows(src) < n)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "add_rows_scaled: src does not hold %d rows of %lld", n,
-                         (long long)D);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= R)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "add_rows_scaled: row %d is outside [0, %lld)", ids[i],
-                             (long long)R);
+    const int64_t D = ember_tensor_row_len(dst);
     float *d0 = host(dst);
     const float *s0 = host(src);
     for (int i = 0; i < n; i++) {

@@ -785,16 +785,10 @@ static int cuda_add_rows_scaled(ember_backend *be, ember_tensor *dst, const embe
                                 const float *w, int n, ember_error *err) {
     cuda_backend *c = cu(be);
     int rc;
-    if ((rc = need_f32(be, dst, "add_rows_scaled", "dst", err)) || (rc = need_f32(be, src, "add_rows_scaled", "src", err)))
+    if ((rc = need_f32(be, dst, "add_rows_scaled", "dst", err)) || (rc = need_f32(be, src, "add_rows_scaled", "src", err)) ||
+        (rc = ember_rows_scaled_check(dst, src, ids, n, err)))
         return rc;
-    const int64_t D = ember_tensor_row_len(dst), R = ember_tensor_rows(dst);
-    if (n < 0 || ember_tensor_row_len(src) != D || ember_tensor_rows(src) < n)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "add_rows_scaled: src does not hold %d rows of %lld", n,
-                         (long long)D);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= R)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "add_rows_scaled: row %d is outside [0, %lld)", ids[i],
-                             (long long)R);
+    const int64_t D = ember_tensor_row_len(dst);
     if (!n || !D) return EMBER_OK;
     if ((rc = bind(c, err))) return rc;
     const void *part[2] = {ids, w};
@@ -822,18 +816,13 @@ static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tens
                        : need_f32(be, w->a_log, "delta_net", "a_log", err)) ||
         (rc = need_f32(be, w->dt_bias, "delta_net", "dt_bias", err)))
         return rc;
+    if ((rc = ember_delta_net_check(out, x, b, a_in, w, map, err))) return rc;
     const ember_rec_layer *L = map->layer;
-    if (!ember_rec_layer_ok(L) || L->s.v_dim > 1024) /* head_k: a thread per value column */
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: bad state layout");
     const ember_rec_shape *s = &L->s;
     const int64_t T = ember_tensor_rows(x);
-    if (T < 1 || T > (1 << 24) || ember_tensor_row_len(x) != s->conv_dim || ember_tensor_rows(b) != T ||
-        ember_tensor_row_len(b) != s->n_v_heads || ember_tensor_rows(a_in) != T ||
-        ember_tensor_row_len(a_in) != s->n_v_heads || ember_tensor_rows(out) != T ||
-        ember_tensor_row_len(out) != (int64_t)s->n_v_heads * s->v_dim ||
-        ember_tensor_nelem(w->conv) != (int64_t)s->conv_dim * s->conv_k || ember_tensor_nelem(w->a_neg ? w->a_neg : w->a_log) != s->n_v_heads ||
-        ember_tensor_nelem(w->dt_bias) != s->n_v_heads)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: shapes do not match the state's");
+    if (s->v_dim > 1024 || T > (1 << 24)) /* head_k: a thread per value column; grid sizes */
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: heads of %d values or %lld tokens are beyond the GPU "
+                         "kernels", s->v_dim, (long long)T);
     const int nT = (int)T;
     int32_t *ints = ember_malloc((size_t)nT * 3 * sizeof *ints);
     int32_t *first = ember_malloc((size_t)(map->n_refs > 0 ? map->n_refs : 1) * sizeof *first);
@@ -845,36 +834,18 @@ static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tens
     int32_t *tok = ints, *tok_row = ints + nT, *tok_j = ints + 2 * nT;
     for (int r = 0; r < map->n_refs; r++) first[r] = -1;
     int nr = 0;
-    for (int t = 0; t < nT && !rc; t++) {
+    for (int t = 0; t < nT; t++) {
         int r = map->row[t];
-        if (r < 0 || r >= map->n_refs) {
-            rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d outside the map", r);
-            break;
-        }
         const ember_rec_rowref *ref = &map->refs[r];
         if (first[r] < 0) {
-            if (!ember_rec_slot_ok(L, ref->dst) || (ref->src >= 0 && !ember_rec_slot_ok(L, ref->src)) ||
-            ref->src == ref->dst) {
-                rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d has bad state slots", r);
-                break;
-            }
             first[r] = nr;
             rows[nr] = (ember_cu_delta_row){0, 0, ref->src, ref->dst, ref->log ? dev(ref->log) : NULL,
                                             ref->log_base, 0};
             nr++;
         }
-        if (ref->log) {
-            int p = map->pos[t] - ref->log_base;
-            if (p < 0 || p >= ref->log_cap || (size_t)ref->log_cap * L->log_stride * sizeof(float) > ref->log->nbytes) {
-                rc = ember_err(err, EMBER_ERR_INVALID_ARG, "delta_net: row %d position %d is outside its log", r,
-                               map->pos[t]);
-                break;
-            }
-        }
         tok_row[t] = first[r];
         tok_j[t] = rows[first[r]].n++;
     }
-    if (rc) goto done;
     for (int i = 0, o = 0; i < nr; i++) {
         rows[i].start = o;
         o += rows[i].n;
@@ -917,18 +888,9 @@ done:
 static int cuda_delta_replay(ember_backend *be, const ember_rec_layer *layers, int n_layers, int32_t src, int32_t dst,
                              const ember_tensor *log, int n, ember_error *err) {
     cuda_backend *c = cu(be);
-    if (n_layers < 1 || !layers || !log || n < 0 || !log->buf)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_replay: bad arguments");
+    int rc = ember_delta_replay_check(layers, n_layers, src, dst, log, n, err);
+    if (rc || (rc = bind(c, err))) return rc;
     const size_t lf = ember_rec_layer_floats(&layers[0].s), logf = ember_rec_log_floats(&layers[0].s);
-    for (int l = 0; l < n_layers; l++) /* the layout kv_rec.c makes: equal layers, one after another */
-        if (!ember_rec_layer_ok(&layers[l]) || !ember_rec_slot_ok(&layers[l], dst) ||
-            (src >= 0 && !ember_rec_slot_ok(&layers[l], src)) ||
-            src == dst || (size_t)n * layers[l].log_stride * sizeof(float) > log->nbytes ||
-            layers[l].pool != layers[0].pool || layers[l].off != lf * (size_t)l || layers[l].log_off != logf * (size_t)l ||
-            memcmp(&layers[l].s, &layers[0].s, sizeof layers[0].s))
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "delta_replay: bad state or log");
-    int rc = bind(c, err);
-    if (rc) return rc;
     const ember_rec_shape *s = &layers[0].s;
     ember_cu_replay a = {(float *)dev(layers[0].pool), dev(log), layers[0].slot_floats, lf, layers[0].log_stride, logf,
                          src, dst, n, n_layers, s->conv_dim, s->conv_k, s->n_k_heads, s->n_v_heads, s->k_dim, s->v_dim,
