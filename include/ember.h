@@ -110,10 +110,12 @@ typedef enum ember_isa {
     EMBER_ISA_AUTO = 0,   /* the best the running CPU supports */
     EMBER_ISA_SCALAR = 1, /* portable C, any x86-64 */
     EMBER_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
-    EMBER_ISA_AVX512 = 3  /* AVX-512 F/BW/VL/DQ + FMA + F16C */
+    EMBER_ISA_AVX512 = 3, /* AVX-512 F/BW/VL/DQ + FMA + F16C (+ VNNI where present) */
+    EMBER_ISA_AMX = 4     /* AVX512 with VNNI, plus AMX-INT8 tiles for quantized matmuls of
+                             several rows (the OS must grant the tile state; Linux 5.16+) */
 } ember_isa;
 
-/* "scalar", "avx2", "avx512" or "auto". */
+/* "scalar", "avx2", "avx512", "amx" or "auto". */
 EMBER_API const char *ember_isa_name(ember_isa isa);
 /* The best ISA the running CPU supports. */
 EMBER_API ember_isa ember_isa_detect(void);

@@ -235,7 +235,7 @@ int main(void) {
     test_axpy();
     test_elementwise_ops();
     test_add_rows_scaled();
-    for (int i = EMBER_ISA_SCALAR; i <= EMBER_ISA_AVX512; i++)
+    for (int i = EMBER_ISA_SCALAR; i <= EMBER_ISA_AMX; i++)
         if (!ember_isa_supported((ember_isa)i)) fprintf(stderr, "note: %s not available here\n", ember_isa_name((ember_isa)i));
     return test_done();
 }

@@ -88,16 +88,36 @@ static void test_fixture_dequant(void) {
     fixture_close(&f);
 }
 
-/* The available kernel tables: each ISA this CPU has, and AVX-512 without
-   VNNI as well. */
-static int all_tables(const cpu_kernels *tables[4]) {
-    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
+/* The available kernel tables: each ISA this CPU has (AMX where the OS
+   grants it), and AVX-512 without VNNI as well. */
+static int all_tables(const cpu_kernels *tables[5]) {
+    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AMX, EMBER_ISA_AVX512};
     int nt = 0;
-    for (int a = 0; a < 3; a++)
+    for (int a = 0; a < 4; a++)
         if (ember_isa_supported(isas[a])) tables[nt++] = ember_cpu_kernels_for(isas[a]);
     if (ember_isa_supported(EMBER_ISA_AVX512) && tables[nt - 1] != &ember_cpu_kernels_avx512)
         tables[nt++] = &ember_cpu_kernels_avx512; /* non-VNNI too */
     return nt;
+}
+
+/* k's qgemm_tiled kernel on the activations xa (M rows of xr bytes) made
+   A32 tiles: every output equal to ref, for all M rows and for the first
+   m rows alone (tiles with padded rows). */
+static void check_tiled(const cpu_kernels *k, ember_dtype t, const unsigned char *w, int packed, int N, int K, int M,
+                        const unsigned char *xa, size_t xr, const float *ref, void *scratch) {
+    float *got = malloc((size_t)M * N * 4);
+    unsigned char *xt = malloc(cpu_act32_tiled_bytes(M, K));
+    for (int m = 1; m <= M; m = m < 17 && m < M ? m + 1 : m == M ? M + 1 : M) {
+        memset(xt, 0x5a, cpu_act32_tiled_bytes(m, K)); /* the pad must clear whatever was there */
+        for (int r = 0; r < m; r++) cpu_act32_tile_row(xa + (size_t)r * xr, K, r, xt);
+        cpu_act32_tile_pad(xt, m, K);
+        memset(got, 0xff, (size_t)m * N * 4);
+        cpu_qmatmul_tiled(k, t, w, packed, N, xt, m, K, got, (size_t)N, scratch);
+        CHECKF(memcmp(got, ref, (size_t)m * N * 4) == 0, "%s tiled %s%s N=%d K=%d, %d of %d rows: differs",
+               k->variant, packed ? "packed " : "", ember_dtype_get(t)->name, N, K, m, M);
+    }
+    free(xt);
+    free(got);
 }
 
 /* The whole groups of w (N rows) packed, the last N % 16 rows row-major. */
@@ -174,7 +194,7 @@ static void test_gemm(ember_dtype t, int N, int K, int M) {
         }
     CHECKF(worst < 0.02, "%s: canonical dot off the f32 product by %g of sum|w x|", ember_dtype_get(t)->name, worst);
     check_packing(t, w, N, K);
-    const cpu_kernels *tables[4];
+    const cpu_kernels *tables[5];
     int nt = all_tables(tables);
     unsigned char *wp = cpu_qpack_has(t) ? pack_matrix(t, w, N, K) : NULL;
     void *scratch = aligned_alloc(64, (cpu_qmatmul_scratch_bytes(t, K, M) + 63) / 64 * 64);
@@ -192,6 +212,8 @@ static void test_gemm(ember_dtype t, int N, int K, int M) {
                 CHECKF(memcmp(one, got + (size_t)m * N, (size_t)N * 4) == 0, "%s %s%s: row %d alone differs",
                        tables[a]->variant, packed ? "packed " : "", ember_dtype_get(t)->name, m);
             }
+            if (tables[a]->qgemm_tiled[t]) /* AMX: the same outputs from A32 tiles */
+                check_tiled(tables[a], t, wm, packed, N, K, M, xa, xr, ref, scratch);
         }
     }
     free(wp);
@@ -212,7 +234,7 @@ static void test_act_quant(void) {
     float *x = malloc((size_t)K * 4);
     unsigned char *a = malloc(cpu_act_row_bytes(CPU_ACT_256, K) + cpu_act_row_bytes(CPU_ACT_32, K));
     unsigned char *b = malloc(cpu_act_row_bytes(CPU_ACT_256, K) + cpu_act_row_bytes(CPU_ACT_32, K));
-    const cpu_kernels *tables[4];
+    const cpu_kernels *tables[5];
     int nt = all_tables(tables);
     for (int trial = 0; trial < 8; trial++) {
         for (int i = 0; i < K; i++) x[i] = frnd() * (float)(1 << (trial * 3 % 17)) * (i % 37 == 0 ? 50.0f : 1.0f);
@@ -255,6 +277,9 @@ int main(void) {
         test_gemm(k_types[k], 16, kq ? 1024 : 800, 11);   /* 8 + 2 + 1 */
         test_gemm(k_types[k], 13, kq ? 2304 : 2144, 70); /* many rows, odd block count */
         test_gemm(k_types[k], 35, kq ? 768 : 992, 70);
+        test_gemm(k_types[k], 32, kq ? 256 : 1056, 16); /* AMX: one whole tile, chunks of 16 + 16 + 1 blocks */
+        test_gemm(k_types[k], 20, kq ? 512 : 544, 33);  /* AMX: two tiles and a padded row */
+        test_gemm(k_types[k], 16, kq ? 256 : 64, 8);    /* AMX: the smallest batch it takes, all padded */
     }
     return test_done();
 }

@@ -202,5 +202,6 @@ int cli_isa_from_name(const char *s) {
     if (strcmp(s, "scalar") == 0) return EMBER_ISA_SCALAR;
     if (strcmp(s, "avx2") == 0) return EMBER_ISA_AVX2;
     if (strcmp(s, "avx512") == 0) return EMBER_ISA_AVX512;
+    if (strcmp(s, "amx") == 0) return EMBER_ISA_AMX;
     return -1;
 }

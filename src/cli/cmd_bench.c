@@ -54,7 +54,7 @@ int cmd_bench(int argc, char **argv) {
         {"threads", 't', OPT_STR, &threads_s, "LIST", "thread counts to test, e.g. 1,2 (default: all cores)", 0, 0,
          false},
         {"repeats", 'r', OPT_INT, &reps, "N", "timed repeats per test (default 5)", 1, 1000, false},
-        {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512", 0, 0, false},
+        {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512, amx", 0, 0, false},
         {"json", 0, OPT_FLAG, &json, NULL, "one JSON object per test and thread count", 0, 0, false},
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
         {"depth", 'd', OPT_STR, &depth_s, "LIST", "tokens already in the context before each test, e.g. 0,4096 "

@@ -149,7 +149,7 @@ int cmd_generate(int argc, char **argv) {
         {"seed", 's', OPT_U64, &seed, "S", "random seed (default 0); same seed, same output", 0, 0, false},
         {"ignore-eos", 0, OPT_FLAG, &ignore_eos, NULL, "keep going past end-of-sequence tokens", 0, 0, false},
         {"threads", 't', OPT_INT, &threads, "N", "worker threads (default: all cores)", 1, 1024, false},
-        {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512 (default auto)", 0, 0, false},
+        {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512, amx (default auto)", 0, 0, false},
         {"ctx", 'c', OPT_INT, &ctx, "N", "context length (default: min(model max, 4096))", 1, 1 << 24, false},
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
         {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log loading details (and with --spec the drafted and accepted tokens) to stderr", 0, 0, false},

@@ -16,7 +16,7 @@ int cmd_logits(int argc, char **argv) {
         {"ids", 0, OPT_STR, &ids_s, "LIST", "token ids, e.g. 1,2,3", 0, 0, false},
         {"out", 'o', OPT_STR, &out_path, "FILE.npy", "where to write the float32 [n_tokens, vocab] array", 0, 0, false},
         {"threads", 't', OPT_INT, &threads, "N", "worker threads (default: all cores)", 1, 1024, false},
-        {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512", 0, 0, false},
+        {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512, amx", 0, 0, false},
         {"ctx", 'c', OPT_INT, &ctx, "N", "context length (default: min(model max, 4096))", 1, 1 << 24, false},
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
         {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log loading details to stderr", 0, 0, false},

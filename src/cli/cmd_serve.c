@@ -244,7 +244,7 @@ int cmd_serve(int argc, char **argv) {
         {"drain", 0, OPT_FLOAT, &drain, "SECONDS", "on SIGINT/SIGTERM, time running requests get to finish (default 10)", 0,
          3600, false},
         {"threads", 't', OPT_INT, &threads, "N", "compute threads (default: all cores)", 1, 1024, false},
-        {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512", 0, 0, false},
+        {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512, amx", 0, 0, false},
         {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
         {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log more (HTTP details) to stderr", 0, 0, false},
         {"tool-parser", 0, OPT_STR, &tool_parser, "NAME",

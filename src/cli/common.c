@@ -33,7 +33,7 @@ int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, 
     p.device = o->device;
     if (o->isa) {
         int v = cli_isa_from_name(o->isa);
-        if (v < 0) return cli_fail(verb, "--isa must be one of auto, scalar, avx2, avx512; got '%s'", o->isa);
+        if (v < 0) return cli_fail(verb, "--isa must be one of auto, scalar, avx2, avx512, amx; got '%s'", o->isa);
         p.isa = (ember_isa)v;
     }
     if (o->verbose)

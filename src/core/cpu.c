@@ -1,8 +1,11 @@
 /* cpu.c - CPU feature detection through the compiler's cpuid wrappers. */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* syscall */
 #include "cpu.h"
 
+#include <pthread.h>
 #include <stdint.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -40,12 +43,37 @@ void ember_cpu_detect(ember_cpu_features *f) {
     f->avx512bw = zmm && (b >> 30 & 1);
     f->avx512vl = zmm && (b >> 31 & 1);
     f->avx512vnni = zmm && (c >> 11 & 1);
+    bool tiles = (xcr0 & 0x60000) == 0x60000; /* XTILECFG and XTILEDATA */
+    f->amx_tile = tiles && (d >> 24 & 1);
+    f->amx_int8 = f->amx_tile && (d >> 25 & 1);
+    f->amx_bf16 = f->amx_tile && (d >> 22 & 1);
     if (sub_max >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         f->avxvnni = ymm && (a >> 4 & 1);
         f->avx512bf16 = zmm && (a >> 5 & 1);
     }
 #endif
+}
+
+static bool amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+/* Asks Linux for the tile data state (ARCH_REQ_XCOMP_PERM = 0x1023,
+   XFEATURE_XTILEDATA = 18); without the grant the first tile instruction
+   would kill the process with SIGILL. */
+static void amx_init(void) {
+    ember_cpu_features f;
+    ember_cpu_detect(&f);
+    if (!(f.amx_tile && f.amx_int8 && f.avx512vnni && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq))
+        return;
+#if defined(__linux__) && defined(__x86_64__) && defined(SYS_arch_prctl)
+    amx_ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#endif
+}
+
+bool ember_cpu_amx_ready(void) {
+    pthread_once(&amx_once, amx_init);
+    return amx_ok;
 }
 
 bool ember_isa_supported(ember_isa isa) {
@@ -57,11 +85,13 @@ bool ember_isa_supported(ember_isa isa) {
     case EMBER_ISA_AVX2: return f.avx2 && f.fma && f.f16c;
     case EMBER_ISA_AVX512:
         return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+    case EMBER_ISA_AMX: return ember_isa_supported(EMBER_ISA_AVX512) && ember_cpu_amx_ready();
     }
     return false;
 }
 
 ember_isa ember_isa_detect(void) {
+    if (ember_isa_supported(EMBER_ISA_AMX)) return EMBER_ISA_AMX;
     if (ember_isa_supported(EMBER_ISA_AVX512)) return EMBER_ISA_AVX512;
     if (ember_isa_supported(EMBER_ISA_AVX2)) return EMBER_ISA_AVX2;
     return EMBER_ISA_SCALAR;
@@ -73,6 +103,7 @@ const char *ember_isa_name(ember_isa isa) {
     case EMBER_ISA_SCALAR: return "scalar";
     case EMBER_ISA_AVX2: return "avx2";
     case EMBER_ISA_AVX512: return "avx512";
+    case EMBER_ISA_AMX: return "amx";
     }
     return "unknown";
 }

@@ -12,10 +12,18 @@ typedef struct ember_cpu_features {
     bool avx2, fma, f16c;
     bool avx512f, avx512bw, avx512vl, avx512dq;
     bool avx512bf16, avx512vnni, avxvnni;
+    bool amx_tile, amx_int8, amx_bf16; /* CPUID and XCR0 (tile state) only */
 } ember_cpu_features;
 
 /* Reads the features of the running CPU (and OS support for their state). */
 void ember_cpu_detect(ember_cpu_features *f);
+
+/* true once the process may use AMX tiles: the CPU has AMX-TILE and
+   AMX-INT8 with AVX-512 VNNI, the OS enables the tile state in XCR0, and
+   (Linux) the kernel granted this process the tile data permission
+   (arch_prctl ARCH_REQ_XCOMP_PERM, asked once, on the first call; the
+   grant is process-wide). Thread-safe. */
+bool ember_cpu_amx_ready(void);
 
 /* true if the running CPU can execute kernels of the given ISA. */
 bool ember_isa_supported(ember_isa isa);

@@ -54,6 +54,8 @@ typedef struct cpu_backend {
     size_t scratch_floats;
     void *act[3];     /* quantized activations per cpu_act_kind, grown on demand */
     size_t act_cap[3];
+    void *act_tiled;  /* the A32 tiles for the table's qgemm_tiled kernels (qkern.h) */
+    size_t act_tiled_cap;
     unsigned char *qscratch; /* n_threads x qscratch_bytes: cpu_qmatmul and packing */
     size_t qscratch_bytes;
     struct cpu_packed *packed; /* the weight ranges kept packed */
@@ -85,6 +87,7 @@ static void *host(const ember_tensor *t) {
 const cpu_kernels *ember_cpu_kernels_for(ember_isa isa) {
     ember_cpu_features f;
     switch (isa) {
+    case EMBER_ISA_AMX: return &ember_cpu_kernels_amx;
     case EMBER_ISA_AVX512:
         ember_cpu_detect(&f);
         return f.avx512vnni ? &ember_cpu_kernels_avx512vnni : &ember_cpu_kernels_avx512;
@@ -414,6 +417,7 @@ typedef struct mm_job {
     cpu_mlx_gemm_fn mlx_gemm;
     const float *x;
     const void *act[3]; /* quantized x per cpu_act_kind (NULL when unused) */
+    const void *act_tiled; /* act[CPU_ACT_32] as A32 tiles (qkern.h), or NULL */
     int M, K;
     int n;
     const ember_matmul *mm;
@@ -441,6 +445,9 @@ static void mm_task(void *ctx, int task, int thread) {
     if (ember_dtype_mlx_params(dt, &mlx_bits, &mlx_group)) {
         j->mlx_gemm(mlx_bits, mlx_group, w, row, nn, j->act[ak], cpu_act_row_bytes(ak, j->K), j->M, j->K, out,
                     (size_t)N);
+    } else if (ak == CPU_ACT_32 && j->act_tiled && j->k->qgemm_tiled[dt]) {
+        cpu_qmatmul_tiled(j->k, dt, w, j->packed[i], nn, j->act_tiled, j->M, j->K, out, (size_t)N,
+                          j->qscratch + (size_t)thread * j->qscratch_bytes);
     } else if (ak != CPU_ACT_NONE) {
         cpu_qmatmul(j->k, dt, w, j->packed[i], nn, j->act[ak], cpu_act_row_bytes(ak, j->K), j->M, j->K, out, (size_t)N,
                     j->qscratch + (size_t)thread * j->qscratch_bytes);
@@ -461,6 +468,7 @@ typedef struct act_job {
     const cpu_kernels *k;
     const float *x;
     void *dst;
+    void *tiled; /* also copy CPU_ACT_32 rows into these A32 tiles, or NULL */
     int K;
     cpu_act_kind kind;
 } act_job;
@@ -475,28 +483,41 @@ static void act_task(void *ctx, int row, int thread) {
         j->k->quantize_act32(x, j->K, d);
     else
         j->k->quantize_act256(x, j->K, d);
+    if (j->tiled) cpu_act32_tile_row(d, j->K, row, j->tiled);
 }
 
-/* Quantizes the M rows of x into the backend's buffer for kind. */
+/* Grows buf (capacity *cap bytes) to at least bytes, 64-aligned. */
+static int act_reserve(void **buf, size_t *cap, size_t bytes, ember_error *err) {
+    if (bytes <= *cap) return EMBER_OK;
+    void *p = ember_aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of activations", bytes);
+    free(*buf);
+    *buf = p;
+    *cap = bytes;
+    return EMBER_OK;
+}
+
+/* Quantizes the M rows of x into the backend's buffer for kind; with
+   tiled (CPU_ACT_32 only) also into the A32 tiles (*tiled receives them). */
 static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_kind kind, const void **out,
-                         ember_error *err) {
+                         const void **tiled, ember_error *err) {
     size_t bytes;
     if (!ember_mul_ok(cpu_act_row_bytes(kind, K), (size_t)M, &bytes))
         return ember_err(err, EMBER_ERR_NOMEM, "matmul: activation buffer size overflows");
-    if (bytes > c->act_cap[kind]) {
-        void *p = ember_aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-        if (!p) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %zu bytes of activations", bytes);
-        free(c->act[kind]);
-        c->act[kind] = p;
-        c->act_cap[kind] = bytes;
-    }
-    act_job j = {c->k, x, c->act[kind], K, kind};
+    int rc = act_reserve(&c->act[kind], &c->act_cap[kind], bytes, err);
+    if (!rc && tiled) rc = act_reserve(&c->act_tiled, &c->act_tiled_cap, cpu_act32_tiled_bytes(M, K), err);
+    if (rc) return rc;
+    act_job j = {c->k, x, c->act[kind], tiled ? c->act_tiled : NULL, K, kind};
     if ((size_t)M * (size_t)K < 65536) {
         for (int r = 0; r < M; r++) act_task(&j, r, 0);
     } else {
         ember_pool_run(c->pool, M, act_task, &j);
     }
     *out = c->act[kind];
+    if (tiled) {
+        cpu_act32_tile_pad(c->act_tiled, M, K);
+        *tiled = c->act_tiled;
+    }
     return EMBER_OK;
 }
 
@@ -511,7 +532,7 @@ static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const emb
     if (K > INT32_MAX || M > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: input too large");
     int64_t total = 0;
-    bool need[3] = {false, false, false};
+    bool need[3] = {false, false, false}, tiles = false;
     for (int i = 0; i < n; i++) {
         const ember_matmul *m = &mm[i];
         if ((rc = need_f32(m->out, "matmul", "out", err))) return rc;
@@ -522,6 +543,7 @@ static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const emb
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: rows of %lld are not whole %s blocks",
                              (long long)K, ember_dtype_get(m->w->dtype)->name);
         need[act_kind(m->w->dtype)] = true;
+        tiles = tiles || (c->k->qgemm_tiled[m->w->dtype] && M >= c->k->tiled_min_m);
         int64_t N = m->w->shape[0];
         if (ember_tensor_row_len(m->out) != N || ember_tensor_rows(m->out) != M)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output shape is not [%lld, %lld]",
@@ -533,7 +555,8 @@ static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const emb
     if (total > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output too large");
     mm_job j = {.k = c->k, .mlx_gemm = c->mlx_gemm, .x = host(x), .M = (int)M, .K = (int)K, .n = n, .mm = mm};
     for (int kind = CPU_ACT_32; kind <= CPU_ACT_256; kind++)
-        if (need[kind] && (rc = quantize_acts(c, j.x, (int)M, (int)K, (cpu_act_kind)kind, &j.act[kind], err)))
+        if (need[kind] && (rc = quantize_acts(c, j.x, (int)M, (int)K, (cpu_act_kind)kind, &j.act[kind],
+                                              kind == CPU_ACT_32 && tiles ? &j.act_tiled : NULL, err)))
             return rc;
     size_t qs = 0;
     for (int i = 0; i < n; i++) {
@@ -1030,6 +1053,7 @@ static void cpu_free(ember_backend *be) {
     free(c->attn_parts);
     free(c->delta_scratch);
     for (int i = 0; i < 3; i++) free(c->act[i]);
+    free(c->act_tiled);
     free(c);
 }
 
@@ -1064,7 +1088,7 @@ int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_
     *out = NULL;
     ember_isa isa = p ? p->isa : EMBER_ISA_AUTO;
     if (isa == EMBER_ISA_AUTO) isa = ember_isa_detect();
-    if (isa < EMBER_ISA_SCALAR || isa > EMBER_ISA_AVX512)
+    if (isa < EMBER_ISA_SCALAR || isa > EMBER_ISA_AMX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "unknown instruction set %d", (int)isa);
     if (!ember_isa_supported(isa))
         return ember_err(err, EMBER_ERR_UNSUPPORTED, "this CPU does not support the %s instruction set",

@@ -122,18 +122,27 @@ static inline vec16 v_wht16(vec16 x) {
 }
 #include "kern_attn.h"
 
-#ifndef AVX512_TABLE /* kern_avx512vnni.c builds this file again with VNNI */
+#ifndef AVX512_TABLE /* kern_avx512vnni.c and kern_amx.c build this file again */
 #define AVX512_TABLE ember_cpu_kernels_avx512
 #define AVX512_VARIANT "avx512"
 #endif
+#ifndef AVX512_ISA
+#define AVX512_ISA EMBER_ISA_AVX512
+#endif
+#ifdef EMBER_AMX
+#include "kern_qamx.h"
+#endif
 
 const cpu_kernels AVX512_TABLE = {
-    .isa = EMBER_ISA_AVX512,
+    .isa = AVX512_ISA,
     .variant = AVX512_VARIANT,
     .gemm_f32 = avx512_gemm_f32,
     .gemm_f16 = avx512_gemm_f16,
     .gemm_bf16 = avx512_gemm_bf16,
     QP_TABLE,
+#ifdef AMX_TABLE
+    AMX_TABLE,
+#endif
     .quantize_act32 = avx512_quant_act32,
     .quantize_act256 = avx512_quant_act256,
     .dot = avx512_dot,

@@ -368,6 +368,56 @@ void cpu_qmatmul(const cpu_kernels *k, ember_dtype t, const void *w, bool packed
     }
 }
 
+void cpu_qmatmul_tiled(const cpu_kernels *k, ember_dtype t, const void *w, bool packed, int nn, const void *xt, int mm,
+                       int K, float *out, size_t ldo, void *scratch) {
+    const size_t row = cpu_row_bytes(t, K);
+    cpu_qgemm_tiled_fn tf = k->qgemm_tiled[t];
+    const unsigned char *wb = w;
+    const size_t gbytes = CPU_QP_ROWS * row;
+    unsigned char *gbuf = scratch;
+    float *tout = (float *)(void *)(gbuf + round64(gbytes));
+    const int full = nn / CPU_QP_ROWS, tail = nn % CPU_QP_ROWS;
+    if (packed && full > 0) {
+        tf(wb, full, xt, mm, K, out, ldo);
+    } else {
+        for (int g = 0; g < full; g++) {
+            cpu_qpack_group(t, wb + (size_t)g * gbytes, row, CPU_QP_ROWS, K, gbuf);
+            tf(gbuf, 1, xt, mm, K, out + (size_t)g * CPU_QP_ROWS, ldo);
+        }
+    }
+    if (tail) {
+        cpu_qpack_group(t, wb + (size_t)full * gbytes, row, tail, K, gbuf);
+        tf(gbuf, 1, xt, mm, K, tout, CPU_QP_ROWS);
+        for (int m = 0; m < mm; m++)
+            memcpy(out + (size_t)m * ldo + (size_t)full * CPU_QP_ROWS, tout + (size_t)m * CPU_QP_ROWS,
+                   (size_t)tail * sizeof(float));
+    }
+}
+
+size_t cpu_act32_tiled_bytes(int mm, int K) {
+    return (size_t)((mm + 15) / 16) * (size_t)(K / 32) * sizeof(cpu_act32_tile);
+}
+
+void cpu_act32_tile_row(const void *act, int K, int m, void *xt) {
+    const int nb = K / 32;
+    const unsigned char *a = act;
+    cpu_act32_tile *t = (cpu_act32_tile *)xt + (size_t)(m / 16) * (size_t)nb;
+    for (int b = 0; b < nb; b++, a += sizeof(cpu_act32)) {
+        memcpy(&t[b].d[m % 16], a + offsetof(cpu_act32, d), sizeof(float));
+        memcpy(t[b].q[m % 16], a + offsetof(cpu_act32, q), 32);
+    }
+}
+
+void cpu_act32_tile_pad(void *xt, int mm, int K) {
+    if (mm % 16 == 0) return;
+    const int nb = K / 32, r0 = mm % 16;
+    cpu_act32_tile *t = (cpu_act32_tile *)xt + (size_t)(mm / 16) * (size_t)nb;
+    for (int b = 0; b < nb; b++) {
+        memset(&t[b].d[r0], 0, (size_t)(16 - r0) * sizeof(float));
+        memset(t[b].q[r0], 0, (size_t)(16 - r0) * 32);
+    }
+}
+
 /* ---- canonical dot products ---------------------------------------------------------- */
 
 static float dot32(ember_dtype t, const unsigned char *w, const unsigned char *ya, int nb) {

@@ -42,6 +42,11 @@ typedef void (*cpu_qgemm_fn_t)(const void *w, size_t w_row, int nn, const void *
 typedef void (*cpu_qgemm_packed_fn)(const void *wp, int ngroups, const void *xa, size_t xa_row, int mm, int K,
                                     float *out, size_t ldo);
 
+/* Packed quantized weights times A32 tiles (qkern.h): out[m * ldo + 16 g
+   + r] as cpu_qgemm_packed_fn, the activations read from the tiles xt. */
+typedef void (*cpu_qgemm_tiled_fn)(const void *wp, int ngroups, const void *xt, int mm, int K, float *out,
+                                   size_t ldo);
+
 /* One KV head's keys for the attention kernel (kern_attn.h). */
 typedef struct cpu_attn_part {
     const float *q;              /* [rep][D] query heads of this KV head */
@@ -69,6 +74,11 @@ typedef struct cpu_kernels {
     /* per quantized dtype with a packed layout: the kernel on packed
        weights; when set, the backend packs such weights (qkern.h) */
     cpu_qgemm_packed_fn qgemm_packed[EMBER_DTYPE_COUNT];
+    /* per dtype: the kernel on packed weights and A32 tiles (AMX); the
+       backend tiles the activations for matmuls of at least tiled_min_m
+       rows and uses it instead of qgemm_packed */
+    cpu_qgemm_tiled_fn qgemm_tiled[EMBER_DTYPE_COUNT];
+    int tiled_min_m;
     /* the activation quantizers (qkern.h); same bytes on every ISA */
     void (*quantize_act32)(const float *x, int K, void *dst);
     void (*quantize_act256)(const float *x, int K, void *dst);
@@ -81,6 +91,7 @@ extern const cpu_kernels ember_cpu_kernels_scalar;
 extern const cpu_kernels ember_cpu_kernels_avx2;
 extern const cpu_kernels ember_cpu_kernels_avx512;
 extern const cpu_kernels ember_cpu_kernels_avx512vnni; /* AVX-512 + VNNI */
+extern const cpu_kernels ember_cpu_kernels_amx;        /* AVX-512 + VNNI + AMX-INT8 */
 
 /* The table for isa (which the CPU must support). */
 const cpu_kernels *ember_cpu_kernels_for(ember_isa isa);

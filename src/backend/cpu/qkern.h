@@ -17,6 +17,11 @@
  *        { f32 d; i16 bsums[16]; i8 q[256]; i32 bs16[16]; i32 bs32[8] },
  *        same rule with amax over 256 elements; bsums[j] = bs16[j] = sum of
  *        q[16j .. 16j+15], bs32[j] = sum of q[32j .. 32j+31].
+ *   A32 tiles (for kernels with qgemm_tiled, kernels.h: AMX): the A32 rows
+ *        regrouped for 16-row tiles, struct cpu_act32_tile { f32 d[16];
+ *        i8 q[16][32] } per (tile, block), tile t = rows 16t .. 16t+15,
+ *        tiles in order and blocks in order within a tile; rows past the
+ *        last are zero (d = 0, q = 0).
  * The quantizers give the same bytes on every ISA (the SIMD ones in the ISA
  * files evaluate the same f32 operations; kern_quant.c has the plain-C
  * reference), so every kernel sees the same activations.
@@ -94,6 +99,18 @@ typedef struct cpu_act256 {
     int32_t bs16[16], bs32[8];
 } cpu_act256; /* 388 bytes */
 
+typedef struct cpu_act32_tile {
+    float d[16];
+    int8_t q[16][32];
+} cpu_act32_tile; /* 576 bytes; q at offset 64 */
+
+/* Bytes of the A32 tiles of mm rows of K elements (K a multiple of 32). */
+size_t cpu_act32_tiled_bytes(int mm, int K);
+/* Copies the A32 row act (K elements) into row m of the tiles at xt. */
+void cpu_act32_tile_row(const void *act, int K, int m, void *xt);
+/* Zeroes the rows past mm in the last tile (call once all rows are in). */
+void cpu_act32_tile_pad(void *xt, int mm, int K);
+
 /* Rows per packed group. */
 #define CPU_QP_ROWS 16
 
@@ -149,6 +166,11 @@ void cpu_qpack_dequant_row(ember_dtype t, const void *g, int r, int K, float *ds
 void cpu_qmatmul(const cpu_kernels *k, ember_dtype t, const void *w, bool packed, int nn, const void *xa,
                  size_t xa_row, int mm, int K, float *out, size_t ldo, void *scratch);
 size_t cpu_qmatmul_scratch_bytes(ember_dtype t, int K, int mm);
+/* cpu_qmatmul with the activations as A32 tiles (xt, mm rows) and k's
+   qgemm_tiled kernel for t (which must be set); same outputs, same
+   scratch. */
+void cpu_qmatmul_tiled(const cpu_kernels *k, ember_dtype t, const void *w, bool packed, int nn, const void *xt, int mm,
+                       int K, float *out, size_t ldo, void *scratch);
 
 /* The canonical quantized gemm for every supported block type (plain C):
    out[m * ldo + n] = dot(w row n, activation row m). Used as the scalar

@@ -1,0 +1,94 @@
+/*
+ * qgemm_bench.c - one quantized matmul kernel alone, single thread: N
+ * weight rows of K elements (packed, qkern.h) times M activation rows, for
+ * every kernel table this CPU has (scalar skipped). Reports the fastest
+ * call and its multiply-accumulates per second. Random data; the
+ * outputs of the tables are compared (they must be bit-identical).
+ *
+ * usage: qgemm_bench [TYPE] [N] [K] [M] [SECONDS]
+ *        TYPE q8_0 | q4_0 | q5_0 | q4_k | q5_k | q6_k (default q8_0),
+ *        N 896, K 896, M 512, SECONDS 1 per table.
+ * env:   ONLY=VARIANT runs that table alone (avx2, avx512-vnni, amx, ...).
+ * Builds against the internal headers (src/); never run by the tests.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/qkern.h"
+#include "core/cpu.h"
+#include "formats/quant.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    const char *tn = argc > 1 ? argv[1] : "q8_0";
+    int N = argc > 2 ? atoi(argv[2]) : 896, K = argc > 3 ? atoi(argv[3]) : 896, M = argc > 4 ? atoi(argv[4]) : 512;
+    double secs = argc > 5 ? atof(argv[5]) : 1.0;
+    ember_dtype t = EMBER_DTYPE_INVALID;
+    for (int i = 0; i < EMBER_DTYPE_COUNT; i++)
+        if (!strcmp(ember_dtype_get((ember_dtype)i)->name, tn)) t = (ember_dtype)i;
+    if (t == EMBER_DTYPE_INVALID || !cpu_qpack_has(t) || N % 16 || N <= 0 || K <= 0 || M <= 0) {
+        fprintf(stderr, "usage: qgemm_bench [q8_0|q4_0|q5_0|q4_k|q5_k|q6_k] [N%%16==0] [K] [M] [SECONDS]\n");
+        return 2;
+    }
+    cpu_act_kind ak = cpu_act_kind_for(t);
+    size_t wr = cpu_row_bytes(t, K), xr = cpu_act_row_bytes(ak, K);
+    if (!wr || !xr) return fprintf(stderr, "K=%d is not a whole number of blocks\n", K), 2;
+    float *wf = malloc(sizeof(float) * (size_t)N * K), *x = malloc(sizeof(float) * (size_t)M * K);
+    unsigned char *w = malloc(wr * N), *wp = aligned_alloc(64, (wr * N + 63) / 64 * 64), *xa = malloc(xr * M);
+    unsigned char *xt = ak == CPU_ACT_32 ? malloc(cpu_act32_tiled_bytes(M, K)) : NULL;
+    float *out = malloc(sizeof(float) * (size_t)M * N), *ref = malloc(sizeof(float) * (size_t)M * N);
+    uint64_t s = 7;
+    for (size_t i = 0; i < (size_t)N * K; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        wf[i] = (float)((int64_t)(s >> 40) - (1 << 23)) / (1 << 23);
+    }
+    for (size_t i = 0; i < (size_t)M * K; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((int64_t)(s >> 40) - (1 << 23)) / (1 << 23);
+    }
+    ember_error err;
+    if (ember_quantize(t, wf, w, (size_t)N * K, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+    for (int g = 0; g < N / 16; g++) cpu_qpack_group(t, w + (size_t)g * 16 * wr, wr, 16, K, wp + (size_t)g * 16 * wr);
+    for (int m = 0; m < M; m++)
+        (ak == CPU_ACT_32 ? cpu_quantize_act32 : cpu_quantize_act256)(x + (size_t)m * K, K, xa + (size_t)m * xr);
+    const ember_isa isas[] = {EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
+    const cpu_kernels *tabs[4];
+    int nt = 0;
+    for (int i = 0; i < 3; i++)
+        if (ember_isa_supported(isas[i])) tabs[nt++] = ember_cpu_kernels_for(isas[i]);
+    printf("# %s N=%d K=%d M=%d, one thread\n", tn, N, K, M);
+    const char *only = getenv("ONLY"); /* one table by its variant name, e.g. for perf stat */
+    for (int a = 0; a < nt; a++) {
+        if (only && strcmp(only, tabs[a]->variant)) continue;
+        cpu_qgemm_packed_fn f = tabs[a]->qgemm_packed[t];
+        cpu_qgemm_tiled_fn tf = M >= tabs[a]->tiled_min_m ? tabs[a]->qgemm_tiled[t] : NULL;
+        if (tf) { /* the backend tiles the activations once per matmul, outside the kernel */
+            for (int m = 0; m < M; m++) cpu_act32_tile_row(xa + (size_t)m * xr, K, m, xt);
+            cpu_act32_tile_pad(xt, M, K);
+        }
+#define CALL() (tf ? tf(wp, N / 16, xt, M, K, out, (size_t)N) : f(wp, N / 16, xa, xr, M, K, out, (size_t)N))
+        CALL();
+        double t0 = now(), t1, per = 1e30;
+        do { /* the fastest call: the machine may be shared */
+            double c0 = now();
+            CALL();
+            t1 = now();
+            if (t1 - c0 < per) per = t1 - c0;
+        } while (t1 - t0 < secs);
+        if (a == 0 || only) memcpy(ref, out, sizeof(float) * (size_t)M * N);
+        bool same = !memcmp(ref, out, sizeof(float) * (size_t)M * N);
+        printf("%-12s %9.3f ms  %7.1f GMAC/s  %s\n", tabs[a]->variant, per * 1e3, (double)N * K * M / per * 1e-9,
+               same ? "same bits" : "DIFFERS");
+    }
+    free(wf), free(x), free(w), free(wp), free(xa), free(xt), free(out), free(ref);
+    return 0;
+}

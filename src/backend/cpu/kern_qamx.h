@@ -1,0 +1,185 @@
+/*
+ * kern_qamx.h - AMX-INT8 kernels for the packed 32-element quantized types
+ * (Q8_0, Q4_0, Q5_0) when a matmul has several activation rows (prefill,
+ * batched decode). Included by kern_avx512.c when it is built as
+ * kern_amx.c (EMBER_AMX, with -mamx-tile -mamx-int8), after kern_qpack.h.
+ * They are the table's qgemm_tiled kernels (kernels.h): the backend gives
+ * them the activations as A32 tiles (qkern.h) when a matmul has at least
+ * AMX_MIN_M rows; fewer rows, and the K types, stay on the VNNI kernels.
+ *
+ * The arithmetic is qkern.h's canonical dot product, bit for bit: one
+ * TDPBSSD per block computes the exact int32 sums S of 16 activation rows
+ * by 16 weight rows (signed levels times signed activation bytes, K = 32),
+ * the tile is stored, and each output takes
+ * acc = fmaf(f32(w.d) * y.d, (float)S, acc) in block order, in AVX-512
+ * lanes. So results equal every other ISA's, whatever the tiling.
+ *
+ * Layout: a packed block group's level dwords are already AMX's B layout
+ * (row k of the tile = 16 weight rows x 4 consecutive elements). The
+ * kernel turns AMX_CHUNK blocks of one group at a time into a "panel" on
+ * the stack: per block, the 16 scales as f32 and the 512 level bytes as
+ * signed int8 (Q8_0: stored byte ^ 0x80; Q4_0: nibble - 8; Q5_0: nibble +
+ * 16 * high bit - 16), then sweeps every 16-row tile of activations over
+ * it (an A32 tile's block is 16 rows x 32 bytes, stride 32, and its 16
+ * scales). Rows past the last are zero in the tiles and never stored.
+ * Between chunks the accumulators rest in out (f32 stored and reloaded
+ * exactly).
+ *
+ * Tiles: 0, 1 the int32 results (16 x 16); 2, 3 activations (16 rows x 32
+ * bytes); 4, 5 weights (8 rows x 64 bytes). Each call loads this
+ * configuration and releases the tiles before it returns, so a worker
+ * thread carries no tile state between calls. The process must have been
+ * granted the tile state (ember_cpu_amx_ready) before the first call.
+ * No other state; a call writes only its own outputs.
+ */
+
+#define AMX_MIN_M 8  /* fewer activation rows: the VNNI kernels (no tiles) */
+#define AMX_CHUNK 16 /* blocks per panel: 9 KB on the stack */
+#ifndef AMX_AHEAD
+#define AMX_AHEAD 1 /* blocks the tile unit runs ahead of the post-processing (1..3) */
+#endif
+
+typedef struct amx_blk {
+    float d[16];      /* the 16 rows' scales */
+    int8_t q[8][64];  /* B tile: row k = elements 4k..4k+3 of rows 0..15 */
+} amx_blk;            /* 576 bytes */
+
+typedef struct amx_cfg {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+static void amx_configure(void) {
+    amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 2; t++) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+        c.rows[2 + t] = 16;
+        c.colsb[2 + t] = 32;
+        c.rows[4 + t] = 8;
+        c.colsb[4 + t] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* Block group p (one block of 16 rows, qkern.h layout of type T) -> o. */
+ALWAYS_INLINE void amx_panel_blk(const unsigned char *p, amx_blk *o, const int T) {
+    _mm512_store_ps(o->d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)));
+    if (T == EMBER_Q8_0) {
+        const __m512i x80 = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            _mm512_store_si512(o->q[k], _mm512_xor_si512(_mm512_loadu_si512(p + 32 + 64 * k), x80));
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const size_t qo = T == EMBER_Q4_0 ? 32 : 96;
+    const __m512i off = _mm512_set1_epi8(T == EMBER_Q4_0 ? 8 : 16);
+    const __m512i H = T == EMBER_Q5_0 ? _mm512_loadu_si512(p + 32) : _mm512_setzero_si512();
+    const __m512i m10 = _mm512_set1_epi8(0x10);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        __m512i v = _mm512_loadu_si512(p + qo + 64 * k);
+        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        if (T == EMBER_Q5_0) { /* element 4g + i's high bit is bit 8i + g of the row's dword */
+            lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi32(H, (unsigned)(4 - k)), m10));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(k == 0 ? H : _mm512_srli_epi32(H, (unsigned)k), m10));
+        }
+        _mm512_store_si512(o->q[k], _mm512_sub_epi8(lo, off));
+        _mm512_store_si512(o->q[4 + k], _mm512_sub_epi8(hi, off));
+    }
+}
+
+/* The post-processing of one block's stored sums C (16 x 16 int32) for
+   row r of the tile: acc = fma(w * yd[r], (float)C[r], acc), w the 16
+   weight rows' scales. (Sixteen named accumulators, not an array, so that
+   they stay in registers.) */
+#define AMX_ROW(acc, r) acc = _mm512_fmadd_ps(_mm512_mul_ps(w, _mm512_set1_ps(yd[r])), \
+                                              _mm512_cvtepi32_ps(_mm512_load_si512(C + 16 * (r))), acc)
+
+/* Block b's sums into C (16 x 16 int32) through tile (b & 1). */
+ALWAYS_INLINE void amx_block(const amx_blk *pan, const cpu_act32_tile *xt, int b, int32_t *C) {
+    if (b & 1) {
+        _tile_zero(1);
+        _tile_loadd(3, xt[b].q, 32);
+        _tile_loadd(5, pan[b].q, 64);
+        _tile_dpbssd(1, 3, 5);
+        _tile_stored(1, C, 64);
+    } else {
+        _tile_zero(0);
+        _tile_loadd(2, xt[b].q, 32);
+        _tile_loadd(4, pan[b].q, 64);
+        _tile_dpbssd(0, 2, 4);
+        _tile_stored(0, C, 64);
+    }
+}
+
+/* One tile of 16 activation rows (xt: its first block of the chunk)
+   against the panel's nbc blocks; rows [0, mr) of out (16 columns, rows
+   ldo apart) are read first unless first, and written. The tile unit runs
+   one block ahead of the vector post-processing, so a block's stored sums
+   have landed before they are read. */
+static void amx_tile16(const amx_blk *pan, int nbc, const cpu_act32_tile *xt, float *out, size_t ldo, int mr,
+                       bool first) {
+    _Alignas(64) int32_t Cb[4][256];
+    __m512 a[16];
+    for (int r = 0; r < 16; r++)
+        a[r] = first || r >= mr ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * ldo);
+    __m512 a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], a4 = a[4], a5 = a[5], a6 = a[6], a7 = a[7], a8 = a[8],
+           a9 = a[9], a10 = a[10], a11 = a[11], a12 = a[12], a13 = a[13], a14 = a[14], a15 = a[15];
+    for (int b = 0; b < AMX_AHEAD && b < nbc; b++) amx_block(pan, xt, b, Cb[b]);
+    for (int b = 0; b < nbc; b++) {
+        if (b + AMX_AHEAD < nbc) amx_block(pan, xt, b + AMX_AHEAD, Cb[(b + AMX_AHEAD) & 3]);
+        const int32_t *C = Cb[b & 3];
+        const float *yd = xt[b].d;
+        const __m512 w = _mm512_load_ps(pan[b].d);
+        AMX_ROW(a0, 0), AMX_ROW(a1, 1), AMX_ROW(a2, 2), AMX_ROW(a3, 3), AMX_ROW(a4, 4), AMX_ROW(a5, 5);
+        AMX_ROW(a6, 6), AMX_ROW(a7, 7), AMX_ROW(a8, 8), AMX_ROW(a9, 9), AMX_ROW(a10, 10), AMX_ROW(a11, 11);
+        AMX_ROW(a12, 12), AMX_ROW(a13, 13), AMX_ROW(a14, 14), AMX_ROW(a15, 15);
+    }
+    a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3, a[4] = a4, a[5] = a5, a[6] = a6, a[7] = a7;
+    a[8] = a8, a[9] = a9, a[10] = a10, a[11] = a11, a[12] = a12, a[13] = a13, a[14] = a14, a[15] = a15;
+    for (int r = 0; r < mr; r++) _mm512_storeu_ps(out + (size_t)r * ldo, a[r]);
+}
+
+/* Chunk by chunk of AMX_CHUNK blocks: each group's panel is made once and
+   swept by every tile of rows, whose chunk of activations (16 x 576 bytes
+   per block) stays in cache across the groups. */
+ALWAYS_INLINE void amx_drive(const void *wp, int ngroups, const void *xt, int mm, int K, float *out, size_t ldo,
+                             const int T) {
+    const size_t bb = T == EMBER_Q8_0 ? 34 : T == EMBER_Q4_0 ? 18 : 22;
+    const int nb = K / 32, ntiles = (mm + 15) / 16;
+    const size_t gbytes = 16 * bb * (size_t)nb;
+    const cpu_act32_tile *x = xt;
+    _Alignas(64) amx_blk pan[AMX_CHUNK];
+    amx_configure();
+    for (int b0 = 0; b0 < nb; b0 += AMX_CHUNK) {
+        const int nbc = nb - b0 < AMX_CHUNK ? nb - b0 : AMX_CHUNK;
+        for (int g = 0; g < ngroups; g++) {
+            const unsigned char *wg = (const unsigned char *)wp + (size_t)g * gbytes + (size_t)b0 * 16 * bb;
+            for (int b = 0; b < nbc; b++) amx_panel_blk(wg + (size_t)b * 16 * bb, &pan[b], T);
+            for (int t = 0; t < ntiles; t++)
+                amx_tile16(pan, nbc, x + (size_t)t * (size_t)nb + (size_t)b0, out + (size_t)(16 * t) * ldo + 16 * g,
+                           ldo, mm - 16 * t < 16 ? mm - 16 * t : 16, b0 == 0);
+        }
+    }
+    _tile_release();
+}
+
+#define AMX_ENTRY(name, T)                                                                                         \
+    static void CAT(KPREFIX, name)(const void *wp, int ngroups, const void *xt, int mm, int K, float *out,        \
+                                   size_t ldo) {                                                                   \
+        amx_drive(wp, ngroups, xt, mm, K, out, ldo, T);                                                            \
+    }
+AMX_ENTRY(amx_q8_0, EMBER_Q8_0)
+AMX_ENTRY(amx_q4_0, EMBER_Q4_0)
+AMX_ENTRY(amx_q5_0, EMBER_Q5_0)
+
+#define AMX_TABLE                                                                                                  \
+    .qgemm_tiled = {[EMBER_Q8_0] = CAT(KPREFIX, amx_q8_0), [EMBER_Q4_0] = CAT(KPREFIX, amx_q4_0),                  \
+                    [EMBER_Q5_0] = CAT(KPREFIX, amx_q5_0)},                                                        \
+    .tiled_min_m = AMX_MIN_M
