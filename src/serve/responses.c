@@ -441,12 +441,8 @@ void resp_req_free(resp_req *q) {
 
 /* ---- response ------------------------------------------------------------------------------- */
 
-/* Sends ev (consumed) with its type and sequence number when streaming. */
+/* Sends ev (consumed) with its sequence number; streaming only (EMIT). */
 static void emit(resp_out *o, const char *type, json_t *ev) {
-    if (!o->emit) {
-        json_decref(ev);
-        return;
-    }
     if (!ev || json_object_set_new(ev, "sequence_number", json_integer(o->seq))) {
         json_decref(ev);
         o->failed = true;
@@ -455,6 +451,12 @@ static void emit(resp_out *o, const char *type, json_t *ev) {
     o->seq++;
     if (o->emit(o->user, type, ev)) o->failed = true;
 }
+
+/* An event when streaming: its JSON is not even made otherwise. */
+#define EMIT(o, type, ev)                   \
+    do {                                    \
+        if ((o)->emit) emit(o, type, (ev)); \
+    } while (0)
 
 static json_t *output(const resp_out *o) {
     return json_object_get(o->resp, "output");
@@ -484,8 +486,8 @@ void resp_out_start(resp_out *o, json_t *resp, resp_emit_fn emit_fn, void *user)
     o->user = user;
     if (!resp) o->failed = true;
     if (!o->emit || !resp) return;
-    emit(o, "response.created", json_pack("{s:s, s:o}", "type", "response.created", "response", json_deep_copy(resp)));
-    emit(o, "response.in_progress",
+    EMIT(o, "response.created", json_pack("{s:s, s:o}", "type", "response.created", "response", json_deep_copy(resp)));
+    EMIT(o, "response.in_progress",
          json_pack("{s:s, s:o}", "type", "response.in_progress", "response", json_deep_copy(resp)));
 }
 
@@ -504,9 +506,9 @@ static void open_message(resp_out *o) {
         return;
     }
     int idx = out_index(o);
-    emit(o, "response.output_item.added", json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added",
+    EMIT(o, "response.output_item.added", json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added",
                                                     "output_index", idx, "item", o->item));
-    emit(o, "response.content_part.added",
+    EMIT(o, "response.content_part.added",
          json_pack("{s:s, s:s, s:i, s:i, s:{s:s, s:s, s:[], s:[]}}", "type", "response.content_part.added", "item_id",
                    open_id(o), "output_index", idx, "content_index", 0, "part", "type", "output_text", "text", "",
                    "annotations", "logprobs"));
@@ -521,15 +523,15 @@ static void close_message(resp_out *o, const char *status) {
         json_array_append(json_object_get(o->item, "content"), part))
         o->failed = true;
     if (part) {
-        emit(o, "response.output_text.done",
+        EMIT(o, "response.output_text.done",
              json_pack("{s:s, s:s, s:i, s:i, s:O, s:[]}", "type", "response.output_text.done", "item_id", open_id(o),
                        "output_index", idx, "content_index", 0, "text", json_object_get(part, "text"), "logprobs"));
-        emit(o, "response.content_part.done",
+        EMIT(o, "response.content_part.done",
              json_pack("{s:s, s:s, s:i, s:i, s:O}", "type", "response.content_part.done", "item_id", open_id(o),
                        "output_index", idx, "content_index", 0, "part", part));
     }
     json_decref(part);
-    emit(o, "response.output_item.done",
+    EMIT(o, "response.output_item.done",
          json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", idx, "item", o->item));
     if (json_array_append_new(output(o), o->item)) o->failed = true;
     o->item = NULL;
@@ -540,7 +542,7 @@ void resp_out_text(resp_out *o, const char *text, size_t len) {
     if (!o->msg_open) open_message(o);
     if (sb_append(&o->text, text, len)) o->failed = true;
     if (o->item)
-        emit(o, "response.output_text.delta",
+        EMIT(o, "response.output_text.delta",
              json_pack("{s:s, s:s, s:i, s:i, s:o, s:[]}", "type", "response.output_text.delta", "item_id", open_id(o),
                        "output_index", out_index(o), "content_index", 0, "delta", serve_jstr_clean(text, len),
                        "logprobs"));
@@ -557,7 +559,7 @@ void resp_out_call_start(resp_out *o, const char *call_id, const char *name) {
         o->failed = true;
         return;
     }
-    emit(o, "response.output_item.added", json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added",
+    EMIT(o, "response.output_item.added", json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added",
                                                     "output_index", out_index(o), "item", o->item));
 }
 
@@ -565,7 +567,7 @@ void resp_out_call_args(resp_out *o, const char *text, size_t len) {
     if (!o->call_open || !len) return;
     if (sb_append(&o->args, text, len)) o->failed = true;
     if (o->item)
-        emit(o, "response.function_call_arguments.delta",
+        EMIT(o, "response.function_call_arguments.delta",
              json_pack("{s:s, s:s, s:i, s:o}", "type", "response.function_call_arguments.delta", "item_id", open_id(o),
                        "output_index", out_index(o), "delta", serve_jstr_clean(text, len)));
 }
@@ -580,11 +582,11 @@ void resp_out_call_end(resp_out *o) {
         json_object_set_new(o->item, "status", json_string("completed")))
         o->failed = true;
     if (args)
-        emit(o, "response.function_call_arguments.done",
+        EMIT(o, "response.function_call_arguments.done",
              json_pack("{s:s, s:s, s:i, s:O, s:O}", "type", "response.function_call_arguments.done", "item_id",
                        open_id(o), "output_index", idx, "name", json_object_get(o->item, "name"), "arguments", args));
     json_decref(args);
-    emit(o, "response.output_item.done",
+    EMIT(o, "response.output_item.done",
          json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", idx, "item", o->item));
     if (json_array_append_new(output(o), o->item)) o->failed = true;
     o->item = NULL;
@@ -599,15 +601,15 @@ void resp_out_finish(resp_out *o, const char *reason, json_t *usage) {
         json_object_set_new(o->resp, "incomplete_details", details) || json_object_set_new(o->resp, "usage", usage))
         o->failed = true;
     const char *type = reason ? "response.incomplete" : "response.completed";
-    emit(o, type, json_pack("{s:s, s:O}", "type", type, "response", o->resp));
+    EMIT(o, type, json_pack("{s:s, s:O}", "type", type, "response", o->resp));
 }
 
 void resp_out_fail(resp_out *o, const char *message) {
-    emit(o, "error", json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "server_error", "message", message, "param"));
+    EMIT(o, "error", json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "server_error", "message", message, "param"));
     if (json_object_set_new(o->resp, "status", json_string("failed")) ||
         json_object_set_new(o->resp, "error", json_pack("{s:s, s:s}", "code", "server_error", "message", message)))
         o->failed = true;
-    emit(o, "response.failed", json_pack("{s:s, s:O}", "type", "response.failed", "response", o->resp));
+    EMIT(o, "response.failed", json_pack("{s:s, s:O}", "type", "response.failed", "response", o->resp));
 }
 
 json_t *resp_out_message(const resp_out *o) {
