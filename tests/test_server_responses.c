@@ -63,7 +63,7 @@ static void hostile(void) {
         {"{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]}", "input", "call_id"},
         {"{\"input\":[{\"role\":\"user\",\"content\":\"x\"},{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":"
          "\"f\",\"arguments\":\"[1]\"}]}",
-         "input", "arguments"},
+         "input", "input[1].arguments must be JSON text of an object"},
         {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},{\"type\":"
          "\"function_call_output\",\"call_id\":\"c1\",\"output\":5}]}",
          "input", "output"},

@@ -179,6 +179,16 @@ static int input_messages(const json_t *input, json_t *convo, size_t first_new, 
                 rc = fail(b, 400, "input", "input[%zu]: a function_call needs a string 'name' and 'arguments' (JSON text)", i);
                 break;
             }
+            json_error_t je;
+            json_t *parsed = json_loadb(json_string_value(args), json_string_length(args), 0, &je);
+            bool is_obj = json_is_object(parsed);
+            json_decref(parsed);
+            if (!is_obj) {
+                rc = parsed || json_error_code(&je) != json_error_out_of_memory
+                         ? fail(b, 400, "input", "input[%zu].arguments must be JSON text of an object", i)
+                         : fail(b, 500, NULL, "out of memory");
+                break;
+            }
             json_t *call = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", id, "type", "function", "function", "name", name,
                                      "arguments", args);
             if (!call || json_object_set(ids, json_string_value(id), (json_t *)name)) {
