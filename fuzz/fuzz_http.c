@@ -2,7 +2,8 @@
  * fuzz_http.c - libFuzzer target: arbitrary request bodies through the
  * server's validation (JSON depth check, parsing, protocol fields, chat
  * template, tokenization) into an engine request, for every generation
- * endpoint. It includes server.c to reach its static functions; no socket
+ * endpoint (chat, completions, messages, responses; /v1/responses also
+ * through previous_response_id, against a conversation stored at start). It includes server.c to reach its static functions; no socket
  * or engine is involved.
  *
  * Needs EMBER_FUZZ_MODEL: a model directory with tokenizer.json and a chat
@@ -48,12 +49,21 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     g_srv.info.vocab_size = ember_tok_n_vocab(g_tok);
     g_srv.info.n_ctx = 256;
     g_srv.o.test_output = true; /* "ember_test_output" is validated too */
+    /* one stored conversation, so that {"previous_response_id": "resp_fuzz"} reaches the history's path */
+    resp_store_init(&g_srv.rstore);
+    json_t *convo = json_loads("[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":null,"
+                               "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                               "\"arguments\":\"{}\"}}]}]",
+                               0, NULL);
+    if (!convo || resp_store_put(&g_srv.rstore, "resp_fuzz", convo, 100)) exit(1);
+    json_decref(convo);
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    int proto = data[0] % 3 == 0 ? PROTO_CHAT : data[0] % 3 == 1 ? PROTO_COMPLETION : PROTO_ANTHROPIC;
+    static const int protos[4] = {PROTO_CHAT, PROTO_COMPLETION, PROTO_ANTHROPIC, PROTO_RESPONSES};
+    int proto = protos[data[0] % 4];
     const char *text = (const char *)data + 1;
     size_t n = size - 1;
     if (json_depth(text, n) > MAX_JSON_DEPTH) return 0;

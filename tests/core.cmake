@@ -14,6 +14,8 @@ ember_test(test_engine test_engine.c)
 ember_test(test_server test_server.c)
 # Tool calls through the server: hostile requests, OpenAI / Anthropic shapes, streaming (tests/test_server_tools.c).
 ember_test(test_server_tools test_server_tools.c)
+# OpenAI's Responses API through the server: hostile requests, items, typed events, previous_response_id.
+ember_test(test_server_responses test_server_responses.c)
 
 # The official OpenAI and Anthropic SDKs against `ember serve` (node; the SDKs
 # are installed by scripts/test.sh with npm ci in tests/e2e). Skipped (77)

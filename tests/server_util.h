@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "core/mapfile.h"
 #include "ember.h"
 #include "serve/serve.h"
 #include "test.h"
@@ -70,6 +71,55 @@ static inline bool server_wait_idle(void) {
         usleep(50000);
     }
     return false;
+}
+
+/* The demo model (random weights; ember mkmodel writes it to EMBER_TEST_TMP/name, d->dir)
+   with Qwen2.5's real chat template from shared/testdata, which renders tools and writes
+   calls as <tool_call>{json}</tool_call>: what the tool-call server tests run on. */
+typedef struct qwen_demo {
+    char dir[600];
+    ember_model *m;
+    ember_tokenizer *tok;
+    ember_chat_template *tmpl;
+    ember_tool_format fmt; /* detected from the template: hermes */
+} qwen_demo;
+
+/* Loads *d; false (the test is skipped, 77) when shared/testdata is absent. */
+static inline bool qwen_demo_load(const char *name, qwen_demo *d) {
+    memset(d, 0, sizeof *d);
+    char tpl_path[1024];
+    snprintf(tpl_path, sizeof tpl_path, "%s/testdata/chat-templates/llama.cpp/Qwen-Qwen2.5-7B-Instruct.jinja",
+             EMBER_SHARED_DIR);
+    char *tpl = NULL;
+    size_t tpl_len = 0;
+    ember_error err = {0};
+    if (ember_read_file(tpl_path, 1 << 20, &tpl, &tpl_len, &err)) {
+        fprintf(stderr, "skip: %s\n", err.msg);
+        return false;
+    }
+    char cmd[1400];
+    snprintf(d->dir, sizeof d->dir, "%s/%s", EMBER_TEST_TMP, name);
+    snprintf(cmd, sizeof cmd, "%s mkmodel --preset demo --out %s", EMBER_BIN, d->dir);
+    CHECK(system(cmd) == 0);
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.n_rows = 2;
+    mp.n_ctx = 2048;
+    mp.n_threads = 2;
+    CHECKF(ember_model_load(d->dir, &mp, &d->m, &err) == EMBER_OK, "%s", err.msg);
+    CHECKF(ember_tok_load(d->dir, &d->tok, &err) == EMBER_OK, "%s", err.msg);
+    CHECKF(ember_chat_template_compile(tpl, tpl_len, &d->tmpl, &err) == EMBER_OK, "%s", err.msg);
+    d->fmt = ember_tool_format_detect(tpl, tpl_len);
+    CHECK(d->fmt == EMBER_TOOLS_HERMES);
+    free(tpl);
+    return true;
+}
+
+static inline void qwen_demo_free(qwen_demo *d) {
+    ember_chat_template_free(d->tmpl);
+    ember_tok_free(d->tok);
+    ember_model_free(d->m);
+    memset(d, 0, sizeof *d);
 }
 
 #endif

@@ -16,7 +16,7 @@
  *     speculative round, save / load): an operation that fails leaves every
  *     row exactly as it was, and the rest of the sequence then gives the
  *     clean run's rows;
- *   - a server request (chat, streaming and not, allocations of jansson
+ *   - a server request (chat and /v1/responses, streaming and not, allocations of jansson
  *     included) and streamed writes that fail: the client gets the answer
  *     or an error, the server frees the row and answers the next request.
  * Each walk prints its calls and points; the summary line counts them all.
@@ -479,25 +479,34 @@ static void *json_alloc(size_t n) {
 
 typedef struct server_run {
     bool stream;
-    char *want; /* the clean run's text */
+    bool responses; /* POST /v1/responses instead of /v1/chat/completions */
+    char *want;     /* the clean run's text */
 } server_run;
 
 static const char k_chat[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story.\"}],"
                              "\"max_tokens\":8,\"temperature\":0%s}";
+static const char k_responses[] = "{\"input\":\"Tell me a story.\",\"max_output_tokens\":8,\"temperature\":0%s}";
 
-/* The text of an SSE chat stream; *done when it ended with [DONE]. */
+/* The text of an SSE chat stream (*done when it ended with [DONE]) or of a
+   Responses stream (*done when it ended with response.completed /
+   response.incomplete; *error on an error or response.failed event). */
 static char *sse_text(const char *body, bool *done, bool *error) {
     size_t cap = strlen(body) + 1, n = 0;
     char *text = calloc(1, cap);
     *done = *error = false;
     for (const char *p = body; p && *p;) {
         const char *e = strstr(p, "\n\n");
+        if (!strncmp(p, "event: ", 7) && strchr(p, '\n') && (!e || strchr(p, '\n') < e)) p = strchr(p, '\n') + 1;
         if (!strncmp(p, "data: [DONE]", 12)) *done = true;
         else if (!strncmp(p, "data: ", 6)) {
             json_t *j = json_loadb(p + 6, (size_t)((e ? e : p + strlen(p)) - p - 6), 0, NULL);
-            if (json_object_get(j, "error")) *error = true;
+            const char *ty = json_string_value(json_object_get(j, "type"));
+            if (json_object_get(j, "error") || (ty && (!strcmp(ty, "error") || !strcmp(ty, "response.failed"))))
+                *error = true;
+            if (ty && (!strcmp(ty, "response.completed") || !strcmp(ty, "response.incomplete"))) *done = true;
             const char *c = json_string_value(json_object_get(
                 json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta"), "content"));
+            if (ty && !strcmp(ty, "response.output_text.delta")) c = json_string_value(json_object_get(j, "delta"));
             if (c && n + strlen(c) < cap) {
                 memcpy(text + n, c, strlen(c));
                 n += strlen(c);
@@ -509,12 +518,12 @@ static char *sse_text(const char *body, bool *done, bool *error) {
     return text;
 }
 
-/* One chat request; its text, or NULL with an error made of the answer. */
-static char *chat(bool stream, ember_error *err) {
+/* One chat (or Responses) request; its text, or NULL with an error made of the answer. */
+static char *chat(bool stream, bool responses, ember_error *err) {
     char body[512];
-    snprintf(body, sizeof body, k_chat, stream ? ",\"stream\":true" : "");
+    snprintf(body, sizeof body, responses ? k_responses : k_chat, stream ? ",\"stream\":true" : "");
     http_resp r;
-    http_request(g_port, "POST", "/v1/chat/completions", body, &r);
+    http_request(g_port, "POST", responses ? "/v1/responses" : "/v1/chat/completions", body, &r);
     char *text = NULL;
     if (r.status == 200 && stream) {
         bool done, error;
@@ -528,6 +537,9 @@ static char *chat(bool stream, ember_error *err) {
         json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
         const char *c = json_string_value(
             json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
+        if (responses)
+            c = json_string_value(json_object_get(
+                json_array_get(json_object_get(json_array_get(json_object_get(j, "output"), 0), "content"), 0), "text"));
         text = c ? strdup(c) : NULL;
         if (!text) ember_err(err, EMBER_ERR_INTERNAL, "200 without a message: %s", r.body ? r.body : "");
         json_decref(j);
@@ -548,7 +560,7 @@ static char *chat(bool stream, ember_error *err) {
 
 static int run_server(void *u, ember_error *err) {
     server_run *r = u;
-    char *text = chat(r->stream, err);
+    char *text = chat(r->stream, r->responses, err);
     int rc = text ? EMBER_OK : err->code;
     if (text && r->want) CHECKF(!strcmp(text, r->want), "point %ld: text '%s', want '%s'", g_fault_n, text, r->want);
     if (text && !r->want) {
@@ -560,7 +572,7 @@ static int run_server(void *u, ember_error *err) {
         ember_fault_reset();
         CHECKF(server_wait_idle(), "the server is not idle after a failed request (%s)", err->msg);
         ember_error e2;
-        char *again = chat(r->stream, &e2);
+        char *again = chat(r->stream, r->responses, &e2);
         CHECKF(again && r->want && !strcmp(again, r->want), "the next request: %s", again ? again : e2.msg);
         free(again);
     }
@@ -593,13 +605,24 @@ static void server(void) {
     o.max_queue = 8;
     o.max_body = 64 * 1024;
     ember_server *s = server_start(m, tok, tmpl, &o, 2);
-    server_run plain = {false, NULL}, stream = {true, NULL};
+    server_run plain = {false, false, NULL}, stream = {true, false, NULL};
+    server_run rplain = {false, true, NULL}, rstream = {true, true, NULL};
     fault_walk("server chat", EMBER_FAULT_ALLOC, run_server, &plain);
     g_fault_any_status = true; /* a stream cut by a failure says no more than that */
     fault_walk("server chat, streamed", EMBER_FAULT_ALLOC, run_server, &stream);
     fault_walk("server chat, streamed", EMBER_FAULT_WRITE, run_server, &stream);
     g_fault_any_status = false;
     CHECK(plain.want && stream.want && !strcmp(plain.want, stream.want));
+    /* the Responses endpoint: the same prompt, the same text */
+    rplain.want = plain.want ? strdup(plain.want) : NULL;
+    rstream.want = plain.want ? strdup(plain.want) : NULL;
+    fault_walk("server responses", EMBER_FAULT_ALLOC, run_server, &rplain);
+    g_fault_any_status = true;
+    fault_walk("server responses, streamed", EMBER_FAULT_ALLOC, run_server, &rstream);
+    fault_walk("server responses, streamed", EMBER_FAULT_WRITE, run_server, &rstream);
+    g_fault_any_status = false;
+    free(rplain.want);
+    free(rstream.want);
     free(plain.want);
     free(stream.want);
     ember_server_stop(s, 5.0);

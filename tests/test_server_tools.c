@@ -744,34 +744,14 @@ static void families(ember_model *m, ember_tokenizer *tok) {
 }
 
 int main(void) {
-    char tpl_path[1024];
-    snprintf(tpl_path, sizeof tpl_path, "%s/testdata/chat-templates/llama.cpp/Qwen-Qwen2.5-7B-Instruct.jinja",
-             EMBER_SHARED_DIR);
-    char *tpl = NULL;
-    size_t tpl_len = 0;
+    qwen_demo d;
+    if (!qwen_demo_load("server_tools_demo", &d)) return 77;
+    ember_model *m = d.m;
+    ember_tokenizer *tok = d.tok;
+    ember_chat_template *tmpl = d.tmpl;
+    ember_tool_format f = d.fmt;
+    const char *dir = d.dir;
     ember_error err = {0};
-    if (ember_read_file(tpl_path, 1 << 20, &tpl, &tpl_len, &err)) {
-        fprintf(stderr, "skip: %s\n", err.msg);
-        return 77;
-    }
-    char dir[600], cmd[1400];
-    snprintf(dir, sizeof dir, "%s/server_tools_demo", EMBER_TEST_TMP);
-    snprintf(cmd, sizeof cmd, "%s mkmodel --preset demo --out %s", EMBER_BIN, dir);
-    CHECK(system(cmd) == 0);
-    ember_model_params mp;
-    ember_model_params_init(&mp);
-    mp.n_rows = 2;
-    mp.n_ctx = 2048;
-    mp.n_threads = 2;
-    ember_model *m;
-    CHECKF(ember_model_load(dir, &mp, &m, &err) == EMBER_OK, "%s", err.msg);
-    ember_tokenizer *tok;
-    CHECKF(ember_tok_load(dir, &tok, &err) == EMBER_OK, "%s", err.msg);
-    ember_chat_template *tmpl = NULL;
-    CHECKF(ember_chat_template_compile(tpl, tpl_len, &tmpl, &err) == EMBER_OK, "%s", err.msg);
-    ember_tool_format f = ember_tool_format_detect(tpl, tpl_len);
-    CHECK(f == EMBER_TOOLS_HERMES);
-    free(tpl);
 
     ember_server *s = start(m, tok, tmpl, f, true);
     hostile();
@@ -834,8 +814,6 @@ int main(void) {
 
     families(m, tok);
 
-    ember_chat_template_free(tmpl);
-    ember_tok_free(tok);
-    ember_model_free(m);
+    qwen_demo_free(&d);
     return test_done();
 }

@@ -261,7 +261,7 @@ int cmd_serve(int argc, char **argv) {
                    "MODEL: a model directory, a GGUF file, or org/name from the HuggingFace cache\n"
                    "($HF_HOME/hub or ~/.cache/huggingface/hub). Without MODEL the first supported model\n"
                    "in that cache is served, else a demo model with random weights (~/.cache/ember/demo).\n"
-                   "Endpoints: POST /v1/chat/completions, /v1/completions, /v1/messages, /tokenize,\n"
+                   "Endpoints: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /tokenize,\n"
                    "/detokenize; GET /v1/models, /health, /metrics.\n"
                    "KV cache: f16 unless --kv-type says otherwise; rows take blocks of 16 positions\n"
                    "as they grow, from a pool of --kv-budget bytes shared by all requests.\n"

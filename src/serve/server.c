@@ -38,6 +38,7 @@
 #include "core/alloc.h"
 #include "core/util.h"
 #include "serve.h"
+#include "serve_int.h"
 #include "api/textgen.h"
 #include "sample/grammar.h"
 
@@ -46,7 +47,7 @@
 #define MAX_STOP_LEN 512
 #define POLL_MS 100
 
-enum { PROTO_CHAT = 1, PROTO_COMPLETION, PROTO_ANTHROPIC };
+enum { PROTO_CHAT = 1, PROTO_COMPLETION, PROTO_ANTHROPIC, PROTO_RESPONSES };
 
 /* ---- metrics ---------------------------------------------------------------------- */
 
@@ -83,6 +84,7 @@ struct ember_server {
     /* constrained decoding: every token's bytes in a trie, made at the first request that needs it */
     pthread_mutex_t gv_mu;
     ember_gvocab *gv;
+    resp_store rstore; /* finished Responses conversations, for previous_response_id */
 };
 
 static void histo_add(histo *h, const double *bounds, int nb, double v) {
@@ -115,43 +117,6 @@ static int json_depth(const char *s, size_t n) {
         }
     }
     return max;
-}
-
-/* Copies s[0..n) replacing invalid UTF-8 with U+FFFD (malloc'd, NUL-terminated). */
-static char *utf8_clean(const char *s, size_t n) {
-    char *o = ember_malloc(n * 3 + 1), *p = o;
-    if (!o) return NULL;
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        unsigned c = u[i];
-        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        bool ok = len > 0 && i + len <= n;
-        for (size_t k = 1; ok && k < len; k++) ok = (u[i + k] & 0xc0) == 0x80;
-        if (ok && len > 1) { /* no overlongs, surrogates or > U+10FFFF */
-            unsigned cp = len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
-            for (size_t k = 1; k < len; k++) cp = (cp << 6) | (u[i + k] & 0x3f);
-            ok = !(len == 2 && cp < 0x80) && !(len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) &&
-                 !(len == 4 && (cp < 0x10000 || cp > 0x10ffff));
-        }
-        if (ok) {
-            memcpy(p, s + i, len);
-            p += len;
-            i += len;
-        } else {
-            memcpy(p, "\xef\xbf\xbd", 3);
-            p += 3;
-            i++;
-        }
-    }
-    *p = 0;
-    return o;
-}
-
-static json_t *jstr_clean(const char *s, size_t n) {
-    char *c = utf8_clean(s, n);
-    json_t *j = c ? json_string(c) : NULL;
-    free(c);
-    return j; /* NULL when out of memory: a json_pack taking it fails too, never an empty text */
 }
 
 /* The type of v for error messages ("an object", ...): core/jsonutil.h. */
@@ -212,7 +177,7 @@ static enum MHD_Result send_error(ember_server *s, struct MHD_Connection *c, int
                : code == 429 ? "rate_limit_error"
                : code == 503 ? "overloaded_error"
                              : "api_error";
-        j = json_pack("{s:s, s:{s:s, s:o}}", "type", "error", "error", "type", type, "message", jstr_clean(msg, strlen(msg)));
+        j = json_pack("{s:s, s:{s:s, s:o}}", "type", "error", "error", "type", type, "message", serve_jstr_clean(msg, strlen(msg)));
     } else {
         type = code == 400   ? "invalid_request_error"
                : code == 404 ? "not_found_error"
@@ -220,7 +185,7 @@ static enum MHD_Result send_error(ember_server *s, struct MHD_Connection *c, int
                : code == 429 ? "rate_limit_exceeded"
                : code == 503 ? "service_unavailable"
                              : "server_error";
-        j = json_pack("{s:{s:o, s:s, s:o, s:n}}", "error", "message", jstr_clean(msg, strlen(msg)), "type", type,
+        j = json_pack("{s:{s:o, s:s, s:o, s:n}}", "error", "message", serve_jstr_clean(msg, strlen(msg)), "type", type,
                       "param", param ? json_string(param) : json_null(), "code");
     }
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -246,23 +211,6 @@ static bool client_gone(struct MHD_Connection *c) {
 }
 
 /* ---- request validation ------------------------------------------------------------------ */
-
-typedef struct bad {
-    unsigned code;
-    char param[64];
-    char msg[400];
-} bad;
-
-static int fail(bad *b, unsigned code, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(bad *b, unsigned code, const char *param, const char *fmt, ...) {
-    b->code = code;
-    snprintf(b->param, sizeof b->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(b->msg, sizeof b->msg, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* Optional number field in [lo, hi]; absent or null leaves *out. */
 static int opt_num(const json_t *o, const char *k, double lo, double hi, double *out, bad *b) {
@@ -309,6 +257,7 @@ typedef struct gen_req {
     int tool_choice; /* TOOLS_AUTO, ... */
     bool one_call;   /* parallel_tool_calls false / disable_parallel_tool_use: calls after the first are dropped */
     ember_grammar *gram; /* owned until submit: what the output must follow (tool_choice, response_format) */
+    resp_req resp;   /* /v1/responses: the request translated, its response object and conversation */
     int32_t *script; /* TESTS ONLY (ember_test_output): tokens that replace the sampled ones */
     int n_script;
     bool script_ends; /* the script is shorter than max_tokens: its end is the end of the turn */
@@ -323,6 +272,7 @@ static void gen_req_free(gen_req *q) {
     ember_grammar_free(q->gram);
     if (q->g.constrain_free && q->g.constrain_user) q->g.constrain_free(q->g.constrain_user); /* never submitted */
     free(q->script);
+    resp_req_free(&q->resp);
     for (int i = 0; i < q->n_stops; i++) free(q->stops[i]);
     memset(q, 0, sizeof *q);
 }
@@ -365,7 +315,9 @@ static int parse_sampling(ember_server *s, const json_t *o, gen_req *q, bad *b) 
                   opt_num(o, "repetition_penalty", 1e-3, 10, &rep, b) || opt_int(o, "n", 1, 128, &n, b)))
         return -1;
     if (n != 1) return fail(b, 400, "n", "only n = 1 is supported");
-    const char *mt_key = json_object_get(o, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    const char *mt_key = q->proto == PROTO_RESPONSES                       ? "max_output_tokens"
+                         : json_object_get(o, "max_completion_tokens") ? "max_completion_tokens"
+                                                                       : "max_tokens";
     if (opt_int(o, mt_key, 1, 1 << 30, &max_tokens, b)) return -1;
     if (anth && max_tokens < 0) return fail(b, 400, "max_tokens", "'max_tokens' is required");
     q->max_tokens_given = max_tokens > 0;
@@ -796,8 +748,9 @@ static int tool_grammar(ember_server *s, const gen_req *q, const char *named, ba
     return 0;
 }
 
-/* response_format {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema", ...}}. */
-static int format_grammar(const json_t *rf, gen_req *q, bad *b) {
+/* response_format {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema", ...}};
+   field: what the client called it (response_format, or text.format on /v1/responses), for errors. */
+static int format_grammar(const json_t *rf, const char *field, gen_req *q, bad *b) {
     const char *t = json_string_value(json_object_get(rf, "type"));
     if (!json_is_object(rf) || !t)
         return fail(b, 400, "response_format", "'response_format' must be an object with a 'type'");
@@ -805,7 +758,7 @@ static int format_grammar(const json_t *rf, gen_req *q, bad *b) {
     if (strcmp(t, "json_object") && strcmp(t, "json_schema"))
         return fail(b, 400, "response_format", "response_format.type must be text, json_object or json_schema, not '%.32s'",
                     t);
-    if (q->gram) return fail(b, 400, "response_format", "'response_format' with an enforced 'tool_choice' is not supported");
+    if (q->gram) return fail(b, 400, field, "'%s' with an enforced 'tool_choice' is not supported", field);
     const json_t *js = json_object_get(rf, "json_schema"), *sch = json_object_get(js, "schema");
     if (!strcmp(t, "json_schema")) {
         if (!json_is_object(js) || !json_is_string(json_object_get(js, "name")))
@@ -816,9 +769,10 @@ static int format_grammar(const json_t *rf, gen_req *q, bad *b) {
     q->gram = ember_grammar_new();
     if (!q->gram) return fail(b, 500, NULL, "out of memory");
     ember_error err = {0};
-    int root = sch ? ember_grammar_schema(q->gram, sch, sch, "response_format.json_schema.schema", &err)
-                   : ember_grammar_any_object(q->gram, &err);
-    if (root < 0) return fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, "response_format", "%s", err.msg);
+    char where[64];
+    snprintf(where, sizeof where, "%s", strcmp(field, "response_format") ? "text.format.schema" : "response_format.json_schema.schema");
+    int root = sch ? ember_grammar_schema(q->gram, sch, sch, where, &err) : ember_grammar_any_object(q->gram, &err);
+    if (root < 0) return fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, field, "%s", err.msg);
     if (ember_grammar_set_root(q->gram, root, &err)) return fail(b, 500, NULL, "%s", err.msg);
     return 0;
 }
@@ -1227,6 +1181,44 @@ static int parse_test_output(ember_server *s, const json_t *body, gen_req *q, ba
     return 0;
 }
 
+/* The field that holds a protocol's prompt, for errors about its length. */
+static const char *prompt_field(int proto) {
+    return proto == PROTO_COMPLETION ? "prompt" : proto == PROTO_RESPONSES ? "input" : "messages";
+}
+
+/* A /v1/responses body: previous_response_id's conversation looked up,
+   the body translated (responses.c), then validated, rendered and
+   tokenized by the chat request's own code; errors name the Responses
+   API's fields. */
+static int responses_request(ember_server *s, const json_t *body, gen_req *q, bad *b) {
+    const json_t *prev = json_object_get(body, "previous_response_id");
+    json_t *hist = NULL;
+    if (prev && !json_is_null(prev)) {
+        if (!json_is_string(prev))
+            return fail(b, 400, "previous_response_id", "'previous_response_id' must be a string, not %s", jtype(prev));
+        hist = resp_store_get(&s->rstore, json_string_value(prev));
+        if (!hist)
+            return fail(b, 400, "previous_response_id",
+                        "no response with the id '%.64s' is stored (responses are kept in memory while the server runs, "
+                        "unless 'store' was false)",
+                        json_string_value(prev));
+    }
+    int rc = resp_translate(body, hist, &q->resp, b);
+    json_decref(hist);
+    if (rc) return -1;
+    const json_t *v = q->resp.view, *rf = json_object_get(v, "response_format");
+    json_t *msgs = NULL;
+    if (parse_tools(v, false, q, b) || parse_tool_choice(v, false, q, b) || enforce_tool_choice(s, v, false, q, b) ||
+        (rf && format_grammar(rf, "text.format", q, b)) ||
+        !(msgs = normalize_messages(json_object_get(v, "messages"), false, NULL, b)) || chat_prompt(s, body, msgs, q, b)) {
+        json_decref(msgs);
+        if (!strcmp(b->param, "messages")) snprintf(b->param, sizeof b->param, "input");
+        return -1;
+    }
+    json_decref(msgs);
+    return 0;
+}
+
 /* Parses and validates a generation body into q (the prompt tokenized). */
 static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q, bad *b) {
     memset(q, 0, sizeof *q);
@@ -1248,7 +1240,7 @@ static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q,
         if (parse_tools(body, false, q, b) || parse_tool_choice(body, false, q, b) ||
             enforce_tool_choice(s, body, false, q, b))
             return -1;
-        if (rf && !json_is_null(rf) && format_grammar(rf, q, b)) return -1;
+        if (rf && !json_is_null(rf) && format_grammar(rf, "response_format", q, b)) return -1;
         json_t *msgs = normalize_messages(json_object_get(body, "messages"), false, NULL, b);
         if (!msgs) return -1;
         int rc = chat_prompt(s, body, msgs, q, b);
@@ -1263,6 +1255,8 @@ static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q,
         int rc = chat_prompt(s, body, msgs, q, b);
         json_decref(msgs);
         if (rc) return rc;
+    } else if (proto == PROTO_RESPONSES) {
+        if (responses_request(s, body, q, b)) return -1;
     } else {
         long long lp = -1;
         bool echo = false;
@@ -1279,16 +1273,16 @@ static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q,
         if (!p) return fail(b, 400, "prompt", "'prompt' is required");
         if (completion_prompt(s, p, q, b)) return -1;
     }
-    if (q->n_ids < 1) return fail(b, 400, proto == PROTO_COMPLETION ? "prompt" : "messages", "the prompt is empty");
+    if (q->n_ids < 1) return fail(b, 400, prompt_field(proto), "the prompt is empty");
     const int C = s->info.n_ctx;
     if (q->max_tokens_given && (long)q->n_ids + q->g.max_tokens > C)
-        return fail(b, 400, q->proto == PROTO_COMPLETION ? "prompt" : "messages",
+        return fail(b, 400, prompt_field(proto),
                     "This model's maximum context length is %d tokens. However, you requested %ld tokens (%d in the "
                     "prompt, %d in the completion). Please reduce the length of the prompt or completion.",
                     C, (long)q->n_ids + q->g.max_tokens, q->n_ids, q->g.max_tokens);
     if (!q->max_tokens_given) {
         if (q->n_ids >= C)
-            return fail(b, 400, "messages", "This model's maximum context length is %d tokens, but the prompt has %d",
+            return fail(b, 400, prompt_field(proto), "This model's maximum context length is %d tokens, but the prompt has %d",
                         C, q->n_ids);
         q->g.max_tokens = C - q->n_ids;
         if (s->o.default_max_tokens > 0 && q->g.max_tokens > s->o.default_max_tokens)
@@ -1331,6 +1325,7 @@ typedef struct gen_run {
     bool drop_call;  /* the current call is dropped (one call only) */
     bool block_open; /* Anthropic stream: a text block is open */
     int n_blocks;    /* Anthropic stream: blocks started */
+    resp_out ro;     /* /v1/responses: the output items and their events */
 } gen_run;
 
 static void run_free(gen_run *r) {
@@ -1346,6 +1341,7 @@ static void run_free(gen_run *r) {
     sb_free(&r->args);
     json_decref(r->calls);
     json_decref(r->blocks);
+    resp_out_free(&r->ro);
     gen_req_free(&r->q);
     atomic_fetch_sub(&r->srv->active, 1);
     free(r);
@@ -1361,7 +1357,7 @@ static json_t *token_entry(ember_server *s, int32_t id, float lp, bool with_byte
         len = 0;
     }
     json_t *e = json_object();
-    json_object_set_new(e, "token", jstr_clean(text ? text : "", len));
+    json_object_set_new(e, "token", serve_jstr_clean(text ? text : "", len));
     json_object_set_new(e, "logprob", json_real(lp));
     if (with_bytes) {
         json_t *bytes = json_array();
@@ -1383,6 +1379,10 @@ static const char *finish_name(const gen_run *r) {
 
 static json_t *usage_json(const gen_run *r) {
     int p = r->final.n_prompt, c = r->n_tokens;
+    if (r->q.proto == PROTO_RESPONSES)
+        return json_pack("{s:i, s:{s:i}, s:i, s:{s:i}, s:i}", "input_tokens", p, "input_tokens_details", "cached_tokens",
+                         r->final.n_cached, "output_tokens", c, "output_tokens_details", "reasoning_tokens", 0,
+                         "total_tokens", p + c);
     if (r->q.proto == PROTO_ANTHROPIC)
         return json_pack("{s:i, s:i, s:i}", "input_tokens", p, "output_tokens", c, "cache_read_input_tokens",
                          r->final.n_cached);
@@ -1469,7 +1469,7 @@ static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_ent
         }
         sse_event(r, "content_block_delta",
                   json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", index, "delta", "type",
-                            "text_delta", "text", jstr_clean(text, len)));
+                            "text_delta", "text", serve_jstr_clean(text, len)));
         return;
     }
     if (!len && !lp_entry) return;
@@ -1477,11 +1477,11 @@ static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_ent
     json_t *choice;
     if (r->q.proto == PROTO_CHAT) {
         json_t *lp = lp_entry ? json_pack("{s:[o]}", "content", lp_entry) : json_null();
-        choice = json_pack("{s:i, s:{s:o}, s:o, s:n}", "index", 0, "delta", "content", jstr_clean(text, len),
+        choice = json_pack("{s:i, s:{s:o}, s:o, s:n}", "index", 0, "delta", "content", serve_jstr_clean(text, len),
                            "logprobs", lp, "finish_reason");
     } else {
         json_decref(lp_entry);
-        choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", jstr_clean(text, len), "logprobs",
+        choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", serve_jstr_clean(text, len), "logprobs",
                            "finish_reason");
     }
     set_or_fail(r, c, "choices", json_pack("[o]", choice));
@@ -1568,7 +1568,7 @@ static void call_id(gen_run *r, char *out, size_t n) {
 static void flush_text_block(gen_run *r) {
     if (!r->cur_text.len) return;
     json_array_append_new(r->blocks, json_pack("{s:s, s:o}", "type", "text", "text",
-                                               jstr_clean(r->cur_text.data, r->cur_text.len)));
+                                               serve_jstr_clean(r->cur_text.data, r->cur_text.len)));
     r->cur_text.len = 0;
 }
 
@@ -1576,9 +1576,13 @@ static void flush_text_block(gen_run *r) {
    tool_calls / tool_use blocks (and their SSE events when streaming). */
 static int tool_sink(void *user, const ember_tool_event *ev) {
     gen_run *r = user;
-    bool anth = r->q.proto == PROTO_ANTHROPIC;
+    bool anth = r->q.proto == PROTO_ANTHROPIC, resp = r->q.proto == PROTO_RESPONSES;
     switch (ev->kind) {
     case EMBER_TOOL_EV_CONTENT:
+        if (resp) {
+            resp_out_text(&r->ro, ev->text, ev->len);
+            return 0;
+        }
         if (sb_append(&r->content, ev->text, ev->len) || (anth && sb_append(&r->cur_text, ev->text, ev->len))) return -1;
         if (r->streaming) stream_text(r, ev->text, ev->len, NULL);
         return 0;
@@ -1591,6 +1595,10 @@ static int tool_sink(void *user, const ember_tool_event *ev) {
         r->args.len = 0;
         json_array_append_new(r->calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function",
                                                   "name", ev->name, "arguments", ""));
+        if (resp) {
+            resp_out_call_start(&r->ro, id, ev->name);
+            return 0;
+        }
         if (anth) {
             flush_text_block(r);
             json_array_append_new(r->blocks, json_pack("{s:s, s:s, s:s, s:{}}", "type", "tool_use", "id", id, "name",
@@ -1620,24 +1628,32 @@ static int tool_sink(void *user, const ember_tool_event *ev) {
     case EMBER_TOOL_EV_CALL_ARGS:
         if (r->drop_call) return 0;
         if (sb_append(&r->args, ev->text, ev->len)) return -1;
+        if (resp) {
+            resp_out_call_args(&r->ro, ev->text, ev->len);
+            return 0;
+        }
         if (!r->streaming || !ev->len) return 0;
         if (anth) {
             sse_event(r, "content_block_delta",
                       json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", r->n_blocks - 1,
-                                "delta", "type", "input_json_delta", "partial_json", jstr_clean(ev->text, ev->len)));
+                                "delta", "type", "input_json_delta", "partial_json", serve_jstr_clean(ev->text, ev->len)));
         } else {
             json_t *c = chunk_base(r);
             set_or_fail(r, c, "choices",
                                 json_pack("[{s:i, s:{s:[{s:i, s:{s:o}}]}, s:n, s:n}]", "index", 0, "delta", "tool_calls",
                                           "index", r->n_calls - 1, "function", "arguments",
-                                          jstr_clean(ev->text, ev->len), "logprobs", "finish_reason"));
+                                          serve_jstr_clean(ev->text, ev->len), "logprobs", "finish_reason"));
             sse_data(r, c);
         }
         return 0;
     case EMBER_TOOL_EV_CALL_END: {
         if (r->drop_call) return 0;
+        if (resp) {
+            resp_out_call_end(&r->ro);
+            return 0;
+        }
         json_t *fn = json_object_get(json_array_get(r->calls, json_array_size(r->calls) - 1), "function");
-        json_object_set_new(fn, "arguments", jstr_clean(r->args.data ? r->args.data : "", r->args.len));
+        json_object_set_new(fn, "arguments", serve_jstr_clean(r->args.data ? r->args.data : "", r->args.len));
         if (anth) {
             json_t *input = json_loadb(r->args.data ? r->args.data : "{}", r->args.len ? r->args.len : 2, JSON_ALLOW_NUL, NULL);
             json_object_set_new(json_array_get(r->blocks, json_array_size(r->blocks) - 1), "input",
@@ -1659,6 +1675,42 @@ static void tool_text(gen_run *r, const char *text, size_t len, bool final) {
     int rc = ember_tool_parser_feed(r->tp, text, len, tool_sink, r, &err);
     if (!rc && final) rc = ember_tool_parser_finish(r->tp, tool_sink, r, &err);
     if (rc && r->es) ember_stream_cancel(r->es);
+}
+
+/* Writes one typed event of a streamed /v1/responses answer. */
+static int resp_emit(void *user, const char *type, json_t *ev) {
+    gen_run *r = user;
+    sse_event(r, type, ev);
+    return r->failed ? -1 : 0;
+}
+
+/* Keeps a finished /v1/responses conversation (its input and the answer as
+   a chat message) for a later previous_response_id; its size is estimated
+   from this request's own messages (the history before them is shared). */
+static int responses_keep(gen_run *r) {
+    resp_req *rq = &r->q.resp;
+    json_t *m = resp_out_message(&r->ro);
+    if (!m || json_array_append_new(rq->convo, m)) return -1;
+    size_t bytes = 256;
+    for (size_t i = rq->n_history; i < json_array_size(rq->convo); i++)
+        bytes += json_dumpb(json_array_get(rq->convo, i), NULL, 0, JSON_COMPACT) + 64;
+    return resp_store_put(&r->srv->rstore, r->id, rq->convo, bytes);
+}
+
+/* The end of a /v1/responses generation: the last text, the status
+   (incomplete when max_output_tokens cut the answer), the events that end
+   the stream, and the conversation kept. A failed generation streams an
+   error (not streaming: run_generation answers 500). */
+static void responses_end(gen_run *r, const ember_event *ev) {
+    if (!r->tp && r->delta.len) resp_out_text(&r->ro, r->delta.data, r->delta.len);
+    if (ev->finish == EMBER_FINISH_ERROR && !r->tg.stopped) {
+        if (r->streaming) resp_out_fail(&r->ro, "generation failed");
+    } else {
+        bool length = !strcmp(finish_name(r), "length");
+        resp_out_finish(&r->ro, length ? "max_output_tokens" : NULL, usage_json(r));
+        if (!r->ro.failed && r->q.resp.store && responses_keep(r)) r->ro.failed = true;
+    }
+    if (r->ro.failed) r->failed = true;
 }
 
 /* Handles one engine event: text, logprobs, metrics, and (streaming) SSE. */
@@ -1692,6 +1744,9 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
             else
                 json_decref(lp);
             tool_text(r, r->delta.data ? r->delta.data : "", r->delta.len, false);
+        } else if (r->q.proto == PROTO_RESPONSES) {
+            json_decref(lp);
+            resp_out_text(&r->ro, r->delta.data ? r->delta.data : "", r->delta.len);
         } else if (streaming)
             stream_text(r, r->delta.data ? r->delta.data : "", r->delta.len, lp);
         else
@@ -1710,6 +1765,10 @@ static void on_event(gen_run *r, const ember_event *ev, bool streaming) {
         tool_text(r, r->delta.data ? r->delta.data : "", r->delta.len, true);
         r->delta.len = 0;
         if (r->q.proto == PROTO_ANTHROPIC) flush_text_block(r);
+    }
+    if (r->q.proto == PROTO_RESPONSES) {
+        responses_end(r, ev);
+        return;
     }
     if (streaming) {
         if (r->delta.len) stream_text(r, r->delta.data, r->delta.len, NULL);
@@ -1767,6 +1826,7 @@ static void sse_free(void *cls) {
 
 /* The complete (non-streaming) response body. */
 static json_t *full_response(gen_run *r) {
+    if (r->q.proto == PROTO_RESPONSES) return json_incref(r->ro.resp);
     const char *text = r->tg.text.data ? r->tg.text.data : "";
     size_t len = r->tg.text.len;
     if (r->tp) { /* the text outside the calls */
@@ -1782,16 +1842,16 @@ static json_t *full_response(gen_run *r) {
                              "stop_sequence", seq, "usage", usage_json(r));
         return json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:o}], s:s, s:o, s:o}", "id", r->id, "type", "message", "role",
                          "assistant", "model", r->srv->o.model_id, "content", "type", "text", "text",
-                         jstr_clean(text, len), "stop_reason", fr, "stop_sequence", seq, "usage", usage_json(r));
+                         serve_jstr_clean(text, len), "stop_reason", fr, "stop_sequence", seq, "usage", usage_json(r));
     }
     json_t *choice;
     if (r->q.proto == PROTO_CHAT) {
         json_t *lp = r->lp ? json_pack("{s:O}", "content", r->lp) : json_null();
         choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role", "assistant", "content",
-                           (len || !r->n_calls) ? jstr_clean(text, len) : json_null(), "logprobs", lp, "finish_reason", fr);
+                           (len || !r->n_calls) ? serve_jstr_clean(text, len) : json_null(), "logprobs", lp, "finish_reason", fr);
         if (r->n_calls) json_object_set(json_object_get(choice, "message"), "tool_calls", r->calls);
     } else {
-        choice = json_pack("{s:i, s:o, s:O, s:s}", "index", 0, "text", jstr_clean(text, len), "logprobs",
+        choice = json_pack("{s:i, s:o, s:O, s:s}", "index", 0, "text", serve_jstr_clean(text, len), "logprobs",
                            r->lp ? r->lp : json_null(), "finish_reason", fr);
     }
     return json_pack("{s:s, s:s, s:i, s:s, s:[o], s:o}", "id", r->id, "object",
@@ -1809,7 +1869,11 @@ static enum MHD_Result run_generation(ember_server *s, struct MHD_Connection *c,
     r->t_start = ember_now();
     r->created = (long)time(NULL);
     unsigned long id = atomic_fetch_add(&s->next_id, 1);
-    snprintf(r->id, sizeof r->id, "%s%lx%lx", proto == PROTO_CHAT ? "chatcmpl-" : proto == PROTO_ANTHROPIC ? "msg_" : "cmpl-",
+    snprintf(r->id, sizeof r->id, "%s%lx%lx",
+             proto == PROTO_CHAT        ? "chatcmpl-"
+             : proto == PROTO_ANTHROPIC ? "msg_"
+             : proto == PROTO_RESPONSES ? "resp_"
+                                        : "cmpl-",
              (unsigned long)r->created, id);
     if (parse_gen(s, proto, body, &r->q, &b)) {
         enum MHD_Result ret = send_error(s, c, proto, b.code, b.param[0] ? b.param : NULL, "%s", b.msg);
@@ -1832,6 +1896,13 @@ static enum MHD_Result run_generation(ember_server *s, struct MHD_Connection *c,
         }
         textgen_keep(&r->tg, s->keep_ids, s->n_keep);
     }
+    json_t *resp = r->q.resp.response;
+    if (resp && (json_object_set_new(resp, "id", json_string(r->id)) ||
+                 json_object_set_new(resp, "created_at", json_integer(r->created)) ||
+                 json_object_set_new(resp, "model", json_string(s->o.model_id)))) {
+        run_free(r);
+        return send_error(s, c, proto, 500, NULL, "out of memory");
+    }
     int rc = ember_engine_submit(s->eng, &r->q.g, &r->es, &err);
     if (rc) cons_free(r->q.g.constrain_user); /* not taken by the engine */
     r->q.g.constrain_user = NULL;
@@ -1839,6 +1910,14 @@ static enum MHD_Result run_generation(ember_server *s, struct MHD_Connection *c,
         unsigned code = rc == EMBER_ERR_LIMIT ? (atomic_load(&s->draining) ? 503 : 429) : rc == EMBER_ERR_NOMEM ? 500 : 400;
         run_free(r);
         return send_error(s, c, proto, code, NULL, "%s", code == 429 ? "the server is busy: too many requests waiting; retry later" : err.msg);
+    }
+    if (proto == PROTO_RESPONSES) { /* the response object moves to the output; streamed: created, in_progress */
+        r->q.resp.response = NULL;
+        resp_out_start(&r->ro, resp, r->q.stream ? resp_emit : NULL, r);
+        if (r->ro.failed) {
+            run_free(r);
+            return send_error(s, c, proto, 500, NULL, "out of memory");
+        }
     }
     if (r->q.stream) {
         stream_start(r);
@@ -2055,7 +2134,7 @@ static enum MHD_Result do_detokenize(ember_server *s, struct MHD_Connection *c, 
     int rc = ember_tok_decode(s->tok, ids, n, 0, &text, &len, &err);
     free(ids);
     if (rc) return send_error(s, c, PROTO_CHAT, 400, "tokens", "%s", err.msg);
-    json_t *j = json_pack("{s:o}", "content", jstr_clean(text, len));
+    json_t *j = json_pack("{s:o}", "content", serve_jstr_clean(text, len));
     free(text);
     return send_json(s, c, 200, j);
 }
@@ -2089,15 +2168,16 @@ static enum MHD_Result route(ember_server *s, struct MHD_Connection *c, const ch
     int kind = !strcmp(url, "/v1/chat/completions") ? 1
                : !strcmp(url, "/v1/completions")    ? 2
                : !strcmp(url, "/v1/messages")       ? 3
-               : !strcmp(url, "/tokenize")          ? 4
-               : !strcmp(url, "/detokenize")        ? 5
+               : !strcmp(url, "/v1/responses")      ? 4
+               : !strcmp(url, "/tokenize")          ? 5
+               : !strcmp(url, "/detokenize")        ? 6
                                                     : 0;
     if (!kind) return send_error(s, c, proto, 404, NULL, "no endpoint %s %s", method, url);
     if (!post) return send_error(s, c, proto, 405, NULL, "use POST for %s", url);
     if (rq->nomem) return send_error(s, c, proto, 500, NULL, "out of memory");
     if (rq->too_large)
         return send_error(s, c, proto, 413, NULL, "the request body is larger than the %zu-byte limit", s->o.max_body);
-    if (kind <= 3 && atomic_load(&s->draining))
+    if (kind <= 4 && atomic_load(&s->draining))
         return send_error(s, c, proto, 503, NULL, "the server is shutting down");
     const char *text = rq->body.data ? rq->body.data : "";
     if (json_depth(text, rq->body.len) > MAX_JSON_DEPTH)
@@ -2110,12 +2190,17 @@ static enum MHD_Result route(ember_server *s, struct MHD_Connection *c, const ch
     enum MHD_Result r;
     if (!json_is_object(body))
         r = send_error(s, c, proto, 400, NULL, "the request body must be a JSON object");
-    else if (kind == 4)
-        r = do_tokenize(s, c, body);
     else if (kind == 5)
+        r = do_tokenize(s, c, body);
+    else if (kind == 6)
         r = do_detokenize(s, c, body);
     else
-        r = run_generation(s, c, kind == 1 ? PROTO_CHAT : kind == 2 ? PROTO_COMPLETION : PROTO_ANTHROPIC, body);
+        r = run_generation(s, c,
+                           kind == 1   ? PROTO_CHAT
+                           : kind == 2 ? PROTO_COMPLETION
+                           : kind == 3 ? PROTO_ANTHROPIC
+                                       : PROTO_RESPONSES,
+                           body);
     json_decref(body);
     return r;
 }
@@ -2206,6 +2291,7 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
     s->created = time(NULL);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->gv_mu, NULL);
+    resp_store_init(&s->rstore);
     ember_model_get_info(m, &s->info);
     for (const char *const *mk = ember_tool_format_markers(o->tool_format); *mk && s->n_keep < 8; mk++) {
         int32_t id = ember_tok_text_id(tok, *mk, strlen(*mk));
@@ -2228,6 +2314,7 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
         free(s->eos_text);
         pthread_mutex_destroy(&s->mu);
         pthread_mutex_destroy(&s->gv_mu);
+        resp_store_free(&s->rstore);
         free(s);
         return rc;
     }
@@ -2278,6 +2365,7 @@ void ember_server_stop(ember_server *s, double drain_seconds) {
     ember_engine_free(s->eng);
     ember_gvocab_free(s->gv);
     pthread_mutex_destroy(&s->gv_mu);
+    resp_store_free(&s->rstore);
     free(s->bos_text);
     free(s->eos_text);
     pthread_mutex_destroy(&s->mu);

@@ -316,6 +316,60 @@ if (!qwenTemplate || !existsSync(qwenTemplate)) {
       check(e instanceof OpenAI.BadRequestError, 'BadRequestError for a bad tool name');
     }
 
+    // the Responses API (client.responses.create): a function_call item, its output fed back
+    // through previous_response_id, the typed events, structured output, a 400
+    const rtools = tools.map((t) => ({ type: 'function', name: t.function.name, description: t.function.description, parameters: t.function.parameters }));
+    const ask = 'What is the weather in Paris?';
+    const q1 = await toa.responses.create({ model: 'demo', input: ask, tools: rtools, max_output_tokens: 300, ember_test_output: one });
+    const fcs = q1.output.filter((o) => o.type === 'function_call');
+    check(q1.object === 'response' && q1.status === 'completed' && /^resp_/.test(q1.id), `responses: completed (${q1.status})`);
+    check(q1.output_text === 'Let me look that up.\n', `responses: output_text (${JSON.stringify(q1.output_text)})`);
+    check(
+      fcs.length === 1 && fcs[0].name === 'get_weather' && JSON.parse(fcs[0].arguments).city === 'Paris' && /^call_/.test(fcs[0].call_id),
+      'responses: a function_call item',
+    );
+    const q2 = await toa.responses.create({
+      model: 'demo',
+      previous_response_id: q1.id,
+      input: [{ type: 'function_call_output', call_id: fcs[0].call_id, output: '20 C' }],
+      tools: rtools,
+      max_output_tokens: 300,
+      ember_test_output: 'It is 20 C in Paris.',
+    });
+    check(q2.output_text === 'It is 20 C in Paris.' && q2.usage.input_tokens > q1.usage.input_tokens, 'responses: the call output through previous_response_id');
+    const qs = await toa.responses.create({ model: 'demo', input: ask, tools: rtools, max_output_tokens: 300, stream: true, ember_test_output: one });
+    const types = [];
+    let fin = null,
+      sdelta = '',
+      sargs = '';
+    for await (const ev of qs) {
+      types.push(ev.type);
+      if (ev.type === 'response.output_text.delta') sdelta += ev.delta;
+      if (ev.type === 'response.function_call_arguments.delta') sargs += ev.delta;
+      if (ev.type === 'response.completed') fin = ev.response;
+    }
+    check(types[0] === 'response.created' && types.at(-1) === 'response.completed', `responses: stream events (${types.join(' ')})`);
+    const noIds = (items) => JSON.stringify(items.map(({ id, call_id, ...rest }) => rest));
+    check(sdelta === q1.output_text && sargs === fcs[0].arguments && fin && noIds(fin.output) === noIds(q1.output), 'responses: streamed equals non-streamed');
+    const helper = toa.responses.stream({ model: 'demo', input: ask, max_output_tokens: 300, ember_test_output: 'Sunny.' });
+    const hf = await helper.finalResponse(); // the helper's final response has no output_text convenience
+    const htext = hf.output.filter((o) => o.type === 'message').flatMap((o) => o.content.map((c) => c.text)).join('');
+    check(hf.status === 'completed' && htext === 'Sunny.', `responses: the SDK's stream helper (${JSON.stringify(htext)})`);
+    const sj = await toa.responses.create({
+      model: 'demo',
+      input: 'A number please',
+      max_output_tokens: 200,
+      temperature: 1,
+      text: { format: { type: 'json_schema', name: 'n', strict: true, schema: { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'], additionalProperties: false } } },
+    });
+    check(sj.status !== 'completed' || Number.isInteger(JSON.parse(sj.output_text).n), `responses: json_schema output (${sj.output_text})`);
+    try {
+      await toa.responses.create({ model: 'demo', input: [{ type: 'nope' }] });
+      check(false, 'responses: an unknown item type accepted');
+    } catch (e) {
+      check(e instanceof OpenAI.BadRequestError && e.param === 'input', `responses: BadRequestError naming input (${e.message})`);
+    }
+
     // Anthropic: tool_use blocks, streaming through the SDK's accumulator, results fed back
     const atools = tools.map((t) => ({ name: t.function.name, description: t.function.description, input_schema: t.function.parameters }));
     const a1 = await tan.messages.create({ model: 'demo', max_tokens: 300, messages: user, tools: atools, ember_test_output: one + '\n' + call('get_time', {}) });
