@@ -14,7 +14,8 @@
 #   FILTER (a grep -E pattern on "model type threads", e.g. 'q4_0 2$') keeps
 #   only the matching rows. Raw per-round numbers go to stderr.
 # env: PRESETS (default "qwen2.5-0.5b llama3.2-1b"; any `ember mkmodel --list`
-#   preset, e.g. gemma3-1b), TYPES (default "q8_0 q4_0 q4_k_m").
+#   preset, e.g. gemma3-1b), TYPES (default "q8_0 q4_0 q4_k_m"), THREADS (default
+#   "1 2"), EMBER_ISA (ember's --isa, default auto; the header line names it).
 # llama.cpp is built separately, outside this repository (see RESULTS.md).
 set -euo pipefail
 EMBER=$1 LLB=$2 DIR=$3 ROUNDS=${4:-3} REPS=${5:-2} FILTER=${6:-.}
@@ -29,7 +30,7 @@ done
 
 # ember_run FILE THREADS -> "pp tg" (tokens/s)
 ember_run() {
-  "$EMBER" bench --model "$1" -p 512 -n 64 -t "$2" -r "$REPS" --json | python3 -c 'import sys,json
+  "$EMBER" bench --model "$1" -p 512 -n 64 -t "$2" -r "$REPS" --isa "${EMBER_ISA:-auto}" --json | python3 -c 'import sys,json
 r={}
 for l in sys.stdin:
     o=json.loads(l); r[o["test"]]=o["tokens_per_s"]
@@ -44,13 +45,13 @@ for l in sys.stdin:
 print(r["pp"], r["tg"])'
 }
 
-echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, ember --isa ${EMBER_ISA:-auto}, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| model | type | threads | ember pp512 | llama.cpp pp512 | ratio | ember tg64 | llama.cpp tg64 | ratio |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for p in $PRESETS; do
   for t in $TYPES; do
     f="$DIR/$p-$t.gguf"
-    for th in 1 2; do
+    for th in ${THREADS:-1 2}; do
       echo "$p $t $th" | grep -qE "$FILTER" || continue
       E="" L=""
       for r in $(seq "$ROUNDS"); do

@@ -57,24 +57,8 @@ CMAKE_EXTRA=()
 RUN_ENV=()
 if [ -n "${EMBER_DEBS:-}" ]; then
   PREFIX=${EMBER_DEPS_PREFIX:-/tmp/ember-deps}
-  mkdir -p "$PREFIX/bin"
-  for f in "$EMBER_DEBS"/*.deb; do dpkg -x "$f" "$PREFIX" || { note "- unpacking $f: FAILED"; exit 1; }; done
-  LIB=$PREFIX/usr/lib/x86_64-linux-gnu
-  PC=$LIB/pkgconfig
-  # libmicrohttpd.pc names gnutls (Requires.private); nothing of it is needed to build
-  [ -f "$PC/gnutls.pc" ] || printf 'Name: gnutls\nDescription: stub\nVersion: 3.7.9\nLibs:\nCflags:\n' >"$PC/gnutls.pc"
-  # pkg-config from the prefix, seeing only the prefix's .pc files, paths moved into it
-  cat >"$PREFIX/bin/pkg-config" <<EOF
-#!/bin/sh
-export LD_LIBRARY_PATH=$LIB PKG_CONFIG_LIBDIR=$PC:$PREFIX/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PREFIX
-export PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1
-exec $PREFIX/usr/bin/pkgconf "\$@"
-EOF
-  chmod +x "$PREFIX/bin/pkg-config"
-  # the linker finds the libraries' own dependencies there; the programs we run load them from there
-  CMAKE_EXTRA=(-DPKG_CONFIG_EXECUTABLE="$PREFIX/bin/pkg-config"
-               "-DCMAKE_EXE_LINKER_FLAGS=-Xlinker -rpath-link=$LIB")
-  RUN_ENV=(env "LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  . "$(dirname "$0")/debs-prefix.sh"
+  debs_prefix "$EMBER_DEBS" "$PREFIX" 2>>"$RES" || { note "- unpacking the .deb files: FAILED"; exit 1; }
   note "- dependencies: $(ls "$EMBER_DEBS"/*.deb | wc -l) .deb files unpacked into $PREFIX"
 fi
 
