@@ -279,7 +279,7 @@ int main(void) {
         test_gemm(k_types[k], 35, kq ? 768 : 992, 70);
         test_gemm(k_types[k], 32, kq ? 256 : 1056, 16); /* AMX: one whole tile, chunks of 16 + 16 + 1 blocks */
         test_gemm(k_types[k], 20, kq ? 512 : 544, 33);  /* AMX: two tiles and a padded row */
-        test_gemm(k_types[k], 16, kq ? 256 : 64, 8);    /* AMX: the smallest batch it takes, all padded */
+        test_gemm(k_types[k], 16, kq ? 256 : 64, 8);    /* AMX: tiles of 8 rows, half padded */
     }
     return test_done();
 }

@@ -418,7 +418,7 @@ static void test_batch_invariance(void) {
     const int V = f.vocab;
     float *together[3], *alone[3], *other[3] = {NULL, NULL, NULL};
     /* pass 2, where the CPU has AMX: batched on AVX-512 without the tiles
-       (the prompts' matmuls of 8+ rows ran on AMX in pass 0) */
+       (the prompts' matmuls of 32+ rows ran on AMX in pass 0) */
     const int passes = ember_isa_supported(EMBER_ISA_AMX) ? 3 : 2;
     for (int pass = 0; pass < passes; pass++) {
         ember_model *m = fx_load_model(out, pass == 2 ? EMBER_ISA_AVX512 : EMBER_ISA_AUTO, pass == 1 ? 1 : 2, 3);
