@@ -100,26 +100,31 @@ typedef struct tok_pieces {
 int tok_pieces_push(tok_pieces *l, const char *p, size_t n);
 void tok_pieces_free(tok_pieces *l);
 
-/* Hash map from byte strings to int32 values. Keys are not copied: they must
-   outlive the map (the tokenizer keeps them in its pool). */
+/* Hash map from byte strings to int32 values: open addressing, linear
+   probing, load at most 1/2. A slot holds the key pointer, its length and
+   8 bits of its hash, and the value (16 bytes), so a probe that is not the
+   key costs no access outside the table and a hit costs the slot and the
+   key's bytes. Keys are not copied: they must outlive the map (the
+   tokenizer keeps them in its pool). Keys are shorter than
+   TOK_SMAP_MAX_KEY bytes. */
+#define TOK_SMAP_MAX_KEY (1u << 24)
 typedef struct tok_smap_ent {
-    const char *k;
-    uint32_t n;
+    const char *k; /* NULL = empty slot */
+    uint32_t nt;   /* key length | hash tag << 24 */
     int32_t v;
-    uint64_t h;
 } tok_smap_ent;
 typedef struct tok_smap {
-    uint32_t *slot; /* entry index + 1, 0 = empty */
-    size_t mask;    /* slot count - 1 */
-    tok_smap_ent *ent;
-    size_t n, cap;
+    tok_smap_ent *slot;
+    size_t mask; /* slot count - 1 */
+    size_t n;    /* keys held */
 } tok_smap;
 
 uint64_t tok_hash(const void *p, size_t n);
-/* Inserts or (when replace) overwrites; returns 0 or EMBER_ERR_NOMEM.
+/* Inserts or (when replace) overwrites; returns 0, EMBER_ERR_NOMEM, or
+   EMBER_ERR_LIMIT for a key of TOK_SMAP_MAX_KEY bytes or more.
    *existed (may be NULL) tells whether the key was already there. */
 int tok_smap_put(tok_smap *m, const char *k, size_t n, int32_t v, bool replace, bool *existed);
-/* Makes room for n entries without rehashing. */
+/* Makes room for n keys in all without rehashing. */
 int tok_smap_reserve(tok_smap *m, size_t n);
 /* The value for k, or -1. */
 int32_t tok_smap_get(const tok_smap *m, const char *k, size_t n);
@@ -586,12 +591,15 @@ static inline int32_t tok_final_id(const struct ember_tokenizer *t, int32_t id) 
 }
 
 /* Fast path for model.vocab / model.merges (tok_jfast.c). locate: 1 when
-   both spans were found in a plain layout (merges may be absent). blank:
-   overwrites a span of a copy with "{}" / "[]" and spaces (newlines kept).
-   vocab / merges: 1 done, 0 not applicable (load again without the fast
-   path), -1 error. */
+   both spans were found in a plain layout (merges may be absent). compact:
+   a NUL-terminated ember_malloc'd copy of json[0..n) where the vocab span
+   is "{}" and the merges span (when found) "[]", its length in *out_n; NULL
+   when out of memory. Line numbers in it differ from the file's: jansson's
+   messages about it are never shown (a parse failure loads the file again
+   without the fast path). vocab / merges: 1 done, 0 not applicable (load
+   again without the fast path), -1 error. */
 int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges);
-void tok_jfast_blank(char *copy, const tok_sv *span, const char *base, char open, char close);
+char *tok_jfast_compact(const char *json, size_t n, const tok_sv *vocab, const tok_sv *merges, size_t *out_n);
 int tok_jfast_vocab(struct ember_tokenizer *t, tok_sv span, ember_error *err);
 int tok_jfast_merges(struct ember_tokenizer *t, tok_sv span, ember_error *err);
 

@@ -2,9 +2,10 @@
  * tok_jfast.c - a fast path for the two large values of a tokenizer.json,
  * model.vocab (an object of token -> id) and model.merges (an array of
  * "a b" strings or [a, b] pairs), which make up most of the file: they are
- * located by a light scan, blanked out of the text given to jansson, and
- * read here directly into the tokenizer (jansson would allocate an object
- * per string).
+ * located by a light scan, cut out of the text given to jansson (a copy
+ * where they are "{}" and "[]": jansson then reads some kilobytes instead
+ * of megabytes), and read here directly into the tokenizer (jansson would
+ * allocate an object per string).
  *
  * Owner: tokenizer module; runs on the loading thread.
  *
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 typedef struct cur {
     const char *p, *e;
@@ -160,13 +162,41 @@ int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges) 
     return vocab->p != NULL;
 }
 
-void tok_jfast_blank(char *copy, const tok_sv *span, const char *base, char open, char close) {
-    if (!span->p) return;
-    char *d = copy + (span->p - base);
-    for (size_t i = 0; i < span->n; i++)
-        if (d[i] != '\n') d[i] = ' ';
-    d[0] = open;
-    d[1] = close;
+char *tok_jfast_compact(const char *json, size_t n, const tok_sv *vocab, const tok_sv *merges, size_t *out_n) {
+    /* the spans in file order (either may come first; merges may be absent) */
+    const tok_sv *sp1 = vocab, *sp2 = merges->p ? merges : NULL;
+    const char *rep1 = "{}", *rep2 = "[]";
+    if (sp2 && sp2->p < sp1->p) {
+        sp1 = merges;
+        sp2 = vocab;
+        rep1 = "[]";
+        rep2 = "{}";
+    }
+    size_t cut = sp1->n + (sp2 ? sp2->n : 0), add = sp2 ? 4 : 2;
+    char *out = ember_malloc(n - cut + add + 1);
+    if (!out) return NULL;
+    char *d = out;
+    const char *s = json;
+    size_t k = (size_t)(sp1->p - s);
+    memcpy(d, s, k);
+    d += k;
+    memcpy(d, rep1, 2);
+    d += 2;
+    s = sp1->p + sp1->n;
+    if (sp2) {
+        k = (size_t)(sp2->p - s);
+        memcpy(d, s, k);
+        d += k;
+        memcpy(d, rep2, 2);
+        d += 2;
+        s = sp2->p + sp2->n;
+    }
+    k = (size_t)(json + n - s);
+    memcpy(d, s, k);
+    d += k;
+    *d = 0;
+    *out_n = (size_t)(d - out);
+    return out;
 }
 
 /* A strict JSON string at c->p into b (unescaped); false when not plain. */
@@ -235,12 +265,25 @@ static bool read_str(cur *c, tok_buf *b) {
     return false;
 }
 
+/* How many '"' span holds. */
+static size_t count_quotes(tok_sv span) {
+    size_t quotes = 0;
+    const char *p = span.p, *e = span.p + span.n;
+    while ((p = memchr(p, '"', (size_t)(e - p)))) {
+        quotes++;
+        p++;
+    }
+    return quotes;
+}
+
 int tok_jfast_vocab(ember_tokenizer *t, tok_sv span, ember_error *err) {
     cur c = {span.p, span.p + span.n};
     tok_buf b = {0};
     int rc = 0; /* 0 = not applicable */
     size_t count = 0;
-    if (tok_smap_reserve(&t->map, span.n / 12 + 1024)) goto done;
+    /* two quotes an entry (an upper bound), and room for the added tokens
+       and the merges' phantoms without a rehash in most files */
+    if (tok_smap_reserve(&t->map, count_quotes(span) / 2 + 1024)) goto done;
     sp(&c);
     if (c.p >= c.e || *c.p != '{') goto done;
     c.p++;
@@ -284,12 +327,22 @@ done:
     return rc;
 }
 
+/* An upper bound on the entries of a merges array (from its quotes: two
+   per "a b" string, four per ["a", "b"] pair), so the merge table is sized
+   once, neither grown nor shrunk. */
+static size_t merges_estimate(tok_sv span) {
+    size_t quotes = count_quotes(span);
+    const char *q = span.p + 1, *e = span.p + span.n;
+    while (q < e && (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r')) q++;
+    return (q < e && *q == '[' ? quotes / 4 : quotes / 2) + 16;
+}
+
 int tok_jfast_merges(ember_tokenizer *t, tok_sv span, ember_error *err) {
     cur c = {span.p, span.p + span.n};
     tok_buf a = {0}, b = {0};
     int rc = 0;
     uint32_t rank = 0;
-    if (tok_umap_init(&t->model.merges, span.n / 10 + 16)) goto done;
+    if (tok_umap_init(&t->model.merges, merges_estimate(span))) goto done;
     sp(&c);
     if (c.p >= c.e || *c.p != '[') goto done;
     c.p++;

@@ -961,15 +961,9 @@ int tok_load_json_text(const char *name, const char *json, size_t n, const char 
     int rc = TOK_FALLBACK;
     tok_sv fv, fm;
     if (tok_jfast_locate(json, n, &fv, &fm)) {
-        char *copy = ember_malloc(n + 1);
-        json_t *root = NULL;
-        if (copy) {
-            memcpy(copy, json, n);
-            copy[n] = 0;
-            tok_jfast_blank(copy, &fv, json, '{', '}');
-            tok_jfast_blank(copy, &fm, json, '[', ']');
-            root = load_json(copy, n, &je);
-        }
+        size_t cn = 0;
+        char *copy = tok_jfast_compact(json, n, &fv, &fm, &cn);
+        json_t *root = copy ? load_json(copy, cn, &je) : NULL;
         if (root) {
             ember_tokenizer *t;
             rc = tok_new(name, &t, err);

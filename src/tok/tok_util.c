@@ -183,16 +183,22 @@ uint64_t tok_hash(const void *p, size_t n) {
     return h;
 }
 
-static int smap_grow(tok_smap *m) {
-    size_t nslots = m->mask ? (m->mask + 1) * 2 : 64;
+/* The slot word of a key: its length and 8 bits of its hash (bits the slot
+   index does not use, as long as the table has fewer than 2^56 slots). */
+static inline uint32_t smap_nt(size_t n, uint64_t h) { return (uint32_t)n | (uint32_t)(h >> 56) << 24; }
+
+/* Rehashes into a table of nslots (a power of two above twice the keys). */
+static int smap_resize(tok_smap *m, size_t nslots) {
     if (nslots > ((size_t)1 << 31)) return EMBER_ERR_NOMEM;
-    uint32_t *slot = ember_calloc(nslots, sizeof *slot);
+    tok_smap_ent *slot = ember_calloc(nslots, sizeof *slot);
     if (!slot) return EMBER_ERR_NOMEM;
     size_t mask = nslots - 1;
-    for (size_t i = 0; i < m->n; i++) {
-        size_t j = (size_t)m->ent[i].h & mask;
-        while (slot[j]) j = (j + 1) & mask;
-        slot[j] = (uint32_t)(i + 1);
+    for (size_t i = 0; m->slot && i <= m->mask; i++) {
+        const tok_smap_ent *e = &m->slot[i];
+        if (!e->k) continue;
+        size_t j = (size_t)tok_hash(e->k, e->nt & (TOK_SMAP_MAX_KEY - 1)) & mask;
+        while (slot[j].k) j = (j + 1) & mask;
+        slot[j] = *e;
     }
     free(m->slot);
     m->slot = slot;
@@ -202,54 +208,43 @@ static int smap_grow(tok_smap *m) {
 
 int tok_smap_reserve(tok_smap *m, size_t n) {
     if (n > ((size_t)1 << 30)) return EMBER_ERR_NOMEM;
-    while ((m->mask ? m->mask + 1 : 0) < n * 2)
-        if (smap_grow(m)) return EMBER_ERR_NOMEM;
-    if (n > m->cap) {
-        tok_smap_ent *ent = ember_realloc(m->ent, n * sizeof *ent);
-        if (!ent) return EMBER_ERR_NOMEM;
-        m->ent = ent;
-        m->cap = n;
-    }
-    return EMBER_OK;
+    size_t have = m->slot ? m->mask + 1 : 0, want = have ? have : 64;
+    while (want < n * 2) want *= 2;
+    return want == have ? EMBER_OK : smap_resize(m, want);
 }
 
 int tok_smap_put(tok_smap *m, const char *k, size_t n, int32_t v, bool replace, bool *existed) {
     if (existed) *existed = false;
-    if (n > UINT32_MAX) return EMBER_ERR_LIMIT;
+    if (n >= TOK_SMAP_MAX_KEY) return EMBER_ERR_LIMIT;
+    if (!k) k = "";
     if (!m->slot || (m->n + 1) * 2 > m->mask + 1) {
-        if (smap_grow(m)) return EMBER_ERR_NOMEM;
+        if (smap_resize(m, m->slot ? (m->mask + 1) * 2 : 64)) return EMBER_ERR_NOMEM;
     }
     uint64_t h = tok_hash(k, n);
+    uint32_t nt = smap_nt(n, h);
     size_t j = (size_t)h & m->mask;
-    while (m->slot[j]) {
-        tok_smap_ent *e = &m->ent[m->slot[j] - 1];
-        if (e->h == h && e->n == n && (n == 0 || memcmp(e->k, k, n) == 0)) {
+    while (m->slot[j].k) {
+        tok_smap_ent *e = &m->slot[j];
+        if (e->nt == nt && (n == 0 || memcmp(e->k, k, n) == 0)) {
             if (existed) *existed = true;
             if (replace) e->v = v;
             return EMBER_OK;
         }
         j = (j + 1) & m->mask;
     }
-    if (m->n == m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 64;
-        tok_smap_ent *ent = ember_realloc(m->ent, cap * sizeof *ent);
-        if (!ent) return EMBER_ERR_NOMEM;
-        m->ent = ent;
-        m->cap = cap;
-    }
-    m->ent[m->n] = (tok_smap_ent){k, (uint32_t)n, v, h};
-    m->slot[j] = (uint32_t)(m->n + 1);
+    m->slot[j] = (tok_smap_ent){k, nt, v};
     m->n++;
     return EMBER_OK;
 }
 
 int32_t tok_smap_get(const tok_smap *m, const char *k, size_t n) {
-    if (!m->slot) return -1;
+    if (!m->slot || n >= TOK_SMAP_MAX_KEY) return -1;
     uint64_t h = tok_hash(k, n);
+    uint32_t nt = smap_nt(n, h);
     size_t j = (size_t)h & m->mask;
-    while (m->slot[j]) {
-        const tok_smap_ent *e = &m->ent[m->slot[j] - 1];
-        if (e->h == h && e->n == n && (n == 0 || memcmp(e->k, k, n) == 0)) return e->v;
+    while (m->slot[j].k) {
+        const tok_smap_ent *e = &m->slot[j];
+        if (e->nt == nt && (n == 0 || memcmp(e->k, k, n) == 0)) return e->v;
         j = (j + 1) & m->mask;
     }
     return -1;
@@ -257,7 +252,6 @@ int32_t tok_smap_get(const tok_smap *m, const char *k, size_t n) {
 
 void tok_smap_free(tok_smap *m) {
     free(m->slot);
-    free(m->ent);
     memset(m, 0, sizeof *m);
 }
 
