@@ -294,11 +294,13 @@ int cmd_serve(int argc, char **argv) {
     if (resolve_model(model_arg, path, sizeof path, id, sizeof id, &demo)) return 1;
     if (demo && write_demo_model(path)) return 1;
     int min_level = verbose ? EMBER_LOG_DEBUG : EMBER_LOG_INFO;
+    double t_start = ember_now(), t_model, t_tok, t_tmpl;
     ember_model *m;
     /* warnings reach stderr without -v too: the prompt cache tells about files it skips */
     mo = (cli_model_opts){threads,  ctx,         parallel,    isa,         verbose, use_mmap, kv_budget,
                           mo.kv_type, mo.kv_group, mo.kv_quant_start, true, mo.device};
     if (cli_load_model("serve", path, &mo, &m)) return 1;
+    t_model = ember_now();
     ember_model_info info;
     ember_model_get_info(m, &info);
     ember_tokenizer *tok = NULL;
@@ -307,6 +309,7 @@ int cmd_serve(int argc, char **argv) {
         ember_model_free(m);
         return cli_fail("serve", "%s", err.msg);
     }
+    t_tok = ember_now();
     ember_chat_template *tmpl = NULL;
     int detected = EMBER_TOOLS_NONE;
     if (cli_load_template_tools("serve", path, &tmpl, &detected)) {
@@ -314,6 +317,7 @@ int cmd_serve(int argc, char **argv) {
         ember_model_free(m);
         return 1;
     }
+    t_tmpl = ember_now();
     ember_server_opts so = {0};
     so.host = host;
     so.port = port;
@@ -358,6 +362,12 @@ int cmd_serve(int argc, char **argv) {
             : sp.spec == EMBER_SPEC_DRAFT ? ", draft-model speculation"
                                           : "",
             ember_tool_format_name(so.tool_format));
+    if (verbose) {
+        double t_ready = ember_now();
+        fprintf(stderr, "ember: ready in %.0f ms: model %.0f ms, tokenizer %.0f ms, chat template %.0f ms, engine and "
+                        "HTTP %.0f ms\n", (t_ready - t_start) * 1e3, (t_model - t_start) * 1e3, (t_tok - t_model) * 1e3,
+                (t_tmpl - t_tok) * 1e3, (t_ready - t_tmpl) * 1e3);
+    }
     if (test_output) fprintf(stderr, "ember: --test-output is on: requests may script their output (tests only)\n");
     stop_on_signal(srv, &sigs, drain);
     ember_chat_template_free(tmpl);
