@@ -276,11 +276,39 @@ static size_t count_quotes(tok_sv span) {
     return quotes;
 }
 
+/* Vocabulary entries read ahead of the one being added (as merges below):
+   the map slot of each is being loaded meanwhile. */
+#define VQ 16
+typedef struct pend_tok {
+    tok_buf s;
+    int32_t id;
+    uint64_t h;
+} pend_tok;
+
+/* Reads one "token": id entry at c->p into q; false when not plain. */
+static bool read_vocab_entry(cur *c, pend_tok *q) {
+    if (!read_str(c, &q->s) || q->s.n > TOK_MAX_TOKEN_BYTES) return false;
+    sp(c);
+    if (c->p >= c->e || *c->p != ':') return false;
+    c->p++;
+    sp(c);
+    long long id = 0;
+    const char *ds = c->p;
+    while (c->p < c->e && *c->p >= '0' && *c->p <= '9' && c->p - ds < 10) id = id * 10 + (*c->p++ - '0');
+    if (c->p == ds || (c->p - ds > 1 && *ds == '0') || id >= TOK_MAX_VOCAB) return false;
+    if (c->p < c->e && (*c->p == '.' || *c->p == 'e' || *c->p == 'E' || (*c->p >= '0' && *c->p <= '9'))) return false;
+    q->id = (int32_t)id;
+    q->h = tok_hash(q->s.p ? q->s.p : "", q->s.n);
+    return true;
+}
+
 int tok_jfast_vocab(ember_tokenizer *t, tok_sv span, ember_error *err) {
     cur c = {span.p, span.p + span.n};
-    tok_buf b = {0};
+    pend_tok ring[VQ];
+    memset(ring, 0, sizeof ring);
     int rc = 0; /* 0 = not applicable */
-    size_t count = 0;
+    size_t count = 0, head = 0, nq = 0;
+    bool at_end = false;
     /* two quotes an entry (an upper bound), and room for the added tokens
        and the merges' phantoms without a rehash in most files */
     if (tok_smap_reserve(&t->map, count_quotes(span) / 2 + 1024)) goto done;
@@ -289,41 +317,40 @@ int tok_jfast_vocab(ember_tokenizer *t, tok_sv span, ember_error *err) {
     c.p++;
     sp(&c);
     if (c.p < c.e && *c.p == '}') {
-        rc = 1;
-        goto done;
+        c.p++;
+        at_end = true;
     }
     for (;;) {
-        sp(&c);
-        if (!read_str(&c, &b) || b.n > TOK_MAX_TOKEN_BYTES) goto done;
-        sp(&c);
-        if (c.p >= c.e || *c.p != ':') goto done;
-        c.p++;
-        sp(&c);
-        long long id = 0;
-        const char *ds = c.p;
-        while (c.p < c.e && *c.p >= '0' && *c.p <= '9' && c.p - ds < 10) id = id * 10 + (*c.p++ - '0');
-        if (c.p == ds || (c.p - ds > 1 && *ds == '0') || id >= TOK_MAX_VOCAB) goto done;
-        if (c.p < c.e && (*c.p == '.' || *c.p == 'e' || *c.p == 'E' || (*c.p >= '0' && *c.p <= '9'))) goto done;
-        if (++count > TOK_MAX_VOCAB) goto done;
-        if (tok_set_text(t, (int32_t)id, b.p ? b.p : "", b.n, err)) {
+        while (!at_end && nq < VQ) {
+            pend_tok *q = &ring[(head + nq) % VQ];
+            sp(&c);
+            if (!read_vocab_entry(&c, q)) goto done;
+            if (++count > TOK_MAX_VOCAB) goto done;
+            tok_smap_prefetch(&t->map, q->h);
+            nq++;
+            sp(&c);
+            if (c.p < c.e && *c.p == ',') {
+                c.p++;
+            } else if (c.p < c.e && *c.p == '}') {
+                c.p++;
+                at_end = true;
+            } else {
+                goto done;
+            }
+        }
+        if (!nq) break;
+        const pend_tok *q = &ring[head];
+        if (tok_set_text_h(t, q->id, q->s.p ? q->s.p : "", q->s.n, q->h, err)) {
             rc = -1;
             goto done;
         }
-        sp(&c);
-        if (c.p < c.e && *c.p == ',') {
-            c.p++;
-            continue;
-        }
-        if (c.p < c.e && *c.p == '}') {
-            c.p++;
-            break;
-        }
-        goto done;
+        head = (head + 1) % VQ;
+        nq--;
     }
     sp(&c);
     rc = c.p == c.e ? 1 : 0;
 done:
-    tok_buf_free(&b);
+    for (size_t k = 0; k < VQ; k++) tok_buf_free(&ring[k].s);
     return rc;
 }
 
@@ -337,11 +364,76 @@ static size_t merges_estimate(tok_sv span) {
     return (q < e && *q == '[' ? quotes / 4 : quotes / 2) + 16;
 }
 
+/* Merges read ahead of the one being added: their hashes are known, their
+   map slots (and then the keys those slots point to) are being loaded while
+   earlier merges are added. A merge's strings live in its ring entry's
+   buffers until the entry is reused. */
+#define MQ 16
+typedef struct pend_merge {
+    tok_buf a, b; /* "a b" in a; [a, b] in a and b */
+    const char *ap, *bp;
+    size_t an, bn;
+    uint64_t ha, hb;
+} pend_merge;
+
+/* Reads one merge at c->p into q; false when it is not in the plain form. */
+static bool read_merge(cur *c, pend_merge *q) {
+    if (c->p < c->e && *c->p == '"') {
+        if (!read_str(c, &q->a)) return false;
+        const char *s = q->a.p ? q->a.p : "";
+        const char *space = memchr(s, ' ', q->a.n);
+        if (!space) return false; /* the slow path names the bad merge */
+        q->ap = s;
+        q->an = (size_t)(space - s);
+        q->bp = space + 1;
+        const char *sp2 = memchr(q->bp, ' ', q->a.n - q->an - 1);
+        q->bn = sp2 ? (size_t)(sp2 - q->bp) : q->a.n - q->an - 1;
+    } else if (c->p < c->e && *c->p == '[') {
+        c->p++;
+        sp(c);
+        if (!read_str(c, &q->a)) return false;
+        sp(c);
+        if (c->p >= c->e || *c->p != ',') return false;
+        c->p++;
+        sp(c);
+        if (!read_str(c, &q->b)) return false;
+        sp(c);
+        if (c->p >= c->e || *c->p != ']') return false;
+        c->p++;
+        q->ap = q->a.p ? q->a.p : "";
+        q->an = q->a.n;
+        q->bp = q->b.p ? q->b.p : "";
+        q->bn = q->b.n;
+    } else {
+        return false;
+    }
+    if (q->an > TOK_MAX_TOKEN_BYTES || q->bn > TOK_MAX_TOKEN_BYTES) return false;
+    q->ha = tok_hash(q->ap, q->an);
+    q->hb = tok_hash(q->bp, q->bn);
+    return true;
+}
+
+/* Puts the oldest of the pending merge table entries pk / pv. */
+#define PQ 8
+static int put_oldest(ember_tokenizer *t, const uint64_t *pk, const uint64_t *pv, size_t *pput, size_t *np,
+                      ember_error *err) {
+    if (tok_umap_put(&t->model.merges, pk[*pput], pv[*pput], true))
+        return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
+    *pput = (*pput + 1) % PQ;
+    (*np)--;
+    return EMBER_OK;
+}
+
 int tok_jfast_merges(ember_tokenizer *t, tok_sv span, ember_error *err) {
     cur c = {span.p, span.p + span.n};
-    tok_buf a = {0}, b = {0};
+    pend_merge ring[MQ];
+    memset(ring, 0, sizeof ring);
     int rc = 0;
     uint32_t rank = 0;
+    size_t head = 0, nq = 0; /* ring[head .. head + nq) are read, not added */
+    uint64_t pk[PQ], pv[PQ];  /* merge table entries not put yet */
+    size_t pput = 0, np = 0;
+    bool at_end = false;
     if (tok_umap_init(&t->model.merges, merges_estimate(span))) goto done;
     sp(&c);
     if (c.p >= c.e || *c.p != '[') goto done;
@@ -349,65 +441,67 @@ int tok_jfast_merges(ember_tokenizer *t, tok_sv span, ember_error *err) {
     sp(&c);
     if (c.p < c.e && *c.p == ']') {
         c.p++;
-        rc = 1;
-        goto done;
+        at_end = true;
     }
     for (;;) {
-        sp(&c);
-        const char *ap, *bp;
-        size_t an, bn;
-        if (c.p < c.e && *c.p == '"') {
-            if (!read_str(&c, &a)) goto done;
-            const char *s = a.p ? a.p : "";
-            const char *space = memchr(s, ' ', a.n);
-            if (!space) goto done; /* the slow path names the bad merge */
-            ap = s;
-            an = (size_t)(space - s);
-            bp = space + 1;
-            const char *sp2 = memchr(bp, ' ', a.n - an - 1);
-            bn = sp2 ? (size_t)(sp2 - bp) : a.n - an - 1;
-        } else if (c.p < c.e && *c.p == '[') {
-            c.p++;
+        while (!at_end && nq < MQ) {
+            pend_merge *q = &ring[(head + nq) % MQ];
             sp(&c);
-            if (!read_str(&c, &a)) goto done;
+            if (!read_merge(&c, q)) goto done;
+            tok_smap_prefetch(&t->map, q->ha);
+            tok_smap_prefetch(&t->map, q->hb);
+            nq++;
             sp(&c);
-            if (c.p >= c.e || *c.p != ',') goto done;
-            c.p++;
-            sp(&c);
-            if (!read_str(&c, &b)) goto done;
-            sp(&c);
-            if (c.p >= c.e || *c.p != ']') goto done;
-            c.p++;
-            ap = a.p ? a.p : "";
-            an = a.n;
-            bp = b.p ? b.p : "";
-            bn = b.n;
-        } else {
-            goto done;
+            if (c.p < c.e && *c.p == ',') {
+                c.p++;
+            } else if (c.p < c.e && *c.p == ']') {
+                c.p++;
+                at_end = true;
+            } else {
+                goto done;
+            }
         }
-        if (an > TOK_MAX_TOKEN_BYTES || bn > TOK_MAX_TOKEN_BYTES || rank >= TOK_MAX_MERGES) goto done;
+        if (!nq) break;
+        if (nq > MQ / 2) { /* its slots were asked for MQ / 2 merges ago: now the keys */
+            const pend_merge *q = &ring[(head + MQ / 2) % MQ];
+            tok_smap_prefetch_key(&t->map, q->ha);
+            tok_smap_prefetch_key(&t->map, q->hb);
+        }
+        const pend_merge *q = &ring[head];
+        if (rank >= TOK_MAX_MERGES) goto done;
         int32_t ia, ib;
-        if (tok_id_or_phantom(t, ap, an, &ia, err) || tok_id_or_phantom(t, bp, bn, &ib, err) ||
-            tok_add_merge(t, ia, ib, rank, err)) {
+        uint64_t key, val;
+        if (tok_id_or_phantom_h(t, q->ap, q->an, q->ha, &ia, err) ||
+            tok_id_or_phantom_h(t, q->bp, q->bn, q->hb, &ib, err) ||
+            tok_merge_entry(t, ia, ib, rank, &key, &val, err)) {
             rc = -1;
             goto done;
         }
+        /* into the table PQ merges later, its slot loaded meanwhile (in rank
+           order still: a repeated pair keeps the last rank, as before) */
+        tok_umap_prefetch(&t->model.merges, key);
+        if (np == PQ && put_oldest(t, pk, pv, &pput, &np, err)) {
+            rc = -1;
+            goto done;
+        }
+        pk[(pput + np) % PQ] = key;
+        pv[(pput + np) % PQ] = val;
+        np++;
         rank++;
-        sp(&c);
-        if (c.p < c.e && *c.p == ',') {
-            c.p++;
-            continue;
-        }
-        if (c.p < c.e && *c.p == ']') {
-            c.p++;
-            break;
-        }
-        goto done;
+        head = (head + 1) % MQ;
+        nq--;
     }
+    while (np)
+        if (put_oldest(t, pk, pv, &pput, &np, err)) {
+            rc = -1;
+            goto done;
+        }
     sp(&c);
     rc = c.p == c.e ? 1 : 0;
 done:
-    tok_buf_free(&a);
-    tok_buf_free(&b);
+    for (size_t k = 0; k < MQ; k++) {
+        tok_buf_free(&ring[k].a);
+        tok_buf_free(&ring[k].b);
+    }
     return rc;
 }

@@ -213,20 +213,24 @@ int tok_smap_reserve(tok_smap *m, size_t n) {
     return want == have ? EMBER_OK : smap_resize(m, want);
 }
 
-int tok_smap_put(tok_smap *m, const char *k, size_t n, int32_t v, bool replace, bool *existed) {
-    if (existed) *existed = false;
+int tok_smap_put(tok_smap *m, const char *k, size_t n, int32_t v, bool replace, int32_t *prev) {
+    if (!k) k = "";
+    return tok_smap_put_h(m, k, n, tok_hash(k, n), v, replace, prev);
+}
+
+int tok_smap_put_h(tok_smap *m, const char *k, size_t n, uint64_t h, int32_t v, bool replace, int32_t *prev) {
+    if (prev) *prev = -1;
     if (n >= TOK_SMAP_MAX_KEY) return EMBER_ERR_LIMIT;
     if (!k) k = "";
     if (!m->slot || (m->n + 1) * 2 > m->mask + 1) {
         if (smap_resize(m, m->slot ? (m->mask + 1) * 2 : 64)) return EMBER_ERR_NOMEM;
     }
-    uint64_t h = tok_hash(k, n);
     uint32_t nt = smap_nt(n, h);
     size_t j = (size_t)h & m->mask;
     while (m->slot[j].k) {
         tok_smap_ent *e = &m->slot[j];
         if (e->nt == nt && (n == 0 || memcmp(e->k, k, n) == 0)) {
-            if (existed) *existed = true;
+            if (prev) *prev = e->v;
             if (replace) e->v = v;
             return EMBER_OK;
         }
@@ -239,7 +243,11 @@ int tok_smap_put(tok_smap *m, const char *k, size_t n, int32_t v, bool replace, 
 
 int32_t tok_smap_get(const tok_smap *m, const char *k, size_t n) {
     if (!m->slot || n >= TOK_SMAP_MAX_KEY) return -1;
-    uint64_t h = tok_hash(k, n);
+    return tok_smap_get_h(m, k, n, tok_hash(k, n));
+}
+
+int32_t tok_smap_get_h(const tok_smap *m, const char *k, size_t n, uint64_t h) {
+    if (!m->slot || n >= TOK_SMAP_MAX_KEY) return -1;
     uint32_t nt = smap_nt(n, h);
     size_t j = (size_t)h & m->mask;
     while (m->slot[j].k) {
