@@ -624,17 +624,19 @@ static inline int32_t tok_final_id(const struct ember_tokenizer *t, int32_t id) 
 }
 
 /* Fast path for model.vocab / model.merges (tok_jfast.c). locate: 1 when
-   both spans were found in a plain layout (merges may be absent). compact:
+   both spans were found in a plain layout (merges may be absent), with the
+   number of JSON strings in each (which sizes the tables). compact:
    a NUL-terminated ember_malloc'd copy of json[0..n) where the vocab span
    is "{}" and the merges span (when found) "[]", its length in *out_n; NULL
    when out of memory. Line numbers in it differ from the file's: jansson's
    messages about it are never shown (a parse failure loads the file again
    without the fast path). vocab / merges: 1 done, 0 not applicable (load
    again without the fast path), -1 error. */
-int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges);
+int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges, size_t *vocab_strings,
+                     size_t *merges_strings);
 char *tok_jfast_compact(const char *json, size_t n, const tok_sv *vocab, const tok_sv *merges, size_t *out_n);
-int tok_jfast_vocab(struct ember_tokenizer *t, tok_sv span, ember_error *err);
-int tok_jfast_merges(struct ember_tokenizer *t, tok_sv span, ember_error *err);
+int tok_jfast_vocab(struct ember_tokenizer *t, tok_sv span, size_t strings, ember_error *err);
+int tok_jfast_merges(struct ember_tokenizer *t, tok_sv span, size_t strings, ember_error *err);
 
 /* Loader entry points. */
 int tok_load_json_text(const char *name, const char *json, size_t n, const char *cfg_name, const char *cfg_json,

@@ -22,6 +22,7 @@
 
 typedef struct cur {
     const char *p, *e;
+    size_t strings; /* strings skipped so far (skip_str) */
 } cur;
 
 static void sp(cur *c) {
@@ -32,6 +33,7 @@ static void sp(cur *c) {
 static bool skip_str(cur *c, bool *esc) {
     if (c->p >= c->e || *c->p != '"') return false;
     c->p++;
+    c->strings++;
     if (esc) *esc = false;
     while (c->p < c->e) {
         char ch = *c->p++;
@@ -82,18 +84,24 @@ static bool skip_val(cur *c, int depth) {
             return false;
         }
     }
-    /* literal or number */
+    /* literal or number: up to a delimiter */
     const char *s = c->p;
-    while (c->p < c->e && !strchr(",}] \t\r\n", *c->p)) c->p++;
+    while (c->p < c->e) {
+        char d = *c->p;
+        if (d == ',' || d == '}' || d == ']' || d == ' ' || d == '\t' || d == '\r' || d == '\n' || d == 0) break;
+        c->p++;
+    }
     return c->p > s;
 }
 
 static bool key_is(const char *k, size_t n, const char *lit) { return strlen(lit) == n && memcmp(k, lit, n) == 0; }
 
-int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges) {
-    cur c = {json, json + n};
+int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges, size_t *vocab_strings,
+                     size_t *merges_strings) {
+    cur c = {json, json + n, 0};
     vocab->p = merges->p = NULL;
     vocab->n = merges->n = 0;
+    *vocab_strings = *merges_strings = 0;
     sp(&c);
     if (c.p >= c.e || *c.p != '{') return 0;
     c.p++;
@@ -127,15 +135,18 @@ int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges) 
                 c.p++;
                 sp(&c);
                 const char *vs = c.p;
+                size_t s0 = c.strings;
                 if (!skip_val(&c, 0)) return 0;
                 if (key_is(mk, mkn, "vocab")) {
                     if (vocab->p || *vs != '{') return 0;
                     vocab->p = vs;
                     vocab->n = (size_t)(c.p - vs);
+                    *vocab_strings = c.strings - s0;
                 } else if (key_is(mk, mkn, "merges")) {
                     if (merges->p || *vs != '[') return 0;
                     merges->p = vs;
                     merges->n = (size_t)(c.p - vs);
+                    *merges_strings = c.strings - s0;
                 }
                 sp(&c);
                 if (c.p < c.e && *c.p == ',') {
@@ -265,17 +276,6 @@ static bool read_str(cur *c, tok_buf *b) {
     return false;
 }
 
-/* How many '"' span holds. */
-static size_t count_quotes(tok_sv span) {
-    size_t quotes = 0;
-    const char *p = span.p, *e = span.p + span.n;
-    while ((p = memchr(p, '"', (size_t)(e - p)))) {
-        quotes++;
-        p++;
-    }
-    return quotes;
-}
-
 /* Vocabulary entries read ahead of the one being added (as merges below):
    the map slot of each is being loaded meanwhile. */
 #define VQ 16
@@ -302,16 +302,16 @@ static bool read_vocab_entry(cur *c, pend_tok *q) {
     return true;
 }
 
-int tok_jfast_vocab(ember_tokenizer *t, tok_sv span, ember_error *err) {
-    cur c = {span.p, span.p + span.n};
+int tok_jfast_vocab(ember_tokenizer *t, tok_sv span, size_t strings, ember_error *err) {
+    cur c = {span.p, span.p + span.n, 0};
     pend_tok ring[VQ];
     memset(ring, 0, sizeof ring);
     int rc = 0; /* 0 = not applicable */
     size_t count = 0, head = 0, nq = 0;
     bool at_end = false;
-    /* two quotes an entry (an upper bound), and room for the added tokens
-       and the merges' phantoms without a rehash in most files */
-    if (tok_smap_reserve(&t->map, count_quotes(span) / 2 + 1024)) goto done;
+    /* a string an entry, and room for the added tokens and the merges'
+       phantoms without a rehash in most files */
+    if (tok_smap_reserve(&t->map, strings + 1024)) goto done;
     sp(&c);
     if (c.p >= c.e || *c.p != '{') goto done;
     c.p++;
@@ -354,14 +354,13 @@ done:
     return rc;
 }
 
-/* An upper bound on the entries of a merges array (from its quotes: two
-   per "a b" string, four per ["a", "b"] pair), so the merge table is sized
-   once, neither grown nor shrunk. */
-static size_t merges_estimate(tok_sv span) {
-    size_t quotes = count_quotes(span);
+/* The entries of a merges array of `strings` strings (one per "a b"
+   string, two per ["a", "b"] pair), so the merge table is sized once,
+   neither grown nor shrunk. */
+static size_t merges_estimate(tok_sv span, size_t strings) {
     const char *q = span.p + 1, *e = span.p + span.n;
     while (q < e && (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r')) q++;
-    return (q < e && *q == '[' ? quotes / 4 : quotes / 2) + 16;
+    return (q < e && *q == '[' ? strings / 2 : strings) + 16;
 }
 
 /* Merges read ahead of the one being added: their hashes are known, their
@@ -414,7 +413,7 @@ static bool read_merge(cur *c, pend_merge *q) {
 }
 
 /* Puts the oldest of the pending merge table entries pk / pv. */
-#define PQ 8
+#define PQ 32
 static int put_oldest(ember_tokenizer *t, const uint64_t *pk, const uint64_t *pv, size_t *pput, size_t *np,
                       ember_error *err) {
     if (tok_umap_put(&t->model.merges, pk[*pput], pv[*pput], true))
@@ -424,8 +423,8 @@ static int put_oldest(ember_tokenizer *t, const uint64_t *pk, const uint64_t *pv
     return EMBER_OK;
 }
 
-int tok_jfast_merges(ember_tokenizer *t, tok_sv span, ember_error *err) {
-    cur c = {span.p, span.p + span.n};
+int tok_jfast_merges(ember_tokenizer *t, tok_sv span, size_t strings, ember_error *err) {
+    cur c = {span.p, span.p + span.n, 0};
     pend_merge ring[MQ];
     memset(ring, 0, sizeof ring);
     int rc = 0;
@@ -434,7 +433,7 @@ int tok_jfast_merges(ember_tokenizer *t, tok_sv span, ember_error *err) {
     uint64_t pk[PQ], pv[PQ];  /* merge table entries not put yet */
     size_t pput = 0, np = 0;
     bool at_end = false;
-    if (tok_umap_init(&t->model.merges, merges_estimate(span))) goto done;
+    if (tok_umap_init(&t->model.merges, merges_estimate(span, strings))) goto done;
     sp(&c);
     if (c.p >= c.e || *c.p != '[') goto done;
     c.p++;

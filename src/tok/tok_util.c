@@ -174,8 +174,18 @@ uint64_t tok_hash(const void *p, size_t n) {
         s += 8;
         n -= 8;
     }
+    /* the 0-7 bytes left, read with fixed-size loads (a memcpy of n bytes
+       would be a call): two overlapping 4-byte words, or first / middle /
+       last byte; the length is in h already */
     uint64_t v = 0;
-    if (n) memcpy(&v, s, n);
+    if (n >= 4) {
+        uint32_t lo, hi;
+        memcpy(&lo, s, 4);
+        memcpy(&hi, s + n - 4, 4);
+        v = (uint64_t)lo | (uint64_t)hi << 32;
+    } else if (n) {
+        v = (uint64_t)s[0] | (uint64_t)s[n / 2] << 8 | (uint64_t)s[n - 1] << 16;
+    }
     h = (h ^ v) * 0x9FB21C651E98DF25ull;
     h ^= h >> 32;
     h *= 0xD6E8FEB86659FD93ull;
