@@ -136,11 +136,13 @@ int32_t tok_smap_get(const tok_smap *m, const char *k, size_t n);
 int32_t tok_smap_get_h(const tok_smap *m, const char *k, size_t n, uint64_t h);
 /* Loads ahead (a hint, no effect on results): the slot where the key of
    hash h is looked for first; then (once that slot is in cache) the key
-   bytes that slot points to. */
-static inline void tok_smap_prefetch(const tok_smap *m, uint64_t h) {
+   bytes that slot points to. Always inlined: GCC takes a function whose
+   only effect is a prefetch for one without effects, and deletes its calls. */
+#define TOK_PREFETCH_FN static inline __attribute__((always_inline)) void
+TOK_PREFETCH_FN tok_smap_prefetch(const tok_smap *m, uint64_t h) {
     if (m->slot) __builtin_prefetch(&m->slot[(size_t)h & m->mask]);
 }
-static inline void tok_smap_prefetch_key(const tok_smap *m, uint64_t h) {
+TOK_PREFETCH_FN tok_smap_prefetch_key(const tok_smap *m, uint64_t h) {
     if (m->slot && m->slot[(size_t)h & m->mask].k) __builtin_prefetch(m->slot[(size_t)h & m->mask].k);
 }
 void tok_smap_free(tok_smap *m);
@@ -160,7 +162,7 @@ int tok_umap_fit(tok_umap *m);
 int tok_umap_put(tok_umap *m, uint64_t k, uint64_t v, bool replace); /* k != UINT64_MAX */
 bool tok_umap_get(const tok_umap *m, uint64_t k, uint64_t *v);
 /* Loads ahead (a hint): the slot where key k is looked for first. */
-static inline void tok_umap_prefetch(const tok_umap *m, uint64_t k) {
+TOK_PREFETCH_FN tok_umap_prefetch(const tok_umap *m, uint64_t k) {
     if (m->e) __builtin_prefetch(&m->e[(size_t)ember_mix64(k) & m->mask]);
 }
 void tok_umap_free(tok_umap *m);

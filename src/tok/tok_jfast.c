@@ -413,7 +413,7 @@ static bool read_merge(cur *c, pend_merge *q) {
 }
 
 /* Puts the oldest of the pending merge table entries pk / pv. */
-#define PQ 32
+#define PQ 8
 static int put_oldest(ember_tokenizer *t, const uint64_t *pk, const uint64_t *pv, size_t *pput, size_t *np,
                       ember_error *err) {
     if (tok_umap_put(&t->model.merges, pk[*pput], pv[*pput], true))
