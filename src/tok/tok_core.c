@@ -312,6 +312,7 @@ int tok_finish(ember_tokenizer *t, ember_error *err) {
             }
             /* raw-byte spellings of the real tokens (for ignore_merges) */
             if (m->ignore_merges) {
+                if (tok_smap_reserve(&m->raw_map, (size_t)t->n_ids)) return nomem_t(t, err);
                 tok_buf raw = {0};
                 for (int32_t id = 0; id < t->n_ids; id++) {
                     tok_sv s = t->text[id];

@@ -373,10 +373,13 @@ typedef struct pend_merge {
     const char *ap, *bp;
     size_t an, bn;
     uint64_t ha, hb;
+    uint64_t hab; /* hash of a + b (a hint: the merged text is looked up
+                     when its id is not the guessed one) */
 } pend_merge;
 
-/* Reads one merge at c->p into q; false when it is not in the plain form. */
-static bool read_merge(cur *c, pend_merge *q) {
+/* Reads one merge at c->p into q; false when it is not in the plain form.
+   with_ab: also hash the merged text (when recent guesses missed). */
+static bool read_merge(cur *c, pend_merge *q, bool with_ab) {
     if (c->p < c->e && *c->p == '"') {
         if (!read_str(c, &q->a)) return false;
         const char *s = q->a.p ? q->a.p : "";
@@ -409,6 +412,13 @@ static bool read_merge(cur *c, pend_merge *q) {
     if (q->an > TOK_MAX_TOKEN_BYTES || q->bn > TOK_MAX_TOKEN_BYTES) return false;
     q->ha = tok_hash(q->ap, q->an);
     q->hb = tok_hash(q->bp, q->bn);
+    char ab[128];
+    q->hab = 0;
+    if (with_ab && q->an + q->bn <= sizeof ab) {
+        memcpy(ab, q->ap, q->an);
+        memcpy(ab + q->an, q->bp, q->bn);
+        q->hab = tok_hash(ab, q->an + q->bn);
+    }
     return true;
 }
 
@@ -431,6 +441,7 @@ int tok_jfast_merges(ember_tokenizer *t, tok_sv span, size_t strings, ember_erro
     uint32_t rank = 0;
     size_t head = 0, nq = 0; /* ring[head .. head + nq) are read, not added */
     uint64_t pk[PQ], pv[PQ];  /* merge table entries not put yet */
+    unsigned misses = 0;      /* decaying count of merged ids that were not the guess */
     size_t pput = 0, np = 0;
     bool at_end = false;
     if (tok_umap_init(&t->model.merges, merges_estimate(span, strings))) goto done;
@@ -446,9 +457,10 @@ int tok_jfast_merges(ember_tokenizer *t, tok_sv span, size_t strings, ember_erro
         while (!at_end && nq < MQ) {
             pend_merge *q = &ring[(head + nq) % MQ];
             sp(&c);
-            if (!read_merge(&c, q)) goto done;
+            if (!read_merge(&c, q, misses > 64)) goto done;
             tok_smap_prefetch(&t->map, q->ha);
             tok_smap_prefetch(&t->map, q->hb);
+            if (q->hab) tok_smap_prefetch(&t->map, q->hab);
             nq++;
             sp(&c);
             if (c.p < c.e && *c.p == ',') {
@@ -465,17 +477,20 @@ int tok_jfast_merges(ember_tokenizer *t, tok_sv span, size_t strings, ember_erro
             const pend_merge *q = &ring[(head + MQ / 2) % MQ];
             tok_smap_prefetch_key(&t->map, q->ha);
             tok_smap_prefetch_key(&t->map, q->hb);
+            if (q->hab) tok_smap_prefetch_key(&t->map, q->hab);
         }
         const pend_merge *q = &ring[head];
         if (rank >= TOK_MAX_MERGES) goto done;
         int32_t ia, ib;
         uint64_t key, val;
+        int64_t off = t->merge_off; /* changes when the guess missed */
         if (tok_id_or_phantom_h(t, q->ap, q->an, q->ha, &ia, err) ||
             tok_id_or_phantom_h(t, q->bp, q->bn, q->hb, &ib, err) ||
             tok_merge_entry(t, ia, ib, rank, &key, &val, err)) {
             rc = -1;
             goto done;
         }
+        misses = misses - misses / 8 + (t->merge_off != off ? 32 : 0);
         /* into the table PQ merges later, its slot loaded meanwhile (in rank
            order still: a repeated pair keeps the last rank, as before) */
         tok_umap_prefetch(&t->model.merges, key);
