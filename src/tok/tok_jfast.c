@@ -14,6 +14,15 @@
  * anything else it reports "not applicable" and the caller loads the file
  * again through jansson alone, so error messages and edge cases (escaped
  * keys, duplicate keys, reals, ...) stay those of the slow path.
+ *
+ * Speed (a load is mostly waiting on memory: ~450k hash-table lookups in
+ * tables of megabytes for Qwen3): the scan counts the strings of both
+ * values, which sizes the tables once; entries are read 16 ahead of the
+ * one being added, so their map slots (and then the keys those slots point
+ * to) are prefetched while earlier entries are added; merge-table entries
+ * are put 8 merges after their slot was prefetched. Results are exactly
+ * those of adding the entries one by one in file order: prefetches are
+ * hints, and lookups and insertions still happen in order.
  */
 #include <string.h>
 
