@@ -134,7 +134,7 @@ static void tokenizers(void) {
                                       "testdata/tokenizers/llama.cpp-vocab/ggml-vocab-bert-bge.gguf",
                                       "testdata/models/stories260K/stories260K.gguf", "testdata/tokenizers/hf/qwen3"};
     for (size_t i = 0; i < EMBER_ARRAY_LEN(rel); i++) {
-        /* qwen3's 150k-entry tokenizer.json takes 0.7 s a load (several under the
+        /* qwen3's 150k-entry tokenizer.json takes 0.1-0.3 s a load (several under the
            sanitizers): a sample of its points, in the release pass only */
         bool big = strstr(rel[i], "qwen3") != NULL;
         if (big && FAULT_SANITIZED) continue;

@@ -31,6 +31,7 @@
 #include "core/mapfile.h"
 #include "core/util.h"
 #include "serve/serve.h"
+#include "template/load.h"
 
 /* out = a + b; false (and an empty out) when it does not fit. */
 static bool pcat(char *out, size_t n, const char *a, const char *b) {
@@ -207,6 +208,33 @@ static void stop_on_signal(ember_server *srv, const sigset_t *sigs, float drain)
     ember_server_stop(srv, drain);
 }
 
+/* What loads beside the model: the tokenizer and the chat template of the
+   model at path. Errors are kept for the main thread to print. */
+typedef struct side_load {
+    const char *path;
+    ember_tokenizer *tok;
+    ember_chat_template *tmpl;
+    int detected; /* the tool-call format the template suggests */
+    int tok_rc, tmpl_rc;
+    ember_error tok_err, tmpl_err;
+    double tok_s, tmpl_s; /* how long each took */
+} side_load;
+
+/* Loads the tokenizer, then (when that worked) the chat template; a
+   pthread start routine, also called directly. */
+static void *side_load_run(void *arg) {
+    side_load *s = arg;
+    double t0 = ember_now();
+    s->detected = EMBER_TOOLS_NONE;
+    s->tok_rc = ember_tok_load(s->path, &s->tok, &s->tok_err);
+    double t1 = ember_now();
+    s->tok_s = t1 - t0;
+    if (s->tok_rc) return NULL;
+    s->tmpl_rc = ember_chat_template_load(s->path, &s->tmpl, &s->detected, &s->tmpl_err);
+    s->tmpl_s = ember_now() - t1;
+    return NULL;
+}
+
 int cmd_serve(int argc, char **argv) {
     const char *model_arg = NULL, *host = "127.0.0.1", *isa = NULL, *kv_budget_s = NULL, *max_body_s = NULL;
     const char *pc_dir = NULL, *pc_max_s = NULL, *tool_parser = "auto", *pace_s = NULL;
@@ -294,26 +322,36 @@ int cmd_serve(int argc, char **argv) {
     if (resolve_model(model_arg, path, sizeof path, id, sizeof id, &demo)) return 1;
     if (demo && write_demo_model(path)) return 1;
     int min_level = verbose ? EMBER_LOG_DEBUG : EMBER_LOG_INFO;
+    double t_start = ember_now(), t_model, t_side;
     ember_model *m;
+    /* the tokenizer and the chat template load on a second thread while the
+       model loads (they need nothing from it) */
+    side_load side = {.path = path};
+    pthread_t side_thread;
+    bool side_async = pthread_create(&side_thread, NULL, side_load_run, &side) == 0;
     /* warnings reach stderr without -v too: the prompt cache tells about files it skips */
     mo = (cli_model_opts){threads,  ctx,         parallel,    isa,         verbose, use_mmap, kv_budget,
                           mo.kv_type, mo.kv_group, mo.kv_quant_start, true, mo.device};
-    if (cli_load_model("serve", path, &mo, &m)) return 1;
+    int model_rc = cli_load_model("serve", path, &mo, &m);
+    t_model = ember_now();
+    if (side_async)
+        pthread_join(side_thread, NULL);
+    else
+        side_load_run(&side);
+    t_side = ember_now();
+    ember_tokenizer *tok = side.tok;
+    ember_chat_template *tmpl = side.tmpl;
+    int detected = side.detected;
+    ember_error err = {0};
+    if (model_rc || side.tok_rc || side.tmpl_rc) {
+        ember_chat_template_free(tmpl);
+        ember_tok_free(tok);
+        if (model_rc) return 1; /* cli_load_model said why */
+        ember_model_free(m);
+        return cli_fail("serve", "%s", side.tok_rc ? side.tok_err.msg : side.tmpl_err.msg);
+    }
     ember_model_info info;
     ember_model_get_info(m, &info);
-    ember_tokenizer *tok = NULL;
-    ember_error err = {0};
-    if (ember_tok_load(path, &tok, &err)) {
-        ember_model_free(m);
-        return cli_fail("serve", "%s", err.msg);
-    }
-    ember_chat_template *tmpl = NULL;
-    int detected = EMBER_TOOLS_NONE;
-    if (cli_load_template_tools("serve", path, &tmpl, &detected)) {
-        ember_tok_free(tok);
-        ember_model_free(m);
-        return 1;
-    }
     ember_server_opts so = {0};
     so.host = host;
     so.port = port;
@@ -358,6 +396,14 @@ int cmd_serve(int argc, char **argv) {
             : sp.spec == EMBER_SPEC_DRAFT ? ", draft-model speculation"
                                           : "",
             ember_tool_format_name(so.tool_format));
+    if (verbose) {
+        double t_ready = ember_now();
+        fprintf(stderr,
+                "ember: ready in %.0f ms: model %.0f ms; beside it tokenizer %.0f ms, chat template %.0f ms (%.0f ms "
+                "waited for them); engine and HTTP %.0f ms\n",
+                (t_ready - t_start) * 1e3, (t_model - t_start) * 1e3, side.tok_s * 1e3, side.tmpl_s * 1e3,
+                (t_side - t_model) * 1e3, (t_ready - t_side) * 1e3);
+    }
     if (test_output) fprintf(stderr, "ember: --test-output is on: requests may script their output (tests only)\n");
     stop_on_signal(srv, &sigs, drain);
     ember_chat_template_free(tmpl);

@@ -50,6 +50,10 @@ static int grow_ids(ember_tokenizer *t, int32_t need, ember_error *err) {
 }
 
 int tok_set_text(ember_tokenizer *t, int32_t id, const char *s, size_t n, ember_error *err) {
+    return tok_set_text_h(t, id, s, n, tok_hash(s, n), err);
+}
+
+int tok_set_text_h(ember_tokenizer *t, int32_t id, const char *s, size_t n, uint64_t h, ember_error *err) {
     if (id < 0 || id >= TOK_MAX_VOCAB)
         return ember_err(err, EMBER_ERR_LIMIT, "%s: token id %ld outside [0, %d)", t->name, (long)id, TOK_MAX_VOCAB);
     if (n > TOK_MAX_TOKEN_BYTES)
@@ -64,12 +68,20 @@ int tok_set_text(ember_tokenizer *t, int32_t id, const char *s, size_t n, ember_
     t->text[id].p = p;
     t->text[id].n = n;
     if (id >= t->n_ids) t->n_ids = t->n_all = id + 1;
-    if (tok_smap_put(&t->map, p, n, id, true, NULL)) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
+    int32_t prev;
+    if (tok_smap_put_h(&t->map, p, n, h, id, true, &prev)) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
+    /* the map names id for this text now; an earlier id with the same text no longer */
+    t->flags[id] &= (uint8_t)~TOK_F_SHADOWED;
+    if (prev >= 0 && prev != id) t->flags[prev] |= TOK_F_SHADOWED;
     return EMBER_OK;
 }
 
 int tok_id_or_phantom(ember_tokenizer *t, const char *s, size_t n, int32_t *id, ember_error *err) {
-    int32_t k = tok_smap_get(&t->map, s, n);
+    return tok_id_or_phantom_h(t, s, n, tok_hash(s, n), id, err);
+}
+
+int tok_id_or_phantom_h(ember_tokenizer *t, const char *s, size_t n, uint64_t h, int32_t *id, ember_error *err) {
+    int32_t k = tok_smap_get_h(&t->map, s, n, h);
     if (k >= 0) {
         *id = k;
         return EMBER_OK;
@@ -84,13 +96,29 @@ int tok_id_or_phantom(ember_tokenizer *t, const char *s, size_t n, int32_t *id, 
     t->text[k].p = p;
     t->text[k].n = n;
     t->flags[k] = TOK_F_PHANTOM;
-    if (tok_smap_put(&t->map, p, n, k, true, NULL)) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
+    if (tok_smap_put_h(&t->map, p, n, h, k, true, NULL)) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
     *id = k;
     return EMBER_OK;
 }
 
-int tok_add_merge(ember_tokenizer *t, int32_t left, int32_t right, uint32_t rank, ember_error *err) {
+/* Whether id's text is a + b and the map names id for it (what a lookup
+   of a + b would return). */
+static bool merged_is(const ember_tokenizer *t, int64_t id, tok_sv a, tok_sv b) {
+    if (id < 0 || id >= t->n_all) return false;
+    tok_sv s = t->text[id];
+    return s.p && s.n == a.n + b.n && !(t->flags[id] & TOK_F_SHADOWED) && memcmp(s.p, a.p, a.n) == 0 &&
+           memcmp(s.p + a.n, b.p, b.n) == 0;
+}
+
+int tok_merge_entry(ember_tokenizer *t, int32_t left, int32_t right, uint32_t rank, uint64_t *key, uint64_t *val,
+                    ember_error *err) {
     tok_sv a = t->text[left], b = t->text[right];
+    *key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
+    int64_t guess = (int64_t)rank + t->merge_off;
+    if (merged_is(t, guess, a, b)) {
+        *val = ((uint64_t)rank << 32) | (uint32_t)guess;
+        return EMBER_OK;
+    }
     size_t n = a.n + b.n;
     char stack[256];
     char *buf = n <= sizeof stack ? stack : ember_malloc(n);
@@ -101,9 +129,16 @@ int tok_add_merge(ember_tokenizer *t, int32_t left, int32_t right, uint32_t rank
     int rc = tok_id_or_phantom(t, buf, n, &mid, err);
     if (buf != stack) free(buf);
     if (rc) return rc;
-    uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
-    if (tok_umap_put(&t->model.merges, key, ((uint64_t)rank << 32) | (uint32_t)mid, true))
-        return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
+    t->merge_off = (int64_t)mid - (int64_t)rank;
+    *val = ((uint64_t)rank << 32) | (uint32_t)mid;
+    return EMBER_OK;
+}
+
+int tok_add_merge(ember_tokenizer *t, int32_t left, int32_t right, uint32_t rank, ember_error *err) {
+    uint64_t key, val;
+    int rc = tok_merge_entry(t, left, right, rank, &key, &val, err);
+    if (rc) return rc;
+    if (tok_umap_put(&t->model.merges, key, val, true)) return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
     return EMBER_OK;
 }
 
@@ -277,6 +312,7 @@ int tok_finish(ember_tokenizer *t, ember_error *err) {
             }
             /* raw-byte spellings of the real tokens (for ignore_merges) */
             if (m->ignore_merges) {
+                if (tok_smap_reserve(&m->raw_map, (size_t)t->n_ids)) return nomem_t(t, err);
                 tok_buf raw = {0};
                 for (int32_t id = 0; id < t->n_ids; id++) {
                     tok_sv s = t->text[id];
@@ -296,7 +332,7 @@ int tok_finish(ember_tokenizer *t, ember_error *err) {
                     }
                     if (!ok || raw.n == 0) continue;
                     /* the reference's map: the token's own id for its text */
-                    if (tok_smap_get(&t->map, s.p, s.n) != id) continue;
+                    if (t->flags[id] & TOK_F_SHADOWED) continue;
                     char *k = tok_arena_strdup(&t->pool, raw.p, raw.n);
                     if (!k || tok_smap_put(&m->raw_map, k, raw.n, id, true, NULL)) {
                         tok_buf_free(&raw);
@@ -307,6 +343,7 @@ int tok_finish(ember_tokenizer *t, ember_error *err) {
             }
         }
     }
+    for (int32_t id = 0; id < t->n_all; id++) t->flags[id] &= (uint8_t)~TOK_F_SHADOWED; /* loading only */
     tok_plan_compile(t);
     return EMBER_OK;
 }

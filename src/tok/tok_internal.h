@@ -27,6 +27,7 @@
 
 #include "core/error.h"
 #include "core/utf8.h"
+#include "core/util.h"
 #include "tokenizer.h"
 
 /* ---- limits (everything read from a file is bounded) --------------------- */
@@ -100,29 +101,50 @@ typedef struct tok_pieces {
 int tok_pieces_push(tok_pieces *l, const char *p, size_t n);
 void tok_pieces_free(tok_pieces *l);
 
-/* Hash map from byte strings to int32 values. Keys are not copied: they must
-   outlive the map (the tokenizer keeps them in its pool). */
+/* Hash map from byte strings to int32 values: open addressing, linear
+   probing, load at most 1/2. A slot holds the key pointer, its length and
+   8 bits of its hash, and the value (16 bytes), so a probe that is not the
+   key costs no access outside the table and a hit costs the slot and the
+   key's bytes. Keys are not copied: they must outlive the map (the
+   tokenizer keeps them in its pool). Keys are shorter than
+   TOK_SMAP_MAX_KEY bytes. */
+#define TOK_SMAP_MAX_KEY (1u << 24)
 typedef struct tok_smap_ent {
-    const char *k;
-    uint32_t n;
+    const char *k; /* NULL = empty slot */
+    uint32_t nt;   /* key length | hash tag << 24 */
     int32_t v;
-    uint64_t h;
 } tok_smap_ent;
 typedef struct tok_smap {
-    uint32_t *slot; /* entry index + 1, 0 = empty */
-    size_t mask;    /* slot count - 1 */
-    tok_smap_ent *ent;
-    size_t n, cap;
+    tok_smap_ent *slot;
+    size_t mask; /* slot count - 1 */
+    size_t n;    /* keys held */
 } tok_smap;
 
 uint64_t tok_hash(const void *p, size_t n);
-/* Inserts or (when replace) overwrites; returns 0 or EMBER_ERR_NOMEM.
-   *existed (may be NULL) tells whether the key was already there. */
-int tok_smap_put(tok_smap *m, const char *k, size_t n, int32_t v, bool replace, bool *existed);
-/* Makes room for n entries without rehashing. */
+/* Inserts or (when replace) overwrites; returns 0, EMBER_ERR_NOMEM, or
+   EMBER_ERR_LIMIT for a key of TOK_SMAP_MAX_KEY bytes or more.
+   *prev (may be NULL): the key's value before the call, -1 when it was not
+   there. */
+int tok_smap_put(tok_smap *m, const char *k, size_t n, int32_t v, bool replace, int32_t *prev);
+/* The same with h = tok_hash(k, n) computed by the caller. */
+int tok_smap_put_h(tok_smap *m, const char *k, size_t n, uint64_t h, int32_t v, bool replace, int32_t *prev);
+/* Makes room for n keys in all without rehashing. */
 int tok_smap_reserve(tok_smap *m, size_t n);
 /* The value for k, or -1. */
 int32_t tok_smap_get(const tok_smap *m, const char *k, size_t n);
+/* The same with h = tok_hash(k, n) computed by the caller. */
+int32_t tok_smap_get_h(const tok_smap *m, const char *k, size_t n, uint64_t h);
+/* Loads ahead (a hint, no effect on results): the slot where the key of
+   hash h is looked for first; then (once that slot is in cache) the key
+   bytes that slot points to. Always inlined: GCC takes a function whose
+   only effect is a prefetch for one without effects, and deletes its calls. */
+#define TOK_PREFETCH_FN static inline __attribute__((always_inline)) void
+TOK_PREFETCH_FN tok_smap_prefetch(const tok_smap *m, uint64_t h) {
+    if (m->slot) __builtin_prefetch(&m->slot[(size_t)h & m->mask]);
+}
+TOK_PREFETCH_FN tok_smap_prefetch_key(const tok_smap *m, uint64_t h) {
+    if (m->slot && m->slot[(size_t)h & m->mask].k) __builtin_prefetch(m->slot[(size_t)h & m->mask].k);
+}
 void tok_smap_free(tok_smap *m);
 
 /* Hash map from uint64 keys to uint64 values (BPE merges). */
@@ -139,6 +161,10 @@ int tok_umap_init(tok_umap *m, size_t expected);
 int tok_umap_fit(tok_umap *m);
 int tok_umap_put(tok_umap *m, uint64_t k, uint64_t v, bool replace); /* k != UINT64_MAX */
 bool tok_umap_get(const tok_umap *m, uint64_t k, uint64_t *v);
+/* Loads ahead (a hint): the slot where key k is looked for first. */
+TOK_PREFETCH_FN tok_umap_prefetch(const tok_umap *m, uint64_t k) {
+    if (m->e) __builtin_prefetch(&m->e[(size_t)ember_mix64(k) & m->mask]);
+}
 void tok_umap_free(tok_umap *m);
 
 /* ---- UTF-8 ---------------------------------------------------------------- */
@@ -526,7 +552,8 @@ typedef struct tok_splan {
 enum {
     TOK_F_ADDED = 1,   /* the id's text equals an added token's content */
     TOK_F_SPECIAL = 2, /* the id's text is a special token (skip_special_tokens) */
-    TOK_F_PHANTOM = 4  /* internal: a merge part/result absent from the vocabulary */
+    TOK_F_PHANTOM = 4, /* internal: a merge part/result absent from the vocabulary */
+    TOK_F_SHADOWED = 8 /* internal (loading): a later id has the same text, the map names that one */
 };
 
 struct ember_tokenizer {
@@ -535,6 +562,7 @@ struct ember_tokenizer {
     tok_arena pool; /* every string the tokenizer owns */
     int32_t n_ids;  /* id space: 0 .. n_ids-1 (vocab + added) */
     int32_t n_all;  /* n_ids + phantom ids */
+    int64_t merge_off; /* loading: merged id - rank of the last merge added */
     size_t id_cap;  /* allocated entries of text / flags */
     tok_sv *text;   /* id -> text as in the file (NULL p = no token), size n_all */
     uint8_t *flags; /* size n_all */
@@ -570,6 +598,8 @@ struct ember_tokenizer {
 int tok_new(const char *name, ember_tokenizer **out, ember_error *err);
 /* Sets id's text (copied into the pool), growing the id space. */
 int tok_set_text(ember_tokenizer *t, int32_t id, const char *s, size_t n, ember_error *err);
+/* The same with h = tok_hash(s, n) computed by the caller. */
+int tok_set_text_h(ember_tokenizer *t, int32_t id, const char *s, size_t n, uint64_t h, ember_error *err);
 /* Finishes loading: maps, tries, byte tables, the streaming plan. */
 int tok_finish(ember_tokenizer *t, ember_error *err);
 /* Registers an added token (content copied). */
@@ -577,8 +607,18 @@ int tok_add_added(ember_tokenizer *t, int32_t id, const char *s, size_t n, bool 
                   bool rstrip, bool normalized, bool single_word, ember_error *err);
 /* An id for text s, creating a phantom id when absent (merges). */
 int tok_id_or_phantom(ember_tokenizer *t, const char *s, size_t n, int32_t *id, ember_error *err);
-/* Adds a BPE merge left+right (by id) with the given rank. */
+/* The same with h = tok_hash(s, n) computed by the caller. */
+int tok_id_or_phantom_h(ember_tokenizer *t, const char *s, size_t n, uint64_t h, int32_t *id, ember_error *err);
+/* Adds a BPE merge left+right (by id) with the given rank. The merged
+   text's id is first guessed as rank + the offset the previous merge had
+   (vocabularies list merge results in merge order) and checked against
+   the texts, so most merges skip a map lookup. */
 int tok_add_merge(ember_tokenizer *t, int32_t left, int32_t right, uint32_t rank, ember_error *err);
+/* tok_add_merge without the last step: the merge table's key and value
+   for the merge (creating the merged text's phantom id when needed), for a
+   caller that puts them into t->model.merges itself, in rank order. */
+int tok_merge_entry(ember_tokenizer *t, int32_t left, int32_t right, uint32_t rank, uint64_t *key, uint64_t *val,
+                    ember_error *err);
 
 /* Final id of a model-produced id (added-token remapping). */
 static inline int32_t tok_final_id(const struct ember_tokenizer *t, int32_t id) {
@@ -586,14 +626,19 @@ static inline int32_t tok_final_id(const struct ember_tokenizer *t, int32_t id) 
 }
 
 /* Fast path for model.vocab / model.merges (tok_jfast.c). locate: 1 when
-   both spans were found in a plain layout (merges may be absent). blank:
-   overwrites a span of a copy with "{}" / "[]" and spaces (newlines kept).
-   vocab / merges: 1 done, 0 not applicable (load again without the fast
-   path), -1 error. */
-int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges);
-void tok_jfast_blank(char *copy, const tok_sv *span, const char *base, char open, char close);
-int tok_jfast_vocab(struct ember_tokenizer *t, tok_sv span, ember_error *err);
-int tok_jfast_merges(struct ember_tokenizer *t, tok_sv span, ember_error *err);
+   both spans were found in a plain layout (merges may be absent), with the
+   number of JSON strings in each (which sizes the tables). compact:
+   a NUL-terminated ember_malloc'd copy of json[0..n) where the vocab span
+   is "{}" and the merges span (when found) "[]", its length in *out_n; NULL
+   when out of memory. Line numbers in it differ from the file's: jansson's
+   messages about it are never shown (a parse failure loads the file again
+   without the fast path). vocab / merges: 1 done, 0 not applicable (load
+   again without the fast path), -1 error. */
+int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges, size_t *vocab_strings,
+                     size_t *merges_strings);
+char *tok_jfast_compact(const char *json, size_t n, const tok_sv *vocab, const tok_sv *merges, size_t *out_n);
+int tok_jfast_vocab(struct ember_tokenizer *t, tok_sv span, size_t strings, ember_error *err);
+int tok_jfast_merges(struct ember_tokenizer *t, tok_sv span, size_t strings, ember_error *err);
 
 /* Loader entry points. */
 int tok_load_json_text(const char *name, const char *json, size_t n, const char *cfg_name, const char *cfg_json,

@@ -2,9 +2,10 @@
  * tok_jfast.c - a fast path for the two large values of a tokenizer.json,
  * model.vocab (an object of token -> id) and model.merges (an array of
  * "a b" strings or [a, b] pairs), which make up most of the file: they are
- * located by a light scan, blanked out of the text given to jansson, and
- * read here directly into the tokenizer (jansson would allocate an object
- * per string).
+ * located by a light scan, cut out of the text given to jansson (a copy
+ * where they are "{}" and "[]": jansson then reads some kilobytes instead
+ * of megabytes), and read here directly into the tokenizer (jansson would
+ * allocate an object per string).
  *
  * Owner: tokenizer module; runs on the loading thread.
  *
@@ -13,13 +14,24 @@
  * anything else it reports "not applicable" and the caller loads the file
  * again through jansson alone, so error messages and edge cases (escaped
  * keys, duplicate keys, reals, ...) stay those of the slow path.
+ *
+ * Speed (a load is mostly waiting on memory: ~450k hash-table lookups in
+ * tables of megabytes for Qwen3): the scan counts the strings of both
+ * values, which sizes the tables once; entries are read 16 ahead of the
+ * one being added, so their map slots (and then the keys those slots point
+ * to) are prefetched while earlier entries are added; merge-table entries
+ * are put 8 merges after their slot was prefetched. Results are exactly
+ * those of adding the entries one by one in file order: prefetches are
+ * hints, and lookups and insertions still happen in order.
  */
 #include <string.h>
 
 #include "tok_internal.h"
+#include "core/alloc.h"
 
 typedef struct cur {
     const char *p, *e;
+    size_t strings; /* strings skipped so far (skip_str) */
 } cur;
 
 static void sp(cur *c) {
@@ -30,6 +42,7 @@ static void sp(cur *c) {
 static bool skip_str(cur *c, bool *esc) {
     if (c->p >= c->e || *c->p != '"') return false;
     c->p++;
+    c->strings++;
     if (esc) *esc = false;
     while (c->p < c->e) {
         char ch = *c->p++;
@@ -80,18 +93,24 @@ static bool skip_val(cur *c, int depth) {
             return false;
         }
     }
-    /* literal or number */
+    /* literal or number: up to a delimiter */
     const char *s = c->p;
-    while (c->p < c->e && !strchr(",}] \t\r\n", *c->p)) c->p++;
+    while (c->p < c->e) {
+        char d = *c->p;
+        if (d == ',' || d == '}' || d == ']' || d == ' ' || d == '\t' || d == '\r' || d == '\n' || d == 0) break;
+        c->p++;
+    }
     return c->p > s;
 }
 
 static bool key_is(const char *k, size_t n, const char *lit) { return strlen(lit) == n && memcmp(k, lit, n) == 0; }
 
-int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges) {
-    cur c = {json, json + n};
+int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges, size_t *vocab_strings,
+                     size_t *merges_strings) {
+    cur c = {json, json + n, 0};
     vocab->p = merges->p = NULL;
     vocab->n = merges->n = 0;
+    *vocab_strings = *merges_strings = 0;
     sp(&c);
     if (c.p >= c.e || *c.p != '{') return 0;
     c.p++;
@@ -125,15 +144,18 @@ int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges) 
                 c.p++;
                 sp(&c);
                 const char *vs = c.p;
+                size_t s0 = c.strings;
                 if (!skip_val(&c, 0)) return 0;
                 if (key_is(mk, mkn, "vocab")) {
                     if (vocab->p || *vs != '{') return 0;
                     vocab->p = vs;
                     vocab->n = (size_t)(c.p - vs);
+                    *vocab_strings = c.strings - s0;
                 } else if (key_is(mk, mkn, "merges")) {
                     if (merges->p || *vs != '[') return 0;
                     merges->p = vs;
                     merges->n = (size_t)(c.p - vs);
+                    *merges_strings = c.strings - s0;
                 }
                 sp(&c);
                 if (c.p < c.e && *c.p == ',') {
@@ -160,13 +182,41 @@ int tok_jfast_locate(const char *json, size_t n, tok_sv *vocab, tok_sv *merges) 
     return vocab->p != NULL;
 }
 
-void tok_jfast_blank(char *copy, const tok_sv *span, const char *base, char open, char close) {
-    if (!span->p) return;
-    char *d = copy + (span->p - base);
-    for (size_t i = 0; i < span->n; i++)
-        if (d[i] != '\n') d[i] = ' ';
-    d[0] = open;
-    d[1] = close;
+char *tok_jfast_compact(const char *json, size_t n, const tok_sv *vocab, const tok_sv *merges, size_t *out_n) {
+    /* the spans in file order (either may come first; merges may be absent) */
+    const tok_sv *sp1 = vocab, *sp2 = merges->p ? merges : NULL;
+    const char *rep1 = "{}", *rep2 = "[]";
+    if (sp2 && sp2->p < sp1->p) {
+        sp1 = merges;
+        sp2 = vocab;
+        rep1 = "[]";
+        rep2 = "{}";
+    }
+    size_t cut = sp1->n + (sp2 ? sp2->n : 0), add = sp2 ? 4 : 2;
+    char *out = ember_malloc(n - cut + add + 1);
+    if (!out) return NULL;
+    char *d = out;
+    const char *s = json;
+    size_t k = (size_t)(sp1->p - s);
+    memcpy(d, s, k);
+    d += k;
+    memcpy(d, rep1, 2);
+    d += 2;
+    s = sp1->p + sp1->n;
+    if (sp2) {
+        k = (size_t)(sp2->p - s);
+        memcpy(d, s, k);
+        d += k;
+        memcpy(d, rep2, 2);
+        d += 2;
+        s = sp2->p + sp2->n;
+    }
+    k = (size_t)(json + n - s);
+    memcpy(d, s, k);
+    d += k;
+    *d = 0;
+    *out_n = (size_t)(d - out);
+    return out;
 }
 
 /* A strict JSON string at c->p into b (unescaped); false when not plain. */
@@ -235,126 +285,246 @@ static bool read_str(cur *c, tok_buf *b) {
     return false;
 }
 
-int tok_jfast_vocab(ember_tokenizer *t, tok_sv span, ember_error *err) {
-    cur c = {span.p, span.p + span.n};
-    tok_buf b = {0};
+/* Vocabulary entries read ahead of the one being added (as merges below):
+   the map slot of each is being loaded meanwhile. */
+#define VQ 16
+typedef struct pend_tok {
+    tok_buf s;
+    int32_t id;
+    uint64_t h;
+} pend_tok;
+
+/* Reads one "token": id entry at c->p into q; false when not plain. */
+static bool read_vocab_entry(cur *c, pend_tok *q) {
+    if (!read_str(c, &q->s) || q->s.n > TOK_MAX_TOKEN_BYTES) return false;
+    sp(c);
+    if (c->p >= c->e || *c->p != ':') return false;
+    c->p++;
+    sp(c);
+    long long id = 0;
+    const char *ds = c->p;
+    while (c->p < c->e && *c->p >= '0' && *c->p <= '9' && c->p - ds < 10) id = id * 10 + (*c->p++ - '0');
+    if (c->p == ds || (c->p - ds > 1 && *ds == '0') || id >= TOK_MAX_VOCAB) return false;
+    if (c->p < c->e && (*c->p == '.' || *c->p == 'e' || *c->p == 'E' || (*c->p >= '0' && *c->p <= '9'))) return false;
+    q->id = (int32_t)id;
+    q->h = tok_hash(q->s.p ? q->s.p : "", q->s.n);
+    return true;
+}
+
+int tok_jfast_vocab(ember_tokenizer *t, tok_sv span, size_t strings, ember_error *err) {
+    cur c = {span.p, span.p + span.n, 0};
+    pend_tok ring[VQ];
+    memset(ring, 0, sizeof ring);
     int rc = 0; /* 0 = not applicable */
-    size_t count = 0;
-    if (tok_smap_reserve(&t->map, span.n / 12 + 1024)) goto done;
+    size_t count = 0, head = 0, nq = 0;
+    bool at_end = false;
+    /* a string an entry, and room for the added tokens and the merges'
+       phantoms without a rehash in most files */
+    if (tok_smap_reserve(&t->map, strings + 1024)) goto done;
     sp(&c);
     if (c.p >= c.e || *c.p != '{') goto done;
     c.p++;
     sp(&c);
     if (c.p < c.e && *c.p == '}') {
-        rc = 1;
-        goto done;
+        c.p++;
+        at_end = true;
     }
     for (;;) {
-        sp(&c);
-        if (!read_str(&c, &b) || b.n > TOK_MAX_TOKEN_BYTES) goto done;
-        sp(&c);
-        if (c.p >= c.e || *c.p != ':') goto done;
-        c.p++;
-        sp(&c);
-        long long id = 0;
-        const char *ds = c.p;
-        while (c.p < c.e && *c.p >= '0' && *c.p <= '9' && c.p - ds < 10) id = id * 10 + (*c.p++ - '0');
-        if (c.p == ds || (c.p - ds > 1 && *ds == '0') || id >= TOK_MAX_VOCAB) goto done;
-        if (c.p < c.e && (*c.p == '.' || *c.p == 'e' || *c.p == 'E' || (*c.p >= '0' && *c.p <= '9'))) goto done;
-        if (++count > TOK_MAX_VOCAB) goto done;
-        if (tok_set_text(t, (int32_t)id, b.p ? b.p : "", b.n, err)) {
+        while (!at_end && nq < VQ) {
+            pend_tok *q = &ring[(head + nq) % VQ];
+            sp(&c);
+            if (!read_vocab_entry(&c, q)) goto done;
+            if (++count > TOK_MAX_VOCAB) goto done;
+            tok_smap_prefetch(&t->map, q->h);
+            nq++;
+            sp(&c);
+            if (c.p < c.e && *c.p == ',') {
+                c.p++;
+            } else if (c.p < c.e && *c.p == '}') {
+                c.p++;
+                at_end = true;
+            } else {
+                goto done;
+            }
+        }
+        if (!nq) break;
+        const pend_tok *q = &ring[head];
+        if (tok_set_text_h(t, q->id, q->s.p ? q->s.p : "", q->s.n, q->h, err)) {
             rc = -1;
             goto done;
         }
-        sp(&c);
-        if (c.p < c.e && *c.p == ',') {
-            c.p++;
-            continue;
-        }
-        if (c.p < c.e && *c.p == '}') {
-            c.p++;
-            break;
-        }
-        goto done;
+        head = (head + 1) % VQ;
+        nq--;
     }
     sp(&c);
     rc = c.p == c.e ? 1 : 0;
 done:
-    tok_buf_free(&b);
+    for (size_t k = 0; k < VQ; k++) tok_buf_free(&ring[k].s);
     return rc;
 }
 
-int tok_jfast_merges(ember_tokenizer *t, tok_sv span, ember_error *err) {
-    cur c = {span.p, span.p + span.n};
-    tok_buf a = {0}, b = {0};
+/* The entries of a merges array of `strings` strings (one per "a b"
+   string, two per ["a", "b"] pair), so the merge table is sized once,
+   neither grown nor shrunk. */
+static size_t merges_estimate(tok_sv span, size_t strings) {
+    const char *q = span.p + 1, *e = span.p + span.n;
+    while (q < e && (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r')) q++;
+    return (q < e && *q == '[' ? strings / 2 : strings) + 16;
+}
+
+/* Merges read ahead of the one being added: their hashes are known, their
+   map slots (and then the keys those slots point to) are being loaded while
+   earlier merges are added. A merge's strings live in its ring entry's
+   buffers until the entry is reused. */
+#define MQ 16
+typedef struct pend_merge {
+    tok_buf a, b; /* "a b" in a; [a, b] in a and b */
+    const char *ap, *bp;
+    size_t an, bn;
+    uint64_t ha, hb;
+    uint64_t hab; /* hash of a + b (a hint: the merged text is looked up
+                     when its id is not the guessed one) */
+} pend_merge;
+
+/* Reads one merge at c->p into q; false when it is not in the plain form.
+   with_ab: also hash the merged text (when recent guesses missed). */
+static bool read_merge(cur *c, pend_merge *q, bool with_ab) {
+    if (c->p < c->e && *c->p == '"') {
+        if (!read_str(c, &q->a)) return false;
+        const char *s = q->a.p ? q->a.p : "";
+        const char *space = memchr(s, ' ', q->a.n);
+        if (!space) return false; /* the slow path names the bad merge */
+        q->ap = s;
+        q->an = (size_t)(space - s);
+        q->bp = space + 1;
+        const char *sp2 = memchr(q->bp, ' ', q->a.n - q->an - 1);
+        q->bn = sp2 ? (size_t)(sp2 - q->bp) : q->a.n - q->an - 1;
+    } else if (c->p < c->e && *c->p == '[') {
+        c->p++;
+        sp(c);
+        if (!read_str(c, &q->a)) return false;
+        sp(c);
+        if (c->p >= c->e || *c->p != ',') return false;
+        c->p++;
+        sp(c);
+        if (!read_str(c, &q->b)) return false;
+        sp(c);
+        if (c->p >= c->e || *c->p != ']') return false;
+        c->p++;
+        q->ap = q->a.p ? q->a.p : "";
+        q->an = q->a.n;
+        q->bp = q->b.p ? q->b.p : "";
+        q->bn = q->b.n;
+    } else {
+        return false;
+    }
+    if (q->an > TOK_MAX_TOKEN_BYTES || q->bn > TOK_MAX_TOKEN_BYTES) return false;
+    q->ha = tok_hash(q->ap, q->an);
+    q->hb = tok_hash(q->bp, q->bn);
+    char ab[128];
+    q->hab = 0;
+    if (with_ab && q->an + q->bn <= sizeof ab) {
+        memcpy(ab, q->ap, q->an);
+        memcpy(ab + q->an, q->bp, q->bn);
+        q->hab = tok_hash(ab, q->an + q->bn);
+    }
+    return true;
+}
+
+/* Puts the oldest of the pending merge table entries pk / pv. */
+#define PQ 8
+static int put_oldest(ember_tokenizer *t, const uint64_t *pk, const uint64_t *pv, size_t *pput, size_t *np,
+                      ember_error *err) {
+    if (tok_umap_put(&t->model.merges, pk[*pput], pv[*pput], true))
+        return ember_err(err, EMBER_ERR_NOMEM, "%s: out of memory", t->name);
+    *pput = (*pput + 1) % PQ;
+    (*np)--;
+    return EMBER_OK;
+}
+
+int tok_jfast_merges(ember_tokenizer *t, tok_sv span, size_t strings, ember_error *err) {
+    cur c = {span.p, span.p + span.n, 0};
+    pend_merge ring[MQ];
+    memset(ring, 0, sizeof ring);
     int rc = 0;
     uint32_t rank = 0;
-    if (tok_umap_init(&t->model.merges, span.n / 10 + 16)) goto done;
+    size_t head = 0, nq = 0; /* ring[head .. head + nq) are read, not added */
+    uint64_t pk[PQ], pv[PQ];  /* merge table entries not put yet */
+    unsigned misses = 0;      /* decaying count of merged ids that were not the guess */
+    size_t pput = 0, np = 0;
+    bool at_end = false;
+    if (tok_umap_init(&t->model.merges, merges_estimate(span, strings))) goto done;
     sp(&c);
     if (c.p >= c.e || *c.p != '[') goto done;
     c.p++;
     sp(&c);
     if (c.p < c.e && *c.p == ']') {
         c.p++;
-        rc = 1;
-        goto done;
+        at_end = true;
     }
     for (;;) {
-        sp(&c);
-        const char *ap, *bp;
-        size_t an, bn;
-        if (c.p < c.e && *c.p == '"') {
-            if (!read_str(&c, &a)) goto done;
-            const char *s = a.p ? a.p : "";
-            const char *space = memchr(s, ' ', a.n);
-            if (!space) goto done; /* the slow path names the bad merge */
-            ap = s;
-            an = (size_t)(space - s);
-            bp = space + 1;
-            const char *sp2 = memchr(bp, ' ', a.n - an - 1);
-            bn = sp2 ? (size_t)(sp2 - bp) : a.n - an - 1;
-        } else if (c.p < c.e && *c.p == '[') {
-            c.p++;
+        while (!at_end && nq < MQ) {
+            pend_merge *q = &ring[(head + nq) % MQ];
             sp(&c);
-            if (!read_str(&c, &a)) goto done;
+            if (!read_merge(&c, q, misses > 64)) goto done;
+            tok_smap_prefetch(&t->map, q->ha);
+            tok_smap_prefetch(&t->map, q->hb);
+            if (q->hab) tok_smap_prefetch(&t->map, q->hab);
+            nq++;
             sp(&c);
-            if (c.p >= c.e || *c.p != ',') goto done;
-            c.p++;
-            sp(&c);
-            if (!read_str(&c, &b)) goto done;
-            sp(&c);
-            if (c.p >= c.e || *c.p != ']') goto done;
-            c.p++;
-            ap = a.p ? a.p : "";
-            an = a.n;
-            bp = b.p ? b.p : "";
-            bn = b.n;
-        } else {
-            goto done;
+            if (c.p < c.e && *c.p == ',') {
+                c.p++;
+            } else if (c.p < c.e && *c.p == ']') {
+                c.p++;
+                at_end = true;
+            } else {
+                goto done;
+            }
         }
-        if (an > TOK_MAX_TOKEN_BYTES || bn > TOK_MAX_TOKEN_BYTES || rank >= TOK_MAX_MERGES) goto done;
+        if (!nq) break;
+        if (nq > MQ / 2) { /* its slots were asked for MQ / 2 merges ago: now the keys */
+            const pend_merge *q = &ring[(head + MQ / 2) % MQ];
+            tok_smap_prefetch_key(&t->map, q->ha);
+            tok_smap_prefetch_key(&t->map, q->hb);
+            if (q->hab) tok_smap_prefetch_key(&t->map, q->hab);
+        }
+        const pend_merge *q = &ring[head];
+        if (rank >= TOK_MAX_MERGES) goto done;
         int32_t ia, ib;
-        if (tok_id_or_phantom(t, ap, an, &ia, err) || tok_id_or_phantom(t, bp, bn, &ib, err) ||
-            tok_add_merge(t, ia, ib, rank, err)) {
+        uint64_t key, val;
+        int64_t off = t->merge_off; /* changes when the guess missed */
+        if (tok_id_or_phantom_h(t, q->ap, q->an, q->ha, &ia, err) ||
+            tok_id_or_phantom_h(t, q->bp, q->bn, q->hb, &ib, err) ||
+            tok_merge_entry(t, ia, ib, rank, &key, &val, err)) {
             rc = -1;
             goto done;
         }
+        misses = misses - misses / 8 + (t->merge_off != off ? 32 : 0);
+        /* into the table PQ merges later, its slot loaded meanwhile (in rank
+           order still: a repeated pair keeps the last rank, as before) */
+        tok_umap_prefetch(&t->model.merges, key);
+        if (np == PQ && put_oldest(t, pk, pv, &pput, &np, err)) {
+            rc = -1;
+            goto done;
+        }
+        pk[(pput + np) % PQ] = key;
+        pv[(pput + np) % PQ] = val;
+        np++;
         rank++;
-        sp(&c);
-        if (c.p < c.e && *c.p == ',') {
-            c.p++;
-            continue;
-        }
-        if (c.p < c.e && *c.p == ']') {
-            c.p++;
-            break;
-        }
-        goto done;
+        head = (head + 1) % MQ;
+        nq--;
     }
+    while (np)
+        if (put_oldest(t, pk, pv, &pput, &np, err)) {
+            rc = -1;
+            goto done;
+        }
     sp(&c);
     rc = c.p == c.e ? 1 : 0;
 done:
-    tok_buf_free(&a);
-    tok_buf_free(&b);
+    for (size_t k = 0; k < MQ; k++) {
+        tok_buf_free(&ring[k].a);
+        tok_buf_free(&ring[k].b);
+    }
     return rc;
 }

@@ -31,6 +31,7 @@ typedef struct jctx {
     ember_error *err;
     ember_tokenizer *t;
     tok_sv fv, fm; /* fast-path spans of model.vocab / model.merges (p NULL: none) */
+    size_t fv_strings, fm_strings; /* the JSON strings in each */
 } jctx;
 
 #define TOK_FALLBACK 1 /* the fast path does not apply: load again through jansson */
@@ -638,7 +639,7 @@ static int parse_model_vocab(jctx *c, const json_t *m) {
     }
     if (!json_is_object(vocab)) return jfail(c, EMBER_ERR_FORMAT, "model.vocab", "expected an object, got %s", ember_json_type(vocab));
     if (c->fv.p) {
-        if (tok_jfast_vocab(c->t, c->fv, c->err) != 1) return TOK_FALLBACK;
+        if (tok_jfast_vocab(c->t, c->fv, c->fv_strings, c->err) != 1) return TOK_FALLBACK;
     } else if ((rc = parse_vocab_obj(c, vocab, "model.vocab"))) {
         return rc;
     }
@@ -812,7 +813,7 @@ static int cfg_token_id(const ember_tokenizer *t, const json_t *cfg, const char 
 }
 
 static int parse_config_early(jctx *c0, const json_t *cfg, const char *cfg_name) {
-    jctx cc = {cfg_name, c0->err, c0->t, {NULL, 0}, {NULL, 0}}, *c = &cc;
+    jctx cc = {cfg_name, c0->err, c0->t, {NULL, 0}, {NULL, 0}, 0, 0}, *c = &cc;
     ember_tokenizer *t = c->t;
     if (!cfg) return EMBER_OK;
     const char *base = "";
@@ -901,7 +902,7 @@ static int load_root(jctx *c, const json_t *root, const json_t *cfg, const char 
         else if (!json_is_array(merges))
             return jfail(c, EMBER_ERR_FORMAT, "model.merges", "expected an array, got %s", ember_json_type(merges));
         if (merges && c->fm.p) {
-            if (tok_jfast_merges(t, c->fm, c->err) != 1) return TOK_FALLBACK;
+            if (tok_jfast_merges(t, c->fm, c->fm_strings, c->err) != 1) return TOK_FALLBACK;
         } else if (merges && (rc = parse_merges(c, merges, "model.merges"))) {
             return rc;
         }
@@ -960,21 +961,16 @@ int tok_load_json_text(const char *name, const char *json, size_t n, const char 
        that does not apply, through jansson alone. */
     int rc = TOK_FALLBACK;
     tok_sv fv, fm;
-    if (tok_jfast_locate(json, n, &fv, &fm)) {
-        char *copy = ember_malloc(n + 1);
-        json_t *root = NULL;
-        if (copy) {
-            memcpy(copy, json, n);
-            copy[n] = 0;
-            tok_jfast_blank(copy, &fv, json, '{', '}');
-            tok_jfast_blank(copy, &fm, json, '[', ']');
-            root = load_json(copy, n, &je);
-        }
+    size_t fvs, fms;
+    if (tok_jfast_locate(json, n, &fv, &fm, &fvs, &fms)) {
+        size_t cn = 0;
+        char *copy = tok_jfast_compact(json, n, &fv, &fm, &cn);
+        json_t *root = copy ? load_json(copy, cn, &je) : NULL;
         if (root) {
             ember_tokenizer *t;
             rc = tok_new(name, &t, err);
             if (!rc) {
-                jctx c = {t->name, err, t, fv, fm};
+                jctx c = {t->name, err, t, fv, fm, fvs, fms};
                 rc = load_root(&c, root, cfg, cfg_name);
                 if (rc) ember_tok_free(t);
                 else *out = t;
@@ -992,7 +988,7 @@ int tok_load_json_text(const char *name, const char *json, size_t n, const char 
             ember_tokenizer *t;
             rc = tok_new(name, &t, err);
             if (!rc) {
-                jctx c = {t->name, err, t, {NULL, 0}, {NULL, 0}};
+                jctx c = {t->name, err, t, {NULL, 0}, {NULL, 0}, 0, 0};
                 rc = load_root(&c, root, cfg, cfg_name);
                 if (rc) ember_tok_free(t);
                 else *out = t;

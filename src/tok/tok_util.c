@@ -5,8 +5,10 @@
  * Owner: tokenizer module. No global mutable state: the only file-scope
  * data are constant tables. Every function is reentrant.
  */
+#define _DEFAULT_SOURCE /* madvise */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/util.h"
 #include "tok_internal.h"
@@ -174,8 +176,18 @@ uint64_t tok_hash(const void *p, size_t n) {
         s += 8;
         n -= 8;
     }
+    /* the 0-7 bytes left, read with fixed-size loads (a memcpy of n bytes
+       would be a call): two overlapping 4-byte words, or first / middle /
+       last byte; the length is in h already */
     uint64_t v = 0;
-    if (n) memcpy(&v, s, n);
+    if (n >= 4) {
+        uint32_t lo, hi;
+        memcpy(&lo, s, 4);
+        memcpy(&hi, s + n - 4, 4);
+        v = (uint64_t)lo | (uint64_t)hi << 32;
+    } else if (n) {
+        v = (uint64_t)s[0] | (uint64_t)s[n / 2] << 8 | (uint64_t)s[n - 1] << 16;
+    }
     h = (h ^ v) * 0x9FB21C651E98DF25ull;
     h ^= h >> 32;
     h *= 0xD6E8FEB86659FD93ull;
@@ -183,16 +195,36 @@ uint64_t tok_hash(const void *p, size_t n) {
     return h;
 }
 
-static int smap_grow(tok_smap *m) {
-    size_t nslots = m->mask ? (m->mask + 1) * 2 : 64;
+/* Memory for a hash table of `bytes` bytes, released with free(). Tables
+   of megabytes are probed at random, one access per lookup: they come
+   2 MiB aligned and advised to be backed by huge pages, which cuts the TLB
+   misses (advice only: where the kernel declines, nothing changes). */
+#define TABLE_HUGE (2u << 20)
+static void *table_alloc(size_t bytes) {
+    if (bytes < 2 * TABLE_HUGE) return ember_malloc(bytes ? bytes : 1);
+    size_t r = (bytes + TABLE_HUGE - 1) & ~(size_t)(TABLE_HUGE - 1);
+    void *p = ember_aligned_alloc(TABLE_HUGE, r);
+    if (p) madvise(p, r, MADV_HUGEPAGE);
+    return p;
+}
+
+/* The slot word of a key: its length and 8 bits of its hash (bits the slot
+   index does not use, as long as the table has fewer than 2^56 slots). */
+static inline uint32_t smap_nt(size_t n, uint64_t h) { return (uint32_t)n | (uint32_t)(h >> 56) << 24; }
+
+/* Rehashes into a table of nslots (a power of two above twice the keys). */
+static int smap_resize(tok_smap *m, size_t nslots) {
     if (nslots > ((size_t)1 << 31)) return EMBER_ERR_NOMEM;
-    uint32_t *slot = ember_calloc(nslots, sizeof *slot);
+    tok_smap_ent *slot = table_alloc(nslots * sizeof *slot);
     if (!slot) return EMBER_ERR_NOMEM;
+    memset(slot, 0, nslots * sizeof *slot);
     size_t mask = nslots - 1;
-    for (size_t i = 0; i < m->n; i++) {
-        size_t j = (size_t)m->ent[i].h & mask;
-        while (slot[j]) j = (j + 1) & mask;
-        slot[j] = (uint32_t)(i + 1);
+    for (size_t i = 0; m->slot && i <= m->mask; i++) {
+        const tok_smap_ent *e = &m->slot[i];
+        if (!e->k) continue;
+        size_t j = (size_t)tok_hash(e->k, e->nt & (TOK_SMAP_MAX_KEY - 1)) & mask;
+        while (slot[j].k) j = (j + 1) & mask;
+        slot[j] = *e;
     }
     free(m->slot);
     m->slot = slot;
@@ -202,54 +234,51 @@ static int smap_grow(tok_smap *m) {
 
 int tok_smap_reserve(tok_smap *m, size_t n) {
     if (n > ((size_t)1 << 30)) return EMBER_ERR_NOMEM;
-    while ((m->mask ? m->mask + 1 : 0) < n * 2)
-        if (smap_grow(m)) return EMBER_ERR_NOMEM;
-    if (n > m->cap) {
-        tok_smap_ent *ent = ember_realloc(m->ent, n * sizeof *ent);
-        if (!ent) return EMBER_ERR_NOMEM;
-        m->ent = ent;
-        m->cap = n;
-    }
-    return EMBER_OK;
+    size_t have = m->slot ? m->mask + 1 : 0, want = have ? have : 64;
+    while (want < n * 2) want *= 2;
+    return want == have ? EMBER_OK : smap_resize(m, want);
 }
 
-int tok_smap_put(tok_smap *m, const char *k, size_t n, int32_t v, bool replace, bool *existed) {
-    if (existed) *existed = false;
-    if (n > UINT32_MAX) return EMBER_ERR_LIMIT;
+int tok_smap_put(tok_smap *m, const char *k, size_t n, int32_t v, bool replace, int32_t *prev) {
+    if (!k) k = "";
+    return tok_smap_put_h(m, k, n, tok_hash(k, n), v, replace, prev);
+}
+
+int tok_smap_put_h(tok_smap *m, const char *k, size_t n, uint64_t h, int32_t v, bool replace, int32_t *prev) {
+    if (prev) *prev = -1;
+    if (n >= TOK_SMAP_MAX_KEY) return EMBER_ERR_LIMIT;
+    if (!k) k = "";
     if (!m->slot || (m->n + 1) * 2 > m->mask + 1) {
-        if (smap_grow(m)) return EMBER_ERR_NOMEM;
+        if (smap_resize(m, m->slot ? (m->mask + 1) * 2 : 64)) return EMBER_ERR_NOMEM;
     }
-    uint64_t h = tok_hash(k, n);
+    uint32_t nt = smap_nt(n, h);
     size_t j = (size_t)h & m->mask;
-    while (m->slot[j]) {
-        tok_smap_ent *e = &m->ent[m->slot[j] - 1];
-        if (e->h == h && e->n == n && (n == 0 || memcmp(e->k, k, n) == 0)) {
-            if (existed) *existed = true;
+    while (m->slot[j].k) {
+        tok_smap_ent *e = &m->slot[j];
+        if (e->nt == nt && (n == 0 || memcmp(e->k, k, n) == 0)) {
+            if (prev) *prev = e->v;
             if (replace) e->v = v;
             return EMBER_OK;
         }
         j = (j + 1) & m->mask;
     }
-    if (m->n == m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 64;
-        tok_smap_ent *ent = ember_realloc(m->ent, cap * sizeof *ent);
-        if (!ent) return EMBER_ERR_NOMEM;
-        m->ent = ent;
-        m->cap = cap;
-    }
-    m->ent[m->n] = (tok_smap_ent){k, (uint32_t)n, v, h};
-    m->slot[j] = (uint32_t)(m->n + 1);
+    m->slot[j] = (tok_smap_ent){k, nt, v};
     m->n++;
     return EMBER_OK;
 }
 
 int32_t tok_smap_get(const tok_smap *m, const char *k, size_t n) {
-    if (!m->slot) return -1;
-    uint64_t h = tok_hash(k, n);
+    if (!m->slot || n >= TOK_SMAP_MAX_KEY) return -1;
+    return tok_smap_get_h(m, k, n, tok_hash(k, n));
+}
+
+int32_t tok_smap_get_h(const tok_smap *m, const char *k, size_t n, uint64_t h) {
+    if (!m->slot || n >= TOK_SMAP_MAX_KEY) return -1;
+    uint32_t nt = smap_nt(n, h);
     size_t j = (size_t)h & m->mask;
-    while (m->slot[j]) {
-        const tok_smap_ent *e = &m->ent[m->slot[j] - 1];
-        if (e->h == h && e->n == n && (n == 0 || memcmp(e->k, k, n) == 0)) return e->v;
+    while (m->slot[j].k) {
+        const tok_smap_ent *e = &m->slot[j];
+        if (e->nt == nt && (n == 0 || memcmp(e->k, k, n) == 0)) return e->v;
         j = (j + 1) & m->mask;
     }
     return -1;
@@ -257,7 +286,6 @@ int32_t tok_smap_get(const tok_smap *m, const char *k, size_t n) {
 
 void tok_smap_free(tok_smap *m) {
     free(m->slot);
-    free(m->ent);
     memset(m, 0, sizeof *m);
 }
 
@@ -267,7 +295,7 @@ int tok_umap_init(tok_umap *m, size_t expected) {
         if (n > ((size_t)1 << 40)) return EMBER_ERR_NOMEM;
         n *= 2;
     }
-    m->e = ember_malloc(n * sizeof *m->e);
+    m->e = table_alloc(n * sizeof *m->e);
     if (!m->e) return EMBER_ERR_NOMEM;
     memset(m->e, 0xFF, n * sizeof *m->e);
     m->mask = n - 1;
