@@ -25,8 +25,9 @@
  * Between chunks the accumulators rest in out (f32 stored and reloaded
  * exactly).
  *
- * Tiles: 0, 1 the int32 results (16 x 16); 2, 3 activations (16 rows x 32
- * bytes); 4, 5 weights (8 rows x 64 bytes). Each call loads this
+ * Tiles: 0-3 the int32 results (16 x 16), so that four blocks are in
+ * flight; 4, 5 activations (16 rows x 32 bytes); 6, 7 weights (8 rows x 64
+ * bytes). Each call loads this
  * configuration and releases the tiles before it returns, so a worker
  * thread carries no tile state between calls. The process must have been
  * granted the tile state (ember_cpu_amx_ready) before the first call.
@@ -125,8 +126,9 @@ ALWAYS_INLINE void amx_block(const amx_blk *pan, const cpu_act32_tile *xt, int b
 /* One tile of 16 activation rows (xt: its first block of the chunk)
    against the panel's nbc blocks; rows [0, mr) of out (16 columns, rows
    ldo apart) are read first unless first, and written. The tile unit runs
-   one block ahead of the vector post-processing, so a block's stored sums
-   have landed before they are read. */
+   AMX_AHEAD blocks ahead of the vector post-processing (a ring of four
+   result buffers), so a block's stored sums have landed before they are
+   read. */
 static void amx_tile16(const amx_blk *pan, int nbc, const cpu_act32_tile *xt, float *out, size_t ldo, int mr,
                        bool first) {
     _Alignas(64) int32_t Cb[4][256];

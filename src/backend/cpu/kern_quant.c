@@ -337,61 +337,66 @@ size_t cpu_qmatmul_scratch_bytes(ember_dtype t, int K, int mm) {
     return round64(CPU_QP_ROWS * cpu_row_bytes(t, K)) + round64((size_t)mm * CPU_QP_ROWS * sizeof(float));
 }
 
-void cpu_qmatmul(const cpu_kernels *k, ember_dtype t, const void *w, bool packed, int nn, const void *xa,
-                 size_t xa_row, int mm, int K, float *out, size_t ldo, void *scratch) {
-    const size_t row = cpu_row_bytes(t, K);
-    cpu_qgemm_packed_fn pf = k->qgemm_packed[t];
-    if (!pf) {
-        cpu_qgemm_fn_t fn = k->qgemm[t] ? k->qgemm[t] : cpu_qgemm_generic(t);
-        fn(w, row, nn, xa, xa_row, mm, K, out, ldo);
-        return;
-    }
+/* One packed kernel call over ngroups groups at wg: the row-major kernel
+   (pf with xa) or the tiled one (tf with xt). */
+typedef struct qmm_kern {
+    cpu_qgemm_packed_fn pf;
+    cpu_qgemm_tiled_fn tf;
+    const void *xa, *xt;
+    size_t xa_row;
+    int mm, K;
+} qmm_kern;
+
+static void qmm_call(const qmm_kern *q, const void *wg, int ngroups, float *out, size_t ldo) {
+    if (q->tf)
+        q->tf(wg, ngroups, q->xt, q->mm, q->K, out, ldo);
+    else
+        q->pf(wg, ngroups, q->xa, q->xa_row, q->mm, q->K, out, ldo);
+}
+
+/* The whole groups of w (packed, or packed group by group into scratch)
+   and the nn % 16 tail rows (packed into scratch, their outputs copied). */
+static void qmm_groups(const qmm_kern *q, ember_dtype t, const void *w, bool packed, int nn, float *out, size_t ldo,
+                       void *scratch) {
+    const size_t row = cpu_row_bytes(t, q->K);
     const unsigned char *wb = w;
     const size_t gbytes = CPU_QP_ROWS * row;
     unsigned char *gbuf = scratch;
     float *tout = (float *)(void *)(gbuf + round64(gbytes));
     const int full = nn / CPU_QP_ROWS, tail = nn % CPU_QP_ROWS;
     if (packed && full > 0) {
-        pf(wb, full, xa, xa_row, mm, K, out, ldo);
+        qmm_call(q, wb, full, out, ldo);
     } else {
         for (int g = 0; g < full; g++) {
-            cpu_qpack_group(t, wb + (size_t)g * gbytes, row, CPU_QP_ROWS, K, gbuf);
-            pf(gbuf, 1, xa, xa_row, mm, K, out + (size_t)g * CPU_QP_ROWS, ldo);
+            cpu_qpack_group(t, wb + (size_t)g * gbytes, row, CPU_QP_ROWS, q->K, gbuf);
+            qmm_call(q, gbuf, 1, out + (size_t)g * CPU_QP_ROWS, ldo);
         }
     }
     if (tail) {
-        cpu_qpack_group(t, wb + (size_t)full * gbytes, row, tail, K, gbuf);
-        pf(gbuf, 1, xa, xa_row, mm, K, tout, CPU_QP_ROWS);
-        for (int m = 0; m < mm; m++)
+        cpu_qpack_group(t, wb + (size_t)full * gbytes, row, tail, q->K, gbuf);
+        qmm_call(q, gbuf, 1, tout, CPU_QP_ROWS);
+        for (int m = 0; m < q->mm; m++)
             memcpy(out + (size_t)m * ldo + (size_t)full * CPU_QP_ROWS, tout + (size_t)m * CPU_QP_ROWS,
                    (size_t)tail * sizeof(float));
     }
 }
 
+void cpu_qmatmul(const cpu_kernels *k, ember_dtype t, const void *w, bool packed, int nn, const void *xa,
+                 size_t xa_row, int mm, int K, float *out, size_t ldo, void *scratch) {
+    cpu_qgemm_packed_fn pf = k->qgemm_packed[t];
+    if (!pf) {
+        cpu_qgemm_fn_t fn = k->qgemm[t] ? k->qgemm[t] : cpu_qgemm_generic(t);
+        fn(w, cpu_row_bytes(t, K), nn, xa, xa_row, mm, K, out, ldo);
+        return;
+    }
+    const qmm_kern q = {.pf = pf, .xa = xa, .xa_row = xa_row, .mm = mm, .K = K};
+    qmm_groups(&q, t, w, packed, nn, out, ldo, scratch);
+}
+
 void cpu_qmatmul_tiled(const cpu_kernels *k, ember_dtype t, const void *w, bool packed, int nn, const void *xt, int mm,
                        int K, float *out, size_t ldo, void *scratch) {
-    const size_t row = cpu_row_bytes(t, K);
-    cpu_qgemm_tiled_fn tf = k->qgemm_tiled[t];
-    const unsigned char *wb = w;
-    const size_t gbytes = CPU_QP_ROWS * row;
-    unsigned char *gbuf = scratch;
-    float *tout = (float *)(void *)(gbuf + round64(gbytes));
-    const int full = nn / CPU_QP_ROWS, tail = nn % CPU_QP_ROWS;
-    if (packed && full > 0) {
-        tf(wb, full, xt, mm, K, out, ldo);
-    } else {
-        for (int g = 0; g < full; g++) {
-            cpu_qpack_group(t, wb + (size_t)g * gbytes, row, CPU_QP_ROWS, K, gbuf);
-            tf(gbuf, 1, xt, mm, K, out + (size_t)g * CPU_QP_ROWS, ldo);
-        }
-    }
-    if (tail) {
-        cpu_qpack_group(t, wb + (size_t)full * gbytes, row, tail, K, gbuf);
-        tf(gbuf, 1, xt, mm, K, tout, CPU_QP_ROWS);
-        for (int m = 0; m < mm; m++)
-            memcpy(out + (size_t)m * ldo + (size_t)full * CPU_QP_ROWS, tout + (size_t)m * CPU_QP_ROWS,
-                   (size_t)tail * sizeof(float));
-    }
+    const qmm_kern q = {.tf = k->qgemm_tiled[t], .xt = xt, .mm = mm, .K = K};
+    qmm_groups(&q, t, w, packed, nn, out, ldo, scratch);
 }
 
 size_t cpu_act32_tiled_bytes(int mm, int K) {
