@@ -99,6 +99,23 @@ static inline ember_model *fx_load_model(const char *path, ember_isa isa, int th
     return fx_load_params(path, &mp);
 }
 
+/* Logits of f's first nprompts prompts for the model at path (AUTO ISA, 2
+   threads), rows concatenated into out. Returns 0, or non-zero after a
+   line on stderr. */
+static inline int fx_prompt_logits(const char *path, const fixture *f, int nprompts, float *out) {
+    ember_model *m = fx_load_model(path, EMBER_ISA_AUTO, 2, 1);
+    if (!m) return 1;
+    ember_error err = {0};
+    int rows = 0, rc = 0;
+    for (int i = 0; i < nprompts && !rc; i++) {
+        rc = ember_logits(m, f->p[i].ids, f->p[i].n, out + (size_t)rows * f->vocab, &err);
+        rows += f->p[i].n;
+    }
+    if (rc) fprintf(stderr, "%s: %s\n", path, err.msg);
+    ember_model_free(m);
+    return rc;
+}
+
 /* Mean over rows of KL(softmax(a) || softmax(b)), rows of V logits each. */
 static inline double mean_kl(const float *a, const float *b, int rows, int V) {
     double total = 0;

@@ -44,10 +44,23 @@ static bool have(const char *rel) {
 
 /* ---- models ------------------------------------------------------------- */
 
+/* The first clean run's result got (n bytes) is kept: *want takes it and
+   true is returned (the caller no longer owns got). Every later clean
+   run's must equal it byte for byte; false. */
+static bool first_or_same(void **want, size_t *n_want, void *got, size_t n, const char *path, const char *what) {
+    if (*want) {
+        CHECKF(n == *n_want && !memcmp(got, *want, n), "%s: %s differ", path, what);
+        return false;
+    }
+    *want = got;
+    *n_want = n;
+    return true;
+}
+
 typedef struct model_run {
     char path[1024];
-    float *want; /* the clean run's logits */
-    size_t n_logits;
+    void *want; /* the clean run's logits */
+    size_t n_want;
 } model_run;
 
 static const int32_t k_ids[5] = {1, 17, 42, 99, 7};
@@ -70,12 +83,7 @@ static int run_model(void *u, ember_error *err) {
     size_t n = (size_t)info.vocab_size * 5;
     float *out = malloc(n * sizeof *out);
     rc = ember_logits(m, k_ids, 5, out, err);
-    if (!rc && r->want) CHECKF(n == r->n_logits && !memcmp(out, r->want, n * sizeof *out), "%s: logits differ", r->path);
-    if (!rc && !r->want) {
-        r->want = out;
-        r->n_logits = n;
-        out = NULL;
-    }
+    if (!rc && first_or_same(&r->want, &r->n_want, out, n * sizeof *out, r->path, "logits")) out = NULL;
     free(out);
     ember_model_free(m);
     return rc;
@@ -100,7 +108,7 @@ static void models(void) {
 
 typedef struct tok_run {
     char path[1024];
-    int32_t *want;
+    void *want; /* the clean run's ids */
     size_t n_want;
 } tok_run;
 
@@ -117,13 +125,7 @@ static int run_tok(void *u, ember_error *err) {
     int32_t *ids = NULL;
     size_t n = 0;
     rc = ember_tok_encode(t, NULL, k_text, sizeof k_text - 1, 0, &ids, &n, err);
-    if (!rc && r->want)
-        CHECKF(n == r->n_want && !memcmp(ids, r->want, n * sizeof *ids), "%s: ids differ", r->path);
-    if (!rc && !r->want) {
-        r->want = ids;
-        r->n_want = n;
-        ids = NULL;
-    }
+    if (!rc && first_or_same(&r->want, &r->n_want, ids, n * sizeof *ids, r->path, "ids")) ids = NULL;
     free(ids);
     ember_tok_free(t);
     return rc;

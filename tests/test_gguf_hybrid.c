@@ -59,21 +59,6 @@ static bool check_v(bool c, const char *file, int line, const char *expr, const 
 
 static const char *const k_fams[] = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"};
 
-/* Logits of the three fixture prompts for the model at path (rows concatenated). */
-static int prompt_logits(const char *path, const fixture *f, float *out) {
-    ember_model *m = fx_load_model(path, EMBER_ISA_AUTO, 2, 1);
-    if (!m) return 1;
-    ember_error err = {0};
-    int rows = 0, rc = 0;
-    for (int i = 0; i < 3 && !rc; i++) {
-        rc = ember_logits(m, f->p[i].ids, f->p[i].n, out + (size_t)rows * f->vocab, &err);
-        rows += f->p[i].n;
-    }
-    if (rc) fprintf(stderr, "%s: %s\n", path, err.msg);
-    ember_model_free(m);
-    return rc;
-}
-
 static int argmax(const float *v, int n) {
     int b = 0;
     for (int i = 1; i < n; i++)
@@ -94,7 +79,7 @@ static void test_logits(void) {
         const int rows = f.p[0].n + f.p[1].n + f.p[2].n;
         const size_t n = (size_t)rows * (size_t)f.vocab;
         float *ref = malloc(n * 4), *got = malloc(n * 4);
-        CHECK(ref && got && prompt_logits(f.dir, &f, ref) == 0);
+        CHECK(ref && got && fx_prompt_logits(f.dir, &f, 3, ref) == 0);
         for (int s = 0; s < 3; s++) {
             ember_qscheme qs;
             CHECK(ember_qscheme_parse(schemes[s], &qs));
@@ -103,7 +88,7 @@ static void test_logits(void) {
             ember_error err = {0};
             CHECKF(ember_quantize_to_gguf(f.dir, out, qs, &err) == EMBER_OK, "%s %s: %s", k_fams[i], schemes[s],
                    err.msg);
-            if (!CHECKV(prompt_logits(out, &f, got) == 0, "%s %s GGUF does not run", k_fams[i], schemes[s])) continue;
+            if (!CHECKV(fx_prompt_logits(out, &f, 3, got) == 0, "%s %s GGUF does not run", k_fams[i], schemes[s])) continue;
             if (s == 0) {
                 float d = 0, mx = 0;
                 for (size_t k = 0; k < n; k++) {
@@ -430,7 +415,7 @@ static void test_mkmodel(void) {
     fixture_open(&f, "qwen3_5_text");
     const size_t n = (size_t)(f.p[0].n + f.p[1].n + f.p[2].n) * (size_t)f.vocab;
     float *a = malloc(n * 4), *b = malloc(n * 4);
-    if (CHECKV(a && b && prompt_logits(dir, &f, a) == 0 && prompt_logits(gguf, &f, b) == 0, "mkmodel hybrid runs")) {
+    if (CHECKV(a && b && fx_prompt_logits(dir, &f, 3, a) == 0 && fx_prompt_logits(gguf, &f, 3, b) == 0, "mkmodel hybrid runs")) {
         float d = 0, mx = 0;
         for (size_t k = 0; k < n; k++) {
             d = fmaxf(d, fabsf(a[k] - b[k]));
@@ -489,7 +474,7 @@ static void test_recurrent_layers(void) {
     fixture_open(&f, "qwen3_5_text");
     const size_t n = (size_t)(f.p[0].n + f.p[1].n + f.p[2].n) * (size_t)f.vocab;
     float *a = malloc(n * 4), *b = malloc(n * 4);
-    if (CHECKV(a && b && prompt_logits(dir, &f, a) == 0 && prompt_logits(gguf, &f, b) == 0, "irregular hybrid runs")) {
+    if (CHECKV(a && b && fx_prompt_logits(dir, &f, 3, a) == 0 && fx_prompt_logits(gguf, &f, 3, b) == 0, "irregular hybrid runs")) {
         float d = 0, mx = 0;
         for (size_t k = 0; k < n; k++) {
             d = fmaxf(d, fabsf(a[k] - b[k]));

@@ -423,20 +423,6 @@ static void test_kernels(void) {
 
 /* ---- 4: KL bounds ----------------------------------------------------------------- */
 
-static int prompt_logits(const char *path, const fixture *f, float *out) {
-    ember_model *m = fx_load_model(path, EMBER_ISA_AUTO, 2, 1);
-    if (!m) return 1;
-    ember_error err = {0};
-    int rows = 0, rc = 0;
-    for (int i = 0; i < 3 && !rc; i++) {
-        rc = ember_logits(m, f->p[i].ids, f->p[i].n, out + (size_t)rows * f->vocab, &err);
-        rows += f->p[i].n;
-    }
-    if (rc) fprintf(stderr, "%s: %s\n", path, err.msg);
-    ember_model_free(m);
-    return rc;
-}
-
 typedef struct scheme {
     const char *name;
     int bits, G, high;
@@ -460,13 +446,13 @@ static void kl_family(const char *fam, double scale) {
     fixture_open(&f, fam);
     int rows = f.p[0].n + f.p[1].n + f.p[2].n;
     float *ref = malloc((size_t)rows * f.vocab * 4), *q = malloc((size_t)rows * f.vocab * 4);
-    CHECK(prompt_logits(f.dir, &f, ref) == 0);
+    CHECK(fx_prompt_logits(f.dir, &f, 3, ref) == 0);
     for (size_t s = 0; s < sizeof k_schemes / sizeof k_schemes[0]; s++) {
         const scheme *sc = &k_schemes[s];
         char out[700];
         snprintf(out, sizeof out, "%s/kl-%s-%s", EMBER_TEST_TMP, fam, sc->name);
         CHECK(quantize(f.dir, out, sc->bits, sc->G, sc->high, sc->sdt) == 0);
-        if (prompt_logits(out, &f, q)) {
+        if (fx_prompt_logits(out, &f, 3, q)) {
             CHECKF(0, "%s %s does not load", fam, sc->name);
             continue;
         }
@@ -601,7 +587,7 @@ static char *replace(const char *s, const char *from, const char *to) {
 static double kl_of(const char *dir, const fixture *f, const float *ref) {
     int rows = f->p[0].n + f->p[1].n + f->p[2].n;
     float *q = malloc((size_t)rows * f->vocab * 4);
-    double kl = prompt_logits(dir, f, q) ? INFINITY : mean_kl(ref, q, rows, f->vocab);
+    double kl = fx_prompt_logits(dir, f, 3, q) ? INFINITY : mean_kl(ref, q, rows, f->vocab);
     free(q);
     return kl;
 }
@@ -611,7 +597,7 @@ static void test_layouts(void) {
     fixture_open(&f, "qwen2");
     int rows = f.p[0].n + f.p[1].n + f.p[2].n;
     float *ref = malloc((size_t)rows * f.vocab * 4);
-    CHECK(prompt_logits(f.dir, &f, ref) == 0);
+    CHECK(fx_prompt_logits(f.dir, &f, 3, ref) == 0);
     /* Qwen2.5-0.5B-Instruct-4bit style: {"group_size": 64, "bits": 4} without "mode", BF16 scales, tied */
     char q4[700], dir[700], path[800];
     snprintf(q4, sizeof q4, "%s/layout-qwen2-mlx4", EMBER_TEST_TMP);

@@ -129,27 +129,13 @@ static void test_tiny_random(void) {
 }
 
 /* Logits of the fixture prompts for the model at path (rows concatenated). */
-static int prompt_logits(const char *path, const fixture *f, int nprompts, float *out) {
-    ember_model *m = fx_load_model(path, EMBER_ISA_AUTO, 2, 1);
-    if (!m) return 1;
-    ember_error err = {0};
-    int rows = 0, rc = 0;
-    for (int i = 0; i < nprompts && !rc; i++) {
-        rc = ember_logits(m, f->p[i].ids, f->p[i].n, out + (size_t)rows * f->vocab, &err);
-        rows += f->p[i].n;
-    }
-    if (rc) fprintf(stderr, "%s: %s\n", path, err.msg);
-    ember_model_free(m);
-    return rc;
-}
-
 static const char *const k_schemes[] = {"q8_0", "q4_0", "q4_k_m"};
 
 /* 3, on one model directory whose prompts come from fixture f */
 static void kl_model(const char *dir, const char *tag, const fixture *f) {
     int rows = f->p[0].n + f->p[1].n + f->p[2].n;
     float *ref = malloc((size_t)rows * f->vocab * 4), *q = malloc((size_t)rows * f->vocab * 4);
-    CHECK(prompt_logits(dir, f, 3, ref) == 0);
+    CHECK(fx_prompt_logits(dir, f, 3, ref) == 0);
     for (int s = 0; s < 3; s++) {
         ember_qscheme qs;
         CHECK(ember_qscheme_parse(k_schemes[s], &qs));
@@ -157,7 +143,7 @@ static void kl_model(const char *dir, const char *tag, const fixture *f) {
         snprintf(out, sizeof out, "%s/%s-%s.gguf", EMBER_TEST_TMP, tag, k_schemes[s]);
         ember_error err = {0};
         CHECKF(ember_quantize_to_gguf(dir, out, qs, &err) == EMBER_OK, "%s", err.msg);
-        CHECK(prompt_logits(out, f, 3, q) == 0);
+        CHECK(fx_prompt_logits(out, f, 3, q) == 0);
         double kl = mean_kl(ref, q, rows, f->vocab);
         double bound = s == 0 ? 1e-3 : 5e-2;
         fprintf(stderr, "%-8s %-7s mean KL %.3g (bound %g)\n", tag, k_schemes[s], kl, bound);
@@ -212,8 +198,8 @@ static void test_gguf_f32(void) {
         snprintf(out, sizeof out, "%s/%s-f32.gguf", EMBER_TEST_TMP, fams[i]);
         ember_error err = {0};
         CHECKF(ember_quantize_to_gguf(f.dir, out, EMBER_QSCHEME_F32, &err) == EMBER_OK, "%s: %s", fams[i], err.msg);
-        CHECK(prompt_logits(f.dir, &f, 3, ref) == 0);
-        CHECK(prompt_logits(out, &f, 3, got) == 0);
+        CHECK(fx_prompt_logits(f.dir, &f, 3, ref) == 0);
+        CHECK(fx_prompt_logits(out, &f, 3, got) == 0);
         bool permuted = strcmp(fams[i], "llama") == 0 || strcmp(fams[i], "mistral") == 0;
         float d = 0, mx = max_abs(ref, n);
         for (size_t k = 0; k < n; k++) d = fmaxf(d, fabsf(ref[k] - got[k]));
