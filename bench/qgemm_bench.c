@@ -61,10 +61,14 @@ int main(int argc, char **argv) {
     for (int m = 0; m < M; m++)
         (ak == CPU_ACT_32 ? cpu_quantize_act32 : cpu_quantize_act256)(x + (size_t)m * K, K, xa + (size_t)m * xr);
     const ember_isa isas[] = {EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
-    const cpu_kernels *tabs[4];
+    const cpu_kernels *tabs[6];
     int nt = 0;
     for (int i = 0; i < 3; i++)
         if (ember_isa_supported(isas[i])) tabs[nt++] = ember_cpu_kernels_for(isas[i]);
+    /* the tiers without VNNI too, where the CPU has it */
+    if (ember_isa_supported(EMBER_ISA_AVX2) && tabs[0] != &ember_cpu_kernels_avx2) tabs[nt++] = &ember_cpu_kernels_avx2;
+    if (ember_isa_supported(EMBER_ISA_AVX512) && ember_cpu_kernels_for(EMBER_ISA_AVX512) != &ember_cpu_kernels_avx512)
+        tabs[nt++] = &ember_cpu_kernels_avx512;
     printf("# %s N=%d K=%d M=%d, one thread\n", tn, N, K, M);
     const char *only = getenv("ONLY"); /* one table by its variant name, e.g. for perf stat */
     for (int a = 0; a < nt; a++) {

@@ -89,12 +89,14 @@ static void test_fixture_dequant(void) {
 }
 
 /* The available kernel tables: each ISA this CPU has (AMX where the OS
-   grants it), and AVX-512 without VNNI as well. */
-static int all_tables(const cpu_kernels *tables[5]) {
+   grants it), and AVX2 and AVX-512 without VNNI as well. */
+static int all_tables(const cpu_kernels *tables[6]) {
     const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AMX, EMBER_ISA_AVX512};
     int nt = 0;
     for (int a = 0; a < 4; a++)
         if (ember_isa_supported(isas[a])) tables[nt++] = ember_cpu_kernels_for(isas[a]);
+    if (ember_isa_supported(EMBER_ISA_AVX2) && ember_cpu_kernels_for(EMBER_ISA_AVX2) != &ember_cpu_kernels_avx2)
+        tables[nt++] = &ember_cpu_kernels_avx2; /* non-VNNI too */
     if (ember_isa_supported(EMBER_ISA_AVX512) && tables[nt - 1] != &ember_cpu_kernels_avx512)
         tables[nt++] = &ember_cpu_kernels_avx512; /* non-VNNI too */
     return nt;
@@ -194,7 +196,7 @@ static void test_gemm(ember_dtype t, int N, int K, int M) {
         }
     CHECKF(worst < 0.02, "%s: canonical dot off the f32 product by %g of sum|w x|", ember_dtype_get(t)->name, worst);
     check_packing(t, w, N, K);
-    const cpu_kernels *tables[5];
+    const cpu_kernels *tables[6];
     int nt = all_tables(tables);
     unsigned char *wp = cpu_qpack_has(t) ? pack_matrix(t, w, N, K) : NULL;
     void *scratch = aligned_alloc(64, (cpu_qmatmul_scratch_bytes(t, K, M) + 63) / 64 * 64);
@@ -234,7 +236,7 @@ static void test_act_quant(void) {
     float *x = malloc((size_t)K * 4);
     unsigned char *a = malloc(cpu_act_row_bytes(CPU_ACT_256, K) + cpu_act_row_bytes(CPU_ACT_32, K));
     unsigned char *b = malloc(cpu_act_row_bytes(CPU_ACT_256, K) + cpu_act_row_bytes(CPU_ACT_32, K));
-    const cpu_kernels *tables[5];
+    const cpu_kernels *tables[6];
     int nt = all_tables(tables);
     for (int trial = 0; trial < 8; trial++) {
         for (int i = 0; i < K; i++) x[i] = frnd() * (float)(1 << (trial * 3 % 17)) * (i % 37 == 0 ? 50.0f : 1.0f);

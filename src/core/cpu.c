@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -20,7 +21,9 @@ static uint64_t xgetbv0(void) {
 
 /* Reads CPUID directly (not the compiler's feature-name builtins, whose
    names differ between compilers) and checks with XGETBV that the OS saves
-   the AVX and AVX-512 register state. */
+   the AVX and AVX-512 register state. With EMBER_CPU_NO_VNNI set in the
+   environment it reports a CPU without AVX-VNNI, AVX512-VNNI and AMX (the
+   kernels' A/B switch: the same binary as on an older CPU of the tier). */
 void ember_cpu_detect(ember_cpu_features *f) {
     *f = (ember_cpu_features){0};
 #if defined(__x86_64__) || defined(__i386__)
@@ -52,6 +55,8 @@ void ember_cpu_detect(ember_cpu_features *f) {
         f->avxvnni = ymm && (a >> 4 & 1);
         f->avx512bf16 = zmm && (a >> 5 & 1);
     }
+    if (getenv("EMBER_CPU_NO_VNNI")) /* a CPU without VNNI, for A/B runs */
+        f->avx512vnni = f->avxvnni = f->amx_tile = f->amx_int8 = f->amx_bf16 = false;
 #endif
 }
 

@@ -91,7 +91,9 @@ const cpu_kernels *ember_cpu_kernels_for(ember_isa isa) {
     case EMBER_ISA_AVX512:
         ember_cpu_detect(&f);
         return f.avx512vnni ? &ember_cpu_kernels_avx512vnni : &ember_cpu_kernels_avx512;
-    case EMBER_ISA_AVX2: return &ember_cpu_kernels_avx2;
+    case EMBER_ISA_AVX2:
+        ember_cpu_detect(&f);
+        return f.avxvnni ? &ember_cpu_kernels_avx2vnni : &ember_cpu_kernels_avx2;
     default: return &ember_cpu_kernels_scalar;
     }
 }

@@ -1,6 +1,8 @@
 /*
  * kern_avx2.c - AVX2 + FMA + F16C kernels. Built with -mavx2 -mfma -mf16c
  * and only called when the CPU has them. 16 lanes are two ymm registers.
+ * kern_avx2vnni.c builds it again with AVX-VNNI for the quantized dot
+ * products (ember_cpu_kernels_avx2vnni); everything else is the same code.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -150,9 +152,13 @@ static inline vec16 v_wht16(vec16 x) {
 }
 #include "kern_attn.h"
 
-const cpu_kernels ember_cpu_kernels_avx2 = {
+#ifndef AVX2_TABLE
+#define AVX2_TABLE ember_cpu_kernels_avx2
+#define AVX2_VARIANT "avx2"
+#endif
+const cpu_kernels AVX2_TABLE = {
     .isa = EMBER_ISA_AVX2,
-    .variant = "avx2",
+    .variant = AVX2_VARIANT,
     .gemm_f32 = avx2_gemm_f32,
     .gemm_f16 = avx2_gemm_f16,
     .gemm_bf16 = avx2_gemm_bf16,

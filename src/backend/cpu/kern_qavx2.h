@@ -8,6 +8,9 @@
  * dot4 is maddubs + madd: unsigned weight levels (<= 63) times signed
  * activations, or for Q8_0 |level| times the activation with the level's
  * sign (vpsignb), so no byte-pair sum exceeds 2 * 128 * 127 < 2^15.
+ * Built again with EMBER_VNNI (kern_avx2vnni.c, -mavxvnni): dot4 is one
+ * AVX-VNNI vpdpbusd, and Q8_0 takes the stored bytes (level + 128) with the
+ * start value -128 * sum(y), as the AVX-512 VNNI kernels do.
  * No state.
  */
 #include <stddef.h>
@@ -53,6 +56,15 @@ static inline qv qv_or_and(qv a, qv b, qv m) {
 static inline qv qv_cvt_s8(const void *p) {
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
+#ifdef EMBER_VNNI
+static inline qv qv_dot4(qv acc, qv w, qv y) {
+    return _mm256_dpbusd_avx_epi32(acc, w, y);
+}
+#define Q8_INIT (-128)
+static inline qv qv_dot4_q8(qv acc, qv w, qv y) {
+    return _mm256_dpbusd_avx_epi32(acc, w, y);
+}
+#else
 static inline qv qv_dot4(qv acc, qv w, qv y) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), _mm256_set1_epi16(1)));
 }
@@ -61,6 +73,17 @@ static inline qv qv_dot4_q8(qv acc, qv w, qv y) {
     qv s = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)); /* the signed level */
     return qv_dot4(acc, _mm256_sign_epi8(s, s), _mm256_sign_epi8(y, s));
 }
+#define QP_MAD16 1
+static inline qv qv_mad16(qv w, qv y) {
+    return _mm256_maddubs_epi16(w, y);
+}
+static inline qv qv_add16(qv a, qv b) {
+    return _mm256_add_epi16(a, b);
+}
+static inline qv qv_wide16(qv acc, qv v) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(v, _mm256_set1_epi16(1)));
+}
+#endif
 
 static inline fv fv_zero(void) {
     return _mm256_setzero_ps();

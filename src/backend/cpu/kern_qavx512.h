@@ -73,6 +73,16 @@ static inline qv qv_dot4_q8(qv acc, qv w, qv y) {
     qv ys = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(s), _mm512_setzero_si512(), y);
     return qv_dot4(acc, _mm512_abs_epi8(s), ys);
 }
+#define QP_MAD16 1
+static inline qv qv_mad16(qv w, qv y) {
+    return _mm512_maddubs_epi16(w, y);
+}
+static inline qv qv_add16(qv a, qv b) {
+    return _mm512_add_epi16(a, b);
+}
+static inline qv qv_wide16(qv acc, qv v) {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(v, _mm512_set1_epi16(1)));
+}
 #endif
 
 static inline fv fv_zero(void) {

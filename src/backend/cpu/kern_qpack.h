@@ -18,7 +18,16 @@
  *   fv_mul, fv_fma(a, b, c) = a * b + c, fv_fnma(a, b, c) = -(a * b) + c
  *   (one rounding each), fv_cvt (i32 -> f32), fv_store(p, v),
  *   QP_NX                       activation rows per register tile (4 or 8),
- *   KPREFIX                     the name prefix.
+ *   KPREFIX                     the name prefix,
+ * and, where dot4 is maddubs + madd (no VNNI), QP_MAD16 with
+ *   qv_mad16(w, y)              maddubs alone: 16-bit sums of byte pairs,
+ *   qv_add16(a, b)              16-bit lane add,
+ *   qv_wide16(acc, v)           acc + the 32-bit sums of v's 16-bit pairs,
+ * which let 4-, 5- and 6-bit weights add several maddubs results in 16
+ * bits before one madd widens them (fewer multiply-port µops per MAC). The
+ * 16-bit sums stay exact: a byte pair is at most 2 * L * 127 for levels <=
+ * L, so 8 pairs of Q4 (30,480), 4 of Q5 (31,496) or 2 of Q6 (32,004) fit
+ * below 2^15. The integer result, and so every output, is the same.
  * With QL = 8 a group is processed as two halves (rows 0-7, 8-15).
  *
  * Every output is one lane of one f32 accumulator that takes exactly the
@@ -97,6 +106,32 @@ ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned cha
             s[j][0] = qv_set1(init * ys);
             s[j][1] = qv_zero();
         }
+#ifdef QP_MAD16
+        if (T != EMBER_Q8_0) {
+            /* 16-bit sums: a whole Q4_0 block (8 maddubs), a quad of Q5_0 (4) */
+            qv h16[QP_NX];
+#pragma GCC unroll 2
+            for (int q = 0; q < 2; q++) {
+                qv w[4];
+                qp32_quad(p, q, w, T, h);
+#pragma GCC unroll 8
+                for (int j = 0; j < NX; j++) {
+                    const unsigned char *yq = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) +
+                                              offsetof(cpu_act32, q) + 16 * (size_t)q;
+                    qv h0 = qv_add16(qv_mad16(w[0], qv_bcast(yq)), qv_mad16(w[2], qv_bcast(yq + 8)));
+                    qv h1 = qv_add16(qv_mad16(w[1], qv_bcast(yq + 4)), qv_mad16(w[3], qv_bcast(yq + 12)));
+                    qv hq = qv_add16(h0, h1);
+                    if (T == EMBER_Q4_0)
+                        h16[j] = q ? qv_add16(h16[j], hq) : hq;
+                    else
+                        s[j][q] = qv_wide16(s[j][q], hq);
+                }
+            }
+            if (T == EMBER_Q4_0)
+#pragma GCC unroll 8
+                for (int j = 0; j < NX; j++) s[j][0] = qv_wide16(s[j][0], h16[j]);
+        } else
+#endif
 #pragma GCC unroll 2
         for (int q = 0; q < 2; q++) {
             qv w[4];
@@ -117,7 +152,7 @@ ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned cha
 #pragma GCC unroll 8
         for (int j = 0; j < NX; j++) {
             const unsigned char *y = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32);
-            qv t = NS == 2 ? qv_add(s[j][0], s[j][1]) : s[j][0];
+            qv t = qv_add(s[j][0], s[j][1]);
             acc[j] = fv_fma(fv_mul(dw, fv_bcast(y + offsetof(cpu_act32, d))), fv_cvt(t), acc[j]);
         }
     }
@@ -166,6 +201,10 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
             qv P[QP_NX][2];
 #pragma GCC unroll 8
             for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
+#ifdef QP_MAD16
+            /* 16-bit sums: all 8 maddubs of a Q4_K sub-block, 4 of Q5_K */
+            qv H[QP_NX];
+#endif
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 qv v = qv_load(p + qoff + 64 * (8 * (j / 2) + t) + QP_DW(h));
@@ -174,8 +213,16 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
                     w = qv_or_and(w, QP_SHIFT(qv_load(p + 256 + 64 * t + QP_DW(h)), 4 - j), m10);
 #pragma GCC unroll 8
                 for (int c = 0; c < NX; c++) {
+                    const unsigned char *yt = yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 32 * j + 4 * t;
+#ifdef QP_MAD16
+                    const int G = T == EMBER_Q4_K ? 8 : 4;
+                    qv m = qv_mad16(w, qv_bcast(yt));
+                    H[c] = t % G ? qv_add16(H[c], m) : m;
+                    if (t % G == G - 1) P[c][t / 4 & (NS - 1)] = qv_wide16(P[c][t / 4 & (NS - 1)], H[c]);
+#else
                     qv *pc = &P[c][NS == 2 ? t & 1 : 0];
-                    *pc = qv_dot4(*pc, w, qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 32 * j + 4 * t));
+                    *pc = qv_dot4(*pc, w, qv_bcast(yt));
+#endif
                 }
             }
 #pragma GCC unroll 8
@@ -229,6 +276,9 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
                         P[c][0] = qv_set1(-32 * bs);
                         P[c][1] = qv_zero();
                     }
+#ifdef QP_MAD16
+                    qv H[QP_NX]; /* 16-bit sums of 2 maddubs (6-bit levels) */
+#endif
 #pragma GCC unroll 4
                     for (int t = 4 * u; t < 4 * u + 4; t++) {
                         qv l = qv_load(p + 288 + 64 * (16 * n + 8 * (k & 1) + t) + QP_DW(h));
@@ -237,10 +287,18 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
                                          m48);
 #pragma GCC unroll 8
                         for (int c = 0; c < NX; c++) {
+                            const unsigned char *yt =
+                                yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 128 * n + 32 * k + 4 * t;
+#ifdef QP_MAD16
+                            qv m = qv_mad16(w, qv_bcast(yt));
+                            if (t & 1)
+                                P[c][NS == 2 ? t >> 1 & 1 : 0] = qv_wide16(P[c][NS == 2 ? t >> 1 & 1 : 0], qv_add16(H[c], m));
+                            else
+                                H[c] = m;
+#else
                             qv *pc = &P[c][NS == 2 ? t & 1 : 0];
-                            *pc = qv_dot4(*pc, w,
-                                          qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 128 * n + 32 * k +
-                                                   4 * t));
+                            *pc = qv_dot4(*pc, w, qv_bcast(yt));
+#endif
                         }
                     }
                     const qv sc = qv_cvt_s8(p + 32 + 16 * j + QP_B8(h));

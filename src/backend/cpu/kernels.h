@@ -89,6 +89,7 @@ typedef struct cpu_kernels {
 
 extern const cpu_kernels ember_cpu_kernels_scalar;
 extern const cpu_kernels ember_cpu_kernels_avx2;
+extern const cpu_kernels ember_cpu_kernels_avx2vnni;   /* AVX2 + AVX-VNNI */
 extern const cpu_kernels ember_cpu_kernels_avx512;
 extern const cpu_kernels ember_cpu_kernels_avx512vnni; /* AVX-512 + VNNI */
 extern const cpu_kernels ember_cpu_kernels_amx;        /* AVX-512 + VNNI + AMX-INT8 */
