@@ -107,9 +107,25 @@ ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned cha
             s[j][1] = qv_zero();
         }
 #ifdef QP_MAD16
-        if (T != EMBER_Q8_0) {
-            /* 16-bit sums: a whole Q4_0 block (8 maddubs), a quad of Q5_0 (4) */
-            qv h16[QP_NX];
+        if (T == EMBER_Q4_0) {
+            /* the block's 8 weight vectors once, then per row all 8 maddubs
+               summed in 16 bits (8 x 3,810 fits) and widened once */
+            qv w[8];
+            qp32_quad(p, 0, w, T, h);
+            qp32_quad(p, 1, w + 4, T, h);
+#pragma GCC unroll 8
+            for (int j = 0; j < NX; j++) {
+                const unsigned char *yq = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) + offsetof(cpu_act32, q);
+                qv h0 = qv_mad16(w[0], qv_bcast(yq)), h1 = qv_mad16(w[1], qv_bcast(yq + 4));
+#pragma GCC unroll 3
+                for (int k = 1; k < 4; k++) {
+                    h0 = qv_add16(h0, qv_mad16(w[2 * k], qv_bcast(yq + 8 * k)));
+                    h1 = qv_add16(h1, qv_mad16(w[2 * k + 1], qv_bcast(yq + 8 * k + 4)));
+                }
+                s[j][1] = qv_wide16(s[j][1], qv_add16(h0, h1));
+            }
+        } else if (T == EMBER_Q5_0) {
+            /* per quad: 4 maddubs in 16 bits (4 x 7,874 fits) */
 #pragma GCC unroll 2
             for (int q = 0; q < 2; q++) {
                 qv w[4];
@@ -120,16 +136,9 @@ ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned cha
                                               offsetof(cpu_act32, q) + 16 * (size_t)q;
                     qv h0 = qv_add16(qv_mad16(w[0], qv_bcast(yq)), qv_mad16(w[2], qv_bcast(yq + 8)));
                     qv h1 = qv_add16(qv_mad16(w[1], qv_bcast(yq + 4)), qv_mad16(w[3], qv_bcast(yq + 12)));
-                    qv hq = qv_add16(h0, h1);
-                    if (T == EMBER_Q4_0)
-                        h16[j] = q ? qv_add16(h16[j], hq) : hq;
-                    else
-                        s[j][q] = qv_wide16(s[j][q], hq);
+                    s[j][q] = qv_wide16(s[j][q], qv_add16(h0, h1));
                 }
             }
-            if (T == EMBER_Q4_0)
-#pragma GCC unroll 8
-                for (int j = 0; j < NX; j++) s[j][0] = qv_wide16(s[j][0], h16[j]);
         } else
 #endif
 #pragma GCC unroll 2
@@ -179,7 +188,6 @@ ALWAYS_INLINE void qpk_scale_min(const qv D[3], int j, qv *sc, qv *mn) {
 ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned char *x, size_t x_row, float *out,
                              size_t ldo, const int NX, const int T, const int h) {
     const size_t BG = T == EMBER_Q4_K ? 2304 : 2816, qoff = T == EMBER_Q4_K ? 256 : 768;
-    const int NS = NX <= 2 ? 2 : 1;
     const qv m4 = qv_set8(0x0F), m10 = qv_set8(0x10);
     fv acc[QP_NX];
 #pragma GCC unroll 8
@@ -202,33 +210,70 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
 #pragma GCC unroll 8
             for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
 #ifdef QP_MAD16
-            /* 16-bit sums: all 8 maddubs of a Q4_K sub-block, 4 of Q5_K */
-            qv H[QP_NX];
-#endif
+            /* (one Q5_K row: the per-element chains below measured faster) */
+            if (T == EMBER_Q4_K || NX > 1) {
+                qv w[8];
 #pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) {
-                qv v = qv_load(p + qoff + 64 * (8 * (j / 2) + t) + QP_DW(h));
-                qv w = j & 1 ? qv_and(qv_srl16(v, 4), m4) : qv_and(v, m4);
-                if (T == EMBER_Q5_K) /* bit j of qh byte 4t + i: element 32j + 4t + i */
-                    w = qv_or_and(w, QP_SHIFT(qv_load(p + 256 + 64 * t + QP_DW(h)), 4 - j), m10);
+                for (int t = 0; t < 8; t++) {
+                    qv v = qv_load(p + qoff + 64 * (8 * (j / 2) + t) + QP_DW(h));
+                    w[t] = j & 1 ? qv_and(qv_srl16(v, 4), m4) : qv_and(v, m4);
+                    if (T == EMBER_Q5_K) /* bit j of qh byte 4t + i: element 32j + 4t + i */
+                        w[t] = qv_or_and(w[t], QP_SHIFT(qv_load(p + 256 + 64 * t + QP_DW(h)), 4 - j), m10);
+                }
+                /* the sub-block's weights once, then per row 16-bit sums: all 8
+                   maddubs of Q4_K (8 x 3,810 fits), 4 of Q5_K (4 x 7,874) */
 #pragma GCC unroll 8
                 for (int c = 0; c < NX; c++) {
-                    const unsigned char *yt = yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 32 * j + 4 * t;
-#ifdef QP_MAD16
-                    const int G = T == EMBER_Q4_K ? 8 : 4;
-                    qv m = qv_mad16(w, qv_bcast(yt));
-                    H[c] = t % G ? qv_add16(H[c], m) : m;
-                    if (t % G == G - 1) P[c][t / 4 & (NS - 1)] = qv_wide16(P[c][t / 4 & (NS - 1)], H[c]);
-#else
-                    qv *pc = &P[c][NS == 2 ? t & 1 : 0];
-                    *pc = qv_dot4(*pc, w, qv_bcast(yt));
+                    const unsigned char *yt = yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 32 * j;
+                    qv h0 = qv_mad16(w[0], qv_bcast(yt)), h1 = qv_mad16(w[1], qv_bcast(yt + 4));
+                    if (T == EMBER_Q5_K) {
+                        h0 = qv_add16(h0, qv_mad16(w[2], qv_bcast(yt + 8)));
+                        h1 = qv_add16(h1, qv_mad16(w[3], qv_bcast(yt + 12)));
+                        P[c][0] = qv_wide16(P[c][0], qv_add16(h0, h1));
+                        h0 = qv_mad16(w[4], qv_bcast(yt + 16));
+                        h1 = qv_mad16(w[5], qv_bcast(yt + 20));
+                        h0 = qv_add16(h0, qv_mad16(w[6], qv_bcast(yt + 24)));
+                        h1 = qv_add16(h1, qv_mad16(w[7], qv_bcast(yt + 28)));
+                    } else {
+#pragma GCC unroll 3
+                        for (int t = 2; t < 8; t += 2) {
+                            h0 = qv_add16(h0, qv_mad16(w[t], qv_bcast(yt + 4 * t)));
+                            h1 = qv_add16(h1, qv_mad16(w[t + 1], qv_bcast(yt + 4 * t + 4)));
+                        }
+                    }
+                    P[c][1] = qv_wide16(P[c][1], qv_add16(h0, h1));
+                }
+            } else
 #endif
+            {
+                const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row */
+#ifdef QP_MAD16
+                qv H[QP_NX];
+#endif
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; t++) {
+                    qv v = qv_load(p + qoff + 64 * (8 * (j / 2) + t) + QP_DW(h));
+                    qv w = j & 1 ? qv_and(qv_srl16(v, 4), m4) : qv_and(v, m4);
+                    if (T == EMBER_Q5_K) /* bit j of qh byte 4t + i: element 32j + 4t + i */
+                        w = qv_or_and(w, QP_SHIFT(qv_load(p + 256 + 64 * t + QP_DW(h)), 4 - j), m10);
+#pragma GCC unroll 8
+                    for (int c = 0; c < NX; c++) {
+                        const unsigned char *yt = yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 32 * j + 4 * t;
+#ifdef QP_MAD16 /* groups of 4 maddubs in 16 bits (4 x 7,874 fits) */
+                        qv m = qv_mad16(w, qv_bcast(yt));
+                        H[c] = t & 3 ? qv_add16(H[c], m) : m;
+                        if ((t & 3) == 3) P[c][t / 4 & (NS - 1)] = qv_wide16(P[c][t / 4 & (NS - 1)], H[c]);
+#else
+                        qv *pc = &P[c][NS == 2 ? t & 1 : 0];
+                        *pc = qv_dot4(*pc, w, qv_bcast(yt));
+#endif
+                    }
                 }
             }
 #pragma GCC unroll 8
             for (int c = 0; c < NX; c++) {
                 const unsigned char *y = yb + (size_t)c * x_row;
-                qv pj = NS == 2 ? qv_add(P[c][0], P[c][1]) : P[c][0];
+                qv pj = qv_add(P[c][0], P[c][1]);
                 S1[c] = qv_add(S1[c], qv_mullo(pj, sc));
                 S2[c] = qv_add(S2[c], qv_mullo(mn, qv_bcast(y + offsetof(cpu_act256, bs32) + 4 * j)));
             }
