@@ -352,11 +352,12 @@ static void test_exact(void) {
 
 static void test_kernels(void) {
     const cpu_kernels *tables[] = {&ember_cpu_kernels_scalar, &ember_cpu_kernels_avx2, &ember_cpu_kernels_avx512,
-                                   &ember_cpu_kernels_avx512vnni};
+                                   &ember_cpu_kernels_avx512vnni, &ember_cpu_kernels_avx2vnni};
     ember_cpu_features feat;
     ember_cpu_detect(&feat);
     bool have[] = {true, ember_isa_supported(EMBER_ISA_AVX2), ember_isa_supported(EMBER_ISA_AVX512),
-                   ember_isa_supported(EMBER_ISA_AVX512) && feat.avx512vnni};
+                   ember_isa_supported(EMBER_ISA_AVX512) && feat.avx512vnni,
+                   ember_isa_supported(EMBER_ISA_AVX2) && feat.avxvnni};
     int ran = 0;
     for (int bi = 0; bi < 6; bi++)
         for (int gi = 0; gi < 3; gi++)

@@ -96,7 +96,7 @@ cpu_mlx_gemm_fn cpu_mlx_gemm_for(const cpu_kernels *k) {
     switch (k->isa) {
     case EMBER_ISA_AMX: return cpu_mlx_gemm_avx512vnni;
     case EMBER_ISA_AVX512: return k == &ember_cpu_kernels_avx512vnni ? cpu_mlx_gemm_avx512vnni : cpu_mlx_gemm_avx512;
-    case EMBER_ISA_AVX2: return cpu_mlx_gemm_avx2;
+    case EMBER_ISA_AVX2: return k == &ember_cpu_kernels_avx2vnni ? cpu_mlx_gemm_avx2vnni : cpu_mlx_gemm_avx2;
     default: return cpu_mlx_gemm_generic;
     }
 }

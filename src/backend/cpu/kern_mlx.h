@@ -61,6 +61,8 @@ void cpu_mlx_gemm_generic(int bits, int G, const void *w, size_t w_row, int nn, 
                           int mm, int K, float *out, size_t ldo);
 void cpu_mlx_gemm_avx2(int bits, int G, const void *w, size_t w_row, int nn, const void *xa, size_t xa_row, int mm,
                        int K, float *out, size_t ldo);
+void cpu_mlx_gemm_avx2vnni(int bits, int G, const void *w, size_t w_row, int nn, const void *xa, size_t xa_row, int mm,
+                       int K, float *out, size_t ldo);
 void cpu_mlx_gemm_avx512(int bits, int G, const void *w, size_t w_row, int nn, const void *xa, size_t xa_row,
                          int mm, int K, float *out, size_t ldo);
 void cpu_mlx_gemm_avx512vnni(int bits, int G, const void *w, size_t w_row, int nn, const void *xa, size_t xa_row,

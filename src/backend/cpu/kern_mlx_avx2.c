@@ -1,7 +1,8 @@
 /*
  * kern_mlx_avx2.c - AVX2 MLX gemm, bit-identical to the canonical dot
  * product of kern_mlx.h. Built with -mavx2 -mfma -mf16c and only called
- * after runtime detection.
+ * after runtime detection. kern_mlx_avx2vnni.c builds it again with
+ * MLX_AVXVNNI (-mavxvnni): the lane partials are one vpdpbusd.
  *
  * Tiles of NW weight rows x MX activation rows: each 32-element sub-block
  * is unpacked once per weight row and used for the MX activation rows, and
@@ -71,5 +72,9 @@ MLX_AI void avx2_tile(const unsigned char *w, size_t w_row, const unsigned char 
 }
 
 #define MLX_TILE avx2_tile
+#ifdef MLX_AVXVNNI
+#define MLX_GEMM_NAME cpu_mlx_gemm_avx2vnni
+#else
 #define MLX_GEMM_NAME cpu_mlx_gemm_avx2
+#endif
 #include "kern_mlx_gemm.h"

@@ -63,6 +63,10 @@ MLX_AI __m256i mlx_unpack(const uint8_t *sb, const int BITS) {
    up to 6 bits keep maddubs' pair sums within int16 (2 * 63 * 127); 8-bit
    codes are split as (q - 128) * y + 128 * y, each within int16. */
 MLX_AI __m256i mlx_dot4(__m256i q, __m256i y, const int BITS) {
+#ifdef MLX_AVXVNNI /* kern_mlx_avx2vnni.c: one vpdpbusd, exact for any code width */
+    (void)BITS;
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q, y);
+#endif
     const __m256i ones = _mm256_set1_epi16(1);
     if (BITS < 8) return _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones);
     const __m256i k80 = _mm256_set1_epi8((char)0x80);
