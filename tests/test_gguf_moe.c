@@ -19,7 +19,13 @@
  *      (expert counts, a missing or misshapen stacked expert tensor, the
  *      gating function, glm4moe's required keys and bias);
  *   6. models llama.cpp's layout cannot hold refused by `ember quantize`
- *      naming the field.
+ *      naming the field;
+ *   7. the config of minimal files: llama.cpp's defaults where keys are
+ *      absent (qwen3moe's expert width, glm4moe's gating, norm and scale);
+ *   8. batch invariance of the q4_k_m files (batched vs alone, 2 vs 1
+ *      threads, bit for bit);
+ *   9. randomly mutated headers of a glm4moe file load or are refused with
+ *      one line, never a crash.
  * Exits 77 when ../shared is absent.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, symlink */
@@ -34,6 +40,7 @@
 #include "formats/gguf.h"
 #include "formats/gguf_write.h"
 #include "formats/weights.h"
+#include "backend/backend.h"
 #include "model/model.h"
 #include "model/quantize.h"
 
@@ -466,6 +473,172 @@ static void test_quantize_refusals(void) {
     quantize_refused("glm4_moe", "\"n_group\": 1", "\"n_group\": 2", "n_group 2");
 }
 
+/* ---- 7: llama.cpp's defaults where keys are absent ---- */
+
+/* The config of a GGUF of arch holding the common keys, `extra` u32 keys
+   ({key, value}; value < 0: absent) and, when have_scale, glm4moe's scale
+   and norm. */
+static int moe_cfg(const char *arch, const char *const *keys, const int *vals, int n, float scale, int norm,
+                   ember_model_config *cfg, ember_error *err) {
+    char path[700], k[128];
+    snprintf(path, sizeof path, "%s/moe-cfg-%s.gguf", EMBER_TEST_TMP, arch);
+    ember_gguf_writer *g = ember_gguf_writer_new();
+#define KEY(x) (snprintf(k, sizeof k, "%s.%s", arch, x), k)
+    ember_gguf_set_str(g, "general.architecture", arch, err);
+    ember_gguf_set_u32(g, KEY("embedding_length"), 64, err);
+    ember_gguf_set_u32(g, KEY("block_count"), 3, err);
+    ember_gguf_set_u32(g, KEY("feed_forward_length"), 96, err);
+    ember_gguf_set_u32(g, KEY("attention.head_count"), 4, err);
+    ember_gguf_set_u32(g, KEY("attention.head_count_kv"), 2, err);
+    ember_gguf_set_u32(g, KEY("expert_count"), 8, err);
+    ember_gguf_set_u32(g, KEY("expert_used_count"), 2, err);
+    for (int i = 0; i < n; i++)
+        if (vals[i] >= 0) ember_gguf_set_u32(g, KEY(keys[i]), (uint32_t)vals[i], err);
+    if (scale >= 0) ember_gguf_set_f32(g, KEY("expert_weights_scale"), scale, err);
+    if (norm >= 0) ember_gguf_set_bool(g, KEY("expert_weights_norm"), norm, err);
+#undef KEY
+    ember_gguf_add_tensor(g, "token_embd.weight", EMBER_F32, 2, (const int64_t[]){16, 64}, calloc(16 * 64, 4), err);
+    int rc = ember_gguf_write_file(g, path, err);
+    ember_gguf_writer_free(g);
+    ember_gguf *f = NULL;
+    if (!rc) rc = ember_gguf_open(path, &f, err);
+    ember_rope_mode mode;
+    if (!rc) rc = ember_gguf_model_config(f, cfg, &mode, err);
+    if (!rc && mode != EMBER_ROPE_NEOX) rc = ember_err(err, EMBER_ERR_FORMAT, "interleaved RoPE for %s", arch);
+    ember_gguf_free(f);
+    return rc;
+}
+
+static void test_config_defaults(void) {
+    ember_model_config c;
+    ember_error err = {0};
+    /* qwen3moe without expert_feed_forward_length: feed_forward_length / top-k; softmax, renormalised, all MoE */
+    CHECKF(moe_cfg("qwen3moe", NULL, NULL, 0, -1, -1, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(strcmp(c.model_type, "qwen3_moe") == 0 && c.n_experts == 8 && c.n_experts_used == 2 &&
+          c.moe_intermediate_size == 48 && !c.router_sigmoid && c.norm_topk_prob && c.routed_scale == 1.0f &&
+          c.n_shared_experts == 0 && c.n_group == 1 && c.layer_moe[0] && c.layer_moe[2]);
+    /* glm4moe with only the required keys: sigmoid, not renormalised, unscaled, no dense layer */
+    static const char *const gk[] = {"expert_feed_forward_length", "expert_shared_count", "leading_dense_block_count",
+                                     "nextn_predict_layers", "expert_gating_func"};
+    const int v1[] = {32, 1, -1, -1, -1};
+    CHECKF(moe_cfg("glm4moe", gk, v1, 5, -1, -1, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(strcmp(c.model_type, "glm4_moe") == 0 && c.router_sigmoid && !c.norm_topk_prob && c.routed_scale == 1.0f &&
+          c.n_shared_experts == 1 && c.moe_intermediate_size == 32 && c.layer_moe[0] && c.n_layers == 3 &&
+          c.n_mtp_layers == 0 && c.intermediate_size == 96);
+    /* stored values: 1 dense layer, the last block an MTP block, scale 0 meaning none, sigmoid by number */
+    const int v2[] = {32, 2, 1, 1, 2};
+    CHECKF(moe_cfg("glm4moe", gk, v2, 5, 0.0f, 1, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(c.n_layers == 2 && c.n_mtp_layers == 1 && !c.layer_moe[0] && c.layer_moe[1] && c.norm_topk_prob &&
+          c.routed_scale == 1.0f && c.n_shared_experts == 2);
+    CHECKF(moe_cfg("glm4moe", gk, v2, 5, 2.5f, 0, &c, &err) == EMBER_OK && c.routed_scale == 2.5f && !c.norm_topk_prob,
+           "%s", err.msg);
+    /* refused: the MTP blocks cover every block; a softmax gating for glm4moe; no expert count */
+    const int v3[] = {32, 1, -1, 3, -1}, v4[] = {32, 1, -1, -1, 1};
+    CHECK(moe_cfg("glm4moe", gk, v3, 5, -1, -1, &c, &err) == EMBER_ERR_FORMAT &&
+          strstr(err.msg, "glm4moe.nextn_predict_layers 3 for 3 blocks"));
+    CHECK(moe_cfg("glm4moe", gk, v4, 5, -1, -1, &c, &err) == EMBER_ERR_UNSUPPORTED &&
+          strstr(err.msg, "glm4moe.expert_gating_func 1"));
+    CHECK(moe_cfg("glm4moe", gk, v1, 1, -1, -1, &c, &err) == EMBER_ERR_FORMAT &&
+          strstr(err.msg, "missing key 'glm4moe.expert_shared_count'"));
+}
+
+/* ---- 8: batch invariance with quantized experts ---- */
+
+/* Three prompts together (2 threads) and each alone (1 thread) give the
+   same logits bit for bit, prefill and 7 decode steps: the q4_k_m file's
+   experts see other token groupings in each. */
+static void test_batch_invariance(int fi) {
+    fixture f;
+    fixture_open(&f, k_fams[fi]);
+    char path[700];
+    gguf_path(path, sizeof path, k_fams[fi], "q4_k_m");
+    const int V = f.vocab;
+    float *res[2][3] = {{NULL}};
+    for (int pass = 0; pass < 2; pass++) {
+        ember_model *m = fx_load_model(path, EMBER_ISA_AUTO, pass ? 1 : 2, 3);
+        if (!CHECKV(m != NULL, "%s", path)) break;
+        ember_request r[3];
+        memset(r, 0, sizeof r);
+        int32_t ids[3][8];
+        ember_error err = {0};
+        for (int i = 0; i < 3; i++) {
+            res[pass][i] = malloc((size_t)(f.p[i].n + 7) * V * 4);
+            r[i].prompt = f.p[i].ids;
+            r[i].n_prompt = f.p[i].n;
+            r[i].max_new_tokens = 8;
+            r[i].ignore_eos = 1;
+            ember_sampling_init(&r[i].sampling);
+            r[i].out_ids = ids[i];
+            r[i].out_logits = res[pass][i];
+        }
+        if (pass == 0)
+            CHECKF(ember_generate(m, r, 3, &err) == EMBER_OK, "%s", err.msg);
+        else
+            for (int i = 0; i < 3; i++) CHECKF(ember_generate(m, &r[i], 1, &err) == EMBER_OK, "%s", err.msg);
+        ember_model_free(m);
+    }
+    for (int i = 0; i < 3; i++) {
+        CHECKF(res[0][i] && res[1][i] && !memcmp(res[0][i], res[1][i], (size_t)(f.p[i].n + 7) * V * 4),
+               "%s q4_k_m prompt %d: batched (2 threads) and alone (1 thread) logits differ", k_fams[fi], i);
+        free(res[0][i]);
+        free(res[1][i]);
+    }
+    fixture_close(&f);
+}
+
+/* ---- 9: random corruption of the metadata and tensor infos ---- */
+
+/* Mutated copies of the glm4moe q8_0 file (bytes flipped before the
+   tensor data, sometimes truncated) load or are refused with one line,
+   never a crash (the sanitizer build checks the memory accesses). */
+static void test_mutations(void) {
+    char path[700];
+    gguf_path(path, sizeof path, "glm4_moe", "q8_0");
+    size_t n = 0;
+    unsigned char *orig = (unsigned char *)fx_slurp(path, &n), *buf = orig ? malloc(n) : NULL;
+    ember_gguf *g0 = NULL;
+    ember_error err = {0};
+    if (!CHECKV(buf && ember_gguf_parse("moe.gguf", orig, n, &g0, &err) == EMBER_OK, "%s", err.msg)) {
+        free(orig);
+        free(buf);
+        return;
+    }
+    const size_t header = g0->data_offset;
+    ember_gguf_free(g0);
+    uint64_t rng = 2026;
+    int loaded = 0, refused = 0;
+    for (int it = 0; it < 300; it++) {
+        memcpy(buf, orig, n);
+        for (int k = 0; k <= it % 3; k++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            buf[(size_t)(rng >> 33) % header] = (unsigned char)(rng >> 13);
+        }
+        const size_t len = it % 10 == 9 ? (size_t)(rng >> 40) % n : n;
+        ember_gguf *f = NULL;
+        if (ember_gguf_parse("mut.gguf", buf, len, &f, &err) != EMBER_OK) {
+            refused++;
+            continue;
+        }
+        ember_backend *be = NULL;
+        ember_cpu_params cp = {1, EMBER_ISA_AUTO, true, {0}};
+        CHECK(ember_backend_cpu_new(&cp, &be, &err) == EMBER_OK);
+        ember_model_config cfg;
+        ember_llm *m = NULL;
+        if (ember_llm_from_gguf(f, be, &cfg, &m, &err) == EMBER_OK) {
+            loaded++;
+        } else {
+            refused++;
+            CHECKF(err.msg[0] && !strchr(err.msg, '\n'), "bad message: %s", err.msg);
+        }
+        ember_llm_free(m);
+        ember_backend_free(be);
+    }
+    fprintf(stderr, "mutated glm4moe q8_0: %d loaded, %d refused\n", loaded, refused);
+    CHECK(refused > 0);
+    free(orig);
+    free(buf);
+}
+
 int main(void) {
     shared_dir();
     shared_require("fixtures/qwen3_moe");
@@ -474,5 +647,8 @@ int main(void) {
     test_mtp();
     test_refusals();
     test_quantize_refusals();
+    test_config_defaults();
+    for (int i = 0; i < 2; i++) test_batch_invariance(i);
+    test_mutations();
     return test_done();
 }
