@@ -173,4 +173,32 @@ static inline void fx_put(const char *dir, const char *name, const char *data, s
     if (o) fclose(o);
 }
 
+/* A copy of the file src at dst with the first occurrence of the bytes
+   `from` replaced by `to` (same length), or, when u32 is non-negative, with
+   the u32 value of the GGUF key `from` set to it. Returns false when the
+   bytes are not found (or the key is no u32) or a file cannot be used. */
+static inline bool fx_patched_copy(const char *src, const char *dst, const char *from, const char *to, long long u32) {
+    size_t n = 0;
+    unsigned char *buf = (unsigned char *)fx_slurp(src, &n);
+    const size_t len = strlen(from);
+    unsigned char *hit = NULL;
+    for (size_t i = 0; buf && !hit && i + len <= n; i++)
+        if (!memcmp(buf + i, from, len)) hit = buf + i;
+    bool ok = hit != NULL;
+    if (ok && u32 >= 0) { /* key bytes, then u32 type 4, then the value */
+        uint32_t type, v = (uint32_t)u32;
+        ok = hit + len + 8 <= buf + n;
+        if (ok) memcpy(&type, hit + len, 4);
+        ok = ok && type == 4;
+        if (ok) memcpy(hit + len + 4, &v, 4);
+    } else if (ok) {
+        memcpy(hit, to, len);
+    }
+    FILE *fp = ok ? fopen(dst, "wb") : NULL;
+    ok = fp && fwrite(buf, 1, n, fp) == n;
+    if (fp) fclose(fp);
+    free(buf);
+    return ok;
+}
+
 #endif

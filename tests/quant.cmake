@@ -5,3 +5,5 @@ ember_test(test_quant_models test_quant_models.c)
 ember_test(test_gguf_hybrid test_gguf_hybrid.c)
 # MLX affine group-wise quantization: format, kernels, models, KL bounds.
 ember_test(test_mlx test_mlx.c)
+# Mixture of experts (qwen3moe, glm4moe) through GGUF in llama.cpp's layout.
+ember_test(test_gguf_moe test_gguf_moe.c)

@@ -7,6 +7,8 @@
 #define EMBER_TEST_H
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +36,21 @@ static int g_fail, g_checks;
             fprintf(stderr, "\n");                                          \
         }                                                                   \
     } while (0)
+
+/* CHECKF as an expression: the condition's value. */
+static inline bool check_v(bool c, const char *file, int line, const char *expr, const char *fmt, ...) {
+    g_checks++;
+    if (c) return true;
+    g_fail++;
+    fprintf(stderr, "%s:%d: CHECK failed: %s: ", file, line, expr);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    return false;
+}
+#define CHECKV(cond, ...) check_v((cond), __FILE__, __LINE__, #cond, __VA_ARGS__)
 
 static inline int test_done(void) {
     fprintf(stderr, "%d checks, %d failed\n", g_checks, g_fail);

@@ -31,7 +31,6 @@
  */
 #define _POSIX_C_SOURCE 200809L /* popen */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,21 +40,6 @@
 #include "formats/gguf.h"
 #include "model/model.h"
 #include "model/quantize.h"
-
-/* CHECKF as an expression: the condition's value. */
-static bool check_v(bool c, const char *file, int line, const char *expr, const char *fmt, ...) {
-    g_checks++;
-    if (c) return true;
-    g_fail++;
-    fprintf(stderr, "%s:%d: CHECK failed: %s: ", file, line, expr);
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\n");
-    return false;
-}
-#define CHECKV(cond, ...) check_v((cond), __FILE__, __LINE__, #cond, __VA_ARGS__)
 
 static const char *const k_fams[] = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"};
 
@@ -338,42 +322,10 @@ static void test_layout(void) {
 
 /* ---- 4: refusals ---- */
 
-/* A copy of src with the first occurrence of the bytes `from` replaced by
-   `to` (same length), or, when `u32` is non-negative, with the u32 value of
-   the GGUF key `from` set to it. */
-static bool patched(const char *src, const char *dst, const char *from, const char *to, long long u32) {
-    FILE *fp = fopen(src, "rb");
-    if (!fp) return false;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    unsigned char *buf = malloc((size_t)n);
-    bool ok = buf && fread(buf, 1, (size_t)n, fp) == (size_t)n;
-    fclose(fp);
-    const size_t len = strlen(from);
-    unsigned char *hit = NULL;
-    for (long i = 0; ok && !hit && i + (long)len <= n; i++)
-        if (!memcmp(buf + i, from, len)) hit = buf + i;
-    ok = ok && hit;
-    if (ok && u32 >= 0) { /* key bytes, then u32 type 4, then the value */
-        uint32_t type, v = (uint32_t)u32;
-        memcpy(&type, hit + len, 4);
-        ok = type == 4;
-        if (ok) memcpy(hit + len + 4, &v, 4);
-    } else if (ok) {
-        memcpy(hit, to, len);
-    }
-    fp = ok ? fopen(dst, "wb") : NULL;
-    ok = fp && fwrite(buf, 1, (size_t)n, fp) == (size_t)n;
-    if (fp) fclose(fp);
-    free(buf);
-    return ok;
-}
-
 static void expect_refused(const char *src, const char *from, const char *to, long long u32, const char *needle) {
     char dst[700];
     snprintf(dst, sizeof dst, "%s/hyb-patched.gguf", EMBER_TEST_TMP);
-    if (!CHECKV(patched(src, dst, from, to, u32), "cannot patch %s in %s", from, src)) return;
+    if (!CHECKV(fx_patched_copy(src, dst, from, to, u32), "cannot patch %s in %s", from, src)) return;
     ember_model_params mp;
     ember_model_params_init(&mp);
     ember_model *m = NULL;

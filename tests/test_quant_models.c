@@ -300,7 +300,8 @@ static void test_gguf_config(void) {
     /* an unknown architecture: one line naming it and the supported ones */
     CHECK(gguf_cfg("mamba", 2, NULL, 0, &c, &err) == EMBER_ERR_UNSUPPORTED);
     CHECKF(strstr(err.msg, "'mamba'") && !strchr(err.msg, '\n'), "%s", err.msg);
-    static const char *const archs[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"};
+    static const char *const archs[] = {"llama",    "mistral", "qwen2",     "qwen3",  "phi3",     "gemma2",
+                                        "gemma3",   "qwen3moe", "glm4moe", "qwen3next", "qwen35", "qwen35moe"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         CHECKF(strstr(err.msg, archs[i]), "'%s' missing from: %s", archs[i], err.msg);
     /* gemma4 (a known family, HuggingFace directories only for now): refused as such */

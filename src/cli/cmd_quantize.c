@@ -32,7 +32,8 @@ int cmd_quantize(int argc, char **argv) {
     cli_cmd cmd = {"quantize", "Write a quantized copy of a model (GGUF file or MLX directory).",
                    "--model DIR --type q8_0|q4_0|q4_k_m|f32|mlx4|mlx8|... --out PATH",
                    "q4_k_m follows llama.cpp's mix: Q4_K, with Q6_K for the output matrix and for attn_v /\n"
-                   "ffn_down of some layers (rows not a multiple of 256 fall back to Q5_0 / Q8_0).\n"
+                   "ffn_down (experts' too) of some layers (rows not a multiple of 256 fall back to Q5_0 / Q8_0);\n"
+                   "norms, biases and MoE routers stay F32.\n"
                    "f32 writes every tensor as F32 (a lossless GGUF copy).\n"
                    "GGUF models without a tokenizer get llama.cpp's 'none' vocabulary of vocab_size dummy tokens.\n"
                    "mlx<B> quantizes every matrix whose rows are whole groups to B bits with mlx-lm's\n"

@@ -16,7 +16,7 @@ static const ember_arch k_archs[] = {
     {"phi3", "phi3", NULL, EMBER_FAMILY_LLAMA, false},
     {"gemma2", "gemma2", NULL, EMBER_FAMILY_GEMMA, false},
     {"gemma3_text", "gemma3", NULL, EMBER_FAMILY_GEMMA, false},
-    {"qwen3_moe", "qwen3moe", NULL, EMBER_FAMILY_QWEN3_MOE, false}, /* GGUF: refused for now (gguf_model.c) */
+    {"qwen3_moe", "qwen3moe", NULL, EMBER_FAMILY_QWEN3_MOE, false},
     {"glm4_moe", "glm4moe", NULL, EMBER_FAMILY_QWEN3_MOE, false},
     {"qwen3_next", "qwen3next", NULL, EMBER_FAMILY_HYBRID, false},
     {"qwen3_5_text", "qwen35", NULL, EMBER_FAMILY_HYBRID, false},

@@ -1,8 +1,9 @@
 /*
  * gguf_model.c - GGUF files as llama.cpp's converter writes them
  * (architectures llama, mistral as llama, qwen2, qwen3, phi3, gemma2,
- * gemma3, qwen3next, qwen35, qwen35moe) mapped onto the same model config and tensor names as HuggingFace
- * safetensors, so each family's code (llama.c, gemma.c) runs both.
+ * gemma3, qwen3moe, glm4moe, qwen3next, qwen35, qwen35moe) mapped onto the
+ * same model config and tensor names as HuggingFace safetensors, so each
+ * family's code (llama.c, gemma.c, qwen3_moe.c, qwen3_next.c) runs both.
  *
  * Metadata (ARCH = general.architecture):
  *   ARCH.embedding_length -> hidden_size, ARCH.block_count -> n_layers,
@@ -56,6 +57,23 @@
  *   ssm_norm), ssm_a used as is, and for qwen35 / qwen35moe the value heads
  *   in llama.cpp's tiled order (cfg.lin_v_tiled: the delta_net op pairs
  *   value head h with key head h % Hk; rows and columns are not moved).
+ *
+ * qwen3moe / glm4moe (mixture of experts, qwen3_moe.c): ARCH.expert_count,
+ *   expert_used_count (at most expert_count), expert_feed_forward_length
+ *   (qwen3moe: default feed_forward_length / expert_used_count, as
+ *   llama.cpp); qwen3moe routes by softmax, always renormalised, every layer
+ *   MoE. glm4moe: expert_shared_count (a shared expert of that many times the
+ *   experts' width), leading_dense_block_count (dense first layers, default
+ *   0), expert_gating_func (2 = sigmoid, also when absent; others refused),
+ *   expert_weights_norm (default false, as llama.cpp), expert_weights_scale
+ *   (0 or absent: 1), nextn_predict_layers MTP blocks at the end of
+ *   block_count not run and their tensors (blk.N.nextn.* and the block's
+ *   own) ignored. Neither has expert groups (llama.cpp ignores
+ *   expert_group_count here, so does Ember). Tensors (blk.N.): ffn_norm
+ *   (qwen3moe) or post_attention_norm (glm4moe) for post_attention_layernorm,
+ *   ffn_gate_inp (router), ffn_{gate,up,down}_exps (stacked [E, rows, cols]),
+ *   exp_probs_b.bias (e_score_correction_bias), ffn_{gate,up,down}_shexp,
+ *   and ffn_{gate,up,down} on glm4moe's dense layers.
  *
  * RoPE layout: llama.cpp's converter permutes llama Q/K rows so that llama
  * GGUFs rotate interleaved pairs; the other architectures keep HF's NEOX
@@ -166,6 +184,48 @@ static int get_int_key(const ember_gguf *f, const char *key, bool required, int 
     return EMBER_OK;
 }
 
+/* The mixture-of-experts keys of qwen3moe and glm4moe (see the top of the
+   file), read as llama.cpp reads them; cfg's dimensions are set. */
+static int moe_config(const ember_gguf *f, const char *arch, ember_model_config *cfg, ember_error *err) {
+    const bool glm = strcmp(arch, "glm4moe") == 0;
+    char key[160];
+    int rc, dense = 0, gating = 0;
+#define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
+    if ((rc = get_int_key(f, KEY("expert_count"), true, 0, 1, 1 << 16, &cfg->n_experts, err)) ||
+        (rc = get_int_key(f, KEY("expert_used_count"), true, 0, 1, cfg->n_experts, &cfg->n_experts_used, err)))
+        return rc;
+    /* qwen3moe: the experts' width defaults to feed_forward_length / top-k (llama.cpp); glm4moe needs it */
+    const int def_ff = cfg->intermediate_size / cfg->n_experts_used;
+    if ((rc = get_int_key(f, KEY("expert_feed_forward_length"), glm || def_ff < 1, def_ff, 1, 1 << 22,
+                          &cfg->moe_intermediate_size, err)))
+        return rc;
+    cfg->n_group = cfg->topk_group = 1; /* llama.cpp's qwen3moe / glm4moe have no expert groups */
+    cfg->routed_scale = 1.0f;
+    cfg->norm_topk_prob = !glm; /* qwen3moe: always renormalised; glm4moe: llama.cpp's default, false */
+    if (glm) {
+        if ((rc = get_int_key(f, KEY("expert_shared_count"), true, 0, 0, 64, &cfg->n_shared_experts, err)) ||
+            (rc = get_int_key(f, KEY("leading_dense_block_count"), false, 0, 0, cfg->n_layers, &dense, err)) ||
+            (rc = get_int_key(f, KEY("expert_gating_func"), false, 0, 0, 1 << 16, &gating, err)))
+            return rc;
+        if (gating != 0 && gating != 2) /* 0: unset, sigmoid for glm4moe as in llama.cpp; 1 softmax, 2 sigmoid */
+            return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: %s %d is not supported (glm4moe routes with 2, sigmoid)",
+                             f->path, key, gating);
+        cfg->router_sigmoid = true;
+        if (ember_gguf_find_kv(f, KEY("expert_weights_norm")) &&
+            (rc = ember_gguf_get_bool(f, key, &cfg->norm_topk_prob, err)))
+            return rc;
+        if (ember_gguf_find_kv(f, KEY("expert_weights_scale"))) {
+            float v;
+            if ((rc = ember_gguf_get_f32(f, key, &v, err))) return rc;
+            if (!(v >= 0 && v < 1e6f)) return ember_err(err, EMBER_ERR_FORMAT, "%s: %s out of range", f->path, key);
+            if (v != 0) cfg->routed_scale = v; /* 0: none, as llama.cpp */
+        }
+    }
+#undef KEY
+    for (int l = 0; l < cfg->n_layers; l++) cfg->layer_moe[l] = l >= dense;
+    return EMBER_OK;
+}
+
 /* The hybrid keys (qwen3next, qwen35, qwen35moe; see the top of the file);
    cfg's dimensions and RoPE are set. */
 static int hybrid_config(const ember_gguf *f, const char *arch, int n_rot, ember_model_config *cfg, ember_error *err) {
@@ -256,16 +316,13 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
         return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: architecture '%.32s' is not supported (supported: %s)",
                          f->path, arch, ember_arch_list(true, list, sizeof list));
     }
-    if (row->family == EMBER_FAMILY_QWEN3_MOE) /* its stacked expert tensors (ffn_*_exps) are not read yet */
-        return ember_err(err, EMBER_ERR_UNSUPPORTED,
-                         "%s: architecture '%.32s' (mixture of experts) is not supported from GGUF yet; load the "
-                         "HuggingFace directory", f->path, arch);
     if (row->family == EMBER_FAMILY_GEMMA4) /* per-layer shapes, KV sharing and per-layer inputs have no GGUF keys here yet */
         return ember_err(err, EMBER_ERR_UNSUPPORTED,
                          "%s: architecture '%.32s' is not supported from GGUF yet; load the HuggingFace directory",
                          f->path, arch);
     const bool hybrid = row->family == EMBER_FAMILY_HYBRID;
     const bool gemma = row->family == EMBER_FAMILY_GEMMA;
+    const bool moe = row->family == EMBER_FAMILY_QWEN3_MOE;
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", row->model_type);
     *mode = row->rope_interleaved ? EMBER_ROPE_INTERLEAVED : EMBER_ROPE_NEOX;
     char key[160];
@@ -274,7 +331,7 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
     if ((rc = ember_gguf_get_u32(f, KEY("embedding_length"), &u, err))) return rc;
     cfg->hidden_size = (int)(u > 1u << 20 ? 0 : u);
     if ((rc = ember_gguf_get_u32(f, KEY("block_count"), &u, err))) return rc;
-    if (hybrid && ember_gguf_find_kv(f, KEY("nextn_predict_layers"))) { /* MTP blocks after the decoder's: not run */
+    if ((hybrid || moe) && ember_gguf_find_kv(f, KEY("nextn_predict_layers"))) { /* MTP blocks after the decoder's: not run */
         uint32_t mtp;
         if ((rc = ember_gguf_get_u32(f, key, &mtp, err))) return rc;
         if (mtp >= u) return ember_err(err, EMBER_ERR_FORMAT, "%s: %s %u for %u blocks", f->path, key, mtp, u);
@@ -282,8 +339,8 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
         u -= mtp;
     }
     cfg->n_layers = (int)(u > EMBER_MAX_LAYERS ? 0 : u);
-    /* a MoE hybrid needs no dense width: the experts' stands in when the key is absent */
-    const bool ffn_from_experts = hybrid && !ember_gguf_find_kv(f, KEY("feed_forward_length")) &&
+    /* a MoE model needs no dense width: the experts' stands in when the key is absent */
+    const bool ffn_from_experts = (hybrid || moe) && !ember_gguf_find_kv(f, KEY("feed_forward_length")) &&
                                   ember_gguf_find_kv(f, KEY("expert_count"));
     if ((rc = ember_gguf_get_u32(f, KEY(ffn_from_experts ? "expert_feed_forward_length" : "feed_forward_length"), &u,
                                  err)))
@@ -380,6 +437,7 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
     cfg->mlp_bias = ember_gguf_find_tensor(f, "blk.0.ffn_gate.bias") != NULL;
     cfg->qk_norm = ember_gguf_find_tensor(f, "blk.0.attn_q_norm.weight") != NULL;
     if (hybrid && (rc = hybrid_config(f, arch, n_rot, cfg, err))) return rc;
+    if (moe && (rc = moe_config(f, arch, cfg, err))) return rc;
     static const char *const k_special[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
                                             "tokenizer.ggml.eot_token_id"};
     for (int i = 0; i < 3; i++) {
@@ -455,10 +513,25 @@ bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, s
                                     {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
                                     {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
                                     {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"}};
+    /* mixture of experts (the stacked experts are named in blocks.c and quantize.c) */
+    static const pair k_qwen3_moe[] = {{"post_attention_layernorm.weight", "ffn_norm.weight"},
+                                       {"mlp.gate.weight", "ffn_gate_inp.weight"}};
+    static const pair k_glm4_moe[] = {{"post_attention_layernorm.weight", "post_attention_norm.weight"},
+                                      {"mlp.gate.weight", "ffn_gate_inp.weight"},
+                                      {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias"},
+                                      {"mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"},
+                                      {"mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"},
+                                      {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"}};
     const ember_arch *row = ember_arch_find(model_type);
     const pair *fam = k_llama;
     size_t n_fam = sizeof k_llama / sizeof k_llama[0];
-    if (row && row->family == EMBER_FAMILY_HYBRID) {
+    if (strcmp(model_type, "qwen3_moe") == 0) {
+        fam = k_qwen3_moe;
+        n_fam = sizeof k_qwen3_moe / sizeof k_qwen3_moe[0];
+    } else if (strcmp(model_type, "glm4_moe") == 0) {
+        fam = k_glm4_moe;
+        n_fam = sizeof k_glm4_moe / sizeof k_glm4_moe[0];
+    } else if (row && row->family == EMBER_FAMILY_HYBRID) {
         fam = k_hybrid;
         n_fam = sizeof k_hybrid / sizeof k_hybrid[0];
     } else if (ember_arch_is_gemma(model_type)) {

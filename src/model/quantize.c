@@ -58,7 +58,9 @@ ember_dtype ember_qscheme_type(ember_qscheme s, const char *name, int ndim, int6
     if (strcmp(name, "output.weight") == 0 || (tied && strcmp(name, "token_embd.weight") == 0)) {
         if (s == EMBER_QSCHEME_Q8_0 || row_len % (int64_t)ember_dtype_get(base)->block_elems) t = EMBER_Q8_0;
         else t = EMBER_Q6_K;
-    } else if (s == EMBER_QSCHEME_Q4_K_M && (ends_with(name, "attn_v.weight") || ends_with(name, "ffn_down.weight"))) {
+    } else if (s == EMBER_QSCHEME_Q4_K_M && (ends_with(name, "attn_v.weight") || ends_with(name, "ffn_down.weight") ||
+                                             ends_with(name, "ffn_down_exps.weight") ||
+                                             ends_with(name, "ffn_down_shexp.weight"))) { /* llama.cpp: any ffn_down */
         if (more_bits(layer, n_layers)) t = EMBER_Q6_K;
     }
     if (row_len % 256) {
@@ -330,6 +332,52 @@ static int write_hybrid(ember_gguf_writer *g, const ember_model_config *c, const
     return EMBER_OK;
 }
 
+/* The qwen3moe / glm4moe keys as llama.cpp's converter writes them, read
+   back by gguf_model.c: the experts, and for glm4moe the shared experts,
+   the dense first layers and the sigmoid router's normalisation and scale.
+   The MTP layers (glm4_moe's num_nextn_predict_layers) are not written: no
+   nextn_predict_layers key, block_count the decoder's layers. */
+static int write_moe(ember_gguf_writer *g, const ember_model_config *c, const char *arch, ember_error *err) {
+    char k[128];
+    int rc, dense = 0;
+#define KEY(x) (snprintf(k, sizeof k, "%s.%s", arch, x), k)
+    while (dense < c->n_layers && !c->layer_moe[dense]) dense++;
+    if ((rc = ember_gguf_set_u32(g, KEY("expert_count"), (uint32_t)c->n_experts, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("expert_used_count"), (uint32_t)c->n_experts_used, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("expert_feed_forward_length"), (uint32_t)c->moe_intermediate_size, err)))
+        return rc;
+    if (strcmp(arch, "glm4moe") == 0 &&
+        ((rc = ember_gguf_set_u32(g, KEY("expert_shared_count"), (uint32_t)c->n_shared_experts, err)) ||
+         (rc = ember_gguf_set_u32(g, KEY("leading_dense_block_count"), (uint32_t)dense, err)) ||
+         (rc = ember_gguf_set_u32(g, KEY("expert_gating_func"), 2, err)) || /* llama.cpp's sigmoid */
+         (rc = ember_gguf_set_f32(g, KEY("expert_weights_scale"), c->routed_scale, err)) ||
+         (rc = ember_gguf_set_bool(g, KEY("expert_weights_norm"), c->norm_topk_prob, err))))
+        return rc;
+#undef KEY
+    return EMBER_OK;
+}
+
+/* What llama.cpp's qwen3moe / glm4moe cannot say: refused naming the field. */
+static int moe_check(const char *in_dir, const ember_model_config *c, ember_error *err) {
+    const bool glm = strcmp(c->model_type, "glm4_moe") == 0;
+    bool dense_run = true; /* the dense layers must come first (glm4moe) or not be there (qwen3moe) */
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_moe[l]) dense_run = false;
+        if (!c->layer_moe[l] && (!glm || !dense_run))
+            return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                             "%s: layer %d is dense (%s); GGUF's %s has %s", in_dir, l,
+                             glm ? "first_k_dense_replace" : "mlp_only_layers / decoder_sparse_step", c->model_type,
+                             glm ? "its dense layers first" : "experts in every layer");
+    }
+    if (!glm && !c->norm_topk_prob)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: norm_topk_prob false; llama.cpp renormalises the top-k of %s",
+                         in_dir, c->model_type);
+    if (glm && c->topk_group < c->n_group)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: n_group %d / topk_group %d; GGUF's glm4moe has no expert groups",
+                         in_dir, c->n_group, c->topk_group);
+    return EMBER_OK;
+}
+
 /* What llama.cpp's layout cannot say about a hybrid: refused naming the field. */
 static int hybrid_check(const char *in_dir, const ember_model_config *c, ember_error *err) {
     if (c->lin_k_dim != c->lin_v_dim)
@@ -538,6 +586,8 @@ static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_
     const ember_arch *row = ember_arch_find(c->model_type);
     if (row && row->family == EMBER_FAMILY_HYBRID) {
         if ((rc = write_hybrid(g, c, arch, n_rot, err))) return rc;
+    } else if (row && row->family == EMBER_FAMILY_QWEN3_MOE && (rc = write_moe(g, c, arch, err))) {
+        return rc;
     } else if (ember_arch_is_gemma(c->model_type)) {
         if ((rc = write_gemma(g, c, arch, err))) return rc;
     } else {
@@ -594,9 +644,9 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
                        "F32 / F16 / BF16 original", in_dir, cfg.quant.bits);
     const bool hybrid = !rc && cfg.n_linear > 0;
     if (hybrid) rc = hybrid_check(in_dir, &cfg, err);
-    if (!rc && cfg.n_experts && !hybrid) /* the GGUF reader takes qwen3moe / glm4moe experts not yet (gguf_model.c) */
-        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: quantizing a mixture-of-experts model (%s) is not supported yet",
-                       in_dir, cfg.model_type);
+    const ember_arch *row = !rc ? ember_arch_find(cfg.model_type) : NULL; /* non-NULL: the config parser checked */
+    const bool moe = row && row->family == EMBER_FAMILY_QWEN3_MOE;
+    if (moe) rc = moe_check(in_dir, &cfg, err);
     if (!rc && cfg.text_of_multimodal) /* its tensors carry the wrapper's names (weights.h) */
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
                        "%s: quantizing a multimodal checkpoint (%s inside text_config) is not supported yet", in_dir,
@@ -612,7 +662,6 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
         rc = g ? (err ? err->code : EMBER_ERR_NOMEM) : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
         goto done;
     }
-    const ember_arch *row = ember_arch_find(cfg.model_type); /* non-NULL: the config parser checked */
     bool llama = row && row->rope_interleaved;                /* Q/K rows permuted as llama.cpp does */
     bool gemma = row && row->family == EMBER_FAMILY_GEMMA;
     const char *arch = ember_gguf_arch_of(cfg.model_type);
@@ -624,8 +673,10 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
             const ember_st_tensor *t = &w->files[f]->tensors[i];
             char gn[128];
             int hl = -1, used = 0;
-            if (hybrid && sscanf(t->name, "model.layers.%d.%n", &hl, &used) == 1 && used > 0) {
-                if (strcmp(t->name + used, "linear_attn.in_proj_qkvz.weight") == 0) { /* qwen3_next: split */
+            if (sscanf(t->name, "model.layers.%d.%n", &hl, &used) == 1 && used > 0 && hl >= cfg.n_layers)
+                continue; /* glm4_moe's MTP layers, after the decoder's: not written (write_moe) */
+            if ((hybrid || moe) && used > 0) {
+                if (hybrid && strcmp(t->name + used, "linear_attn.in_proj_qkvz.weight") == 0) { /* qwen3_next: split */
                     rc = write_qkvz(g, pool, s, w, in_dir, &cfg, hl, tied, err);
                     continue;
                 }

@@ -16,7 +16,8 @@
  *   dense layer: x += (silu(h Wg) * h Wu) Wd
  * then logits = rmsnorm(x[wanted]) Wlm. qwen3_moe has no shared expert.
  * The MoE block (grouping by expert, batch invariance) is ember_blk_moe in
- * blocks.c. GGUF qwen3moe files are refused for now (gguf_model.c).
+ * blocks.c. GGUF qwen3moe / glm4moe files bind the same tensors by name
+ * (gguf_model.c maps the keys and names; blocks.c reads the stacked experts).
  */
 #include <math.h>
 #include <stdio.h>
