@@ -15,7 +15,9 @@
 #   only the matching rows. Raw per-round numbers go to stderr.
 # env: PRESETS (default "qwen2.5-0.5b llama3.2-1b"; any `ember mkmodel --list`
 #   preset, e.g. gemma3-1b), TYPES (default "q8_0 q4_0 q4_k_m"), THREADS (default
-#   "1 2"), EMBER_ISA (ember's --isa, default auto; the header line names it).
+#   "1 2"), EMBER_ISA (ember's --isa, default auto; the header line names it; with
+#   EMBER_CPU_NO_VNNI=1 ember runs as on a CPU without VNNI / AMX, e.g. against a
+#   llama.cpp built for AVX2 alone).
 # llama.cpp is built separately, outside this repository (see RESULTS.md).
 set -euo pipefail
 EMBER=$1 LLB=$2 DIR=$3 ROUNDS=${4:-3} REPS=${5:-2} FILTER=${6:-.}
@@ -45,7 +47,7 @@ for l in sys.stdin:
 print(r["pp"], r["tg"])'
 }
 
-echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, ember --isa ${EMBER_ISA:-auto}, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, ember --isa ${EMBER_ISA:-auto}${EMBER_CPU_NO_VNNI:+ with EMBER_CPU_NO_VNNI (no VNNI, no AMX)}, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| model | type | threads | ember pp512 | llama.cpp pp512 | ratio | ember tg64 | llama.cpp tg64 | ratio |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for p in $PRESETS; do
