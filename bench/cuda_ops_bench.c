@@ -285,7 +285,7 @@ static void bench_variants(int N, int K, int M) {
         double bytes = (double)wbytes + (double)M * K * 4 + (double)M * N * 4;
         char name[64];
         if (v > 0)
-            snprintf(name, sizeof name, "tc MT %d NT %d WM %d WN %d PS %d U %d", sh[0], sh[1], sh[2], sh[3], sh[4],
+            snprintf(name, sizeof name, "tc WT %d XT %d BW %d BX %d PS %d U %d", sh[0], sh[1], sh[2], sh[3], sh[4],
                      sh[5]);
         else
             snprintf(name, sizeof name, v ? "legacy (CUDA cores)" : "default (tensor cores)");
@@ -358,8 +358,9 @@ int main(int argc, char **argv) {
         bench_mm("4096x4096", EMBER_BF16, 256, 4096, 1, n4096);
         bench_mm("4096x4096", EMBER_BF16, 2048, 4096, 1, n4096);
     }
-    printf("\nbf16 kernels: default (tensor cores), legacy (CUDA cores, before), tensor-core shapes (MT x NT m16n8\n"
-           "tiles per warp, WM x WN warp tiles per block, PS parts split over warps, U k-blocks loaded ahead):\n\n");
+    printf("\nbf16 kernels: default (tensor cores), legacy (CUDA cores, before), tensor-core shapes (WT x XT tiles of\n"
+           "16 weight rows x 8 input rows per warp, BW x BX warp tiles per block, PS parts split over warps, U k-blocks\n"
+           "loaded ahead):\n\n");
     printf("| weight | M | kernel | us (graph) | %% of copy | TFLOP/s | same bits as default |\n"
            "| --- | --- | --- | --- | --- | --- | --- |\n");
     const int vm[] = {1, 8, 64, 256, 2048};

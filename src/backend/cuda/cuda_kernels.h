@@ -32,7 +32,7 @@ enum { EMBER_CU_F32 = 0, EMBER_CU_F16 = 1, EMBER_CU_BF16 = 2 };
 
 /* The canonical dot products (cuda_matmul.cu's header says them in full).
    bf16 weights: tensor cores, x split into bf16 hi + lo, K in k-blocks of
-   32 dealt round robin to 4 parts, each part one chain of mma.sync
+   32 dealt round robin to 8 parts, each part one chain of mma.sync
    m16n8k16 steps (hi then lo), the parts added in order. f32 and f16
    weights: lanes l = 0..31, lane l sums the chunks c = l, l + 32, l + 64, ... of 8
    consecutive elements (k = 8c .. 8c + 7, k < K) with one fused
@@ -60,7 +60,7 @@ typedef struct ember_cu_mm {
 } ember_cu_mm;
 
 /* Measuring aid: variant v > 0 is another shape of the bf16 tensor-core
-   kernel, for any M: shape = {MT, NT, WM, WN, PS, U} (cuda_matmul.cu).
+   kernel, for any M: shape = {WT, XT, BW, BX, PS, U} (cuda_matmul.cu).
    v = 0 (the default for each M) gives zeros. Returns 0 past the last
    variant. Every variant gives the same bits. */
 int ember_cu_tc_variant(int variant, int shape[6]);

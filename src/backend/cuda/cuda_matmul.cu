@@ -14,21 +14,23 @@
  *     lo = bf16(x - hi) (round to nearest even; x - hi is exact in f32),
  *     so hi + lo keeps about 16 bits of x's 24 (relative error <= 2^-17);
  *   - K is cut into k-blocks of 32 (k = 32b .. 32b + 31, zero past K);
- *     k-block b belongs to part b % 4;
- *   - in k-block b, lane t of the warp (g = t / 4, q = t % 4) holds
- *     k = 32b + 8q .. 32b + 8q + 7 of weight row g of its n8 tile and of
- *     input rows g and g + 8 of its m16 tile. Elements 8q + 0, 1, 2, 3 fill
- *     slots 2q, 2q + 1, 2q + 8, 2q + 9 of step 0, elements 8q + 4 .. 7 the
- *     same slots of step 1; each step is one mma.sync m16n8k16 (bf16 in,
- *     f32 accumulate) with x's hi, then one with x's lo, on the same
- *     accumulator;
+ *     k-block b belongs to part b % 8;
+ *   - the weights are the mma's A operand (16 weight rows), the inputs its
+ *     B operand (8 input rows). In k-block b, lane t of the warp (g = t / 4,
+ *     q = t % 4) holds k = 32b + 8q .. 32b + 8q + 7 of weight rows g and
+ *     g + 8 of its weight tile and of input row g of its input tile.
+ *     Elements 8q + 0, 1, 2, 3 fill k slots 2q, 2q + 1, 2q + 8, 2q + 9 of
+ *     step 0, elements 8q + 4 .. 7 the same slots of step 1; each step is
+ *     one mma.sync m16n8k16 (bf16 in, f32 accumulate) with x's hi, then
+ *     one with x's lo, on the same accumulator;
  *   - each part is one accumulator chain, starting at +0, over its
  *     k-blocks in increasing b, steps 0 then 1, hi then lo;
- *   - out = ((p0 + p1) + p2) + p3, then + bias[n].
+ *   - out = ((p0 + p1) + p2) + ... + p7 (in part order), then + bias[n].
  *   The tensor cores compute an output from its own row of A, column of B
- *   and accumulator only, so padding M (rows past M are zeros) and the
- *   tile a row lands in change nothing. The parts exist for decode: four
- *   warps walk one tile's K side by side (PS below).
+ *   and accumulator only, so padding (input rows past M are zeros, weight
+ *   rows past N repeat the last) and the tile a row lands in change
+ *   nothing. The parts exist for decode: eight warps walk one tile's K
+ *   side by side (PS below).
  * f32 and f16 weights: the CUDA-core order (cuda_kernels.h):
  *   - the K elements are cut into chunks of 8 (k = 8c .. 8c + 7);
  *   - lane l of 32 (one warp) owns the chunks c = l, l + 32, l + 64, ...
@@ -40,15 +42,16 @@
  *   - then out = sum (+ bias[n]).
  *
  * Kernels (one launch per weight dtype; up to 8 products share the input):
- *   tc     bf16, every M. A warp owns MT m16 tiles x NT n8 tiles of the
- *          output, a block WM x WN such warp tiles. PS (parts split): each
- *          tile has 4 warps, one per part, whose sums meet in shared
- *          memory (small M: more warps per weight, more loads in flight);
- *          else one warp walks the four parts in turn, keeping the running
- *          sum (large M). U k-blocks of weights are loaded ahead. Shapes
- *          per M in k_tc (small M <= 16, mid M <= 128, big), measured on
- *          an H200 (docs/cuda.md); tc_elem (element loads) takes K % 8 != 0
- *          and tensors not 16-byte aligned, with the same values and bits.
+ *   tc     bf16, every M. A warp owns WT weight tiles (16 rows) x XT input
+ *          tiles (8 rows), a block BW x BX such warp tiles. PS (parts
+ *          split): each tile has 8 warps, one per part, whose sums meet in
+ *          shared memory (small M: more warps per weight, more loads in
+ *          flight); else one warp walks the eight parts in turn, keeping
+ *          the running sum (large M). Each lane keeps the weights of U
+ *          k-blocks in registers while the next U load. Shapes per M in
+ *          k_tc, measured on an H200 (docs/cuda.md); tc_elem (element
+ *          loads) takes K % 8 != 0 and tensors not 16-byte aligned, with
+ *          the same values and so the same bits.
  *   gemv   f32 / f16, M <= 8, 16-byte weight loads. A warp owns R weight
  *          rows and all M input rows; each lane keeps U chunks of each row
  *          in flight (U x R x 16 bytes), reads the input chunks (2 x 16
@@ -380,24 +383,25 @@ static const mm_kernel k_elem[3] = {elem_f32, elem_f16, elem_bf16};
 
 /* ---- tc: bf16 weights on the tensor cores, every M ------------------------------------------ */
 
-/* The tensor-core order (TC_ORDER in the header comment). TC_KB elements
-   make a k-block, TC_P parts share the k-blocks round robin. */
+/* The tensor-core order (the header comment). TC_KB elements make a
+   k-block, TC_P parts share the k-blocks round robin. */
 #define TC_KB 32
-#define TC_P 4
+#define TC_P 8
 
 /* acc += a b on the tensor cores: one m16n8k16 product, bf16 in, f32
-   accumulate (fragment layouts: PTX ISA, "mma.m16n8k16"). */
-static __device__ __forceinline__ void mma_bf16(float acc[4], const unsigned int a[4], unsigned int b0,
-                                                unsigned int b1) {
+   accumulate (fragment layouts: PTX ISA, "mma.m16n8k16"). a: 16 weight
+   rows, b: 8 input rows. */
+static __device__ __forceinline__ void mma_bf16(float acc[4], unsigned int a0, unsigned int a1, unsigned int a2,
+                                                unsigned int a3, unsigned int b0, unsigned int b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* The eight weights of a lane in k-block kb: row `row`, k = 32 kb + 8 q ..
-   + 7, zero past K. vec: one 16-byte load (K % 8 == 0, row 16-byte
-   aligned), else element loads; the same values either way. */
+/* The eight weights k .. k + 7 of a weight row, zero past K. vec: one
+   16-byte load (K % 8 == 0, row 16-byte aligned), else element loads; the
+   same values either way. */
 static __device__ __forceinline__ uint4 tc_ldw(const unsigned short *row, int k, int K, const bool vec) {
     if (vec) return k < K ? __ldg((const uint4 *)(row + k)) : make_uint4(0, 0, 0, 0);
     unsigned int u[4];
@@ -410,26 +414,21 @@ static __device__ __forceinline__ uint4 tc_ldw(const unsigned short *row, int k,
     return make_uint4(u[0], u[1], u[2], u[3]);
 }
 
-/* Eight inputs of a row (NULL: a row past M, zeros) split into bf16 pairs:
-   hi[i] = the pair (x[2i], x[2i + 1]) rounded to bf16 (lower k in the low
-   half), lo[i] = the pairs' remainders x - hi (exact in f32) rounded to
-   bf16. */
+/* The eight inputs k .. k + 7 of a row (NULL: a row past M, zeros; zero
+   past K) split into bf16 pairs: hi[i] = the pair (x[2i], x[2i + 1])
+   rounded to bf16 (lower k in the low half), lo[i] = the remainders x - hi
+   (exact in f32) rounded to bf16. */
 static __device__ __forceinline__ void tc_ldx(const float *row, int k, int K, const bool vec, unsigned int hi[4],
                                               unsigned int lo[4]) {
     float f[8];
-    if (!row) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) f[j] = 0.0f;
-    } else if (vec) {
-        if (k < K) {
-            ld_xchunk(row + k, 0, f);
-        } else {
+    for (int j = 0; j < 8; j++) f[j] = 0.0f;
+    if (row && vec && k < K) {
+        ld_xchunk(row + k, 0, f);
+    } else if (row && !vec) {
 #pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = 0.0f;
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; j++) f[j] = k + j < K ? __ldg(row + k + j) : 0.0f;
+        for (int j = 0; j < 8; j++)
+            if (k + j < K) f[j] = __ldg(row + k + j);
     }
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -441,161 +440,169 @@ static __device__ __forceinline__ void tc_ldx(const float *row, int k, int K, co
     }
 }
 
-/* One k-block of a warp's MT x NT tiles: both steps, hi then lo each. */
-static __device__ __forceinline__ void tc_kblock(float acc[][4][4], const uint4 *wv, const float *const *xr0,
-                                                 const float *const *xr8, int k, int K, const bool vec, const int MT,
-                                                 const int NT) {
+/* One k-block of a warp's WT x XT tiles: w[wt][0], w[wt][1] are the lane's
+   weights of rows g and g + 8 of weight tile wt; step 0 then step 1, each
+   hi then lo. */
+static __device__ __forceinline__ void tc_kblock(float acc[][4][4], const uint4 w[][2], const float *const *xr, int k,
+                                                 int K, const bool vec, const int WT, const int XT) {
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        unsigned int h0[4], l0[4], h8[4], l8[4]; /* rows g and g + 8 of the m-tile */
-        tc_ldx(xr0[mt], k, K, vec, h0, l0);
-        tc_ldx(xr8[mt], k, K, vec, h8, l8);
+    for (int xt = 0; xt < XT; xt++) {
+        unsigned int hi[4], lo[4];
+        tc_ldx(xr[xt], k, K, vec, hi, lo);
 #pragma unroll
-        for (int s = 0; s < 2; s++) {
-            const unsigned int ah[4] = {h0[2 * s], h8[2 * s], h0[2 * s + 1], h8[2 * s + 1]};
-            const unsigned int al[4] = {l0[2 * s], l8[2 * s], l0[2 * s + 1], l8[2 * s + 1]};
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const unsigned int b0 = s ? wv[nt].z : wv[nt].x, b1 = s ? wv[nt].w : wv[nt].y;
-                mma_bf16(acc[mt][nt], ah, b0, b1);
-                mma_bf16(acc[mt][nt], al, b0, b1);
-            }
+        for (int wt = 0; wt < WT; wt++) {
+            const uint4 r0 = w[wt][0], r8 = w[wt][1];
+            mma_bf16(acc[wt][xt], r0.x, r8.x, r0.y, r8.y, hi[0], hi[1]);
+            mma_bf16(acc[wt][xt], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
+            mma_bf16(acc[wt][xt], r0.z, r8.z, r0.w, r8.w, hi[2], hi[3]);
+            mma_bf16(acc[wt][xt], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
         }
     }
 }
 
-/* The chain of part `part`: k-blocks part, part + TC_P, ... in order, U
-   k-blocks' weights loaded ahead. acc starts at zero. */
+/* The chain of part `part`: k-blocks part, part + TC_P, ... in order, from
+   +0. The weights of U k-blocks are in registers while the next U load. */
 static __device__ __forceinline__ void tc_part(float acc[][4][4], const unsigned short *const *wr,
-                                               const float *const *xr0, const float *const *xr8, int part, int K,
-                                               const bool vec, const int MT, const int NT, const int U) {
+                                               const float *const *xr, int part, int K, const bool vec, const int WT,
+                                               const int XT, const int U) {
     const int q = (int)threadIdx.x % 4, KB = (K + TC_KB - 1) / TC_KB;
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int wt = 0; wt < WT; wt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int xt = 0; xt < XT; xt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
-    int b = part;
-    for (; b + TC_P * (U - 1) < KB; b += TC_P * U) {
-        uint4 wv[8][4];
+            for (int i = 0; i < 4; i++) acc[wt][xt][i] = 0.0f;
+    uint4 cur[8][4][2], nxt[8][4][2];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) cur[u][wt][h] = tc_ldw(wr[2 * wt + h], (part + TC_P * u) * TC_KB + 8 * q, K, vec);
+    for (int b = part; b < KB; b += TC_P * U) {
+        /* past K the loads give zeros and read nothing */
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) wv[u][nt] = tc_ldw(wr[nt], (b + TC_P * u) * TC_KB + 8 * q, K, vec);
+            for (int wt = 0; wt < WT; wt++)
 #pragma unroll
-        for (int u = 0; u < U; u++) tc_kblock(acc, wv[u], xr0, xr8, (b + TC_P * u) * TC_KB + 8 * q, K, vec, MT, NT);
-    }
-    for (; b < KB; b += TC_P) {
-        uint4 wv[4];
+                for (int h = 0; h < 2; h++)
+                    nxt[u][wt][h] = tc_ldw(wr[2 * wt + h], (b + TC_P * (U + u)) * TC_KB + 8 * q, K, vec);
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) wv[nt] = tc_ldw(wr[nt], b * TC_KB + 8 * q, K, vec);
-        tc_kblock(acc, wv, xr0, xr8, b * TC_KB + 8 * q, K, vec, MT, NT);
+        for (int u = 0; u < U; u++)
+            if (b + TC_P * u < KB) tc_kblock(acc, cur[u], xr, (b + TC_P * u) * TC_KB + 8 * q, K, vec, WT, XT);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) cur[u][wt][h] = nxt[u][wt][h];
     }
 }
 
-/* A block of WM x WN warp tiles, each MT m16 tiles by NT n8 tiles.
-   PS (parts split): each tile has TC_P warps, one per part, and the parts
-   meet in shared memory `red`; else one warp per tile walks the parts in
-   turn. Both add the parts as ((p0 + p1) + p2) + p3. */
-static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red, const bool vec, const int MT,
-                                               const int NT, const int WM, const int WN, const bool PS,
+/* A block of BW x BX warp tiles (along weight rows x input rows), each WT
+   m16 tiles (16 weight rows) by XT n8 tiles (8 input rows). PS (parts
+   split): each tile has TC_P warps, one per part, whose sums meet in
+   shared memory `red`; else one warp per tile walks the parts in turn,
+   keeping the running sum. Both add the parts as (((p0 + p1) + p2) + ...)
+   + p7. */
+static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red, const bool vec, const int WT,
+                                               const int XT, const int BW, const int BX, const bool PS,
                                                const int U) {
     const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
     const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES, g = lane / 4, q = lane % 4;
     const int tile = PS ? warp / TC_P : warp, part = PS ? warp % TC_P : 0;
-    const int wm = tile / WN, wn = tile % WN;
-    const int m0 = (int)blockIdx.y * (WM * MT * 16) + wm * MT * 16;
-    const int n0 = ((int)blockIdx.x - p.first_block) * (WN * NT * 8) + wn * NT * 8;
+    const int tw = tile % BW, tx = tile / BW;
+    const int n0 = ((int)blockIdx.x - p.first_block) * (BW * WT * 16) + tw * WT * 16;
+    const int m0 = (int)blockIdx.y * (BX * XT * 8) + tx * XT * 8;
     const int K = a.K;
-    /* rows past N read row N - 1 and rows past M read zeros; neither is stored */
-    const unsigned short *wr[4];
-    const float *xr0[4], *xr8[4];
+    /* weight rows past N read row N - 1 and input rows past M read zeros; neither is stored */
+    const unsigned short *wr[8];
+    const float *xr[4];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-        wr[nt] = (const unsigned short *)p.w + (size_t)min(n0 + nt * 8 + g, p.N - 1) * (size_t)K;
+    for (int i = 0; i < 2 * WT; i++)
+        wr[i] = (const unsigned short *)p.w + (size_t)min(n0 + (i / 2) * 16 + (i % 2) * 8 + g, p.N - 1) * (size_t)K;
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        const int r0 = m0 + mt * 16 + g, r8 = r0 + 8;
-        xr0[mt] = r0 < a.M ? a.x + (size_t)r0 * (size_t)K : NULL;
-        xr8[mt] = r8 < a.M ? a.x + (size_t)r8 * (size_t)K : NULL;
+    for (int xt = 0; xt < XT; xt++) {
+        const int m = m0 + xt * 8 + g;
+        xr[xt] = m < a.M ? a.x + (size_t)m * (size_t)K : NULL;
     }
     const bool live = m0 < a.M && n0 < p.N;
     float acc[4][4][4], sum[4][4][4];
     if (PS) {
-        if (live) tc_part(acc, wr, xr0, xr8, part, K, vec, MT, NT, U);
-        const int per = MT * NT * 4;
+        if (live) tc_part(acc, wr, xr, part, K, vec, WT, XT, U);
+        const int per = WT * XT * 4;
         if (part && live) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+            for (int wt = 0; wt < WT; wt++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+                for (int xt = 0; xt < XT; xt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        red[(((size_t)tile * (TC_P - 1) + part - 1) * per + (mt * NT + nt) * 4 + i) * LANES + lane] =
-                            acc[mt][nt][i];
+                        red[(((size_t)tile * (TC_P - 1) + part - 1) * per + (wt * XT + xt) * 4 + i) * LANES + lane] =
+                            acc[wt][xt][i];
         }
         __syncthreads();
         if (part || !live) return;
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+        for (int wt = 0; wt < WT; wt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int xt = 0; xt < XT; xt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    float s = acc[mt][nt][i];
+                    float s = acc[wt][xt][i];
 #pragma unroll
                     for (int pp = 1; pp < TC_P; pp++)
-                        s = s + red[(((size_t)tile * (TC_P - 1) + pp - 1) * per + (mt * NT + nt) * 4 + i) * LANES +
+                        s = s + red[(((size_t)tile * (TC_P - 1) + pp - 1) * per + (wt * XT + xt) * 4 + i) * LANES +
                                     lane];
-                    sum[mt][nt][i] = s;
+                    sum[wt][xt][i] = s;
                 }
     } else {
         if (!live) return;
 #pragma unroll 1
         for (int pp = 0; pp < TC_P; pp++) {
-            tc_part(acc, wr, xr0, xr8, pp, K, vec, MT, NT, U);
+            tc_part(acc, wr, xr, pp, K, vec, WT, XT, U);
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+            for (int wt = 0; wt < WT; wt++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+                for (int xt = 0; xt < XT; xt++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) sum[mt][nt][i] = pp ? sum[mt][nt][i] + acc[mt][nt][i] : acc[mt][nt][i];
+                    for (int i = 0; i < 4; i++) sum[wt][xt][i] = pp ? sum[wt][xt][i] + acc[wt][xt][i] : acc[wt][xt][i];
         }
     }
-    /* the accumulator layout: i = 0, 1 row g, columns 2q, 2q + 1; i = 2, 3 row g + 8 */
+    /* the accumulator layout: i = 0, 1 weight row g, input rows 2q, 2q + 1; i = 2, 3 weight row g + 8 */
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int wt = 0; wt < WT; wt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int xt = 0; xt < XT; xt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int m = m0 + mt * 16 + g + (i >= 2 ? 8 : 0), n = n0 + nt * 8 + 2 * q + (i & 1);
-                if (m < a.M && n < p.N) store_out(p, m, n, sum[mt][nt][i]);
+                const int n = n0 + wt * 16 + g + (i >= 2 ? 8 : 0), m = m0 + xt * 8 + 2 * q + (i & 1);
+                if (m < a.M && n < p.N) store_out(p, m, n, sum[wt][xt][i]);
             }
 }
 
 typedef struct tc_kind {
     mm_kernel k;
-    int MT, NT, WM, WN, PS, U;
+    int WT, XT, BW, BX, PS, U;
 } tc_kind;
 
-#define TC_WARPS(WM, WN, PS) ((WM) * (WN) * ((PS) ? TC_P : 1))
-#define TC_KERNEL(NAME, VEC, MT, NT, WM, WN, PS, U)                                                            \
-    static_assert((MT) <= 4 && (NT) <= 4 && (U) <= 8 && TC_WARPS(WM, WN, PS) * LANES <= 1024, "tc kernel shape"); \
-    static __global__ void __launch_bounds__(TC_WARPS(WM, WN, PS) * LANES) NAME(const ember_cu_mm a) {          \
-        __shared__ float red[(PS) ? (WM) * (WN) * (TC_P - 1) * (MT) * (NT) * 4 * LANES : 1];                     \
-        tc_body(a, red, VEC, MT, NT, WM, WN, PS, U);                                                            \
+#define TC_WARPS(BW, BX, PS) ((BW) * (BX) * ((PS) ? TC_P : 1))
+#define TC_KERNEL(NAME, VEC, WT, XT, BW, BX, PS, U)                                                            \
+    static_assert((WT) <= 4 && (XT) <= 4 && (U) <= 8 && TC_WARPS(BW, BX, PS) * LANES <= 1024, "tc kernel shape"); \
+    static __global__ void __launch_bounds__(TC_WARPS(BW, BX, PS) * LANES) NAME(const ember_cu_mm a) {          \
+        __shared__ float red[(PS) ? (BW) * (BX) * (TC_P - 1) * (WT) * (XT) * 4 * LANES : 1];                     \
+        tc_body(a, red, VEC, WT, XT, BW, BX, PS, U);                                                            \
     }
-#define TC_ROW(NAME, VEC, MT, NT, WM, WN, PS, U) {NAME, MT, NT, WM, WN, PS, U},
+#define TC_ROW(NAME, VEC, WT, XT, BW, BX, PS, U) {NAME, WT, XT, BW, BX, PS, U},
 
-/* The defaults, by M (measured on an H200, docs/cuda.md). X(name, vec, MT,
-   NT, WM, WN, PS, U). */
+/* The defaults, by M (measured on an H200, docs/cuda.md). X(name, vec, WT,
+   XT, BW, BX, PS, U). */
 #define TC_DEFAULTS(X)                        \
-    X(tc_small, true, 1, 1, 1, 2, true, 4)    \
-    X(tc_mid, true, 2, 2, 1, 2, true, 2)      \
-    X(tc_big, true, 2, 4, 2, 4, false, 1)     \
-    X(tc_elem, false, 1, 1, 1, 2, true, 2)
+    X(tc_small, true, 1, 1, 1, 1, true, 4)    \
+    X(tc_mid, true, 1, 2, 2, 1, true, 2)      \
+    X(tc_big, true, 2, 2, 4, 2, false, 2)     \
+    X(tc_elem, false, 1, 1, 1, 1, true, 2)
 TC_DEFAULTS(TC_KERNEL)
 enum { TC_SMALL, TC_MID, TC_BIG, TC_ELEM };
 static const tc_kind k_tc[] = {TC_DEFAULTS(TC_ROW)};
@@ -603,35 +610,30 @@ static const tc_kind k_tc[] = {TC_DEFAULTS(TC_ROW)};
 /* Other shapes, for measuring (ember_cu_mm.variant, bench/cuda_ops_bench.c);
    the same bits as the defaults, by construction. */
 #define TC_VARIANTS(X)                      \
-    X(tc_v1, true, 1, 1, 1, 2, true, 2)     \
-    X(tc_v2, true, 1, 1, 1, 2, true, 8)     \
-    X(tc_v3, true, 1, 2, 1, 2, true, 4)     \
-    X(tc_v4, true, 1, 1, 1, 4, true, 4)     \
-    X(tc_v5, true, 2, 2, 1, 2, true, 2)     \
-    X(tc_v6, true, 4, 2, 1, 2, true, 1)     \
-    X(tc_v7, true, 2, 4, 2, 4, false, 1)    \
-    X(tc_v8, true, 2, 4, 2, 4, false, 2)    \
-    X(tc_v9, true, 2, 2, 2, 4, false, 2)    \
-    X(tc_v10, true, 1, 4, 2, 4, false, 2)   \
-    X(tc_v11, true, 4, 2, 2, 2, false, 1)
+    X(tc_v1, true, 1, 1, 1, 1, true, 2)     \
+    X(tc_v2, true, 1, 1, 1, 1, true, 8)     \
+    X(tc_v3, true, 1, 1, 2, 1, true, 4)     \
+    X(tc_v4, true, 2, 1, 1, 1, true, 4)     \
+    X(tc_v5, true, 1, 2, 1, 1, true, 4)     \
+    X(tc_v6, true, 1, 4, 1, 1, true, 2)     \
+    X(tc_v7, true, 2, 2, 4, 2, false, 1)    \
+    X(tc_v8, true, 2, 4, 4, 2, false, 1)    \
+    X(tc_v9, true, 4, 2, 2, 4, false, 1)    \
+    X(tc_v10, true, 2, 4, 2, 2, false, 2)   \
+    X(tc_v11, true, 1, 4, 4, 2, false, 2)
 TC_VARIANTS(TC_KERNEL)
 static const tc_kind k_tc_var[] = {TC_VARIANTS(TC_ROW)};
 #define N_TC_VAR ((int)(sizeof k_tc_var / sizeof k_tc_var[0]))
 
 extern "C" int ember_cu_tc_variant(int variant, int shape[6]) {
-    const tc_kind *v;
     if (variant < 0 || variant > N_TC_VAR) return 0;
-    v = variant ? &k_tc_var[variant - 1] : NULL;
-    if (!v) {
-        for (int i = 0; i < 6; i++) shape[i] = 0;
-        return 1;
-    }
-    shape[0] = v->MT;
-    shape[1] = v->NT;
-    shape[2] = v->WM;
-    shape[3] = v->WN;
-    shape[4] = v->PS;
-    shape[5] = v->U;
+    const tc_kind *v = variant ? &k_tc_var[variant - 1] : NULL;
+    shape[0] = v ? v->WT : 0;
+    shape[1] = v ? v->XT : 0;
+    shape[2] = v ? v->BW : 0;
+    shape[3] = v ? v->BX : 0;
+    shape[4] = v ? v->PS : 0;
+    shape[5] = v ? v->U : 0;
     return 1;
 }
 
@@ -668,12 +670,12 @@ extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
     if (a->dtype == EMBER_CU_BF16 && !a->legacy) {
         const tc_kind *t = a->variant ? &k_tc_var[a->variant - 1]
                            : !vec         ? &k_tc[TC_ELEM]
-                           : a->M <= 16   ? &k_tc[TC_SMALL]
-                           : a->M <= 128  ? &k_tc[TC_MID]
+                           : a->M <= 8    ? &k_tc[TC_SMALL]
+                           : a->M <= 64   ? &k_tc[TC_MID]
                                           : &k_tc[TC_BIG];
-        const int bm = t->WM * t->MT * 16;
-        return launch(stream, a, t->k, t->WN * t->NT * 8, (a->M + bm - 1) / bm,
-                      TC_WARPS(t->WM, t->WN, t->PS) * LANES);
+        const int bm = t->BX * t->XT * 8;
+        return launch(stream, a, t->k, t->BW * t->WT * 16, (a->M + bm - 1) / bm,
+                      TC_WARPS(t->BW, t->BX, t->PS) * LANES);
     }
     if (vec && a->M <= 8) {
         const gemv_kind *g = &k_gemv[a->dtype][a->M - 1];
