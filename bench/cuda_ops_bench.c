@@ -273,7 +273,7 @@ static void bench_variants(int N, int K, int M) {
     float *ref = malloc(on * 4), *got = malloc(on * 4);
     static var_ctx c;
     for (int v = -1;; v++) { /* -1: legacy, 0: default, > 0: variants */
-        int sh[6];
+        int sh[7];
         if (v >= 0 && !ember_cu_tc_variant(v, sh)) break;
         c.n_copies = copies;
         for (int r = 0; r < copies; r++)
@@ -285,8 +285,8 @@ static void bench_variants(int N, int K, int M) {
         double bytes = (double)wbytes + (double)M * K * 4 + (double)M * N * 4;
         char name[64];
         if (v > 0)
-            snprintf(name, sizeof name, "tc WT %d XT %d BW %d BX %d PS %d U %d", sh[0], sh[1], sh[2], sh[3], sh[4],
-                     sh[5]);
+            snprintf(name, sizeof name, "tc WT %d XT %d BW %d BX %d PS %d U %d S %d", sh[0], sh[1], sh[2], sh[3],
+                     sh[4], sh[5], sh[6]);
         else
             snprintf(name, sizeof name, v ? "legacy (CUDA cores)" : "default (tensor cores)");
         printf("| %dx%d | %d | %s | %.1f | %.1f | %.2f | %s |\n", N, K, M, name, t * 1e6,
@@ -360,7 +360,7 @@ int main(int argc, char **argv) {
     }
     printf("\nbf16 kernels: default (tensor cores), legacy (CUDA cores, before), tensor-core shapes (WT x XT tiles of\n"
            "16 weight rows x 8 input rows per warp, BW x BX warp tiles per block, PS parts split over warps, U k-blocks\n"
-           "loaded ahead):\n\n");
+           "loaded ahead in registers, or S k-blocks ahead through shared memory):\n\n");
     printf("| weight | M | kernel | us (graph) | %% of copy | TFLOP/s | same bits as default |\n"
            "| --- | --- | --- | --- | --- | --- | --- |\n");
     const int vm[] = {1, 8, 64, 256, 2048};

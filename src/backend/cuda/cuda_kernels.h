@@ -60,10 +60,10 @@ typedef struct ember_cu_mm {
 } ember_cu_mm;
 
 /* Measuring aid: variant v > 0 is another shape of the bf16 tensor-core
-   kernel, for any M: shape = {WT, XT, BW, BX, PS, U} (cuda_matmul.cu).
+   kernel, for any M: shape = {WT, XT, BW, BX, PS, U, S} (cuda_matmul.cu).
    v = 0 (the default for each M) gives zeros. Returns 0 past the last
    variant. Every variant gives the same bits. */
-int ember_cu_tc_variant(int variant, int shape[6]);
+int ember_cu_tc_variant(int variant, int shape[7]);
 
 /* out_i = x w_i^T (+ bias_i) for each product i. Picks the kernel: vector
    loads when K % 8 == 0 and x and every w are 16-byte aligned, else element

@@ -500,15 +500,75 @@ static __device__ __forceinline__ void tc_part(float acc[][4][4], const unsigned
     }
 }
 
+/* cp.async: 16 bytes from global to shared memory, or 16 zeros (n = 0). */
+static __device__ __forceinline__ void cp16(uint4 *dst, const void *src, bool full) {
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(full ? 16 : 0) : "memory");
+}
+static __device__ __forceinline__ void cp_commit(void) {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+/* Waits until at most n of this thread's copy groups are pending. */
+static __device__ __forceinline__ void cp_wait(const int n) {
+    if (n <= 0)
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+    else if (n == 1)
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else if (n == 2)
+        asm volatile("cp.async.wait_group 2;" ::: "memory");
+    else
+        asm volatile("cp.async.wait_group 3;" ::: "memory");
+}
+
+/* tc_part with the weights of the next S k-blocks in flight through
+   shared memory (vec only, S <= 4): each lane copies its own 16-byte
+   pieces into its own slots of `ring` (the warp's S x WT x 2 x 32 uint4,
+   lane fastest) and reads back only those, so no other thread is waited
+   for. The same values as tc_ldw, so the same bits. */
+static __device__ __forceinline__ void tc_part_ring(float acc[][4][4], uint4 *ring, const unsigned short *const *wr,
+                                                    const float *const *xr, int part, int K, const int WT,
+                                                    const int XT, const int S) {
+    const int lane = (int)threadIdx.x % LANES, q = lane % 4, KB = (K + TC_KB - 1) / TC_KB;
+#pragma unroll
+    for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+        for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[wt][xt][i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        const int k = (part + TC_P * s) * TC_KB + 8 * q;
+#pragma unroll
+        for (int i = 0; i < 2 * WT; i++) cp16(&ring[(s * 2 * WT + i) * LANES + lane], k < K ? wr[i] + k : wr[i], k < K);
+        cp_commit();
+    }
+    int slot = 0;
+    for (int b = part; b < KB; b += TC_P) {
+        cp_wait(S - 1);
+        uint4 w[4][2];
+#pragma unroll
+        for (int i = 0; i < 2 * WT; i++) w[i / 2][i % 2] = ring[(slot * 2 * WT + i) * LANES + lane];
+        /* the slot just read takes the k-block S steps on (past K: zeros, nothing read) */
+        const int kn = (b + TC_P * S) * TC_KB + 8 * q;
+#pragma unroll
+        for (int i = 0; i < 2 * WT; i++)
+            cp16(&ring[(slot * 2 * WT + i) * LANES + lane], kn < K ? wr[i] + kn : wr[i], kn < K);
+        cp_commit();
+        tc_kblock(acc, w, xr, b * TC_KB + 8 * q, K, true, WT, XT);
+        slot = slot + 1 == S ? 0 : slot + 1;
+    }
+    cp_wait(0);
+}
+
 /* A block of BW x BX warp tiles (along weight rows x input rows), each WT
    m16 tiles (16 weight rows) by XT n8 tiles (8 input rows). PS (parts
    split): each tile has TC_P warps, one per part, whose sums meet in
    shared memory `red`; else one warp per tile walks the parts in turn,
    keeping the running sum. Both add the parts as (((p0 + p1) + p2) + ...)
    + p7. */
-static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red, const bool vec, const int WT,
-                                               const int XT, const int BW, const int BX, const bool PS,
-                                               const int U) {
+static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red, uint4 *ring, const bool vec,
+                                               const int WT, const int XT, const int BW, const int BX, const bool PS,
+                                               const int U, const int S) {
     const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
     const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES, g = lane / 4, q = lane % 4;
     const int tile = PS ? warp / TC_P : warp, part = PS ? warp % TC_P : 0;
@@ -530,7 +590,10 @@ static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red,
     const bool live = m0 < a.M && n0 < p.N;
     float acc[4][4][4], sum[4][4][4];
     if (PS) {
-        if (live) tc_part(acc, wr, xr, part, K, vec, WT, XT, U);
+        if (live && S)
+            tc_part_ring(acc, ring + (size_t)warp * S * 2 * WT * LANES, wr, xr, part, K, WT, XT, S);
+        else if (live)
+            tc_part(acc, wr, xr, part, K, vec, WT, XT, U);
         const int per = WT * XT * 4;
         if (part && live) {
 #pragma unroll
@@ -584,48 +647,53 @@ static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red,
 
 typedef struct tc_kind {
     mm_kernel k;
-    int WT, XT, BW, BX, PS, U;
+    int WT, XT, BW, BX, PS, U, S;
 } tc_kind;
 
 #define TC_WARPS(BW, BX, PS) ((BW) * (BX) * ((PS) ? TC_P : 1))
-#define TC_KERNEL(NAME, VEC, WT, XT, BW, BX, PS, U)                                                            \
-    static_assert((WT) <= 4 && (XT) <= 4 && (U) <= 8 && TC_WARPS(BW, BX, PS) * LANES <= 1024, "tc kernel shape"); \
+#define TC_KERNEL(NAME, VEC, WT, XT, BW, BX, PS, U, S)                                                          \
+    static_assert((WT) <= 4 && (XT) <= 4 && (U) <= 8 && (S) <= 4 && (!(S) || ((PS) && (VEC))) &&             \
+                      TC_WARPS(BW, BX, PS) * LANES <= 1024,                                                   \
+                  "tc kernel shape");                                                                         \
     static __global__ void __launch_bounds__(TC_WARPS(BW, BX, PS) * LANES) NAME(const ember_cu_mm a) {          \
         __shared__ float red[(PS) ? (BW) * (BX) * (TC_P - 1) * (WT) * (XT) * 4 * LANES : 1];                     \
-        tc_body(a, red, VEC, WT, XT, BW, BX, PS, U);                                                            \
+        __shared__ uint4 ring[(S) ? TC_WARPS(BW, BX, PS) * (S) * 2 * (WT) * LANES : 1];                         \
+        tc_body(a, red, ring, VEC, WT, XT, BW, BX, PS, U, S);                                                   \
     }
-#define TC_ROW(NAME, VEC, WT, XT, BW, BX, PS, U) {NAME, WT, XT, BW, BX, PS, U},
+#define TC_ROW(NAME, VEC, WT, XT, BW, BX, PS, U, S) {NAME, WT, XT, BW, BX, PS, U, S},
 
 /* The defaults, by M (measured on an H200, docs/cuda.md). X(name, vec, WT,
-   XT, BW, BX, PS, U). */
-#define TC_DEFAULTS(X)                        \
-    X(tc_small, true, 1, 1, 1, 1, true, 4)    \
-    X(tc_mid, true, 1, 2, 2, 1, true, 2)      \
-    X(tc_big, true, 2, 2, 4, 2, false, 2)     \
-    X(tc_elem, false, 1, 1, 1, 1, true, 2)
+   XT, BW, BX, PS, U, S); S > 0: the weights through shared memory, S
+   k-blocks ahead (U unused). */
+#define TC_DEFAULTS(X)                           \
+    X(tc_small, true, 1, 1, 1, 1, true, 1, 4)    \
+    X(tc_mid, true, 1, 4, 1, 1, true, 1, 4)      \
+    X(tc_big, true, 2, 2, 4, 2, false, 2, 0)     \
+    X(tc_huge, true, 2, 4, 4, 2, false, 1, 0)    \
+    X(tc_elem, false, 1, 1, 1, 1, true, 2, 0)
 TC_DEFAULTS(TC_KERNEL)
-enum { TC_SMALL, TC_MID, TC_BIG, TC_ELEM };
+enum { TC_SMALL, TC_MID, TC_BIG, TC_HUGE, TC_ELEM };
 static const tc_kind k_tc[] = {TC_DEFAULTS(TC_ROW)};
 
 /* Other shapes, for measuring (ember_cu_mm.variant, bench/cuda_ops_bench.c);
    the same bits as the defaults, by construction. */
-#define TC_VARIANTS(X)                      \
-    X(tc_v1, true, 1, 1, 1, 1, true, 2)     \
-    X(tc_v2, true, 1, 1, 1, 1, true, 8)     \
-    X(tc_v3, true, 1, 1, 2, 1, true, 4)     \
-    X(tc_v4, true, 2, 1, 1, 1, true, 4)     \
-    X(tc_v5, true, 1, 2, 1, 1, true, 4)     \
-    X(tc_v6, true, 1, 4, 1, 1, true, 2)     \
-    X(tc_v7, true, 2, 2, 4, 2, false, 1)    \
-    X(tc_v8, true, 2, 4, 4, 2, false, 1)    \
-    X(tc_v9, true, 4, 2, 2, 4, false, 1)    \
-    X(tc_v10, true, 2, 4, 2, 2, false, 2)   \
-    X(tc_v11, true, 1, 4, 4, 2, false, 2)
+#define TC_VARIANTS(X)                          \
+    X(tc_v1, true, 1, 1, 1, 1, true, 1, 2)      \
+    X(tc_v2, true, 1, 1, 1, 1, true, 1, 3)      \
+    X(tc_v3, true, 1, 2, 1, 1, true, 1, 4)      \
+    X(tc_v4, true, 1, 4, 1, 1, true, 1, 2)      \
+    X(tc_v5, true, 2, 1, 1, 1, true, 1, 2)      \
+    X(tc_v6, true, 1, 1, 1, 1, true, 2, 0)      \
+    X(tc_v7, true, 1, 1, 1, 1, true, 1, 0)      \
+    X(tc_v8, true, 1, 4, 1, 1, true, 2, 0)      \
+    X(tc_v9, true, 2, 2, 4, 2, false, 2, 0)     \
+    X(tc_v10, true, 2, 4, 4, 2, false, 1, 0)    \
+    X(tc_v11, true, 2, 4, 4, 1, false, 1, 0)
 TC_VARIANTS(TC_KERNEL)
 static const tc_kind k_tc_var[] = {TC_VARIANTS(TC_ROW)};
 #define N_TC_VAR ((int)(sizeof k_tc_var / sizeof k_tc_var[0]))
 
-extern "C" int ember_cu_tc_variant(int variant, int shape[6]) {
+extern "C" int ember_cu_tc_variant(int variant, int shape[7]) {
     if (variant < 0 || variant > N_TC_VAR) return 0;
     const tc_kind *v = variant ? &k_tc_var[variant - 1] : NULL;
     shape[0] = v ? v->WT : 0;
@@ -634,6 +702,7 @@ extern "C" int ember_cu_tc_variant(int variant, int shape[6]) {
     shape[3] = v ? v->BX : 0;
     shape[4] = v ? v->PS : 0;
     shape[5] = v ? v->U : 0;
+    shape[6] = v ? v->S : 0;
     return 1;
 }
 
@@ -671,8 +740,9 @@ extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
         const tc_kind *t = a->variant ? &k_tc_var[a->variant - 1]
                            : !vec         ? &k_tc[TC_ELEM]
                            : a->M <= 8    ? &k_tc[TC_SMALL]
-                           : a->M <= 64   ? &k_tc[TC_MID]
-                                          : &k_tc[TC_BIG];
+                           : a->M <= 128  ? &k_tc[TC_MID]
+                           : a->M <= 512  ? &k_tc[TC_BIG]
+                                          : &k_tc[TC_HUGE];
         const int bm = t->BX * t->XT * 8;
         return launch(stream, a, t->k, t->BW * t->WT * 16, (a->M + bm - 1) / bm,
                       TC_WARPS(t->BW, t->BX, t->PS) * LANES);
