@@ -9,7 +9,7 @@
  * depends on the shape. So every kernel of a dtype gives a row the same
  * bits, whatever batch it is in.
  *
- * bf16 weights: the tensor-core order (TC_ORDER), for every M.
+ * bf16 weights: the tensor-core order, for every M.
  *   - x is split per element into two bf16 numbers: hi = bf16(x) and
  *     lo = bf16(x - hi) (round to nearest even; x - hi is exact in f32),
  *     so hi + lo keeps about 16 bits of x's 24 (relative error <= 2^-17);
