@@ -548,14 +548,13 @@ static __device__ __forceinline__ void tc_part_ring(float acc[][4][4], uint4 *ri
         uint4 w[4][2];
 #pragma unroll
         for (int i = 0; i < 2 * WT; i++) w[i / 2][i % 2] = ring[(slot * 2 * WT + i) * LANES + lane];
-        tc_kblock(acc, w, xr, b * TC_KB + 8 * q, K, true, WT, XT);
-        /* the slot just read (its values used above, so the reads are done) takes the
-           k-block S steps on (past K: zeros, nothing read) */
+        /* the slot just read takes the k-block S steps on (past K: zeros, nothing read) */
         const int kn = (b + TC_P * S) * TC_KB + 8 * q;
 #pragma unroll
         for (int i = 0; i < 2 * WT; i++)
             cp16(&ring[(slot * 2 * WT + i) * LANES + lane], kn < K ? wr[i] + kn : wr[i], kn < K);
         cp_commit();
+        tc_kblock(acc, w, xr, b * TC_KB + 8 * q, K, true, WT, XT);
         slot = slot + 1 == S ? 0 : slot + 1;
     }
     cp_wait(0);
