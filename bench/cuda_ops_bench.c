@@ -8,8 +8,10 @@
  *      4096, 14336 x 4096, 4096 x 14336, the 128256 x 4096 output head)
  *      for M = 1, 2, 4, 8 rows, as bytes moved per second and as a share
  *      of (1); one whole layer's products (q, k, v sharing the input; o;
- *      gate and up sharing the input; down) at M = 1; the tiled kernel's
- *      rate at M = 64, 256, 2048 in TFLOP/s.
+ *      gate and up sharing the input; down) at M = 1; the bf16 rate at
+ *      M = 64, 256, 2048 in TFLOP/s; 3. the bf16 kernels side by side (the
+ *      tensor-core default, the CUDA-core kernels of before, every
+ *      tensor-core shape, each checked for the default's bits).
  *
  * Method: weights are random (never zeros), several copies of each shape
  * rotate so that the 50 MB L2 cannot hold them; a pass over the copies is
@@ -247,49 +249,50 @@ static void *dptr(const ember_tensor *t) {
     return (char *)t->buf->data + t->offset;
 }
 
-/* Every (M, R, U) variant of the bf16 decode kernel on an N x K weight,
-   against the default kernel for that M: time, and the same bits. */
-static void bench_variants(int N, int K) {
+/* The bf16 kernels on an N x K weight at M rows: the default (tensor
+   cores), the CUDA-core kernels of before (legacy, another order) and every
+   tensor-core shape (ember_cu_tc_variant): time, rate, and whether the
+   bits equal the default's. */
+static void bench_variants(int N, int K, int M) {
     size_t wbytes = (size_t)N * (size_t)K * 2;
     int copies = (int)((400u << 20) / wbytes) + 1;
     if (copies > MAX_COPIES) copies = MAX_COPIES;
     tens w[MAX_COPIES], out[MAX_COPIES], x;
-    int64_t xs[2] = {8, K};
+    int64_t xs[2] = {M, K};
     EK(ember_tensor_alloc(g_be, &x.t, &x.b, EMBER_F32, 2, xs, &err_));
-    float *h = malloc((size_t)8 * (size_t)K * 4);
-    for (size_t i = 0; i < (size_t)8 * (size_t)K; i++) h[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f + 1e-4f;
-    EK(g_be->ops->write(g_be, &x.t, 0, h, (size_t)8 * (size_t)K * 4, &err_));
+    float *h = malloc((size_t)M * (size_t)K * 4);
+    for (size_t i = 0; i < (size_t)M * (size_t)K; i++) h[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f + 1e-4f;
+    EK(g_be->ops->write(g_be, &x.t, 0, h, (size_t)M * (size_t)K * 4, &err_));
     free(h);
     for (int r = 0; r < copies; r++) {
         w[r] = make(EMBER_BF16, N, K);
-        int64_t os[2] = {8, N};
+        int64_t os[2] = {M, N};
         EK(ember_tensor_alloc(g_be, &out[r].t, &out[r].b, EMBER_F32, 2, os, &err_));
     }
-    float *ref = malloc((size_t)8 * (size_t)N * 4), *got = malloc((size_t)8 * (size_t)N * 4);
+    size_t on = (size_t)M * (size_t)N;
+    float *ref = malloc(on * 4), *got = malloc(on * 4);
     static var_ctx c;
-    const int Ms[4] = {1, 2, 4, 8};
-    for (int mi = 0; mi < 4; mi++) {
-        int M = Ms[mi];
-        for (int v = 0;; v++) {
-            int vm, R, U;
-            if (!ember_cu_gemv_variant(v, &vm, &R, &U)) break;
-            if (v && vm != M) continue;
-            c.n_copies = copies;
-            for (int r = 0; r < copies; r++)
-                c.a[r] = (ember_cu_mm){.x = dptr(&x.t), .M = M, .K = K, .dtype = EMBER_CU_BF16, .n = 1, .variant = v,
-                                       .p = {{.w = dptr(&w[r].t), .out = dptr(&out[r].t), .N = N}}};
-            double t = time_pass(var_pass, &c, 1) / copies;
-            CK(cudaMemcpy(v ? got : ref, dptr(&out[0].t), (size_t)M * (size_t)N * 4, cudaMemcpyDeviceToHost));
-            double bytes = (double)wbytes + (double)M * K * 4 + (double)M * N * 4;
-            char name[48];
-            if (v)
-                snprintf(name, sizeof name, "variant %d: R %d, U %d", v, R, U);
-            else
-                snprintf(name, sizeof name, "default");
-            printf("| %dx%d | %d | %s | %.1f | %.1f | %s |\n", N, K, M, name, t * 1e6, 100.0 * bytes / t / g_copy_bw,
-                   v ? (memcmp(ref, got, (size_t)M * (size_t)N * 4) ? "DIFFER" : "yes") : "-");
-            fflush(stdout);
-        }
+    for (int v = -1;; v++) { /* -1: legacy, 0: default, > 0: variants */
+        int sh[7];
+        if (v >= 0 && !ember_cu_tc_variant(v, sh)) break;
+        c.n_copies = copies;
+        for (int r = 0; r < copies; r++)
+            c.a[r] = (ember_cu_mm){.x = dptr(&x.t), .M = M, .K = K, .dtype = EMBER_CU_BF16, .n = 1,
+                                   .variant = v > 0 ? v : 0, .legacy = v < 0,
+                                   .p = {{.w = dptr(&w[r].t), .out = dptr(&out[r].t), .N = N}}};
+        double t = time_pass(var_pass, &c, 1) / copies;
+        CK(cudaMemcpy(v ? got : ref, dptr(&out[0].t), on * 4, cudaMemcpyDeviceToHost));
+        double bytes = (double)wbytes + (double)M * K * 4 + (double)M * N * 4;
+        char name[64];
+        if (v > 0)
+            snprintf(name, sizeof name, "tc WT %d XT %d BW %d BX %d PS %d U %d S %d", sh[0], sh[1], sh[2], sh[3],
+                     sh[4], sh[5], sh[6]);
+        else
+            snprintf(name, sizeof name, v ? "legacy (CUDA cores)" : "default (tensor cores)");
+        printf("| %dx%d | %d | %s | %.1f | %.1f | %.2f | %s |\n", N, K, M, name, t * 1e6,
+               100.0 * bytes / t / g_copy_bw, 2.0 * M * (double)N * K / t / 1e12,
+               v > 0 ? (memcmp(ref, got, on * 4) ? "DIFFER" : "yes") : "-");
+        fflush(stdout);
     }
     free(ref);
     free(got);
@@ -351,15 +354,22 @@ int main(int argc, char **argv) {
     mm_res a = bench_mm("8B q,k,v (one launch)", EMBER_BF16, 1, 4096, 3, qkv);
     mm_res b = bench_mm("8B gate,up (one launch)", EMBER_BF16, 1, 4096, 2, gu);
     if (!quick) {
-        bench_mm("4096x4096 tiled", EMBER_BF16, 64, 4096, 1, n4096);
-        bench_mm("4096x4096 tiled", EMBER_BF16, 256, 4096, 1, n4096);
-        bench_mm("4096x4096 tiled", EMBER_BF16, 2048, 4096, 1, n4096);
+        bench_mm("4096x4096", EMBER_BF16, 64, 4096, 1, n4096);
+        bench_mm("4096x4096", EMBER_BF16, 256, 4096, 1, n4096);
+        bench_mm("4096x4096", EMBER_BF16, 2048, 4096, 1, n4096);
     }
-    printf("\nbf16 decode kernel shapes (R weight rows per warp, U chunks in flight per lane):\n\n");
-    printf("| weight | M | kernel | us (graph) | %% of copy | same bits as default |\n| --- | --- | --- | --- | --- | --- |\n");
-    bench_variants(4096, 4096);
-    bench_variants(14336, 4096);
-    bench_variants(4096, 14336);
+    printf("\nbf16 kernels: default (tensor cores), legacy (CUDA cores, before), tensor-core shapes (WT x XT tiles of\n"
+           "16 weight rows x 8 input rows per warp, BW x BX warp tiles per block, PS parts split over warps, U k-blocks\n"
+           "loaded ahead in registers, or S k-blocks ahead through shared memory):\n\n");
+    printf("| weight | M | kernel | us (graph) | %% of copy | TFLOP/s | same bits as default |\n"
+           "| --- | --- | --- | --- | --- | --- | --- |\n");
+    const int vm[] = {1, 8, 64, 256, 2048};
+    for (int i = 0; i < 5; i++) bench_variants(4096, 4096, vm[i]);
+    if (!quick) {
+        bench_variants(14336, 4096, 1);
+        bench_variants(4096, 14336, 1);
+        bench_variants(4096, 14336, 2048);
+    }
     double lt = a.t + o.t + b.t + down.t, lb = a.bytes + o.bytes + b.bytes + down.bytes;
     double tok = 32 * lt + hd.t;
     printf("\n8B layer products at M = 1 (q,k,v + o + gate,up + down): %.1f us, %.0f GB/s, %.1f%% of copy bandwidth\n",

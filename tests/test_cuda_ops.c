@@ -7,9 +7,10 @@
  *   - every output element written (outputs are poisoned with a NaN
  *     pattern before each run);
  *   - matmul batch invariance: a row's outputs are bit-identical for
- *     M = 1, 3, 17, 64, 200 (the decode kernel and the tiled kernel), for
- *     an unaligned copy of the input (the element-load kernel), and for
- *     a weight cut into row ranges;
+ *     M = 1, 3, 17, 64, 200, 600 (f32 / f16: the decode and tiled kernels;
+ *     bf16: the small, mid, big and huge tensor-core shapes), for an
+ *     unaligned copy of the input (the element-load kernels), and for a
+ *     weight cut into row ranges;
  *   - paged KV over shuffled block tables (f32, f16, bf16; head sizes 64
  *     to 256, grouped queries): kv_write stores the CPU's bytes exactly,
  *     kv_read gives its values exactly, attention (windows, soft-capping,
@@ -372,7 +373,7 @@ static float *gpu_matmul(const float *x_rows, int M, int K, const ember_tensor *
 static void test_batch_invariance(void) {
     const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
     const int Ks[] = {4096, 1000, 37};
-    const int Ms[] = {1, 3, 17, 64, 200};
+    const int Ms[] = {1, 3, 17, 64, 200, 600};
     ember_error err;
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < 3; k++) {
@@ -383,7 +384,7 @@ static void test_batch_invariance(void) {
             float *target = malloc((size_t)K * 4);
             for (int i = 0; i < K; i++) target[i] = frnd();
             float *ref = NULL;
-            for (int mi = 0; mi < 5; mi++) {
+            for (int mi = 0; mi < 6; mi++) {
                 int M = Ms[mi], at = M - 1 - (M / 3); /* the target row somewhere inside, other rows fresh */
                 float *xr = malloc((size_t)M * (size_t)K * 4);
                 for (size_t i = 0; i < (size_t)M * (size_t)K; i++) xr[i] = frnd();

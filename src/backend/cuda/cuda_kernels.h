@@ -30,8 +30,11 @@ extern "C" {
 /* Element type of a float tensor, as the kernels see it. */
 enum { EMBER_CU_F32 = 0, EMBER_CU_F16 = 1, EMBER_CU_BF16 = 2 };
 
-/* The canonical dot product every matmul kernel computes (cuda_matmul.cu):
-   lanes l = 0..31, lane l sums the chunks c = l, l + 32, l + 64, ... of 8
+/* The canonical dot products (cuda_matmul.cu's header says them in full).
+   bf16 weights: tensor cores, x split into bf16 hi + lo, K in k-blocks of
+   32 dealt round robin to 8 parts, each part one chain of mma.sync
+   m16n8k16 steps (hi then lo), the parts added in order. f32 and f16
+   weights: lanes l = 0..31, lane l sums the chunks c = l, l + 32, l + 64, ... of 8
    consecutive elements (k = 8c .. 8c + 7, k < K) with one fused
    multiply-add per element in k order; then the 32 lane sums are combined
    by the butterfly s = 16, 8, 4, 2, 1 (lane l adds lane l ^ s). The order
@@ -51,19 +54,21 @@ typedef struct ember_cu_mm {
     int M, K;
     int dtype; /* EMBER_CU_*, shared by every product of the launch */
     int n;     /* products, 1 .. EMBER_CU_MAX_MM */
-    int variant; /* 0: the kernel the launcher picks; > 0: ember_cu_gemv_variant */
+    int variant; /* 0: the kernel the launcher picks; > 0: ember_cu_tc_variant (bf16) */
+    int legacy;  /* bf16 on the CUDA-core kernels (another order; for measuring only) */
     ember_cu_mm_prod p[EMBER_CU_MAX_MM];
 } ember_cu_mm;
 
-/* Measuring aid: variant v > 0 is another shape of the bf16 decode kernel:
-   M input rows, R weight rows per warp, U chunks in flight per lane.
-   Returns 0 past the last variant. The defaults per dtype and M are the
-   tables in cuda_matmul.cu. Every variant gives the same bits. */
-int ember_cu_gemv_variant(int variant, int *M, int *R, int *U);
+/* Measuring aid: variant v > 0 is another shape of the bf16 tensor-core
+   kernel, for any M: shape = {WT, XT, BW, BX, PS, U, S} (cuda_matmul.cu).
+   v = 0 (the default for each M) gives zeros. Returns 0 past the last
+   variant. Every variant gives the same bits. */
+int ember_cu_tc_variant(int variant, int shape[7]);
 
 /* out_i = x w_i^T (+ bias_i) for each product i. Picks the kernel: vector
    loads when K % 8 == 0 and x and every w are 16-byte aligned, else element
-   loads; a decode kernel for M <= 8, a tiled one above. Every kernel gives the same bits (the canonical order above). */
+   loads; bf16 on the tensor cores for every M; f32 / f16 a decode kernel for M <= 8,
+   a tiled one above. Every kernel of a dtype gives the same bits. */
 cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a);
 
 /* dst[i, :] = src[ids[i], :] as f32; ids is device memory holding n ids,

@@ -2,8 +2,36 @@
  * cuda_matmul.cu - the matrix products of the CUDA backend: out = x w^T
  * (+ bias) for f32, f16 and bf16 weights, x and out f32.
  *
- * Batch invariance is the point of this file. Every kernel here computes
- * each output element with the same canonical dot product (cuda_kernels.h):
+ * Batch invariance is the point of this file. Every output element is
+ * computed in one canonical order per weight dtype that depends on K
+ * alone: not on M, on how many weight rows or input rows a warp carries,
+ * on the grid, or on the unrolling. No atomics, no split of K that
+ * depends on the shape. So every kernel of a dtype gives a row the same
+ * bits, whatever batch it is in.
+ *
+ * bf16 weights: the tensor-core order, for every M.
+ *   - x is split per element into two bf16 numbers: hi = bf16(x) and
+ *     lo = bf16(x - hi) (round to nearest even; x - hi is exact in f32),
+ *     so hi + lo keeps about 16 bits of x's 24 (relative error <= 2^-17);
+ *   - K is cut into k-blocks of 32 (k = 32b .. 32b + 31, zero past K);
+ *     k-block b belongs to part b % 8;
+ *   - the weights are the mma's A operand (16 weight rows), the inputs its
+ *     B operand (8 input rows). In k-block b, lane t of the warp (g = t / 4,
+ *     q = t % 4) holds k = 32b + 8q .. 32b + 8q + 7 of weight rows g and
+ *     g + 8 of its weight tile and of input row g of its input tile.
+ *     Elements 8q + 0, 1, 2, 3 fill k slots 2q, 2q + 1, 2q + 8, 2q + 9 of
+ *     step 0, elements 8q + 4 .. 7 the same slots of step 1; each step is
+ *     one mma.sync m16n8k16 (bf16 in, f32 accumulate) with x's hi, then
+ *     one with x's lo, on the same accumulator;
+ *   - each part is one accumulator chain, starting at +0, over its
+ *     k-blocks in increasing b, steps 0 then 1, hi then lo;
+ *   - out = ((p0 + p1) + p2) + ... + p7 (in part order), then + bias[n].
+ *   The tensor cores compute an output from its own row of A, column of B
+ *   and accumulator only, so padding (input rows past M are zeros, weight
+ *   rows past N repeat the last) and the tile a row lands in change
+ *   nothing. The parts exist for decode: eight warps walk one tile's K
+ *   side by side (PS below).
+ * f32 and f16 weights: the CUDA-core order (cuda_kernels.h):
  *   - the K elements are cut into chunks of 8 (k = 8c .. 8c + 7);
  *   - lane l of 32 (one warp) owns the chunks c = l, l + 32, l + 64, ...
  *     and sums them in that order, one fused multiply-add per element, in
@@ -12,36 +40,38 @@
  *     (lane l adds the value of lane l ^ s; the two lanes of a pair add the
  *     same two numbers, so every lane ends with the same bits);
  *   - then out = sum (+ bias[n]).
- * The order depends on K alone: not on M, on how many weight rows or input
- * rows a warp carries, on the grid, or on the unrolling. No atomics, no
- * split of K across warps or blocks. So the decode kernel (M <= 8), the
- * tiled kernel (M > 8) and the element-load kernel (odd K, unaligned
- * tensors) give bit-identical results for a row, whatever batch it is in.
  *
  * Kernels (one launch per weight dtype; up to 8 products share the input):
- *   gemv   M <= 8, 16-byte weight loads. A warp owns R weight rows and all
- *          M input rows; each lane keeps U chunks of each row in flight
- *          (U x R x 16 bytes), reads the input chunks (2 x 16 bytes per
- *          row) through L1, where all warps of the SM share them. (R, U)
- *          per M were measured (docs/cuda.md). Known limit: from M = 4 on,
- *          the input no longer stays in L1 and each warp re-reads it from
- *          L2, which bounds the time (36-60% of the copy bandwidth); a
- *          shared-memory pipeline tried for it was slower.
- *   tiled  M > 8, 16-byte loads. A warp owns an 8 (input rows) x 4 (weight
- *          rows) tile: 32 accumulators per lane, the weights of a chunk
- *          converted once and used for 8 input rows. Eight warps per block
- *          (2 x 4) make a 16 x 16 tile, so the rows a warp reads are read
- *          by neighbours too (L1 hits). CUDA cores only: tensor cores
- *          would sum in another order; a later step must move the decode
- *          kernel to that order at the same time.
- *   elem   anything else (K % 8 != 0, or a tensor not 16-byte aligned):
- *          element loads, one warp per weight row, the same order.
+ *   tc     bf16, every M. A warp owns WT weight tiles (16 rows) x XT input
+ *          tiles (8 rows), a block BW x BX such warp tiles. PS (parts
+ *          split): each tile has 8 warps, one per part, whose sums meet in
+ *          shared memory (small M: more warps per weight, more loads in
+ *          flight); else one warp walks the eight parts in turn, keeping
+ *          the running sum (large M). Each lane keeps the weights of U
+ *          k-blocks in registers while the next U load. Shapes per M in
+ *          k_tc, measured on an H200 (docs/cuda.md); tc_elem (element
+ *          loads) takes K % 8 != 0 and tensors not 16-byte aligned, with
+ *          the same values and so the same bits.
+ *   gemv   f32 / f16, M <= 8, 16-byte weight loads. A warp owns R weight
+ *          rows and all M input rows; each lane keeps U chunks of each row
+ *          in flight (U x R x 16 bytes), reads the input chunks (2 x 16
+ *          bytes per row) through L1, where all warps of the SM share
+ *          them. Known limit: from M = 4 on, the input no longer stays in
+ *          L1 and each warp re-reads it from L2.
+ *   tiled  f32 / f16, M > 8, 16-byte loads. A warp owns an 8 (input rows)
+ *          x 4 (weight rows) tile: 32 accumulators per lane. Eight warps
+ *          per block (2 x 4) make a 16 x 16 tile. CUDA cores.
+ *   elem   f32 / f16, anything else (K % 8 != 0, or a tensor not 16-byte
+ *          aligned): element loads, one warp per weight row, the same order.
+ * ember_cu_mm.legacy runs bf16 on gemv / tiled / elem (the CUDA-core order)
+ * for measuring before against after; nothing else uses it.
  *
  * Ownership and threads: the launcher (ember_cu_matmul) runs on the host
  * thread that drives the backend and only enqueues; the kernels read x, w,
  * bias and write out, all device memory owned by the backend's buffers.
  * Each output element is written by exactly one lane.
  */
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -256,38 +286,6 @@ GEMV_ALL(EMBER_CU_BF16, bf16)
 static const gemv_kind k_gemv[3][8] = {GEMV_ROW(EMBER_CU_F32, f32), GEMV_ROW(EMBER_CU_F16, f16),
                                        GEMV_ROW(EMBER_CU_BF16, bf16)};
 
-/* Other shapes of the bf16 decode kernel, for measuring (ember_cu_mm.variant,
-   bench/cuda_ops_bench.c); the same bits as the defaults, by construction.
-   X(variant, M, R, U). */
-#define GEMV_VARIANTS(X) \
-    X(1, 1, 1, 8)        \
-    X(2, 1, 2, 8)        \
-    X(3, 1, 1, 2)        \
-    X(4, 2, 1, 8)        \
-    X(5, 2, 2, 2)        \
-    X(6, 4, 4, 2)        \
-    X(7, 4, 1, 8)        \
-    X(8, 8, 4, 2)        \
-    X(9, 8, 2, 2)
-#define VAR_KERNEL(V, M, R, U) GEMV_KERNEL(gemv_var##V, EMBER_CU_BF16, M, R, U)
-GEMV_VARIANTS(VAR_KERNEL)
-#define VAR_ROW(V, M, R, U) {gemv_var##V, M, R, U},
-static const gemv_kind k_gemv_var[] = {GEMV_VARIANTS(VAR_ROW)};
-#define N_GEMV_VAR ((int)(sizeof k_gemv_var / sizeof k_gemv_var[0]))
-
-extern "C" int ember_cu_gemv_variant(int variant, int *M, int *R, int *U) {
-    if (variant == 0) {
-        *M = *R = *U = 0;
-        return 1;
-    }
-    if (variant < 1 || variant > N_GEMV_VAR) return 0;
-    const gemv_kind *v = &k_gemv_var[variant - 1];
-    *M = v->M;
-    *R = v->R;
-    *U = v->U;
-    return 1;
-}
-
 /* ---- tiled: M > 8 ------------------------------------------------------------------------ */
 
 static __device__ __forceinline__ void tiled_body(const ember_cu_mm &a, const int dt) {
@@ -383,39 +381,342 @@ static __global__ void __launch_bounds__(WARPS *LANES) elem_bf16(const ember_cu_
 }
 static const mm_kernel k_elem[3] = {elem_f32, elem_f16, elem_bf16};
 
+/* ---- tc: bf16 weights on the tensor cores, every M ------------------------------------------ */
+
+/* The tensor-core order (the header comment). TC_KB elements make a
+   k-block, TC_P parts share the k-blocks round robin. */
+#define TC_KB 32
+#define TC_P 8
+
+/* acc += a b on the tensor cores: one m16n8k16 product, bf16 in, f32
+   accumulate (fragment layouts: PTX ISA, "mma.m16n8k16"). a: 16 weight
+   rows, b: 8 input rows. */
+static __device__ __forceinline__ void mma_bf16(float acc[4], unsigned int a0, unsigned int a1, unsigned int a2,
+                                                unsigned int a3, unsigned int b0, unsigned int b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* The eight weights k .. k + 7 of a weight row, zero past K. vec: one
+   16-byte load (K % 8 == 0, row 16-byte aligned), else element loads; the
+   same values either way. */
+static __device__ __forceinline__ uint4 tc_ldw(const unsigned short *row, int k, int K, const bool vec) {
+    if (vec) return k < K ? __ldg((const uint4 *)(row + k)) : make_uint4(0, 0, 0, 0);
+    unsigned int u[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        unsigned int l = k + 2 * i < K ? __ldg(row + k + 2 * i) : 0u;
+        unsigned int h = k + 2 * i + 1 < K ? __ldg(row + k + 2 * i + 1) : 0u;
+        u[i] = l | h << 16;
+    }
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
+/* The eight inputs k .. k + 7 of a row (NULL: a row past M, zeros; zero
+   past K) split into bf16 pairs: hi[i] = the pair (x[2i], x[2i + 1])
+   rounded to bf16 (lower k in the low half), lo[i] = the remainders x - hi
+   (exact in f32) rounded to bf16. */
+static __device__ __forceinline__ void tc_ldx(const float *row, int k, int K, const bool vec, unsigned int hi[4],
+                                              unsigned int lo[4]) {
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = 0.0f;
+    if (row && vec && k < K) {
+        ld_xchunk(row + k, 0, f);
+    } else if (row && !vec) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (k + j < K) f[j] = __ldg(row + k + j);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+        float2 hf = __bfloat1622float2(h);
+        __nv_bfloat162 l = __floats2bfloat162_rn(f[2 * i] - hf.x, f[2 * i + 1] - hf.y);
+        hi[i] = *(const unsigned int *)&h;
+        lo[i] = *(const unsigned int *)&l;
+    }
+}
+
+/* One k-block of a warp's WT x XT tiles: w[wt][0], w[wt][1] are the lane's
+   weights of rows g and g + 8 of weight tile wt; step 0 then step 1, each
+   hi then lo. */
+static __device__ __forceinline__ void tc_kblock(float acc[][4][4], const uint4 w[][2], const float *const *xr, int k,
+                                                 int K, const bool vec, const int WT, const int XT) {
+#pragma unroll
+    for (int xt = 0; xt < XT; xt++) {
+        unsigned int hi[4], lo[4];
+        tc_ldx(xr[xt], k, K, vec, hi, lo);
+#pragma unroll
+        for (int wt = 0; wt < WT; wt++) {
+            const uint4 r0 = w[wt][0], r8 = w[wt][1];
+            mma_bf16(acc[wt][xt], r0.x, r8.x, r0.y, r8.y, hi[0], hi[1]);
+            mma_bf16(acc[wt][xt], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
+            mma_bf16(acc[wt][xt], r0.z, r8.z, r0.w, r8.w, hi[2], hi[3]);
+            mma_bf16(acc[wt][xt], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
+        }
+    }
+}
+
+/* The chain of part `part`: k-blocks part, part + TC_P, ... in order, from
+   +0. The weights of U k-blocks are in registers while the next U load. */
+static __device__ __forceinline__ void tc_part(float acc[][4][4], const unsigned short *const *wr,
+                                               const float *const *xr, int part, int K, const bool vec, const int WT,
+                                               const int XT, const int U) {
+    const int q = (int)threadIdx.x % 4, KB = (K + TC_KB - 1) / TC_KB;
+#pragma unroll
+    for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+        for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[wt][xt][i] = 0.0f;
+    uint4 cur[8][4][2], nxt[8][4][2];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) cur[u][wt][h] = tc_ldw(wr[2 * wt + h], (part + TC_P * u) * TC_KB + 8 * q, K, vec);
+    for (int b = part; b < KB; b += TC_P * U) {
+        /* past K the loads give zeros and read nothing */
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    nxt[u][wt][h] = tc_ldw(wr[2 * wt + h], (b + TC_P * (U + u)) * TC_KB + 8 * q, K, vec);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (b + TC_P * u < KB) tc_kblock(acc, cur[u], xr, (b + TC_P * u) * TC_KB + 8 * q, K, vec, WT, XT);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) cur[u][wt][h] = nxt[u][wt][h];
+    }
+}
+
+/* cp.async: 16 bytes from global to shared memory, or 16 zeros (n = 0). */
+static __device__ __forceinline__ void cp16(uint4 *dst, const void *src, bool full) {
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(full ? 16 : 0) : "memory");
+}
+static __device__ __forceinline__ void cp_commit(void) {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+/* Waits until at most n of this thread's copy groups are pending. */
+static __device__ __forceinline__ void cp_wait(const int n) {
+    if (n <= 0)
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+    else if (n == 1)
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else if (n == 2)
+        asm volatile("cp.async.wait_group 2;" ::: "memory");
+    else
+        asm volatile("cp.async.wait_group 3;" ::: "memory");
+}
+
+/* tc_part with the weights of the next S k-blocks in flight through
+   shared memory (vec only, S <= 4): each lane copies its own 16-byte
+   pieces into its own slots of `ring` (the warp's S x WT x 2 x 32 uint4,
+   lane fastest) and reads back only those, so no other thread is waited
+   for. The same values as tc_ldw, so the same bits. */
+static __device__ __forceinline__ void tc_part_ring(float acc[][4][4], uint4 *ring, const unsigned short *const *wr,
+                                                    const float *const *xr, int part, int K, const int WT,
+                                                    const int XT, const int S) {
+    const int lane = (int)threadIdx.x % LANES, q = lane % 4, KB = (K + TC_KB - 1) / TC_KB;
+#pragma unroll
+    for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+        for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[wt][xt][i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        const int k = (part + TC_P * s) * TC_KB + 8 * q;
+#pragma unroll
+        for (int i = 0; i < 2 * WT; i++) cp16(&ring[(s * 2 * WT + i) * LANES + lane], k < K ? wr[i] + k : wr[i], k < K);
+        cp_commit();
+    }
+    int slot = 0;
+    for (int b = part; b < KB; b += TC_P) {
+        cp_wait(S - 1);
+        uint4 w[4][2];
+#pragma unroll
+        for (int i = 0; i < 2 * WT; i++) w[i / 2][i % 2] = ring[(slot * 2 * WT + i) * LANES + lane];
+        /* the slot just read takes the k-block S steps on (past K: zeros, nothing read);
+           this thread's ld.shared above precedes its copy into the same bytes. Refilling
+           after the products instead measured 10-20% slower (docs/cuda.md). */
+        const int kn = (b + TC_P * S) * TC_KB + 8 * q;
+#pragma unroll
+        for (int i = 0; i < 2 * WT; i++)
+            cp16(&ring[(slot * 2 * WT + i) * LANES + lane], kn < K ? wr[i] + kn : wr[i], kn < K);
+        cp_commit();
+        tc_kblock(acc, w, xr, b * TC_KB + 8 * q, K, true, WT, XT);
+        slot = slot + 1 == S ? 0 : slot + 1;
+    }
+    cp_wait(0);
+}
+
+/* A block of BW x BX warp tiles (along weight rows x input rows), each WT
+   m16 tiles (16 weight rows) by XT n8 tiles (8 input rows). PS (parts
+   split): each tile has TC_P warps, one per part, whose sums meet in
+   shared memory `red`; else one warp per tile walks the parts in turn,
+   keeping the running sum. Both add the parts as (((p0 + p1) + p2) + ...)
+   + p7. */
+static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red, uint4 *ring, const bool vec,
+                                               const int WT, const int XT, const int BW, const int BX, const bool PS,
+                                               const int U, const int S) {
+    const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
+    const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES, g = lane / 4, q = lane % 4;
+    const int tile = PS ? warp / TC_P : warp, part = PS ? warp % TC_P : 0;
+    const int tw = tile % BW, tx = tile / BW;
+    const int n0 = ((int)blockIdx.x - p.first_block) * (BW * WT * 16) + tw * WT * 16;
+    const int m0 = (int)blockIdx.y * (BX * XT * 8) + tx * XT * 8;
+    const int K = a.K;
+    /* weight rows past N read row N - 1 and input rows past M read zeros; neither is stored */
+    const unsigned short *wr[8];
+    const float *xr[4];
+#pragma unroll
+    for (int i = 0; i < 2 * WT; i++)
+        wr[i] = (const unsigned short *)p.w + (size_t)min(n0 + (i / 2) * 16 + (i % 2) * 8 + g, p.N - 1) * (size_t)K;
+#pragma unroll
+    for (int xt = 0; xt < XT; xt++) {
+        const int m = m0 + xt * 8 + g;
+        xr[xt] = m < a.M ? a.x + (size_t)m * (size_t)K : NULL;
+    }
+    const bool live = m0 < a.M && n0 < p.N;
+    float acc[4][4][4], sum[4][4][4];
+    if (PS) {
+        if (live && S)
+            tc_part_ring(acc, ring + (size_t)warp * S * 2 * WT * LANES, wr, xr, part, K, WT, XT, S);
+        else if (live)
+            tc_part(acc, wr, xr, part, K, vec, WT, XT, U);
+        const int per = WT * XT * 4;
+        if (part && live) {
+#pragma unroll
+            for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+                for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        red[(((size_t)tile * (TC_P - 1) + part - 1) * per + (wt * XT + xt) * 4 + i) * LANES + lane] =
+                            acc[wt][xt][i];
+        }
+        __syncthreads();
+        if (part || !live) return;
+#pragma unroll
+        for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+            for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float s = acc[wt][xt][i];
+#pragma unroll
+                    for (int pp = 1; pp < TC_P; pp++)
+                        s = s + red[(((size_t)tile * (TC_P - 1) + pp - 1) * per + (wt * XT + xt) * 4 + i) * LANES +
+                                    lane];
+                    sum[wt][xt][i] = s;
+                }
+    } else {
+        if (!live) return;
+#pragma unroll 1
+        for (int pp = 0; pp < TC_P; pp++) {
+            tc_part(acc, wr, xr, pp, K, vec, WT, XT, U);
+#pragma unroll
+            for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+                for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) sum[wt][xt][i] = pp ? sum[wt][xt][i] + acc[wt][xt][i] : acc[wt][xt][i];
+        }
+    }
+    /* the accumulator layout: i = 0, 1 weight row g, input rows 2q, 2q + 1; i = 2, 3 weight row g + 8 */
+#pragma unroll
+    for (int wt = 0; wt < WT; wt++)
+#pragma unroll
+        for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int n = n0 + wt * 16 + g + (i >= 2 ? 8 : 0), m = m0 + xt * 8 + 2 * q + (i & 1);
+                if (m < a.M && n < p.N) store_out(p, m, n, sum[wt][xt][i]);
+            }
+}
+
+typedef struct tc_kind {
+    mm_kernel k;
+    int WT, XT, BW, BX, PS, U, S;
+} tc_kind;
+
+#define TC_WARPS(BW, BX, PS) ((BW) * (BX) * ((PS) ? TC_P : 1))
+#define TC_KERNEL(NAME, VEC, WT, XT, BW, BX, PS, U, S)                                                          \
+    static_assert((WT) <= 4 && (XT) <= 4 && (U) <= 8 && (S) <= 4 && (!(S) || ((PS) && (VEC))) &&             \
+                      TC_WARPS(BW, BX, PS) * LANES <= 1024,                                                   \
+                  "tc kernel shape");                                                                         \
+    static __global__ void __launch_bounds__(TC_WARPS(BW, BX, PS) * LANES) NAME(const ember_cu_mm a) {          \
+        __shared__ float red[(PS) ? (BW) * (BX) * (TC_P - 1) * (WT) * (XT) * 4 * LANES : 1];                     \
+        __shared__ uint4 ring[(S) ? TC_WARPS(BW, BX, PS) * (S) * 2 * (WT) * LANES : 1];                         \
+        tc_body(a, red, ring, VEC, WT, XT, BW, BX, PS, U, S);                                                   \
+    }
+#define TC_ROW(NAME, VEC, WT, XT, BW, BX, PS, U, S) {NAME, WT, XT, BW, BX, PS, U, S},
+
+/* The defaults, by M (measured on an H200, docs/cuda.md). X(name, vec, WT,
+   XT, BW, BX, PS, U, S); S > 0: the weights through shared memory, S
+   k-blocks ahead (U unused). */
+#define TC_DEFAULTS(X)                           \
+    X(tc_small, true, 1, 1, 1, 1, true, 1, 4)    \
+    X(tc_mid, true, 1, 4, 1, 1, true, 1, 4)      \
+    X(tc_big, true, 2, 2, 4, 2, false, 2, 0)     \
+    X(tc_huge, true, 2, 4, 4, 2, false, 1, 0)    \
+    X(tc_elem, false, 1, 1, 1, 1, true, 2, 0)
+TC_DEFAULTS(TC_KERNEL)
+enum { TC_SMALL, TC_MID, TC_BIG, TC_HUGE, TC_ELEM };
+static const tc_kind k_tc[] = {TC_DEFAULTS(TC_ROW)};
+
+/* Other shapes, for measuring (ember_cu_mm.variant, bench/cuda_ops_bench.c);
+   the same bits as the defaults, by construction. */
+#define TC_VARIANTS(X)                          \
+    X(tc_v1, true, 1, 1, 1, 1, true, 1, 2)      \
+    X(tc_v2, true, 1, 1, 1, 1, true, 1, 3)      \
+    X(tc_v3, true, 1, 2, 1, 1, true, 1, 4)      \
+    X(tc_v4, true, 1, 4, 1, 1, true, 1, 2)      \
+    X(tc_v5, true, 2, 1, 1, 1, true, 1, 2)      \
+    X(tc_v6, true, 1, 1, 1, 1, true, 2, 0)      \
+    X(tc_v7, true, 1, 1, 1, 1, true, 1, 0)      \
+    X(tc_v8, true, 1, 4, 1, 1, true, 2, 0)      \
+    X(tc_v9, true, 2, 2, 4, 2, false, 2, 0)     \
+    X(tc_v10, true, 2, 4, 4, 2, false, 1, 0)    \
+    X(tc_v11, true, 2, 4, 4, 1, false, 1, 0)
+TC_VARIANTS(TC_KERNEL)
+static const tc_kind k_tc_var[] = {TC_VARIANTS(TC_ROW)};
+#define N_TC_VAR ((int)(sizeof k_tc_var / sizeof k_tc_var[0]))
+
+extern "C" int ember_cu_tc_variant(int variant, int shape[7]) {
+    if (variant < 0 || variant > N_TC_VAR) return 0;
+    const tc_kind *v = variant ? &k_tc_var[variant - 1] : NULL;
+    shape[0] = v ? v->WT : 0;
+    shape[1] = v ? v->XT : 0;
+    shape[2] = v ? v->BW : 0;
+    shape[3] = v ? v->BX : 0;
+    shape[4] = v ? v->PS : 0;
+    shape[5] = v ? v->U : 0;
+    shape[6] = v ? v->S : 0;
+    return 1;
+}
+
 /* ---- launcher ---------------------------------------------------------------------------- */
 
 static bool aligned16(const void *p) {
     return ((uintptr_t)p & 15u) == 0;
 }
 
-extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
-    if (a->M < 1 || a->n < 1) return cudaSuccess;
-    if (a->n > EMBER_CU_MAX_MM || a->dtype < 0 || a->dtype > 2) return cudaErrorInvalidValue;
-    bool vec = a->K % 8 == 0 && aligned16(a->x);
-    for (int i = 0; i < a->n; i++) vec = vec && aligned16(a->p[i].w);
-    mm_kernel k;
-    int rows_per_block, grid_y = 1;
-    const gemv_kind *g = NULL;
-    if (a->variant) {
-        if (a->variant < 0 || a->variant > N_GEMV_VAR) return cudaErrorInvalidValue;
-        g = &k_gemv_var[a->variant - 1];
-        if (!vec || a->dtype != EMBER_CU_BF16 || a->M != g->M) return cudaErrorInvalidValue;
-    } else if (vec && a->M <= 8) {
-        g = &k_gemv[a->dtype][a->M - 1];
-    }
-    if (g) {
-        k = g->k;
-        rows_per_block = WARPS * g->R;
-    } else if (vec) {
-        k = k_tiled[a->dtype];
-        rows_per_block = TILE_N * TILE_WN;
-        grid_y = (a->M + TILE_M * TILE_WM - 1) / (TILE_M * TILE_WM);
-    } else {
-        k = k_elem[a->dtype];
-        rows_per_block = WARPS;
-        grid_y = a->M < 1024 ? a->M : 1024;
-    }
+/* Block and grid of a tc kind; the per-product block counts go to a. */
+static cudaError_t launch(cudaStream_t stream, ember_cu_mm *a, mm_kernel k, int rows_per_block, int grid_y,
+                          int threads) {
     if (grid_y > 65535) return cudaErrorInvalidConfiguration;
     int blocks = 0;
     for (int i = 0; i < a->n; i++) {
@@ -425,7 +726,35 @@ extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
     if (blocks < 1) return cudaSuccess;
     void *args[] = {a};
     cudaError_t e = cudaLaunchKernel((const void *)k, dim3((unsigned)blocks, (unsigned)grid_y, 1),
-                                     dim3(WARPS * LANES, 1, 1), args, 0, stream);
+                                     dim3((unsigned)threads, 1, 1), args, 0, stream);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
+    if (a->M < 1 || a->n < 1) return cudaSuccess;
+    if (a->n > EMBER_CU_MAX_MM || a->dtype < 0 || a->dtype > 2) return cudaErrorInvalidValue;
+    bool vec = a->K % 8 == 0 && aligned16(a->x);
+    for (int i = 0; i < a->n; i++) vec = vec && aligned16(a->p[i].w);
+    if (a->variant && (a->variant < 0 || a->variant > N_TC_VAR || !vec || a->dtype != EMBER_CU_BF16 || a->legacy))
+        return cudaErrorInvalidValue;
+    if (a->dtype == EMBER_CU_BF16 && !a->legacy) {
+        const tc_kind *t = a->variant ? &k_tc_var[a->variant - 1]
+                           : !vec         ? &k_tc[TC_ELEM]
+                           : a->M <= 8    ? &k_tc[TC_SMALL]
+                           : a->M <= 128  ? &k_tc[TC_MID]
+                           : a->M <= 512  ? &k_tc[TC_BIG]
+                                          : &k_tc[TC_HUGE];
+        const int bm = t->BX * t->XT * 8;
+        return launch(stream, a, t->k, t->BW * t->WT * 16, (a->M + bm - 1) / bm,
+                      TC_WARPS(t->BW, t->BX, t->PS) * LANES);
+    }
+    if (vec && a->M <= 8) {
+        const gemv_kind *g = &k_gemv[a->dtype][a->M - 1];
+        return launch(stream, a, g->k, WARPS * g->R, 1, WARPS * LANES);
+    }
+    if (vec)
+        return launch(stream, a, k_tiled[a->dtype], TILE_N * TILE_WN, (a->M + TILE_M * TILE_WM - 1) / (TILE_M * TILE_WM),
+                      WARPS * LANES);
+    return launch(stream, a, k_elem[a->dtype], WARPS, a->M < 1024 ? a->M : 1024, WARPS * LANES);
 }
