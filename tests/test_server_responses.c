@@ -325,6 +325,99 @@ static void text(void) {
     json_decref(j);
 }
 
+/* method on path; the parsed JSON answer (NULL if none) and its status. */
+static json_t *call(const char *method, const char *path, int *status) {
+    http_resp r;
+    http_request(g_port, method, path, NULL, &r);
+    *status = r.status;
+    json_t *j = json_loadb(r.body ? r.body : "", r.body_len, 0, NULL);
+    http_resp_free(&r);
+    return j;
+}
+
+static const char *err_msg(const json_t *j) {
+    return str_or(json_object_get(json_object_get(j, "error"), "message"), "");
+}
+
+/* GET and DELETE /v1/responses/{id}: the stored object, streamed or not,
+   forgetting it, and every way of asking for what is not there. */
+static void stored(void) {
+    char path[160];
+    int st;
+    for (int stream = 0; stream < 2; stream++) {
+        char *b = with_script("{" INPUT ",\"metadata\":{\"k\":\"v\"}}", "Stored answer.", stream);
+        http_resp r;
+        http_request(g_port, "POST", "/v1/responses", b, &r);
+        free(b);
+        CHECK(r.status == 200);
+        json_t *sse = stream ? sse_responses(r.body ? r.body : "") : NULL;
+        json_t *posted = stream ? json_incref(json_object_get(sse, "response")) : json_loadb(r.body, r.body_len, 0, NULL);
+        http_resp_free(&r);
+        json_decref(sse);
+        const char *id = str_or(json_object_get(posted, "id"), "");
+        CHECK(!strncmp(id, "resp_", 5));
+        snprintf(path, sizeof path, "/v1/responses/%s", id);
+        json_t *got = call("GET", path, &st);
+        CHECKF(st == 200 && json_equal(got, posted), "GET %s: status %d, %s", path, st,
+               got ? "a different object" : "no JSON");
+        json_decref(got);
+        /* the stored conversation still continues */
+        char body[256];
+        snprintf(body, sizeof body, "{\"input\":\"And tomorrow?\",\"previous_response_id\":\"%s\"}", id);
+        json_decref(post("/v1/responses", body, &st, NULL));
+        CHECK(st == 200);
+        json_t *del = call("DELETE", path, &st);
+        CHECKF(st == 200 && json_is_true(json_object_get(del, "deleted")) &&
+                   !strcmp(str_or(json_object_get(del, "id"), ""), id) &&
+                   !strcmp(str_or(json_object_get(del, "object"), ""), "response"),
+               "DELETE %s: status %d", path, st);
+        json_decref(del);
+        /* gone: GET, DELETE and previous_response_id all say so */
+        json_t *j = call("GET", path, &st);
+        CHECKF(st == 404 && strstr(err_msg(j), id), "GET after DELETE: status %d '%s'", st, err_msg(j));
+        json_decref(j);
+        j = call("DELETE", path, &st);
+        CHECK(st == 404);
+        json_decref(j);
+        j = post("/v1/responses", body, &st, NULL);
+        CHECKF(st == 400 && strstr(err_msg(j), id) &&
+                   !strcmp(str_or(json_object_get(json_object_get(j, "error"), "param"), ""), "previous_response_id"),
+               "status %d '%s'", st, err_msg(j));
+        json_decref(j);
+        json_decref(posted);
+    }
+    /* store: false keeps nothing */
+    char *b = with_script("{" INPUT ",\"store\":false}", "Not kept.", false);
+    json_t *j = post("/v1/responses", b, &st, NULL);
+    free(b);
+    CHECK(st == 200 && json_is_false(json_object_get(j, "store")));
+    snprintf(path, sizeof path, "/v1/responses/%s", str_or(json_object_get(j, "id"), "x"));
+    json_decref(j);
+    j = call("GET", path, &st);
+    CHECK(st == 404);
+    json_decref(j);
+    /* never stored, odd ids, other methods, sub-resources */
+    static const struct {
+        const char *method, *path;
+        int status;
+    } k_bad[] = {{"GET", "/v1/responses/resp_000000000000000000000000", 404},
+                 {"GET", "/v1/responses/", 404},
+                 {"GET", "/v1/responses/%2e%2e", 404},
+                 {"GET", "/v1/responses/resp_abc%00x", 404},
+                 {"GET", "/v1/responses/resp_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 404},
+                 {"GET", "/v1/responses/resp_abc/input_items", 404},
+                 {"POST", "/v1/responses/resp_abc/cancel", 404},
+                 {"PUT", "/v1/responses/resp_abc", 405},
+                 {"POST", "/v1/responses/resp_abc", 405}};
+    for (size_t i = 0; i < sizeof k_bad / sizeof *k_bad; i++) {
+        j = call(k_bad[i].method, k_bad[i].path, &st);
+        CHECKF(st == k_bad[i].status && json_is_object(json_object_get(j, "error")), "%s %s: status %d, want %d",
+               k_bad[i].method, k_bad[i].path, st, k_bad[i].status);
+        json_decref(j);
+    }
+    CHECK(health() == 200);
+}
+
 static void calls(void) {
     const char *one = "I will check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
     json_t *j = both("{" INPUT "," TOOLS "}", one);
@@ -487,6 +580,7 @@ int main(void) {
     ember_server *s = server_start(d.m, d.tok, d.tmpl, &o, 3);
     hostile();
     text();
+    stored();
     calls();
     enforced();
     CHECK(server_wait_idle());

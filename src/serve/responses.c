@@ -668,7 +668,8 @@ void resp_out_free(resp_out *o) {
 struct resp_entry {
     resp_entry *next;
     char id[64];
-    json_t *convo;
+    json_t *convo;    /* the conversation, for previous_response_id */
+    json_t *response; /* the final response object, for GET /v1/responses/{id} */
     size_t bytes;
 };
 
@@ -677,27 +678,37 @@ void resp_store_init(resp_store *st) {
     pthread_mutex_init(&st->mu, NULL);
 }
 
-static void drop_oldest(resp_store *st) {
-    resp_entry *e = st->head;
-    st->head = e->next;
-    if (!st->head) st->tail = NULL;
+/* Unlinks e (prev: the entry before it, NULL for the head) and frees it. */
+static void drop(resp_store *st, resp_entry *prev, resp_entry *e) {
+    if (prev)
+        prev->next = e->next;
+    else
+        st->head = e->next;
+    if (st->tail == e) st->tail = prev;
     st->n--;
     st->bytes -= e->bytes;
     json_decref(e->convo);
+    json_decref(e->response);
     free(e);
 }
 
 void resp_store_free(resp_store *st) {
-    while (st->head) drop_oldest(st);
+    while (st->head) drop(st, NULL, st->head);
     pthread_mutex_destroy(&st->mu);
 }
 
-int resp_store_put(resp_store *st, const char *id, json_t *convo, size_t bytes) {
+int resp_store_put(resp_store *st, const char *id, json_t *convo, const json_t *response, size_t bytes) {
     resp_entry *e = ember_calloc(1, sizeof *e);
     if (!e) return -1;
+    /* a copy: the answer's own object is still referenced by its events */
+    e->response = json_deep_copy(response);
+    if (!e->response) {
+        free(e);
+        return -1;
+    }
     snprintf(e->id, sizeof e->id, "%s", id);
     e->convo = json_incref(convo);
-    e->bytes = bytes;
+    e->bytes = bytes + json_dumpb(response, NULL, 0, JSON_COMPACT);
     pthread_mutex_lock(&st->mu);
     if (st->tail)
         st->tail->next = e;
@@ -706,19 +717,32 @@ int resp_store_put(resp_store *st, const char *id, json_t *convo, size_t bytes) 
     st->tail = e;
     st->n++;
     st->bytes += bytes;
-    while (st->head != e && (st->n > RESP_STORE_MAX || st->bytes > RESP_STORE_BYTES)) drop_oldest(st);
+    while (st->head != e && (st->n > RESP_STORE_MAX || st->bytes > RESP_STORE_BYTES)) drop(st, NULL, st->head);
     pthread_mutex_unlock(&st->mu);
     return 0;
 }
 
-json_t *resp_store_get(resp_store *st, const char *id) {
+json_t *resp_store_get(resp_store *st, const char *id, bool response) {
     json_t *c = NULL;
     pthread_mutex_lock(&st->mu);
     for (resp_entry *e = st->head; e; e = e->next)
         if (!strcmp(e->id, id)) {
-            c = json_incref(e->convo);
+            c = json_incref(response ? e->response : e->convo);
             break;
         }
     pthread_mutex_unlock(&st->mu);
     return c;
+}
+
+bool resp_store_delete(resp_store *st, const char *id) {
+    bool found = false;
+    pthread_mutex_lock(&st->mu);
+    for (resp_entry *e = st->head, *prev = NULL; e; prev = e, e = e->next)
+        if (!strcmp(e->id, id)) {
+            drop(st, prev, e);
+            found = true;
+            break;
+        }
+    pthread_mutex_unlock(&st->mu);
+    return found;
 }

@@ -119,8 +119,9 @@ json_t *resp_out_message(const resp_out *o);
 
 void resp_out_free(resp_out *o);
 
-/* The conversations of finished responses, by id, for previous_response_id:
-   in memory for the server's lifetime, the oldest dropped beyond
+/* The conversations and response objects of finished responses, by id, for
+   previous_response_id and GET / DELETE /v1/responses/{id}: in memory for
+   the server's lifetime, the oldest dropped beyond
    RESP_STORE_MAX entries or RESP_STORE_BYTES bytes (estimated). */
 #define RESP_STORE_MAX 1024
 #define RESP_STORE_BYTES ((size_t)256 << 20)
@@ -138,11 +139,17 @@ void resp_store_init(resp_store *st);
 void resp_store_free(resp_store *st);
 
 /* Keeps convo (a chat message array, referenced, not copied: nobody changes
-   it after) under id, with bytes as its estimated size. Returns non-zero
-   when out of memory (nothing is kept). */
-int resp_store_put(resp_store *st, const char *id, json_t *convo, size_t bytes);
+   it after) and a copy of the final response object under id, with bytes
+   (plus the response's size) as its estimated size. Returns non-zero when
+   out of memory (nothing is kept). */
+int resp_store_put(resp_store *st, const char *id, json_t *convo, const json_t *response, size_t bytes);
 
-/* The conversation stored under id (a new reference), or NULL. */
-json_t *resp_store_get(resp_store *st, const char *id);
+/* The conversation (response false) or the response object (true) stored
+   under id, as a new reference (the caller decrefs; nobody changes it), or
+   NULL. */
+json_t *resp_store_get(resp_store *st, const char *id, bool response);
+
+/* Drops what is stored under id; false when nothing is. */
+bool resp_store_delete(resp_store *st, const char *id);
 
 #endif

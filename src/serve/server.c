@@ -1196,7 +1196,7 @@ static int responses_request(ember_server *s, const json_t *body, gen_req *q, ba
     if (prev && !json_is_null(prev)) {
         if (!json_is_string(prev))
             return fail(b, 400, "previous_response_id", "'previous_response_id' must be a string, not %s", jtype(prev));
-        hist = resp_store_get(&s->rstore, json_string_value(prev));
+        hist = resp_store_get(&s->rstore, json_string_value(prev), false);
         if (!hist)
             return fail(b, 400, "previous_response_id",
                         "no response with the id '%.64s' is stored (responses are kept in memory while the server runs, "
@@ -1694,7 +1694,7 @@ static int responses_keep(gen_run *r) {
     size_t bytes = 256;
     for (size_t i = rq->n_history; i < json_array_size(rq->convo); i++)
         bytes += json_dumpb(json_array_get(rq->convo, i), NULL, 0, JSON_COMPACT) + 64;
-    return resp_store_put(&r->srv->rstore, r->id, rq->convo, bytes);
+    return resp_store_put(&r->srv->rstore, r->id, rq->convo, r->ro.resp, bytes);
 }
 
 /* The end of a /v1/responses generation: the last text, the status
@@ -2147,6 +2147,27 @@ typedef struct req_ctx {
     bool nomem; /* the body could not be stored */
 } req_ctx;
 
+/* GET /v1/responses/{id}: the stored response object; DELETE: forgets it
+   (and so its conversation for previous_response_id). 404 when nothing is
+   stored under id (never stored, store: false, dropped for room, deleted). */
+static enum MHD_Result do_stored_response(ember_server *s, struct MHD_Connection *c, const char *id, bool get) {
+    size_t n = strlen(id);
+    if (n == 0 || n > 63 || strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != n)
+        return send_error(s, c, PROTO_RESPONSES, 404, NULL, "no response with the id '%.64s' is stored", id);
+    if (get) {
+        json_t *r = resp_store_get(&s->rstore, id, true);
+        if (!r)
+            return send_error(s, c, PROTO_RESPONSES, 404, NULL,
+                              "no response with the id '%s' is stored (responses are kept in memory while the server "
+                              "runs, unless 'store' was false)",
+                              id);
+        return send_json(s, c, 200, r);
+    }
+    if (!resp_store_delete(&s->rstore, id))
+        return send_error(s, c, PROTO_RESPONSES, 404, NULL, "no response with the id '%s' is stored", id);
+    return send_json(s, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1));
+}
+
 static enum MHD_Result route(ember_server *s, struct MHD_Connection *c, const char *url, const char *method,
                              req_ctx *rq) {
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
@@ -2164,6 +2185,15 @@ static enum MHD_Result route(ember_server *s, struct MHD_Connection *c, const ch
     if (!strcmp(url, "/metrics")) {
         if (!get) return send_error(s, c, proto, 405, NULL, "use GET for %s", url);
         return do_metrics(s, c);
+    }
+    if (!strncmp(url, "/v1/responses/", 14)) {
+        const char *id = url + 14;
+        if (strchr(id, '/')) /* input_items, cancel: not kept / no background responses */
+            return send_error(s, c, PROTO_RESPONSES, 404, NULL, "no endpoint %s %s (only GET and DELETE of "
+                              "/v1/responses/{id} are supported)", method, url);
+        if (!get && strcmp(method, "DELETE"))
+            return send_error(s, c, PROTO_RESPONSES, 405, NULL, "use GET or DELETE for %s", url);
+        return do_stored_response(s, c, id, get);
     }
     int kind = !strcmp(url, "/v1/chat/completions") ? 1
                : !strcmp(url, "/v1/completions")    ? 2
