@@ -337,6 +337,16 @@ if (!qwenTemplate || !existsSync(qwenTemplate)) {
       ember_test_output: 'It is 20 C in Paris.',
     });
     check(q2.output_text === 'It is 20 C in Paris.' && q2.usage.input_tokens > q1.usage.input_tokens, 'responses: the call output through previous_response_id');
+    // the stored response: retrieve, delete, then gone
+    const got = await toa.responses.retrieve(q1.id);
+    check(got.id === q1.id && got.status === 'completed' && JSON.stringify(got.output) === JSON.stringify(q1.output), 'responses: retrieve gives the stored response');
+    await toa.responses.delete(q1.id);
+    try {
+      await toa.responses.retrieve(q1.id);
+      check(false, 'responses: a deleted response retrieved');
+    } catch (e) {
+      check(e instanceof OpenAI.NotFoundError, `responses: NotFoundError after delete (${e.message})`);
+    }
     const qs = await toa.responses.create({ model: 'demo', input: ask, tools: rtools, max_output_tokens: 300, stream: true, ember_test_output: one });
     const types = [];
     let fin = null,
