@@ -460,7 +460,10 @@ static void overload(ember_model *m, ember_tokenizer *tok, ember_chat_template *
     job jobs[N];
     pthread_t th[N];
     for (int i = 0; i < N; i++) {
-        snprintf(jobs[i].body, sizeof jobs[i].body, "{\"prompt\":\"load %d\",\"max_tokens\":300,\"temperature\":1}", i);
+        /* every request runs its whole length (no early end of sequence), so the
+           twelve overlap even when a loaded machine starts the clients slowly */
+        snprintf(jobs[i].body, sizeof jobs[i].body,
+                 "{\"prompt\":\"load %d\",\"max_tokens\":480,\"temperature\":1,\"ignore_eos\":true}", i);
         jobs[i].drop_after = -1;
         pthread_create(&th[i], NULL, run_job, &jobs[i]);
     }
