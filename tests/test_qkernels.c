@@ -168,8 +168,33 @@ static void quant_acts(cpu_act_kind kind, const float *x, int M, int K, unsigned
     }
 }
 
-/* 2 and 3: every ISA against the canonical kernel */
-static void test_gemm(ember_dtype t, int N, int K, int M) {
+/* The largest integer sums a kernel can meet: every weight at its largest
+   unsigned level (Q8_0: -127), the scales and minimums as quantized, so
+   that 16-bit partial sums (kern_qpack.h's QP_MAD16) sit at their bound.
+   Returns false for types without such a layout here. */
+static bool saturate_levels(ember_dtype t, unsigned char *w, size_t nbytes) {
+    size_t bb = ember_dtype_get(t)->block_bytes, lo, hi, lo2 = 0, hi2 = 0;
+    int byte = 0xFF;
+    switch (t) {
+    case EMBER_Q4_0: lo = 2, hi = 18; break;
+    case EMBER_Q5_0: lo = 2, hi = 22; break; /* qh and qs */
+    case EMBER_Q8_0: lo = 2, hi = 34, byte = 0x81; break;
+    case EMBER_Q4_K: lo = 16, hi = 144; break;
+    case EMBER_Q5_K: lo = 16, hi = 176; break;
+    case EMBER_Q6_K: lo = 0, hi = 128, lo2 = 128, hi2 = 192; break; /* ql, qh */
+    default: return false;
+    }
+    for (size_t b = 0; b + bb <= nbytes; b += bb) {
+        memset(w + b + lo, byte, hi - lo);
+        if (hi2) memset(w + b + lo2, byte, hi2 - lo2);
+    }
+    return true;
+}
+
+/* 2 and 3: every ISA against the canonical kernel; extreme: saturated
+   weight levels and activations of +-127 (rows all +1, all -1, and blocks
+   alternating) */
+static void test_gemm_x(ember_dtype t, int N, int K, int M, bool extreme) {
     cpu_act_kind kind = cpu_act_kind_for(t);
     size_t wr = cpu_row_bytes(t, K), xr = cpu_act_row_bytes(kind, K);
     float *wf = malloc((size_t)N * K * 4), *x = malloc((size_t)M * K * 4), *wd = malloc((size_t)N * K * 4);
@@ -178,6 +203,12 @@ static void test_gemm(ember_dtype t, int N, int K, int M) {
     for (int i = 0; i < M * K; i++) x[i] = frnd();
     ember_error err;
     CHECK(ember_quantize(t, wf, w, (size_t)N * K, &err) == EMBER_OK);
+    if (extreme) {
+        if (!saturate_levels(t, w, wr * (size_t)N)) goto done;
+        for (int m = 0; m < M; m++)
+            for (int i = 0; i < K; i++)
+                x[(size_t)m * K + i] = m % 3 == 0 ? 1.0f : m % 3 == 1 ? -1.0f : (i / 32) % 2 ? 1.0f : -1.0f;
+    }
     CHECK(cpu_dequant_row(t, w, wd, (int64_t)N * K));
     quant_acts(kind, x, M, K, xa);
     float *ref = malloc((size_t)M * N * 4), *got = malloc((size_t)M * N * 4), *one = malloc((size_t)N * 4);
@@ -220,14 +251,19 @@ static void test_gemm(ember_dtype t, int N, int K, int M) {
     }
     free(wp);
     free(scratch);
+    free(ref);
+    free(got);
+    free(one);
+done:
     free(wf);
     free(x);
     free(wd);
     free(w);
     free(xa);
-    free(ref);
-    free(got);
-    free(one);
+}
+
+static void test_gemm(ember_dtype t, int N, int K, int M) {
+    test_gemm_x(t, N, K, M, false);
 }
 
 /* 5: every ISA's activation quantizers against the plain-C ones */
@@ -282,6 +318,8 @@ int main(void) {
         test_gemm(k_types[k], 32, kq ? 256 : 1056, 16); /* AMX: one whole tile, chunks of 16 + 16 + 1 blocks */
         test_gemm(k_types[k], 20, kq ? 512 : 544, 33);  /* AMX: two tiles and a padded row */
         test_gemm(k_types[k], 16, kq ? 256 : 64, 8);    /* AMX: tiles of 8 rows, half padded */
+        test_gemm_x(k_types[k], 35, kq ? 768 : 992, 9, true); /* every tile shape at the 16-bit bound */
+        test_gemm_x(k_types[k], 16, kq ? 256 : 64, 1, true);
     }
     return test_done();
 }
