@@ -261,10 +261,11 @@ int main(void) {
     }
 
     /* mkmodel writes the tensors each family's loader reads (gemma's sandwich norms, phi3's fused
-       projections): the model loads and runs, and its F32 GGUF gives the same logits */
+       projections, qwen3_moe's experts, glm4_moe's dense first layer, shared expert and selection
+       bias): the model loads and runs, and its F32 GGUF (stacked experts) gives the same logits */
     {
-        static const char *const fams[] = {"gemma2", "gemma3_text", "phi3"};
-        for (int i = 0; i < 3; i++) {
+        static const char *const fams[] = {"gemma2", "gemma3_text", "phi3", "qwen3_moe", "glm4_moe"};
+        for (int i = 0; i < 5; i++) {
             char dir[700], gguf[700], cmd[4096], out[4096], err[4096], a[700], b[700];
             snprintf(dir, sizeof dir, "%s/mk-%s", g_tmp, fams[i]);
             snprintf(gguf, sizeof gguf, "%s/mk-%s.gguf", g_tmp, fams[i]);
@@ -282,6 +283,15 @@ int main(void) {
             snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
             CHECKF(system(cmd) == 0, "%s: the F32 GGUF's logits differ from the directory's", fams[i]);
         }
+    }
+
+    /* the benchmark presets of a MoE and its dense twin are listed (bench/moe_vs_llamacpp.sh;
+       too big to write here: the qwen3_moe config above takes the same path) */
+    {
+        char cmd[1024], out[4096], err[4096];
+        snprintf(cmd, sizeof cmd, "%s mkmodel --list", EMBER_BIN);
+        CHECK(run(cmd, out, sizeof out, err, sizeof err) == 0);
+        CHECKF(strstr(out, "qwen3-moe-2.4b ") && strstr(out, "qwen3-0.6b "), "mkmodel --list: %s", out);
     }
 
     /* paths that are not models */

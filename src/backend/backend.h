@@ -34,6 +34,7 @@ struct ember_buffer {
     size_t size;
     bool owned;  /* false: wraps memory the backend does not free */
     size_t map_len; /* backend-private: length of an owned mapping, 0 if none */
+    int n_packed;   /* backend-private: the CPU backend's packed weights in it */
 };
 
 /* One matrix product of a multi-matmul: out[m, n] = sum_k x[m, k] w[n, k] + bias[n]. */

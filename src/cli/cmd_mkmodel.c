@@ -80,6 +80,27 @@ static const preset k_presets[] = {
      " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000.0, \"partial_rotary_factor\": 0.25,"
      " \"mrope_interleaved\": true, \"mrope_section\": [11, 11, 10]}, \"tie_word_embeddings\": true,"
      " \"hidden_act\": \"silu\", \"eos_token_id\": 248044}"},
+    /* Qwen3-0.6B's shape (as we recall the hub's config.json), the dense twin of qwen3-moe-2.4b */
+    {"qwen3-0.6b", "Qwen3-0.6B's shape (hidden 1024, 28 layers, 16 heads of 128, 8 KV heads, MLP 3072, vocab 151936, "
+                   "tied)",
+     "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\", \"vocab_size\": 151936,"
+     " \"hidden_size\": 1024, \"intermediate_size\": 3072, \"num_hidden_layers\": 28, \"num_attention_heads\": 16,"
+     " \"num_key_value_heads\": 8, \"head_dim\": 128, \"max_position_embeddings\": 40960, \"rms_norm_eps\": 1e-06,"
+     " \"rope_theta\": 1000000.0, \"attention_bias\": false, \"tie_word_embeddings\": true, \"hidden_act\": \"silu\","
+     " \"bos_token_id\": 151643, \"eos_token_id\": 151645}"},
+    /* Qwen3-0.6B with each MLP (3072 wide) replaced by 64 experts of 384 (= 3072 / 8), top-8, as
+       Qwen3-30B-A3B does (softmax router, renormalised top-k, no shared expert): 2.4 B parameters,
+       0.6 B active per token, the same as qwen3-0.6b, so the two compare MoE and dense at equal
+       active size */
+    {"qwen3-moe-2.4b", "Qwen3-MoE, Qwen3-0.6B's attention with 64 experts of 384, top-8, in every layer "
+                       "(2.4 B total, 0.6 B active: qwen3-0.6b's)",
+     "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\", \"vocab_size\": 151936,"
+     " \"hidden_size\": 1024, \"intermediate_size\": 3072, \"moe_intermediate_size\": 384, \"num_experts\": 64,"
+     " \"num_experts_per_tok\": 8, \"norm_topk_prob\": true, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [],"
+     " \"num_hidden_layers\": 28, \"num_attention_heads\": 16, \"num_key_value_heads\": 8, \"head_dim\": 128,"
+     " \"max_position_embeddings\": 40960, \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0,"
+     " \"attention_bias\": false, \"tie_word_embeddings\": true, \"hidden_act\": \"silu\","
+     " \"bos_token_id\": 151643, \"eos_token_id\": 151645}"},
     {"gemma3-1b", "Gemma-3-1B's shape (hidden 1152, 26 layers, 4 heads of 256, 1 KV head, 5 of 6 layers sliding 512, "
                   "vocab 262144, tied)",
      "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", \"vocab_size\": 262144,"
@@ -221,14 +242,31 @@ static int list_tensors(const ember_model_config *c, tensor_spec *s) {
             add_spec(s, &n, L("pre_feedforward_layernorm.weight"), H, 0, norm);
             add_spec(s, &n, L("post_feedforward_layernorm.weight"), H, 0, norm);
         }
-        if (phi3) {
+        if (c->n_experts && c->layer_moe[l]) { /* model/blocks.c ember_load_moe */
+            const int64_t Im = c->moe_intermediate_size, Is = (int64_t)c->n_shared_experts * Im;
+            char en[64];
+            add_spec(s, &n, L("mlp.gate.weight"), c->n_experts, H, false);
+            for (int e = 0; e < c->n_experts; e++) {
+                static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+                for (int p = 0; p < 3; p++) {
+                    snprintf(en, sizeof en, "mlp.experts.%d.%s.weight", e, proj[p]);
+                    add_spec(s, &n, L(en), p < 2 ? Im : H, p < 2 ? H : Im, false);
+                }
+            }
+            if (Is) {
+                add_spec(s, &n, L("mlp.shared_experts.gate_proj.weight"), Is, H, false);
+                add_spec(s, &n, L("mlp.shared_experts.up_proj.weight"), Is, H, false);
+                add_spec(s, &n, L("mlp.shared_experts.down_proj.weight"), H, Is, false);
+            }
+            if (c->router_sigmoid) add_spec(s, &n, L("mlp.gate.e_score_correction_bias"), c->n_experts, 0, false);
+        } else if (phi3) {
             add_spec(s, &n, L("mlp.gate_up_proj.weight"), 2 * I, H, false);
         } else {
             add_spec(s, &n, L("mlp.gate_proj.weight"), I, H, false);
             add_spec(s, &n, L("mlp.up_proj.weight"), I, H, false);
         }
-        add_spec(s, &n, L("mlp.down_proj.weight"), H, I, false);
-        if (c->mlp_bias) {
+        if (!(c->n_experts && c->layer_moe[l])) add_spec(s, &n, L("mlp.down_proj.weight"), H, I, false);
+        if (c->mlp_bias && !(c->n_experts && c->layer_moe[l])) {
             add_spec(s, &n, L("mlp.gate_proj.bias"), I, 0, false);
             add_spec(s, &n, L("mlp.up_proj.bias"), I, 0, false);
             add_spec(s, &n, L("mlp.down_proj.bias"), H, 0, false);
@@ -361,7 +399,8 @@ int cmd_mkmodel(int argc, char **argv) {
         free(text);
         return cli_fail("mkmodel", "%s", err.msg);
     }
-    if (cfg.n_experts) { /* list_tensors writes dense MLPs only */
+    if (cfg.n_experts && (cfg.n_linear || ember_arch_is_gemma(cfg.model_type))) { /* list_tensors writes
+                                                                                     qwen3_moe / glm4_moe experts */
         free(text);
         return cli_fail("mkmodel", "%s: mixture-of-experts models (%s) are not supported yet", cfg_name, cfg.model_type);
     }
@@ -369,8 +408,9 @@ int cmd_mkmodel(int argc, char **argv) {
         free(text);
         return cli_fail("mkmodel", "%s: cannot create directory: %s", out, strerror(errno));
     }
-    tensor_spec *specs = calloc((size_t)cfg.n_layers * 20 + 4, sizeof *specs);
-    ember_st_out *outs = calloc((size_t)cfg.n_layers * 20 + 4, sizeof *outs);
+    const size_t n_specs = (size_t)cfg.n_layers * (24 + 3 * (size_t)cfg.n_experts) + 4;
+    tensor_spec *specs = calloc(n_specs, sizeof *specs);
+    ember_st_out *outs = calloc(n_specs, sizeof *outs);
     char *st_path = ember_path_join(out, "model.safetensors");
     rc = 0;
     if (!specs || !outs || !st_path) rc = cli_fail("mkmodel", "out of memory");

@@ -536,6 +536,68 @@ void ember_moe_route(const ember_model_config *c, const float *z, const float *b
    are gathered from in, run through its gated MLP (act: SwiGLU or GeGLU)
    and added into f->h with their weights. Only the chosen experts run, each
    once per forward; a token's terms arrive in expert order. */
+/* Products per matmul call on the one-token path: the least any backend
+   takes (cpu and cuda take 8). */
+#define MOE_MM 8
+
+/* moe_experts for a batch of one token (decode alone), when the scratch holds
+   K rows: the same products, fewer calls. Its K experts, in increasing order,
+   share the input row, so their gate and up projections go MOE_MM / 2
+   experts to a matmul call, one SwiGLU / GeGLU covers them all, and one
+   combine adds the K down projections in expert order: each product and
+   each addition is the one moe_experts makes, so the bits are the same. */
+static int moe_experts_one(ember_fwd *f, const ember_llm_layer *ly, const ember_tensor *in, ember_act act) {
+    ember_backend *be = f->m->be;
+    const ember_backend_ops *ops = be->ops;
+    const ember_model_config *c = &f->m->cfg;
+    ember_llm_state *st = f->st;
+    ember_error *err = f->err;
+    const int K = c->n_experts_used;
+    const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
+    int32_t *sel = st->moe_ids; /* [K]: the experts in increasing order, their weights in moe_ew */
+    int rc;
+    for (int j = 0; j < K; j++) { /* insertion sort by expert (top-k picks each expert once) */
+        int32_t e = st->moe_sel[j];
+        float w = st->moe_w[j];
+        int i = j;
+        for (; i > 0 && sel[i - 1] > e; i--) {
+            sel[i] = sel[i - 1];
+            st->moe_ew[i] = st->moe_ew[i - 1];
+        }
+        sel[i] = e;
+        st->moe_ew[i] = w;
+    }
+    ember_tensor g[MOE_MM / 2], u[MOE_MM / 2];
+    ember_matmul mm[MOE_MM];
+    for (int j0 = 0; j0 < K; j0 += MOE_MM / 2) {
+        const int n = K - j0 < MOE_MM / 2 ? K - j0 : MOE_MM / 2;
+        for (int j = 0; j < n; j++) {
+            const ember_tensor *ex = &ly->experts[3 * (size_t)sel[j0 + j]];
+            g[j] = rows_view(&st->moe_gate, 2, 1, Im, 0);
+            u[j] = rows_view(&st->moe_up, 2, 1, Im, 0);
+            g[j].offset += (size_t)(j0 + j) * (size_t)Im * 4;
+            u[j].offset += (size_t)(j0 + j) * (size_t)Im * 4;
+            mm[2 * j] = (ember_matmul){&g[j], &ex[0], NULL};
+            mm[2 * j + 1] = (ember_matmul){&u[j], &ex[1], NULL};
+        }
+        if ((rc = ops->matmul(be, in, 2 * n, mm, err))) return rc;
+    }
+    ember_tensor ga = rows_view(&st->moe_gate, 2, K, Im, 0), ua = rows_view(&st->moe_up, 2, K, Im, 0);
+    if ((rc = act == EMBER_ACT_GELU_TANH ? ops->geglu(be, &ga, &ga, &ua, err) : ops->swiglu(be, &ga, &ga, &ua, err)))
+        return rc;
+    for (int j = 0; j < K; j++) {
+        ember_tensor gj = rows_view(&st->moe_gate, 2, 1, Im, 0), yj = rows_view(&st->moe_y, 2, 1, H, 0);
+        gj.offset += (size_t)j * (size_t)Im * 4;
+        yj.offset += (size_t)j * (size_t)H * 4;
+        ember_matmul dn = {&yj, &ly->experts[3 * (size_t)sel[j] + 2], NULL};
+        if ((rc = ops->matmul(be, &gj, 1, &dn, err))) return rc;
+    }
+    int32_t *ids = st->moe_sel; /* every term goes to token 0 (moe_sel is read no more) */
+    for (int j = 0; j < K; j++) ids[j] = 0;
+    ember_tensor ya = rows_view(&st->moe_y, 2, K, H, 0);
+    return ops->add_rows_scaled(be, &f->h, &ya, ids, st->moe_ew, K, err);
+}
+
 static int moe_experts(ember_fwd *f, const ember_llm_layer *ly, const ember_tensor *in, ember_act act) {
     ember_backend *be = f->m->be;
     const ember_backend_ops *ops = be->ops;
@@ -545,6 +607,10 @@ static int moe_experts(ember_fwd *f, const ember_llm_layer *ly, const ember_tens
     const int T = f->T, E = c->n_experts, K = c->n_experts_used;
     const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
     int rc;
+    const size_t need_i = (size_t)K * (size_t)Im * 4, need_h = (size_t)K * (size_t)H * 4;
+    if (T == 1 && st->moe_gate.nbytes >= need_i && st->moe_up.nbytes >= need_i && st->moe_y.nbytes >= need_h &&
+        st->moe_gate.shape[0] >= K) /* moe_ids, moe_ew: one per row */
+        return moe_experts_one(f, ly, in, act);
     for (int e = 0; e < E; e++) {
         int n = 0; /* the tokens routed to expert e, in batch order */
         for (int t = 0; t < T; t++)

@@ -64,6 +64,9 @@ typedef struct cpu_backend {
     size_t delta_cap;          /* its bytes */
     size_t attn_parts_cap;
     int n_packed, cap_packed;
+    int *packed_ix;   /* open-addressed index of packed by (buf, off): entry + 1, 0 empty; NULL: scan */
+    int ix_cap;       /* its slots, a power of two above twice n_packed */
+    bool ix_stale;    /* an entry moved or left: rebuild before the next lookup */
 } cpu_backend;
 
 /* A weight tensor whose bytes are packed in place (qkern.h). */
@@ -282,27 +285,64 @@ static void pack_run(cpu_backend *c, const cpu_packed *e, bool pack) {
 /* Every packed range of buf overlapping [off, off + n): restored to the
    original bytes (restore) or just forgotten (the buffer is going away). */
 static void packed_release(cpu_backend *c, const ember_buffer *buf, size_t off, size_t n, bool restore) {
-    if (!c || !buf) return;
+    if (!c || !buf || !buf->n_packed) return;
     size_t end = n > SIZE_MAX - off ? SIZE_MAX : off + n;
     for (int i = 0; i < c->n_packed;) {
         cpu_packed *e = &c->packed[i];
         if (e->buf == buf && e->off < end && off < e->off + e->nbytes) {
             if (restore) pack_run(c, e, false);
+            ((ember_buffer *)e->buf)->n_packed--; /* the registry keeps buffers const */
             *e = c->packed[--c->n_packed];
+            c->ix_stale = true;
         } else {
             i++;
         }
     }
 }
 
-/* The registry entry of w when w is packed, else -1. */
-static int packed_find(const cpu_backend *c, const ember_tensor *w) {
-    for (int i = 0; i < c->n_packed; i++) {
-        const cpu_packed *e = &c->packed[i];
-        if (e->buf == w->buf && e->off == w->offset && e->dt == w->dtype && e->N == w->shape[0] &&
-            e->K == w->shape[1])
-            return i;
+static bool packed_is(const cpu_packed *e, const ember_tensor *w) {
+    return e->buf == w->buf && e->off == w->offset && e->dt == w->dtype && e->N == w->shape[0] && e->K == w->shape[1];
+}
+
+static size_t packed_slot(const ember_buffer *buf, size_t off, int cap) {
+    uint64_t h = ((uint64_t)(uintptr_t)buf ^ ((uint64_t)off * 0x9E3779B97F4A7C15u)) * 0xFF51AFD7ED558CCDu;
+    return (size_t)(h >> 32) & (size_t)(cap - 1);
+}
+
+/* Rebuilds the index of the registry (a MoE model packs thousands of expert
+   matrices, each looked up per matmul: a scan of them all cost more than the
+   products of one decode step's experts). On failure the index is dropped
+   and lookups scan. */
+static void packed_reindex(cpu_backend *c) {
+    int cap = 64;
+    while (cap < 2 * c->n_packed + 2 && cap < (1 << 28)) cap *= 2;
+    if (cap != c->ix_cap) {
+        free(c->packed_ix);
+        c->packed_ix = ember_calloc((size_t)cap, sizeof *c->packed_ix);
+        c->ix_cap = c->packed_ix ? cap : 0;
+    } else if (c->packed_ix) {
+        memset(c->packed_ix, 0, (size_t)cap * sizeof *c->packed_ix);
     }
+    c->ix_stale = false;
+    if (!c->packed_ix) return;
+    for (int i = 0; i < c->n_packed; i++) {
+        size_t k = packed_slot(c->packed[i].buf, c->packed[i].off, cap);
+        while (c->packed_ix[k]) k = (k + 1) & (size_t)(cap - 1);
+        c->packed_ix[k] = i + 1;
+    }
+}
+
+/* The registry entry of w when w is packed, else -1. */
+static int packed_find(cpu_backend *c, const ember_tensor *w) {
+    if (c->ix_stale || 2 * c->n_packed + 2 > c->ix_cap) packed_reindex(c);
+    if (c->packed_ix) {
+        for (size_t k = packed_slot(w->buf, w->offset, c->ix_cap); c->packed_ix[k];
+             k = (k + 1) & (size_t)(c->ix_cap - 1))
+            if (packed_is(&c->packed[c->packed_ix[k] - 1], w)) return c->packed_ix[k] - 1;
+        return -1;
+    }
+    for (int i = 0; i < c->n_packed; i++)
+        if (packed_is(&c->packed[i], w)) return i;
     return -1;
 }
 
@@ -330,6 +370,14 @@ static int packed_ensure(cpu_backend *c, const ember_tensor *w, bool *packed, em
     }
     cpu_packed *e = &c->packed[c->n_packed++];
     *e = (cpu_packed){w->buf, w->offset, w->nbytes, w->dtype, w->shape[0], w->shape[1]};
+    w->buf->n_packed++;
+    if (!c->ix_stale && c->packed_ix && 2 * c->n_packed + 2 <= c->ix_cap) { /* one more slot, else a rebuild */
+        size_t k = packed_slot(w->buf, w->offset, c->ix_cap);
+        while (c->packed_ix[k]) k = (k + 1) & (size_t)(c->ix_cap - 1);
+        c->packed_ix[k] = c->n_packed;
+    } else {
+        c->ix_stale = true;
+    }
     pack_run(c, e, true);
     *packed = true;
     return EMBER_OK;
@@ -1056,6 +1104,7 @@ static void cpu_free(ember_backend *be) {
     free(c->scratch);
     free(c->qscratch);
     free(c->packed);
+    free(c->packed_ix);
     free(c->attn_parts);
     free(c->delta_scratch);
     for (int i = 0; i < 3; i++) free(c->act[i]);
