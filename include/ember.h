@@ -59,9 +59,9 @@ extern "C" {
 #endif
 
 #define EMBER_VERSION_MAJOR 0
-#define EMBER_VERSION_MINOR 1
+#define EMBER_VERSION_MINOR 2
 #define EMBER_VERSION_PATCH 0
-#define EMBER_VERSION_STRING "0.1.0"
+#define EMBER_VERSION_STRING "0.2.0"
 /* MAJOR * 10000 + MINOR * 100 + PATCH: compare with ember_version(). */
 #define EMBER_VERSION (EMBER_VERSION_MAJOR * 10000 + EMBER_VERSION_MINOR * 100 + EMBER_VERSION_PATCH)
 
@@ -542,9 +542,10 @@ EMBER_API int ember_text_tokenize(const ember_text *t, const char *text, size_t 
 EMBER_API int ember_text_detokenize(const ember_text *t, const int32_t *ids, size_t n_ids, int skip_special,
                                     char **text, size_t *len, ember_error *err);
 
-/* One message of a conversation. Frozen: messages that carry more (tool
-   calls, images) will come as a new struct, so arrays of this one keep
-   their layout. Both strings are borrowed for the call. */
+/* One message of a conversation. Frozen: messages that carry more come as
+   a new struct (ember_chat_message, with tool calls and results, below), so
+   arrays of this one keep their layout. Both strings are borrowed for the
+   call. */
 typedef struct ember_message {
     const char *role;    /* "system", "user", "assistant", "tool" (as the template knows them) */
     const char *content; /* UTF-8 text */
@@ -595,8 +596,17 @@ typedef struct ember_text_result {
     int n_cached;         /* of which reused from the cache (an earlier turn) */
     int n_generated;      /* tokens generated */
     char *text;           /* the whole generated text (what on_text received, joined);
-                             free with ember_free */
+                             free with ember_free. With tools (ember_text_chat_messages) the
+                             text outside tool calls */
     size_t text_len;
+    /* since 0.2: the tool calls the model wrote (ember_text_chat_messages with tools on a
+       template whose call format ember_text_tool_format names; else NULL / 0) */
+    char *tool_calls;     /* JSON text of an OpenAI tool_calls array, [{"id": "call_...", "type":
+                             "function", "function": {"name": "...", "arguments": "{...}"}}],
+                             arguments being the model's JSON text of the arguments object; NULL
+                             when it wrote none. Free with ember_free. Feed it back as the
+                             assistant message's tool_calls */
+    int n_tool_calls;
 } ember_text_result;
 
 /* Sets res->size and clears the rest; call before the first generate. */
@@ -622,6 +632,99 @@ EMBER_API int ember_text_chat(ember_text *t, const ember_message *msgs, int n_ms
 /* As ember_text_generate after a prompt of token ids (borrowed). */
 EMBER_API int ember_text_generate_ids(ember_text *t, const int32_t *ids, size_t n_ids,
                                       const ember_gen_text_params *g, ember_text_result *res, ember_error *err);
+
+/* ---- conversations with tools ----------------------------------------
+ *
+ * Agents: the model is told about tools (OpenAI-style function tools, as
+ * JSON text), writes calls in its family's own format, and the library
+ * parses them out of the text (Hermes / Qwen, Qwen3-Coder, Llama 3 JSON,
+ * Mistral, Gemma 4: the format the template's text shows). The program
+ * runs the calls and sends the results back as "tool" messages:
+ *
+ *     ember_chat_params cp;
+ *     ember_chat_params_init(&cp);
+ *     cp.tools = "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+ *                "\"parameters\": {\"type\": \"object\", \"properties\": "
+ *                "{\"city\": {\"type\": \"string\"}}}}}]";
+ *     ember_chat_message msgs[3] = {{.role = "user", .content = "Weather in Paris?"}};
+ *     ember_text_chat_messages(t, msgs, 1, &cp, &g, &res, &err);
+ *     if (res.n_tool_calls) {                // run them, then:
+ *         msgs[1] = (ember_chat_message){.role = "assistant", .content = res.text,
+ *                                        .tool_calls = res.tool_calls};
+ *         msgs[2] = (ember_chat_message){.role = "tool", .content = "18 C, sunny",
+ *                                        .tool_call_id = "<the call's id>"};
+ *         ember_text_chat_messages(t, msgs, 3, &cp, &g, &res2, &err);
+ *     }
+ *
+ * Threads and memory as in the text API above: these calls only read t
+ * (render from any threads at once; chat blocks its caller, several
+ * threads may chat at once); every string argument is borrowed for the
+ * call, what comes back is the caller's (ember_free).
+ */
+
+/* One message of a conversation with tools. Frozen like ember_message
+   (arrays of it keep their layout): what later messages carry beyond these
+   fields goes in extra. Every string is borrowed for the call; NULL means
+   absent. */
+typedef struct ember_chat_message {
+    const char *role;         /* "system", "user", "assistant" or "tool" */
+    const char *content;      /* UTF-8 text; NULL only for an assistant message with tool_calls */
+    const char *tool_calls;   /* assistant: JSON text of an OpenAI tool_calls array (as
+                                 ember_text_result.tool_calls gives it); each call's arguments
+                                 a JSON object or its text. NULL: none */
+    const char *tool_call_id; /* tool: the id of the call this message answers */
+    const char *name;         /* tool: the function's name (some templates show it) */
+    const char *extra;        /* JSON text of an object whose members join the message (e.g.
+                                 {"reasoning_content": "..."}); the fields above win */
+} ember_chat_message;
+
+typedef struct ember_chat_params {
+    size_t size;                 /* sizeof(ember_chat_params): set by ember_chat_params_init */
+    const char *tools;           /* JSON text of an array of OpenAI function tools ({"type":
+                                    "function", "function": {"name", "description",
+                                    "parameters"}}) the template shows the model; NULL or "[]":
+                                    none (nothing is parsed out of the text then) */
+    const char *template_kwargs; /* JSON text of an object of extra template variables
+                                    ({"enable_thinking": false}); NULL: none */
+    int add_generation_prompt;   /* render: end where the assistant's reply begins (default 1;
+                                    chat always adds it) */
+    int parse_tool_calls;        /* chat with tools: nonzero (default) parses calls out of the
+                                    text into ember_text_result.tool_calls and keeps them out of
+                                    on_text and res.text; 0 leaves the text as written */
+} ember_chat_params;
+
+/* Fills p with the defaults (and p->size). */
+EMBER_API void ember_chat_params_init(ember_chat_params *p);
+
+/* The tool-call format the model's template shows, as a static string:
+   "hermes", "qwen3_coder", "llama3_json", "mistral", "gemma4", or "none"
+   (then tools are still rendered, but calls are not parsed). Thread-safe. */
+EMBER_API const char *ember_text_tool_format(const ember_text *t);
+
+/*
+ * As ember_text_render for messages with tool calls and results, and tools
+ * (p may be NULL: no tools, add_generation_prompt 1). The messages and
+ * tools go to the template as HF transformers passes them (a call's
+ * arguments as an object). Errors as ember_text_render, and
+ * EMBER_ERR_INVALID_ARG for JSON text that does not parse or has the wrong
+ * shape (the message names the field), a missing role, or a missing
+ * content without tool_calls.
+ */
+EMBER_API int ember_text_render_messages(const ember_text *t, const ember_chat_message *msgs, int n_msgs,
+                                         const ember_chat_params *p, char **text, size_t *len, ember_error *err);
+
+/*
+ * As ember_text_chat for messages with tool calls and results, and tools
+ * (p may be NULL). With tools and a parsed format, the calls the model
+ * writes come back in res->tool_calls (ids "call_" + 24 hex digits, or 9
+ * letters and digits with Mistral's format, unique within t), and on_text /
+ * res->text receive the text outside them (held back while it may be the
+ * start of a call). Blocks until the request ends; thread-safe like
+ * ember_text_chat.
+ */
+EMBER_API int ember_text_chat_messages(ember_text *t, const ember_chat_message *msgs, int n_msgs,
+                                       const ember_chat_params *p, const ember_gen_text_params *g,
+                                       ember_text_result *res, ember_error *err);
 
 /* ---- timing helpers for benchmarks ------------------------------------ */
 

@@ -16,5 +16,11 @@ allocs=$(grep -rnE '\b(malloc|calloc|realloc|aligned_alloc|strdup|strndup)[[:spa
 if [ -n "$allocs" ]; then
   echo "allocation outside ember_malloc and friends (docs/rules.md, src/core/alloc.h):"; echo "$allocs"; fail=1
 fi
+# No function outside the kernels (src/backend/*/kern_*, .cu) over 150 lines
+# (issue 17): a reader holds a function whole.
+long=$(find src -name '*.[ch]' ! -path 'src/backend/*/kern_*' | sort | xargs awk -v max=150 -f tests/function_lengths.awk | sort -rn)
+if [ -n "$long" ]; then
+  echo "functions over 150 lines (lines, where its body starts):"; echo "$long"; fail=1
+fi
 [ $fail = 0 ] && echo "rules ok"
 exit $fail

@@ -12,6 +12,9 @@
  *     generate alone on an open ember_text, after whose failure a clean
  *     generate on the same object must give the clean run's text; and two
  *     chats at once, where the one not failed must give the clean text;
+ *     and a chat with tools, a tool call and its result on Qwen2.5's
+ *     template (testdata), whose scripted reply's call must come back
+ *     parsed as in the clean run;
  *   - a KV cache operation sequence (append, clone, trim, extract / merge,
  *     speculative round, save / load): an operation that fails leaves every
  *     row exactly as it was, and the rest of the sequence then gives the
@@ -29,6 +32,7 @@
 
 #include "core/fault.h"
 #include "core/util.h"
+#include "api/text_int.h"
 #include "fault_walk.h"
 #include "kv/kv.h"
 #include "template/load.h"
@@ -277,6 +281,61 @@ static int run_text_two(void *u, ember_error *err) {
     return rc;
 }
 
+/* a conversation with tools; the scripted reply calls one */
+static int run_text_tools(void *u, ember_error *err) {
+    ember_text *t = u;
+    ember_chat_params cp;
+    ember_chat_params_init(&cp);
+    cp.tools = "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+               "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}]";
+    const ember_chat_message msgs[] = {
+        {.role = "user", .content = "Weather in Paris?"},
+        {.role = "assistant",
+         .tool_calls = "[{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+                       "\"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]"},
+        {.role = "tool", .content = "18 C", .tool_call_id = "call_1"},
+        {.role = "user", .content = "And in Rome?"}};
+    ember_text_result res;
+    ember_text_result_init(&res);
+    int rc = ember_text_chat_messages(t, msgs, 4, &cp, NULL, &res, err);
+    if (rc) {
+        CHECKF(res.text == NULL && res.tool_calls == NULL, "a failed chat handed out text or calls");
+        return rc;
+    }
+    CHECKF(res.text && !strcmp(res.text, "Let me check.\n"), "text '%s'", res.text ? res.text : "(null)");
+    CHECKF(res.n_tool_calls == 1 && res.tool_calls &&
+               strstr(res.tool_calls, "\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Rome\\\"}\""),
+           "calls %s", res.tool_calls ? res.tool_calls : "(null)");
+    ember_free(res.text);
+    ember_free(res.tool_calls);
+    return EMBER_OK;
+}
+
+static void text_tools(void) {
+    if (!have("testdata/chat-templates/llama.cpp/Qwen-Qwen2.5-7B-Instruct.jinja")) return;
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s/faults_qwen' && cp -r '%s' '%s/faults_qwen' && "
+             "cp '%s/testdata/chat-templates/llama.cpp/Qwen-Qwen2.5-7B-Instruct.jinja' '%s/faults_qwen/chat_template.jinja'",
+             EMBER_TEST_TMP, g_demo, EMBER_TEST_TMP, EMBER_SHARED_DIR, EMBER_TEST_TMP);
+    CHECK(system(cmd) == 0);
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.n_threads = 1;
+    mp.n_ctx = 1024; /* the tools' text makes a long prompt */
+    ember_text_params p;
+    ember_text_params_init(&p);
+    p.model = &mp;
+    ember_error err;
+    ember_text *t = NULL;
+    if (!CHECKV(ember_text_open(EMBER_TEST_TMP "/faults_qwen", &p, &t, &err) == EMBER_OK, "%s", err.msg)) return;
+    CHECK(ember_text_script(t, "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                               "{\"city\": \"Rome\"}}\n</tool_call>",
+                            &err) == EMBER_OK);
+    fault_walk("text chat with tools", EMBER_FAULT_ALLOC, run_text_tools, t);
+    ember_text_free(t);
+}
+
 static void text_api(void) {
     text_run r = {0};
     fault_walk("text open+render+chat", EMBER_FAULT_ALLOC, run_text_open, &r);
@@ -296,6 +355,7 @@ static void text_api(void) {
     }
     free(r.want);
     free(r.want_render);
+    text_tools();
 }
 
 /* ---- a KV cache operation sequence ------------------------------------------ */

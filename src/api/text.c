@@ -22,24 +22,38 @@
 #define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "api/hfcache.h"
+#include "api/text_int.h"
 #include "api/textgen.h"
 #include "core/error.h"
+#include "core/jsonutil.h"
+#include "core/utf8.h"
 #include "core/util.h"
 #include "ember.h"
 #include "template/chat.h"
 #include "template/load.h"
+#include "template/toolcall.h"
 #include "tok/tokenizer.h"
 
 struct ember_text {
     ember_model *model;
     ember_tokenizer *tok;
     ember_chat_template *tmpl; /* NULL: the model has none */
-    char *bos_text, *eos_text; /* "" when the tokenizer has none */
+    ember_tool_format tools;   /* the call format the template shows */
+    int32_t keep_ids[8];       /* special tokens spelling its markers: kept in the text the parser reads */
+    int n_keep;
+    atomic_ulong next_call;    /* tool call ids: a counter under a salt of the open time */
+    uint64_t salt;
+    int32_t *script; /* TESTS ONLY (text_int.h): tokens the text side sees in place of the sampled ones */
+    int n_script;
     ember_engine *engine;
 };
 
@@ -91,21 +105,13 @@ void ember_text_result_init(ember_text_result *res) {
     res->stop_index = -1;
 }
 
-/* A malloc'd copy of id's text ("" when id < 0 or unknown); NULL on OOM. */
-static char *token_text(const ember_tokenizer *tok, int32_t id) {
-    size_t n = 0;
-    const char *s = id >= 0 ? ember_tok_id_text(tok, id, &n) : NULL;
-    return ember_strndup(s ? s : "", s ? n : 0);
-}
-
 void ember_text_free(ember_text *t) {
     if (!t) return;
     ember_engine_free(t->engine); /* before the model it drives */
     ember_model_free(t->model);
     ember_chat_template_free(t->tmpl);
     ember_tok_free(t->tok);
-    free(t->bos_text);
-    free(t->eos_text);
+    free(t->script);
     free(t);
 }
 
@@ -141,11 +147,12 @@ int ember_text_open(const char *model, const ember_text_params *params, ember_te
     ember_model_params_init(&mp);
     if (p.model) mp = *p.model;
     rc = ember_tok_load(path, &t->tok, err);
-    if (!rc) rc = ember_chat_template_load(path, &t->tmpl, NULL, err);
+    int fmt = EMBER_TOOLS_NONE;
+    if (!rc) rc = ember_chat_template_load(path, &t->tmpl, &fmt, err);
     if (!rc) {
-        t->bos_text = token_text(t->tok, ember_tok_bos_id(t->tok));
-        t->eos_text = token_text(t->tok, ember_tok_eos_id(t->tok));
-        if (!t->bos_text || !t->eos_text) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        t->tools = (ember_tool_format)fmt;
+        t->n_keep = ember_tool_format_marker_ids(t->tools, t->tok, t->keep_ids, 8);
+        t->salt = ember_mix64((uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)t);
     }
     if (!rc) rc = ember_model_load(path, &mp, &t->model, err);
     if (!rc) {
@@ -196,82 +203,285 @@ int ember_text_detokenize(const ember_text *t, const int32_t *ids, size_t n_ids,
     return rc;
 }
 
-/* The template's variables for msgs into *out (the caller decrefs). */
-static int chat_vars(const ember_text *t, const ember_message *msgs, int n_msgs, int add_generation_prompt,
-                     json_t **out, ember_error *err) {
+/* ---- conversations: messages into the template's variables ---- */
+
+void ember_chat_params_init(ember_chat_params *p) {
+    memset(p, 0, sizeof *p);
+    p->size = sizeof *p;
+    p->add_generation_prompt = 1;
+    p->parse_tool_calls = 1;
+}
+
+const char *ember_text_tool_format(const ember_text *t) {
+    return ember_tool_format_name(t ? t->tools : EMBER_TOOLS_NONE);
+}
+
+/* JSON text (len bytes) that must be a value of type want, into *out. */
+static int parse_json(const char *text, size_t len, json_type want, const char *what, json_t **out, ember_error *err) {
+    json_error_t je;
+    json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     *out = NULL;
-    json_t *vars = json_object(), *arr = json_array();
-    if (!vars || !arr || json_object_set_new(vars, "messages", arr)) {
-        json_decref(vars);
-        if (!vars) json_decref(arr); /* set_new took arr otherwise, even on failure */
-        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    if (!j && json_error_code(&je) == json_error_out_of_memory) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    if (!j) return ember_err(err, EMBER_ERR_INVALID_ARG, "%s is not JSON: %s (column %d)", what, je.text, je.column);
+    if (json_typeof(j) != want) {
+        int rc = ember_err(err, EMBER_ERR_INVALID_ARG, "%s must be %s, not %s", what,
+                           want == JSON_ARRAY ? "an array" : "an object", ember_json_type(j));
+        json_decref(j);
+        return rc;
     }
-    if (json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt != 0)) ||
-        json_object_set_new(vars, "bos_token", json_string(t->bos_text)) ||
-        json_object_set_new(vars, "eos_token", json_string(t->eos_text))) {
-        json_decref(vars);
-        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    *out = j;
+    return EMBER_OK;
+}
+
+/* Sets m[key] to the string v (NULL: nothing). */
+static int set_str(json_t *m, const char *key, const char *v, int i, ember_error *err) {
+    if (!v) return EMBER_OK;
+    size_t n = strlen(v);
+    if (!ember_utf8_valid(v, n)) return ember_err(err, EMBER_ERR_INVALID_ARG, "messages[%d].%s is not valid UTF-8", i, key);
+    if (json_object_set_new(m, key, json_stringn_nocheck(v, n)))
+        return ember_err(err, EMBER_ERR_NOMEM, "messages[%d]: out of memory", i);
+    return EMBER_OK;
+}
+
+/* One call of an assistant message as HF transformers passes it: its
+   arguments an object (parsed when given as text). */
+static int shape_call(json_t *c, int i, size_t k, ember_error *err) {
+    json_t *fn = json_object_get(c, "function");
+    if (!json_is_object(c) || !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
+        return ember_err(err, EMBER_ERR_INVALID_ARG,
+                         "messages[%d].tool_calls[%zu] must be {\"function\": {\"name\": ..., \"arguments\": ...}}", i, k);
+    json_t *args = json_object_get(fn, "arguments");
+    if (json_is_object(args)) return EMBER_OK;
+    if (args && !json_is_string(args))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "messages[%d].tool_calls[%zu].function.arguments must be an object or its JSON text", i, k);
+    json_t *parsed = NULL;
+    char what[96];
+    snprintf(what, sizeof what, "messages[%d].tool_calls[%zu].function.arguments", i, k);
+    int rc = args ? parse_json(json_string_value(args), json_string_length(args), JSON_OBJECT, what, &parsed, err)
+                  : ((parsed = json_object()) ? EMBER_OK : ember_err(err, EMBER_ERR_NOMEM, "out of memory"));
+    if (!rc && json_object_set_new(fn, "arguments", parsed)) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    return rc;
+}
+
+/* msg.tool_calls (JSON text) into m["tool_calls"]. */
+static int set_calls(json_t *m, const char *text, int i, ember_error *err) {
+    char what[48];
+    snprintf(what, sizeof what, "messages[%d].tool_calls", i);
+    json_t *calls;
+    int rc = parse_json(text, strlen(text), JSON_ARRAY, what, &calls, err);
+    size_t k;
+    json_t *c;
+    if (!rc) json_array_foreach(calls, k, c) if ((rc = shape_call(c, i, k, err))) break;
+    if (rc) {
+        json_decref(calls);
+        return rc;
     }
-    for (int i = 0; i < n_msgs; i++) {
-        if (!msgs[i].role || !msgs[i].content) {
-            json_decref(vars);
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "messages[%d]: role and content must not be NULL", i);
-        }
-        json_t *role = json_string(msgs[i].role), *content = json_string(msgs[i].content);
-        if (!role || !content) { /* json_string refuses invalid UTF-8 */
-            json_decref(role);
-            json_decref(content);
-            json_decref(vars);
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "messages[%d]: role or content is not valid UTF-8", i);
-        }
-        json_t *m = json_object();
-        if (!m) {
-            json_decref(role);
-            json_decref(content);
-        }
-        /* set_new and append_new take their value, also when they fail */
-        bool fail = !m || (json_object_set_new(m, "role", role) | json_object_set_new(m, "content", content));
-        if (fail) json_decref(m);
-        if (fail || json_array_append_new(arr, m)) {
-            json_decref(vars);
-            return ember_err(err, EMBER_ERR_NOMEM, "messages[%d]: out of memory", i);
-        }
+    if (json_object_set_new(m, "tool_calls", calls)) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    return EMBER_OK;
+}
+
+/* One message as the template sees it, into *out. */
+static int message_json(const ember_chat_message *cm, int i, json_t **out, ember_error *err) {
+    *out = NULL;
+    if (!cm->role) return ember_err(err, EMBER_ERR_INVALID_ARG, "messages[%d]: role is NULL", i);
+    if (!cm->content && !cm->tool_calls)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "messages[%d]: content is NULL (only tool_calls may stand without)", i);
+    if (cm->tool_calls && strcmp(cm->role, "assistant"))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "messages[%d]: only assistant messages carry tool_calls", i);
+    json_t *m = NULL;
+    int rc = EMBER_OK;
+    char what[40];
+    snprintf(what, sizeof what, "messages[%d].extra", i);
+    if (cm->extra) rc = parse_json(cm->extra, strlen(cm->extra), JSON_OBJECT, what, &m, err);
+    else if (!(m = json_object())) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    if (!rc) rc = set_str(m, "role", cm->role, i, err);
+    if (!rc && !cm->content && json_object_set_new(m, "content", json_null()))
+        rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    if (!rc) rc = set_str(m, "content", cm->content, i, err);
+    if (!rc && cm->tool_calls) rc = set_calls(m, cm->tool_calls, i, err);
+    if (!rc) rc = set_str(m, "tool_call_id", cm->tool_call_id, i, err);
+    if (!rc) rc = set_str(m, "name", cm->name, i, err);
+    if (rc) {
+        json_decref(m);
+        return rc;
     }
-    *out = vars;
+    *out = m;
+    return EMBER_OK;
+}
+
+/* A conversation as the template's inputs. */
+typedef struct conv {
+    json_t *msgs;   /* the messages array */
+    json_t *tools;  /* NULL: none */
+    json_t *kwargs; /* NULL: none */
+    ember_chat_params p;
+} conv;
+
+static void conv_free(conv *c) {
+    json_decref(c->msgs);
+    json_decref(c->tools);
+    json_decref(c->kwargs);
+}
+
+/* The tools JSON text: an array of {"type": "function", "function": {"name", ...}}. */
+static int parse_tools(const char *text, json_t **out, ember_error *err) {
+    int rc = parse_json(text, strlen(text), JSON_ARRAY, "tools", out, err);
+    size_t k;
+    json_t *tl;
+    if (!rc) json_array_foreach(*out, k, tl) {
+            json_t *fn = json_object_get(tl, "function");
+            if (!json_is_object(fn) || !json_is_string(json_object_get(fn, "name"))) {
+                rc = ember_err(err, EMBER_ERR_INVALID_ARG, "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", k);
+                break;
+            }
+        }
+    if (rc || json_array_size(*out) == 0) {
+        json_decref(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* Fills c from plain or full messages (one of them) and p (may be NULL). */
+static int conv_make(const ember_message *plain, const ember_chat_message *full, int n, const ember_chat_params *p,
+                     conv *c, ember_error *err) {
+    memset(c, 0, sizeof *c);
+    ember_chat_params_init(&c->p);
+    int rc = p ? read_sized(&c->p, sizeof c->p, p, p->size, "ember_chat_params", err) : EMBER_OK;
+    if (!rc && c->p.tools) rc = parse_tools(c->p.tools, &c->tools, err);
+    if (!rc && c->p.template_kwargs)
+        rc = parse_json(c->p.template_kwargs, strlen(c->p.template_kwargs), JSON_OBJECT, "template_kwargs", &c->kwargs, err);
+    if (!rc && !(c->msgs = json_array())) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n && !rc; i++) {
+        ember_chat_message one = {0};
+        if (plain) {
+            if (!plain[i].role || !plain[i].content) {
+                rc = ember_err(err, EMBER_ERR_INVALID_ARG, "messages[%d]: role and content must not be NULL", i);
+                break;
+            }
+            one.role = plain[i].role;
+            one.content = plain[i].content;
+        }
+        json_t *m;
+        rc = message_json(plain ? &one : &full[i], i, &m, err);
+        if (!rc && json_array_append_new(c->msgs, m)) rc = ember_err(err, EMBER_ERR_NOMEM, "messages[%d]: out of memory", i);
+    }
+    if (rc) conv_free(c);
+    return rc;
+}
+
+static int render_conv(const ember_text *t, const conv *c, bool add_generation_prompt, char **text, size_t *len,
+                       ember_error *err) {
+    ember_chat_input in = {.messages = c->msgs, .tools = c->tools, .kwargs = c->kwargs,
+                           .add_generation_prompt = add_generation_prompt, .tok = t->tok};
+    return ember_chat_render_input(t->tmpl, &in, text, len, err);
+}
+
+/* The checks every render and chat makes first. */
+static int conv_args(const ember_text *t, const void *msgs, int n_msgs, const char *fn, ember_error *err) {
+    if (!t || n_msgs < 0 || (!msgs && n_msgs))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: a NULL argument or a negative count", fn);
+    if (!t->tmpl) return ember_err(err, EMBER_ERR_UNSUPPORTED, "this model has no chat template");
     return EMBER_OK;
 }
 
 int ember_text_render(const ember_text *t, const ember_message *msgs, int n_msgs, int add_generation_prompt,
                       char **text, size_t *len, ember_error *err) {
-    if (!t || !text || n_msgs < 0 || (!msgs && n_msgs))
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_text_render: a NULL argument or a negative count");
+    if (!text) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_text_render: text is NULL");
     *text = NULL;
-    if (!t->tmpl) return ember_err(err, EMBER_ERR_UNSUPPORTED, "this model has no chat template");
-    json_t *vars = NULL;
-    int rc = chat_vars(t, msgs, n_msgs, add_generation_prompt, &vars, err);
+    if (len) *len = 0;
+    conv c;
+    int rc = conv_args(t, msgs, n_msgs, "ember_text_render", err);
+    if (!rc) rc = conv_make(msgs, NULL, n_msgs, NULL, &c, err);
     if (rc) return rc;
-    ember_chat_opts o;
-    memset(&o, 0, sizeof o);
-    o.extensions = true; /* as the server and the CLI render */
-    rc = ember_chat_template_render(t->tmpl, vars, &o, text, len, err);
-    json_decref(vars);
+    rc = render_conv(t, &c, add_generation_prompt != 0, text, len, err);
+    conv_free(&c);
     return rc;
 }
 
-/* One request's text side: its textgen and the caller's callback. */
+int ember_text_render_messages(const ember_text *t, const ember_chat_message *msgs, int n_msgs,
+                               const ember_chat_params *p, char **text, size_t *len, ember_error *err) {
+    if (!text) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_text_render_messages: text is NULL");
+    *text = NULL;
+    if (len) *len = 0;
+    conv c;
+    int rc = conv_args(t, msgs, n_msgs, "ember_text_render_messages", err);
+    if (!rc) rc = conv_make(NULL, msgs, n_msgs, p, &c, err);
+    if (rc) return rc;
+    rc = render_conv(t, &c, c.p.add_generation_prompt != 0, text, len, err);
+    conv_free(&c);
+    return rc;
+}
+
+/* ---- generation ---- */
+
+/* One request's text side: its textgen, the tool-call parser, and the
+   caller's callback. */
 typedef struct text_run {
+    ember_text *t;
     textgen tg;
     strbuf piece;
     const ember_gen_text_params *g;
-    bool cancelled; /* on_text asked to stop */
+    bool cancelled;        /* on_text asked to stop */
+    ember_tool_parser *tp; /* NULL: no calls parsed */
+    strbuf content;        /* with tp: the text outside calls */
+    strbuf args;           /* the current call's arguments */
+    json_t *calls;         /* with tp: OpenAI tool_calls, as reported */
+    bool oom;              /* the tool sink ran out of memory */
 } text_run;
 
-/* Feeds one token; calls on_text with what it released. */
+static void say(text_run *r, const char *s, size_t n) {
+    if (n && r->g->on_text && !r->cancelled) r->cancelled = r->g->on_text(r->g->user, s, n) != 0;
+}
+
+/* The parser's events: content goes on as text, calls into r->calls. */
+static int tool_sink(void *user, const ember_tool_event *ev) {
+    text_run *r = user;
+    bool ok = true;
+    switch (ev->kind) {
+    case EMBER_TOOL_EV_CONTENT:
+        ok = !sb_append(&r->content, ev->text, ev->len);
+        if (ok) say(r, ev->text, ev->len);
+        break;
+    case EMBER_TOOL_EV_CALL_START: {
+        char id[48];
+        ember_tool_call_id(r->t->tools, "call_", atomic_fetch_add(&r->t->next_call, 1), r->t->salt, r->t->salt, id,
+                           sizeof id);
+        r->args.len = 0;
+        json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name", ev->name,
+                              "arguments", "");
+        ok = c && !json_array_append_new(r->calls, c);
+        break;
+    }
+    case EMBER_TOOL_EV_CALL_ARGS: ok = !sb_append(&r->args, ev->text, ev->len); break;
+    case EMBER_TOOL_EV_CALL_END: {
+        json_t *fn = json_object_get(json_array_get(r->calls, json_array_size(r->calls) - 1), "function");
+        ok = !json_object_set_new(fn, "arguments", ember_json_string_clean(r->args.data ? r->args.data : "", r->args.len));
+        break;
+    }
+    }
+    r->oom |= !ok;
+    return ok ? 0 : -1;
+}
+
+/* Passes released text on: through the parser with tools, else to on_text.
+   final: the text ended. */
+static int emit(text_run *r, const char *s, size_t n, bool final, ember_error *err) {
+    if (!r->tp) {
+        say(r, s, n);
+        return EMBER_OK;
+    }
+    int rc = n ? ember_tool_parser_feed(r->tp, s, n, tool_sink, r, err) : EMBER_OK;
+    if (!rc && final) rc = ember_tool_parser_finish(r->tp, tool_sink, r, err);
+    if (rc && r->oom) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    return rc;
+}
+
+/* Feeds one token; passes on what it released. */
 static int run_token(text_run *r, int32_t id, ember_error *err) {
     r->piece.len = 0;
     int rc = textgen_push(&r->tg, id, &r->piece, err);
-    if (!rc && r->piece.len && r->g->on_text && !r->cancelled)
-        r->cancelled = r->g->on_text(r->g->user, r->piece.data, r->piece.len) != 0;
+    if (!rc && r->piece.len && !r->cancelled) rc = emit(r, r->piece.data, r->piece.len, false, err);
     return rc;
 }
 
@@ -289,14 +499,19 @@ static int run_request(ember_text *t, const int32_t *ids, size_t n_ids, const em
     gp.sampling.min_p = g->min_p;
     gp.sampling.seed = g->seed;
     gp.ignore_eos = g->ignore_eos;
+    if (t->script) { /* test hook: the script is the text, its end the end of the turn */
+        gp.max_tokens = gp.max_tokens < t->n_script ? gp.max_tokens : t->n_script;
+        gp.ignore_eos = 1;
+    }
     ember_stream *s = NULL;
     int rc = ember_engine_submit(t->engine, &gp, &s, err);
     if (rc) return rc;
     ember_event ev;
     memset(&ev, 0, sizeof ev);
     bool asked = false; /* cancel sent */
-    while (ember_stream_next(s, &ev, -1) == 1 && ev.kind != EMBER_EV_DONE) {
-        if (!rc && !r->tg.stopped && !r->cancelled) rc = run_token(r, ev.token, err);
+    for (int k = 0; ember_stream_next(s, &ev, -1) == 1 && ev.kind != EMBER_EV_DONE; k++) {
+        int32_t tok = t->script && k < t->n_script ? t->script[k] : ev.token;
+        if (!rc && !r->tg.stopped && !r->cancelled) rc = run_token(r, tok, err);
         if (!asked && (rc || r->tg.stopped || r->cancelled)) {
             ember_stream_cancel(s);
             asked = true;
@@ -308,7 +523,7 @@ static int run_request(ember_text *t, const int32_t *ids, size_t n_ids, const em
     if (!rc && !r->cancelled) { /* what was held back: text before a stop string, or all of it */
         r->piece.len = 0;
         rc = textgen_finish(&r->tg, &r->piece, err);
-        if (!rc && r->piece.len && g->on_text) r->cancelled = g->on_text(g->user, r->piece.data, r->piece.len) != 0;
+        if (!rc) rc = emit(r, r->piece.data, r->piece.len, true, err);
     }
     if (rc) return rc;
     res->finish = r->tg.stopped ? EMBER_FINISH_STOP : r->cancelled ? EMBER_FINISH_CANCELLED : ev.finish;
@@ -319,8 +534,38 @@ static int run_request(ember_text *t, const int32_t *ids, size_t n_ids, const em
     return EMBER_OK;
 }
 
-int ember_text_generate_ids(ember_text *t, const int32_t *ids, size_t n_ids, const ember_gen_text_params *g,
-                            ember_text_result *res, ember_error *err) {
+/* Moves the run's text and calls into out (a full, current struct). */
+static int take_result(text_run *r, ember_text_result *out, ember_error *err) {
+    strbuf *text = r->tp ? &r->content : &r->tg.text;
+    out->text = text->data ? text->data : ember_strdup("");
+    if (!out->text) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    out->text_len = text->len;
+    if (out->text == text->data) memset(text, 0, sizeof *text);
+    size_t nc = json_array_size(r->calls);
+    if (nc) {
+        out->tool_calls = json_dumps(r->calls, JSON_COMPACT);
+        if (!out->tool_calls) {
+            free(out->text);
+            out->text = NULL;
+            return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        }
+        out->n_tool_calls = (int)nc;
+    }
+    return EMBER_OK;
+}
+
+/* Writes out into the caller's res, up to its size; frees what an older
+   struct has no room for. */
+static void give_result(ember_text_result *res, ember_text_result *out) {
+    write_sized(res, out, sizeof *out);
+    if (res->size < offsetof(ember_text_result, text) + sizeof(char *)) free(out->text);
+    if (res->size < offsetof(ember_text_result, tool_calls) + sizeof(char *)) free(out->tool_calls);
+}
+
+/* Generation after ids; with tools (borrowed, non-NULL: parse calls in
+   t's format) the calls go to res->tool_calls. */
+static int generate(ember_text *t, const int32_t *ids, size_t n_ids, const ember_gen_text_params *g,
+                    const json_t *tools, ember_text_result *res, ember_error *err) {
     if (!t || (!ids && n_ids)) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_text_generate: a NULL argument");
     if (n_ids == 0) return ember_err(err, EMBER_ERR_INVALID_ARG, "the prompt is empty after tokenization");
     if (n_ids > (size_t)1 << 30) return ember_err(err, EMBER_ERR_LIMIT, "the prompt has too many tokens");
@@ -333,37 +578,37 @@ int ember_text_generate_ids(ember_text *t, const int32_t *ids, size_t n_ids, con
                          res->size);
     if (gp.n_stop < 0 || (gp.n_stop && !gp.stop))
         return ember_err(err, EMBER_ERR_INVALID_ARG, "stop: %d strings at %p", gp.n_stop, (const void *)gp.stop);
-    char **stops = ember_malloc((size_t)(gp.n_stop ? gp.n_stop : 1) * sizeof *stops);
-    if (!stops) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < gp.n_stop; i++) {
-        if (!gp.stop[i] || !gp.stop[i][0]) {
-            free(stops);
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "stop[%d] is empty", i);
-        }
-        stops[i] = (char *)gp.stop[i]; /* textgen only reads them */
-    }
+    for (int i = 0; i < gp.n_stop; i++)
+        if (!gp.stop[i] || !gp.stop[i][0]) return ember_err(err, EMBER_ERR_INVALID_ARG, "stop[%d] is empty", i);
     text_run r;
     memset(&r, 0, sizeof r);
+    r.t = t;
     r.g = &gp;
     ember_text_result out;
     ember_text_result_init(&out);
-    rc = textgen_init(&r.tg, t->tok, stops, gp.n_stop, err);
-    if (!rc) rc = run_request(t, ids, n_ids, &gp, &r, &out, err);
-    if (!rc && res) { /* the whole text, handed over */
-        out.text = r.tg.text.data ? r.tg.text.data : ember_strdup("");
-        out.text_len = r.tg.text.len;
-        if (!out.text) {
-            rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
-        } else {
-            if (out.text == r.tg.text.data) memset(&r.tg.text, 0, sizeof r.tg.text);
-            write_sized(res, &out, sizeof out);
-            if (res->size < offsetof(ember_text_result, text) + sizeof(char *)) free(out.text); /* an older struct */
-        }
+    /* textgen only reads the stop strings */
+    rc = textgen_init(&r.tg, t->tok, (char **)(uintptr_t)gp.stop, gp.n_stop, err);
+    if (!rc && tools && t->tools != EMBER_TOOLS_NONE) {
+        r.tp = ember_tool_parser_new(t->tools, tools);
+        r.calls = json_array();
+        if (!r.tp || !r.calls) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        textgen_keep(&r.tg, t->keep_ids, t->n_keep);
     }
+    if (!rc) rc = run_request(t, ids, n_ids, &gp, &r, &out, err);
+    if (!rc && res) rc = take_result(&r, &out, err);
+    if (!rc && res) give_result(res, &out);
     textgen_free(&r.tg);
     sb_free(&r.piece);
-    free(stops);
+    ember_tool_parser_free(r.tp);
+    sb_free(&r.content);
+    sb_free(&r.args);
+    json_decref(r.calls);
     return rc;
+}
+
+int ember_text_generate_ids(ember_text *t, const int32_t *ids, size_t n_ids, const ember_gen_text_params *g,
+                            ember_text_result *res, ember_error *err) {
+    return generate(t, ids, n_ids, g, NULL, res, err);
 }
 
 int ember_text_generate(ember_text *t, const char *prompt, const ember_gen_text_params *g, ember_text_result *res,
@@ -377,17 +622,58 @@ int ember_text_generate(ember_text *t, const char *prompt, const ember_gen_text_
     return rc;
 }
 
-int ember_text_chat(ember_text *t, const ember_message *msgs, int n_msgs, const ember_gen_text_params *g,
-                    ember_text_result *res, ember_error *err) {
+/* Renders c with the generation prompt, tokenizes it as the template wrote
+   it (its special tokens included), and generates. */
+static int chat_conv(ember_text *t, const conv *c, const ember_gen_text_params *g, ember_text_result *res,
+                     ember_error *err) {
     char *text = NULL;
     size_t len = 0;
-    int rc = ember_text_render(t, msgs, n_msgs, 1, &text, &len, err);
+    int rc = render_conv(t, c, true, &text, &len, err);
     int32_t *ids = NULL;
     size_t n = 0;
-    /* the template wrote the special tokens itself */
     if (!rc) rc = ember_text_tokenize(t, text, len, 0, &ids, &n, err);
     free(text);
-    if (!rc) rc = ember_text_generate_ids(t, ids, n, g, res, err);
+    const json_t *tools = c->p.parse_tool_calls ? c->tools : NULL;
+    if (!rc) rc = generate(t, ids, n, g, tools, res, err);
     free(ids);
     return rc;
+}
+
+int ember_text_chat(ember_text *t, const ember_message *msgs, int n_msgs, const ember_gen_text_params *g,
+                    ember_text_result *res, ember_error *err) {
+    conv c;
+    int rc = conv_args(t, msgs, n_msgs, "ember_text_chat", err);
+    if (!rc) rc = conv_make(msgs, NULL, n_msgs, NULL, &c, err);
+    if (rc) return rc;
+    rc = chat_conv(t, &c, g, res, err);
+    conv_free(&c);
+    return rc;
+}
+
+int ember_text_chat_messages(ember_text *t, const ember_chat_message *msgs, int n_msgs, const ember_chat_params *p,
+                             const ember_gen_text_params *g, ember_text_result *res, ember_error *err) {
+    conv c;
+    int rc = conv_args(t, msgs, n_msgs, "ember_text_chat_messages", err);
+    if (!rc) rc = conv_make(NULL, msgs, n_msgs, p, &c, err);
+    if (rc) return rc;
+    rc = chat_conv(t, &c, g, res, err);
+    conv_free(&c);
+    return rc;
+}
+
+int ember_text_script(ember_text *t, const char *text, ember_error *err) {
+    free(t->script);
+    t->script = NULL;
+    t->n_script = 0;
+    if (!text) return EMBER_OK;
+    size_t n = 0;
+    int rc = ember_tok_encode(t->tok, NULL, text, strlen(text), 0, &t->script, &n, err);
+    if (!rc && (n == 0 || n > (1u << 20))) rc = ember_err(err, EMBER_ERR_INVALID_ARG, "script: %zu tokens", n);
+    if (rc) {
+        free(t->script);
+        t->script = NULL;
+        return rc;
+    }
+    t->n_script = (int)n;
+    return EMBER_OK;
 }

@@ -20,15 +20,6 @@
 #include "template/chat.h"
 #include "tok/tokenizer.h"
 
-static char *id_text(const ember_tokenizer *t, int32_t id) {
-    size_t n;
-    const char *s = id >= 0 ? ember_tok_id_text(t, id, &n) : NULL;
-    char *r = malloc(s ? n + 1 : 1);
-    if (r && s) memcpy(r, s, n);
-    if (r) r[s ? n : 0] = 0;
-    return r;
-}
-
 /* Text prompt -> ids: the chat template (user message, optional system)
    unless raw. Prints errors; returns 0 or 1. */
 static int text_prompt(const char *model, const ember_tokenizer *tok, const char *prompt, const char *system, bool raw,
@@ -44,16 +35,10 @@ static int text_prompt(const char *model, const ember_tokenizer *tok, const char
         json_t *msgs = json_array();
         if (system) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
         json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
-        char *bos = id_text(tok, ember_tok_bos_id(tok)), *eos = id_text(tok, ember_tok_eos_id(tok));
-        json_t *vars = json_pack("{s:o, s:b, s:s, s:s}", "messages", msgs, "add_generation_prompt", 1, "bos_token",
-                                 bos ? bos : "", "eos_token", eos ? eos : "");
-        free(bos);
-        free(eos);
-        ember_chat_opts o;
-        memset(&o, 0, sizeof o);
-        o.extensions = true;
-        int rc = ember_chat_template_render(tmpl, vars, &o, &text, &len, &err);
-        json_decref(vars);
+        ember_chat_input in = {.messages = msgs, .add_generation_prompt = true, .tok = tok};
+        int rc = msgs ? ember_chat_render_input(tmpl, &in, &text, &len, &err)
+                      : ember_err(&err, EMBER_ERR_NOMEM, "out of memory");
+        json_decref(msgs);
         ember_chat_template_free(tmpl);
         if (rc) return cli_fail("generate", "chat template: %s", err.msg);
         prompt = text;

@@ -235,55 +235,59 @@ static void *side_load_run(void *arg) {
     return NULL;
 }
 
-int cmd_serve(int argc, char **argv) {
-    const char *model_arg = NULL, *host = "127.0.0.1", *isa = NULL, *kv_budget_s = NULL, *max_body_s = NULL;
-    const char *pc_dir = NULL, *pc_max_s = NULL, *tool_parser = "auto", *pace_s = NULL;
-    int prefill_chunk = 0;
-    bool test_output = false;
-    int port = 8080, parallel = 8, ctx = 0, threads = 0, max_queue = 256, default_max = 0;
-    float drain = 10.0f;
-    bool verbose = false, use_mmap = false;
-    cli_model_opts mo = {0};
-    cli_spec_opts spo = {0};
-    mo.kv_type = "f16"; /* serve's default: see the README */
+/* serve's command line. */
+typedef struct serve_args {
+    const char *model_arg, *host, *isa, *kv_budget_s, *max_body_s, *pc_dir, *pc_max_s, *tool_parser, *pace_s;
+    int prefill_chunk, port, parallel, ctx, threads, max_queue, default_max;
+    float drain;
+    bool verbose, use_mmap, test_output;
+    cli_model_opts mo;
+    cli_spec_opts spo;
+} serve_args;
+
+/* Parses argv into *a: 0, 1 on an error (said), 2 after --help. */
+static int serve_parse(int argc, char **argv, serve_args *a) {
+    *a = (serve_args){.host = "127.0.0.1", .tool_parser = "auto", .port = 8080, .parallel = 8, .max_queue = 256,
+                      .drain = 10.0f};
+    a->mo.kv_type = "f16"; /* serve's default: see the README */
     cli_opt opts[] = {
-        {"host", 0, OPT_STR, &host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", 0, 0, false},
-        {"port", 'p', OPT_INT, &port, "N", "port (default 8080)", 1, 65535, false},
-        {"parallel", 'P', OPT_INT, &parallel, "N", "requests generated at once: rows of the batch (default 8)", 1, 1024,
+        {"host", 0, OPT_STR, &a->host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", 0, 0, false},
+        {"port", 'p', OPT_INT, &a->port, "N", "port (default 8080)", 1, 65535, false},
+        {"parallel", 'P', OPT_INT, &a->parallel, "N", "requests generated at once: rows of the batch (default 8)", 1, 1024,
          false},
-        {"ctx", 'c', OPT_INT, &ctx, "N", "context per request (default: min(model max, 4096))", 16, 1 << 22, false},
-        {"kv-budget", 0, OPT_STR, &kv_budget_s, "SIZE", "KV cache memory limit, e.g. 2G (default: half the RAM)", 0, 0,
+        {"ctx", 'c', OPT_INT, &a->ctx, "N", "context per request (default: min(model max, 4096))", 16, 1 << 22, false},
+        {"kv-budget", 0, OPT_STR, &a->kv_budget_s, "SIZE", "KV cache memory limit, e.g. 2G (default: half the RAM)", 0, 0,
          false},
-        {"max-queue", 0, OPT_INT, &max_queue, "N", "requests waiting for a row before 429 (default 256)", 1, 1 << 20,
+        {"max-queue", 0, OPT_INT, &a->max_queue, "N", "requests waiting for a row before 429 (default 256)", 1, 1 << 20,
          false},
-        {"max-body", 0, OPT_STR, &max_body_s, "SIZE", "request body limit (default 4M); larger bodies get 413", 0, 0,
+        {"max-body", 0, OPT_STR, &a->max_body_s, "SIZE", "request body limit (default 4M); larger bodies get 413", 0, 0,
          false},
-        {"default-max-tokens", 0, OPT_INT, &default_max, "N", "max_tokens when a request names none (default: the rest of the context)", 1,
+        {"default-max-tokens", 0, OPT_INT, &a->default_max, "N", "max_tokens when a request names none (default: the rest of the context)", 1,
          1 << 22, false},
-        {"prompt-cache-dir", 0, OPT_STR, &pc_dir, "DIR",
+        {"prompt-cache-dir", 0, OPT_STR, &a->pc_dir, "DIR",
          "also keep prompt prefixes as files in DIR (created if missing): a restarted server resumes them", 0, 0,
          false},
-        {"prompt-cache-max", 0, OPT_STR, &pc_max_s, "SIZE", "byte cap of --prompt-cache-dir (default 4G)", 0, 0, false},
-        {"prefill-chunk", 0, OPT_INT, &prefill_chunk, "N", "prompt tokens per step at most (default 512)", 1,
+        {"prompt-cache-max", 0, OPT_STR, &a->pc_max_s, "SIZE", "byte cap of --prompt-cache-dir (default 4G)", 0, 0, false},
+        {"prefill-chunk", 0, OPT_INT, &a->prefill_chunk, "N", "prompt tokens per step at most (default 512)", 1,
          1 << 20, false},
-        {"prefill-pace", 0, OPT_STR, &pace_s, "X|off",
+        {"prefill-pace", 0, OPT_STR, &a->pace_s, "X|off",
          "while requests decode, cap a step's prompt tokens so it takes about X times a decoding step "
          "(X >= 1, default 2; off: no cap)", 0, 0, false},
-        {"drain", 0, OPT_FLOAT, &drain, "SECONDS", "on SIGINT/SIGTERM, time running requests get to finish (default 10)", 0,
+        {"drain", 0, OPT_FLOAT, &a->drain, "SECONDS", "on SIGINT/SIGTERM, time running requests get to finish (default 10)", 0,
          3600, false},
-        {"threads", 't', OPT_INT, &threads, "N", "compute threads (default: all cores)", 1, 1024, false},
-        {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512, amx", 0, 0, false},
-        {"mmap", 0, OPT_FLAG, &use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
-        {"verbose", 'v', OPT_FLAG, &verbose, NULL, "log more (HTTP details) to stderr", 0, 0, false},
-        {"tool-parser", 0, OPT_STR, &tool_parser, "NAME",
+        {"threads", 't', OPT_INT, &a->threads, "N", "compute threads (default: all cores)", 1, 1024, false},
+        {"isa", 0, OPT_STR, &a->isa, "NAME", "kernels: auto, scalar, avx2, avx512, amx", 0, 0, false},
+        {"mmap", 0, OPT_FLAG, &a->use_mmap, NULL, "compute from the mapped model files (less memory, slower)", 0, 0, false},
+        {"verbose", 'v', OPT_FLAG, &a->verbose, NULL, "log more (HTTP details) to stderr", 0, 0, false},
+        {"tool-parser", 0, OPT_STR, &a->tool_parser, "NAME",
          "how the model writes tool calls: auto (from the chat template), none, hermes, qwen3_coder, llama3_json, "
          "mistral, gemma4 (default auto)",
          0, 0, false},
-        {"test-output", 0, OPT_FLAG, &test_output, NULL,
+        {"test-output", 0, OPT_FLAG, &a->test_output, NULL,
          "TESTS ONLY: accept \"ember_test_output\" in requests, a scripted completion replacing the sampled tokens",
          0, 0, false},
-        CLI_KV_OPTS(mo),
-        CLI_SPEC_OPTS(spo),
+        CLI_KV_OPTS(a->mo),
+        CLI_SPEC_OPTS(a->spo),
     };
     cli_cmd cmd = {"serve", "Serve a model over an OpenAI- and Anthropic-compatible HTTP API.", "[MODEL] [options]",
                    "MODEL: a model directory, a GGUF file, or org/name from the HuggingFace cache\n"
@@ -300,18 +304,23 @@ int cmd_serve(int argc, char **argv) {
                    "out of the output in the format --tool-parser names; tool_choice required / named is\n"
                    "accepted but not enforced yet (no constrained decoding): see docs/tool-calls.md.",
                    opts, (int)(sizeof opts / sizeof opts[0])};
-    int rc = cli_parse_arg(&cmd, argc, argv, &model_arg);
+    return cli_parse_arg(&cmd, argc, argv, &a->model_arg);
+}
+
+int cmd_serve(int argc, char **argv) {
+    serve_args a;
+    int rc = serve_parse(argc, argv, &a);
     if (rc) return rc == 2 ? 0 : 1;
     size_t kv_budget = 0, max_body = 4u << 20, pc_max = 0;
-    if (parse_sizes(kv_budget_s, max_body_s, pc_max_s, pc_dir, &kv_budget, &max_body, &pc_max)) return 1;
+    if (parse_sizes(a.kv_budget_s, a.max_body_s, a.pc_max_s, a.pc_dir, &kv_budget, &max_body, &pc_max)) return 1;
     ember_tool_format tool_format = EMBER_TOOLS_NONE;
     float pace = 0.0f; /* the engine's default */
-    if (pace_s && parse_pace(pace_s, &pace)) return 1;
-    bool tools_auto = !strcmp(tool_parser, "auto");
-    if (!tools_auto && !ember_tool_format_from_name(tool_parser, &tool_format))
-        return cli_fail("serve", "--tool-parser: unknown format '%s' (auto, %s)", tool_parser, ember_tool_format_names());
+    if (a.pace_s && parse_pace(a.pace_s, &pace)) return 1;
+    bool tools_auto = !strcmp(a.tool_parser, "auto");
+    if (!tools_auto && !ember_tool_format_from_name(a.tool_parser, &tool_format))
+        return cli_fail("serve", "--tool-parser: unknown format '%s' (auto, %s)", a.tool_parser, ember_tool_format_names());
     ember_engine_params sp = {0};
-    if (cli_spec_resolve("serve", &spo, &sp)) return 1;
+    if (cli_spec_resolve("serve", &a.spo, &sp)) return 1;
     if (!kv_budget) kv_budget = half_the_ram();
     /* signals go to sigwait below: block them before any thread exists */
     sigset_t sigs;
@@ -319,9 +328,9 @@ int cmd_serve(int argc, char **argv) {
 
     char path[4096], id[256];
     bool demo;
-    if (resolve_model(model_arg, path, sizeof path, id, sizeof id, &demo)) return 1;
+    if (resolve_model(a.model_arg, path, sizeof path, id, sizeof id, &demo)) return 1;
     if (demo && write_demo_model(path)) return 1;
-    int min_level = verbose ? EMBER_LOG_DEBUG : EMBER_LOG_INFO;
+    int min_level = a.verbose ? EMBER_LOG_DEBUG : EMBER_LOG_INFO;
     double t_start = ember_now(), t_model, t_side;
     ember_model *m;
     /* the tokenizer and the chat template load on a second thread while the
@@ -330,9 +339,9 @@ int cmd_serve(int argc, char **argv) {
     pthread_t side_thread;
     bool side_async = pthread_create(&side_thread, NULL, side_load_run, &side) == 0;
     /* warnings reach stderr without -v too: the prompt cache tells about files it skips */
-    mo = (cli_model_opts){threads,  ctx,         parallel,    isa,         verbose, use_mmap, kv_budget,
-                          mo.kv_type, mo.kv_group, mo.kv_quant_start, true, mo.device};
-    int model_rc = cli_load_model("serve", path, &mo, &m);
+    a.mo = (cli_model_opts){a.threads,    a.ctx,         a.parallel,         a.isa, a.verbose, a.use_mmap, kv_budget,
+                            a.mo.kv_type, a.mo.kv_group, a.mo.kv_quant_start, true,  a.mo.device};
+    int model_rc = cli_load_model("serve", path, &a.mo, &m);
     t_model = ember_now();
     if (side_async)
         pthread_join(side_thread, NULL);
@@ -353,28 +362,28 @@ int cmd_serve(int argc, char **argv) {
     ember_model_info info;
     ember_model_get_info(m, &info);
     ember_server_opts so = {0};
-    so.host = host;
-    so.port = port;
+    so.host = a.host;
+    so.port = a.port;
     so.model_id = id;
     so.model_note = demo ? "demo model with random weights: its output is meaningless" : NULL;
-    so.max_queue = max_queue;
+    so.max_queue = a.max_queue;
     so.max_body = max_body;
-    so.default_max_tokens = default_max;
-    so.prompt_cache_dir = pc_dir;
+    so.default_max_tokens = a.default_max;
+    so.prompt_cache_dir = a.pc_dir;
     so.prompt_cache_max = pc_max;
     so.spec = sp.spec;
     so.draft_max = sp.draft_max;
     so.draft_min = sp.draft_min;
-    so.prefill_chunk = prefill_chunk;
+    so.prefill_chunk = a.prefill_chunk;
     so.prefill_pace = pace;
     so.log = (ember_logger){log_stderr, &min_level};
     so.tool_format = tools_auto ? (ember_tool_format)detected : tool_format;
-    so.test_output = test_output;
+    so.test_output = a.test_output;
     ember_model *draft = NULL;
     if (sp.spec == EMBER_SPEC_DRAFT) { /* the draft's KV: full rows of its own (small) size, not the target's budget */
-        cli_model_opts dmo = mo;
+        cli_model_opts dmo = a.mo;
         dmo.kv_budget = 0;
-        if (cli_load_draft("serve", spo.draft_model, path, &dmo, &draft)) {
+        if (cli_load_draft("serve", a.spo.draft_model, path, &dmo, &draft)) {
             ember_chat_template_free(tmpl);
             ember_tok_free(tok);
             ember_model_free(m);
@@ -391,12 +400,12 @@ int cmd_serve(int argc, char **argv) {
         return cli_fail("serve", "%s", err.msg);
     }
     fprintf(stderr, "ember: serving %s%s on http://%s:%d (%d parallel x %d tokens, %s, %d threads%s%s, tool calls: %s)\n",
-            id, demo ? " (demo, random weights)" : "", host, port, info.n_rows, info.n_ctx, ember_isa_name(info.isa),
+            id, demo ? " (demo, random weights)" : "", a.host, a.port, info.n_rows, info.n_ctx, ember_isa_name(info.isa),
             info.n_threads, tmpl ? "" : ", no chat template", sp.spec == EMBER_SPEC_NGRAM  ? ", n-gram speculation"
             : sp.spec == EMBER_SPEC_DRAFT ? ", draft-model speculation"
                                           : "",
             ember_tool_format_name(so.tool_format));
-    if (verbose) {
+    if (a.verbose) {
         double t_ready = ember_now();
         fprintf(stderr,
                 "ember: ready in %.0f ms: model %.0f ms; beside it tokenizer %.0f ms, chat template %.0f ms (%.0f ms "
@@ -404,8 +413,8 @@ int cmd_serve(int argc, char **argv) {
                 (t_ready - t_start) * 1e3, (t_model - t_start) * 1e3, side.tok_s * 1e3, side.tmpl_s * 1e3,
                 (t_side - t_model) * 1e3, (t_ready - t_side) * 1e3);
     }
-    if (test_output) fprintf(stderr, "ember: --test-output is on: requests may script their output (tests only)\n");
-    stop_on_signal(srv, &sigs, drain);
+    if (a.test_output) fprintf(stderr, "ember: --test-output is on: requests may script their output (tests only)\n");
+    stop_on_signal(srv, &sigs, a.drain);
     ember_chat_template_free(tmpl);
     ember_tok_free(tok);
     ember_model_free(m);

@@ -94,3 +94,9 @@ bool ember_js_space(uint32_t c) {
     return c == ' ' || (c >= 0x09 && c <= 0x0D) || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
            c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000 || c == 0xFEFF;
 }
+
+bool ember_utf8_valid(const char *s, size_t n) {
+    for (size_t i = 0, len; i < n; i += len)
+        if (ember_utf8_decode(s + i, n - i, &len) == 0xFFFD && len == 1) return false;
+    return true;
+}

@@ -1,7 +1,7 @@
 /*
  * utf8.h - the one copy of the UTF-8 helpers the tokenizer (src/tok) and the
  * template interpreter (src/template) share: encoding a code point,
- * decoding one with validation, the UTF-16 length JavaScript reports, and
+ * decoding one with validation, checking a text, the UTF-16 length JavaScript reports, and
  * JavaScript's whitespace set. Pure functions: no state, no allocation.
  */
 #ifndef EMBER_CORE_UTF8_H
@@ -20,6 +20,10 @@ size_t ember_utf8_put(uint32_t cp, char *out);
    continuation byte, a truncated sequence, an overlong form, a surrogate,
    a value above U+10FFFF) decodes as U+FFFD with *len = 1. */
 uint32_t ember_utf8_decode(const char *s, size_t n, size_t *len);
+
+/* Whether s[0..n) is well-formed UTF-8 (nothing ember_utf8_decode would
+   replace). */
+bool ember_utf8_valid(const char *s, size_t n);
 
 /* The length of s[0..n) in UTF-16 code units (JavaScript's String length):
    2 for a code point above U+FFFF, 1 for any other, and 1 for each byte that

@@ -503,7 +503,7 @@ void resp_out_start(resp_out *o, json_t *resp, resp_emit_fn emit_fn, void *user)
 
 static json_t *text_part(const resp_out *o) {
     return json_pack("{s:s, s:o, s:[], s:[]}", "type", "output_text", "text",
-                     serve_jstr_clean(o->text.data ? o->text.data : "", o->text.len), "annotations", "logprobs");
+                     ember_json_string_clean(o->text.data ? o->text.data : "", o->text.len), "annotations", "logprobs");
 }
 
 static void open_message(resp_out *o) {
@@ -554,7 +554,7 @@ void resp_out_text(resp_out *o, const char *text, size_t len) {
     if (o->item)
         EMIT(o, "response.output_text.delta",
              json_pack("{s:s, s:s, s:i, s:i, s:o, s:[]}", "type", "response.output_text.delta", "item_id", open_id(o),
-                       "output_index", out_index(o), "content_index", 0, "delta", serve_jstr_clean(text, len),
+                       "output_index", out_index(o), "content_index", 0, "delta", ember_json_string_clean(text, len),
                        "logprobs"));
 }
 
@@ -579,7 +579,7 @@ void resp_out_call_args(resp_out *o, const char *text, size_t len) {
     if (o->item)
         EMIT(o, "response.function_call_arguments.delta",
              json_pack("{s:s, s:s, s:i, s:o}", "type", "response.function_call_arguments.delta", "item_id", open_id(o),
-                       "output_index", out_index(o), "delta", serve_jstr_clean(text, len)));
+                       "output_index", out_index(o), "delta", ember_json_string_clean(text, len)));
 }
 
 void resp_out_call_end(resp_out *o) {
@@ -587,7 +587,7 @@ void resp_out_call_end(resp_out *o) {
     o->call_open = false;
     if (!o->item) return;
     int idx = out_index(o);
-    json_t *args = serve_jstr_clean(o->args.data ? o->args.data : "", o->args.len);
+    json_t *args = ember_json_string_clean(o->args.data ? o->args.data : "", o->args.len);
     if (!args || json_object_set(o->item, "arguments", args) ||
         json_object_set_new(o->item, "status", json_string("completed")))
         o->failed = true;

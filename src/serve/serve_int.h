@@ -20,6 +20,7 @@
 #include <stdio.h>
 
 #include "api/textgen.h"
+#include "core/jsonutil.h"
 
 /* A request that cannot be served: the status, the field at fault (OpenAI's
    error.param; empty for none) and the message. */
@@ -42,10 +43,6 @@ static inline int fail(bad *b, unsigned code, const char *param, const char *fmt
     va_end(ap);
     return -1;
 }
-
-/* s[0..n) as a JSON string, invalid UTF-8 replaced with U+FFFD; NULL when
-   out of memory (a json_pack taking it then fails too, never an empty text). */
-json_t *serve_jstr_clean(const char *s, size_t n);
 
 /* ---- the Responses API (responses.c) ---------------------------------------------------------- */
 

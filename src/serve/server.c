@@ -70,7 +70,6 @@ struct ember_server {
     struct MHD_Daemon *d;
     ember_server_opts o;
     ember_model_info info;
-    char *bos_text, *eos_text;
     time_t created;
     atomic_int draining;
     atomic_int active; /* generation requests in flight */
@@ -177,7 +176,7 @@ static enum MHD_Result send_error(ember_server *s, struct MHD_Connection *c, int
                : code == 429 ? "rate_limit_error"
                : code == 503 ? "overloaded_error"
                              : "api_error";
-        j = json_pack("{s:s, s:{s:s, s:o}}", "type", "error", "error", "type", type, "message", serve_jstr_clean(msg, strlen(msg)));
+        j = json_pack("{s:s, s:{s:s, s:o}}", "type", "error", "error", "type", type, "message", ember_json_string_clean(msg, strlen(msg)));
     } else {
         type = code == 400   ? "invalid_request_error"
                : code == 404 ? "not_found_error"
@@ -185,7 +184,7 @@ static enum MHD_Result send_error(ember_server *s, struct MHD_Connection *c, int
                : code == 429 ? "rate_limit_exceeded"
                : code == 503 ? "service_unavailable"
                              : "server_error";
-        j = json_pack("{s:{s:o, s:s, s:o, s:n}}", "error", "message", serve_jstr_clean(msg, strlen(msg)), "type", type,
+        j = json_pack("{s:{s:o, s:s, s:o, s:n}}", "error", "message", ember_json_string_clean(msg, strlen(msg)), "type", type,
                       "param", param ? json_string(param) : json_null(), "code");
     }
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -1089,30 +1088,15 @@ bad:
 static int chat_prompt(ember_server *s, const json_t *body, const json_t *msgs, gen_req *q, bad *b) {
     if (!s->tmpl)
         return fail(b, 400, "messages", "this model has no chat template: use /v1/completions with a raw prompt");
-    json_t *vars = json_object();
     json_t *kw = json_object_get(body, "chat_template_kwargs");
-    bool oom = !vars; /* every jansson call that allocates is checked: a missing variable renders silently */
-    if (!oom && json_is_object(kw)) oom |= json_object_update(vars, kw) != 0;
-    if (!oom) oom |= json_object_set(vars, "messages", (json_t *)msgs) != 0;
+    ember_chat_input in = {.messages = msgs, .kwargs = json_is_object(kw) ? kw : NULL,
+                           .add_generation_prompt = true, .tok = s->tok};
     /* tool_choice "none": the model is not told about the tools at all */
-    if (!oom && q->tools && q->tool_choice != TOOLS_NONE) oom |= json_object_set(vars, "tools", q->tools) != 0;
-    if (!oom) oom |= json_object_set_new(vars, "add_generation_prompt", json_true()) != 0;
-    if (!oom) oom |= json_object_set_new(vars, "bos_token", json_string(s->bos_text ? s->bos_text : "")) != 0;
-    if (!oom) oom |= json_object_set_new(vars, "eos_token", json_string(s->eos_text ? s->eos_text : "")) != 0;
-    if (oom) {
-        json_decref(vars);
-        return fail(b, 500, NULL, "out of memory");
-    }
+    if (q->tool_choice != TOOLS_NONE) in.tools = q->tools;
     char *text = NULL;
     size_t len = 0;
     ember_error err = {0};
-    /* Python Jinja2 features the reference lacks are on: they only change
-       renders the reference would refuse, as transformers would accept them */
-    ember_chat_opts copts;
-    memset(&copts, 0, sizeof copts);
-    copts.extensions = true;
-    int rc = ember_chat_template_render(s->tmpl, vars, &copts, &text, &len, &err);
-    json_decref(vars);
+    int rc = ember_chat_render_input(s->tmpl, &in, &text, &len, &err);
     if (rc) return fail(b, rc == EMBER_ERR_NOMEM ? 500 : 400, "messages", "chat template: %s", err.msg);
     size_t n = 0;
     int32_t *ids = NULL;
@@ -1357,7 +1341,7 @@ static json_t *token_entry(ember_server *s, int32_t id, float lp, bool with_byte
         len = 0;
     }
     json_t *e = json_object();
-    json_object_set_new(e, "token", serve_jstr_clean(text ? text : "", len));
+    json_object_set_new(e, "token", ember_json_string_clean(text ? text : "", len));
     json_object_set_new(e, "logprob", json_real(lp));
     if (with_bytes) {
         json_t *bytes = json_array();
@@ -1469,7 +1453,7 @@ static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_ent
         }
         sse_event(r, "content_block_delta",
                   json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", index, "delta", "type",
-                            "text_delta", "text", serve_jstr_clean(text, len)));
+                            "text_delta", "text", ember_json_string_clean(text, len)));
         return;
     }
     if (!len && !lp_entry) return;
@@ -1477,11 +1461,11 @@ static void stream_text(gen_run *r, const char *text, size_t len, json_t *lp_ent
     json_t *choice;
     if (r->q.proto == PROTO_CHAT) {
         json_t *lp = lp_entry ? json_pack("{s:[o]}", "content", lp_entry) : json_null();
-        choice = json_pack("{s:i, s:{s:o}, s:o, s:n}", "index", 0, "delta", "content", serve_jstr_clean(text, len),
+        choice = json_pack("{s:i, s:{s:o}, s:o, s:n}", "index", 0, "delta", "content", ember_json_string_clean(text, len),
                            "logprobs", lp, "finish_reason");
     } else {
         json_decref(lp_entry);
-        choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", serve_jstr_clean(text, len), "logprobs",
+        choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", ember_json_string_clean(text, len), "logprobs",
                            "finish_reason");
     }
     set_or_fail(r, c, "choices", json_pack("[o]", choice));
@@ -1552,23 +1536,15 @@ static void stream_end(gen_run *r) {
    is 9 of them (from the same counter: unique for 62^9 calls). */
 static void call_id(gen_run *r, char *out, size_t n) {
     unsigned long k = atomic_fetch_add(&r->srv->next_id, 1);
-    uint64_t h = ember_mix64((uint64_t)k ^ ((uint64_t)r->srv->created << 24) ^ ((uint64_t)r->created << 44));
-    if (r->srv->o.tool_format == EMBER_TOOLS_MISTRAL && n > 9) {
-        static const char al[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-        const uint64_t space = 13537086546263552ull; /* 62^9 */
-        uint64_t x = ((uint64_t)k % space + ember_mix64((uint64_t)r->srv->created) % space) % space;
-        for (int i = 0; i < 9; i++, x /= 62) out[i] = al[x % 62];
-        out[9] = 0;
-        return;
-    }
-    snprintf(out, n, "%s%016llx%08lx", r->q.proto == PROTO_ANTHROPIC ? "toolu_" : "call_", (unsigned long long)h,
-             k & 0xffffffffUL);
+    ember_tool_call_id(r->srv->o.tool_format, r->q.proto == PROTO_ANTHROPIC ? "toolu_" : "call_", k,
+                       ((uint64_t)r->srv->created << 24) ^ ((uint64_t)r->created << 44), (uint64_t)r->srv->created, out,
+                       n);
 }
 
 static void flush_text_block(gen_run *r) {
     if (!r->cur_text.len) return;
     json_array_append_new(r->blocks, json_pack("{s:s, s:o}", "type", "text", "text",
-                                               serve_jstr_clean(r->cur_text.data, r->cur_text.len)));
+                                               ember_json_string_clean(r->cur_text.data, r->cur_text.len)));
     r->cur_text.len = 0;
 }
 
@@ -1636,13 +1612,13 @@ static int tool_sink(void *user, const ember_tool_event *ev) {
         if (anth) {
             sse_event(r, "content_block_delta",
                       json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", r->n_blocks - 1,
-                                "delta", "type", "input_json_delta", "partial_json", serve_jstr_clean(ev->text, ev->len)));
+                                "delta", "type", "input_json_delta", "partial_json", ember_json_string_clean(ev->text, ev->len)));
         } else {
             json_t *c = chunk_base(r);
             set_or_fail(r, c, "choices",
                                 json_pack("[{s:i, s:{s:[{s:i, s:{s:o}}]}, s:n, s:n}]", "index", 0, "delta", "tool_calls",
                                           "index", r->n_calls - 1, "function", "arguments",
-                                          serve_jstr_clean(ev->text, ev->len), "logprobs", "finish_reason"));
+                                          ember_json_string_clean(ev->text, ev->len), "logprobs", "finish_reason"));
             sse_data(r, c);
         }
         return 0;
@@ -1653,7 +1629,7 @@ static int tool_sink(void *user, const ember_tool_event *ev) {
             return 0;
         }
         json_t *fn = json_object_get(json_array_get(r->calls, json_array_size(r->calls) - 1), "function");
-        json_object_set_new(fn, "arguments", serve_jstr_clean(r->args.data ? r->args.data : "", r->args.len));
+        json_object_set_new(fn, "arguments", ember_json_string_clean(r->args.data ? r->args.data : "", r->args.len));
         if (anth) {
             json_t *input = json_loadb(r->args.data ? r->args.data : "{}", r->args.len ? r->args.len : 2, JSON_ALLOW_NUL, NULL);
             json_object_set_new(json_array_get(r->blocks, json_array_size(r->blocks) - 1), "input",
@@ -1842,16 +1818,16 @@ static json_t *full_response(gen_run *r) {
                              "stop_sequence", seq, "usage", usage_json(r));
         return json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:o}], s:s, s:o, s:o}", "id", r->id, "type", "message", "role",
                          "assistant", "model", r->srv->o.model_id, "content", "type", "text", "text",
-                         serve_jstr_clean(text, len), "stop_reason", fr, "stop_sequence", seq, "usage", usage_json(r));
+                         ember_json_string_clean(text, len), "stop_reason", fr, "stop_sequence", seq, "usage", usage_json(r));
     }
     json_t *choice;
     if (r->q.proto == PROTO_CHAT) {
         json_t *lp = r->lp ? json_pack("{s:O}", "content", r->lp) : json_null();
         choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role", "assistant", "content",
-                           (len || !r->n_calls) ? serve_jstr_clean(text, len) : json_null(), "logprobs", lp, "finish_reason", fr);
+                           (len || !r->n_calls) ? ember_json_string_clean(text, len) : json_null(), "logprobs", lp, "finish_reason", fr);
         if (r->n_calls) json_object_set(json_object_get(choice, "message"), "tool_calls", r->calls);
     } else {
-        choice = json_pack("{s:i, s:o, s:O, s:s}", "index", 0, "text", serve_jstr_clean(text, len), "logprobs",
+        choice = json_pack("{s:i, s:o, s:O, s:s}", "index", 0, "text", ember_json_string_clean(text, len), "logprobs",
                            r->lp ? r->lp : json_null(), "finish_reason", fr);
     }
     return json_pack("{s:s, s:s, s:i, s:s, s:[o], s:o}", "id", r->id, "object",
@@ -2134,7 +2110,7 @@ static enum MHD_Result do_detokenize(ember_server *s, struct MHD_Connection *c, 
     int rc = ember_tok_decode(s->tok, ids, n, 0, &text, &len, &err);
     free(ids);
     if (rc) return send_error(s, c, PROTO_CHAT, 400, "tokens", "%s", err.msg);
-    json_t *j = json_pack("{s:o}", "content", serve_jstr_clean(text, len));
+    json_t *j = json_pack("{s:o}", "content", ember_json_string_clean(text, len));
     free(text);
     return send_json(s, c, 200, j);
 }
@@ -2283,13 +2259,6 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 /* ---- life cycle ------------------------------------------------------------------------------------ */
 
-static char *token_text(const ember_tokenizer *t, int32_t id) {
-    if (id < 0) return NULL;
-    size_t n;
-    const char *s = ember_tok_id_text(t, id, &n);
-    return s ? ember_strndup(s, n) : NULL;
-}
-
 /* A hash of the tokenizer's vocabulary: every id's text and special flag. */
 static uint64_t tokenizer_fingerprint(const ember_tokenizer *tok) {
     int32_t n = ember_tok_n_vocab(tok);
@@ -2323,12 +2292,7 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
     pthread_mutex_init(&s->gv_mu, NULL);
     resp_store_init(&s->rstore);
     ember_model_get_info(m, &s->info);
-    for (const char *const *mk = ember_tool_format_markers(o->tool_format); *mk && s->n_keep < 8; mk++) {
-        int32_t id = ember_tok_text_id(tok, *mk, strlen(*mk));
-        if (id >= 0 && ember_tok_is_special(tok, id)) s->keep_ids[s->n_keep++] = id;
-    }
-    s->bos_text = token_text(tok, ember_tok_bos_id(tok));
-    s->eos_text = token_text(tok, ember_tok_eos_id(tok));
+    s->n_keep = ember_tool_format_marker_ids(o->tool_format, tok, s->keep_ids, 8);
     ember_engine_params ep = {.max_queue = o->max_queue, .spec = o->spec, .draft_max = o->draft_max,
                               .draft_min = o->draft_min, .draft_model = o->draft_model,
                               .prefill_chunk = o->prefill_chunk,
@@ -2340,8 +2304,6 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
     }
     int rc = ember_engine_new(m, &ep, &s->eng, err);
     if (rc) {
-        free(s->bos_text);
-        free(s->eos_text);
         pthread_mutex_destroy(&s->mu);
         pthread_mutex_destroy(&s->gv_mu);
         resp_store_free(&s->rstore);
@@ -2396,8 +2358,6 @@ void ember_server_stop(ember_server *s, double drain_seconds) {
     ember_gvocab_free(s->gv);
     pthread_mutex_destroy(&s->gv_mu);
     resp_store_free(&s->rstore);
-    free(s->bos_text);
-    free(s->eos_text);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

@@ -65,4 +65,30 @@ int ember_chat_template_render(const ember_chat_template *t, const json_t *vars,
    cfg (borrowed, valid while cfg lives) or NULL when there is none. */
 const char *ember_chat_template_from_config(const json_t *cfg, const char *name);
 
+/* What a chat render puts in the template's variables: the one place that
+   fills them (the server's chat endpoints, the text API and `ember
+   generate` all render through ember_chat_render_input). */
+typedef struct ember_chat_input {
+    const json_t *messages;     /* the conversation, an array (borrowed) */
+    const json_t *tools;        /* the OpenAI-shaped tools array, NULL (or empty): no tools variable */
+    const json_t *kwargs;       /* extra variables (chat_template_kwargs: enable_thinking, ...), may be
+                                   NULL; the variables below win over a kwarg of the same name */
+    bool add_generation_prompt; /* end where the assistant's reply begins */
+    const struct ember_tokenizer *tok; /* bos_token / eos_token as its text spells them ("" without
+                                          one); NULL: both "" */
+} ember_chat_input;
+
+/* Fills the variables of in into a new JSON object *out (the caller
+   decrefs): kwargs' members, then messages, tools (when non-empty),
+   add_generation_prompt, bos_token and eos_token. Errors: EMBER_ERR_NOMEM,
+   EMBER_ERR_INVALID_ARG (messages not an array, tools not an array, kwargs
+   not an object). */
+int ember_chat_vars(const ember_chat_input *in, json_t **out, ember_error *err);
+
+/* ember_chat_vars, then ember_chat_template_render with the Python Jinja2
+   extensions on (they only change renders the reference would refuse, as
+   transformers would accept them). Same returns as the render. */
+int ember_chat_render_input(const ember_chat_template *t, const ember_chat_input *in, char **out, size_t *out_len,
+                            ember_error *err);
+
 #endif

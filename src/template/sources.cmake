@@ -4,5 +4,5 @@
 # a missing file stops the configure.
 list(APPEND EMBER_SOURCES
   src/template/jinja_util.c src/template/jinja_lex.c src/template/jinja_parse.c src/template/jinja_value.c
-  src/template/jinja_eval.c src/template/jinja_case.c src/template/chat.c
+  src/template/jinja_eval.c src/template/jinja_case.c src/template/chat.c src/template/input.c
   src/template/toolcall.c src/template/load.c)

@@ -29,6 +29,10 @@
 #define _GNU_SOURCE
 #include "template/toolcall.h"
 #include "core/alloc.h"
+#include "core/util.h"
+#include "tok/tokenizer.h"
+
+#include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +119,28 @@ const char *const *ember_tool_format_markers(ember_tool_format f) {
     case EMBER_TOOLS_GEMMA4: return k_mark_gemma;
     default: return k_mark_none;
     }
+}
+
+int ember_tool_format_marker_ids(ember_tool_format f, const ember_tokenizer *tok, int32_t *ids, int max) {
+    int n = 0;
+    for (const char *const *mk = ember_tool_format_markers(f); *mk && n < max; mk++) {
+        int32_t id = ember_tok_text_id(tok, *mk, strlen(*mk));
+        if (id >= 0 && ember_tok_is_special(tok, id)) ids[n++] = id;
+    }
+    return n;
+}
+
+void ember_tool_call_id(ember_tool_format f, const char *prefix, uint64_t k, uint64_t salt, uint64_t salt9, char *out,
+                        size_t n) {
+    if (f == EMBER_TOOLS_MISTRAL && n > 9) {
+        static const char al[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+        const uint64_t space = 13537086546263552ull; /* 62^9 */
+        uint64_t x = (k % space + ember_mix64(salt9) % space) % space;
+        for (int i = 0; i < 9; i++, x /= 62) out[i] = al[x % 62];
+        out[9] = 0;
+        return;
+    }
+    snprintf(out, n, "%s%016llx%08lx", prefix, (unsigned long long)ember_mix64(k ^ salt), (unsigned long)(k & 0xffffffffUL));
 }
 
 /* The markers that start a call in the TEXT state. */

@@ -40,6 +40,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/error.h"
 
@@ -70,6 +71,21 @@ ember_tool_format ember_tool_format_detect(const char *text, size_t len);
    layer keeps the tokens spelled exactly so in the text it feeds the parser,
    even when they are special tokens it would otherwise drop. */
 const char *const *ember_tool_format_markers(ember_tool_format f);
+
+struct ember_tokenizer;
+
+/* The ids of tok's special tokens that spell f's markers (at most max, into
+   ids); returns how many. A serving layer keeps their text in what it feeds
+   the parser (textgen_keep), where other special tokens are dropped. */
+int ember_tool_format_marker_ids(ember_tool_format f, const struct ember_tokenizer *tok, int32_t *ids, int max);
+
+/* A call id into out (n >= 32 bytes): prefix ("call_", "toolu_") and 24
+   hex digits mixed from k (a counter the caller never repeats) and salt.
+   With Mistral's format 9 letters and digits instead (its templates refuse
+   any other id when the call is fed back), unique for 62^9 values of k
+   under one salt9. */
+void ember_tool_call_id(ember_tool_format f, const char *prefix, uint64_t k, uint64_t salt, uint64_t salt9, char *out,
+                        size_t n);
 
 typedef enum ember_tool_event_kind {
     EMBER_TOOL_EV_CONTENT = 1,
