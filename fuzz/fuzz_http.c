@@ -55,8 +55,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
                                "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
                                "\"arguments\":\"{}\"}}]}]",
                                0, NULL);
-    if (!convo || resp_store_put(&g_srv.rstore, "resp_fuzz", convo, 100)) exit(1);
+    json_t *resp = json_pack("{s:s, s:s, s:s}", "id", "resp_fuzz", "object", "response", "status", "completed");
+    if (!convo || !resp || resp_store_put(&g_srv.rstore, "resp_fuzz", convo, resp, 100)) exit(1);
     json_decref(convo);
+    json_decref(resp);
     return 0;
 }
 
