@@ -37,6 +37,7 @@
 
 #include "ember.h"
 #include "fixture.h"
+#include "gguf_check.h"
 #include "formats/gguf.h"
 #include "model/model.h"
 #include "model/quantize.h"
@@ -103,30 +104,10 @@ static void test_logits(void) {
 
 /* ---- 3: the layout ---- */
 
-static const ember_gguf_tensor *gt(const ember_gguf *g, const char *name, int ndim, const int64_t *shape) {
-    const ember_gguf_tensor *t = ember_gguf_find_tensor(g, name);
-    if (!CHECKV(t != NULL, "%s: no tensor %s", g->path, name)) return NULL;
-    bool same = t->ndim == ndim;
-    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
-    if (!CHECKV(same, "%s: %s has the wrong shape (ndim %d: %lld, %lld, %lld)", g->path, name, t->ndim,
-                (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2]))
-        return NULL;
-    return t;
-}
-
 static const float *st_f32(const ember_weights *w, const char *name) {
     const ember_st_tensor *t = ember_weights_find(w, name, NULL);
     if (!CHECKV(t && t->dtype == EMBER_F32, "fixture tensor %s missing or not F32", name)) return NULL;
     return (const float *)t->data;
-}
-
-static uint32_t key_u32(const ember_gguf *g, const char *arch, const char *k) {
-    char key[160];
-    snprintf(key, sizeof key, "%s.%s", arch, k);
-    uint32_t u = 0;
-    ember_error err = {0};
-    CHECKF(ember_gguf_get_u32(g, key, &u, &err) == EMBER_OK, "%s", err.msg);
-    return u;
 }
 
 /* The HF (grouped) value head of llama.cpp's tiled head j: key head j % Hk, its (j / Hk)-th head. */
@@ -157,10 +138,10 @@ static void check_layout(const char *fam) {
           strcmp(got_arch, arch) == 0);
     const int H = c.hidden_size, Hk = c.lin_k_heads, Hv = c.lin_v_heads, Dk = c.lin_k_dim, Dv = c.lin_v_dim,
               K = c.lin_conv_k, r = Hv / Hk, C = 2 * Hk * Dk + Hv * Dv, Z = Hv * Dv;
-    CHECK(key_u32(g, arch, "ssm.conv_kernel") == (uint32_t)K && key_u32(g, arch, "ssm.state_size") == (uint32_t)Dk &&
-          key_u32(g, arch, "ssm.group_count") == (uint32_t)Hk && key_u32(g, arch, "ssm.time_step_rank") == (uint32_t)Hv &&
-          key_u32(g, arch, "ssm.inner_size") == (uint32_t)Z && key_u32(g, arch, "full_attention_interval") == 4 &&
-          key_u32(g, arch, "rope.dimension_count") == 8);
+    CHECK(gx_key_u32(g, arch, "ssm.conv_kernel") == (uint32_t)K && gx_key_u32(g, arch, "ssm.state_size") == (uint32_t)Dk &&
+          gx_key_u32(g, arch, "ssm.group_count") == (uint32_t)Hk && gx_key_u32(g, arch, "ssm.time_step_rank") == (uint32_t)Hv &&
+          gx_key_u32(g, arch, "ssm.inner_size") == (uint32_t)Z && gx_key_u32(g, arch, "full_attention_interval") == 4 &&
+          gx_key_u32(g, arch, "rope.dimension_count") == 8);
     if (!next) {
         char key[160];
         snprintf(key, sizeof key, "%s.rope.dimension_sections", arch);
@@ -172,30 +153,30 @@ static void check_layout(const char *fam) {
         free(sec);
     }
     if (moe)
-        CHECK(key_u32(g, arch, "expert_count") == (uint32_t)c.n_experts &&
-              key_u32(g, arch, "expert_used_count") == (uint32_t)c.n_experts_used &&
-              key_u32(g, arch, "expert_feed_forward_length") == (uint32_t)c.moe_intermediate_size &&
-              key_u32(g, arch, "expert_shared_feed_forward_length") == (uint32_t)c.shared_expert_size);
+        CHECK(gx_key_u32(g, arch, "expert_count") == (uint32_t)c.n_experts &&
+              gx_key_u32(g, arch, "expert_used_count") == (uint32_t)c.n_experts_used &&
+              gx_key_u32(g, arch, "expert_feed_forward_length") == (uint32_t)c.moe_intermediate_size &&
+              gx_key_u32(g, arch, "expert_shared_feed_forward_length") == (uint32_t)c.shared_expert_size);
     /* layer 0 (linear) */
-    const ember_gguf_tensor *qkv = gt(g, "blk.0.attn_qkv.weight", 2, (const int64_t[]){C, H}),
-                            *gate = gt(g, "blk.0.attn_gate.weight", 2, (const int64_t[]){Z, H}),
-                            *conv = gt(g, "blk.0.ssm_conv1d.weight", 2, (const int64_t[]){C, K}),
-                            *a = gt(g, "blk.0.ssm_a", 1, (const int64_t[]){Hv}),
-                            *dt = gt(g, "blk.0.ssm_dt.bias", 1, (const int64_t[]){Hv}),
-                            *out = gt(g, "blk.0.ssm_out.weight", 2, (const int64_t[]){H, Z}),
-                            *sn = gt(g, "blk.0.ssm_norm.weight", 1, (const int64_t[]){Dv}),
-                            *an = gt(g, "blk.0.attn_norm.weight", 1, (const int64_t[]){H}),
-                            *pn = gt(g, "blk.0.post_attention_norm.weight", 1, (const int64_t[]){H});
+    const ember_gguf_tensor *qkv = gx_tensor(g, "blk.0.attn_qkv.weight", 2, (const int64_t[]){C, H}),
+                            *gate = gx_tensor(g, "blk.0.attn_gate.weight", 2, (const int64_t[]){Z, H}),
+                            *conv = gx_tensor(g, "blk.0.ssm_conv1d.weight", 2, (const int64_t[]){C, K}),
+                            *a = gx_tensor(g, "blk.0.ssm_a", 1, (const int64_t[]){Hv}),
+                            *dt = gx_tensor(g, "blk.0.ssm_dt.bias", 1, (const int64_t[]){Hv}),
+                            *out = gx_tensor(g, "blk.0.ssm_out.weight", 2, (const int64_t[]){H, Z}),
+                            *sn = gx_tensor(g, "blk.0.ssm_norm.weight", 1, (const int64_t[]){Dv}),
+                            *an = gx_tensor(g, "blk.0.attn_norm.weight", 1, (const int64_t[]){H}),
+                            *pn = gx_tensor(g, "blk.0.post_attention_norm.weight", 1, (const int64_t[]){H});
     const ember_gguf_tensor *ba = NULL, *beta = NULL, *alpha = NULL;
     if (next)
-        ba = gt(g, "blk.0.ssm_ba.weight", 2, (const int64_t[]){2 * Hv, H});
+        ba = gx_tensor(g, "blk.0.ssm_ba.weight", 2, (const int64_t[]){2 * Hv, H});
     else {
-        beta = gt(g, "blk.0.ssm_beta.weight", 2, (const int64_t[]){Hv, H});
-        alpha = gt(g, "blk.0.ssm_alpha.weight", 2, (const int64_t[]){Hv, H});
+        beta = gx_tensor(g, "blk.0.ssm_beta.weight", 2, (const int64_t[]){Hv, H});
+        alpha = gx_tensor(g, "blk.0.ssm_alpha.weight", 2, (const int64_t[]){Hv, H});
     }
     /* layer 3 (full attention): q_proj with its gate rows as it is, q/k norms + 1 */
-    const ember_gguf_tensor *q3 = gt(g, "blk.3.attn_q.weight", 2, (const int64_t[]){2 * c.n_heads * c.head_dim, H}),
-                            *qn3 = gt(g, "blk.3.attn_q_norm.weight", 1, (const int64_t[]){c.head_dim});
+    const ember_gguf_tensor *q3 = gx_tensor(g, "blk.3.attn_q.weight", 2, (const int64_t[]){2 * c.n_heads * c.head_dim, H}),
+                            *qn3 = gx_tensor(g, "blk.3.attn_q_norm.weight", 1, (const int64_t[]){c.head_dim});
     const float *hq3 = st_f32(w, "model.layers.3.self_attn.q_proj.weight"),
                 *hqn3 = st_f32(w, "model.layers.3.self_attn.q_norm.weight");
     if (q3 && qn3 && hq3 && hqn3) {
@@ -285,14 +266,14 @@ static void check_layout(const char *fam) {
     }
     if (moe) { /* stacked experts, f32 router and shared-expert gate even in q8_0 */
         const int64_t E = c.n_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_size;
-        const ember_gguf_tensor *ge = gt(g, "blk.0.ffn_gate_exps.weight", 3, (const int64_t[]){E, Im, H}),
-                                *de = gt(g, "blk.0.ffn_down_exps.weight", 3, (const int64_t[]){E, H, Im});
-        gt(g, "blk.0.ffn_up_exps.weight", 3, (const int64_t[]){E, Im, H});
-        gt(g, "blk.0.ffn_gate_inp.weight", 2, (const int64_t[]){E, H});
-        gt(g, "blk.0.ffn_gate_shexp.weight", 2, (const int64_t[]){Is, H});
-        gt(g, "blk.0.ffn_up_shexp.weight", 2, (const int64_t[]){Is, H});
-        gt(g, "blk.0.ffn_down_shexp.weight", 2, (const int64_t[]){H, Is});
-        gt(g, "blk.0.ffn_gate_inp_shexp.weight", 2, (const int64_t[]){1, H});
+        const ember_gguf_tensor *ge = gx_tensor(g, "blk.0.ffn_gate_exps.weight", 3, (const int64_t[]){E, Im, H}),
+                                *de = gx_tensor(g, "blk.0.ffn_down_exps.weight", 3, (const int64_t[]){E, H, Im});
+        gx_tensor(g, "blk.0.ffn_up_exps.weight", 3, (const int64_t[]){E, Im, H});
+        gx_tensor(g, "blk.0.ffn_gate_inp.weight", 2, (const int64_t[]){E, H});
+        gx_tensor(g, "blk.0.ffn_gate_shexp.weight", 2, (const int64_t[]){Is, H});
+        gx_tensor(g, "blk.0.ffn_up_shexp.weight", 2, (const int64_t[]){Is, H});
+        gx_tensor(g, "blk.0.ffn_down_shexp.weight", 2, (const int64_t[]){H, Is});
+        gx_tensor(g, "blk.0.ffn_gate_inp_shexp.weight", 2, (const int64_t[]){1, H});
         const float *h2 = st_f32(w, "model.layers.0.mlp.experts.2.gate_proj.weight"),
                     *hd3 = st_f32(w, "model.layers.0.mlp.experts.3.down_proj.weight");
         if (ge && de && h2 && hd3)

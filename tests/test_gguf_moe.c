@@ -37,6 +37,7 @@
 
 #include "ember.h"
 #include "fixture.h"
+#include "gguf_check.h"
 #include "formats/gguf.h"
 #include "formats/gguf_write.h"
 #include "formats/weights.h"
@@ -130,24 +131,6 @@ static void test_logits(void) {
 
 /* ---- 3: the file as llama.cpp reads it ---- */
 
-/* The tensor name of g with row-major shape (ndim dims), or NULL after a failed check. */
-static const ember_gguf_tensor *gt(const ember_gguf *g, const char *name, int ndim, const int64_t *shape) {
-    const ember_gguf_tensor *t = ember_gguf_find_tensor(g, name);
-    if (!CHECKV(t != NULL, "%s: no tensor %s", g->path, name)) return NULL;
-    bool same = t->ndim == ndim;
-    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
-    return CHECKV(same, "%s: %s has the wrong shape", g->path, name) ? t : NULL;
-}
-
-static uint32_t key_u32(const ember_gguf *g, const char *arch, const char *k) {
-    char key[160];
-    snprintf(key, sizeof key, "%s.%s", arch, k);
-    uint32_t u = 0;
-    ember_error err = {0};
-    CHECKF(ember_gguf_get_u32(g, key, &u, &err) == EMBER_OK, "%s", err.msg);
-    return u;
-}
-
 static void check_layout(int fi) {
     const char *fam = k_fams[fi];
     const bool glm = fi == 1;
@@ -171,16 +154,16 @@ static void check_layout(int fi) {
     const char *got_arch = NULL;
     CHECK(ember_gguf_get_str(g, "general.architecture", &got_arch, NULL, &err) == EMBER_OK && got_arch &&
           strcmp(got_arch, arch) == 0);
-    CHECK(key_u32(g, arch, "block_count") == (uint32_t)L && key_u32(g, arch, "expert_count") == (uint32_t)E &&
-          key_u32(g, arch, "expert_used_count") == (uint32_t)c.n_experts_used &&
-          key_u32(g, arch, "expert_feed_forward_length") == (uint32_t)Im &&
-          key_u32(g, arch, "feed_forward_length") == (uint32_t)c.intermediate_size);
+    CHECK(gx_key_u32(g, arch, "block_count") == (uint32_t)L && gx_key_u32(g, arch, "expert_count") == (uint32_t)E &&
+          gx_key_u32(g, arch, "expert_used_count") == (uint32_t)c.n_experts_used &&
+          gx_key_u32(g, arch, "expert_feed_forward_length") == (uint32_t)Im &&
+          gx_key_u32(g, arch, "feed_forward_length") == (uint32_t)c.intermediate_size);
     int dense = 0;
     while (dense < L && !c.layer_moe[dense]) dense++;
     if (glm) {
-        CHECK(dense == 1 && key_u32(g, arch, "leading_dense_block_count") == 1 &&
-              key_u32(g, arch, "expert_shared_count") == (uint32_t)c.n_shared_experts &&
-              key_u32(g, arch, "expert_gating_func") == 2 && key_u32(g, arch, "rope.dimension_count") == 8);
+        CHECK(dense == 1 && gx_key_u32(g, arch, "leading_dense_block_count") == 1 &&
+              gx_key_u32(g, arch, "expert_shared_count") == (uint32_t)c.n_shared_experts &&
+              gx_key_u32(g, arch, "expert_gating_func") == 2 && gx_key_u32(g, arch, "rope.dimension_count") == 8);
         float scale = 0;
         bool norm = false;
         CHECK(ember_gguf_get_f32(g, "glm4moe.expert_weights_scale", &scale, &err) == EMBER_OK && scale == 2.5f);
@@ -190,24 +173,24 @@ static void check_layout(int fi) {
     for (int64_t l = 0; l < L; l++) {
         const bool moe = c.layer_moe[l];
         snprintf(name, sizeof name, "blk.%lld.%s.weight", (long long)l, glm ? "post_attention_norm" : "ffn_norm");
-        gt(g, name, 1, (const int64_t[]){H});
+        gx_tensor(g, name, 1, (const int64_t[]){H});
         snprintf(name, sizeof name, "blk.%lld.attn_q_norm.weight", (long long)l);
-        gt(g, name, 1, (const int64_t[]){c.head_dim});
+        gx_tensor(g, name, 1, (const int64_t[]){c.head_dim});
         if (glm) {
             snprintf(name, sizeof name, "blk.%lld.attn_q.bias", (long long)l);
-            gt(g, name, 1, (const int64_t[]){(int64_t)c.n_heads * c.head_dim});
+            gx_tensor(g, name, 1, (const int64_t[]){(int64_t)c.n_heads * c.head_dim});
         }
         snprintf(name, sizeof name, "blk.%lld.ffn_gate.weight", (long long)l);
         CHECKF((ember_gguf_find_tensor(g, name) != NULL) == !moe, "%s: %s", fam, name);
         if (!moe) continue;
         snprintf(name, sizeof name, "blk.%lld.ffn_gate_inp.weight", (long long)l);
-        const ember_gguf_tensor *r = gt(g, name, 2, (const int64_t[]){E, H});
+        const ember_gguf_tensor *r = gx_tensor(g, name, 2, (const int64_t[]){E, H});
         CHECK(r && r->dtype == EMBER_F32);
         static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"}, *const gg[3] = {"gate", "up", "down"};
         for (int p = 0; p < 3; p++) {
             const int64_t rows = p < 2 ? Im : H, cols = p < 2 ? H : Im;
             snprintf(name, sizeof name, "blk.%lld.ffn_%s_exps.weight", (long long)l, gg[p]);
-            const ember_gguf_tensor *t = gt(g, name, 3, (const int64_t[]){E, rows, cols});
+            const ember_gguf_tensor *t = gx_tensor(g, name, 3, (const int64_t[]){E, rows, cols});
             for (int64_t e = 0; t && e < E; e++) { /* expert e is slice e, as the safetensors holds it */
                 snprintf(name, sizeof name, "model.layers.%lld.mlp.experts.%lld.%s.weight", (long long)l, (long long)e,
                          hf[p]);
@@ -219,14 +202,14 @@ static void check_layout(int fi) {
         }
         if (!glm) continue;
         snprintf(name, sizeof name, "blk.%lld.exp_probs_b.bias", (long long)l);
-        const ember_gguf_tensor *b = gt(g, name, 1, (const int64_t[]){E});
+        const ember_gguf_tensor *b = gx_tensor(g, name, 1, (const int64_t[]){E});
         snprintf(name, sizeof name, "model.layers.%lld.mlp.gate.e_score_correction_bias", (long long)l);
         const ember_st_tensor *sb = ember_weights_find(w, name, NULL);
         CHECK(b && sb && b->dtype == EMBER_F32 && b->nbytes == sb->nbytes && !memcmp(b->data, sb->data, b->nbytes));
         for (int p = 0; p < 3; p++) {
             const int64_t Is = (int64_t)c.n_shared_experts * Im;
             snprintf(name, sizeof name, "blk.%lld.ffn_%s_shexp.weight", (long long)l, gg[p]);
-            gt(g, name, 2, p < 2 ? (const int64_t[]){Is, H} : (const int64_t[]){H, Is});
+            gx_tensor(g, name, 2, p < 2 ? (const int64_t[]){Is, H} : (const int64_t[]){H, Is});
         }
     }
     snprintf(name, sizeof name, "blk.%lld.attn_norm.weight", (long long)L);
