@@ -18,6 +18,7 @@
 # env: MOE (default qwen3-moe-2.4b), DENSE (default qwen3-0.6b), TYPES (default
 #   "q8_0 q4_k_m"), THREADS (default 2), EMBER_ISA (default auto).
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 EMBER=$1 LLB=$2 DIR=$3 ROUNDS=${4:-3} REPS=${5:-2}
 MOE=${MOE:-qwen3-moe-2.4b} DENSE=${DENSE:-qwen3-0.6b} TYPES=${TYPES:-q8_0 q4_k_m} TH=${THREADS:-2}
 WAIT_FOR=${WAIT_FOR:-quant_vs_llamacpp}
@@ -34,20 +35,12 @@ quiet() { while pgrep -f "$WAIT_FOR" > /dev/null; do sleep 10; done; }
 # ember_run FILE -> "pp tg" (tokens/s)
 ember_run() {
   quiet
-  "$EMBER" bench --model "$1" -p 512 -n 64 -t "$TH" -r "$REPS" --isa "${EMBER_ISA:-auto}" --json | python3 -c 'import sys,json
-r={}
-for l in sys.stdin:
-    o=json.loads(l); r[o["test"]]=o["tokens_per_s"]
-print(r["pp512"], r["tg64"])'
+  ember_pp_tg "$1" "$TH"
 }
 # llama_run FILE -> "pp tg"
 llama_run() {
   quiet
-  "$LLB" -m "$1" -p 512 -n 64 -t "$TH" -r "$REPS" -o jsonl 2>/dev/null | python3 -c 'import sys,json
-r={}
-for l in sys.stdin:
-    o=json.loads(l); r["pp" if o["n_prompt"] > 0 else "tg"]=o["avg_ts"]
-print(r["pp"], r["tg"])'
+  llama_pp_tg "$1" "$TH"
 }
 
 echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $TH threads, ember --isa ${EMBER_ISA:-auto}, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"

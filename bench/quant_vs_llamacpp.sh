@@ -20,6 +20,7 @@
 #   llama.cpp built for AVX2 alone).
 # llama.cpp is built separately, outside this repository (see RESULTS.md).
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 EMBER=$1 LLB=$2 DIR=$3 ROUNDS=${4:-3} REPS=${5:-2} FILTER=${6:-.}
 mkdir -p "$DIR"
 PRESETS=${PRESETS:-qwen2.5-0.5b llama3.2-1b} TYPES=${TYPES:-q8_0 q4_0 q4_k_m}
@@ -31,21 +32,9 @@ for p in $PRESETS; do
 done
 
 # ember_run FILE THREADS -> "pp tg" (tokens/s)
-ember_run() {
-  "$EMBER" bench --model "$1" -p 512 -n 64 -t "$2" -r "$REPS" --isa "${EMBER_ISA:-auto}" --json | python3 -c 'import sys,json
-r={}
-for l in sys.stdin:
-    o=json.loads(l); r[o["test"]]=o["tokens_per_s"]
-print(r["pp512"], r["tg64"])'
-}
+ember_run() { ember_pp_tg "$1" "$2"; }
 # llama_run FILE THREADS -> "pp tg"
-llama_run() {
-  "$LLB" -m "$1" -p 512 -n 64 -t "$2" -r "$REPS" -o jsonl 2>/dev/null | python3 -c 'import sys,json
-r={}
-for l in sys.stdin:
-    o=json.loads(l); r["pp" if o["n_prompt"] > 0 else "tg"]=o["avg_ts"]
-print(r["pp"], r["tg"])'
-}
+llama_run() { llama_pp_tg "$1" "$2"; }
 
 echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, ember --isa ${EMBER_ISA:-auto}${EMBER_CPU_NO_VNNI:+ with EMBER_CPU_NO_VNNI (no VNNI, no AMX)}, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| model | type | threads | ember pp512 | llama.cpp pp512 | ratio | ember tg64 | llama.cpp tg64 | ratio |"
