@@ -128,7 +128,7 @@ static void hostile(void) {
         /* enforced tool_choice: schemas the constrainer cannot handle, response_format shapes */
         {"/v1/chat/completions",
          "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
-         "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^x$\"}}}}}],\"tool_choice\":\"required\"}",
+         "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^(?!x)$\"}}}}}],\"tool_choice\":\"required\"}",
          "tools", "pattern"},
         {"/v1/chat/completions",
          "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"$defs\":{\"n\":"
@@ -143,7 +143,7 @@ static void hostile(void) {
         {"/v1/chat/completions", "{" USER ",\"response_format\":{\"type\":\"yaml\"}}", "response_format", "yaml"},
         {"/v1/chat/completions",
          "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
-         "\"integer\",\"minimum\":1}}}}",
+         "\"integer\",\"minimum\":1e300}}}}",
          "response_format", "minimum"},
         {"/v1/chat/completions",
          "{" USER "," TOOLS ",\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}}",

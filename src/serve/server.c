@@ -776,19 +776,25 @@ static int format_grammar(const json_t *rf, const char *field, gen_req *q, bad *
     return 0;
 }
 
-/* The engine-side constraint of one request: the grammar and the matcher
-   (owned by the engine once submitted; freed by cons_free). */
+/* The engine-side constraint of one request: the grammar, the matcher and
+   the tokens max_tokens still allows (the mask steers the output to finish
+   within them: ember_gmatch_mask_left). Owned by the engine once submitted;
+   freed by cons_free. */
 typedef struct constraint {
     ember_grammar *g;
     ember_gmatch *m;
+    int left;
 } constraint;
 
 static int cons_mask(void *u, float *logits, int n) {
-    return ember_gmatch_mask(((constraint *)u)->m, logits, n);
+    constraint *c = u;
+    return ember_gmatch_mask_left(c->m, logits, n, c->left);
 }
 
 static void cons_accept(void *u, int32_t token) {
-    ember_gmatch_accept(((constraint *)u)->m, token);
+    constraint *c = u;
+    ember_gmatch_accept(c->m, token);
+    if (c->left > 1) c->left--;
 }
 
 static void cons_free(void *u) {
@@ -811,6 +817,7 @@ static int attach_grammar(ember_server *s, gen_req *q, bad *b) {
         return fail(b, 500, NULL, "out of memory");
     }
     c->g = q->gram;
+    c->left = q->g.max_tokens > 0 ? q->g.max_tokens : 1 << 29;
     q->gram = NULL;
     q->g.constrain_mask = cons_mask;
     q->g.constrain_accept = cons_accept;
