@@ -33,6 +33,7 @@ typedef struct parser {
     char *why;
     size_t why_len;
     bool failed;
+    bool top_alt; /* a '|' outside every group */
     ember_rx *rx;
 } parser;
 
@@ -303,6 +304,7 @@ static int parse_cat(parser *ps) {
 static int parse_alt(parser *ps) {
     int k = parse_cat(ps);
     while (k >= 0 && *ps->p == '|') {
+        if (ps->depth == 0) ps->top_alt = true;
         ps->p++;
         int r = parse_cat(ps);
         if (r < 0) return -1;
@@ -409,7 +411,7 @@ int ember_rx_compile(const char *pattern, ember_rx *out, char *why, size_t why_l
     if (*ps->p == '$' && tail && ps->p[1] == '\0') ps->p++;
     if (*ps->p == ')') return fail(ps, "'pattern': an unmatched ')'");
     if (*ps->p) return fail(ps, "'pattern': cannot read it at '%.16s'", ps->p);
-    if ((head || tail) && ps->nodes[k].kind == R_ALT)
+    if ((head || tail) && ps->top_alt)
         return fail(ps, "'pattern': anchors with a top-level '|' are not supported (group the alternatives)");
     /* an implicit .* on an open side */
     for (int side = 0; side < 2; side++) {
