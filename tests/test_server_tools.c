@@ -57,6 +57,38 @@ typedef struct bad_case {
     const char *needle;              /* in the message */
 } bad_case;
 
+/* Enums past the grammar's limit (256 values), in response_format and in an
+   enforced tool's parameters: 400 naming the limit, the server up after. */
+static void huge_enums(void) {
+    json_t *en = json_array();
+    for (int i = 0; i < 5000; i++) json_array_append_new(en, json_integer(i));
+    json_t *sch = json_pack("{s:O}", "enum", en);
+    json_t *b1 = json_pack("{s:[{s:s,s:s}], s:{s:s, s:{s:s, s:O}}}", "messages", "role", "user", "content", "x",
+                           "response_format", "type", "json_schema", "json_schema", "name", "x", "schema", sch);
+    json_t *b2 = json_pack("{s:[{s:s,s:s}], s:[{s:s, s:{s:s, s:{s:s, s:{s:O}}}}], s:s}", "messages", "role", "user",
+                           "content", "x", "tools", "type", "function", "function", "name", "f", "parameters", "type",
+                           "object", "properties", "v", sch, "tool_choice", "required");
+    json_t *bodies[2] = {b1, b2};
+    const char *params[2] = {"response_format", "tools"};
+    for (int i = 0; i < 2; i++) {
+        char *text = json_dumps(bodies[i], JSON_COMPACT);
+        int st;
+        json_t *j = post("/v1/chat/completions", text, &st, NULL);
+        const json_t *err = json_object_get(j, "error");
+        const char *msg = json_string_value(json_object_get(err, "message"));
+        const char *param = json_string_value(json_object_get(err, "param"));
+        CHECKF(st == 400 && msg && strstr(msg, "256") && param && !strcmp(param, params[i]),
+               "huge enum %d: status %d '%s'", i, st, msg ? msg : "");
+        json_decref(j);
+        free(text);
+    }
+    json_decref(b1);
+    json_decref(b2);
+    json_decref(sch);
+    json_decref(en);
+    CHECK(health() == 200);
+}
+
 static void hostile(void) {
     static const bad_case cases[] = {
         {"/v1/chat/completions", "{" USER ",\"tools\":5}", "tools", "array"},
@@ -148,6 +180,36 @@ static void hostile(void) {
         {"/v1/chat/completions",
          "{" USER "," TOOLS ",\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}}",
          "response_format", "tool_choice"},
+        /* invalid or unenforceable schemas */
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":5}}}",
+         "response_format", "schema"},
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
+         "\"strange\"}}}}",
+         "response_format", "unknown type"},
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
+         "\"string\",\"pattern\":\"(ab\"}}}}",
+         "response_format", "unclosed"},
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"$ref\":"
+         "\"#/$defs/a\",\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":"
+         "\"#/$defs/a\"}]}}}}}}",
+         "response_format", "recursive"},
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"anyOf\":"
+         "[{\"type\":\"integer\"},{\"type\":\"number\"}]}}}}",
+         "response_format", "same character"},
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
+         "\"array\",\"minItems\":-1}}}}",
+         "response_format", "minItems"},
+        {"/v1/messages",
+         "{\"max_tokens\":5," USER ",\"tools\":[{\"name\":\"f\",\"input_schema\":{\"$defs\":{\"n\":{\"type\":"
+         "\"object\",\"properties\":{\"k\":{\"$ref\":\"#/$defs/n\"}}}},\"$ref\":\"#/$defs/n\"}}],\"tool_choice\":{"
+         "\"type\":\"any\"}}",
+         NULL, "recursive"},
         /* the test hook: only with text */
         {"/v1/chat/completions", "{" USER ",\"ember_test_output\":5}", "ember_test_output", "string"},
         /* Anthropic */
@@ -212,6 +274,7 @@ static void hostile(void) {
     }
     CHECK(health() == 200);
     fprintf(stderr, "%d hostile tool requests answered 400\n", n);
+    huge_enums();
 }
 
 /* ---- OpenAI: non-streamed vs streamed ------------------------------------------------------ */

@@ -21,6 +21,10 @@
 #include "core/alloc.h"
 #include "regex.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #define MAX_STACK 32   /* frames: nesting of values */
 #define MAX_TOKEN 128  /* bytes of a token the trie holds (longer ones are never allowed) */
 #define MAX_PROPS 64   /* properties of one object */
@@ -1322,6 +1326,9 @@ typedef struct gstr {
     uint8_t *cls;   /* [n] SC_*: refused, stays in the string, closes it */
     uint8_t *cps;   /* [n] code points the token adds before the closing quote (saturated at 255) */
     uint8_t *stay;  /* [n] 1 where cls is SC_STAY (copied into the mask as is) */
+    uint8_t *pend;  /* [n] SC_STAY: bytes the token leaves owed (a UTF-8 sequence, an escape) */
+    uint8_t *scap;  /* [n] SC_STAY: cps; 255 otherwise (one compare against the room left) */
+    uint8_t *spend; /* [n] SC_STAY: pend; 255 otherwise (one compare against a tight budget) */
     int n_stay;
     int32_t *close0; /* ids that close the string with nothing after the quote */
     int n_close0;
@@ -1336,6 +1343,11 @@ struct ember_gvocab {
     char **tok;          /* [n] each id's bytes (NULL: never) */
     uint8_t *tlen;
     gstr str[N_SPH];     /* inside a string: S_IN, S_ESC */
+    /* tokens that begin with white space (see mask_ws) */
+    uint8_t *wsk;        /* [n] white-space bytes each token begins with */
+    int32_t *pure_ws;    /* ids of white space only */
+    int n_pure_ws;
+    gtrie ws_rest;       /* the others, by their bytes after the white space */
 };
 
 static void trie_free(gtrie *t) {
@@ -1350,6 +1362,9 @@ static void trie_free(gtrie *t) {
 void ember_gvocab_free(ember_gvocab *v) {
     if (!v) return;
     trie_free(&v->t);
+    trie_free(&v->ws_rest);
+    free(v->wsk);
+    free(v->pure_ws);
     free(v->end_ids);
     for (int i = 0; v->tok && i < v->n; i++) free(v->tok[i]);
     free(v->tok);
@@ -1358,6 +1373,9 @@ void ember_gvocab_free(ember_gvocab *v) {
         free(v->str[k].cls);
         free(v->str[k].cps);
         free(v->str[k].stay);
+        free(v->str[k].pend);
+        free(v->str[k].scap);
+        free(v->str[k].spend);
         free(v->str[k].close0);
         trie_free(&v->str[k].after);
     }
@@ -1413,12 +1431,18 @@ static int str_classes(ember_gvocab *v, int ph, gstr *s) {
     s->cls = ember_calloc((size_t)v->n, 1);
     s->cps = ember_calloc((size_t)v->n, 1);
     s->stay = ember_calloc((size_t)v->n, 1);
+    s->pend = ember_calloc((size_t)v->n, 1);
+    s->scap = ember_malloc((size_t)v->n);
+    s->spend = ember_malloc((size_t)v->n);
     s->close0 = ember_malloc((size_t)v->n * sizeof *s->close0);
     int32_t *ids = ember_malloc((size_t)v->n * sizeof *ids);
     const char **suf = ember_calloc((size_t)v->n, sizeof *suf);
     uint8_t *slen = ember_calloc((size_t)v->n, 1);
     int rc = -1, m = 0;
-    if (!s->cls || !s->cps || !s->stay || !s->close0 || !ids || !suf || !slen) goto out;
+    if (!s->cls || !s->cps || !s->stay || !s->pend || !s->scap || !s->spend || !s->close0 || !ids || !suf || !slen)
+        goto out;
+    memset(s->scap, 255, (size_t)v->n);
+    memset(s->spend, 255, (size_t)v->n);
     gnode free_str;
     memset(&free_str, 0, sizeof free_str);
     free_str.kind = K_STR;
@@ -1438,6 +1462,9 @@ static int str_classes(ember_gvocab *v, int ph, gstr *s) {
         if (q < 0) {
             s->cls[id] = SC_STAY;
             s->stay[id] = 1;
+            s->pend[id] = (uint8_t)(f.phase == S_ESC ? 1 : f.phase == S_HEX ? f.pos : f.lo);
+            s->scap[id] = s->cps[id] < 254 ? s->cps[id] : 254;
+            s->spend[id] = s->pend[id];
             s->n_stay++;
         } else if (q + 1 == v->tlen[id]) {
             s->cls[id] = SC_CLOSE;
@@ -1454,6 +1481,38 @@ out:
     free(ids);
     free(suf);
     free(slen);
+    return rc;
+}
+
+/* The white-space tables of mask_ws: each token's leading white space, the
+   ids of white space only, a trie of the others' bytes after it. 0, or -1
+   when out of memory. */
+static int ws_tables(ember_gvocab *v) {
+    v->wsk = ember_calloc((size_t)v->n, 1);
+    v->pure_ws = ember_malloc((size_t)v->n * sizeof *v->pure_ws);
+    int32_t *ids = ember_malloc((size_t)v->n * sizeof *ids);
+    const char **rest = ember_calloc((size_t)v->n, sizeof *rest);
+    uint8_t *rlen = ember_calloc((size_t)v->n, 1);
+    int rc = -1, m = 0;
+    if (v->wsk && v->pure_ws && ids && rest && rlen) {
+        for (int id = 0; id < v->n; id++) {
+            int k = 0;
+            while (v->tok[id] && k < v->tlen[id] && is_ws((unsigned char)v->tok[id][k])) k++;
+            if (k == 0) continue;
+            v->wsk[id] = (uint8_t)k;
+            if (k == v->tlen[id]) {
+                v->pure_ws[v->n_pure_ws++] = id;
+                continue;
+            }
+            rest[id] = v->tok[id] + k;
+            rlen[id] = (uint8_t)(v->tlen[id] - k);
+            ids[m++] = id;
+        }
+        rc = trie_build(&v->ws_rest, rest, rlen, ids, m);
+    }
+    free(ids);
+    free(rest);
+    free(rlen);
     return rc;
 }
 
@@ -1484,6 +1543,7 @@ int ember_gvocab_new(int n, const char *const *bytes, const size_t *lens, const 
     }
     if (!oom) oom = trie_build(&v->t, (const char *const *)v->tok, v->tlen, order, m) != 0;
     if (!oom) oom = str_classes(v, S_IN, &v->str[0]) != 0 || str_classes(v, S_ESC, &v->str[1]) != 0;
+    if (!oom) oom = ws_tables(v) != 0;
     free(order);
     if (oom) {
         ember_gvocab_free(v);
@@ -1568,14 +1628,19 @@ int ember_gmatch_min_bytes(const ember_gmatch *m) {
 }
 
 /* Allows, in m->allow, the ids of trie t that start's state takes, each
-   only when need_cps is NULL or need_cps[id] >= need, and (left < NO_LEFT)
-   when the grammar can still finish in left - 2 tokens after it. Returns
-   how many it allowed. */
-static int walk(ember_gmatch *m, const gtrie *t, const gstate *start, const uint8_t *need_cps, int need, int left) {
+   only when cps is NULL or need <= cps[id] <= room, and (left < NO_LEFT)
+   when the grammar can still finish in left - 2 tokens after it; no_ws:
+   not the tokens that begin with white space. Returns how many it allowed. */
+static int walk(ember_gmatch *m, const gtrie *t, const gstate *start, const uint8_t *cps, int need, int room,
+                int left, bool no_ws) {
     int allowed = 0;
     copy_state(&m->lvl[0], start);
     for (int i = 0; i < t->nn;) {
         int d = t->depth[i];
+        if (no_ws && d == 1 && is_ws(t->byte[i])) {
+            i = t->skip[i];
+            continue;
+        }
         copy_state(&m->lvl[d], &m->lvl[d - 1]);
         if (!feed(m->g, &m->lvl[d], t->byte[i])) {
             i = t->skip[i];
@@ -1584,7 +1649,7 @@ static int walk(ember_gmatch *m, const gtrie *t, const gstate *start, const uint
         if (t->tcount[i] && (left >= NO_LEFT || state_cost(m->g, &m->lvl[d]) <= left - 2))
             for (int k = 0; k < t->tcount[i]; k++) {
                 int32_t id = t->ends[t->tstart[i] + k];
-                if (need_cps && need_cps[id] < need) continue;
+                if (cps && (cps[id] < need || cps[id] > room)) continue;
                 m->allow[id] = 1;
                 allowed++;
             }
@@ -1593,34 +1658,143 @@ static int walk(ember_gmatch *m, const gtrie *t, const gstate *start, const uint
     return allowed;
 }
 
+/* allow[i]: a staying token within room code points. Returns how many. */
+static int allow_room(uint8_t *restrict allow, const gstr *s, int n, int room) {
+    const uint8_t *restrict scap = s->scap;
+    uint8_t r = (uint8_t)(room > 254 ? 254 : room);
+    int allowed = 0;
+    for (int i = 0; i < n; i++) {
+        allow[i] = scap[i] <= r;
+        allowed += allow[i];
+    }
+    return allowed;
+}
+
+/* allow[i]: a staying token within room whose owed bytes, less the code
+   points it adds towards minLength (need), fit in slack. */
+static int allow_tight(uint8_t *restrict allow, const gstr *s, int n, int room, int slack, int need) {
+    int allowed = 0;
+    if (need == 0) { /* the common case: two compares */
+        const uint8_t *restrict spend = s->spend, *restrict scap = s->scap;
+        uint8_t r = (uint8_t)(room > 254 ? 254 : room < 0 ? 0 : room);
+        uint8_t sl = (uint8_t)(slack > 254 ? 254 : slack);
+        if (slack < 0 || room < 0) {
+            memset(allow, 0, (size_t)n);
+            return 0;
+        }
+        for (int i = 0; i < n; i++) {
+            allow[i] = (spend[i] <= sl) & (scap[i] <= r);
+            allowed += allow[i];
+        }
+        return allowed;
+    }
+    for (int i = 0; i < n; i++) {
+        int gain = s->cps[i] < need ? s->cps[i] : need;
+        uint8_t ok = s->stay[i] && s->cps[i] <= room && s->pend[i] - gain <= slack;
+        allow[i] = ok;
+        allowed += ok;
+    }
+    return allowed;
+}
+
 /* The fast mask inside a free string (no pattern, no maxLength within
-   reach, the budget not tight): every token that stays in the string is
-   allowed whatever surrounds it (a table made with the vocabulary); only
-   the tokens that close it are walked, by their bytes after the quote, from
-   the state with the string finished. Returns the ids allowed, or -1 when
-   the state is not such a string. Gives exactly what walk gives. */
+   reach): every token that stays in the string is allowed whatever
+   surrounds it (a table made with the vocabulary; on a tight budget, those
+   whose owed bytes fit); only the tokens that close it are walked, by their
+   bytes after the quote, from the state with the string finished. Returns
+   the ids allowed, or -1 when the state is not such a string. Gives exactly
+   what walk gives. */
 static int mask_string(ember_gmatch *m, int left) {
     const gframe *f = &m->st.f[m->st.n - 1];
     const gnode *nd = &m->g->nodes[f->node];
-    if (nd->kind != K_STR || nd->rx || (nd->hi >= 0 && nd->hi - f->count < MAX_TOKEN + 2)) return -1;
+    if (nd->kind != K_STR || nd->rx) return -1;
     int ph = f->phase == S_IN && f->lo == 0 ? 0 : f->phase == S_ESC ? 1 : -1;
     if (ph < 0) return -1;
-    if (left < NO_LEFT && state_cost(m->g, &m->st) + 8 > left - 2) return -1; /* tight: token by token */
     const gstr *s = &m->v->str[ph];
-    memcpy(m->allow, s->stay, (size_t)m->v->n);
-    int allowed = s->n_stay, need = nd->lo - f->count;
+    int allowed = s->n_stay, need = nd->lo - f->count, cost = left < NO_LEFT ? state_cost(m->g, &m->st) : 0;
+    int room = nd->hi >= 0 ? nd->hi - f->count : 1 << 20; /* code points maxLength still allows */
+    bool tight = left < NO_LEFT && cost + 8 > left - 2;
+    if (tight || room < MAX_TOKEN + 2) {
+        /* within room; on a tight budget, a staying token changes the cost
+           by its owed bytes less the code points it adds towards minLength */
+        int slack = tight ? left - 2 - cost : 1 << 20, nd_need = need > 0 ? need : 0;
+        allowed = tight ? allow_tight(m->allow, s, m->v->n, room, slack, nd_need)
+                        : allow_room(m->allow, s, m->v->n, room);
+    } else {
+        memcpy(m->allow, s->stay, (size_t)m->v->n);
+    }
     gstate *done = &m->lvl[MAX_TOKEN]; /* the string closed (popped at the next byte) */
     copy_state(done, &m->st);
     done->f[done->n - 1].phase = S_DONE;
     if (left >= NO_LEFT || state_cost(m->g, done) <= left - 2)
         for (int k = 0; k < s->n_close0; k++)
-            if (s->cps[s->close0[k]] >= need) {
+            if (s->cps[s->close0[k]] >= need && s->cps[s->close0[k]] <= room) {
                 m->allow[s->close0[k]] = 1;
                 allowed++;
             }
     gstate start;
     copy_state(&start, done);
-    return allowed + walk(m, &s->after, &start, s->cps, need, left);
+    return allowed + walk(m, &s->after, &start, s->cps, need, room, left, false);
+}
+
+/* The mask where white space goes to an object's or array's frame (between
+   tokens of JSON): the trie walk skips the tokens that begin with white
+   space, which would each be walked through their white space for nothing;
+   those are allowed by tables instead: white space only when it fits in
+   the run left (MAX_WS), the others by a walk of their bytes after the
+   white space, from the state after one space (the white space changes
+   nothing but the run's count). Elsewhere, the plain walk. Fills m->allow
+   (cleared first); returns the ids allowed. Gives exactly what walk gives. */
+static int mask_ws(ember_gmatch *m, int left) {
+    const ember_gvocab *v = m->v;
+    memset(m->allow, 0, (size_t)v->n);
+    gstate w, w2;
+    copy_state(&w, &m->st);
+    copy_state(&w2, &m->st);
+    bool fast = feed(m->g, &w, ' ') && feed(m->g, &w2, '\n') && w.n == w2.n &&
+                !memcmp(w.f, w2.f, (size_t)w.n * sizeof *w.f);
+    if (fast) {
+        const gnode *nd = &m->g->nodes[w.f[w.n - 1].node];
+        fast = nd->kind == K_OBJ || nd->kind == K_ARR;
+    }
+    if (!fast) return walk(m, &v->t, &m->st, NULL, 0, 0, left, false);
+    int allowed = walk(m, &v->t, &m->st, NULL, 0, 0, left, true);
+    int room = MAX_WS - w.f[w.n - 1].ws + 1; /* white-space bytes a token may begin with */
+    if (left >= NO_LEFT || state_cost(m->g, &w) <= left - 2)
+        for (int k = 0; k < v->n_pure_ws; k++)
+            if (v->wsk[v->pure_ws[k]] <= room) {
+                m->allow[v->pure_ws[k]] = 1;
+                allowed++;
+            }
+    return allowed + walk(m, &v->ws_rest, &w, v->wsk, 0, room, left, false);
+}
+
+/* logits[i] = -inf where al[i] is 0, eight ids at a time: skipped where
+   all are allowed (the common case inside a string), branch-free where
+   some are. */
+static void apply_mask(float *restrict lg, const uint8_t *restrict al, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, al + i, 8);
+        if (w == 0x0101010101010101ull) continue;
+#if defined(__SSE2__)
+        /* the eight bytes widened to lanes of all ones where refused, then a select */
+        const __m128i zero = _mm_setzero_si128(), ninf = _mm_set1_epi32((int)0xff800000u);
+        __m128i b16 = _mm_unpacklo_epi8(_mm_cvtsi64_si128((long long)w), zero);
+        __m128i lo = _mm_cmpeq_epi32(_mm_unpacklo_epi16(b16, zero), zero);
+        __m128i hi = _mm_cmpeq_epi32(_mm_unpackhi_epi16(b16, zero), zero);
+        __m128 x0 = _mm_loadu_ps(lg + i), x1 = _mm_loadu_ps(lg + i + 4);
+        x0 = _mm_or_ps(_mm_andnot_ps(_mm_castsi128_ps(lo), x0), _mm_and_ps(_mm_castsi128_ps(lo), _mm_castsi128_ps(ninf)));
+        x1 = _mm_or_ps(_mm_andnot_ps(_mm_castsi128_ps(hi), x1), _mm_and_ps(_mm_castsi128_ps(hi), _mm_castsi128_ps(ninf)));
+        _mm_storeu_ps(lg + i, x0);
+        _mm_storeu_ps(lg + i + 4, x1);
+#else
+        for (int k = 0; k < 8; k++) lg[i + k] = al[i + k] ? lg[i + k] : -INFINITY;
+#endif
+    }
+    for (; i < n; i++)
+        if (!al[i]) lg[i] = -INFINITY;
 }
 
 int ember_gmatch_mask_left(ember_gmatch *m, float *logits, int n, int left) {
@@ -1630,17 +1804,15 @@ int ember_gmatch_mask_left(ember_gmatch *m, float *logits, int n, int left) {
     int allowed = m->st.n > 0 ? mask_string(m, left) : -1;
     if (allowed < 0) {
         memset(m->allow, 0, (size_t)v->n);
-        allowed = walk(m, &v->t, &m->st, NULL, 0, left);
+        allowed = mask_ws(m, left);
     }
     if (allowed == 0 || complete(m->g, &m->st))
         for (int k = 0; k < v->n_end; k++) {
             allowed += !m->allow[v->end_ids[k]];
             m->allow[v->end_ids[k]] = 1;
         }
-    int lim = n < v->n ? n : v->n;
-    const uint8_t *al = m->allow;
-    for (int i = 0; i < lim; i++) logits[i] = al[i] ? logits[i] : -INFINITY;
-    for (int i = lim; i < n; i++) logits[i] = -INFINITY;
+    apply_mask(logits, m->allow, n < v->n ? n : v->n);
+    for (int i = v->n; i < n; i++) logits[i] = -INFINITY;
     return allowed;
 }
 
