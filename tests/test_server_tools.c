@@ -739,6 +739,54 @@ static void anthropic_calls(void) {
 }
 
 
+/* Enforced tool_choice with the Qwen3-Coder format on random weights: one
+   complete call of a tool of the request, its required parameters there with
+   their types (a string as raw text, an integer and an enum as JSON), in
+   time for max_tokens; a constrained string parameter is refused. */
+static void coder_enforced(void) {
+    static const char tools[] =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"book\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\"},\"nights\":{\"type\":\"integer\",\"minimum\":1,"
+        "\"maximum\":9},\"note\":{\"type\":\"string\"},\"room\":{\"enum\":[\"single\",\"double\"]}},\"required\":"
+        "[\"city\",\"nights\",\"room\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{}}}}]";
+    for (int k = 0; k < 4; k++) {
+        char body[4096];
+        snprintf(body, sizeof body, "{" USER ",%s,\"max_tokens\":%d,\"temperature\":1,\"seed\":%d,\"tool_choice\":%s}",
+                 tools, k % 2 ? 160 : 300, k,
+                 k >= 2 ? "{\"type\":\"function\",\"function\":{\"name\":\"book\"}}" : "\"required\"");
+        int st;
+        json_t *j = post("/v1/chat/completions", body, &st, NULL);
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *msg = json_object_get(ch, "message");
+        const char *fin = str_or(json_object_get(ch, "finish_reason"), ""), *name = call_name(msg, 0);
+        CHECKF(st == 200 && !strcmp(fin, "tool_calls") && name, "qwen3_coder enforced %d: status %d, finish %s", k, st, fin);
+        json_t *a = call_args(msg, 0);
+        CHECKF(json_is_object(a), "qwen3_coder enforced %d: arguments", k);
+        if (name && !strcmp(name, "book")) {
+            json_t *n = json_object_get(a, "nights");
+            const char *room = json_string_value(json_object_get(a, "room"));
+            CHECKF(json_is_string(json_object_get(a, "city")) && json_is_integer(n) && json_integer_value(n) >= 1 &&
+                       json_integer_value(n) <= 9 && room && (!strcmp(room, "single") || !strcmp(room, "double")),
+                   "qwen3_coder enforced %d: book's arguments %s", k,
+                   str_or(json_object_get(json_object_get(json_array_get(json_object_get(msg, "tool_calls"), 0), "function"),
+                                          "arguments"),
+                          "?"));
+        }
+        if (k >= 2) CHECK(name && !strcmp(name, "book"));
+        json_decref(a);
+        json_decref(j);
+    }
+    int st;
+    json_t *j = post("/v1/chat/completions",
+                     "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+                     "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":3}},\"required\":[\"a\"]}}}],"
+                     "\"tool_choice\":\"required\"}",
+                     &st, NULL);
+    const char *msg = str_or(json_object_get(json_object_get(j, "error"), "message"), "");
+    CHECKF(st == 400 && strstr(msg, "raw text"), "qwen3_coder: a constrained string parameter: %d %s", st, msg);
+    json_decref(j);
+}
+
 /* ---- every family's real template: tools rendered, its call format parsed, the call fed back ---- */
 
 static void families(ember_model *m, ember_tokenizer *tok) {
@@ -801,6 +849,7 @@ static void families(ember_model *m, ember_tokenizer *tok) {
         free(text);
         json_decref(body);
         json_decref(msg);
+        if (d == EMBER_TOOLS_QWEN3_CODER) coder_enforced();
         ember_server_stop(s, 5.0);
         ember_chat_template_free(t);
     }

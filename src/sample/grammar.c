@@ -39,7 +39,7 @@
 #define BNUM_NUM_DIGITS 9    /* bounded numbers: digits before the point */
 #define BNUM_FRAC_DIGITS 6   /* bounded numbers: digits after it */
 
-enum { K_LIT, K_SEQ, K_CHOICE, K_OBJ, K_ARR, K_STR, K_NUM, K_UNION };
+enum { K_LIT, K_SEQ, K_CHOICE, K_OBJ, K_ARR, K_STR, K_NUM, K_UNION, K_TEXT };
 
 typedef struct gnode {
     int kind;
@@ -256,6 +256,14 @@ static int make_num(ember_grammar *g, bool integer, ember_error *err) {
     g->nodes[k].integer = integer;
     set_first(g->nodes[k].first, '-');
     for (int c = '0'; c <= '9'; c++) set_first(g->nodes[k].first, (unsigned char)c);
+    return k;
+}
+
+int ember_grammar_text(ember_grammar *g, ember_error *err) {
+    int k = add(g, K_TEXT, err);
+    if (k < 0) return k;
+    for (int c = 0; c < 256; c++)
+        if (c != '<' && (c >= 0x20 || c == '\n' || c == '\t')) set_first(g->nodes[k].first, (unsigned char)c);
     return k;
 }
 
@@ -709,6 +717,7 @@ static bool frame_done(const ember_grammar *g, const gframe *f) {
     case K_OBJ: return f->phase == O_DONE;
     case K_ARR: return f->phase == A_DONE;
     case K_STR: return f->phase == S_DONE;
+    case K_TEXT: return f->lo == 0;
     case K_NUM:
         if (nd->bounded) return bnum_cost(nd, f) == 0;
         return f->phase == N_ZERO || f->phase == N_INT || f->phase == N_FRAC || f->phase == N_EXP;
@@ -1045,9 +1054,36 @@ static int step_num(const gnode *nd, gframe *f, unsigned char c) {
     return ST_OK;
 }
 
+/* Raw text (K_TEXT): valid UTF-8 without '<' or control characters but
+   line breaks and tabs; lo: continuation bytes owed, hi: the lead byte. */
+static int step_text(gframe *f, unsigned char c) {
+    if (f->lo > 0) {
+        unsigned lo = 0x80, hi = 0xbf;
+        if (f->hi == 0xe0) lo = 0xa0;
+        else if (f->hi == 0xed) hi = 0x9f;
+        else if (f->hi == 0xf0) lo = 0x90;
+        else if (f->hi == 0xf4) hi = 0x8f;
+        if (c < lo || c > hi) return ST_NO;
+        f->lo--;
+        f->hi = 0;
+        return ST_OK;
+    }
+    if (c == '<' || (c < 0x20 && c != '\n' && c != '\t')) return ST_NO;
+    if (c >= 0x80) {
+        if (c >= 0xc2 && c <= 0xdf) f->lo = 1;
+        else if (c >= 0xe0 && c <= 0xef) f->lo = 2;
+        else if (c >= 0xf0 && c <= 0xf4) f->lo = 3;
+        else return ST_NO;
+        f->hi = c;
+    }
+    f->count++;
+    return ST_OK;
+}
+
 static int step(const ember_grammar *g, gstate *s, gframe *f, unsigned char c) {
     const gnode *nd = &g->nodes[f->node];
     switch (nd->kind) {
+    case K_TEXT: return step_text(f, c);
     case K_LIT:
         if (f->pos < nd->len && (unsigned char)nd->text[f->pos] == c) {
             f->pos++;
@@ -1163,6 +1199,7 @@ static int node_min(const ember_grammar *g, const gnode *nd) {
                                     ? BIG_LEN
                                     : (int64_t)nd->lo * (g->nodes[nd->item].minlen + 1) - 1));
     case K_STR: return nd->rx ? 2 + ember_rx_dist(nd->rx, 1) : sat_add(2, nd->lo);
+    case K_TEXT: return 0;
     case K_NUM: {
         if (!nd->bounded) return 1;
         gframe f;
@@ -1284,6 +1321,7 @@ static int frame_rest(const ember_grammar *g, const gframe *f) {
     case K_OBJ: return obj_rest(g, nd, f);
     case K_ARR: return arr_rest(g, nd, f);
     case K_STR: return str_rest(nd, f);
+    case K_TEXT: return f->lo;
     case K_NUM:
         if (nd->bounded) {
             int c = bnum_cost(nd, f);

@@ -78,6 +78,10 @@ int ember_grammar_choice(ember_grammar *g, const char *const *heads, const int *
    the schema itself). where names the schema in messages ("tools[0].parameters"). */
 int ember_grammar_schema(ember_grammar *g, const json_t *schema, const json_t *defs, const char *where,
                          ember_error *err);
+/* Raw text (a Qwen3-Coder parameter's value): any valid UTF-8 without '<'
+   or control characters other than line breaks and tabs, as long as it
+   goes on; what follows it must begin with '<'. */
+int ember_grammar_text(ember_grammar *g, ember_error *err);
 /* Any JSON object (json_object mode). */
 int ember_grammar_any_object(ember_grammar *g, ember_error *err);
 int ember_grammar_set_root(ember_grammar *g, int node, ember_error *err);
