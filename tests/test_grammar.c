@@ -423,6 +423,37 @@ static void tool_shape(const ember_gvocab *gv, const vocab *v) {
     json_decref(p2);
 }
 
+/* Raw text (a Qwen3-Coder parameter): <p>TEXT</p>, TEXT valid UTF-8 with no
+   '<' and no control characters but line breaks and tabs; the mask equals
+   what a fresh matcher takes; walks on a budget end in time. */
+static void raw_text(const ember_gvocab *gv, const vocab *v) {
+    ember_grammar *g = ember_grammar_new();
+    ember_error err = {0};
+    int parts[3] = {ember_grammar_literal(g, "<p>", 3, &err), ember_grammar_text(g, &err),
+                    ember_grammar_literal(g, "</p>", 4, &err)};
+    CHECK(ember_grammar_set_root(g, ember_grammar_seq(g, parts, 3, &err), &err) == 0);
+    CHECK(ember_grammar_min_bytes(g) == 7);
+    for (int w = 0; w < 12; w++) {
+        bool ended;
+        int dis = 0, budget = w % 2 ? 8 + w : 0;
+        char *text = walk(g, gv, v, budget ? budget : 200, &ended, &dis, budget, w == 0 || w == 2);
+        CHECK(dis == 0);
+        if (budget) CHECKF(ended, "raw text: a walk on a budget of %d did not end: %s", budget, text);
+        if (ended) {
+            size_t n = strlen(text);
+            CHECKF(n >= 7 && !strncmp(text, "<p>", 3) && !strcmp(text + n - 4, "</p>"), "raw text: %s", text);
+            for (size_t i = 3; n >= 7 && i < n - 4; i++)
+                CHECKF(text[i] != '<' && ((unsigned char)text[i] >= 0x20 || text[i] == '\n' || text[i] == '\t'),
+                       "raw text: byte %zu of %s", i, text);
+            json_t *j = json_stringn(text, n); /* NULL unless valid UTF-8 */
+            CHECKF(j != NULL, "raw text: not UTF-8: %s", text);
+            json_decref(j);
+        }
+        free(text);
+    }
+    ember_grammar_free(g);
+}
+
 int main(void) {
     vocab v;
     vocab_init(&v);
@@ -432,6 +463,7 @@ int main(void) {
     schema_suite(gv, &v);
     refusals();
     tool_shape(gv, &v);
+    raw_text(gv, &v);
     ember_gvocab_free(gv);
     vocab_free(&v);
     return test_done();
