@@ -28,6 +28,11 @@ if(NODE_EXE)
   add_test(NAME test_sdk COMMAND ${NODE_EXE} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/sdk_test.mjs $<TARGET_FILE:ember>
                                   ${EMBER_E2E_MODEL} ${EMBER_SHARED_DIR})
   set_tests_properties(test_sdk PROPERTIES FIXTURES_REQUIRED e2e_model SKIP_RETURN_CODE 77 TIMEOUT 300)
+  # Structured output over the schemas of e2e/schemas.json, validated by Ajv (a random-weight
+  # Qwen3 with the real tokenizer of ../shared; skipped (77) without it or without Ajv).
+  add_test(NAME test_schemas COMMAND ${NODE_EXE} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/schema_test.mjs $<TARGET_FILE:ember>
+                                      ${EMBER_SHARED_DIR})
+  set_tests_properties(test_schemas PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
 
 add_test(NAME check_rules COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/check_rules.sh)

@@ -109,6 +109,14 @@ static bool valid(const json_t *x, const json_t *s, const json_t *root) {
         const json_t *lo = json_object_get(s, "minLength"), *hi = json_object_get(s, "maxLength");
         if ((lo && (json_int_t)n < json_integer_value(lo)) || (hi && (json_int_t)n > json_integer_value(hi))) return false;
     }
+    if (json_is_number(x)) {
+        double d = json_number_value(x);
+        const json_t *b;
+        if ((b = json_object_get(s, "minimum")) && !(d >= json_number_value(b))) return false;
+        if ((b = json_object_get(s, "maximum")) && !(d <= json_number_value(b))) return false;
+        if ((b = json_object_get(s, "exclusiveMinimum")) && !(d > json_number_value(b))) return false;
+        if ((b = json_object_get(s, "exclusiveMaximum")) && !(d < json_number_value(b))) return false;
+    }
     if (json_is_array(x)) {
         const json_t *lo = json_object_get(s, "minItems"), *hi = json_object_get(s, "maxItems"), *it = json_object_get(s, "items");
         json_int_t n = (json_int_t)json_array_size(x);
@@ -146,7 +154,20 @@ static double urand(void) {
 /* One walk: random logits (closing bytes and the end favoured so walks end),
    the mask, the best allowed token, accepted. Returns the text (malloc'd),
    *ended when the end id came. Checks mask/accept agreement on the way. */
-static char *walk(const ember_grammar *g, const ember_gvocab *gv, const vocab *v, int steps, bool *ended, int *disagree) {
+/* Whether a fresh matcher fed text then token t takes it (the mask's truth). */
+static bool takes(const ember_grammar *g, const ember_gvocab *gv, const char *text, size_t n, int t) {
+    ember_gmatch *m = NULL;
+    ember_error err = {0};
+    if (ember_gmatch_new(g, gv, &m, &err)) return false;
+    bool ok = ember_gmatch_feed(m, text, n) && ember_gmatch_accept(m, t);
+    ember_gmatch_free(m);
+    return ok;
+}
+
+/* budget > 0: the walk's token budget (ember_gmatch_mask_left); check:
+   compare the mask with what a fresh matcher takes, every fourth step. */
+static char *walk(const ember_grammar *g, const ember_gvocab *gv, const vocab *v, int steps, bool *ended, int *disagree,
+                  int budget, bool check) {
     ember_gmatch *m = NULL;
     ember_error err = {0};
     CHECK(ember_gmatch_new(g, gv, &m, &err) == 0);
@@ -160,8 +181,11 @@ static char *walk(const ember_grammar *g, const ember_gvocab *gv, const vocab *v
             if (v->bytes[i] && v->lens[i] == 1 && strchr("\"}]0", v->bytes[i][0])) lg[i] += 0.6f;
         }
         lg[v->end] += 0.8f;
-        int left = ember_gmatch_mask(m, lg, v->n);
+        int left = budget > 0 ? ember_gmatch_mask_left(m, lg, v->n, budget - s) : ember_gmatch_mask(m, lg, v->n);
         CHECK(left > 0);
+        if (check && s % 4 == 0)
+            for (int i = 0; i < v->n; i++)
+                if (i != v->end && (lg[i] != -INFINITY) != takes(g, gv, out, n, i)) (*disagree)++;
         int best = -1;
         for (int i = 0; i < v->n; i++)
             if (lg[i] != -INFINITY && (best < 0 || lg[i] > lg[best])) best = i;
@@ -212,6 +236,15 @@ static const char *const k_schemas[] = {
     "{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"maxItems\":2},\"maxItems\":2}",
     "{\"type\":\"object\",\"properties\":{\"unit\":{\"type\":\"string\",\"enum\":[\"celsius\",\"fahrenheit\"]},\"days\":"
     "{\"type\":\"integer\"}},\"required\":[\"unit\"]}",
+    "{\"type\":\"integer\",\"minimum\":-5,\"maximum\":12}",
+    "{\"type\":\"integer\",\"minimum\":1000,\"exclusiveMaximum\":1003}",
+    "{\"type\":\"integer\",\"exclusiveMinimum\":-1}",
+    "{\"type\":\"number\",\"minimum\":0.25,\"maximum\":0.75}",
+    "{\"type\":\"number\",\"exclusiveMinimum\":-2.5,\"exclusiveMaximum\":-2.4}",
+    "{\"type\":\"number\",\"maximum\":-100}",
+    "{\"type\":\"string\",\"pattern\":\"^[a-z]{2,4}-\\\\d{3}$\"}",
+    "{\"type\":\"string\",\"pattern\":\"^(ab|cd)*x?$\"}",
+    "{\"type\":\"string\",\"pattern\":\"ab\"}",
 };
 
 /* The variations of a schema: itself, as a required property, as array
@@ -241,7 +274,7 @@ static int variations(const char *base, char out[4][4096]) {
 }
 
 static void schema_suite(const ember_gvocab *gv, const vocab *v) {
-    int schemas = 0, walks = 0, ended_n = 0, refused = 0, disagree = 0;
+    int schemas = 0, walks = 0, ended_n = 0, refused = 0, disagree = 0, budgeted = 0;
     for (size_t i = 0; i < sizeof k_schemas / sizeof *k_schemas; i++) {
         char var[4][4096];
         int nv = variations(k_schemas[i], var);
@@ -258,10 +291,16 @@ static void schema_suite(const ember_gvocab *gv, const vocab *v) {
             } else {
                 schemas++;
                 CHECK(ember_grammar_set_root(g, root, &err) == 0);
-                for (int w = 0; w < 4; w++) {
+                for (int w = 0; w < 5; w++) {
                     bool ended;
-                    char *text = walk(g, gv, v, 300, &ended, &disagree);
+                    /* the last walk on a budget: it must end, in time */
+                    int budget = w == 4 ? ember_grammar_min_bytes(g) + 1 + (int)(urand() * 12) : 0;
+                    char *text = walk(g, gv, v, budget ? budget : 300, &ended, &disagree, budget, w == 0);
                     walks++;
+                    if (budget) {
+                        CHECKF(ended, "schema %zu/%d: a walk on a budget of %d did not end: %s", i, k, budget, text);
+                        budgeted++;
+                    }
                     if (ended) {
                         ended_n++;
                         json_error_t je;
@@ -278,8 +317,8 @@ static void schema_suite(const ember_gvocab *gv, const vocab *v) {
             json_decref(s);
         }
     }
-    fprintf(stderr, "%d schemas (%d refused as overlapping), %d walks, %d ended and validated\n", schemas, refused, walks,
-            ended_n);
+    fprintf(stderr, "%d schemas (%d refused as overlapping), %d walks (%d on a budget), %d ended and validated\n", schemas,
+            refused, walks, budgeted, ended_n);
     CHECK(schemas >= 90);
     CHECK(disagree == 0);
     CHECKF(ended_n * 10 >= walks * 8, "only %d of %d walks ended", ended_n, walks);
@@ -290,9 +329,15 @@ static void refusals(void) {
     static const struct {
         const char *schema, *want;
     } cs[] = {
-        {"{\"type\":\"string\",\"pattern\":\"^a+$\"}", "pattern"},
+        {"{\"type\":\"string\",\"pattern\":\"^(?=a)a+$\"}", "lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreferences"},
+        {"{\"type\":\"string\",\"pattern\":\"^\\\\n$\"}", "printable ASCII"},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]{40}[0-9]{40}$\"}", "too complex"},
+        {"{\"type\":\"number\",\"multipleOf\":2}", "multipleOf"},
+        {"{\"minLength\":2}", "without 'type'"},
         {"{\"type\":\"string\",\"format\":\"date-time\"}", "format"},
-        {"{\"type\":\"integer\",\"minimum\":3}", "minimum"},
+        {"{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}", "no integer satisfies"},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":true}", "boolean"},
         {"{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"next\":{\"$ref\":\"#/$defs/n\"}}}},\"$ref\":\"#/$defs/n\"}",
          "recursive"},
         {"{\"$ref\":\"#/$defs/missing\"}", "does not resolve"},
@@ -346,7 +391,7 @@ static void tool_shape(const ember_gvocab *gv, const vocab *v) {
     for (int w = 0; w < 20; w++) {
         bool ended;
         int dis = 0;
-        char *text = walk(g, gv, v, 300, &ended, &dis);
+        char *text = walk(g, gv, v, 300, &ended, &dis, w >= 10 ? ember_grammar_min_bytes(g) + 1 + w : 0, w < 2);
         CHECK(dis == 0);
         if (ended) {
             CHECKF(!strncmp(text, "<tool_call>\n{\"name\": \"get_", 26), "call '%s'", text);
@@ -378,6 +423,37 @@ static void tool_shape(const ember_gvocab *gv, const vocab *v) {
     json_decref(p2);
 }
 
+/* Raw text (a Qwen3-Coder parameter): <p>TEXT</p>, TEXT valid UTF-8 with no
+   '<' and no control characters but line breaks and tabs; the mask equals
+   what a fresh matcher takes; walks on a budget end in time. */
+static void raw_text(const ember_gvocab *gv, const vocab *v) {
+    ember_grammar *g = ember_grammar_new();
+    ember_error err = {0};
+    int parts[3] = {ember_grammar_literal(g, "<p>", 3, &err), ember_grammar_text(g, &err),
+                    ember_grammar_literal(g, "</p>", 4, &err)};
+    CHECK(ember_grammar_set_root(g, ember_grammar_seq(g, parts, 3, &err), &err) == 0);
+    CHECK(ember_grammar_min_bytes(g) == 7);
+    for (int w = 0; w < 12; w++) {
+        bool ended;
+        int dis = 0, budget = w % 2 ? 8 + w : 0;
+        char *text = walk(g, gv, v, budget ? budget : 200, &ended, &dis, budget, w == 0 || w == 2);
+        CHECK(dis == 0);
+        if (budget) CHECKF(ended, "raw text: a walk on a budget of %d did not end: %s", budget, text);
+        if (ended) {
+            size_t n = strlen(text);
+            CHECKF(n >= 7 && !strncmp(text, "<p>", 3) && !strcmp(text + n - 4, "</p>"), "raw text: %s", text);
+            for (size_t i = 3; n >= 7 && i < n - 4; i++)
+                CHECKF(text[i] != '<' && ((unsigned char)text[i] >= 0x20 || text[i] == '\n' || text[i] == '\t'),
+                       "raw text: byte %zu of %s", i, text);
+            json_t *j = json_stringn(text, n); /* NULL unless valid UTF-8 */
+            CHECKF(j != NULL, "raw text: not UTF-8: %s", text);
+            json_decref(j);
+        }
+        free(text);
+    }
+    ember_grammar_free(g);
+}
+
 int main(void) {
     vocab v;
     vocab_init(&v);
@@ -387,6 +463,7 @@ int main(void) {
     schema_suite(gv, &v);
     refusals();
     tool_shape(gv, &v);
+    raw_text(gv, &v);
     ember_gvocab_free(gv);
     vocab_free(&v);
     return test_done();

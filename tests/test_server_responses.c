@@ -81,8 +81,8 @@ static void hostile(void) {
         {"{" INPUT ",\"text\":{\"format\":{\"type\":\"yaml\"}}}", "text.format", "yaml"},
         {"{" INPUT ",\"text\":{\"format\":{\"type\":\"json_schema\",\"schema\":{}}}}", "text.format", "name"},
         {"{" INPUT ",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"x\",\"schema\":{\"type\":\"integer\","
-         "\"minimum\":1}}}}",
-         "text.format", "minimum"},
+         "\"multipleOf\":2}}}}",
+         "text.format", "multipleOf"},
         {"{" INPUT "," TOOLS ",\"tool_choice\":\"required\",\"text\":{\"format\":{\"type\":\"json_object\"}}}",
          "text.format", "tool_choice"},
         {"{" INPUT ",\"max_output_tokens\":\"x\"}", "max_output_tokens", "integer"},

@@ -57,6 +57,38 @@ typedef struct bad_case {
     const char *needle;              /* in the message */
 } bad_case;
 
+/* Enums past the grammar's limit (256 values), in response_format and in an
+   enforced tool's parameters: 400 naming the limit, the server up after. */
+static void huge_enums(void) {
+    json_t *en = json_array();
+    for (int i = 0; i < 5000; i++) json_array_append_new(en, json_integer(i));
+    json_t *sch = json_pack("{s:O}", "enum", en);
+    json_t *b1 = json_pack("{s:[{s:s,s:s}], s:{s:s, s:{s:s, s:O}}}", "messages", "role", "user", "content", "x",
+                           "response_format", "type", "json_schema", "json_schema", "name", "x", "schema", sch);
+    json_t *b2 = json_pack("{s:[{s:s,s:s}], s:[{s:s, s:{s:s, s:{s:s, s:{s:O}}}}], s:s}", "messages", "role", "user",
+                           "content", "x", "tools", "type", "function", "function", "name", "f", "parameters", "type",
+                           "object", "properties", "v", sch, "tool_choice", "required");
+    json_t *bodies[2] = {b1, b2};
+    const char *params[2] = {"response_format", "tools"};
+    for (int i = 0; i < 2; i++) {
+        char *text = json_dumps(bodies[i], JSON_COMPACT);
+        int st;
+        json_t *j = post("/v1/chat/completions", text, &st, NULL);
+        const json_t *err = json_object_get(j, "error");
+        const char *msg = json_string_value(json_object_get(err, "message"));
+        const char *param = json_string_value(json_object_get(err, "param"));
+        CHECKF(st == 400 && msg && strstr(msg, "256") && param && !strcmp(param, params[i]),
+               "huge enum %d: status %d '%s'", i, st, msg ? msg : "");
+        json_decref(j);
+        free(text);
+    }
+    json_decref(b1);
+    json_decref(b2);
+    json_decref(sch);
+    json_decref(en);
+    CHECK(health() == 200);
+}
+
 static void hostile(void) {
     static const bad_case cases[] = {
         {"/v1/chat/completions", "{" USER ",\"tools\":5}", "tools", "array"},
@@ -128,7 +160,7 @@ static void hostile(void) {
         /* enforced tool_choice: schemas the constrainer cannot handle, response_format shapes */
         {"/v1/chat/completions",
          "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
-         "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^x$\"}}}}}],\"tool_choice\":\"required\"}",
+         "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^(?!x)$\"}}}}}],\"tool_choice\":\"required\"}",
          "tools", "pattern"},
         {"/v1/chat/completions",
          "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"$defs\":{\"n\":"
@@ -143,11 +175,41 @@ static void hostile(void) {
         {"/v1/chat/completions", "{" USER ",\"response_format\":{\"type\":\"yaml\"}}", "response_format", "yaml"},
         {"/v1/chat/completions",
          "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
-         "\"integer\",\"minimum\":1}}}}",
+         "\"integer\",\"minimum\":1e300}}}}",
          "response_format", "minimum"},
         {"/v1/chat/completions",
          "{" USER "," TOOLS ",\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}}",
          "response_format", "tool_choice"},
+        /* invalid or unenforceable schemas */
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":5}}}",
+         "response_format", "schema"},
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
+         "\"strange\"}}}}",
+         "response_format", "unknown type"},
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
+         "\"string\",\"pattern\":\"(ab\"}}}}",
+         "response_format", "unclosed"},
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"$ref\":"
+         "\"#/$defs/a\",\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":"
+         "\"#/$defs/a\"}]}}}}}}",
+         "response_format", "recursive"},
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"anyOf\":"
+         "[{\"type\":\"integer\"},{\"type\":\"number\"}]}}}}",
+         "response_format", "same character"},
+        {"/v1/chat/completions",
+         "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
+         "\"array\",\"minItems\":-1}}}}",
+         "response_format", "minItems"},
+        {"/v1/messages",
+         "{\"max_tokens\":5," USER ",\"tools\":[{\"name\":\"f\",\"input_schema\":{\"$defs\":{\"n\":{\"type\":"
+         "\"object\",\"properties\":{\"k\":{\"$ref\":\"#/$defs/n\"}}}},\"$ref\":\"#/$defs/n\"}}],\"tool_choice\":{"
+         "\"type\":\"any\"}}",
+         NULL, "recursive"},
         /* the test hook: only with text */
         {"/v1/chat/completions", "{" USER ",\"ember_test_output\":5}", "ember_test_output", "string"},
         /* Anthropic */
@@ -212,6 +274,7 @@ static void hostile(void) {
     }
     CHECK(health() == 200);
     fprintf(stderr, "%d hostile tool requests answered 400\n", n);
+    huge_enums();
 }
 
 /* ---- OpenAI: non-streamed vs streamed ------------------------------------------------------ */
@@ -676,6 +739,54 @@ static void anthropic_calls(void) {
 }
 
 
+/* Enforced tool_choice with the Qwen3-Coder format on random weights: one
+   complete call of a tool of the request, its required parameters there with
+   their types (a string as raw text, an integer and an enum as JSON), in
+   time for max_tokens; a constrained string parameter is refused. */
+static void coder_enforced(void) {
+    static const char tools[] =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"book\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\"},\"nights\":{\"type\":\"integer\",\"minimum\":1,"
+        "\"maximum\":9},\"note\":{\"type\":\"string\"},\"room\":{\"enum\":[\"single\",\"double\"]}},\"required\":"
+        "[\"city\",\"nights\",\"room\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{}}}}]";
+    for (int k = 0; k < 4; k++) {
+        char body[4096];
+        snprintf(body, sizeof body, "{" USER ",%s,\"max_tokens\":%d,\"temperature\":1,\"seed\":%d,\"tool_choice\":%s}",
+                 tools, k % 2 ? 160 : 300, k,
+                 k >= 2 ? "{\"type\":\"function\",\"function\":{\"name\":\"book\"}}" : "\"required\"");
+        int st;
+        json_t *j = post("/v1/chat/completions", body, &st, NULL);
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *msg = json_object_get(ch, "message");
+        const char *fin = str_or(json_object_get(ch, "finish_reason"), ""), *name = call_name(msg, 0);
+        CHECKF(st == 200 && !strcmp(fin, "tool_calls") && name, "qwen3_coder enforced %d: status %d, finish %s", k, st, fin);
+        json_t *a = call_args(msg, 0);
+        CHECKF(json_is_object(a), "qwen3_coder enforced %d: arguments", k);
+        if (name && !strcmp(name, "book")) {
+            json_t *n = json_object_get(a, "nights");
+            const char *room = json_string_value(json_object_get(a, "room"));
+            CHECKF(json_is_string(json_object_get(a, "city")) && json_is_integer(n) && json_integer_value(n) >= 1 &&
+                       json_integer_value(n) <= 9 && room && (!strcmp(room, "single") || !strcmp(room, "double")),
+                   "qwen3_coder enforced %d: book's arguments %s", k,
+                   str_or(json_object_get(json_object_get(json_array_get(json_object_get(msg, "tool_calls"), 0), "function"),
+                                          "arguments"),
+                          "?"));
+        }
+        if (k >= 2) CHECK(name && !strcmp(name, "book"));
+        json_decref(a);
+        json_decref(j);
+    }
+    int st;
+    json_t *j = post("/v1/chat/completions",
+                     "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+                     "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":3}},\"required\":[\"a\"]}}}],"
+                     "\"tool_choice\":\"required\"}",
+                     &st, NULL);
+    const char *msg = str_or(json_object_get(json_object_get(j, "error"), "message"), "");
+    CHECKF(st == 400 && strstr(msg, "raw text"), "qwen3_coder: a constrained string parameter: %d %s", st, msg);
+    json_decref(j);
+}
+
 /* ---- every family's real template: tools rendered, its call format parsed, the call fed back ---- */
 
 static void families(ember_model *m, ember_tokenizer *tok) {
@@ -738,6 +849,7 @@ static void families(ember_model *m, ember_tokenizer *tok) {
         free(text);
         json_decref(body);
         json_decref(msg);
+        if (d == EMBER_TOOLS_QWEN3_CODER) coder_enforced();
         ember_server_stop(s, 5.0);
         ember_chat_template_free(t);
     }

@@ -19,6 +19,11 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "regex.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define MAX_STACK 32   /* frames: nesting of values */
 #define MAX_TOKEN 128  /* bytes of a token the trie holds (longer ones are never allowed) */
@@ -28,8 +33,13 @@
 #define MAX_NUM 24     /* characters of a number */
 #define MAX_INT_DIGITS 15 /* digits before a number's point */
 #define MAX_SCHEMA_DEPTH 24
+#define NO_LEFT (1 << 29) /* no token budget */
+#define BIG_LEN (1 << 28) /* a length beyond any budget */
+#define BNUM_INT_DIGITS 15   /* bounded integers: digits (exact in int64 and doubles) */
+#define BNUM_NUM_DIGITS 9    /* bounded numbers: digits before the point */
+#define BNUM_FRAC_DIGITS 6   /* bounded numbers: digits after it */
 
-enum { K_LIT, K_SEQ, K_CHOICE, K_OBJ, K_ARR, K_STR, K_NUM, K_UNION };
+enum { K_LIT, K_SEQ, K_CHOICE, K_OBJ, K_ARR, K_STR, K_NUM, K_UNION, K_TEXT };
 
 typedef struct gnode {
     int kind;
@@ -45,6 +55,11 @@ typedef struct gnode {
     int item;           /* ARR */
     int lo, hi;         /* ARR items, STR length: min, max (-1 none) */
     bool integer;       /* NUM */
+    bool bounded;       /* NUM: minimum / maximum: no exponent, values within [ulo, uhi] */
+    int8_t sd, maxd;    /* NUM bounded: digits after the point (0: integer), before it */
+    int64_t ulo, uhi;   /* NUM bounded: the range in units of 10^-sd */
+    ember_rx *rx;       /* STR: the pattern (NULL: none) */
+    int minlen;         /* fewest bytes of a complete value (set_root computes it) */
     uint8_t first[32];  /* bytes the node can begin with */
 } gnode;
 
@@ -70,6 +85,7 @@ static void node_free(gnode *nd) {
     free(nd->keys);
     free(nd->klen);
     free(nd->next);
+    free(nd->rx);
 }
 
 ember_grammar *ember_grammar_new(void) {
@@ -243,6 +259,14 @@ static int make_num(ember_grammar *g, bool integer, ember_error *err) {
     return k;
 }
 
+int ember_grammar_text(ember_grammar *g, ember_error *err) {
+    int k = add(g, K_TEXT, err);
+    if (k < 0) return k;
+    for (int c = 0; c < 256; c++)
+        if (c != '<' && (c >= 0x20 || c == '\n' || c == '\t')) set_first(g->nodes[k].first, (unsigned char)c);
+    return k;
+}
+
 static int make_bool(ember_grammar *g, ember_error *err) {
     static const char *const heads[] = {"true", "false"};
     return ember_grammar_choice(g, heads, NULL, 2, err);
@@ -282,10 +306,17 @@ int ember_grammar_any_object(ember_grammar *g, ember_error *err) {
     return g->nodes[g->any].kids[0];
 }
 
+static void compute_minlen(ember_grammar *g);
+
 int ember_grammar_set_root(ember_grammar *g, int node, ember_error *err) {
     if (node < 0 || node >= g->n) return ember_err(err, EMBER_ERR_INVALID_ARG, "a bad root node");
     g->root = node;
+    compute_minlen(g);
     return 0;
+}
+
+int ember_grammar_min_bytes(const ember_grammar *g) {
+    return g->root < 0 ? 0 : g->nodes[g->root].minlen;
 }
 
 /* ---- JSON schema ------------------------------------------------------------------------------- */
@@ -294,7 +325,12 @@ static const char *const k_annotations[] = {"title", "description", "default", "
                                             "$comment", "deprecated", "readOnly", "writeOnly", "strict", NULL};
 static const char *const k_handled[] = {"type", "properties", "required", "additionalProperties", "items", "minItems",
                                         "maxItems", "enum", "const", "minLength", "maxLength", "anyOf", "oneOf",
-                                        "$ref", "$defs", "definitions", NULL};
+                                        "$ref", "$defs", "definitions", "pattern", "minimum", "maximum",
+                                        "exclusiveMinimum", "exclusiveMaximum", NULL};
+/* keywords that constrain one type only: refused in a schema without "type" */
+static const char *const k_typed[] = {"minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum",
+                                      "exclusiveMaximum", "minItems", "maxItems", "required", "additionalProperties",
+                                      NULL};
 
 static bool in_list(const char *const *l, const char *k) {
     for (int i = 0; l[i]; i++)
@@ -379,6 +415,77 @@ static int compile_object(ember_grammar *g, const json_t *s, const json_t *root,
     return k;
 }
 
+/* The pattern of string node k (schema s has one). */
+static int compile_pattern(ember_grammar *g, int k, const json_t *s, const char *where, ember_error *err) {
+    const json_t *p = json_object_get(s, "pattern");
+    if (!json_is_string(p)) return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: 'pattern' must be a string", where);
+    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: 'pattern' together with minLength / maxLength is not supported",
+                         where);
+    ember_rx *rx = ember_malloc(sizeof *rx);
+    if (!rx) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    char why[160];
+    if (ember_rx_compile(json_string_value(p), rx, why, sizeof why)) {
+        free(rx);
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %s", where, why);
+    }
+    g->nodes[k].rx = rx;
+    return 0;
+}
+
+static int64_t p10(int k) {
+    int64_t v = 1;
+    while (k-- > 0) v *= 10;
+    return v;
+}
+
+/* Whether U / S (as a double) is on the allowed side of bound x. */
+static bool bound_ok(int64_t u, int64_t S, double x, bool upper, bool strict) {
+    double v = (double)u / (double)S;
+    return upper ? (strict ? v < x : v <= x) : (strict ? v > x : v >= x);
+}
+
+/* The least (upper: greatest) U in units of 1/S whose value is on the
+   allowed side of x, U clamped to just beyond +-lim. */
+static int64_t scaled_bound(double x, int64_t S, bool upper, bool strict, int64_t lim) {
+    double c = upper ? floor(x * (double)S) : ceil(x * (double)S);
+    if (!(c <= (double)lim)) c = (double)lim + 1;
+    if (!(c >= -(double)lim)) c = -(double)lim - 1;
+    int64_t u = (int64_t)c;
+    for (int i = 0; i < 8 && !bound_ok(u, S, x, upper, strict); i++) u += upper ? -1 : 1;
+    for (int i = 0; i < 8 && bound_ok(upper ? u + 1 : u - 1, S, x, upper, strict); i++) u += upper ? 1 : -1;
+    return u;
+}
+
+/* minimum / maximum / exclusive* of number node k. */
+static int num_bounds(ember_grammar *g, int k, const json_t *s, const char *where, ember_error *err) {
+    static const char *const kw[4] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    gnode *nd = &g->nodes[k];
+    nd->sd = (int8_t)(nd->integer ? 0 : BNUM_FRAC_DIGITS);
+    nd->maxd = (int8_t)(nd->integer ? BNUM_INT_DIGITS : BNUM_NUM_DIGITS);
+    int64_t S = p10(nd->sd), lim = p10(nd->maxd) * S - 1;
+    nd->ulo = -lim;
+    nd->uhi = lim;
+    for (int i = 0; i < 4; i++) {
+        const json_t *v = json_object_get(s, kw[i]);
+        if (!v) continue;
+        if (json_is_boolean(v))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: a boolean '%s' (draft 4) is not supported: give the bound",
+                             where, kw[i]);
+        if (!json_is_number(v)) return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: '%s' must be a number", where, kw[i]);
+        nd->bounded = true;
+        int64_t u = scaled_bound(json_number_value(v), S, i >= 2, i & 1, lim);
+        if (i < 2 && u > nd->ulo) nd->ulo = u;
+        if (i >= 2 && u < nd->uhi) nd->uhi = u;
+    }
+    if (nd->bounded && nd->ulo > nd->uhi)
+        return ember_err(err, EMBER_ERR_INVALID_ARG,
+                         "%s: no %s satisfies minimum / maximum (bounded values are written with at most %d digits "
+                         "before the point%s)",
+                         where, nd->integer ? "integer" : "number", nd->maxd, nd->integer ? "" : " and 6 after");
+    return 0;
+}
+
 static int compile_type(ember_grammar *g, const char *t, const json_t *s, const json_t *root, const char *where,
                         int depth, ember_error *err) {
     if (!strcmp(t, "object")) return compile_object(g, s, root, where, depth, err);
@@ -403,9 +510,15 @@ static int compile_type(ember_grammar *g, const char *t, const json_t *s, const 
         int lo, hi;
         if (count_kw(s, "minLength", where, &lo, err) || count_kw(s, "maxLength", where, &hi, err)) return -1;
         if (hi >= 0 && lo > hi) return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: minLength > maxLength", where);
-        return make_str(g, lo < 0 ? 0 : lo, hi, err);
+        int k = make_str(g, lo < 0 ? 0 : lo, hi, err);
+        if (k >= 0 && json_object_get(s, "pattern") && compile_pattern(g, k, s, where, err)) return -1;
+        return k;
     }
-    if (!strcmp(t, "number") || !strcmp(t, "integer")) return make_num(g, t[0] == 'i', err);
+    if (!strcmp(t, "number") || !strcmp(t, "integer")) {
+        int k = make_num(g, t[0] == 'i', err);
+        if (k >= 0 && num_bounds(g, k, s, where, err)) return -1;
+        return k;
+    }
     if (!strcmp(t, "boolean")) return make_bool(g, err);
     if (!strcmp(t, "null")) return ember_grammar_literal(g, "null", 4, err);
     return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: unknown type '%.32s'", where, t);
@@ -539,6 +652,10 @@ static int compile(ember_grammar *g, const json_t *s, const json_t *root, const 
     if (ty) return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: 'type' must be a string or an array", where);
     if (json_object_get(s, "properties")) return compile_object(g, s, root, where, depth, err);
     if (json_object_get(s, "items")) return compile_type(g, "array", s, root, where, depth, err);
+    for (int i = 0; k_typed[i]; i++)
+        if (json_object_get(s, k_typed[i]))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: '%s' without 'type' is not supported (name the type)",
+                             where, k_typed[i]);
     return any_value(g, err);
 }
 
@@ -589,6 +706,8 @@ static int ws_step(gframe *f) {
     return ST_OK;
 }
 
+static int bnum_cost(const gnode *nd, const gframe *f);
+
 static bool frame_done(const ember_grammar *g, const gframe *f) {
     const gnode *nd = &g->nodes[f->node];
     switch (nd->kind) {
@@ -598,7 +717,10 @@ static bool frame_done(const ember_grammar *g, const gframe *f) {
     case K_OBJ: return f->phase == O_DONE;
     case K_ARR: return f->phase == A_DONE;
     case K_STR: return f->phase == S_DONE;
-    case K_NUM: return f->phase == N_ZERO || f->phase == N_INT || f->phase == N_FRAC || f->phase == N_EXP;
+    case K_TEXT: return f->lo == 0;
+    case K_NUM:
+        if (nd->bounded) return bnum_cost(nd, f) == 0;
+        return f->phase == N_ZERO || f->phase == N_INT || f->phase == N_FRAC || f->phase == N_EXP;
     default: return false;
     }
 }
@@ -728,16 +850,44 @@ static int step_arr(const ember_grammar *g, gstate *s, gframe *f, unsigned char 
     }
 }
 
+/* A string with a pattern: printable ASCII without escapes, the pattern's
+   position set in f->seen. */
+static int step_pat(const gnode *nd, gframe *f, unsigned char c) {
+    if (f->phase == S_OPEN) {
+        if (c != '"') return ST_NO;
+        f->phase = S_IN;
+        f->seen = 1;
+        return ST_OK;
+    }
+    if (f->phase != S_IN) return ST_NO;
+    if (c == '"') {
+        if (!ember_rx_accepts(nd->rx, f->seen)) return ST_NO;
+        f->phase = S_DONE;
+        return ST_OK;
+    }
+    uint64_t next = ember_rx_step(nd->rx, f->seen, c);
+    if (!next) return ST_NO;
+    f->seen = next;
+    return ST_OK;
+}
+
 static int step_str(const gnode *nd, gframe *f, unsigned char c) {
+    if (nd->rx) return step_pat(nd, f, c);
     switch (f->phase) {
     case S_OPEN:
         if (c != '"') return ST_NO;
         f->phase = S_IN;
         return ST_OK;
     case S_IN:
-        if (f->lo > 0) { /* inside a UTF-8 sequence */
-            if (c < 0x80 || c > 0xbf) return ST_NO;
+        if (f->lo > 0) { /* inside a UTF-8 sequence; hi: its lead byte until the first continuation */
+            unsigned lo = 0x80, hi = 0xbf;
+            if (f->hi == 0xe0) lo = 0xa0;      /* no overlong forms */
+            else if (f->hi == 0xed) hi = 0x9f; /* no surrogates */
+            else if (f->hi == 0xf0) lo = 0x90;
+            else if (f->hi == 0xf4) hi = 0x8f; /* nothing beyond U+10FFFF */
+            if (c < lo || c > hi) return ST_NO;
             f->lo--;
+            f->hi = 0;
             return ST_OK;
         }
         if (c == '"') {
@@ -759,6 +909,7 @@ static int step_str(const gnode *nd, gframe *f, unsigned char c) {
                 f->lo = 3;
             else
                 return ST_NO;
+            f->hi = c;
         }
         f->count++;
         return ST_OK;
@@ -779,7 +930,106 @@ static int step_str(const gnode *nd, gframe *f, unsigned char c) {
     }
 }
 
+/* Whether a multiple of step lies in [a, b]. */
+static bool has_multiple(int64_t a, int64_t b, int64_t step) {
+    if (a > b) return false;
+    int64_t q = b / step;
+    if (b % step != 0 && b < 0) q--;
+    return q * step >= a;
+}
+
+/* A bounded number's frame: sign in lo, digits before the point in pos
+   (their value in seen), digits after it in hi (their value in count). */
+static int bnum_cost_sign(const gnode *nd, const gframe *f, bool neg) {
+    int64_t S = p10(nd->sd);
+    int64_t A = neg ? -nd->uhi : nd->ulo, B = neg ? -nd->ulo : nd->uhi; /* the magnitudes allowed */
+    if (A < 0) A = 0;
+    if (B < A) return -1;
+    int64_t m = (int64_t)f->seen;
+    int kd = f->phase == N_START || f->phase == N_SIGN ? 0 : f->pos;
+    if (f->phase == N_DOT || f->phase == N_FRAC) {
+        int k = f->hi;
+        int64_t unit = p10(nd->sd - k), lo = m * S + (int64_t)f->count * unit, hi = lo + unit - 1;
+        for (int kf = k > 0 ? k : 1; kf <= nd->sd; kf++)
+            if (has_multiple(lo > A ? lo : A, hi < B ? hi : B, p10(nd->sd - kf))) return kf - k;
+        return -1;
+    }
+    int best = -1, jmax = f->phase == N_ZERO ? 0 : nd->maxd - kd;
+    for (int j = kd == 0 ? 1 : 0; j <= jmax; j++) {
+        int64_t ilo, ihi;
+        if (f->phase == N_ZERO) {
+            ilo = ihi = 0;
+        } else if (kd == 0) {
+            ilo = j == 1 ? 0 : p10(j - 1);
+            ihi = p10(j) - 1;
+        } else {
+            ilo = m * p10(j);
+            ihi = ilo + p10(j) - 1;
+        }
+        int64_t a = ilo * S > A ? ilo * S : A;
+        int c = -1;
+        if (has_multiple(a, ihi * S < B ? ihi * S : B, S)) c = j;
+        for (int kf = 1; c < 0 && kf <= nd->sd; kf++)
+            if (has_multiple(a, (ihi + 1) * S - 1 < B ? (ihi + 1) * S - 1 : B, p10(nd->sd - kf))) c = j + 1 + kf;
+        if (c >= 0 && (best < 0 || c < best)) best = c;
+    }
+    return best;
+}
+
+/* Fewest characters that finish a bounded number from f within its range;
+   -1 when none can. */
+static int bnum_cost(const gnode *nd, const gframe *f) {
+    if (f->phase != N_START) return bnum_cost_sign(nd, f, f->lo != 0);
+    int a = bnum_cost_sign(nd, f, false), b = bnum_cost_sign(nd, f, true);
+    if (b >= 0) b++;
+    return a < 0 ? b : (b < 0 || a <= b) ? a : b;
+}
+
+static int step_bnum(const gnode *nd, gframe *f, unsigned char c) {
+    gframe t = *f;
+    bool digit = c >= '0' && c <= '9';
+    int d = c - '0';
+    switch (t.phase) {
+    case N_START:
+    case N_SIGN:
+        if (c == '-' && t.phase == N_START) {
+            t.lo = 1;
+            t.phase = N_SIGN;
+        } else if (digit) {
+            t.phase = d == 0 ? N_ZERO : N_INT;
+            t.pos = 1;
+            t.seen = (uint64_t)d;
+        } else {
+            return ST_NO;
+        }
+        break;
+    case N_ZERO:
+    case N_INT:
+        if (digit && t.phase == N_INT && t.pos < nd->maxd) {
+            t.seen = t.seen * 10 + (uint64_t)d;
+            t.pos++;
+        } else if (c == '.' && nd->sd > 0) {
+            t.phase = N_DOT;
+        } else {
+            return ST_NO;
+        }
+        break;
+    case N_DOT:
+    case N_FRAC:
+        if (!digit || t.hi >= nd->sd) return ST_NO;
+        t.count = t.count * 10 + d;
+        t.hi++;
+        t.phase = N_FRAC;
+        break;
+    default: return ST_NO;
+    }
+    if (bnum_cost(nd, &t) < 0) return ST_NO;
+    *f = t;
+    return ST_OK;
+}
+
 static int step_num(const gnode *nd, gframe *f, unsigned char c) {
+    if (nd->bounded) return step_bnum(nd, f, c);
     bool digit = c >= '0' && c <= '9', e = (c == 'e' || c == 'E') && !nd->integer, dot = c == '.' && !nd->integer;
     int nx = -1;
     switch (f->phase) {
@@ -794,6 +1044,7 @@ static int step_num(const gnode *nd, gframe *f, unsigned char c) {
     case N_EXP: nx = digit ? N_EXP : -1; break;
     }
     if (nx < 0) return ST_NO;
+    if (nx == N_EXP && ++f->hi > 2) return ST_NO; /* two exponent digits: the value stays finite */
     if (nx == N_INT && ++f->pos > MAX_INT_DIGITS) return ST_NO; /* integers stay exact in doubles and int64 */
     /* the last characters must be able to finish the number */
     if (f->count >= MAX_NUM - 1 && !(nx == N_ZERO || nx == N_INT || nx == N_FRAC || nx == N_EXP)) return ST_NO;
@@ -803,9 +1054,36 @@ static int step_num(const gnode *nd, gframe *f, unsigned char c) {
     return ST_OK;
 }
 
+/* Raw text (K_TEXT): valid UTF-8 without '<' or control characters but
+   line breaks and tabs; lo: continuation bytes owed, hi: the lead byte. */
+static int step_text(gframe *f, unsigned char c) {
+    if (f->lo > 0) {
+        unsigned lo = 0x80, hi = 0xbf;
+        if (f->hi == 0xe0) lo = 0xa0;
+        else if (f->hi == 0xed) hi = 0x9f;
+        else if (f->hi == 0xf0) lo = 0x90;
+        else if (f->hi == 0xf4) hi = 0x8f;
+        if (c < lo || c > hi) return ST_NO;
+        f->lo--;
+        f->hi = 0;
+        return ST_OK;
+    }
+    if (c == '<' || (c < 0x20 && c != '\n' && c != '\t')) return ST_NO;
+    if (c >= 0x80) {
+        if (c >= 0xc2 && c <= 0xdf) f->lo = 1;
+        else if (c >= 0xe0 && c <= 0xef) f->lo = 2;
+        else if (c >= 0xf0 && c <= 0xf4) f->lo = 3;
+        else return ST_NO;
+        f->hi = c;
+    }
+    f->count++;
+    return ST_OK;
+}
+
 static int step(const ember_grammar *g, gstate *s, gframe *f, unsigned char c) {
     const gnode *nd = &g->nodes[f->node];
     switch (nd->kind) {
+    case K_TEXT: return step_text(f, c);
     case K_LIT:
         if (f->pos < nd->len && (unsigned char)nd->text[f->pos] == c) {
             f->pos++;
@@ -873,39 +1151,408 @@ static bool complete(const ember_grammar *g, const gstate *s) {
     return true;
 }
 
-/* ---- the vocabulary's trie ------------------------------------------------------------------------ */
+/* ---- lengths: the fewest bytes that finish a value, a frame, a state -------------------------------- */
+
+static int sat_add(int a, int b) {
+    return a + b > BIG_LEN ? BIG_LEN : a + b;
+}
+
+/* A property's fewest bytes: "key": and its value. */
+static int prop_min(const ember_grammar *g, const gnode *nd, int k) {
+    return sat_add((int)nd->klen[k] + 3, g->nodes[nd->kids[k]].minlen);
+}
+
+/* The fewest bytes of a node's value from its parts' current minlen. */
+static int node_min(const ember_grammar *g, const gnode *nd) {
+    int v = 0;
+    switch (nd->kind) {
+    case K_LIT: return (int)nd->len;
+    case K_SEQ:
+        for (int i = 0; i < nd->n; i++) v = sat_add(v, g->nodes[nd->kids[i]].minlen);
+        return v;
+    case K_CHOICE:
+        v = BIG_LEN;
+        for (int i = 0; i < nd->n; i++) {
+            int c = sat_add((int)nd->klen[i], nd->next[i] >= 0 ? g->nodes[nd->next[i]].minlen : 0);
+            if (c < v) v = c;
+        }
+        return v;
+    case K_UNION:
+        v = BIG_LEN;
+        for (int i = 0; i < nd->n; i++)
+            if (g->nodes[nd->kids[i]].minlen < v) v = g->nodes[nd->kids[i]].minlen;
+        return v;
+    case K_OBJ: {
+        if (nd->free_obj) return 2;
+        int r = 0;
+        v = 2;
+        for (int k = 0; k < nd->n; k++)
+            if (nd->required >> k & 1) {
+                v = sat_add(v, prop_min(g, nd, k));
+                r++;
+            }
+        return sat_add(v, r > 0 ? r - 1 : 0);
+    }
+    case K_ARR:
+        if (nd->lo <= 0) return 2;
+        return sat_add(2, (int)((int64_t)nd->lo * (g->nodes[nd->item].minlen + 1) - 1 > BIG_LEN
+                                    ? BIG_LEN
+                                    : (int64_t)nd->lo * (g->nodes[nd->item].minlen + 1) - 1));
+    case K_STR: return nd->rx ? 2 + ember_rx_dist(nd->rx, 1) : sat_add(2, nd->lo);
+    case K_TEXT: return 0;
+    case K_NUM: {
+        if (!nd->bounded) return 1;
+        gframe f;
+        memset(&f, 0, sizeof f);
+        int c = bnum_cost(nd, &f);
+        return c < 0 ? BIG_LEN : c;
+    }
+    }
+    return BIG_LEN;
+}
+
+/* Every node's minlen, to the fixed point (nodes may refer to later ones:
+   any_value's union is made before its parts). */
+static void compute_minlen(ember_grammar *g) {
+    for (int i = 0; i < g->n; i++) g->nodes[i].minlen = BIG_LEN;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int i = 0; i < g->n; i++) {
+            int v = node_min(g, &g->nodes[i]);
+            if (v < g->nodes[i].minlen) {
+                g->nodes[i].minlen = v;
+                changed = true;
+            }
+        }
+    }
+}
+
+/* The required properties not yet written: their bytes (each with the comma
+   before it) and how many. */
+static int req_rest(const ember_grammar *g, const gnode *nd, uint64_t seen, int skip) {
+    int v = 0;
+    for (int k = 0; k < nd->n; k++)
+        if ((nd->required >> k & 1) && !(seen >> k & 1) && k != skip) v = sat_add(v, prop_min(g, nd, k) + 1);
+    return v;
+}
+
+static int obj_rest(const ember_grammar *g, const gnode *nd, const gframe *f) {
+    if (nd->free_obj) {
+        static const int k_free[] = {[O_OPEN] = 2, [O_FIRST] = 1, [O_KEY] = 4, [O_COLON] = 3, [O_VAL] = 2,
+                                     [O_AFTER] = 1, [O_NEXT] = 5, [O_DONE] = 0};
+        return k_free[f->phase];
+    }
+    int rest = req_rest(g, nd, f->seen, -1);
+    switch (f->phase) {
+    case O_OPEN: return nd->minlen;
+    case O_FIRST: return rest > 0 ? rest : 1; /* the first property has no comma: rest - 1 + 1 */
+    case O_NEXT: {
+        if (rest > 0) return rest; /* a property is due: the comma is written */
+        int v = BIG_LEN;
+        for (int k = 0; k < nd->n; k++)
+            if (!(f->seen >> k & 1) && prop_min(g, nd, k) + 1 < v) v = prop_min(g, nd, k) + 1;
+        return v;
+    }
+    case O_KEY: {
+        int v = BIG_LEN;
+        for (int k = f->lo; k < f->hi; k++) {
+            if ((f->seen >> k & 1) || nd->klen[k] < f->pos) continue;
+            int c = sat_add((int)(nd->klen[k] - f->pos) + 2, g->nodes[nd->kids[k]].minlen);
+            c = sat_add(c, req_rest(g, nd, f->seen, k) + 1);
+            if (c < v) v = c;
+        }
+        return v;
+    }
+    case O_COLON: return sat_add(1 + g->nodes[nd->kids[f->count]].minlen, rest + 1);
+    case O_VAL: return sat_add(g->nodes[nd->kids[f->count]].minlen, rest + 1);
+    case O_AFTER: return rest + 1;
+    default: return 0;
+    }
+}
+
+static int arr_rest(const ember_grammar *g, const gnode *nd, const gframe *f) {
+    int64_t mi = g->nodes[nd->item].minlen, v;
+    switch (f->phase) {
+    case A_OPEN: return nd->minlen;
+    case A_FIRST: v = nd->lo == 0 ? 1 : (int64_t)nd->lo * (mi + 1); break;
+    case A_NEXT: {
+        int64_t k = nd->lo - f->count > 1 ? nd->lo - f->count : 1;
+        v = k * (mi + 1);
+        break;
+    }
+    case A_AFTER: {
+        int64_t k = nd->lo - f->count > 0 ? nd->lo - f->count : 0;
+        v = k * (mi + 1) + 1;
+        break;
+    }
+    default: return 0;
+    }
+    return v > BIG_LEN ? BIG_LEN : (int)v;
+}
+
+static int str_rest(const gnode *nd, const gframe *f) {
+    if (f->phase == S_OPEN) return nd->minlen;
+    if (f->phase == S_DONE) return 0;
+    if (nd->rx) return ember_rx_dist(nd->rx, f->seen) + 1;
+    int need = nd->lo - f->count > 0 ? nd->lo - f->count : 0;
+    if (f->phase == S_IN) return f->lo + need + 1;
+    if (f->phase == S_ESC) return need + 2;
+    return f->pos + need + 1; /* S_HEX */
+}
+
+/* The fewest bytes that finish frame f once the frames above it are done. */
+static int frame_rest(const ember_grammar *g, const gframe *f) {
+    const gnode *nd = &g->nodes[f->node];
+    int v = 0;
+    switch (nd->kind) {
+    case K_LIT: return (int)(nd->len - f->pos);
+    case K_SEQ:
+        for (int i = f->pos; i < nd->n; i++) v = sat_add(v, g->nodes[nd->kids[i]].minlen);
+        return v;
+    case K_CHOICE:
+        v = BIG_LEN;
+        for (int k = f->lo; k < f->hi; k++) {
+            if (nd->klen[k] < f->pos) continue;
+            int c = sat_add((int)(nd->klen[k] - f->pos), nd->next[k] >= 0 ? g->nodes[nd->next[k]].minlen : 0);
+            if (c < v) v = c;
+        }
+        return v;
+    case K_UNION: return nd->minlen;
+    case K_OBJ: return obj_rest(g, nd, f);
+    case K_ARR: return arr_rest(g, nd, f);
+    case K_STR: return str_rest(nd, f);
+    case K_TEXT: return f->lo;
+    case K_NUM:
+        if (nd->bounded) {
+            int c = bnum_cost(nd, f);
+            return c < 0 ? BIG_LEN : c;
+        }
+        return frame_done(g, f) ? 0 : 1;
+    }
+    return BIG_LEN;
+}
+
+/* The fewest bytes that finish the whole state. */
+static int state_cost(const ember_grammar *g, const gstate *s) {
+    int v = 0;
+    for (int i = 0; i < s->n; i++) v = sat_add(v, frame_rest(g, &s->f[i]));
+    return v;
+}
+
+/* ---- the vocabulary's tries ---------------------------------------------------------------------- */
+
+/* A trie of byte strings in depth-first order: node i holds the byte into
+   it, its depth (1 for a first byte), the node after its subtree, and the
+   ids of the strings ending there (ends[tstart .. tstart + tcount)). */
+typedef struct gtrie {
+    int nn;
+    uint8_t *byte;
+    uint8_t *depth;
+    int32_t *skip;
+    int32_t *tstart;
+    int32_t *tcount;
+    int32_t *ends;
+} gtrie;
+
+/* What a token does inside a string, read from one of two string phases
+   (in the text, or just after a backslash): the fast mask of a free string
+   (see mask_string). */
+enum { SC_NO, SC_STAY, SC_CLOSE };
+#define N_SPH 2
+
+typedef struct gstr {
+    uint8_t *cls;   /* [n] SC_*: refused, stays in the string, closes it */
+    uint8_t *cps;   /* [n] code points the token adds before the closing quote (saturated at 255) */
+    uint8_t *stay;  /* [n] 1 where cls is SC_STAY (copied into the mask as is) */
+    uint8_t *pend;  /* [n] SC_STAY: bytes the token leaves owed (a UTF-8 sequence, an escape) */
+    uint8_t *scap;  /* [n] SC_STAY: cps; 255 otherwise (one compare against the room left) */
+    uint8_t *spend; /* [n] SC_STAY: pend; 255 otherwise (one compare against a tight budget) */
+    int n_stay;
+    int32_t *close0; /* ids that close the string with nothing after the quote */
+    int n_close0;
+    gtrie after;     /* the other closing ids, by the bytes after their quote */
+} gstr;
 
 struct ember_gvocab {
     int n;               /* ids */
-    int nn;              /* trie nodes, in depth-first order */
-    uint8_t *byte;       /* [nn] the byte into the node */
-    uint8_t *depth;      /* [nn] 1 for a first byte */
-    int32_t *skip;       /* [nn] the node after this one's subtree */
-    int32_t *tstart;     /* [nn] tokens ending here: ends[tstart .. tstart + tcount) */
-    int32_t *tcount;
-    int32_t *ends;       /* token ids */
+    gtrie t;             /* every token's bytes */
     int32_t *end_ids;    /* ids that end the output */
     int n_end;
     char **tok;          /* [n] each id's bytes (NULL: never) */
     uint8_t *tlen;
+    gstr str[N_SPH];     /* inside a string: S_IN, S_ESC */
+    /* tokens that begin with white space (see mask_ws) */
+    uint8_t *wsk;        /* [n] white-space bytes each token begins with */
+    int32_t *pure_ws;    /* ids of white space only */
+    int n_pure_ws;
+    gtrie ws_rest;       /* the others, by their bytes after the white space */
 };
+
+static void trie_free(gtrie *t) {
+    free(t->byte);
+    free(t->depth);
+    free(t->skip);
+    free(t->tstart);
+    free(t->tcount);
+    free(t->ends);
+}
 
 void ember_gvocab_free(ember_gvocab *v) {
     if (!v) return;
-    free(v->byte);
-    free(v->depth);
-    free(v->skip);
-    free(v->tstart);
-    free(v->tcount);
-    free(v->ends);
+    trie_free(&v->t);
+    trie_free(&v->ws_rest);
+    free(v->wsk);
+    free(v->pure_ws);
     free(v->end_ids);
     for (int i = 0; v->tok && i < v->n; i++) free(v->tok[i]);
     free(v->tok);
     free(v->tlen);
+    for (int k = 0; k < N_SPH; k++) {
+        free(v->str[k].cls);
+        free(v->str[k].cps);
+        free(v->str[k].stay);
+        free(v->str[k].pend);
+        free(v->str[k].scap);
+        free(v->str[k].spend);
+        free(v->str[k].close0);
+        trie_free(&v->str[k].after);
+    }
     free(v);
 }
 
-static void isort_tokens(const ember_gvocab *v, int32_t *ids, int n);
+static void sort_strings(const char *const *b, const uint8_t *l, int32_t *ids, int n);
+
+/* Builds t over the m strings b[ids[i]] (lengths l[], 1..MAX_TOKEN bytes);
+   ids is sorted in place. 0, or -1 when out of memory. */
+static int trie_build(gtrie *t, const char *const *b, const uint8_t *l, int32_t *ids, int m) {
+    size_t total = 0;
+    for (int i = 0; i < m; i++) total += l[ids[i]];
+    sort_strings(b, l, ids, m);
+    t->byte = ember_malloc(total + 1);
+    t->depth = ember_malloc(total + 1);
+    t->skip = ember_malloc((total + 1) * sizeof *t->skip);
+    t->tstart = ember_malloc((total + 1) * sizeof *t->tstart);
+    t->tcount = ember_calloc(total + 1, sizeof *t->tcount);
+    t->ends = ember_malloc(((size_t)m + 1) * sizeof *t->ends);
+    if (!t->byte || !t->depth || !t->skip || !t->tstart || !t->tcount || !t->ends) return -1;
+    int32_t open[MAX_TOKEN + 1]; /* the node at each depth of the current path */
+    int nn = 0, prev = -1, ne = 0;
+    for (int i = 0; i < m; i++) {
+        int id = ids[i];
+        size_t len = l[id], lcp = 0;
+        if (prev >= 0)
+            while (lcp < len && lcp < l[prev] && b[prev][lcp] == b[id][lcp]) lcp++;
+        if (prev >= 0) /* nodes deeper than the shared prefix are closed: their subtree ends here */
+            for (size_t d = lcp + 1; d <= l[prev]; d++) t->skip[open[d]] = nn;
+        for (size_t d = lcp + 1; d <= len; d++) {
+            t->byte[nn] = (uint8_t)b[id][d - 1];
+            t->depth[nn] = (uint8_t)d;
+            t->tstart[nn] = ne;
+            open[d] = nn++;
+        }
+        int at = open[len];
+        if (t->tcount[at] == 0) t->tstart[at] = ne;
+        t->ends[ne++] = id;
+        t->tcount[at]++;
+        prev = id;
+    }
+    if (prev >= 0)
+        for (size_t d = 1; d <= l[prev]; d++) t->skip[open[d]] = nn;
+    t->nn = nn;
+    return 0;
+}
+
+/* Classifies every token read inside a free string from phase ph (S_IN or
+   S_ESC) into s: the same steps as step_str, so the fast mask agrees with
+   the walk byte for byte. 0, or -1 when out of memory. */
+static int str_classes(ember_gvocab *v, int ph, gstr *s) {
+    s->cls = ember_calloc((size_t)v->n, 1);
+    s->cps = ember_calloc((size_t)v->n, 1);
+    s->stay = ember_calloc((size_t)v->n, 1);
+    s->pend = ember_calloc((size_t)v->n, 1);
+    s->scap = ember_malloc((size_t)v->n);
+    s->spend = ember_malloc((size_t)v->n);
+    s->close0 = ember_malloc((size_t)v->n * sizeof *s->close0);
+    int32_t *ids = ember_malloc((size_t)v->n * sizeof *ids);
+    const char **suf = ember_calloc((size_t)v->n, sizeof *suf);
+    uint8_t *slen = ember_calloc((size_t)v->n, 1);
+    int rc = -1, m = 0;
+    if (!s->cls || !s->cps || !s->stay || !s->pend || !s->scap || !s->spend || !s->close0 || !ids || !suf || !slen)
+        goto out;
+    memset(s->scap, 255, (size_t)v->n);
+    memset(s->spend, 255, (size_t)v->n);
+    gnode free_str;
+    memset(&free_str, 0, sizeof free_str);
+    free_str.kind = K_STR;
+    free_str.hi = -1;
+    for (int id = 0; id < v->n; id++) {
+        if (!v->tok[id]) continue;
+        gframe f;
+        memset(&f, 0, sizeof f);
+        f.phase = (uint8_t)ph;
+        int q = -1, r = ST_OK;
+        for (int i = 0; i < v->tlen[id] && r == ST_OK && q < 0; i++) {
+            r = step_str(&free_str, &f, (unsigned char)v->tok[id][i]);
+            if (r == ST_OK && f.phase == S_DONE) q = i;
+        }
+        if (r != ST_OK) continue;
+        s->cps[id] = (uint8_t)(f.count > 255 ? 255 : f.count);
+        if (q < 0) {
+            s->cls[id] = SC_STAY;
+            s->stay[id] = 1;
+            s->pend[id] = (uint8_t)(f.phase == S_ESC ? 1 : f.phase == S_HEX ? f.pos : f.lo);
+            s->scap[id] = s->cps[id] < 254 ? s->cps[id] : 254;
+            s->spend[id] = s->pend[id];
+            s->n_stay++;
+        } else if (q + 1 == v->tlen[id]) {
+            s->cls[id] = SC_CLOSE;
+            s->close0[s->n_close0++] = id;
+        } else {
+            s->cls[id] = SC_CLOSE;
+            suf[id] = v->tok[id] + q + 1;
+            slen[id] = (uint8_t)(v->tlen[id] - q - 1);
+            ids[m++] = id;
+        }
+    }
+    rc = trie_build(&s->after, suf, slen, ids, m);
+out:
+    free(ids);
+    free(suf);
+    free(slen);
+    return rc;
+}
+
+/* The white-space tables of mask_ws: each token's leading white space, the
+   ids of white space only, a trie of the others' bytes after it. 0, or -1
+   when out of memory. */
+static int ws_tables(ember_gvocab *v) {
+    v->wsk = ember_calloc((size_t)v->n, 1);
+    v->pure_ws = ember_malloc((size_t)v->n * sizeof *v->pure_ws);
+    int32_t *ids = ember_malloc((size_t)v->n * sizeof *ids);
+    const char **rest = ember_calloc((size_t)v->n, sizeof *rest);
+    uint8_t *rlen = ember_calloc((size_t)v->n, 1);
+    int rc = -1, m = 0;
+    if (v->wsk && v->pure_ws && ids && rest && rlen) {
+        for (int id = 0; id < v->n; id++) {
+            int k = 0;
+            while (v->tok[id] && k < v->tlen[id] && is_ws((unsigned char)v->tok[id][k])) k++;
+            if (k == 0) continue;
+            v->wsk[id] = (uint8_t)k;
+            if (k == v->tlen[id]) {
+                v->pure_ws[v->n_pure_ws++] = id;
+                continue;
+            }
+            rest[id] = v->tok[id] + k;
+            rlen[id] = (uint8_t)(v->tlen[id] - k);
+            ids[m++] = id;
+        }
+        rc = trie_build(&v->ws_rest, rest, rlen, ids, m);
+    }
+    free(ids);
+    free(rest);
+    free(rlen);
+    return rc;
+}
 
 int ember_gvocab_new(int n, const char *const *bytes, const size_t *lens, const bool *end, ember_gvocab **out,
                      ember_error *err) {
@@ -918,7 +1565,6 @@ int ember_gvocab_new(int n, const char *const *bytes, const size_t *lens, const 
     v->tlen = ember_calloc((size_t)n, 1);
     v->end_ids = ember_malloc((size_t)n * sizeof *v->end_ids);
     int32_t *order = ember_malloc((size_t)n * sizeof *order);
-    size_t total = 0;
     int m = 0;
     bool oom = !v->tok || !v->tlen || !v->end_ids || !order;
     for (int i = 0; i < n && !oom; i++) {
@@ -932,60 +1578,26 @@ int ember_gvocab_new(int n, const char *const *bytes, const size_t *lens, const 
         memcpy(v->tok[i], bytes[i], lens[i]);
         v->tlen[i] = (uint8_t)lens[i];
         order[m++] = i;
-        total += lens[i];
     }
-    if (!oom) {
-        isort_tokens(v, order, m);
-        v->byte = ember_malloc(total + 1);
-        v->depth = ember_malloc(total + 1);
-        v->skip = ember_malloc((total + 1) * sizeof *v->skip);
-        v->tstart = ember_malloc((total + 1) * sizeof *v->tstart);
-        v->tcount = ember_calloc(total + 1, sizeof *v->tcount);
-        v->ends = ember_malloc(((size_t)m + 1) * sizeof *v->ends);
-        oom = !v->byte || !v->depth || !v->skip || !v->tstart || !v->tcount || !v->ends;
-    }
+    if (!oom) oom = trie_build(&v->t, (const char *const *)v->tok, v->tlen, order, m) != 0;
+    if (!oom) oom = str_classes(v, S_IN, &v->str[0]) != 0 || str_classes(v, S_ESC, &v->str[1]) != 0;
+    if (!oom) oom = ws_tables(v) != 0;
+    free(order);
     if (oom) {
-        free(order);
         ember_gvocab_free(v);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
-    int32_t open[MAX_TOKEN + 1]; /* the node at each depth of the current path */
-    int nn = 0, prev = -1, ne = 0;
-    for (int t = 0; t < m; t++) {
-        int id = order[t];
-        size_t l = v->tlen[id], lcp = 0;
-        if (prev >= 0)
-            while (lcp < l && lcp < v->tlen[prev] && v->tok[prev][lcp] == v->tok[id][lcp]) lcp++;
-        if (prev >= 0) /* nodes deeper than the shared prefix are closed: their subtree ends here */
-            for (size_t d = lcp + 1; d <= v->tlen[prev]; d++) v->skip[open[d]] = nn;
-        for (size_t d = lcp + 1; d <= l; d++) {
-            v->byte[nn] = (uint8_t)v->tok[id][d - 1];
-            v->depth[nn] = (uint8_t)d;
-            v->tstart[nn] = ne;
-            open[d] = nn++;
-        }
-        int at = open[l];
-        if (v->tcount[at] == 0) v->tstart[at] = ne;
-        v->ends[ne++] = id;
-        v->tcount[at]++;
-        prev = id;
-    }
-    if (prev >= 0)
-        for (size_t d = 1; d <= v->tlen[prev]; d++) v->skip[open[d]] = nn;
-    v->nn = nn;
-    free(order);
     *out = v;
     return EMBER_OK;
 }
 
-/* Sorts ids by their bytes (merge sort: no global comparator state). */
-static void isort_tokens(const ember_gvocab *v, int32_t *ids, int n) {
+/* Sorts ids by their strings (merge sort: no global comparator state). */
+static void sort_strings(const char *const *b, const uint8_t *l, int32_t *ids, int n) {
     if (n < 2) return;
     int32_t *tmp = ember_malloc((size_t)n * sizeof *tmp);
     if (!tmp) { /* fall back to an in-place insertion sort */
         for (int i = 1; i < n; i++)
-            for (int j = i; j > 0 && cmp_key(v->tok[ids[j - 1]], v->tlen[ids[j - 1]], v->tok[ids[j]], v->tlen[ids[j]]) > 0;
-                 j--) {
+            for (int j = i; j > 0 && cmp_key(b[ids[j - 1]], l[ids[j - 1]], b[ids[j]], l[ids[j]]) > 0; j--) {
                 int32_t t = ids[j];
                 ids[j] = ids[j - 1];
                 ids[j - 1] = t;
@@ -996,8 +1608,7 @@ static void isort_tokens(const ember_gvocab *v, int32_t *ids, int n) {
         for (int lo = 0; lo < n; lo += 2 * w) {
             int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n, i = lo, j = mid, k = lo;
             while (i < mid && j < hi)
-                tmp[k++] = cmp_key(v->tok[ids[i]], v->tlen[ids[i]], v->tok[ids[j]], v->tlen[ids[j]]) <= 0 ? ids[i++]
-                                                                                                        : ids[j++];
+                tmp[k++] = cmp_key(b[ids[i]], l[ids[i]], b[ids[j]], l[ids[j]]) <= 0 ? ids[i++] : ids[j++];
             while (i < mid) tmp[k++] = ids[i++];
             while (j < hi) tmp[k++] = ids[j++];
         }
@@ -1050,30 +1661,201 @@ bool ember_gmatch_complete(const ember_gmatch *m) {
     return complete(m->g, &m->st);
 }
 
-int ember_gmatch_mask(ember_gmatch *m, float *logits, int n) {
-    const ember_gvocab *v = m->v;
-    memset(m->allow, 0, (size_t)v->n);
+int ember_gmatch_min_bytes(const ember_gmatch *m) {
+    return state_cost(m->g, &m->st);
+}
+
+/* Allows, in m->allow, the ids of trie t that start's state takes, each
+   only when cps is NULL or need <= cps[id] <= room, and (left < NO_LEFT)
+   when the grammar can still finish in left - 2 tokens after it; no_ws:
+   not the tokens that begin with white space. Returns how many it allowed. */
+static int walk(ember_gmatch *m, const gtrie *t, const gstate *start, const uint8_t *cps, int need, int room,
+                int left, bool no_ws) {
     int allowed = 0;
-    copy_state(&m->lvl[0], &m->st);
-    for (int i = 0; i < v->nn;) {
-        int d = v->depth[i];
-        copy_state(&m->lvl[d], &m->lvl[d - 1]);
-        if (!feed(m->g, &m->lvl[d], v->byte[i])) {
-            i = v->skip[i];
+    copy_state(&m->lvl[0], start);
+    for (int i = 0; i < t->nn;) {
+        int d = t->depth[i];
+        if (no_ws && d == 1 && is_ws(t->byte[i])) {
+            i = t->skip[i];
             continue;
         }
-        for (int k = 0; k < v->tcount[i]; k++) m->allow[v->ends[v->tstart[i] + k]] = 1;
-        allowed += v->tcount[i];
+        copy_state(&m->lvl[d], &m->lvl[d - 1]);
+        if (!feed(m->g, &m->lvl[d], t->byte[i])) {
+            i = t->skip[i];
+            continue;
+        }
+        if (t->tcount[i] && (left >= NO_LEFT || state_cost(m->g, &m->lvl[d]) <= left - 2))
+            for (int k = 0; k < t->tcount[i]; k++) {
+                int32_t id = t->ends[t->tstart[i] + k];
+                if (cps && (cps[id] < need || cps[id] > room)) continue;
+                m->allow[id] = 1;
+                allowed++;
+            }
         i++;
+    }
+    return allowed;
+}
+
+/* allow[i]: a staying token within room code points. Returns how many. */
+static int allow_room(uint8_t *restrict allow, const gstr *s, int n, int room) {
+    const uint8_t *restrict scap = s->scap;
+    uint8_t r = (uint8_t)(room > 254 ? 254 : room);
+    int allowed = 0;
+    for (int i = 0; i < n; i++) {
+        allow[i] = scap[i] <= r;
+        allowed += allow[i];
+    }
+    return allowed;
+}
+
+/* allow[i]: a staying token within room whose owed bytes, less the code
+   points it adds towards minLength (need), fit in slack. */
+static int allow_tight(uint8_t *restrict allow, const gstr *s, int n, int room, int slack, int need) {
+    int allowed = 0;
+    if (need == 0) { /* the common case: two compares */
+        const uint8_t *restrict spend = s->spend, *restrict scap = s->scap;
+        uint8_t r = (uint8_t)(room > 254 ? 254 : room < 0 ? 0 : room);
+        uint8_t sl = (uint8_t)(slack > 254 ? 254 : slack);
+        if (slack < 0 || room < 0) {
+            memset(allow, 0, (size_t)n);
+            return 0;
+        }
+        for (int i = 0; i < n; i++) {
+            allow[i] = (spend[i] <= sl) & (scap[i] <= r);
+            allowed += allow[i];
+        }
+        return allowed;
+    }
+    for (int i = 0; i < n; i++) {
+        int gain = s->cps[i] < need ? s->cps[i] : need;
+        uint8_t ok = s->stay[i] && s->cps[i] <= room && s->pend[i] - gain <= slack;
+        allow[i] = ok;
+        allowed += ok;
+    }
+    return allowed;
+}
+
+/* The fast mask inside a free string (no pattern, no maxLength within
+   reach): every token that stays in the string is allowed whatever
+   surrounds it (a table made with the vocabulary; on a tight budget, those
+   whose owed bytes fit); only the tokens that close it are walked, by their
+   bytes after the quote, from the state with the string finished. Returns
+   the ids allowed, or -1 when the state is not such a string. Gives exactly
+   what walk gives. */
+static int mask_string(ember_gmatch *m, int left) {
+    const gframe *f = &m->st.f[m->st.n - 1];
+    const gnode *nd = &m->g->nodes[f->node];
+    if (nd->kind != K_STR || nd->rx) return -1;
+    int ph = f->phase == S_IN && f->lo == 0 ? 0 : f->phase == S_ESC ? 1 : -1;
+    if (ph < 0) return -1;
+    const gstr *s = &m->v->str[ph];
+    int allowed = s->n_stay, need = nd->lo - f->count, cost = left < NO_LEFT ? state_cost(m->g, &m->st) : 0;
+    int room = nd->hi >= 0 ? nd->hi - f->count : 1 << 20; /* code points maxLength still allows */
+    bool tight = left < NO_LEFT && cost + 8 > left - 2;
+    if (tight || room < MAX_TOKEN + 2) {
+        /* within room; on a tight budget, a staying token changes the cost
+           by its owed bytes less the code points it adds towards minLength */
+        int slack = tight ? left - 2 - cost : 1 << 20, nd_need = need > 0 ? need : 0;
+        allowed = tight ? allow_tight(m->allow, s, m->v->n, room, slack, nd_need)
+                        : allow_room(m->allow, s, m->v->n, room);
+    } else {
+        memcpy(m->allow, s->stay, (size_t)m->v->n);
+    }
+    gstate *done = &m->lvl[MAX_TOKEN]; /* the string closed (popped at the next byte) */
+    copy_state(done, &m->st);
+    done->f[done->n - 1].phase = S_DONE;
+    if (left >= NO_LEFT || state_cost(m->g, done) <= left - 2)
+        for (int k = 0; k < s->n_close0; k++)
+            if (s->cps[s->close0[k]] >= need && s->cps[s->close0[k]] <= room) {
+                m->allow[s->close0[k]] = 1;
+                allowed++;
+            }
+    gstate start;
+    copy_state(&start, done);
+    return allowed + walk(m, &s->after, &start, s->cps, need, room, left, false);
+}
+
+/* The mask where white space goes to an object's or array's frame (between
+   tokens of JSON): the trie walk skips the tokens that begin with white
+   space, which would each be walked through their white space for nothing;
+   those are allowed by tables instead: white space only when it fits in
+   the run left (MAX_WS), the others by a walk of their bytes after the
+   white space, from the state after one space (the white space changes
+   nothing but the run's count). Elsewhere, the plain walk. Fills m->allow
+   (cleared first); returns the ids allowed. Gives exactly what walk gives. */
+static int mask_ws(ember_gmatch *m, int left) {
+    const ember_gvocab *v = m->v;
+    memset(m->allow, 0, (size_t)v->n);
+    gstate w, w2;
+    copy_state(&w, &m->st);
+    copy_state(&w2, &m->st);
+    bool fast = feed(m->g, &w, ' ') && feed(m->g, &w2, '\n') && w.n == w2.n &&
+                !memcmp(w.f, w2.f, (size_t)w.n * sizeof *w.f);
+    if (fast) {
+        const gnode *nd = &m->g->nodes[w.f[w.n - 1].node];
+        fast = nd->kind == K_OBJ || nd->kind == K_ARR;
+    }
+    if (!fast) return walk(m, &v->t, &m->st, NULL, 0, 0, left, false);
+    int allowed = walk(m, &v->t, &m->st, NULL, 0, 0, left, true);
+    int room = MAX_WS - w.f[w.n - 1].ws + 1; /* white-space bytes a token may begin with */
+    if (left >= NO_LEFT || state_cost(m->g, &w) <= left - 2)
+        for (int k = 0; k < v->n_pure_ws; k++)
+            if (v->wsk[v->pure_ws[k]] <= room) {
+                m->allow[v->pure_ws[k]] = 1;
+                allowed++;
+            }
+    return allowed + walk(m, &v->ws_rest, &w, v->wsk, 0, room, left, false);
+}
+
+/* logits[i] = -inf where al[i] is 0, eight ids at a time: skipped where
+   all are allowed (the common case inside a string), branch-free where
+   some are. */
+static void apply_mask(float *restrict lg, const uint8_t *restrict al, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, al + i, 8);
+        if (w == 0x0101010101010101ull) continue;
+#if defined(__SSE2__)
+        /* the eight bytes widened to lanes of all ones where refused, then a select */
+        const __m128i zero = _mm_setzero_si128(), ninf = _mm_set1_epi32((int)0xff800000u);
+        __m128i b16 = _mm_unpacklo_epi8(_mm_cvtsi64_si128((long long)w), zero);
+        __m128i lo = _mm_cmpeq_epi32(_mm_unpacklo_epi16(b16, zero), zero);
+        __m128i hi = _mm_cmpeq_epi32(_mm_unpackhi_epi16(b16, zero), zero);
+        __m128 x0 = _mm_loadu_ps(lg + i), x1 = _mm_loadu_ps(lg + i + 4);
+        x0 = _mm_or_ps(_mm_andnot_ps(_mm_castsi128_ps(lo), x0), _mm_and_ps(_mm_castsi128_ps(lo), _mm_castsi128_ps(ninf)));
+        x1 = _mm_or_ps(_mm_andnot_ps(_mm_castsi128_ps(hi), x1), _mm_and_ps(_mm_castsi128_ps(hi), _mm_castsi128_ps(ninf)));
+        _mm_storeu_ps(lg + i, x0);
+        _mm_storeu_ps(lg + i + 4, x1);
+#else
+        for (int k = 0; k < 8; k++) lg[i + k] = al[i + k] ? lg[i + k] : -INFINITY;
+#endif
+    }
+    for (; i < n; i++)
+        if (!al[i]) lg[i] = -INFINITY;
+}
+
+int ember_gmatch_mask_left(ember_gmatch *m, float *logits, int n, int left) {
+    const ember_gvocab *v = m->v;
+    if (left < 1) left = 1;
+    if (left < NO_LEFT && state_cost(m->g, &m->st) > left - 1) left = NO_LEFT; /* too late to steer: no budget */
+    int allowed = m->st.n > 0 ? mask_string(m, left) : -1;
+    if (allowed < 0) {
+        memset(m->allow, 0, (size_t)v->n);
+        allowed = mask_ws(m, left);
     }
     if (allowed == 0 || complete(m->g, &m->st))
         for (int k = 0; k < v->n_end; k++) {
             allowed += !m->allow[v->end_ids[k]];
             m->allow[v->end_ids[k]] = 1;
         }
-    for (int i = 0; i < n; i++)
-        if (i >= v->n || !m->allow[i]) logits[i] = -INFINITY;
+    apply_mask(logits, m->allow, n < v->n ? n : v->n);
+    for (int i = v->n; i < n; i++) logits[i] = -INFINITY;
     return allowed;
+}
+
+int ember_gmatch_mask(ember_gmatch *m, float *logits, int n) {
+    return ember_gmatch_mask_left(m, logits, n, NO_LEFT);
 }
 
 bool ember_gmatch_feed(ember_gmatch *m, const char *s, size_t n) {

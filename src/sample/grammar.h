@@ -27,8 +27,18 @@
  * before the point), enum / const values exactly as JSON writes them compactly, booleans, null; between
  * tokens at most 16 white-space characters in a row. anyOf / oneOf / type
  * lists whose branches begin with different characters; $ref to
- * #/$defs/... or #/definitions/..., not recursive. Everything else that
- * constrains a value (pattern, format, minimum, ...) is refused naming it.
+ * #/$defs/... or #/definitions/..., not recursive. minimum / maximum /
+ * exclusiveMinimum / exclusiveMaximum: integers of at most 15 digits,
+ * numbers of at most 9 digits before the point and 6 after, no exponent,
+ * every prefix able to end within the range. pattern (regex.h): strings of
+ * printable ASCII matching it. Everything else that constrains a value
+ * (format, multipleOf, ...) is refused naming it.
+ *
+ * A token budget (ember_gmatch_mask_left) steers the output to finish in
+ * time: a token is allowed only when the grammar can still be completed,
+ * then ended, in the tokens left, counting one token per byte of the
+ * shortest completion (every byte a grammar needs has a one-byte token in
+ * byte-level vocabularies).
  */
 #ifndef EMBER_SAMPLE_GRAMMAR_H
 #define EMBER_SAMPLE_GRAMMAR_H
@@ -68,6 +78,10 @@ int ember_grammar_choice(ember_grammar *g, const char *const *heads, const int *
    the schema itself). where names the schema in messages ("tools[0].parameters"). */
 int ember_grammar_schema(ember_grammar *g, const json_t *schema, const json_t *defs, const char *where,
                          ember_error *err);
+/* Raw text (a Qwen3-Coder parameter's value): any valid UTF-8 without '<'
+   or control characters other than line breaks and tabs, as long as it
+   goes on; what follows it must begin with '<'. */
+int ember_grammar_text(ember_grammar *g, ember_error *err);
 /* Any JSON object (json_object mode). */
 int ember_grammar_any_object(ember_grammar *g, ember_error *err);
 int ember_grammar_set_root(ember_grammar *g, int node, ember_error *err);
@@ -81,6 +95,19 @@ void ember_gmatch_free(ember_gmatch *m);
    allow next (ids beyond the vocabulary too). At least one id stays: when
    the grammar allows nothing the end ids do. Returns the ids left. */
 int ember_gmatch_mask(ember_gmatch *m, float *logits, int n);
+
+/* ember_gmatch_mask with a budget: left is how many tokens the output may
+   still take, this one included. A token is allowed only when the shortest
+   completion after it, in bytes, fits in left - 2 (one token per byte, one
+   more for the end); the end ids when the grammar is complete. Starting
+   with left > ember_grammar_min_bytes(g), every output completes in time. */
+int ember_gmatch_mask_left(ember_gmatch *m, float *logits, int n, int left);
+
+/* The fewest bytes of a complete output of g (its root; 0 without one). */
+int ember_grammar_min_bytes(const ember_grammar *g);
+
+/* The fewest bytes that complete the output from m's state. */
+int ember_gmatch_min_bytes(const ember_gmatch *m);
 
 /* The token chosen: advances the state. false when the grammar refuses it
    (the state is then unchanged). */

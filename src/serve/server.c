@@ -666,12 +666,80 @@ static void quoted(char *out, size_t n, const char *name) {
 /* The grammar of one forced call in the server's tool format: every tool
    (tool_choice required / any) or the named one, its arguments following
    its parameters schema. */
+/* A Qwen3-Coder call's body after its head: the required parameters in the
+   schema's order, each <parameter=P>\n VALUE </parameter>\n (a string's
+   value raw text, the parser's reading; any other type's a JSON value
+   between line breaks), then </function>. Optional parameters are left out.
+   Returns the node, or < 0 with the 400 / 500 in b. */
+static int coder_body(ember_grammar *g, const json_t *params, const char *where, bad *b) {
+    const json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
+    ember_error err = {0};
+    int parts[130], np = 0;
+    const char *key;
+    const json_t *ps;
+    json_object_foreach((json_t *)props, key, ps) {
+        bool required = false;
+        size_t i;
+        const json_t *r;
+        json_array_foreach(req, i, r) required |= json_is_string(r) && !strcmp(json_string_value(r), key);
+        if (!required) continue;
+        if (np + 3 > 128) return fail(b, 400, "tools", "%s: too many required parameters to enforce", where);
+        if (strpbrk(key, "<>\n") || strlen(key) > 200)
+            return fail(b, 400, "tools", "%s: parameter names with '<', '>' or line breaks cannot be enforced", where);
+        /* the parser reads a value as raw text when the type is string, lists string, or is absent */
+        const json_t *ty = json_object_get(ps, "type");
+        bool text = !ty || (json_is_string(ty) && !strcmp(json_string_value(ty), "string"));
+        size_t x;
+        const json_t *tv;
+        json_array_foreach(ty, x, tv) text |= json_is_string(tv) && !strcmp(json_string_value(tv), "string");
+        const json_t *en = json_object_get(ps, "enum"), *cn = json_object_get(ps, "const");
+        int value = -1;
+        if (text && (en || cn)) { /* an enum of strings: one of them, raw */
+            const char *heads[256];
+            size_t nh = cn ? 1 : json_array_size(en);
+            bool ok = nh > 0 && nh <= 256;
+            for (size_t h = 0; ok && h < nh; h++) {
+                const json_t *v = cn ? cn : json_array_get(en, h);
+                heads[h] = json_string_value(v);
+                ok = json_is_string(v) && json_string_length(v) > 0 && !strpbrk(heads[h], "<\n");
+            }
+            if (!ok)
+                return fail(b, 400, "tools",
+                            "%s.properties.%.60s: with the 'qwen3_coder' format an enum read as raw text must hold 1 to "
+                            "256 non-empty strings without '<' or line breaks",
+                            where, key);
+            value = ember_grammar_choice(g, heads, NULL, (int)nh, &err);
+        } else if (text && (json_object_get(ps, "pattern") || json_object_get(ps, "minLength") ||
+                            json_object_get(ps, "maxLength") || json_object_get(ps, "format"))) {
+            return fail(b, 400, "tools",
+                        "%s.properties.%.60s: a string parameter with a pattern or a length cannot be enforced with "
+                        "the 'qwen3_coder' format (its values are raw text)",
+                        where, key);
+        }
+        char open[256], sub[200];
+        snprintf(open, sizeof open, "<parameter=%s>\n", key);
+        snprintf(sub, sizeof sub, "%.100s.properties.%.60s", where, key);
+        parts[np++] = ember_grammar_literal(g, open, strlen(open), &err);
+        parts[np++] = value >= 0 || (text && (en || cn)) ? value
+                      : text                              ? ember_grammar_text(g, &err)
+                                                          : ember_grammar_schema(g, ps, params, sub, &err);
+        parts[np++] = text ? ember_grammar_literal(g, "</parameter>\n", 13, &err)
+                           : ember_grammar_literal(g, "\n</parameter>\n", 14, &err);
+        for (int x = np - 3; x < np; x++)
+            if (parts[x] < 0) return fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, "tools", "%s", err.msg);
+    }
+    parts[np++] = ember_grammar_literal(g, "</function>", 11, &err);
+    int k = parts[np - 1] < 0 ? -1 : ember_grammar_seq(g, parts, np, &err);
+    if (k < 0) return fail(b, 500, NULL, "%s", err.msg);
+    return k;
+}
+
 static int tool_grammar(ember_server *s, const gen_req *q, const char *named, bad *b) {
     ember_tool_format f = s->o.tool_format;
-    if (f != EMBER_TOOLS_HERMES && f != EMBER_TOOLS_LLAMA3 && f != EMBER_TOOLS_MISTRAL)
+    if (f != EMBER_TOOLS_HERMES && f != EMBER_TOOLS_LLAMA3 && f != EMBER_TOOLS_MISTRAL && f != EMBER_TOOLS_QWEN3_CODER)
         return fail(b, 400, "tool_choice",
-                    "this tool_choice cannot be enforced with the '%s' tool-call format (enforced: hermes, llama3_json, "
-                    "mistral); use \"auto\"",
+                    "this tool_choice cannot be enforced with the '%s' tool-call format (enforced: hermes, "
+                    "qwen3_coder, llama3_json, mistral); use \"auto\"",
                     ember_tool_format_name(f));
     ember_grammar *g = ember_grammar_new();
     if (!g) return fail(b, 500, NULL, "out of memory");
@@ -695,9 +763,11 @@ static int tool_grammar(ember_server *s, const gen_req *q, const char *named, ba
         const json_t *params = json_object_get(fn, "parameters");
         char where[64];
         snprintf(where, sizeof where, "tools[%zu] parameters", i);
-        int args = json_is_object(params) && json_object_size(params) ? ember_grammar_schema(g, params, params, where, &err)
-                                                                       : ember_grammar_any_object(g, &err);
-        if (args < 0) {
+        bool coder = f == EMBER_TOOLS_QWEN3_CODER;
+        int args = coder ? 0
+                   : json_is_object(params) && json_object_size(params) ? ember_grammar_schema(g, params, params, where, &err)
+                                                                        : ember_grammar_any_object(g, &err);
+        if (!coder && args < 0) {
             rc = fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, "tools", "%s", err.msg);
             break;
         }
@@ -709,7 +779,18 @@ static int tool_grammar(ember_server *s, const gen_req *q, const char *named, ba
         char q1[160], h[400];
         quoted(q1, sizeof q1, name);
         int close = -1;
-        if (mistral_args) {
+        if (coder) {
+            if (ember_grammar_schema(g, params, params, where, &err) < 0) { /* the whole schema checked, as elsewhere */
+                rc = fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, "tools", "%s", err.msg);
+                break;
+            }
+            snprintf(h, sizeof h, "<function=%s>\n", name);
+            next[k] = coder_body(g, params, where, b);
+            if (next[k] < 0) {
+                rc = -1;
+                break;
+            }
+        } else if (mistral_args) {
             snprintf(h, sizeof h, "%s[ARGS]", name);
             next[k] = args;
         } else {
@@ -735,8 +816,9 @@ static int tool_grammar(ember_server *s, const gen_req *q, const char *named, ba
     if (rc) return rc;
     if (body < 0) return fail(b, 400, "tools", "%s", err.msg);
     int parts[3], np = 0;
-    const char *open = f == EMBER_TOOLS_HERMES ? "<tool_call>\n" : f == EMBER_TOOLS_MISTRAL ? (mistral_args ? "[TOOL_CALLS]" : "[TOOL_CALLS][") : NULL;
-    const char *close = f == EMBER_TOOLS_HERMES ? "\n</tool_call>" : f == EMBER_TOOLS_MISTRAL && !mistral_args ? "]" : NULL;
+    bool tc = f == EMBER_TOOLS_HERMES || f == EMBER_TOOLS_QWEN3_CODER;
+    const char *open = tc ? "<tool_call>\n" : f == EMBER_TOOLS_MISTRAL ? (mistral_args ? "[TOOL_CALLS]" : "[TOOL_CALLS][") : NULL;
+    const char *close = tc ? "\n</tool_call>" : f == EMBER_TOOLS_MISTRAL && !mistral_args ? "]" : NULL;
     if (open) parts[np++] = ember_grammar_literal(g, open, strlen(open), &err);
     parts[np++] = body;
     if (close) parts[np++] = ember_grammar_literal(g, close, strlen(close), &err);
@@ -776,19 +858,25 @@ static int format_grammar(const json_t *rf, const char *field, gen_req *q, bad *
     return 0;
 }
 
-/* The engine-side constraint of one request: the grammar and the matcher
-   (owned by the engine once submitted; freed by cons_free). */
+/* The engine-side constraint of one request: the grammar, the matcher and
+   the tokens max_tokens still allows (the mask steers the output to finish
+   within them: ember_gmatch_mask_left). Owned by the engine once submitted;
+   freed by cons_free. */
 typedef struct constraint {
     ember_grammar *g;
     ember_gmatch *m;
+    int left;
 } constraint;
 
 static int cons_mask(void *u, float *logits, int n) {
-    return ember_gmatch_mask(((constraint *)u)->m, logits, n);
+    constraint *c = u;
+    return ember_gmatch_mask_left(c->m, logits, n, c->left);
 }
 
 static void cons_accept(void *u, int32_t token) {
-    ember_gmatch_accept(((constraint *)u)->m, token);
+    constraint *c = u;
+    ember_gmatch_accept(c->m, token);
+    if (c->left > 1) c->left--;
 }
 
 static void cons_free(void *u) {
@@ -811,6 +899,7 @@ static int attach_grammar(ember_server *s, gen_req *q, bad *b) {
         return fail(b, 500, NULL, "out of memory");
     }
     c->g = q->gram;
+    c->left = q->g.max_tokens > 0 ? q->g.max_tokens : 1 << 29;
     q->gram = NULL;
     q->g.constrain_mask = cons_mask;
     q->g.constrain_accept = cons_accept;

@@ -372,12 +372,59 @@ if (!qwenTemplate || !existsSync(qwenTemplate)) {
       temperature: 1,
       text: { format: { type: 'json_schema', name: 'n', strict: true, schema: { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'], additionalProperties: false } } },
     });
-    check(sj.status !== 'completed' || Number.isInteger(JSON.parse(sj.output_text).n), `responses: json_schema output (${sj.output_text})`);
+    // the grammar closes the JSON within the budget: always completed, always valid
+    check(sj.status === 'completed' && Number.isInteger(JSON.parse(sj.output_text).n), `responses: json_schema output (${sj.status} ${sj.output_text})`);
+    // an enforced call through the Responses API (tool_choice required): a function_call item with valid arguments
+    const rq = await toa.responses.create({ model: 'demo', input: ask, tools: rtools, tool_choice: 'required', max_output_tokens: 120, temperature: 1 });
+    const rfc = rq.output.filter((o) => o.type === 'function_call');
+    check(rq.status === 'completed' && rfc.length === 1 && ['get_weather', 'get_time'].includes(rfc[0].name) && typeof JSON.parse(rfc[0].arguments) === 'object',
+      `responses: an enforced function_call (${JSON.stringify(rq.output)})`);
     try {
       await toa.responses.create({ model: 'demo', input: [{ type: 'nope' }] });
       check(false, 'responses: an unknown item type accepted');
     } catch (e) {
       check(e instanceof OpenAI.BadRequestError && e.param === 'input', `responses: BadRequestError naming input (${e.message})`);
+    }
+
+    // Constrained decoding through the SDKs, on the random weights (no script): structured output
+    // (chat.completions response_format json_schema, strict), enforced calls (OpenAI tool_choice
+    // required / named, streamed too; Anthropic tool_choice any / tool, streamed too). The grammar
+    // closes every answer within max_tokens, so each one is complete and valid.
+    {
+      const person = { type: 'object', properties: { name: { type: 'string', maxLength: 12 }, age: { type: 'integer', minimum: 0, maximum: 120 }, tags: { type: 'array', items: { enum: ['a', 'b'] }, maxItems: 2 } }, required: ['name', 'age'], additionalProperties: false };
+      const so = await toa.chat.completions.create({ model: 'demo', messages: user, max_tokens: 120, temperature: 1, seed: 3, response_format: { type: 'json_schema', json_schema: { name: 'person', schema: person, strict: true } } });
+      const sp = JSON.parse(so.choices[0].message.content);
+      check(so.choices[0].finish_reason === 'stop' && typeof sp.name === 'string' && sp.name.length <= 12 && Number.isInteger(sp.age) && sp.age >= 0 && sp.age <= 120,
+        `openai structured output (${so.choices[0].finish_reason} ${so.choices[0].message.content})`);
+      let sot = '';
+      for await (const ch of await toa.chat.completions.create({ model: 'demo', messages: user, max_tokens: 120, temperature: 1, seed: 3, stream: true, response_format: { type: 'json_schema', json_schema: { name: 'person', schema: person, strict: true } } }))
+        sot += ch.choices[0]?.delta?.content ?? '';
+      check(sot === so.choices[0].message.content, 'openai structured output streamed equals non-streamed');
+      const fr = await toa.chat.completions.create({ model: 'demo', messages: user, tools, tool_choice: 'required', max_tokens: 150, temperature: 1, seed: 5 });
+      const fcall = fr.choices[0].message.tool_calls?.[0];
+      check(fr.choices[0].finish_reason === 'tool_calls' && fcall && ['get_weather', 'get_time'].includes(fcall.function.name), `openai tool_choice required (${JSON.stringify(fr.choices[0])})`);
+      if (fcall?.function.name === 'get_weather') check(typeof JSON.parse(fcall.function.arguments).city === 'string', 'openai enforced arguments follow the schema');
+      const named = { type: 'function', function: { name: 'get_weather' } };
+      const nr = await toa.chat.completions.create({ model: 'demo', messages: user, tools, tool_choice: named, max_tokens: 150, temperature: 1, seed: 6 });
+      const ncall = nr.choices[0].message.tool_calls?.[0];
+      check(nr.choices[0].finish_reason === 'tool_calls' && ncall?.function.name === 'get_weather' && typeof JSON.parse(ncall.function.arguments).city === 'string', `openai named tool_choice (${JSON.stringify(nr.choices[0])})`);
+      let nargs = '', nname = null, nfin = null;
+      for await (const ch of await toa.chat.completions.create({ model: 'demo', messages: user, tools, tool_choice: named, max_tokens: 150, temperature: 1, seed: 6, stream: true })) {
+        for (const tc of ch.choices[0]?.delta?.tool_calls ?? []) {
+          if (tc.function?.name) nname = tc.function.name;
+          nargs += tc.function?.arguments ?? '';
+        }
+        nfin = ch.choices[0]?.finish_reason ?? nfin;
+      }
+      check(nname === 'get_weather' && nargs === ncall?.function.arguments && nfin === 'tool_calls', 'openai named tool_choice streamed equals non-streamed');
+      const aw = [{ name: 'get_weather', description: 'Current weather', input_schema: tools[0].function.parameters }];
+      const af1 = await tan.messages.create({ model: 'demo', max_tokens: 150, temperature: 1, tools: aw, tool_choice: { type: 'tool', name: 'get_weather' }, messages: user });
+      const au = af1.content.find((b) => b.type === 'tool_use');
+      check(af1.stop_reason === 'tool_use' && au?.name === 'get_weather' && typeof au.input.city === 'string', `anthropic forced tool (${JSON.stringify(af1.content)})`);
+      const afs = tan.messages.stream({ model: 'demo', max_tokens: 150, temperature: 1, tools: aw, tool_choice: { type: 'any' }, messages: user });
+      const aff = await afs.finalMessage();
+      const afu = aff.content.find((b) => b.type === 'tool_use');
+      check(aff.stop_reason === 'tool_use' && afu?.name === 'get_weather' && typeof afu.input.city === 'string', `anthropic tool_choice any, streamed (${JSON.stringify(aff.content)})`);
     }
 
     // Anthropic: tool_use blocks, streaming through the SDK's accumulator, results fed back
