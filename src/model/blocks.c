@@ -448,8 +448,11 @@ int ember_blk_attention(ember_fwd *f, int l, const ember_llm_layer *ly, const em
                            (rc = ops->rms_norm(be, &f->kh, &f->kh, &ly->k_norm, eps, qk_plus_one, err))))
         return rc;
     ember_matmul o = {&f->h, &ly->wo, opt(&ly->bo)};
-    if ((rc = ops->rope(be, &f->q3, f->b->pos, rope, err)) || (rc = ops->rope(be, &f->k3, f->b->pos, rope, err)) ||
-        (rc = ops->kv_write(be, &map, &f->k3, &f->v3, err)) || (rc = ops->attention(be, &f->att3, &f->q3, &map, a, err)) ||
+    if (ops->rope_kv_write) /* the same three ops in one (backend.h) */
+        rc = ops->rope_kv_write(be, &f->q3, &f->k3, &f->v3, f->b->pos, rope, &map, err);
+    else if (!(rc = ops->rope(be, &f->q3, f->b->pos, rope, err)) && !(rc = ops->rope(be, &f->k3, f->b->pos, rope, err)))
+        rc = ops->kv_write(be, &map, &f->k3, &f->v3, err);
+    if (rc || (rc = ops->attention(be, &f->att3, &f->q3, &map, a, err)) ||
         (ly->wq_gate.buf && (rc = ops->sigmoid_mul(be, &f->att, &f->att, &qg, err))) ||
         (rc = ops->matmul(be, &f->att, 1, &o, err)))
         return rc;
@@ -681,6 +684,14 @@ int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly) {
 int ember_blk_residual(ember_fwd *f) {
     ember_backend *be = f->m->be;
     return be->ops->add(be, &f->x, &f->x, &f->h, f->err);
+}
+
+int ember_blk_residual_norm(ember_fwd *f, const ember_tensor *w, bool plus_one) {
+    ember_backend *be = f->m->be;
+    if (be->ops->add_rms_norm)
+        return be->ops->add_rms_norm(be, &f->h, &f->x, &f->h, w, f->m->cfg.rms_norm_eps, plus_one, f->err);
+    int rc = ember_blk_residual(f);
+    return rc ? rc : ember_blk_norm(f, &f->h, &f->x, w, plus_one);
 }
 
 int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, float softcap, float *logits) {

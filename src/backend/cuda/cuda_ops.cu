@@ -96,6 +96,44 @@ extern "C" cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const 
     return cudaGetLastError();
 }
 
+/* add_rms_norm: x = x + h, then rms_norm as rms_norm_k (the same thread
+   layout and sum order, so the bits of add then rms_norm). Each element is
+   read and written by one thread in both loops, so dst may be h. */
+static __global__ void __launch_bounds__(NORM_THREADS)
+    add_rms_norm_k(float *dst, float *x, const float *h, const float *w, int64_t D, float eps, int plus_one) {
+    __shared__ float part[NORM_THREADS / 32];
+    float *xr = x + (size_t)blockIdx.x * (size_t)D;
+    const float *hr = h + (size_t)blockIdx.x * (size_t)D;
+    float *yr = dst + (size_t)blockIdx.x * (size_t)D;
+    float ss = 0.0f;
+    const int n = (int)blockDim.x;
+    for (int64_t i = threadIdx.x; i < D; i += n) {
+        const float v = xr[i] + hr[i];
+        xr[i] = v;
+        ss = fmaf(v, v, ss);
+    }
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) ss = ss + __shfl_xor_sync(0xffffffffu, ss, s);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float tot = part[0];
+#pragma unroll
+    for (int i = 1; i < n / 32; i++) tot = tot + part[i];
+    const float r = 1.0f / sqrtf(tot / (float)D + eps);
+    for (int64_t i = threadIdx.x; i < D; i += n) {
+        const float wv = plus_one ? 1.0f + w[i] : w[i];
+        yr[i] = wv * (xr[i] * r);
+    }
+}
+
+extern "C" cudaError_t ember_cu_add_rms_norm(cudaStream_t stream, float *dst, float *x, const float *h, const float *w,
+                                             int64_t rows, int64_t D, float eps, int plus_one) {
+    if (rows < 1 || D < 1) return cudaSuccess;
+    if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+    add_rms_norm_k<<<(unsigned)rows, norm_threads(D), 0, stream>>>(dst, x, h, w, D, eps, plus_one);
+    return cudaGetLastError();
+}
+
 /* ---- rope ------------------------------------------------------------------------------- */
 
 /* One block per token t: first the cos / sin table of its position (in
