@@ -345,6 +345,11 @@ typedef struct ember_backend_ops {
     int (*rope_kv_write)(ember_backend *be, ember_tensor *q, ember_tensor *k, const ember_tensor *v,
                          const int32_t *pos, const ember_rope *r, const ember_kv_map *map, ember_error *err);
 
+    /* out[r] (host, [n]) = the first index of the largest value of row r of
+       x [>= n, V] (f32), NaNs skipped, 0 when every value is NaN: greedy
+       sampling without copying the rows to the host. */
+    int (*argmax_rows)(ember_backend *be, const ember_tensor *x, int32_t *out, int n, ember_error *err);
+
     /* What the backend supports, asked before loading (NULL: everything).
        weight_ok: matmul and get_rows take weights of this dtype; kv_ok: the
        paged KV ops take this codec. */

@@ -989,7 +989,7 @@ static bool step(ember_engine *e) {
     e->steps++;
     if (nt == 0) return false;
     ember_error err = {0};
-    ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out};
+    ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out, NULL};
     const double t0 = ember_now();
     int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
     if (rc) { /* nothing was stored: every row in the batch fails */

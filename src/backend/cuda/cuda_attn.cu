@@ -45,6 +45,7 @@
 #include <stdint.h>
 
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 
 #define SPAN EMBER_CU_ATTN_SPAN
 #define DPT (EMBER_CU_ATTN_MAX_D / SPAN) /* output dimensions per thread */
@@ -87,6 +88,7 @@ static __device__ __forceinline__ const unsigned char *piece(const ember_cu_kv *
 
 /* Block (t, h): head h of token t, dimensions by thread. */
 static __global__ void __launch_bounds__(128) kv_rw_k(ember_cu_kv kv, float *k, float *v, int write) {
+    ember_pdl_enter();
     const int t = blockIdx.x, h = blockIdx.y, D = kv.D;
     const ember_cu_kv_ref ref = kv.refs[kv.row[t]];
     const ember_cu_kv_view *vw = &kv.view[ref.layer_set];
@@ -109,8 +111,7 @@ static __global__ void __launch_bounds__(128) kv_rw_k(ember_cu_kv kv, float *k, 
 extern "C" cudaError_t ember_cu_kv_rw(cudaStream_t stream, const ember_cu_kv *kv, float *k, float *v, int write) {
     if (kv->T < 1 || kv->H < 1) return cudaSuccess;
     if (kv->H > 65535) return cudaErrorInvalidValue;
-    kv_rw_k<<<dim3((unsigned)kv->T, (unsigned)kv->H, 1), 128, 0, stream>>>(*kv, k, v, write);
-    return cudaGetLastError();
+    return ember_launch(kv_rw_k, dim3((unsigned)kv->T, (unsigned)kv->H, 1), dim3(128), 0, stream, *kv, k, v, write);
 }
 
 /* ---- rope + kv_write ------------------------------------------------------------------------ */
@@ -133,6 +134,7 @@ static __device__ __forceinline__ void rope_heads(float *x, int n, int D, int ha
 static __global__ void __launch_bounds__(256) rope_kv_k(ember_cu_kv kv, float *q, int Hq, float *k, const float *v,
                                                         const int32_t *pos, const float *inv_freq, int half,
                                                         int interleaved, float af) {
+    ember_pdl_enter();
     extern __shared__ float tab[]; /* cos [half], then sin [half] */
     const int t = blockIdx.x, H = kv.H, D = kv.D;
     const float p = (float)pos[t];
@@ -167,9 +169,8 @@ extern "C" cudaError_t ember_cu_rope_kv_write(cudaStream_t stream, const ember_c
     if (kv->T < 1 || kv->H < 1) return cudaSuccess;
     const int half = n_rot / 2;
     if (half < 1 || (int64_t)Hq * half > 0x7fffffff || (int64_t)kv->H * kv->D > 0x7fffffff) return cudaErrorInvalidValue;
-    rope_kv_k<<<(unsigned)kv->T, 256, (size_t)half * 2 * sizeof(float), stream>>>(*kv, q, Hq, k, v, pos, inv_freq, half,
-                                                                                 interleaved, attn_factor);
-    return cudaGetLastError();
+    return ember_launch(rope_kv_k, dim3((unsigned)kv->T), dim3(256), (size_t)half * 2 * sizeof(float), stream, *kv, q,
+                        Hq, k, v, pos, inv_freq, half, interleaved, attn_factor);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
@@ -442,6 +443,7 @@ static __device__ __forceinline__ void load_q(const attn_args *a, attn_smem *sm,
 /* Fused: block u = t * Hq + hq walks every span of token t in order
    (STAGED: through shared memory, STAGE_BYTES of dynamic shared memory). */
 template <int ENC, int STAGED> static __global__ void __launch_bounds__(SPAN) attn_fused_k(attn_args a) {
+    ember_pdl_enter();
     __shared__ attn_smem sm;
     extern __shared__ __align__(16) unsigned char stage[];
     const int t = blockIdx.x / a.Hq, hq = blockIdx.x % a.Hq;
@@ -467,6 +469,7 @@ template <int ENC, int STAGED> static __global__ void __launch_bounds__(SPAN) at
    zeroes the counter for the next launch. Which block is last changes
    nothing: the combine reads every span's part in the same order. */
 template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_split_k(attn_args a) {
+    ember_pdl_enter();
     __shared__ attn_smem sm;
     __shared__ int last;
     extern __shared__ __align__(16) unsigned char stage[];
@@ -514,18 +517,14 @@ template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_split_k(a
 template <int ENC>
 static cudaError_t attn_launch(cudaStream_t stream, const attn_args *a, int mode, unsigned units) {
     if (mode == EMBER_CU_ATTN_FUSED) {
-        attn_fused_k<ENC, 0><<<units, SPAN, 0, stream>>>(*a);
-        return cudaGetLastError();
+        return ember_launch(attn_fused_k<ENC, 0>, dim3(units), dim3(SPAN), 0, stream, *a);
     }
     cudaError_t e = mode == EMBER_CU_ATTN_STAGED
                         ? cudaFuncSetAttribute(attn_fused_k<ENC, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES)
                         : cudaFuncSetAttribute(attn_split_k<ENC>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES);
     if (e != cudaSuccess) return e;
-    if (mode == EMBER_CU_ATTN_STAGED)
-        attn_fused_k<ENC, 1><<<units, SPAN, STAGE_BYTES, stream>>>(*a);
-    else
-        attn_split_k<ENC><<<dim3((unsigned)a->n_span, units, 1), SPAN, STAGE_BYTES, stream>>>(*a);
-    return cudaGetLastError();
+    if (mode == EMBER_CU_ATTN_STAGED) return ember_launch(attn_fused_k<ENC, 1>, dim3(units), dim3(SPAN), STAGE_BYTES, stream, *a);
+    return ember_launch(attn_split_k<ENC>, dim3((unsigned)a->n_span, units, 1), dim3(SPAN), STAGE_BYTES, stream, *a);
 }
 
 extern "C" cudaError_t ember_cu_attention(cudaStream_t stream, const ember_cu_kv *kv, float *out, const float *q,

@@ -83,6 +83,8 @@ typedef struct cuda_backend {
     size_t parts_cap;  /* floats */
     int *count;        /* split attention's finished spans per (token, head), zero between launches */
     size_t count_cap;
+    int32_t *ids_dev; /* argmax_rows' output */
+    size_t ids_cap;
     float *delta_scratch; /* device scratch of delta_net, grown on demand */
     size_t delta_cap;     /* bytes */
     ember_cu_kv_ref *refs_h; /* host staging of a KV map's tables */
@@ -694,6 +696,34 @@ static int cuda_kv_read(ember_backend *be, const ember_kv_map *map, ember_tensor
     return cuda_kv_rw(be, map, k, v, false, err);
 }
 
+/* Greedy ids of n rows (backend.h): a block per row, then n ids read back. */
+static int cuda_argmax_rows(ember_backend *be, const ember_tensor *x, int32_t *out, int n, ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc = need_f32(be, x, "argmax_rows", "x", err);
+    if (rc) return rc;
+    int64_t V = ember_tensor_row_len(x);
+    if (n < 0 || ember_tensor_rows(x) < n || V > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "argmax_rows: %d rows of a [%lld, %lld] tensor", n,
+                         (long long)ember_tensor_rows(x), (long long)V);
+    if (n == 0) return EMBER_OK;
+    if ((rc = bind(c, err))) return rc;
+    if ((size_t)n > c->ids_cap) {
+        CU_TRY(cudaStreamSynchronize(c->stream), "argmax_rows"); /* queued kernels may use the old one */
+        if (c->ids_dev) CU_TRY(cudaFree(c->ids_dev), "argmax_rows");
+        c->ids_dev = NULL;
+        c->ids_cap = 0;
+        size_t cap = n < 256 ? 256 : (size_t)n;
+        CU_TRY(cudaMalloc((void **)&c->ids_dev, cap * sizeof(int32_t)), "argmax_rows");
+        c->ids_cap = cap;
+    }
+    if ((rc = launched(c, ember_cu_argmax(c->stream, c->ids_dev, dev(x), n, V), "argmax_rows", err))) return rc;
+    CU_TRY(cudaMemcpyAsync(out, c->ids_dev, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream),
+           "argmax_rows");
+    prof_mark(c, "read (argmax ids)");
+    CU_TRY(cudaStreamSynchronize(c->stream), "argmax_rows");
+    return EMBER_OK;
+}
+
 /* rope(q), rope(k), kv_write(map, k, v) (backend.h): one launch, a block
    per token. */
 static int cuda_rope_kv_write(ember_backend *be, ember_tensor *q, ember_tensor *k, const ember_tensor *v,
@@ -980,6 +1010,7 @@ static void cuda_free(ember_backend *be) {
             if (c->slots[i].dev) cudaFree(c->slots[i].dev);
         if (c->parts) cudaFree(c->parts);
         if (c->count) cudaFree(c->count);
+        if (c->ids_dev) cudaFree(c->ids_dev);
         if (c->delta_scratch) cudaFree(c->delta_scratch);
         cudaStreamDestroy(c->stream);
     }
@@ -1026,6 +1057,7 @@ static const ember_backend_ops k_cuda_ops = {
     .sigmoid_mul = cuda_sigmoid_mul,
     .add_rms_norm = cuda_add_rms_norm,
     .rope_kv_write = cuda_rope_kv_write,
+    .argmax_rows = cuda_argmax_rows,
     .weight_ok = cuda_weight_ok,
     .kv_ok = cuda_kv_ok,
 };
@@ -1081,6 +1113,8 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     c->base.impl = c;
     if (p) c->base.log = p->log;
     prof_start(c);
+    const char *pdl = getenv("EMBER_CUDA_PDL"); /* a measuring aid: 0 gives plain launches (cuda_pdl.cuh) */
+    if (pdl && *pdl) ember_cu_pdl = atoi(pdl) != 0;
     *out = &c->base;
     return EMBER_OK;
 }

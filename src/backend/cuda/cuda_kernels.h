@@ -27,6 +27,10 @@
 extern "C" {
 #endif
 
+/* Programmatic dependent launch of the kernels (cuda_pdl.cuh): 1 (the
+   default) or 0, set once by the backend from EMBER_CUDA_PDL. */
+extern int ember_cu_pdl;
+
 /* Element type of a float tensor, as the kernels see it. */
 enum { EMBER_CU_F32 = 0, EMBER_CU_F16 = 1, EMBER_CU_BF16 = 2 };
 
@@ -84,6 +88,10 @@ cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const float *x, c
    the two launches); dst may be h, not x. */
 cudaError_t ember_cu_add_rms_norm(cudaStream_t stream, float *dst, float *x, const float *h, const float *w,
                                   int64_t rows, int64_t D, float eps, int plus_one);
+
+/* out[r] (device, [rows]) = the first index of the largest value of row r
+   of x [rows, V], NaNs skipped, 0 when all are NaN. */
+cudaError_t ember_cu_argmax(cudaStream_t stream, int32_t *out, const float *x, int rows, int64_t V);
 
 /* In place on x [T, H, D]; pos [T] and inv_freq [n_rot / 2] are device memory. */
 cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_t *pos, const float *inv_freq, int T,

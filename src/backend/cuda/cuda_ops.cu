@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 
 #define THREADS 256
 #define NORM_THREADS 1024 /* rms_norm: the most threads per row */
@@ -38,6 +39,7 @@ static __device__ __forceinline__ float elem_f32(const void *src, size_t i, cons
 /* Block (i, y): row i of dst, columns y * THREADS + thread. */
 static __global__ void __launch_bounds__(THREADS)
     get_rows_k(float *dst, const void *src, int dt, const int32_t *ids, int64_t D) {
+    ember_pdl_enter();
     const int64_t d = (int64_t)blockIdx.y * THREADS + threadIdx.x;
     if (d >= D) return;
     const size_t row = (size_t)ids[blockIdx.x];
@@ -49,8 +51,8 @@ extern "C" cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const 
     if (n < 1 || D < 1) return cudaSuccess;
     const int64_t gy = (D + THREADS - 1) / THREADS;
     if (gy > 65535 || dtype < 0 || dtype > 2) return cudaErrorInvalidValue;
-    get_rows_k<<<dim3((unsigned)n, (unsigned)gy, 1), THREADS, 0, stream>>>(dst, src, dtype, ids, D);
-    return cudaGetLastError();
+    return ember_launch(get_rows_k, dim3((unsigned)n, (unsigned)gy, 1), dim3(THREADS), 0, stream, dst, src, dtype, ids,
+                        D);
 }
 
 /* ---- rms_norm -------------------------------------------------------------------------- */
@@ -61,6 +63,7 @@ extern "C" cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const 
    32 warp sums in warp order. n depends on the row length alone. */
 static __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm_k(float *dst, const float *x, const float *w, int64_t D, float eps, int plus_one) {
+    ember_pdl_enter();
     __shared__ float part[NORM_THREADS / 32];
     const float *xr = x + (size_t)blockIdx.x * (size_t)D;
     float *yr = dst + (size_t)blockIdx.x * (size_t)D;
@@ -92,8 +95,8 @@ extern "C" cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const 
                                          int64_t rows, int64_t D, float eps, int plus_one) {
     if (rows < 1 || D < 1) return cudaSuccess;
     if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-    rms_norm_k<<<(unsigned)rows, norm_threads(D), 0, stream>>>(dst, x, w, D, eps, plus_one);
-    return cudaGetLastError();
+    return ember_launch(rms_norm_k, dim3((unsigned)rows), dim3((unsigned)norm_threads(D)), 0, stream, dst, x, w, D, eps,
+                        plus_one);
 }
 
 /* add_rms_norm: x = x + h, then rms_norm as rms_norm_k (the same thread
@@ -101,6 +104,7 @@ extern "C" cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const 
    read and written by one thread in both loops, so dst may be h. */
 static __global__ void __launch_bounds__(NORM_THREADS)
     add_rms_norm_k(float *dst, float *x, const float *h, const float *w, int64_t D, float eps, int plus_one) {
+    ember_pdl_enter();
     __shared__ float part[NORM_THREADS / 32];
     float *xr = x + (size_t)blockIdx.x * (size_t)D;
     const float *hr = h + (size_t)blockIdx.x * (size_t)D;
@@ -130,8 +134,8 @@ extern "C" cudaError_t ember_cu_add_rms_norm(cudaStream_t stream, float *dst, fl
                                              int64_t rows, int64_t D, float eps, int plus_one) {
     if (rows < 1 || D < 1) return cudaSuccess;
     if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-    add_rms_norm_k<<<(unsigned)rows, norm_threads(D), 0, stream>>>(dst, x, h, w, D, eps, plus_one);
-    return cudaGetLastError();
+    return ember_launch(add_rms_norm_k, dim3((unsigned)rows), dim3((unsigned)norm_threads(D)), 0, stream, dst, x, h, w,
+                        D, eps, plus_one);
 }
 
 /* ---- rope ------------------------------------------------------------------------------- */
@@ -141,6 +145,7 @@ extern "C" cudaError_t ember_cu_add_rms_norm(cudaStream_t stream, float *dst, fl
    (head, pair) rotated by one thread. */
 static __global__ void __launch_bounds__(THREADS) rope_k(float *x, const int32_t *pos, const float *inv_freq,
                                                          int H, int D, int half, int interleaved, float af) {
+    ember_pdl_enter();
     extern __shared__ float tab[]; /* cos [half], then sin [half] */
     const float p = (float)pos[blockIdx.x];
     for (int i = threadIdx.x; i < half; i += THREADS) {
@@ -167,15 +172,15 @@ extern "C" cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_
     if (T < 1 || H < 1) return cudaSuccess;
     const int half = n_rot / 2;
     if (half < 1 || (int64_t)H * half > 0x7fffffff) return cudaErrorInvalidValue;
-    rope_k<<<(unsigned)T, THREADS, (size_t)half * 2 * sizeof(float), stream>>>(x, pos, inv_freq, H, D, half,
-                                                                               interleaved, attn_factor);
-    return cudaGetLastError();
+    return ember_launch(rope_k, dim3((unsigned)T), dim3(THREADS), (size_t)half * 2 * sizeof(float), stream, x, pos,
+                        inv_freq, H, D, half, interleaved, attn_factor);
 }
 
 /* ---- swiglu, add -------------------------------------------------------------------------- */
 
 static __global__ void __launch_bounds__(THREADS)
     elementwise_k(int kind, float *dst, const float *a, const float *b, float s, int64_t n) {
+    ember_pdl_enter();
     const int64_t stride = (int64_t)gridDim.x * THREADS;
     for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += stride) {
         if (kind == 0) {
@@ -201,6 +206,62 @@ extern "C" cudaError_t ember_cu_elementwise(cudaStream_t stream, int kind, float
     if (n < 1) return cudaSuccess;
     int64_t blocks = (n + THREADS - 1) / THREADS;
     if (blocks > 132 * 16) blocks = 132 * 16; /* a grid-stride loop past a few waves */
-    elementwise_k<<<(unsigned)blocks, THREADS, 0, stream>>>(kind, dst, a, b, s, n);
-    return cudaGetLastError();
+    return ember_launch(elementwise_k, dim3((unsigned)blocks), dim3(THREADS), 0, stream, kind, dst, a, b, s, n);
+}
+
+/* ---- argmax (greedy sampling on the GPU) ------------------------------------------------ */
+
+/* Is (v2, i2) before (v1, i1) in the order "larger value, then lower index",
+   an index < 0 being no candidate? */
+static __device__ __forceinline__ bool am_better(float v2, int i2, float v1, int i1) {
+    return i2 >= 0 && (i1 < 0 || v2 > v1 || (v2 == v1 && i2 < i1));
+}
+
+/* One block per row: out[row] = the first index of the row's largest value,
+   NaNs skipped, 0 when every value is NaN (the host's ember_argmax). Each
+   thread keeps the first maximum of its strided elements; the candidates
+   are then reduced by a total order, so the result does not depend on the
+   reduction's shape. */
+static __global__ void __launch_bounds__(NORM_THREADS) argmax_k(int32_t *out, const float *x, int64_t V) {
+    ember_pdl_enter();
+    __shared__ float sv[NORM_THREADS / 32];
+    __shared__ int si[NORM_THREADS / 32];
+    const float *r = x + (size_t)blockIdx.x * (size_t)V;
+    float bv = 0.0f;
+    int bi = -1;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+        const float v = r[i];
+        if (!isnan(v) && (bi < 0 || v > bv)) {
+            bv = v;
+            bi = (int)i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (am_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    if (threadIdx.x % 32 == 0) {
+        sv[threadIdx.x / 32] = bv;
+        si[threadIdx.x / 32] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)blockDim.x / 32; w++)
+            if (am_better(sv[w], si[w], bv, bi)) {
+                bv = sv[w];
+                bi = si[w];
+            }
+        out[blockIdx.x] = bi < 0 ? 0 : bi;
+    }
+}
+
+extern "C" cudaError_t ember_cu_argmax(cudaStream_t stream, int32_t *out, const float *x, int rows, int64_t V) {
+    if (rows < 1 || V < 1) return cudaSuccess;
+    if (V > 0x7fffffff) return cudaErrorInvalidValue;
+    return ember_launch(argmax_k, dim3((unsigned)rows), dim3(NORM_THREADS), 0, stream, out, x, V);
 }
