@@ -116,27 +116,31 @@ extern "C" cudaError_t ember_cu_kv_rw(cudaStream_t stream, const ember_cu_kv *kv
 
 /* ---- rope + kv_write ------------------------------------------------------------------------ */
 
-/* Rotates the pairs of n heads of x (one token's [n, D]) with the table. */
-static __device__ __forceinline__ void rope_heads(float *x, int n, int D, int half, int interleaved,
-                                                  const float *tab) {
-    for (int idx = threadIdx.x; idx < n * half; idx += blockDim.x) {
-        const int h = idx / half, i = idx - h * half;
-        float *v = x + (size_t)h * (size_t)D;
-        const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
-        const float x0 = v[a], x1 = v[b], cs = tab[i], sn = tab[half + i];
-        v[a] = x0 * cs - x1 * sn;
-        v[b] = x1 * cs + x0 * sn;
-    }
-}
-
-/* One block per token t: the cos / sin table (as cuda_ops.cu's rope_k), q's
-   and k's heads rotated, then k and v stored as kv_rw_k stores them. */
-static __global__ void __launch_bounds__(256) rope_kv_k(ember_cu_kv kv, float *q, int Hq, float *k, const float *v,
+/* Block (t, j): head j of token t's q (j < Hq), or KV head j - Hq: the
+   cos / sin table of its position (as cuda_ops.cu's rope_k), the head's
+   pairs rotated, and for a KV head its rotated k and its v stored as
+   kv_rw_k stores them (a rotated pair straight from registers). The
+   cache's block is looked up before the table, off the critical path. */
+static __global__ void __launch_bounds__(128) rope_kv_k(ember_cu_kv kv, float *q, int Hq, float *k, const float *v,
                                                         const int32_t *pos, const float *inv_freq, int half,
                                                         int interleaved, float af) {
     ember_pdl_enter();
     extern __shared__ float tab[]; /* cos [half], then sin [half] */
-    const int t = blockIdx.x, H = kv.H, D = kv.D;
+    const int t = blockIdx.x, j = blockIdx.y, H = kv.H, D = kv.D;
+    const bool is_k = j >= Hq;
+    const int h = is_k ? j - Hq : j;
+    unsigned char *kp = NULL, *vp = NULL;
+    int slot = 0, enc_k = 0, enc_v = 0;
+    if (is_k) {
+        const ember_cu_kv_ref ref = kv.refs[kv.row[t]];
+        const ember_cu_kv_view *vw = &kv.view[ref.layer_set];
+        const int p = kv.pos[t];
+        slot = p % 16;
+        kp = (unsigned char *)piece(&kv, &ref, vw, p, h, 1);
+        vp = (unsigned char *)piece(&kv, &ref, vw, p, h, 0);
+        enc_k = vw->k_enc;
+        enc_v = vw->v_enc;
+    }
     const float p = (float)pos[t];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float angle = p * inv_freq[i];
@@ -146,21 +150,23 @@ static __global__ void __launch_bounds__(256) rope_kv_k(ember_cu_kv kv, float *q
         tab[half + i] = (float)s * af;
     }
     __syncthreads();
-    rope_heads(q + (size_t)t * (size_t)Hq * (size_t)D, Hq, D, half, interleaved, tab);
-    float *kt = k + (size_t)t * (size_t)H * (size_t)D;
-    rope_heads(kt, H, D, half, interleaved, tab);
-    __syncthreads(); /* k rotated by every thread */
-    const ember_cu_kv_ref ref = kv.refs[kv.row[t]];
-    const ember_cu_kv_view *vw = &kv.view[ref.layer_set];
-    const int kp_pos = kv.pos[t], slot = kp_pos % 16;
-    const float *vt = v + (size_t)t * (size_t)H * (size_t)D;
-    for (int idx = threadIdx.x; idx < H * D; idx += blockDim.x) {
-        const int h = idx / D, d = idx - h * D;
-        unsigned char *kp = (unsigned char *)piece(&kv, &ref, vw, kp_pos, h, 1);
-        unsigned char *vp = (unsigned char *)piece(&kv, &ref, vw, kp_pos, h, 0);
-        st_kv(kp, (size_t)d * 16 + (size_t)slot, vw->k_enc, kt[idx]);
-        st_kv(vp, (size_t)slot * (size_t)D + (size_t)d, vw->v_enc, vt[idx]);
+    float *x = is_k ? k + ((size_t)t * (size_t)H + (size_t)h) * (size_t)D : q + ((size_t)t * (size_t)Hq + (size_t)h) * (size_t)D;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+        const float x0 = x[a], x1 = x[b], cs = tab[i], sn = tab[half + i];
+        const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+        x[a] = y0;
+        x[b] = y1;
+        if (is_k) {
+            st_kv(kp, (size_t)a * 16 + (size_t)slot, enc_k, y0);
+            st_kv(kp, (size_t)b * 16 + (size_t)slot, enc_k, y1);
+        }
     }
+    if (!is_k) return;
+    for (int d = 2 * half + threadIdx.x; d < D; d += blockDim.x) /* dimensions past n_rot: as they are */
+        st_kv(kp, (size_t)d * 16 + (size_t)slot, enc_k, x[d]);
+    const float *vh = v + ((size_t)t * (size_t)H + (size_t)h) * (size_t)D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) st_kv(vp, (size_t)slot * (size_t)D + (size_t)d, enc_v, vh[d]);
 }
 
 extern "C" cudaError_t ember_cu_rope_kv_write(cudaStream_t stream, const ember_cu_kv *kv, float *q, int Hq, float *k,
@@ -168,9 +174,10 @@ extern "C" cudaError_t ember_cu_rope_kv_write(cudaStream_t stream, const ember_c
                                               int interleaved, float attn_factor) {
     if (kv->T < 1 || kv->H < 1) return cudaSuccess;
     const int half = n_rot / 2;
-    if (half < 1 || (int64_t)Hq * half > 0x7fffffff || (int64_t)kv->H * kv->D > 0x7fffffff) return cudaErrorInvalidValue;
-    return ember_launch(rope_kv_k, dim3((unsigned)kv->T), dim3(256), (size_t)half * 2 * sizeof(float), stream, *kv, q,
-                        Hq, k, v, pos, inv_freq, half, interleaved, attn_factor);
+    if (half < 1 || Hq + kv->H > 65535) return cudaErrorInvalidValue;
+    return ember_launch(rope_kv_k, dim3((unsigned)kv->T, (unsigned)(Hq + kv->H)), dim3(128),
+                        (size_t)half * 2 * sizeof(float), stream, *kv, q, Hq, k, v, pos, inv_freq, half, interleaved,
+                        attn_factor);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
@@ -337,10 +344,10 @@ static __device__ __forceinline__ void stage_v(const attn_args *a, const attn_sm
 
 /* span_state through shared memory (the staged kernels): the same sums in
    the same order, so the same bits. stage: STAGE_BYTES of dynamic shared
-   memory. */
+   memory. with_q: load the query into sm->q too (the first span). */
 template <int ENC>
 static __device__ void span_state_staged(const attn_args *a, attn_smem *sm, unsigned char *stage, int t, int hq,
-                                         int s, int lo, int hi, float *m, float *l, float *acc) {
+                                         int s, int lo, int hi, float *m, float *l, float *acc, bool with_q) {
     constexpr int ES = ENC == EMBER_CU_F32 ? 4 : 2;
     const ember_cu_kv *kv = &a->kv;
     const ember_cu_kv_ref ref = kv->refs[kv->row[t]];
@@ -356,6 +363,10 @@ static __device__ void span_state_staged(const attn_args *a, attn_smem *sm, unsi
         const bool live = b + 15 >= j0 && b <= j1;
         sm->kb[tid] = live ? piece(kv, &ref, vw, b, hk, 1) : NULL;
         sm->vb[tid] = live ? piece(kv, &ref, vw, b, hk, 0) : NULL;
+    }
+    if (with_q) { /* the query beside the block lookups: one wait for both */
+        const float *qg = a->q + ((size_t)t * (size_t)a->Hq + (size_t)hq) * (size_t)D;
+        for (int d = tid; d < D; d += SPAN) sm->q[d] = qg[d];
     }
     __syncthreads();
     const int c_first = (j0 - s0) / KC * KC; /* the V chunk holding j0 */
@@ -449,13 +460,13 @@ template <int ENC, int STAGED> static __global__ void __launch_bounds__(SPAN) at
     const int t = blockIdx.x / a.Hq, hq = blockIdx.x % a.Hq;
     int lo, hi;
     keys_of(&a, t, &lo, &hi);
-    load_q(&a, &sm, t, hq);
+    if (!STAGED) load_q(&a, &sm, t, hq);
     float M = -INFINITY, L = 0.0f, A[DPT], acc[DPT], m, l;
 #pragma unroll
     for (int i = 0; i < DPT; i++) A[i] = 0.0f;
     for (int s = lo / SPAN; s <= hi / SPAN; s++) {
         if (STAGED)
-            span_state_staged<ENC>(&a, &sm, stage, t, hq, s, lo, hi, &m, &l, acc);
+            span_state_staged<ENC>(&a, &sm, stage, t, hq, s, lo, hi, &m, &l, acc, s == lo / SPAN);
         else
             span_state<ENC>(&a, &sm, t, hq, s, lo, hi, &m, &l, acc);
         combine(&M, &L, A, m, l, acc);
@@ -478,9 +489,8 @@ template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_split_k(a
     keys_of(&a, t, &lo, &hi);
     const int s = lo / SPAN + (int)blockIdx.x, ns = hi / SPAN - lo / SPAN + 1;
     if (s > hi / SPAN) return;
-    load_q(&a, &sm, t, hq);
     float m, l, acc[DPT];
-    span_state_staged<ENC>(&a, &sm, stage, t, hq, s, lo, hi, &m, &l, acc);
+    span_state_staged<ENC>(&a, &sm, stage, t, hq, s, lo, hi, &m, &l, acc, true);
     const size_t stride = (size_t)(2 + a.kv.D);
     float *part = a.parts + ((size_t)u * (size_t)a.n_span + blockIdx.x) * stride;
     if (threadIdx.x == 0) {

@@ -83,8 +83,9 @@ typedef struct cuda_backend {
     size_t parts_cap;  /* floats */
     int *count;        /* split attention's finished spans per (token, head), zero between launches */
     size_t count_cap;
-    int32_t *ids_dev; /* argmax_rows' output */
-    size_t ids_cap;
+    int32_t *ids_dev; /* argmax_rows' ids [am_rows], counters [am_rows], candidates */
+    size_t am_rows;   /* rows and row length the candidates have room for */
+    int64_t am_V;
     float *delta_scratch; /* device scratch of delta_net, grown on demand */
     size_t delta_cap;     /* bytes */
     ember_cu_kv_ref *refs_h; /* host staging of a KV map's tables */
@@ -702,21 +703,31 @@ static int cuda_argmax_rows(ember_backend *be, const ember_tensor *x, int32_t *o
     int rc = need_f32(be, x, "argmax_rows", "x", err);
     if (rc) return rc;
     int64_t V = ember_tensor_row_len(x);
-    if (n < 0 || ember_tensor_rows(x) < n || V > INT32_MAX)
+    if (n < 0 || n > 65535 || ember_tensor_rows(x) < n || V > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "argmax_rows: %d rows of a [%lld, %lld] tensor", n,
                          (long long)ember_tensor_rows(x), (long long)V);
     if (n == 0) return EMBER_OK;
     if ((rc = bind(c, err))) return rc;
-    if ((size_t)n > c->ids_cap) {
+    /* ids [am_rows], counters [am_rows] (zero between launches), then the candidates */
+    if ((size_t)n > c->am_rows || V > c->am_V) {
+        size_t rows = (size_t)n > c->am_rows ? (size_t)n : c->am_rows;
+        int64_t vv = V > c->am_V ? V : c->am_V;
+        if (rows < 16) rows = 16;
+        size_t bytes = rows * 2 * sizeof(int32_t) + ember_cu_argmax_cands((int)rows, vv) * 8;
         CU_TRY(cudaStreamSynchronize(c->stream), "argmax_rows"); /* queued kernels may use the old one */
         if (c->ids_dev) CU_TRY(cudaFree(c->ids_dev), "argmax_rows");
         c->ids_dev = NULL;
-        c->ids_cap = 0;
-        size_t cap = n < 256 ? 256 : (size_t)n;
-        CU_TRY(cudaMalloc((void **)&c->ids_dev, cap * sizeof(int32_t)), "argmax_rows");
-        c->ids_cap = cap;
+        c->am_rows = 0;
+        c->am_V = 0;
+        CU_TRY(cudaMalloc((void **)&c->ids_dev, bytes), "argmax_rows");
+        CU_TRY(cudaMemsetAsync(c->ids_dev, 0, bytes, c->stream), "argmax_rows");
+        c->am_rows = rows;
+        c->am_V = vv;
     }
-    if ((rc = launched(c, ember_cu_argmax(c->stream, c->ids_dev, dev(x), n, V), "argmax_rows", err))) return rc;
+    if ((rc = launched(c, ember_cu_argmax(c->stream, c->ids_dev, (int *)(c->ids_dev + c->am_rows),
+                                          c->ids_dev + 2 * c->am_rows, dev(x), n, V),
+                       "argmax_rows", err)))
+        return rc;
     CU_TRY(cudaMemcpyAsync(out, c->ids_dev, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream),
            "argmax_rows");
     prof_mark(c, "read (argmax ids)");

@@ -90,8 +90,12 @@ cudaError_t ember_cu_add_rms_norm(cudaStream_t stream, float *dst, float *x, con
                                   int64_t rows, int64_t D, float eps, int plus_one);
 
 /* out[r] (device, [rows]) = the first index of the largest value of row r
-   of x [rows, V], NaNs skipped, 0 when all are NaN. */
-cudaError_t ember_cu_argmax(cudaStream_t stream, int32_t *out, const float *x, int rows, int64_t V);
+   of x [rows, V], NaNs skipped, 0 when all are NaN; rows <= 65535. count:
+   [rows] ints of device memory that are zero (and are again after the
+   launch); cand: ember_cu_argmax_cands(rows, V) floats and as many ints. */
+size_t ember_cu_argmax_cands(int rows, int64_t V);
+cudaError_t ember_cu_argmax(cudaStream_t stream, int32_t *out, int *count, void *cand, const float *x, int rows,
+                            int64_t V);
 
 /* In place on x [T, H, D]; pos [T] and inv_freq [n_rot / 2] are device memory. */
 cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_t *pos, const float *inv_freq, int T,
