@@ -28,6 +28,12 @@
  * argument area like any small array. Split attention's scratch is device
  * memory the backend owns, grown on demand.
  *
+ * Decode: the optional fused ops add_rms_norm and rope_kv_write (one launch
+ * each for what were two and three) and argmax_rows (greedy ids, 4 bytes a
+ * row back instead of the logits); every kernel is launched with
+ * programmatic dependent launch (cuda_pdl.cuh; EMBER_CUDA_PDL=0 turns it
+ * off).
+ *
  * Not here yet: the quantized KV codecs (Q8, Q4, TQ) and quantized weights
  * (EMBER_ERR_UNSUPPORTED, refused at load through weight_ok / kv_ok), CUDA
  * graphs.
