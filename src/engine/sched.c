@@ -582,7 +582,8 @@ static double log_sum_exp(const float *x, int n) {
 }
 
 /* Samples row r's next token from lg (verifying draft when >= 0, see
-   ember_sampler_sample_draft), records it and reports it. Returns
+   ember_sampler_sample_draft), or takes *tok as chosen when lg is NULL (a
+   greedy_plain row whose forward picked it), records it and reports it. Returns
    EMBER_FINISH_NONE when the request goes on, else how it ends (ERROR: the
    event queue ran out of memory); the caller ends it (end_request) once
    its KV is settled. */
