@@ -17,6 +17,8 @@
  *     rows that dropped their first blocks) agrees within the tolerance,
  *     and a token alone (the split kernels) gets the bits it got in a
  *     batch of 300 (the fused kernel);
+ *   - the fused ops (add_rms_norm, rope_kv_write) give the bits of the ops
+ *     they stand for, and argmax_rows the host's greedy ids (ties, NaNs);
  *   - buffers (zeroed allocation, copies at offsets, bounds) and the
  *     errors: unsupported ops, dtypes and KV kinds, bad ids and
  *     positions, foreign tensors, a device index out of range.
@@ -743,6 +745,171 @@ static void test_kv_attention(void) {
 
 /* ---- device errors ------------------------------------------------------------------------------ */
 
+/* ---- fused ops and greedy argmax (the decode path) ----------------------------------------- */
+
+/* A GPU tensor holding a copy of the host bytes. */
+static ember_buffer *gpu_copy(ember_tensor *t, int ndim, const int64_t *shape, const void *h) {
+    ember_buffer *b = NULL;
+    ember_error err;
+    CHECKF(ember_tensor_alloc(g_gpu, t, &b, EMBER_F32, ndim, shape, &err) == EMBER_OK, "alloc: %s", err.msg);
+    CHECKF(g_gpu->ops->write(g_gpu, t, 0, h, t->nbytes, &err) == EMBER_OK, "write: %s", err.msg);
+    return b;
+}
+
+/* GPU tensors a and b hold the same bits. */
+static void same_bits(const ember_tensor *a, const ember_tensor *b, const char *what) {
+    float *x = read_f32(g_gpu, a), *y = read_f32(g_gpu, b);
+    CHECKF(a->nbytes == b->nbytes && !memcmp(x, y, a->nbytes), "%s: the fused op's bits differ", what);
+    free(x);
+    free(y);
+}
+
+/* add_rms_norm: within the tolerance of the CPU's add then rms_norm, and
+   the bits of the GPU's add then rms_norm. */
+static void test_add_rms_norm(void) {
+    const int64_t Ds[] = {3, 64, 1000, 4096}, rows[] = {1, 5};
+    ember_error err;
+    for (int s = 0; s < 4; s++)
+        for (int r = 0; r < 2; r++)
+            for (int po = 0; po < 2; po++) {
+                pair x, h, w;
+                int64_t xs[2] = {rows[r], Ds[s]}, ws[1] = {Ds[s]};
+                pair_rand(&x, EMBER_F32, 2, xs);
+                pair_rand(&h, EMBER_F32, 2, xs);
+                pair_rand(&w, EMBER_F32, 1, ws);
+                float *hx = read_f32(g_gpu, &x.g), *hh = read_f32(g_gpu, &h.g);
+                ember_tensor x2, h2;
+                ember_buffer *bx = gpu_copy(&x2, 2, xs, hx), *bh = gpu_copy(&h2, 2, xs, hh);
+                CHECKF(g_gpu->ops->add_rms_norm(g_gpu, &h.g, &x.g, &h.g, &w.g, 1e-6f, po, &err) == EMBER_OK, "%s",
+                       err.msg);
+                CHECK(g_cpu->ops->add(g_cpu, &x.c, &x.c, &h.c, &err) == EMBER_OK);
+                CHECK(g_cpu->ops->rms_norm(g_cpu, &h.c, &x.c, &w.c, 1e-6f, po, &err) == EMBER_OK);
+                CHECK(g_gpu->ops->add(g_gpu, &x2, &x2, &h2, &err) == EMBER_OK);
+                CHECK(g_gpu->ops->rms_norm(g_gpu, &h2, &x2, &w.g, 1e-6f, po, &err) == EMBER_OK);
+                char what[80];
+                snprintf(what, sizeof what, "add_rms_norm D%lld rows%lld plus_one%d", (long long)Ds[s],
+                         (long long)rows[r], po);
+                compare(&x, what);
+                compare(&h, what);
+                same_bits(&x.g, &x2, what);
+                same_bits(&h.g, &h2, what);
+                ember_buffer_free(bx);
+                ember_buffer_free(bh);
+                free(hx);
+                free(hh);
+                pair_free(&x);
+                pair_free(&h);
+                pair_free(&w);
+            }
+    pair x, w;
+    int64_t xs[2] = {2, 8}, ws[1] = {8};
+    pair_rand(&x, EMBER_F32, 2, xs);
+    pair_rand(&w, EMBER_F32, 1, ws);
+    CHECK(g_gpu->ops->add_rms_norm(g_gpu, &x.g, &x.g, &x.g, &w.g, 1e-6f, false, &err) == EMBER_ERR_INVALID_ARG);
+    pair_free(&x);
+    pair_free(&w);
+}
+
+/* rope_kv_write: the bits of rope, rope, kv_write on the GPU (q, k and the
+   pool's bytes), and q within the tolerance of the CPU's rope. */
+static void check_rope_kv(ember_kv_enc enc, int Hkv, int rep, int D, int n_rot, int mode) {
+    const int len[KV_ROWS] = {40, 300, 130, 17}, first[KV_ROWS] = {0, 0, 0, 0};
+    kv_pair kp;
+    kv_setup(&kp, enc, Hkv, D, len, first);
+    char what[96];
+    snprintf(what, sizeof what, "rope_kv_write enc %d Hkv %d rep %d D %d n_rot %d mode %d", (int)enc, Hkv, rep, D,
+             n_rot, mode);
+    kv_fill(&kp, Hkv, D, what);
+    enum { T = 7 };
+    int32_t row[T], pos[T];
+    for (int t = 0; t < T; t++) {
+        row[t] = t % KV_ROWS;
+        pos[t] = (int32_t)(rnd() % (uint64_t)len[row[t]]);
+        for (int u = 0; u < t; u++) /* one token per position */
+            if (row[u] == row[t] && pos[u] == pos[t]) pos[t] = (pos[t] + 1) % len[row[t]], u = -1;
+    }
+    const int Hq = Hkv * rep;
+    pair q, k, v;
+    int64_t qs[3] = {T, Hq, D}, ks[3] = {T, Hkv, D};
+    pair_rand(&q, EMBER_F32, 3, qs);
+    pair_rand(&k, EMBER_F32, 3, ks);
+    pair_rand(&v, EMBER_F32, 3, ks);
+    float inv_freq[512];
+    for (int i = 0; i < n_rot / 2; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / n_rot);
+    ember_rope r = {inv_freq, n_rot, mode ? EMBER_ROPE_INTERLEAVED : EMBER_ROPE_NEOX, 1.0f};
+    float *hq = read_f32(g_gpu, &q.g), *hk = read_f32(g_gpu, &k.g);
+    ember_tensor q2, k2;
+    ember_buffer *bq = gpu_copy(&q2, 3, qs, hq), *bk = gpu_copy(&k2, 3, ks, hk);
+    ember_error err;
+    ember_kv_map gm = kv_map(&kp, true, row, pos);
+    /* the three ops first, then the fused one over the same positions: the pool must not change */
+    CHECK(g_gpu->ops->rope(g_gpu, &q2, pos, &r, &err) == EMBER_OK);
+    CHECK(g_gpu->ops->rope(g_gpu, &k2, pos, &r, &err) == EMBER_OK);
+    CHECKF(g_gpu->ops->kv_write(g_gpu, &gm, &k2, &v.g, &err) == EMBER_OK, "%s", err.msg);
+    unsigned char *p1 = malloc(kp.pool.g.nbytes), *p2 = malloc(kp.pool.g.nbytes);
+    CHECK(g_gpu->ops->read(g_gpu, &kp.pool.g, 0, p1, kp.pool.g.nbytes, &err) == EMBER_OK);
+    CHECKF(g_gpu->ops->rope_kv_write(g_gpu, &q.g, &k.g, &v.g, pos, &r, &gm, &err) == EMBER_OK, "%s: %s", what, err.msg);
+    CHECK(g_gpu->ops->read(g_gpu, &kp.pool.g, 0, p2, kp.pool.g.nbytes, &err) == EMBER_OK);
+    CHECKF(!memcmp(p1, p2, kp.pool.g.nbytes), "%s: the pool differs from rope + kv_write", what);
+    same_bits(&q.g, &q2, what);
+    same_bits(&k.g, &k2, what);
+    CHECK(g_cpu->ops->rope(g_cpu, &q.c, pos, &r, &err) == EMBER_OK);
+    compare(&q, what);
+    free(p1);
+    free(p2);
+    free(hq);
+    free(hk);
+    ember_buffer_free(bq);
+    ember_buffer_free(bk);
+    pair_free(&q);
+    pair_free(&k);
+    pair_free(&v);
+    kv_free(&kp);
+}
+
+static void test_rope_kv_write(void) {
+    check_rope_kv(EMBER_KVE_BF16, 2, 4, 128, 128, 0);
+    check_rope_kv(EMBER_KVE_F16, 1, 2, 64, 32, 1);
+    check_rope_kv(EMBER_KVE_F32, 2, 1, 80, 64, 0);
+}
+
+/* The host rule (sample/sampler.c's ember_argmax). */
+static int32_t ref_argmax(const float *x, int n) {
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
+    return best < 0 ? 0 : best;
+}
+
+/* argmax_rows: the host's greedy id for every row, ties to the lower
+   index, NaNs skipped, an all-NaN row 0. */
+static void test_argmax(void) {
+    enum { R = 5, V = 128256 };
+    float *h = malloc(sizeof(float) * R * V);
+    for (size_t i = 0; i < (size_t)R * V; i++) h[i] = frnd();
+    h[0 * V + 70000] = 3.0f; /* a tie: the lower index wins */
+    h[0 * V + 90001] = 3.0f;
+    h[1 * V + 0] = NAN; /* NaNs skipped, one past the maximum */
+    h[1 * V + 5] = 2.5f;
+    h[1 * V + 6] = NAN;
+    for (int i = 0; i < V; i++) h[2 * V + i] = NAN; /* every value NaN */
+    h[3 * V + V - 1] = 7.0f; /* the last element */
+    for (int i = 0; i < V; i++) h[4 * V + i] = -1.0f; /* all equal: index 0 */
+    ember_tensor t;
+    int64_t sh[2] = {R, V};
+    ember_buffer *b = gpu_copy(&t, 2, sh, h);
+    int32_t ids[R] = {-1, -1, -1, -1, -1};
+    ember_error err;
+    CHECKF(g_gpu->ops->argmax_rows(g_gpu, &t, ids, R, &err) == EMBER_OK, "argmax_rows: %s", err.msg);
+    for (int r = 0; r < R; r++)
+        CHECKF(ids[r] == ref_argmax(h + (size_t)r * V, V), "argmax row %d: %d, the host says %d", r, ids[r],
+               ref_argmax(h + (size_t)r * V, V));
+    CHECK(ids[0] == 70000 && ids[2] == 0 && ids[3] == V - 1 && ids[4] == 0);
+    CHECK(g_gpu->ops->argmax_rows(g_gpu, &t, ids, R + 1, &err) == EMBER_ERR_INVALID_ARG);
+    ember_buffer_free(b);
+    free(h);
+}
+
 static void test_unsupported(void) {
     ember_error err;
     int count;
@@ -784,6 +951,9 @@ int main(void) {
     test_elementwise();
     test_copy();
     test_kv_attention();
+    test_add_rms_norm();
+    test_rope_kv_write();
+    test_argmax();
     test_unsupported();
     ember_backend_free(g_gpu);
     ember_backend_free(g_cpu);

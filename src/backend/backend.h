@@ -334,6 +334,22 @@ typedef struct ember_backend_ops {
     int (*sigmoid_mul)(ember_backend *be, ember_tensor *dst, const ember_tensor *x, const ember_tensor *gate,
                        ember_error *err);
 
+    /* ---- optional fused ops (NULL: the caller runs the ops they stand for;
+       a backend that has one gives the bits of that sequence) ---- */
+    /* x = x + h, then dst = rms_norm(x, w, eps, plus_one): add, then
+       rms_norm. x [T, D] is updated in place; dst [T, D] may be h, not x. */
+    int (*add_rms_norm)(ember_backend *be, ember_tensor *dst, ember_tensor *x, const ember_tensor *h,
+                        const ember_tensor *w, float eps, bool plus_one, ember_error *err);
+    /* rope(q), rope(k), then kv_write(map, k, v): q [T, Hq, D] and k
+       [T, Hkv, D] rotated in place, then k and v stored (map as kv_write). */
+    int (*rope_kv_write)(ember_backend *be, ember_tensor *q, ember_tensor *k, const ember_tensor *v,
+                         const int32_t *pos, const ember_rope *r, const ember_kv_map *map, ember_error *err);
+
+    /* out[r] (host, [n]) = the first index of the largest value of row r of
+       x [>= n, V] (f32), NaNs skipped, 0 when every value is NaN: greedy
+       sampling without copying the rows to the host. */
+    int (*argmax_rows)(ember_backend *be, const ember_tensor *x, int32_t *out, int n, ember_error *err);
+
     /* What the backend supports, asked before loading (NULL: everything).
        weight_ok: matmul and get_rows take weights of this dtype; kv_ok: the
        paged KV ops take this codec. */

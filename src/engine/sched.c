@@ -234,6 +234,7 @@ struct ember_engine {
     uint64_t next_order;
     uint64_t steps;
     int *out_row; /* [n_rows + draft tokens] row of each logits row of a step */
+    int32_t *ids; /* [as out_row] greedy tokens chosen by the forward (ember_batch.argmax) */
     /* plan_drafts' arguments to ember_draft_propose_many, [n_rows] each */
     int *d_slot, *d_nhist, *d_cap, *d_n;
     const int32_t **d_hist;
@@ -277,6 +278,7 @@ void ember_engine_free(ember_engine *e) {
     for (int i = 0; i < e->n_rows && e->rows; i++) row_free_mem(&e->rows[i]);
     free(e->rows);
     free(e->out_row);
+    free(e->ids);
     free(e->d_slot);
     free(e->d_nhist);
     free(e->d_cap);
@@ -580,7 +582,8 @@ static double log_sum_exp(const float *x, int n) {
 }
 
 /* Samples row r's next token from lg (verifying draft when >= 0, see
-   ember_sampler_sample_draft), records it and reports it. Returns
+   ember_sampler_sample_draft), or takes *tok as chosen when lg is NULL (a
+   greedy_plain row whose forward picked it), records it and reports it. Returns
    EMBER_FINISH_NONE when the request goes on, else how it ends (ERROR: the
    event queue ran out of memory); the caller ends it (end_request) once
    its KV is settled. */
@@ -591,11 +594,14 @@ static ember_finish emit_token(ember_engine *e, row *r, float *lg, int32_t draft
     ember_event ev;
     memset(&ev, 0, sizeof ev);
     ev.kind = EMBER_EV_TOKEN;
-    bool want_lp = g->logprobs || g->top_logprobs > 0;
-    if (want_lp) memcpy(e->raw, lg, (size_t)V * sizeof *lg);
-    process_logits(r, lg, V);
-    if (g->constrain_mask) g->constrain_mask(g->constrain_user, lg, V); /* this row's logits only */
-    int32_t t = draft >= 0 ? ember_sampler_sample_draft(r->sampler, lg, draft) : ember_sampler_sample(r->sampler, lg);
+    bool want_lp = lg && (g->logprobs || g->top_logprobs > 0);
+    int32_t t = *tok; /* lg NULL: the forward chose it (a plain greedy row, greedy_plain) */
+    if (lg) {
+        if (want_lp) memcpy(e->raw, lg, (size_t)V * sizeof *lg);
+        process_logits(r, lg, V);
+        if (g->constrain_mask) g->constrain_mask(g->constrain_user, lg, V); /* this row's logits only */
+        t = draft >= 0 ? ember_sampler_sample_draft(r->sampler, lg, draft) : ember_sampler_sample(r->sampler, lg);
+    }
     *tok = t;
     if (g->constrain_accept) g->constrain_accept(g->constrain_user, t);
     ev.token = t;
@@ -641,9 +647,21 @@ static void end_request(ember_engine *e, row *r, ember_finish f) {
 }
 
 /* Samples row r's next token from lg and reports it; may end the request. */
-static void take_token(ember_engine *e, row *r, float *lg) {
-    int32_t t;
+static void take_token(ember_engine *e, row *r, float *lg, int32_t chosen) {
+    int32_t t = chosen;
     end_request(e, r, emit_token(e, r, lg, -1, &t));
+}
+
+/* Does row r take the largest logit as it is (temperature 0; no bias,
+   penalty, constraint, log-probabilities or drafts)? Then the forward may
+   pick its token on the device (ember_batch.argmax): the same token as
+   emit_token's sampler, without copying the logits row to the host. */
+static bool greedy_plain(const row *r) {
+    const ember_gen_params *g = &r->s->g;
+    return r->phase != ROW_FREE && r->n_draft == 0 && g->sampling.temperature == 0 && g->n_logit_bias == 0 &&
+           (g->repetition_penalty == 1.0f || g->repetition_penalty == 0.0f) && g->presence_penalty == 0 &&
+           g->frequency_penalty == 0 && !g->constrain_mask && !g->constrain_accept && !g->logprobs &&
+           g->top_logprobs <= 0;
 }
 
 /* Verifies row r's n_draft drafts against this step's logits (rows o_last,
@@ -937,7 +955,7 @@ static void plan_drafts(ember_engine *e, int *nt_io, int *no_io, size_t spare) {
 
 /* After a forward: each output's logits go to its row (a sampled token, or
    the verification of its drafts), and the step's counts into e->stats. */
-static void take_outputs(ember_engine *e, int no) {
+static void take_outputs(ember_engine *e, int no, bool chosen) {
     ember_model *m = e->m;
     const int V = m->cfg.vocab_size;
     int *out_row = e->out_row;
@@ -954,7 +972,7 @@ static void take_outputs(ember_engine *e, int no) {
             verify_drafts(e, r, m->logits, &accepted, &dec_tok);
         } else {
             dec_tok += decoding;
-            take_token(e, r, m->logits + (size_t)o * (size_t)V);
+            take_token(e, r, chosen ? NULL : m->logits + (size_t)o * (size_t)V, chosen ? e->ids[o] : 0);
         }
     }
     pthread_mutex_lock(&e->mu);
@@ -989,7 +1007,9 @@ static bool step(ember_engine *e) {
     e->steps++;
     if (nt == 0) return false;
     ember_error err = {0};
-    ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out};
+    bool chosen = no > 0; /* every output a plain greedy row: the forward picks the tokens */
+    for (int o = 0; o < no && chosen; o++) chosen = greedy_plain(&e->rows[e->out_row[o]]);
+    ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out, chosen ? e->ids : NULL};
     const double t0 = ember_now();
     int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
     if (rc) { /* nothing was stored: every row in the batch fails */
@@ -1007,7 +1027,7 @@ static bool step(ember_engine *e) {
             if (r->phase == ROW_PREFILL && r->stamp == e->steps - 1 && !r->s->g.no_prompt_cache)
                 (void)ember_kv_prefix_publish(e->px, i, r->hist, ember_kv_len(kv, i), r->s->g.cache_salt);
         }
-    take_outputs(e, no);
+    take_outputs(e, no, chosen);
     pace_measure(e, ember_now() - t0, n_dec, n_fill, nt - n_dec - n_fill);
     pthread_mutex_lock(&e->mu);
     e->stats.prefill_paced_steps += paced;
@@ -1153,6 +1173,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     if (drafts > (size_t)m->params.max_batch_tokens) drafts = (size_t)m->params.max_batch_tokens;
     n_out += drafts;
     e->out_row = ember_malloc(n_out * sizeof *e->out_row);
+    e->ids = ember_malloc(n_out * sizeof *e->ids);
     e->d_slot = ember_malloc((size_t)e->n_rows * sizeof *e->d_slot);
     e->d_nhist = ember_malloc((size_t)e->n_rows * sizeof *e->d_nhist);
     e->d_cap = ember_malloc((size_t)e->n_rows * sizeof *e->d_cap);
@@ -1161,7 +1182,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     e->d_out = ember_malloc((size_t)e->n_rows * sizeof *e->d_out);
     e->plan = ember_calloc((size_t)e->n_rows, sizeof *e->plan);
     e->steps = 1;
-    int rc = e->rows && e->raw && e->out_row && e->plan && e->d_slot && e->d_nhist && e->d_cap && e->d_n && e->d_hist &&
+    int rc = e->rows && e->raw && e->out_row && e->ids && e->plan && e->d_slot && e->d_nhist && e->d_cap && e->d_n && e->d_hist &&
                      e->d_out
                  ? EMBER_OK
                  : ember_err(err, EMBER_ERR_NOMEM, "out of memory");

@@ -448,8 +448,11 @@ int ember_blk_attention(ember_fwd *f, int l, const ember_llm_layer *ly, const em
                            (rc = ops->rms_norm(be, &f->kh, &f->kh, &ly->k_norm, eps, qk_plus_one, err))))
         return rc;
     ember_matmul o = {&f->h, &ly->wo, opt(&ly->bo)};
-    if ((rc = ops->rope(be, &f->q3, f->b->pos, rope, err)) || (rc = ops->rope(be, &f->k3, f->b->pos, rope, err)) ||
-        (rc = ops->kv_write(be, &map, &f->k3, &f->v3, err)) || (rc = ops->attention(be, &f->att3, &f->q3, &map, a, err)) ||
+    if (ops->rope_kv_write) /* the same three ops in one (backend.h) */
+        rc = ops->rope_kv_write(be, &f->q3, &f->k3, &f->v3, f->b->pos, rope, &map, err);
+    else if (!(rc = ops->rope(be, &f->q3, f->b->pos, rope, err)) && !(rc = ops->rope(be, &f->k3, f->b->pos, rope, err)))
+        rc = ops->kv_write(be, &map, &f->k3, &f->v3, err);
+    if (rc || (rc = ops->attention(be, &f->att3, &f->q3, &map, a, err)) ||
         (ly->wq_gate.buf && (rc = ops->sigmoid_mul(be, &f->att, &f->att, &qg, err))) ||
         (rc = ops->matmul(be, &f->att, 1, &o, err)))
         return rc;
@@ -683,6 +686,23 @@ int ember_blk_residual(ember_fwd *f) {
     return be->ops->add(be, &f->x, &f->x, &f->h, f->err);
 }
 
+int ember_blk_residual_norm(ember_fwd *f, const ember_tensor *w, bool plus_one) {
+    ember_backend *be = f->m->be;
+    if (be->ops->add_rms_norm)
+        return be->ops->add_rms_norm(be, &f->h, &f->x, &f->h, w, f->m->cfg.rms_norm_eps, plus_one, f->err);
+    int rc = ember_blk_residual(f);
+    return rc ? rc : ember_blk_norm(f, &f->h, &f->x, w, plus_one);
+}
+
+/* The first index of the largest of x[0..n), NaNs skipped, 0 when all are
+   NaN (ember_argmax's rule, sample/sampler.c). */
+static int32_t host_argmax(const float *x, int n) {
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
+    return best < 0 ? 0 : best;
+}
+
 int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, float softcap, float *logits) {
     ember_backend *be = f->m->be;
     const ember_backend_ops *ops = be->ops;
@@ -698,9 +718,16 @@ int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, floa
         if ((rc = ops->get_rows(be, &sel, &f->x, b->out + o0, n, f->err)) ||
             (rc = ops->rms_norm(be, &sel, &sel, norm, f->m->cfg.rms_norm_eps, plus_one, f->err)) ||
             (rc = ops->matmul(be, &sel, 1, &head, f->err)) ||
-            (softcap > 0 && (rc = ops->softcap(be, &lg, &lg, softcap, f->err))) ||
-            (rc = ops->read(be, &lg, 0, logits + (size_t)o0 * (size_t)V, (size_t)n * (size_t)V * 4, f->err)))
+            (softcap > 0 && (rc = ops->softcap(be, &lg, &lg, softcap, f->err))))
             return rc;
+        if (b->argmax && ops->argmax_rows) { /* greedy ids only: the rows stay on the device */
+            if ((rc = ops->argmax_rows(be, &lg, b->argmax + o0, n, f->err))) return rc;
+            continue;
+        }
+        float *dst = logits + (size_t)o0 * (size_t)V;
+        if ((rc = ops->read(be, &lg, 0, dst, (size_t)n * (size_t)V * 4, f->err))) return rc;
+        for (int i = 0; b->argmax && i < n; i++) /* as ember_argmax */
+            b->argmax[o0 + i] = host_argmax(dst + (size_t)i * (size_t)V, V);
     }
     return EMBER_OK;
 }

@@ -172,6 +172,11 @@ void ember_moe_route(const ember_model_config *c, const float *z, const float *b
 /* f->x += f->h. */
 int ember_blk_residual(ember_fwd *f);
 
+/* f->x += f->h, then f->h = rms_norm(f->x) with weight w (plus_one as
+   ember_blk_norm): the backend's fused add_rms_norm where it has one (the
+   same bits), else the two ops. */
+int ember_blk_residual_norm(ember_fwd *f, const ember_tensor *w, bool plus_one);
+
 /*
  * Logits of the batch's wanted rows into host memory: final norm (plus_one
  * as ember_blk_norm), lm_head, then softcap * tanh(logit / softcap) when

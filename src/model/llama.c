@@ -89,13 +89,15 @@ static int llama_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const 
     const ember_rope rope = {m->inv_freq, m->n_rot, m->rope_mode, m->attn_factor};
     const float scale = 1.0f / sqrtf((float)c->head_dim);
     int rc = ember_blk_embed(&f, 1.0f);
+    if (!rc && c->n_layers > 0) rc = ember_blk_norm(&f, &f.h, &f.x, &m->layers[0].attn_norm, false);
     for (int l = 0; !rc && l < c->n_layers; l++) {
         const ember_llm_layer *ly = &m->layers[l];
         const ember_attn ap = {scale, ly->window, 0.0f};
-        if ((rc = ember_blk_norm(&f, &f.h, &f.x, &ly->attn_norm, false)) ||
-            (rc = ember_blk_attention(&f, l, ly, &rope, &ap, false)) || (rc = ember_blk_residual(&f)) ||
-            (rc = ember_blk_norm(&f, &f.h, &f.x, &ly->ffn_norm, false)) || (rc = ember_blk_mlp(&f, ly, c->act)) ||
-            (rc = ember_blk_residual(&f)))
+        /* each residual add and the norm after it: one op where the backend fuses them */
+        if ((rc = ember_blk_attention(&f, l, ly, &rope, &ap, false)) ||
+            (rc = ember_blk_residual_norm(&f, &ly->ffn_norm, false)) || (rc = ember_blk_mlp(&f, ly, c->act)) ||
+            (rc = l + 1 < c->n_layers ? ember_blk_residual_norm(&f, &m->layers[l + 1].attn_norm, false)
+                                      : ember_blk_residual(&f)))
             break;
     }
     if (!rc) rc = ember_blk_logits(&f, &m->out_norm, false, 0.0f, logits);

@@ -187,6 +187,10 @@ typedef struct ember_batch {
     const int32_t *row; /* [n] KV cache rows */
     int n_out;          /* tokens whose logits are wanted */
     const int32_t *out; /* [n_out] strictly increasing indices into the batch */
+    int32_t *argmax;    /* NULL, or [n_out]: the forward writes each wanted row's greedy token
+                           there (the first index of its largest logit, NaNs skipped, as
+                           ember_argmax) and may leave logits unwritten (the backend's
+                           argmax_rows: no logits row leaves the device) */
 } ember_batch;
 
 /*

@@ -21,13 +21,18 @@
  *   a[d] = sum over keys j in position order of p_j v_j[d] (thread d).
  * Then the spans are combined in increasing s: (M, L, A) <- (max(M, m),
  * L ca + l cb, A ca + a cb) with ca = exp(M - max), cb = exp(m - max), and
- * out = A (1 / L). Two kernels implement this: the fused one walks a
- * token's spans in one block; the split one (few tokens, long contexts)
- * computes every span in its own block into a scratch array, then a merge
- * kernel combines them. Both run the same device functions on the same
- * values, built without contraction (--fmad=false): they give the same
- * bits, so a token's output never depends on the batch around it or on
- * which kernel the host picked.
+ * out = A (1 / L). Three kernels implement this: the fused one walks a
+ * token's spans in one block, each thread loading its own key or dimension
+ * from global memory (prefill: many blocks hide the latency); the staged
+ * one does the same after copying each span's K and V pieces into shared
+ * memory with cp.async, every load in flight at once (few tokens); the
+ * split one (few tokens, long contexts: decode) gives every span its own
+ * staged block, writes its state to a scratch array, and the last block of
+ * a (token, head) to finish combines the spans in increasing order. All
+ * run the same arithmetic on the same values in the same order, built
+ * without contraction (--fmad=false): they give the same bits, so a
+ * token's output never depends on the batch around it or on which kernel
+ * the host picked.
  *
  * Ownership and threads: launchers run on the host thread that drives the
  * backend and only enqueue on its stream; every pointer is device memory
@@ -40,6 +45,7 @@
 #include <stdint.h>
 
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 
 #define SPAN EMBER_CU_ATTN_SPAN
 #define DPT (EMBER_CU_ATTN_MAX_D / SPAN) /* output dimensions per thread */
@@ -82,6 +88,7 @@ static __device__ __forceinline__ const unsigned char *piece(const ember_cu_kv *
 
 /* Block (t, h): head h of token t, dimensions by thread. */
 static __global__ void __launch_bounds__(128) kv_rw_k(ember_cu_kv kv, float *k, float *v, int write) {
+    ember_pdl_enter();
     const int t = blockIdx.x, h = blockIdx.y, D = kv.D;
     const ember_cu_kv_ref ref = kv.refs[kv.row[t]];
     const ember_cu_kv_view *vw = &kv.view[ref.layer_set];
@@ -104,26 +111,109 @@ static __global__ void __launch_bounds__(128) kv_rw_k(ember_cu_kv kv, float *k, 
 extern "C" cudaError_t ember_cu_kv_rw(cudaStream_t stream, const ember_cu_kv *kv, float *k, float *v, int write) {
     if (kv->T < 1 || kv->H < 1) return cudaSuccess;
     if (kv->H > 65535) return cudaErrorInvalidValue;
-    kv_rw_k<<<dim3((unsigned)kv->T, (unsigned)kv->H, 1), 128, 0, stream>>>(*kv, k, v, write);
-    return cudaGetLastError();
+    return ember_launch(kv_rw_k, dim3((unsigned)kv->T, (unsigned)kv->H, 1), dim3(128), 0, stream, *kv, k, v, write);
+}
+
+/* ---- rope + kv_write ------------------------------------------------------------------------ */
+
+/* Block (t, j): head j of token t's q (j < Hq), or KV head j - Hq: the
+   cos / sin table of its position (as cuda_ops.cu's rope_k), the head's
+   pairs rotated, and for a KV head its rotated k and its v stored as
+   kv_rw_k stores them (a rotated pair straight from registers). The
+   cache's block is looked up before the table, off the critical path. */
+static __global__ void __launch_bounds__(128) rope_kv_k(ember_cu_kv kv, float *q, int Hq, float *k, const float *v,
+                                                        const int32_t *pos, const float *inv_freq, int half,
+                                                        int interleaved, float af) {
+    ember_pdl_enter();
+    extern __shared__ float tab[]; /* cos [half], then sin [half] */
+    const int t = blockIdx.x, j = blockIdx.y, H = kv.H, D = kv.D;
+    const bool is_k = j >= Hq;
+    const int h = is_k ? j - Hq : j;
+    unsigned char *kp = NULL, *vp = NULL;
+    int slot = 0, enc_k = 0, enc_v = 0;
+    if (is_k) {
+        const ember_cu_kv_ref ref = kv.refs[kv.row[t]];
+        const ember_cu_kv_view *vw = &kv.view[ref.layer_set];
+        const int p = kv.pos[t];
+        slot = p % 16;
+        kp = (unsigned char *)piece(&kv, &ref, vw, p, h, 1);
+        vp = (unsigned char *)piece(&kv, &ref, vw, p, h, 0);
+        enc_k = vw->k_enc;
+        enc_v = vw->v_enc;
+    }
+    const float p = (float)pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float angle = p * inv_freq[i];
+        double s, c;
+        sincos((double)angle, &s, &c);
+        tab[i] = (float)c * af;
+        tab[half + i] = (float)s * af;
+    }
+    __syncthreads();
+    float *x = is_k ? k + ((size_t)t * (size_t)H + (size_t)h) * (size_t)D : q + ((size_t)t * (size_t)Hq + (size_t)h) * (size_t)D;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+        const float x0 = x[a], x1 = x[b], cs = tab[i], sn = tab[half + i];
+        const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+        x[a] = y0;
+        x[b] = y1;
+        if (is_k) {
+            st_kv(kp, (size_t)a * 16 + (size_t)slot, enc_k, y0);
+            st_kv(kp, (size_t)b * 16 + (size_t)slot, enc_k, y1);
+        }
+    }
+    if (!is_k) return;
+    for (int d = 2 * half + threadIdx.x; d < D; d += blockDim.x) /* dimensions past n_rot: as they are */
+        st_kv(kp, (size_t)d * 16 + (size_t)slot, enc_k, x[d]);
+    const float *vh = v + ((size_t)t * (size_t)H + (size_t)h) * (size_t)D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) st_kv(vp, (size_t)slot * (size_t)D + (size_t)d, enc_v, vh[d]);
+}
+
+extern "C" cudaError_t ember_cu_rope_kv_write(cudaStream_t stream, const ember_cu_kv *kv, float *q, int Hq, float *k,
+                                              const float *v, const int32_t *pos, const float *inv_freq, int n_rot,
+                                              int interleaved, float attn_factor) {
+    if (kv->T < 1 || kv->H < 1) return cudaSuccess;
+    const int half = n_rot / 2;
+    if (half < 1 || Hq + kv->H > 65535) return cudaErrorInvalidValue;
+    return ember_launch(rope_kv_k, dim3((unsigned)kv->T, (unsigned)(Hq + kv->H)), dim3(128),
+                        (size_t)half * 2 * sizeof(float), stream, *kv, q, Hq, k, v, pos, inv_freq, half, interleaved,
+                        attn_factor);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
+
+/* The staged kernels copy a span's K and V pieces into shared memory with
+   cp.async before computing: every load of a span is in flight at once,
+   where the plain kernels keep a few loads per thread in flight (a chain of
+   dependent loads, the decode bottleneck). K is staged STAGE_K bytes of
+   dimensions at a time (each piece padded by 16 values so the two pieces a
+   warp reads fall in other banks), V STAGE_V bytes of keys at a time. The
+   arithmetic, and so the bits, are the plain kernels'. */
+#define STAGE_K 32768
+#define STAGE_V 32768
+#define PIECES (SPAN / 16)
+#define STAGE_K_PAD (STAGE_K + PIECES * 16 * 4) /* the K region with each piece padded by 16 values */
+#define STAGE_BYTES (STAGE_K_PAD + STAGE_V)
+static_assert(STAGE_K_PAD % 16 == 0, "the V region starts 16-byte aligned");
+static_assert(16 * EMBER_CU_ATTN_MAX_D * 4 <= STAGE_V, "one V piece of the largest head fits");
 
 typedef struct attn_args {
     ember_cu_kv kv;
     float *out;      /* [T, Hq, D] */
     const float *q;  /* [T, Hq, D] */
     float *parts;    /* split mode: [T * Hq][n_span][2 + D] */
+    int *count;      /* split mode: [T * Hq] spans finished, zero between launches */
     int Hq, rep, n_span;
     float scale, softcap;
     int window;
+    int vec16; /* every pool, offset and head size is a multiple of 16 bytes */
 } attn_args;
 
 typedef struct attn_smem {
     float q[EMBER_CU_ATTN_MAX_D];
     float p[SPAN];        /* scores, then their exponentials */
     float red[SPAN / 32]; /* warp maxima, then warp sums */
+    const unsigned char *kb[PIECES], *vb[PIECES]; /* staged: the span's pieces (NULL: outside the keys) */
 } attn_smem;
 
 /* Keys [lo, hi] of token t. */
@@ -133,27 +223,18 @@ static __device__ __forceinline__ void keys_of(const attn_args *a, int t, int *l
     *lo = w > 0 && p - w + 1 > 0 ? p - w + 1 : 0;
 }
 
-/* The partial state of span s for (t, query head hq): every thread gets m
-   and l; thread d-owner gets a[i] for d = threadIdx.x + i * SPAN. Leaves
-   the shared memory free for the next call (ends with a barrier). */
-template <int ENC>
-static __device__ void span_state(const attn_args *a, attn_smem *sm, int t, int hq, int s, int lo, int hi, float *m,
-                                  float *l, float *acc) {
-    const ember_cu_kv *kv = &a->kv;
-    const ember_cu_kv_ref ref = kv->refs[kv->row[t]];
-    const ember_cu_kv_view *vw = &kv->view[ref.layer_set];
-    const int D = kv->D, hk = hq / a->rep, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int j = s * SPAN + tid;
-    float sc = -INFINITY;
-    if (j >= lo && j <= hi) {
-        const unsigned char *kp = piece(kv, &ref, vw, j, hk, 1);
-        const int slot = j % 16;
-        float dot = 0.0f;
-#pragma unroll 16
-        for (int d = 0; d < D; d++) dot = fmaf(sm->q[d], ld_enc<ENC>(kp, (size_t)d * 16 + (size_t)slot), dot);
-        sc = dot * a->scale;
-        if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);
-    }
+/* The score of key j from its dot product; -inf for a key outside the window. */
+static __device__ __forceinline__ float score_of(const attn_args *a, float dot, bool live) {
+    if (!live) return -INFINITY;
+    float sc = dot * a->scale;
+    if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);
+    return sc;
+}
+
+/* m, l of a span from each thread's score sc; p[tid] = exp(sc - m). Ends
+   with p[] written and visible (a barrier). */
+static __device__ __forceinline__ void span_softmax(attn_smem *sm, float sc, float *m, float *l) {
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     float mx = sc;
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -175,6 +256,27 @@ static __device__ void span_state(const attn_args *a, attn_smem *sm, int t, int 
     for (int w = 1; w < SPAN / 32; w++) sum = sum + sm->red[w];
     *m = mx;
     *l = sum;
+}
+
+/* The partial state of span s for (t, query head hq): every thread gets m
+   and l; thread d-owner gets a[i] for d = threadIdx.x + i * SPAN. Leaves
+   the shared memory free for the next call (ends with a barrier). */
+template <int ENC>
+static __device__ void span_state(const attn_args *a, attn_smem *sm, int t, int hq, int s, int lo, int hi, float *m,
+                                  float *l, float *acc) {
+    const ember_cu_kv *kv = &a->kv;
+    const ember_cu_kv_ref ref = kv->refs[kv->row[t]];
+    const ember_cu_kv_view *vw = &kv->view[ref.layer_set];
+    const int D = kv->D, hk = hq / a->rep, tid = threadIdx.x;
+    const int j = s * SPAN + tid;
+    float dot = 0.0f;
+    if (j >= lo && j <= hi) {
+        const unsigned char *kp = piece(kv, &ref, vw, j, hk, 1);
+        const int slot = j % 16;
+#pragma unroll 16
+        for (int d = 0; d < D; d++) dot = fmaf(sm->q[d], ld_enc<ENC>(kp, (size_t)d * 16 + (size_t)slot), dot);
+    }
+    span_softmax(sm, score_of(a, dot, j >= lo && j <= hi), m, l);
     /* a[d] over the span's keys that exist, in position order */
     const int j0 = s * SPAN > lo ? s * SPAN : lo, j1 = s * SPAN + SPAN - 1 < hi ? s * SPAN + SPAN - 1 : hi;
 #pragma unroll
@@ -196,7 +298,133 @@ static __device__ void span_state(const attn_args *a, attn_smem *sm, int t, int 
     __syncthreads(); /* p[] and red[] are free again */
 }
 
-/* (M, L, A) <- combine((M, L, A), (m, l, a)); the same in both kernels. */
+/* Queues the copy of n bytes (a multiple of 16, or of 4 without vec16)
+   from src to shared dst, split over the block's threads from index i0. */
+static __device__ __forceinline__ void stage_copy(unsigned char *dst, const unsigned char *src, int n, int i0,
+                                                  int vec16) {
+    if (vec16) {
+        for (int i = i0 * 16; i < n; i += SPAN * 16) {
+            const unsigned int sa = (unsigned int)__cvta_generic_to_shared(dst + i);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(src + i) : "memory");
+        }
+    } else {
+        for (int i = i0 * 4; i < n; i += SPAN * 4) {
+            const unsigned int sa = (unsigned int)__cvta_generic_to_shared(dst + i);
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(src + i) : "memory");
+        }
+    }
+}
+
+static __device__ __forceinline__ void stage_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> static __device__ __forceinline__ void stage_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Staged K: dimensions [d0, d0 + dn) of every live piece (sm->kb) into sk,
+   piece p at p * pstride bytes. */
+template <int ES>
+static __device__ __forceinline__ void stage_k(const attn_args *a, const attn_smem *sm, unsigned char *sk, int d0,
+                                               int dn, int pstride) {
+    const int n = dn * 16 * ES;
+    for (int p = 0; p < PIECES; p++)
+        if (sm->kb[p]) stage_copy(sk + p * pstride, sm->kb[p] + (size_t)d0 * 16 * ES, n, threadIdx.x, a->vec16);
+}
+
+/* Staged V: the live pieces among keys [c0, c0 + kc) of the span (relative). */
+template <int ES>
+static __device__ __forceinline__ void stage_v(const attn_args *a, const attn_smem *sm, unsigned char *sv, int c0,
+                                               int kc, int D) {
+    const int n = 16 * D * ES;
+    for (int p = c0 / 16; p < (c0 + kc) / 16 && p < PIECES; p++)
+        if (sm->vb[p]) stage_copy(sv + (p - c0 / 16) * n, sm->vb[p], n, threadIdx.x, a->vec16);
+}
+
+/* span_state through shared memory (the staged kernels): the same sums in
+   the same order, so the same bits. stage: STAGE_BYTES of dynamic shared
+   memory. with_q: load the query into sm->q too (the first span). */
+template <int ENC>
+static __device__ void span_state_staged(const attn_args *a, attn_smem *sm, unsigned char *stage, int t, int hq,
+                                         int s, int lo, int hi, float *m, float *l, float *acc, bool with_q) {
+    constexpr int ES = ENC == EMBER_CU_F32 ? 4 : 2;
+    const ember_cu_kv *kv = &a->kv;
+    const ember_cu_kv_ref ref = kv->refs[kv->row[t]];
+    const ember_cu_kv_view *vw = &kv->view[ref.layer_set];
+    const int D = kv->D, hk = hq / a->rep, tid = threadIdx.x, s0 = s * SPAN;
+    const int j0 = s0 > lo ? s0 : lo, j1 = s0 + SPAN - 1 < hi ? s0 + SPAN - 1 : hi;
+    const int DC = D < STAGE_K / (SPAN * ES) ? D : STAGE_K / (SPAN * ES); /* dimensions per K chunk */
+    const int kc_max = STAGE_V / (D * ES) / 16 * 16, KC = kc_max < SPAN ? kc_max : SPAN; /* keys per V chunk */
+    const int pstride = (DC * 16 + 16) * ES;
+    unsigned char *sk = stage, *sv = stage + STAGE_K_PAD;
+    if (tid < PIECES) { /* the pieces holding keys of [j0, j1] */
+        const int b = s0 + tid * 16;
+        const bool live = b + 15 >= j0 && b <= j1;
+        sm->kb[tid] = live ? piece(kv, &ref, vw, b, hk, 1) : NULL;
+        sm->vb[tid] = live ? piece(kv, &ref, vw, b, hk, 0) : NULL;
+    }
+    if (with_q) { /* the query beside the block lookups: one wait for both */
+        const float *qg = a->q + ((size_t)t * (size_t)a->Hq + (size_t)hq) * (size_t)D;
+        for (int d = tid; d < D; d += SPAN) sm->q[d] = qg[d];
+    }
+    __syncthreads();
+    const int c_first = (j0 - s0) / KC * KC; /* the V chunk holding j0 */
+    stage_k<ES>(a, sm, sk, 0, DC, pstride);
+    stage_commit();
+    stage_v<ES>(a, sm, sv, c_first, KC, D);
+    stage_commit();
+    const int j = s0 + tid;
+    const bool live = j >= lo && j <= hi;
+    float dot = 0.0f;
+    for (int d0 = 0; d0 < D; d0 += DC) {
+        const int dn = D - d0 < DC ? D - d0 : DC;
+        if (d0 == 0) {
+            stage_wait<1>();
+        } else {
+            __syncthreads(); /* every thread is done with the last chunk */
+            stage_k<ES>(a, sm, sk, d0, dn, pstride);
+            stage_commit();
+            stage_wait<0>();
+        }
+        __syncthreads();
+        if (live) {
+            const unsigned char *kp = sk + (tid / 16) * pstride;
+            const int slot = tid % 16;
+#pragma unroll 16
+            for (int dd = 0; dd < dn; dd++)
+                dot = fmaf(sm->q[d0 + dd], ld_enc<ENC>(kp, (size_t)dd * 16 + (size_t)slot), dot);
+        }
+    }
+    span_softmax(sm, score_of(a, dot, live), m, l);
+#pragma unroll
+    for (int i = 0; i < DPT; i++) acc[i] = 0.0f;
+    for (int c0 = c_first; s0 + c0 <= j1; c0 += KC) {
+        if (c0 == c_first) {
+            stage_wait<0>();
+        } else {
+            __syncthreads(); /* every thread is done with the last chunk */
+            stage_v<ES>(a, sm, sv, c0, KC, D);
+            stage_commit();
+            stage_wait<0>();
+        }
+        __syncthreads();
+        const int e0 = j0 > s0 + c0 ? j0 : s0 + c0, e1 = j1 < s0 + c0 + KC - 1 ? j1 : s0 + c0 + KC - 1;
+#pragma unroll 4
+        for (int jj = e0; jj <= e1; jj++) {
+            const float pj = sm->p[jj - s0];
+            const size_t row = (size_t)(jj - s0 - c0) * (size_t)D;
+#pragma unroll
+            for (int i = 0; i < DPT; i++) {
+                const int d = tid + i * SPAN;
+                if (d < D) acc[i] = fmaf(pj, ld_enc<ENC>(sv, row + (size_t)d), acc[i]);
+            }
+        }
+    }
+    __syncthreads(); /* p[], red[], the pieces and the stage are free again */
+}
+
+/* (M, L, A) <- combine((M, L, A), (m, l, a)); the same in every kernel. */
 static __device__ __forceinline__ void combine(float *M, float *L, float *A, float m, float l, const float *acc) {
     const float mn = fmaxf(*M, m);
     const float ca = *M == -INFINITY ? 0.0f : expf(*M - mn), cb = m == -INFINITY ? 0.0f : expf(m - mn);
@@ -223,35 +451,48 @@ static __device__ __forceinline__ void load_q(const attn_args *a, attn_smem *sm,
     __syncthreads();
 }
 
-/* Fused: block u = t * Hq + hq walks every span of token t in order. */
-template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_fused_k(attn_args a) {
+/* Fused: block u = t * Hq + hq walks every span of token t in order
+   (STAGED: through shared memory, STAGE_BYTES of dynamic shared memory). */
+template <int ENC, int STAGED> static __global__ void __launch_bounds__(SPAN) attn_fused_k(attn_args a) {
+    ember_pdl_enter();
     __shared__ attn_smem sm;
+    extern __shared__ __align__(16) unsigned char stage[];
     const int t = blockIdx.x / a.Hq, hq = blockIdx.x % a.Hq;
     int lo, hi;
     keys_of(&a, t, &lo, &hi);
-    load_q(&a, &sm, t, hq);
+    if (!STAGED) load_q(&a, &sm, t, hq);
     float M = -INFINITY, L = 0.0f, A[DPT], acc[DPT], m, l;
 #pragma unroll
     for (int i = 0; i < DPT; i++) A[i] = 0.0f;
     for (int s = lo / SPAN; s <= hi / SPAN; s++) {
-        span_state<ENC>(&a, &sm, t, hq, s, lo, hi, &m, &l, acc);
+        if (STAGED)
+            span_state_staged<ENC>(&a, &sm, stage, t, hq, s, lo, hi, &m, &l, acc, s == lo / SPAN);
+        else
+            span_state<ENC>(&a, &sm, t, hq, s, lo, hi, &m, &l, acc);
         combine(&M, &L, A, m, l, acc);
     }
     finish(&a, t, hq, L, A);
 }
 
-/* Split, pass 1: block (x, u) computes span lo / SPAN + x of unit u. */
-template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_span_k(attn_args a) {
+/* Split: block (x, u) computes span lo / SPAN + x of unit u (staged) into
+   parts; the last of the unit's blocks to finish (a counter per unit)
+   combines its spans in increasing order, as the fused kernel does, and
+   zeroes the counter for the next launch. Which block is last changes
+   nothing: the combine reads every span's part in the same order. */
+template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_split_k(attn_args a) {
+    ember_pdl_enter();
     __shared__ attn_smem sm;
+    __shared__ int last;
+    extern __shared__ __align__(16) unsigned char stage[];
     const int u = blockIdx.y, t = u / a.Hq, hq = u % a.Hq;
     int lo, hi;
     keys_of(&a, t, &lo, &hi);
-    const int s = lo / SPAN + (int)blockIdx.x;
+    const int s = lo / SPAN + (int)blockIdx.x, ns = hi / SPAN - lo / SPAN + 1;
     if (s > hi / SPAN) return;
-    load_q(&a, &sm, t, hq);
     float m, l, acc[DPT];
-    span_state<ENC>(&a, &sm, t, hq, s, lo, hi, &m, &l, acc);
-    float *part = a.parts + ((size_t)u * (size_t)a.n_span + blockIdx.x) * (size_t)(2 + a.kv.D);
+    span_state_staged<ENC>(&a, &sm, stage, t, hq, s, lo, hi, &m, &l, acc, true);
+    const size_t stride = (size_t)(2 + a.kv.D);
+    float *part = a.parts + ((size_t)u * (size_t)a.n_span + blockIdx.x) * stride;
     if (threadIdx.x == 0) {
         part[0] = m;
         part[1] = l;
@@ -261,56 +502,62 @@ template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_span_k(at
         const int d = threadIdx.x + i * SPAN;
         if (d < a.kv.D) part[2 + d] = acc[i];
     }
-}
-
-/* Split, pass 2: block u combines its spans in order. */
-static __global__ void __launch_bounds__(SPAN) attn_merge_k(attn_args a) {
-    const int u = blockIdx.x, t = u / a.Hq, hq = u % a.Hq;
-    int lo, hi;
-    keys_of(&a, t, &lo, &hi);
-    const int ns = hi / SPAN - lo / SPAN + 1;
-    float M = -INFINITY, L = 0.0f, A[DPT], acc[DPT];
+    __threadfence(); /* this block's part is visible before the count says so */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&a.count[u], 1) == ns - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float M = -INFINITY, L = 0.0f, A[DPT];
 #pragma unroll
     for (int i = 0; i < DPT; i++) A[i] = 0.0f;
     for (int x = 0; x < ns; x++) {
-        const float *part = a.parts + ((size_t)u * (size_t)a.n_span + (size_t)x) * (size_t)(2 + a.kv.D);
+        const float *px = a.parts + ((size_t)u * (size_t)a.n_span + (size_t)x) * stride;
 #pragma unroll
         for (int i = 0; i < DPT; i++) {
             const int d = threadIdx.x + i * SPAN;
-            acc[i] = d < a.kv.D ? part[2 + d] : 0.0f;
+            acc[i] = d < a.kv.D ? __ldcg(px + 2 + d) : 0.0f;
         }
-        combine(&M, &L, A, part[0], part[1], acc);
+        combine(&M, &L, A, __ldcg(px), __ldcg(px + 1), acc);
     }
     finish(&a, t, hq, L, A);
+    if (threadIdx.x == 0) a.count[u] = 0;
+}
+
+template <int ENC>
+static cudaError_t attn_launch(cudaStream_t stream, const attn_args *a, int mode, unsigned units) {
+    if (mode == EMBER_CU_ATTN_FUSED) {
+        return ember_launch(attn_fused_k<ENC, 0>, dim3(units), dim3(SPAN), 0, stream, *a);
+    }
+    cudaError_t e = mode == EMBER_CU_ATTN_STAGED
+                        ? cudaFuncSetAttribute(attn_fused_k<ENC, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES)
+                        : cudaFuncSetAttribute(attn_split_k<ENC>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES);
+    if (e != cudaSuccess) return e;
+    if (mode == EMBER_CU_ATTN_STAGED) return ember_launch(attn_fused_k<ENC, 1>, dim3(units), dim3(SPAN), STAGE_BYTES, stream, *a);
+    return ember_launch(attn_split_k<ENC>, dim3((unsigned)a->n_span, units, 1), dim3(SPAN), STAGE_BYTES, stream, *a);
 }
 
 extern "C" cudaError_t ember_cu_attention(cudaStream_t stream, const ember_cu_kv *kv, float *out, const float *q,
-                                          int Hq, float scale, int window, float softcap, int n_span, float *parts) {
+                                          int Hq, float scale, int window, float softcap, int mode, int n_span,
+                                          float *parts, int *count) {
     if (kv->T < 1 || Hq < 1) return cudaSuccess;
     if (kv->D < 1 || kv->D > EMBER_CU_ATTN_MAX_D || kv->H < 1 || Hq % kv->H || (int64_t)kv->T * Hq > 0x7fffffff)
         return cudaErrorInvalidValue;
     const int enc = kv->view[0].k_enc;
-    for (int i = 0; i < 2; i++) /* one codec for K and V of every view the kernels read */
-        if (kv->view[i].pool && (kv->view[i].k_enc != enc || kv->view[i].v_enc != enc)) return cudaErrorInvalidValue;
-    attn_args a = {*kv, out, q, parts, Hq, Hq / kv->H, n_span, scale, softcap, window};
+    int vec16 = 1;
+    for (int i = 0; i < 2; i++) { /* one codec for K and V of every view the kernels read */
+        const ember_cu_kv_view *v = &kv->view[i];
+        if (!v->pool) continue;
+        if (v->k_enc != enc || v->v_enc != enc) return cudaErrorInvalidValue;
+        if (((uintptr_t)v->pool | v->block_bytes | v->k_off | v->v_off | v->k_head | v->v_head) & 15u) vec16 = 0;
+    }
+    attn_args a = {*kv, out, q, parts, count, Hq, Hq / kv->H, n_span, scale, softcap, window, vec16};
     const unsigned units = (unsigned)(kv->T * Hq);
-    if (n_span > 0 && units > 65535u) return cudaErrorInvalidValue; /* grid y */
-    const dim3 split((unsigned)n_span, units, 1);
+    if (mode == EMBER_CU_ATTN_SPLIT && (n_span < 1 || units > 65535u)) return cudaErrorInvalidValue; /* grid y */
     switch (enc) {
-    case EMBER_CU_F32:
-        if (n_span > 0) attn_span_k<EMBER_CU_F32><<<split, SPAN, 0, stream>>>(a);
-        else attn_fused_k<EMBER_CU_F32><<<units, SPAN, 0, stream>>>(a);
-        break;
-    case EMBER_CU_F16:
-        if (n_span > 0) attn_span_k<EMBER_CU_F16><<<split, SPAN, 0, stream>>>(a);
-        else attn_fused_k<EMBER_CU_F16><<<units, SPAN, 0, stream>>>(a);
-        break;
-    case EMBER_CU_BF16:
-        if (n_span > 0) attn_span_k<EMBER_CU_BF16><<<split, SPAN, 0, stream>>>(a);
-        else attn_fused_k<EMBER_CU_BF16><<<units, SPAN, 0, stream>>>(a);
-        break;
+    case EMBER_CU_F32: return attn_launch<EMBER_CU_F32>(stream, &a, mode, units);
+    case EMBER_CU_F16: return attn_launch<EMBER_CU_F16>(stream, &a, mode, units);
+    case EMBER_CU_BF16: return attn_launch<EMBER_CU_BF16>(stream, &a, mode, units);
     default: return cudaErrorInvalidValue;
     }
-    if (n_span > 0) attn_merge_k<<<units, SPAN, 0, stream>>>(a);
-    return cudaGetLastError();
 }

@@ -28,6 +28,12 @@
  * argument area like any small array. Split attention's scratch is device
  * memory the backend owns, grown on demand.
  *
+ * Decode: the optional fused ops add_rms_norm and rope_kv_write (one launch
+ * each for what were two and three) and argmax_rows (greedy ids, 4 bytes a
+ * row back instead of the logits); every kernel is launched with
+ * programmatic dependent launch (cuda_pdl.cuh; EMBER_CUDA_PDL=0 turns it
+ * off).
+ *
  * Not here yet: the quantized KV codecs (Q8, Q4, TQ) and quantized weights
  * (EMBER_ERR_UNSUPPORTED, refused at load through weight_ok / kv_ok), CUDA
  * graphs.
@@ -81,6 +87,11 @@ typedef struct cuda_backend {
     unsigned long long arg_clock;
     float *parts; /* device scratch of split attention */
     size_t parts_cap;  /* floats */
+    int *count;        /* split attention's finished spans per (token, head), zero between launches */
+    size_t count_cap;
+    int32_t *ids_dev; /* argmax_rows' ids [am_rows], counters [am_rows], candidates */
+    size_t am_rows;   /* rows and row length the candidates have room for */
+    int64_t am_V;
     float *delta_scratch; /* device scratch of delta_net, grown on demand */
     size_t delta_cap;     /* bytes */
     ember_cu_kv_ref *refs_h; /* host staging of a KV map's tables */
@@ -531,18 +542,27 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
     return EMBER_OK;
 }
 
+/* The checks of rope's x (f32 [T, H, D]) and r; *T, *H, *D on success. */
+static int rope_check(ember_backend *be, const ember_tensor *x, const ember_rope *r, const char *op, int *T, int *H,
+                      int *D, ember_error *err) {
+    int rc = need_f32(be, x, op, "x", err);
+    if (rc) return rc;
+    if (x->ndim != 3) return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: x must be [T, H, D]", op);
+    if (x->shape[0] > INT32_MAX || x->shape[1] > INT32_MAX || x->shape[2] > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: x too large", op);
+    *T = (int)x->shape[0], *H = (int)x->shape[1], *D = (int)x->shape[2];
+    if (r->n_rot < 2 || r->n_rot % 2 || r->n_rot > *D || r->n_rot > 1024)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %d rotated dims for head size %d", op, r->n_rot, *D);
+    if (r->mode != EMBER_ROPE_NEOX && r->mode != EMBER_ROPE_INTERLEAVED)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: unknown mode %d", op, (int)r->mode);
+    return EMBER_OK;
+}
+
 static int cuda_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, const ember_rope *r, ember_error *err) {
     cuda_backend *c = cu(be);
-    int rc = need_f32(be, x, "rope", "x", err);
+    int T, H, D;
+    int rc = rope_check(be, x, r, "rope", &T, &H, &D, err);
     if (rc) return rc;
-    if (x->ndim != 3) return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: x must be [T, H, D]");
-    if (x->shape[0] > INT32_MAX || x->shape[1] > INT32_MAX || x->shape[2] > INT32_MAX)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: x too large");
-    int T = (int)x->shape[0], H = (int)x->shape[1], D = (int)x->shape[2];
-    if (r->n_rot < 2 || r->n_rot % 2 || r->n_rot > D || r->n_rot > 1024)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: %d rotated dims for head size %d", r->n_rot, D);
-    if (r->mode != EMBER_ROPE_NEOX && r->mode != EMBER_ROPE_INTERLEAVED)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: unknown mode %d", (int)r->mode);
     if (T == 0 || H == 0) return EMBER_OK;
     if ((rc = bind(c, err))) return rc;
     const void *part[2] = {pos, r->inv_freq};
@@ -552,6 +572,24 @@ static int cuda_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, con
     return launched(c, ember_cu_rope(c->stream, dev(x), d[0], d[1], T, H, D, r->n_rot,
                                   r->mode == EMBER_ROPE_INTERLEAVED, r->attn_factor),
                     "rope", err);
+}
+
+/* x = x + h, then dst = rms_norm(x) (backend.h): one launch. */
+static int cuda_add_rms_norm(ember_backend *be, ember_tensor *dst, ember_tensor *x, const ember_tensor *h,
+                             const ember_tensor *w, float eps, bool plus_one, ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc;
+    if ((rc = need_f32(be, dst, "add_rms_norm", "dst", err)) || (rc = need_f32(be, x, "add_rms_norm", "x", err)) ||
+        (rc = need_f32(be, h, "add_rms_norm", "h", err)) || (rc = need_f32(be, w, "add_rms_norm", "weight", err)))
+        return rc;
+    int64_t D = ember_tensor_row_len(x), n = ember_tensor_nelem(x);
+    if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != n || ember_tensor_nelem(h) != n || D > INT32_MAX ||
+        (dst->buf == x->buf && dst->offset == x->offset))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "add_rms_norm: shapes do not match (or dst is x)");
+    if ((rc = bind(c, err))) return rc;
+    return launched(c, ember_cu_add_rms_norm(c->stream, dev(dst), dev(x), dev(h), dev(w), ember_tensor_rows(x), D, eps,
+                                             plus_one),
+                    "add_rms_norm", err);
 }
 
 /* ---- paged KV ---------------------------------------------------------------------------- */
@@ -665,10 +703,77 @@ static int cuda_kv_read(ember_backend *be, const ember_kv_map *map, ember_tensor
     return cuda_kv_rw(be, map, k, v, false, err);
 }
 
-/* Units (token, query head) below which attention over more than one span
-   runs split: a block per span, then a merge. Either way gives the same
-   bits (cuda_attn.cu); this only chooses the faster. */
-#define SPLIT_UNITS 1024
+/* Greedy ids of n rows (backend.h): a block per row, then n ids read back. */
+static int cuda_argmax_rows(ember_backend *be, const ember_tensor *x, int32_t *out, int n, ember_error *err) {
+    cuda_backend *c = cu(be);
+    int rc = need_f32(be, x, "argmax_rows", "x", err);
+    if (rc) return rc;
+    int64_t V = ember_tensor_row_len(x);
+    if (n < 0 || n > 65535 || ember_tensor_rows(x) < n || V > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "argmax_rows: %d rows of a [%lld, %lld] tensor", n,
+                         (long long)ember_tensor_rows(x), (long long)V);
+    if (n == 0) return EMBER_OK;
+    if ((rc = bind(c, err))) return rc;
+    /* ids [am_rows], counters [am_rows] (zero between launches), then the candidates */
+    if ((size_t)n > c->am_rows || V > c->am_V) {
+        size_t rows = (size_t)n > c->am_rows ? (size_t)n : c->am_rows;
+        int64_t vv = V > c->am_V ? V : c->am_V;
+        if (rows < 16) rows = 16;
+        size_t bytes = rows * 2 * sizeof(int32_t) + ember_cu_argmax_cands((int)rows, vv) * 8;
+        CU_TRY(cudaStreamSynchronize(c->stream), "argmax_rows"); /* queued kernels may use the old one */
+        if (c->ids_dev) CU_TRY(cudaFree(c->ids_dev), "argmax_rows");
+        c->ids_dev = NULL;
+        c->am_rows = 0;
+        c->am_V = 0;
+        CU_TRY(cudaMalloc((void **)&c->ids_dev, bytes), "argmax_rows");
+        CU_TRY(cudaMemsetAsync(c->ids_dev, 0, bytes, c->stream), "argmax_rows");
+        c->am_rows = rows;
+        c->am_V = vv;
+    }
+    if ((rc = launched(c, ember_cu_argmax(c->stream, c->ids_dev, (int *)(c->ids_dev + c->am_rows),
+                                          c->ids_dev + 2 * c->am_rows, dev(x), n, V),
+                       "argmax_rows", err)))
+        return rc;
+    CU_TRY(cudaMemcpyAsync(out, c->ids_dev, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream),
+           "argmax_rows");
+    prof_mark(c, "read (argmax ids)");
+    CU_TRY(cudaStreamSynchronize(c->stream), "argmax_rows");
+    return EMBER_OK;
+}
+
+/* rope(q), rope(k), kv_write(map, k, v) (backend.h): one launch, a block
+   per token. */
+static int cuda_rope_kv_write(ember_backend *be, ember_tensor *q, ember_tensor *k, const ember_tensor *v,
+                              const int32_t *pos, const ember_rope *r, const ember_kv_map *map, ember_error *err) {
+    cuda_backend *c = cu(be);
+    int Tq, Hq, Dq, Tk, Hk, Dk, T, H, D, rc;
+    if ((rc = rope_check(be, q, r, "rope_kv_write", &Tq, &Hq, &Dq, err)) ||
+        (rc = rope_check(be, k, r, "rope_kv_write", &Tk, &Hk, &Dk, err)) ||
+        (rc = need_f32(be, v, "rope_kv_write", "v", err)) ||
+        (rc = ember_kv_rw_check(map, k, v, "rope_kv_write", &T, &H, &D, err)))
+        return rc;
+    if (Tq != T || Dq != D || Tk != T || Hk != H || Dk != D)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "rope_kv_write: q [%d, %d, %d] does not match k [%d, %d, %d]", Tq,
+                         Hq, Dq, T, H, D);
+    if (T == 0) return EMBER_OK;
+    if ((rc = bind(c, err))) return rc;
+    const void *part[2] = {pos, r->inv_freq};
+    size_t bytes[2] = {(size_t)T * sizeof *pos, (size_t)(r->n_rot / 2) * sizeof *r->inv_freq};
+    void *dp[2];
+    ember_cu_kv d;
+    if ((rc = upload_args(c, 2, part, bytes, dp, err)) || (rc = upload_map(c, map, T, H, D, "rope_kv_write", &d, err)))
+        return rc;
+    return launched(c, ember_cu_rope_kv_write(c->stream, &d, dev(q), Hq, dev(k), dev(v), dp[0], dp[1], r->n_rot,
+                                              r->mode == EMBER_ROPE_INTERLEAVED, r->attn_factor),
+                    "rope_kv_write", err);
+}
+
+/* Tokens up to which attention runs staged (shared memory; split over
+   spans when a token has more than one); more tokens run the fused kernel
+   (prefill). Every kernel gives the same bits (cuda_attn.cu); this only
+   chooses the faster. The split scratch is capped at SPLIT_MAX_FLOATS. */
+#define STAGED_TOKENS 64
+#define SPLIT_MAX_FLOATS ((size_t)64 << 20)
 
 static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tensor *q, const ember_kv_map *map,
                           const ember_attn *a, ember_error *err) {
@@ -701,24 +806,36 @@ static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tens
     if (T == 0) return EMBER_OK;
     if ((rc = bind(c, err))) return rc;
     const int units = T * Hq;
-    int n_span = 0;
-    if (units < SPLIT_UNITS && max_span > 1) {
-        size_t need = (size_t)units * (size_t)max_span * (size_t)(2 + D);
-        if (need > c->parts_cap) {
+    int n_span = 0, mode = T <= STAGED_TOKENS ? EMBER_CU_ATTN_STAGED : EMBER_CU_ATTN_FUSED;
+    size_t need = (size_t)units * (size_t)max_span * (size_t)(2 + D);
+    if (mode == EMBER_CU_ATTN_STAGED && max_span > 1 && units <= 65535 && need <= SPLIT_MAX_FLOATS) {
+        if (need > c->parts_cap || (size_t)units > c->count_cap) {
+            size_t np = need > c->parts_cap ? need : c->parts_cap;
+            size_t nc = (size_t)units > c->count_cap ? (size_t)units : c->count_cap;
+            if (nc < 1024) nc = 1024;
             CU_TRY(cudaStreamSynchronize(c->stream), "attention scratch"); /* queued kernels may use it */
             if (c->parts) CU_TRY(cudaFree(c->parts), "attention scratch");
+            if (c->count) CU_TRY(cudaFree(c->count), "attention scratch");
             c->parts = NULL;
-            c->parts_cap = 0;
-            CU_TRY(cudaMalloc((void **)&c->parts, need * sizeof(float)), "attention scratch");
-            c->parts_cap = need;
+            c->count = NULL;
+            c->parts_cap = c->count_cap = 0;
+            CU_TRY(cudaMalloc((void **)&c->parts, np * sizeof(float)), "attention scratch");
+            CU_TRY(cudaMalloc((void **)&c->count, nc * sizeof(int)), "attention scratch");
+            CU_TRY(cudaMemsetAsync(c->count, 0, nc * sizeof(int), c->stream), "attention scratch");
+            c->parts_cap = np;
+            c->count_cap = nc;
         }
         n_span = max_span;
+        mode = EMBER_CU_ATTN_SPLIT;
     }
     ember_cu_kv d;
     if ((rc = upload_map(c, map, T, Hkv, D, "attention", &d, err))) return rc;
-    return launched(c, ember_cu_attention(c->stream, &d, dev(out), dev(q), Hq, a->scale, a->window, a->softcap, n_span,
-                                       c->parts),
-                    n_span ? "attention (split)" : "attention", err);
+    return launched(c, ember_cu_attention(c->stream, &d, dev(out), dev(q), Hq, a->scale, a->window, a->softcap, mode,
+                                          n_span, c->parts, c->count),
+                    mode == EMBER_CU_ATTN_SPLIT ? "attention (split)"
+                    : mode == EMBER_CU_ATTN_STAGED ? "attention (staged)"
+                                                   : "attention",
+                    err);
 }
 
 /* dst bytes [doff, +n) = src bytes [soff, +n), device to device on the stream. */
@@ -909,6 +1026,8 @@ static void cuda_free(ember_backend *be) {
         for (int i = 0; i < ARG_SLOTS; i++)
             if (c->slots[i].dev) cudaFree(c->slots[i].dev);
         if (c->parts) cudaFree(c->parts);
+        if (c->count) cudaFree(c->count);
+        if (c->ids_dev) cudaFree(c->ids_dev);
         if (c->delta_scratch) cudaFree(c->delta_scratch);
         cudaStreamDestroy(c->stream);
     }
@@ -953,6 +1072,9 @@ static const ember_backend_ops k_cuda_ops = {
     .delta_net = cuda_delta_net,
     .delta_replay = cuda_delta_replay,
     .sigmoid_mul = cuda_sigmoid_mul,
+    .add_rms_norm = cuda_add_rms_norm,
+    .rope_kv_write = cuda_rope_kv_write,
+    .argmax_rows = cuda_argmax_rows,
     .weight_ok = cuda_weight_ok,
     .kv_ok = cuda_kv_ok,
 };
@@ -1008,6 +1130,8 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     c->base.impl = c;
     if (p) c->base.log = p->log;
     prof_start(c);
+    const char *pdl = getenv("EMBER_CUDA_PDL"); /* a measuring aid: 0 gives plain launches (cuda_pdl.cuh) */
+    if (pdl && *pdl) ember_cu_pdl = atoi(pdl) != 0;
     *out = &c->base;
     return EMBER_OK;
 }

@@ -27,6 +27,10 @@
 extern "C" {
 #endif
 
+/* Programmatic dependent launch of the kernels (cuda_pdl.cuh): 1 (the
+   default) or 0, set once by the backend from EMBER_CUDA_PDL. */
+extern int ember_cu_pdl;
+
 /* Element type of a float tensor, as the kernels see it. */
 enum { EMBER_CU_F32 = 0, EMBER_CU_F16 = 1, EMBER_CU_BF16 = 2 };
 
@@ -80,6 +84,19 @@ cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const void *src, 
 cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const float *x, const float *w,
                               int64_t rows, int64_t D, float eps, int plus_one);
 
+/* x = x + h, then dst = rms_norm(x) as ember_cu_rms_norm (same bits as
+   the two launches); dst may be h, not x. */
+cudaError_t ember_cu_add_rms_norm(cudaStream_t stream, float *dst, float *x, const float *h, const float *w,
+                                  int64_t rows, int64_t D, float eps, int plus_one);
+
+/* out[r] (device, [rows]) = the first index of the largest value of row r
+   of x [rows, V], NaNs skipped, 0 when all are NaN; rows <= 65535. count:
+   [rows] ints of device memory that are zero (and are again after the
+   launch); cand: ember_cu_argmax_cands(rows, V) floats and as many ints. */
+size_t ember_cu_argmax_cands(int rows, int64_t V);
+cudaError_t ember_cu_argmax(cudaStream_t stream, int32_t *out, int *count, void *cand, const float *x, int rows,
+                            int64_t V);
+
 /* In place on x [T, H, D]; pos [T] and inv_freq [n_rot / 2] are device memory. */
 cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_t *pos, const float *inv_freq, int T,
                           int H, int D, int n_rot, int interleaved, float attn_factor);
@@ -120,12 +137,30 @@ typedef struct ember_cu_kv {
    row[t]; else decodes them back. */
 cudaError_t ember_cu_kv_rw(cudaStream_t stream, const ember_cu_kv *kv, float *k, float *v, int write);
 
+/* The attention kernels (cuda_attn.cu), all giving the same bits:
+   FUSED    a block per (token, query head) walks the token's spans, each
+            thread loading its key / dimension from global memory (prefill);
+   STAGED   the same with every span's K and V pieces first copied to shared
+            memory (cp.async), all loads in flight at once (few tokens);
+   SPLIT    STAGED with a block per (token, query head, span) and the spans
+            combined in order by the unit's last block (decode over long
+            contexts): n_span >= the spans of any token, T * Hq <= 65535,
+            parts [T * Hq * n_span * (2 + D)] floats, count [T * Hq] ints
+            that are zero before the launch (and are again after it). */
+enum { EMBER_CU_ATTN_FUSED = 0, EMBER_CU_ATTN_STAGED = 1, EMBER_CU_ATTN_SPLIT = 2 };
+
+/* rope (as ember_cu_rope) of q [T, Hq, D] and k [T, kv->H, D] in place
+   with positions pos and inv_freq [n_rot / 2], then kv_write of k and v
+   ([T, kv->H, D]) through kv: the bits of the three launches. */
+cudaError_t ember_cu_rope_kv_write(cudaStream_t stream, const ember_cu_kv *kv, float *q, int Hq, float *k,
+                                   const float *v, const int32_t *pos, const float *inv_freq, int n_rot,
+                                   int interleaved, float attn_factor);
+
 /* out [T, Hq, D] = attention of q [T, Hq, D] over the keys of each token
-   (cuda_attn.cu says the order of every sum). n_span > 0: the split kernels,
-   n_span >= the spans of any token, parts [T * Hq * n_span * (2 + D)]
-   floats, T * Hq <= 65535; 0: the fused kernel. Same bits either way. */
+   (cuda_attn.cu says the order of every sum) with the kernel of mode. */
 cudaError_t ember_cu_attention(cudaStream_t stream, const ember_cu_kv *kv, float *out, const float *q, int Hq,
-                               float scale, int window, float softcap, int n_span, float *parts);
+                               float scale, int window, float softcap, int mode, int n_span, float *parts,
+                               int *count);
 
 /* ---- gated DeltaNet (cuda_delta.cu) ---- */
 

@@ -77,6 +77,7 @@
 #include <stdint.h>
 
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 
 #define LANES 32
 #define WARPS 8 /* per block, every kernel */
@@ -185,6 +186,7 @@ static __device__ __forceinline__ void store_out(const ember_cu_mm_prod &p, int 
    stay in registers). */
 static __device__ __forceinline__ void gemv_body(const ember_cu_mm &a, const int dt, const int M, const int R,
                                                  const int U) {
+    ember_pdl_enter();
     const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
     const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES;
     const int n0 = ((int)blockIdx.x - p.first_block) * (WARPS * R) + warp * R;
@@ -289,6 +291,7 @@ static const gemv_kind k_gemv[3][8] = {GEMV_ROW(EMBER_CU_F32, f32), GEMV_ROW(EMB
 /* ---- tiled: M > 8 ------------------------------------------------------------------------ */
 
 static __device__ __forceinline__ void tiled_body(const ember_cu_mm &a, const int dt) {
+    ember_pdl_enter();
     const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
     const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES;
     const int wm = warp / TILE_WN, wn = warp % TILE_WN;
@@ -349,6 +352,7 @@ static const mm_kernel k_tiled[3] = {tiled_f32, tiled_f16, tiled_bf16};
 
 /* One warp per weight row, every input row in turn (blockIdx.y strides M). */
 static __device__ __forceinline__ void elem_body(const ember_cu_mm &a, const int dt) {
+    ember_pdl_enter();
     const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
     const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES;
     const int n = ((int)blockIdx.x - p.first_block) * WARPS + warp;
@@ -571,6 +575,7 @@ static __device__ __forceinline__ void tc_part_ring(float acc[][4][4], uint4 *ri
 static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red, uint4 *ring, const bool vec,
                                                const int WT, const int XT, const int BW, const int BX, const bool PS,
                                                const int U, const int S) {
+    ember_pdl_enter();
     const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
     const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES, g = lane / 4, q = lane % 4;
     const int tile = PS ? warp / TC_P : warp, part = PS ? warp % TC_P : 0;
@@ -708,6 +713,11 @@ extern "C" int ember_cu_tc_variant(int variant, int shape[7]) {
     return 1;
 }
 
+/* Programmatic dependent launch on (cuda_pdl.cuh). */
+extern "C" {
+int ember_cu_pdl = 1;
+}
+
 /* ---- launcher ---------------------------------------------------------------------------- */
 
 static bool aligned16(const void *p) {
@@ -725,8 +735,10 @@ static cudaError_t launch(cudaStream_t stream, ember_cu_mm *a, mm_kernel k, int 
     }
     if (blocks < 1) return cudaSuccess;
     void *args[] = {a};
-    cudaError_t e = cudaLaunchKernel((const void *)k, dim3((unsigned)blocks, (unsigned)grid_y, 1),
-                                     dim3((unsigned)threads, 1, 1), args, 0, stream);
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute at;
+    ember_pdl_config(&cfg, &at, dim3((unsigned)blocks, (unsigned)grid_y, 1), dim3((unsigned)threads, 1, 1), 0, stream);
+    cudaError_t e = cudaLaunchKernelExC(&cfg, (const void *)k, args);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }

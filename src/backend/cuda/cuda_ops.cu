@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
 
 #define THREADS 256
 #define NORM_THREADS 1024 /* rms_norm: the most threads per row */
@@ -38,6 +39,7 @@ static __device__ __forceinline__ float elem_f32(const void *src, size_t i, cons
 /* Block (i, y): row i of dst, columns y * THREADS + thread. */
 static __global__ void __launch_bounds__(THREADS)
     get_rows_k(float *dst, const void *src, int dt, const int32_t *ids, int64_t D) {
+    ember_pdl_enter();
     const int64_t d = (int64_t)blockIdx.y * THREADS + threadIdx.x;
     if (d >= D) return;
     const size_t row = (size_t)ids[blockIdx.x];
@@ -49,8 +51,8 @@ extern "C" cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const 
     if (n < 1 || D < 1) return cudaSuccess;
     const int64_t gy = (D + THREADS - 1) / THREADS;
     if (gy > 65535 || dtype < 0 || dtype > 2) return cudaErrorInvalidValue;
-    get_rows_k<<<dim3((unsigned)n, (unsigned)gy, 1), THREADS, 0, stream>>>(dst, src, dtype, ids, D);
-    return cudaGetLastError();
+    return ember_launch(get_rows_k, dim3((unsigned)n, (unsigned)gy, 1), dim3(THREADS), 0, stream, dst, src, dtype, ids,
+                        D);
 }
 
 /* ---- rms_norm -------------------------------------------------------------------------- */
@@ -61,6 +63,7 @@ extern "C" cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const 
    32 warp sums in warp order. n depends on the row length alone. */
 static __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm_k(float *dst, const float *x, const float *w, int64_t D, float eps, int plus_one) {
+    ember_pdl_enter();
     __shared__ float part[NORM_THREADS / 32];
     const float *xr = x + (size_t)blockIdx.x * (size_t)D;
     float *yr = dst + (size_t)blockIdx.x * (size_t)D;
@@ -92,8 +95,74 @@ extern "C" cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const 
                                          int64_t rows, int64_t D, float eps, int plus_one) {
     if (rows < 1 || D < 1) return cudaSuccess;
     if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-    rms_norm_k<<<(unsigned)rows, norm_threads(D), 0, stream>>>(dst, x, w, D, eps, plus_one);
-    return cudaGetLastError();
+    return ember_launch(rms_norm_k, dim3((unsigned)rows), dim3((unsigned)norm_threads(D)), 0, stream, dst, x, w, D, eps,
+                        plus_one);
+}
+
+/* add_rms_norm: x = x + h, then rms_norm as rms_norm_k (the same thread
+   layout and sum order, so the bits of add then rms_norm). Each element is
+   read and written by one thread in both loops, so dst may be h. Rows of
+   at most NORM_HOLD elements per thread keep x and w in registers, so the
+   weights load beside x and h instead of after the sum. */
+#define NORM_HOLD 8
+static __global__ void __launch_bounds__(NORM_THREADS)
+    add_rms_norm_k(float *dst, float *x, const float *h, const float *w, int64_t D, float eps, int plus_one) {
+    ember_pdl_enter();
+    __shared__ float part[NORM_THREADS / 32];
+    float *xr = x + (size_t)blockIdx.x * (size_t)D;
+    const float *hr = h + (size_t)blockIdx.x * (size_t)D;
+    float *yr = dst + (size_t)blockIdx.x * (size_t)D;
+    float ss = 0.0f;
+    const int n = (int)blockDim.x;
+    const bool hold = D <= (int64_t)NORM_HOLD * n;
+    float xv[NORM_HOLD], wv[NORM_HOLD];
+    if (hold) {
+#pragma unroll
+        for (int k = 0; k < NORM_HOLD; k++) {
+            const int64_t i = threadIdx.x + (int64_t)k * n;
+            if (i < D) {
+                const float v = xr[i] + hr[i];
+                wv[k] = w[i];
+                xr[i] = v;
+                xv[k] = v;
+                ss = fmaf(v, v, ss);
+            }
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < D; i += n) {
+            const float v = xr[i] + hr[i];
+            xr[i] = v;
+            ss = fmaf(v, v, ss);
+        }
+    }
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) ss = ss + __shfl_xor_sync(0xffffffffu, ss, s);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float tot = part[0];
+#pragma unroll
+    for (int i = 1; i < n / 32; i++) tot = tot + part[i];
+    const float r = 1.0f / sqrtf(tot / (float)D + eps);
+    if (hold) {
+#pragma unroll
+        for (int k = 0; k < NORM_HOLD; k++) {
+            const int64_t i = threadIdx.x + (int64_t)k * n;
+            if (i < D) yr[i] = (plus_one ? 1.0f + wv[k] : wv[k]) * (xv[k] * r);
+        }
+        return;
+    }
+    for (int64_t i = threadIdx.x; i < D; i += n) {
+        const float wq = plus_one ? 1.0f + w[i] : w[i];
+        yr[i] = wq * (xr[i] * r);
+    }
+}
+
+extern "C" cudaError_t ember_cu_add_rms_norm(cudaStream_t stream, float *dst, float *x, const float *h, const float *w,
+                                             int64_t rows, int64_t D, float eps, int plus_one) {
+    if (rows < 1 || D < 1) return cudaSuccess;
+    if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+    return ember_launch(add_rms_norm_k, dim3((unsigned)rows), dim3((unsigned)norm_threads(D)), 0, stream, dst, x, h, w,
+                        D, eps, plus_one);
 }
 
 /* ---- rope ------------------------------------------------------------------------------- */
@@ -103,6 +172,7 @@ extern "C" cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const 
    (head, pair) rotated by one thread. */
 static __global__ void __launch_bounds__(THREADS) rope_k(float *x, const int32_t *pos, const float *inv_freq,
                                                          int H, int D, int half, int interleaved, float af) {
+    ember_pdl_enter();
     extern __shared__ float tab[]; /* cos [half], then sin [half] */
     const float p = (float)pos[blockIdx.x];
     for (int i = threadIdx.x; i < half; i += THREADS) {
@@ -129,15 +199,15 @@ extern "C" cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_
     if (T < 1 || H < 1) return cudaSuccess;
     const int half = n_rot / 2;
     if (half < 1 || (int64_t)H * half > 0x7fffffff) return cudaErrorInvalidValue;
-    rope_k<<<(unsigned)T, THREADS, (size_t)half * 2 * sizeof(float), stream>>>(x, pos, inv_freq, H, D, half,
-                                                                               interleaved, attn_factor);
-    return cudaGetLastError();
+    return ember_launch(rope_k, dim3((unsigned)T), dim3(THREADS), (size_t)half * 2 * sizeof(float), stream, x, pos,
+                        inv_freq, H, D, half, interleaved, attn_factor);
 }
 
 /* ---- swiglu, add -------------------------------------------------------------------------- */
 
 static __global__ void __launch_bounds__(THREADS)
     elementwise_k(int kind, float *dst, const float *a, const float *b, float s, int64_t n) {
+    ember_pdl_enter();
     const int64_t stride = (int64_t)gridDim.x * THREADS;
     for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += stride) {
         if (kind == 0) {
@@ -163,6 +233,112 @@ extern "C" cudaError_t ember_cu_elementwise(cudaStream_t stream, int kind, float
     if (n < 1) return cudaSuccess;
     int64_t blocks = (n + THREADS - 1) / THREADS;
     if (blocks > 132 * 16) blocks = 132 * 16; /* a grid-stride loop past a few waves */
-    elementwise_k<<<(unsigned)blocks, THREADS, 0, stream>>>(kind, dst, a, b, s, n);
-    return cudaGetLastError();
+    return ember_launch(elementwise_k, dim3((unsigned)blocks), dim3(THREADS), 0, stream, kind, dst, a, b, s, n);
+}
+
+/* ---- argmax (greedy sampling on the GPU) ------------------------------------------------ */
+
+/* Is (v2, i2) before (v1, i1) in the order "larger value, then lower index",
+   an index < 0 being no candidate? */
+static __device__ __forceinline__ bool am_better(float v2, int i2, float v1, int i1) {
+    return i2 >= 0 && (i1 < 0 || v2 > v1 || (v2 == v1 && i2 < i1));
+}
+
+/* Blocks (b, row): block b takes elements [b * AM_CHUNK, (b + 1) * AM_CHUNK)
+   of the row, each thread AM_PER of them (coalesced), keeping the first
+   maximum of its own in increasing index; the block's candidate goes to
+   the scratch, and the row's last block to finish (a counter per row,
+   zeroed again after) reduces the candidates to out[row] = the first index
+   of the row's largest value, NaNs skipped, 0 when every value is NaN (the
+   host's ember_argmax). The candidates are reduced by a total order, so
+   the result does not depend on the reduction's shape or on which block
+   is last. */
+#define AM_THREADS 256
+#define AM_PER 8
+#define AM_CHUNK (AM_THREADS * AM_PER)
+
+static __device__ __forceinline__ void am_reduce(float *bv, int *bi, float *sv, int *si) {
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, *bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, *bi, o);
+        if (am_better(ov, oi, *bv, *bi)) {
+            *bv = ov;
+            *bi = oi;
+        }
+    }
+    if (threadIdx.x % 32 == 0) {
+        sv[threadIdx.x / 32] = *bv;
+        si[threadIdx.x / 32] = *bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < AM_THREADS / 32; w++)
+            if (am_better(sv[w], si[w], *bv, *bi)) {
+                *bv = sv[w];
+                *bi = si[w];
+            }
+}
+
+static __global__ void __launch_bounds__(AM_THREADS)
+    argmax_k(int32_t *out, float *cv, int *ci, int *count, const float *x, int64_t V, int nb) {
+    ember_pdl_enter();
+    __shared__ float sv[AM_THREADS / 32];
+    __shared__ int si[AM_THREADS / 32];
+    __shared__ int last;
+    const int row = blockIdx.y, b = blockIdx.x;
+    const float *r = x + (size_t)row * (size_t)V;
+    float v[AM_PER];
+    const int64_t base = (int64_t)b * AM_CHUNK + threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < AM_PER; k++) v[k] = base + k * AM_THREADS < V ? r[base + k * AM_THREADS] : NAN;
+    float bv = 0.0f;
+    int bi = -1;
+#pragma unroll
+    for (int k = 0; k < AM_PER; k++)
+        if (!isnan(v[k]) && (bi < 0 || v[k] > bv)) {
+            bv = v[k];
+            bi = (int)(base + k * AM_THREADS);
+        }
+    am_reduce(&bv, &bi, sv, si);
+    if (threadIdx.x == 0) {
+        cv[(size_t)row * nb + b] = bv;
+        ci[(size_t)row * nb + b] = bi;
+        __threadfence(); /* the candidate is visible before the count says so */
+        last = atomicAdd(&count[row], 1) == nb - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    bv = 0.0f;
+    bi = -1;
+    for (int j = threadIdx.x; j < nb; j += AM_THREADS) {
+        const float ov = __ldcg(cv + (size_t)row * nb + j);
+        const int oi = __ldcg(ci + (size_t)row * nb + j);
+        if (am_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    __syncthreads(); /* sv, si free again */
+    am_reduce(&bv, &bi, sv, si);
+    if (threadIdx.x == 0) {
+        out[row] = bi < 0 ? 0 : bi;
+        count[row] = 0;
+    }
+}
+
+extern "C" size_t ember_cu_argmax_cands(int rows, int64_t V) {
+    return (size_t)rows * (size_t)((V + AM_CHUNK - 1) / AM_CHUNK);
+}
+
+extern "C" cudaError_t ember_cu_argmax(cudaStream_t stream, int32_t *out, int *count, void *cand, const float *x,
+                                       int rows, int64_t V) {
+    if (rows < 1 || V < 1) return cudaSuccess;
+    if (V > 0x7fffffff || rows > 65535) return cudaErrorInvalidValue;
+    const int nb = (int)((V + AM_CHUNK - 1) / AM_CHUNK);
+    float *cv = (float *)cand;
+    int *ci = (int *)(cv + (size_t)rows * nb);
+    return ember_launch(argmax_k, dim3((unsigned)nb, (unsigned)rows), dim3(AM_THREADS), 0, stream, out, cv, ci, count,
+                        x, V, nb);
 }
