@@ -7,3 +7,5 @@ ember_test(test_gguf_hybrid test_gguf_hybrid.c)
 ember_test(test_mlx test_mlx.c)
 # Mixture of experts (qwen3moe, glm4moe) through GGUF in llama.cpp's layout.
 ember_test(test_gguf_moe test_gguf_moe.c)
+# CPU backend ops through the backend interface (matmul_each against matmul).
+ember_test(test_backend_ops test_backend_ops.c)

@@ -259,6 +259,12 @@ typedef struct ember_backend_ops {
     /* n products sharing one input x [M, K]. */
     int (*matmul)(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm,
                   ember_error *err);
+    /* n products each with its own input row: x [n, K], mm[i].out [1, N_i] =
+       x[i] w_i^T (+ bias), bit for bit what matmul gives on row i alone, in
+       one dispatch (a MoE token's expert down projections). Optional: NULL
+       where the backend has none (callers then loop over matmul). */
+    int (*matmul_each)(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm,
+                       ember_error *err);
     /* In place on x [T, H, head_dim]; pos[T] host array. */
     int (*rope)(ember_backend *be, ember_tensor *x, const int32_t *pos, const ember_rope *r,
                 ember_error *err);

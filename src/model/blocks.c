@@ -588,12 +588,27 @@ static int moe_experts_one(ember_fwd *f, const ember_llm_layer *ly, const ember_
     ember_tensor ga = rows_view(&st->moe_gate, 2, K, Im, 0), ua = rows_view(&st->moe_up, 2, K, Im, 0);
     if ((rc = act == EMBER_ACT_GELU_TANH ? ops->geglu(be, &ga, &ga, &ua, err) : ops->swiglu(be, &ga, &ga, &ua, err)))
         return rc;
-    for (int j = 0; j < K; j++) {
-        ember_tensor gj = rows_view(&st->moe_gate, 2, 1, Im, 0), yj = rows_view(&st->moe_y, 2, 1, H, 0);
-        gj.offset += (size_t)j * (size_t)Im * 4;
-        yj.offset += (size_t)j * (size_t)H * 4;
-        ember_matmul dn = {&yj, &ly->experts[3 * (size_t)sel[j] + 2], NULL};
-        if ((rc = ops->matmul(be, &gj, 1, &dn, err))) return rc;
+    /* the down projections, each expert on its own row: MOE_MM at a time in
+       one dispatch where the backend has matmul_each */
+    ember_tensor y[MOE_MM];
+    for (int j0 = 0; j0 < K; j0 += MOE_MM) {
+        const int n = K - j0 < MOE_MM ? K - j0 : MOE_MM;
+        for (int j = 0; j < n; j++) {
+            y[j] = rows_view(&st->moe_y, 2, 1, H, 0);
+            y[j].offset += (size_t)(j0 + j) * (size_t)H * 4;
+            mm[j] = (ember_matmul){&y[j], &ly->experts[3 * (size_t)sel[j0 + j] + 2], NULL};
+        }
+        ember_tensor gs = rows_view(&st->moe_gate, 2, n, Im, 0);
+        gs.offset += (size_t)j0 * (size_t)Im * 4;
+        if (ops->matmul_each) {
+            if ((rc = ops->matmul_each(be, &gs, n, mm, err))) return rc;
+            continue;
+        }
+        for (int j = 0; j < n; j++) {
+            ember_tensor gj = rows_view(&st->moe_gate, 2, 1, Im, 0);
+            gj.offset += (size_t)(j0 + j) * (size_t)Im * 4;
+            if ((rc = ops->matmul(be, &gj, 1, &mm[j], err))) return rc;
+        }
     }
     int32_t *ids = st->moe_sel; /* every term goes to token 0 (moe_sel is read no more) */
     for (int j = 0; j < K; j++) ids[j] = 0;

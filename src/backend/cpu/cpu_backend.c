@@ -475,6 +475,7 @@ typedef struct mm_job {
     int M, K;
     int n;
     const ember_matmul *mm;
+    bool each;             /* product i reads row i of x alone (M is then 1); matmul_each */
     int block;             /* weight rows per task (a multiple of CPU_QP_ROWS) */
     int first_task[MAX_MM + 1];
     bool packed[MAX_MM]; /* mm[i].w is packed (qkern.h) */
@@ -495,19 +496,22 @@ static void mm_task(void *ctx, int task, int thread) {
     const char *w = (const char *)host(m->w) + (size_t)n0 * row;
     float *out = (float *)host(m->out) + n0;
     cpu_act_kind ak = act_kind(dt);
+    size_t arow = cpu_act_row_bytes(ak, j->K);
+    /* the input rows: all M of x, or (matmul_each) its row i alone */
+    const float *x = j->each ? j->x + (size_t)i * (size_t)j->K : j->x;
+    const void *act = j->each && j->act[ak] ? (const char *)j->act[ak] + (size_t)i * arow : j->act[ak];
     int mlx_bits, mlx_group;
     if (ember_dtype_mlx_params(dt, &mlx_bits, &mlx_group)) {
-        j->mlx_gemm(mlx_bits, mlx_group, w, row, nn, j->act[ak], cpu_act_row_bytes(ak, j->K), j->M, j->K, out,
-                    (size_t)N);
+        j->mlx_gemm(mlx_bits, mlx_group, w, row, nn, act, arow, j->M, j->K, out, (size_t)N);
     } else if (ak == CPU_ACT_32 && j->act_tiled && j->k->qgemm_tiled[dt]) {
         cpu_qmatmul_tiled(j->k, dt, w, j->packed[i], nn, j->act_tiled, j->M, j->K, out, (size_t)N,
                           j->qscratch + (size_t)thread * j->qscratch_bytes);
     } else if (ak != CPU_ACT_NONE) {
-        cpu_qmatmul(j->k, dt, w, j->packed[i], nn, j->act[ak], cpu_act_row_bytes(ak, j->K), j->M, j->K, out, (size_t)N,
+        cpu_qmatmul(j->k, dt, w, j->packed[i], nn, act, arow, j->M, j->K, out, (size_t)N,
                     j->qscratch + (size_t)thread * j->qscratch_bytes);
     } else {
         cpu_gemm_fn fn = dt == EMBER_F32 ? j->k->gemm_f32 : dt == EMBER_F16 ? j->k->gemm_f16 : j->k->gemm_bf16;
-        fn(w, (size_t)j->K, nn, j->x, (size_t)j->K, j->M, j->K, out, (size_t)N);
+        fn(w, (size_t)j->K, nn, x, (size_t)j->K, j->M, j->K, out, (size_t)N);
     }
     if (m->bias) {
         const float *b = (const float *)host(m->bias) + n0;
@@ -575,9 +579,10 @@ static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_k
     return EMBER_OK;
 }
 
-static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm,
+/* matmul and matmul_each (each: product i reads row i of x, which has n
+   rows, and writes one row); one pool run for all the products. */
+static int matmul_run(cpu_backend *c, const ember_tensor *x, int n, const ember_matmul *mm, bool each,
                       ember_error *err) {
-    cpu_backend *c = cpu(be);
     int rc = need_f32(x, "matmul", "x", err);
     if (rc) return rc;
     if (n < 1 || n > MAX_MM)
@@ -585,6 +590,11 @@ static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const emb
     int64_t K = ember_tensor_row_len(x), M = ember_tensor_rows(x);
     if (K > INT32_MAX || M > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: input too large");
+    if (each && M != n)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul_each: %d products need %d input rows, not %lld", n, n,
+                         (long long)M);
+    const int64_t Mx = M; /* rows to quantize */
+    if (each) M = 1;      /* rows per product */
     int64_t total = 0;
     bool need[3] = {false, false, false}, tiles = false;
     for (int i = 0; i < n; i++) {
@@ -607,9 +617,10 @@ static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const emb
         total += N;
     }
     if (total > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output too large");
-    mm_job j = {.k = c->k, .mlx_gemm = c->mlx_gemm, .x = host(x), .M = (int)M, .K = (int)K, .n = n, .mm = mm};
+    mm_job j = {.k = c->k, .mlx_gemm = c->mlx_gemm, .x = host(x), .M = (int)M, .K = (int)K, .n = n, .mm = mm,
+                .each = each};
     for (int kind = CPU_ACT_32; kind <= CPU_ACT_256; kind++)
-        if (need[kind] && (rc = quantize_acts(c, j.x, (int)M, (int)K, (cpu_act_kind)kind, &j.act[kind],
+        if (need[kind] && (rc = quantize_acts(c, j.x, (int)Mx, (int)K, (cpu_act_kind)kind, &j.act[kind],
                                               kind == CPU_ACT_32 && tiles ? &j.act_tiled : NULL, err)))
             return rc;
     size_t qs = 0;
@@ -636,6 +647,16 @@ static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const emb
     }
     ember_pool_run(c->pool, j.first_task[n], mm_task, &j);
     return EMBER_OK;
+}
+
+static int cpu_matmul(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm,
+                      ember_error *err) {
+    return matmul_run(cpu(be), x, n, mm, false, err);
+}
+
+static int cpu_matmul_each(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm,
+                           ember_error *err) {
+    return matmul_run(cpu(be), x, n, mm, true, err);
 }
 
 /* ---- rope ------------------------------------------------------------------------ */
@@ -1123,6 +1144,7 @@ static const ember_backend_ops k_cpu_ops = {
     .get_rows = cpu_get_rows,
     .rms_norm = cpu_rms_norm,
     .matmul = cpu_matmul,
+    .matmul_each = cpu_matmul_each,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .kv_read = cpu_kv_read,
