@@ -989,7 +989,7 @@ static bool step(ember_engine *e) {
     e->steps++;
     if (nt == 0) return false;
     ember_error err = {0};
-    ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out};
+    ember_batch b = {.n = nt, .tok = m->b_tok, .pos = m->b_pos, .row = m->b_row, .n_out = no, .out = m->b_out};
     const double t0 = ember_now();
     int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
     if (rc) { /* nothing was stored: every row in the batch fails */

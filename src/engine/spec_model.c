@@ -113,7 +113,7 @@ static int feed_many(model_src *s, int n, const int *slot, const int32_t *const 
         }
         if (!nt) break;
         ember_error err = {0};
-        ember_batch b = {nt, s->tok, s->pos, s->row, nout, s->outi};
+        ember_batch b = {.n = nt, .tok = s->tok, .pos = s->pos, .row = s->row, .n_out = nout, .out = s->outi};
         /* the logits land from row outj[0] on (rows below hold earlier forwards' jobs) */
         float *lg = s->logits_many + (size_t)(nout ? s->outj[0] : 0) * (size_t)V;
         int rc = ember_llm_forward(s->m->llm, s->m->st, s->m->kv, &b, lg, &err);

@@ -169,6 +169,13 @@ int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly);
 void ember_moe_route(const ember_model_config *c, const float *z, const float *bias, float *choice, int32_t *sel,
                      float *w);
 
+/* The hidden taps of layer l the batch asks for (model.h's ember_batch):
+   the rows b->tap of f->x (the residual stream entering layer l; l =
+   n_layers after the last) into b->taps, where tap_layers holds l. A no-op
+   when the batch asks none. Call at the top of each layer; ember_blk_logits
+   takes the n_layers and EMBER_TAP_NORMED taps. */
+int ember_blk_tap(ember_fwd *f, int l);
+
 /* f->x += f->h. */
 int ember_blk_residual(ember_fwd *f);
 

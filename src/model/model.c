@@ -222,6 +222,7 @@ void ember_llm_state_free(ember_llm_state *st) {
     if (!st) return;
     for (size_t i = 0; i < EMBER_ARRAY_LEN(st->bufs); i++) ember_buffer_free(st->bufs[i]);
     free(st->tmp_idx);
+    free(st->tap_host);
     free(st->moe_host);
     free(st->moe_sel);
     free(st->moe_w);
@@ -309,7 +310,8 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
         if (!rc && !st->ple_ids) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
     st->tmp_idx = ember_calloc((size_t)max_tokens, sizeof *st->tmp_idx);
-    if (!rc && !st->tmp_idx) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    st->tap_host = ember_malloc((size_t)(L * H) * sizeof *st->tap_host);
+    if (!rc && (!st->tmp_idx || !st->tap_host)) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if (rc) {
         ember_llm_state_free(st);
         return rc;
@@ -333,6 +335,17 @@ static int check_batch(const ember_llm *m, ember_llm_state *st, const ember_batc
     for (int i = 0; i < b->n_out; i++)
         if (b->out[i] < 0 || b->out[i] >= b->n || (i > 0 && b->out[i] <= b->out[i - 1]))
             return ember_err(err, EMBER_ERR_INVALID_ARG, "logit rows must be increasing indices into the batch");
+    if (b->n_tap == 0) return EMBER_OK;
+    if (b->n_tap < 0 || b->n_tap > b->n || !b->tap || b->n_tap_layers < 1 || !b->tap_layers || !b->taps)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "hidden taps: %d tokens of %d layers asked without their arrays",
+                         b->n_tap, b->n_tap_layers);
+    for (int i = 0; i < b->n_tap; i++)
+        if (b->tap[i] < 0 || b->tap[i] >= b->n || (i > 0 && b->tap[i] <= b->tap[i - 1]))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "hidden taps must be increasing indices into the batch");
+    for (int k = 0; k < b->n_tap_layers; k++)
+        if (b->tap_layers[k] != EMBER_TAP_NORMED && (b->tap_layers[k] < 0 || b->tap_layers[k] > m->cfg.n_layers))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "hidden tap layer %d (0..%d, or %d for the final norm's output)",
+                             b->tap_layers[k], m->cfg.n_layers, EMBER_TAP_NORMED);
     return EMBER_OK;
 }
 

@@ -162,6 +162,7 @@ typedef struct ember_llm_state {
     ember_tensor qgate, lin_x, lin_z, lin_b, lin_a, lin_o;
     ember_buffer *bufs[24];
     int32_t *tmp_idx; /* [max_tokens] */
+    float *tap_host;  /* [max_logit_rows * H] hidden taps on their way to the batch's taps */
     float *moe_host;  /* [max_tokens * E] router logits on the host */
     int32_t *moe_sel; /* [max_tokens * k] each token's chosen experts */
     float *moe_w;     /* [max_tokens * k] their routing weights */
@@ -187,13 +188,30 @@ typedef struct ember_batch {
     const int32_t *row; /* [n] KV cache rows */
     int n_out;          /* tokens whose logits are wanted */
     const int32_t *out; /* [n_out] strictly increasing indices into the batch */
+    /* Hidden taps (optional; n_tap 0: none, and the forward does nothing more
+       than without them). For each of the n_tap tokens tap[i] (strictly
+       increasing indices into the batch) the hidden states of the layers
+       tap_layers[0, n_tap_layers) go to taps[i * n_tap_layers * H + k * H ..]
+       (host, H = hidden_size): tap layer l in 0..n_layers is the residual
+       stream entering layer l (0: the embeddings; n_layers: after the last
+       layer, before the final norm), EMBER_TAP_NORMED the final norm's
+       output (what the logits head reads). Copies only: the tokens' logits
+       and every other result are the same with and without taps. */
+    int n_tap;
+    const int32_t *tap;
+    int n_tap_layers;
+    const int32_t *tap_layers;
+    float *taps;
 } ember_batch;
+
+#define EMBER_TAP_NORMED (-1) /* a tap layer: the state after the final norm */
 
 /*
  * Runs one forward pass. The tokens of a row must continue that row:
  * positions len, len + 1, ... in batch order. On success the cache rows
- * grow and logits (host, n_out x vocab) holds the wanted rows. On failure
- * (bad ids, positions, sizes) nothing in the cache changes.
+ * grow, logits (host, n_out x vocab) holds the wanted rows and b->taps the
+ * hidden taps asked for. On failure (bad ids, positions, sizes, tap layers)
+ * nothing in the cache changes.
  */
 int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, float *logits,
                       ember_error *err);
