@@ -266,7 +266,7 @@ int ember_draft_model_new(ember_model *draft, const ember_model *target, int n_s
                          draft->params.n_rows, draft->params.n_ctx, n_slots, target->params.n_ctx);
     model_src *s = ember_calloc(1, sizeof *s);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
-    s->base = (ember_draft){&k_model_ops, n_slots};
+    s->base = (ember_draft){.ops = &k_model_ops, .n_slots = n_slots};
     s->m = draft;
     s->n_ctx = target->params.n_ctx;
     s->chunk = draft->params.max_batch_tokens;

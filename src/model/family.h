@@ -103,6 +103,7 @@ extern const ember_family ember_family_gemma; /* gemma.c: gemma2, gemma3_text */
 extern const ember_family ember_family_qwen3_moe; /* qwen3_moe.c: qwen3_moe, glm4_moe */
 extern const ember_family ember_family_qwen3_next; /* qwen3_next.c: qwen3_next, qwen3_5_text, qwen3_5_moe_text */
 extern const ember_family ember_family_gemma4;    /* gemma4.c: gemma4_text */
+extern const ember_family ember_family_eagle3;    /* eagle3.c: EAGLE-3 draft models (cfg.eagle3) */
 
 /* ---- blocks of a forward pass -------------------------------------------------------- */
 

@@ -102,6 +102,11 @@ typedef struct ember_llm {
     ember_tensor ple_model_proj; /* [L * P, H] per_layer_model_projection */
     ember_tensor ple_proj_norm;  /* [P] per_layer_projection_norm */
     ember_tensor ones;           /* [max head_dim] f32 ones: the norms without a scale */
+    /* an EAGLE-3 draft model (eagle3.c; buf NULL otherwise): fc [H, n_aux * Ht] fuses the
+       target's taps, hidden_norm [H] norms the fused (or fed back) hidden state */
+    ember_tensor e3_fc, e3_hidden_norm;
+    int32_t *e3_d2t;             /* [draft vocab] host, owned: draft id i is target id i + e3_d2t[i] */
+    bool e3_own_embed;           /* embed_tokens came with the drafter (else ember_eagle3_bind lends the target's) */
 } ember_llm;
 
 /* The KV cache layers of model m: fills heads[i], dims[i] and win[i] (room
@@ -176,6 +181,13 @@ typedef struct ember_llm_state {
     ember_tensor ple_tok; /* [max_tokens, L * P] the token part of the per-layer inputs */
     ember_buffer *g4_bufs[5];
     int32_t *ple_ids; /* [max_tokens] */
+    /* an EAGLE-3 draft model (buf NULL otherwise): the taps fed [max_tokens, n_aux * Ht], the
+       normed embeddings over the normed hidden [2 max_tokens, H], their concatenation per token
+       [max_tokens, 2H] (as [2 max_tokens, H] rows), the hidden states kept between forwards
+       [max_tokens, H]; e3_idx [2 max_tokens] host */
+    ember_tensor e3_tin, e3_s, e3_c, e3_hid;
+    ember_buffer *e3_bufs[4];
+    int32_t *e3_idx;
 } ember_llm_state;
 
 int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember_llm_state **out, ember_error *err);
@@ -215,5 +227,29 @@ typedef struct ember_batch {
  */
 int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, float *logits,
                       ember_error *err);
+
+/*
+ * EAGLE-3 draft models (eagle3.c). ember_llm_load builds one from a config
+ * with cfg.eagle3; its forward is this function, not ember_llm_forward.
+ * ember_eagle3_bind checks it against its target and lends it the target's
+ * embedding when it carries none (the target must outlive it): a hidden
+ * size, vocabulary or tap layer that does not fit is refused with one line
+ * naming the config field. The tap layers (ember_batch.tap_layers of the
+ * target's forward) go to taps[0, *n_taps).
+ */
+int ember_eagle3_bind(ember_llm *draft, const ember_llm *target, int32_t *taps, int *n_taps, ember_error *err);
+
+/*
+ * One forward of the draft model over batch b (tokens: target ids; the
+ * rows and positions of its own cache, as ember_llm_forward). The hidden
+ * input of token i is fc(taps[i]) when taps is non-NULL (host [n, n_taps *
+ * Ht]: the target's taps for the position before), else the draft's own
+ * hidden state kept in row hid_src[i] of the run state. For each wanted
+ * token j (b->out) its output hidden state is kept in row hid_dst[j] and
+ * its logits over the draft vocabulary go to logits [n_out, draft vocab]
+ * (host). On failure nothing in the cache changes.
+ */
+int ember_eagle3_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, const float *taps,
+                         const int32_t *hid_src, const int32_t *hid_dst, float *logits, ember_error *err);
 
 #endif

@@ -1,0 +1,343 @@
+/*
+ * test_eagle3.c - the EAGLE-3 draft source (src/engine/spec_eagle3.c,
+ * src/model/eagle3.c) with random-weight draft models written here in the
+ * published EAGLE-3 format (config.json with architectures
+ * LlamaForCausalLMEagle3, draft_vocab_size, target_hidden_size and
+ * eagle_config.eagle_aux_hidden_state_layer_ids; safetensors with fc,
+ * midlayer.*, norm, lm_head, d2t, t2d), paired with fixture targets:
+ *   - greedy output identical token for token (ids, logprobs, finish) with
+ *     and without the source, alone and in a batch of 16 rows with mixed
+ *     draft lengths, opted-out rows and stop ids, and again when the prompts
+ *     come back from the prefix cache (the draft rows then start where the
+ *     target's taps start);
+ *   - a one-token draft vocabulary mapped by d2t to the target's most
+ *     frequent output token, so drafts are accepted as well as rejected;
+ *   - configs that do not fit the target refused with one line naming the
+ *     field (target_hidden_size, vocab_size, the tap layers).
+ */
+#include <sys/stat.h>
+
+#include "engine/engine.h"
+#include "fixture.h"
+#include "formats/safetensors.h"
+
+#define NREQ 16
+#define MAXGEN 48
+
+typedef struct drafter {
+    int H, I, V, Vd, hidden_field; /* hidden_field: target_hidden_size written (0: none) */
+    int const_tok;                 /* >= 0: Vd is 1 and d2t maps it to this target id */
+    const char *aux;               /* eagle_aux_hidden_state_layer_ids, JSON */
+    uint64_t seed;
+} drafter;
+
+typedef struct tensor_spec {
+    const char *name;
+    int kind; /* 0 random matrix, 1 norm (ones), 2 d2t, 3 t2d */
+} tensor_spec;
+
+static const tensor_spec k_tensors[] = {
+    {"fc.weight", 0},
+    {"midlayer.hidden_norm.weight", 1},
+    {"midlayer.input_layernorm.weight", 1},
+    {"midlayer.self_attn.q_proj.weight", 0},
+    {"midlayer.self_attn.k_proj.weight", 0},
+    {"midlayer.self_attn.v_proj.weight", 0},
+    {"midlayer.self_attn.o_proj.weight", 0},
+    {"midlayer.post_attention_layernorm.weight", 1},
+    {"midlayer.mlp.gate_proj.weight", 0},
+    {"midlayer.mlp.up_proj.weight", 0},
+    {"midlayer.mlp.down_proj.weight", 0},
+    {"norm.weight", 1},
+    {"lm_head.weight", 0},
+    {"d2t", 2},
+    {"t2d", 3},
+};
+#define N_TENSORS ((int)(sizeof k_tensors / sizeof *k_tensors))
+
+static uint64_t mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+static int fill(void *user, int index, size_t first, size_t n, void *dst, ember_error *err) {
+    (void)err;
+    const drafter *d = user;
+    for (size_t k = 0; k < n; k++) {
+        size_t e = first + k;
+        switch (k_tensors[index].kind) {
+        case 0: /* uniform in [-0.2, 0.2) */
+            ((float *)dst)[k] = (float)((double)(mix(d->seed * 131 + (uint64_t)index * 1000003 + e) >> 11) / 9007199254740992.0 * 0.4 - 0.2);
+            break;
+        case 1:
+            ((float *)dst)[k] = 1.0f;
+            break;
+        case 2: { /* draft id e is target id 2e + 1 (mod V), or the constant */
+            int64_t t = d->const_tok >= 0 ? d->const_tok : (int64_t)((2 * e + 1) % (size_t)d->V);
+            ((int64_t *)dst)[k] = t - (int64_t)e;
+            break;
+        }
+        default:
+            ((uint8_t *)dst)[k] = 0;
+        }
+    }
+    return EMBER_OK;
+}
+
+/* Writes draft model d into dir (config.json, model.safetensors). */
+static void write_drafter(const char *dir, const drafter *d) {
+    mkdir(dir, 0755);
+    char path[700];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) exit(1);
+    fprintf(f,
+            "{\"architectures\": [\"LlamaForCausalLMEagle3\"], \"model_type\": \"llama\", \"hidden_size\": %d, "
+            "\"intermediate_size\": %d, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "
+            "\"num_hidden_layers\": 1, \"vocab_size\": %d, \"draft_vocab_size\": %d, \"rms_norm_eps\": 1e-06, "
+            "\"rope_theta\": 10000.0, \"max_position_embeddings\": 512, \"tie_word_embeddings\": false",
+            d->H, d->I, d->V, d->Vd);
+    if (d->hidden_field) fprintf(f, ", \"target_hidden_size\": %d", d->hidden_field);
+    if (d->aux) fprintf(f, ", \"eagle_config\": {\"eagle_aux_hidden_state_layer_ids\": %s, \"use_aux_hidden_state\": true}", d->aux);
+    fprintf(f, "}\n");
+    fclose(f);
+    const int Ht = d->hidden_field ? d->hidden_field : d->H, A = 3;
+    const int64_t H = d->H, I = d->I;
+    ember_st_out outs[N_TENSORS];
+    const int64_t shapes[N_TENSORS][2] = {{H, A * Ht}, {H, 0}, {H, 0}, {64, 2 * H}, {32, 2 * H}, {32, 2 * H}, {H, 64},
+                                          {H, 0},      {I, H}, {I, H}, {H, I},      {H, 0},      {d->Vd, H},  {d->Vd, 0},
+                                          {d->V, 0}};
+    for (int i = 0; i < N_TENSORS; i++) {
+        int kind = k_tensors[i].kind;
+        outs[i] = (ember_st_out){k_tensors[i].name, kind == 2 ? EMBER_I64 : kind == 3 ? EMBER_BOOL : EMBER_F32,
+                                 shapes[i][1] ? 2 : 1, {shapes[i][0], shapes[i][1]}};
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ember_error err = {0};
+    CHECKF(ember_st_write(path, outs, N_TENSORS, fill, (void *)d, &err) == EMBER_OK, "%s", err.msg);
+}
+
+static ember_model *load(const char *dir, int rows) {
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.n_rows = rows;
+    mp.n_threads = 2;
+    mp.n_ctx = 256;
+    mp.max_batch_tokens = 64;
+    ember_model *m = fx_load_params(dir, &mp);
+    if (!m) exit(1);
+    return m;
+}
+
+typedef struct result {
+    int32_t ids[MAXGEN];
+    float lp[MAXGEN];
+    int n;
+    ember_event done;
+} result;
+
+typedef struct reqset {
+    int32_t prompt[NREQ][64];
+    int plen[NREQ], max_tokens[NREQ], draft_max[NREQ];
+    bool opt_out[NREQ];
+    int32_t stop[NREQ];
+} reqset;
+
+static void make_requests(reqset *q, int vocab) {
+    memset(q, 0, sizeof *q);
+    for (int i = 0; i < NREQ; i++) {
+        int n = 0;
+        q->prompt[i][n++] = (int32_t)(3 + i);
+        for (; n < 18 + i % 9; n++) q->prompt[i][n] = (int32_t)(5 + (i * 37 + n * 11 + (n % 3) * 7) % (vocab - 5));
+        q->plen[i] = n;
+        q->max_tokens[i] = MAXGEN - (i % 4) * 5;
+        q->draft_max[i] = i % 5 == 0 ? 0 : i % 5 == 4 ? 2 : i % 5; /* 0: the engine's (8) */
+        q->opt_out[i] = i % 6 == 5;
+        q->stop[i] = -1;
+    }
+}
+
+static void drain(ember_stream *s, result *r) {
+    memset(r, 0, sizeof *r);
+    ember_event ev;
+    while (ember_stream_next(s, &ev, 60000) == 1) {
+        if (ev.kind == EMBER_EV_TOKEN) {
+            if (r->n < MAXGEN) r->lp[r->n] = ev.logprob, r->ids[r->n++] = ev.token;
+        } else {
+            r->done = ev;
+            return;
+        }
+    }
+    CHECKF(0, "stream timed out");
+}
+
+static void run_wave(ember_engine *e, const reqset *q, int first, int count, result *res) {
+    ember_stream *ss[NREQ];
+    ember_error err = {0};
+    for (int i = first; i < first + count; i++) {
+        ember_gen_params g;
+        memset(&g, 0, sizeof g);
+        g.prompt = q->prompt[i];
+        g.n_prompt = q->plen[i];
+        g.max_tokens = q->max_tokens[i];
+        ember_sampling_init(&g.sampling);
+        g.ignore_eos = 1;
+        g.logprobs = 1;
+        g.draft_max = q->draft_max[i];
+        g.no_speculation = q->opt_out[i];
+        if (q->stop[i] >= 0) g.stop_ids = &q->stop[i], g.n_stop_ids = 1;
+        CHECKF(ember_engine_submit(e, &g, &ss[i - first], &err) == EMBER_OK, "%s", err.msg);
+    }
+    for (int i = 0; i < count; i++) {
+        drain(ss[i], &res[i]);
+        ember_stream_free(ss[i]);
+    }
+}
+
+static ember_engine *new_engine(ember_model *m, ember_model *draft) {
+    ember_engine_params ep = {0};
+    ep.spec = draft ? EMBER_SPEC_EAGLE3 : EMBER_SPEC_NONE;
+    ep.draft_model = draft;
+    ember_engine *e = NULL;
+    ember_error err = {0};
+    CHECKF(ember_engine_new(m, &ep, &e, &err) == EMBER_OK, "%s", err.msg);
+    if (!e) exit(1);
+    return e;
+}
+
+static bool same_result(const result *a, const result *want, int32_t stop) {
+    int n = want->n;
+    ember_finish fin = want->done.finish;
+    for (int k = 0; stop >= 0 && k < want->n; k++)
+        if (want->ids[k] == stop) {
+            n = k + 1;
+            fin = EMBER_FINISH_STOP;
+            break;
+        }
+    return a->n == n && a->done.finish == fin && !memcmp(a->ids, want->ids, (size_t)n * sizeof *a->ids) &&
+           !memcmp(a->lp, want->lp, (size_t)n * sizeof *a->lp);
+}
+
+/* The batch, alone, and again from the prefix cache, with draft model dd
+   over target m; plain: the results without speculation. Returns the
+   accepted drafts. */
+static uint64_t greedy_with(const char *family, ember_model *m, ember_model *dd, reqset *q, const result *plain) {
+    result spec[NREQ], again[NREQ], alone;
+    ember_engine_stats st;
+    ember_engine *e = new_engine(m, dd);
+    run_wave(e, q, 0, NREQ, spec);
+    ember_engine_get_stats(e, &st);
+    for (int i = 0; i < NREQ; i++)
+        CHECKF(same_result(&spec[i], &plain[i], q->stop[i]), "%s request %d (draft_max %d%s): EAGLE-3 output differs (n %d vs %d)",
+               family, i, q->draft_max[i], q->opt_out[i] ? ", opted out" : "", spec[i].n, plain[i].n);
+    CHECKF(st.spec_drafted_total > 0 && st.spec_accepted_total <= st.spec_drafted_total, "%s: %llu drafted", family,
+           (unsigned long long)st.spec_drafted_total);
+    uint64_t accepted = st.spec_accepted_total;
+    run_wave(e, q, 0, NREQ, again); /* the prompts' blocks now come from the prefix cache */
+    int cached = 0;
+    for (int i = 0; i < NREQ; i++) {
+        cached += again[i].done.n_cached > 0;
+        CHECKF(same_result(&again[i], &plain[i], q->stop[i]), "%s request %d from the prefix cache: output differs", family, i);
+    }
+    CHECKF(cached > 0 || strncmp(family, "qwen3_5", 7) == 0, /* a hybrid's rows have no prefix cache */
+           "%s: nothing came from the prefix cache", family);
+    fprintf(stderr, "note: %s, draft vocabulary %d: %llu drafted, %llu accepted over %llu forwards\n", family,
+            dd->cfg.e3_draft_vocab, (unsigned long long)st.spec_drafted_total, (unsigned long long)accepted,
+            (unsigned long long)st.spec_forwards_total);
+    run_wave(e, q, 3, 1, &alone);
+    CHECKF(same_result(&alone, &plain[3], q->stop[3]), "%s: a request alone differs", family);
+    ember_engine_free(e);
+    return accepted;
+}
+
+static void greedy_family(const char *family) {
+    char dir[600], ddir[700];
+    snprintf(dir, sizeof dir, "%s/fixtures/%s", shared_dir(), family);
+    ember_model *m = load(dir, NREQ);
+    const int H = m->cfg.hidden_size, V = m->cfg.vocab_size, N = m->cfg.n_layers;
+    reqset q;
+    make_requests(&q, V);
+    result plain[NREQ];
+    ember_engine *e = new_engine(m, NULL);
+    run_wave(e, &q, 0, NREQ, plain);
+    ember_engine_free(e);
+    for (int i = 0; i < NREQ; i += 5) q.stop[i] = plain[i].ids[plain[i].n / 2];
+
+    /* a random draft model over a draft vocabulary of V / 2 (taps low / mid / high) */
+    char aux[64];
+    snprintf(aux, sizeof aux, "[0, %d, %d]", N / 2, N);
+    drafter d = {H, 128, V, V / 2, H, -1, aux, 7};
+    snprintf(ddir, sizeof ddir, "%s/eagle3_%s", EMBER_TEST_TMP, family);
+    write_drafter(ddir, &d);
+    ember_model *dd = load(ddir, NREQ);
+    greedy_with(family, m, dd, &q, plain);
+    ember_model_free(dd);
+
+    /* a draft vocabulary of one token, the plain runs' most frequent: some drafts are accepted */
+    int *count = calloc((size_t)V, sizeof(int)), best = 0;
+    for (int i = 0; i < NREQ; i++)
+        for (int k = 0; k < plain[i].n; k++) count[plain[i].ids[k]]++;
+    for (int t = 1; t < V; t++) best = count[t] > count[best] ? t : best;
+    free(count);
+    drafter c = {H, 128, V, 1, 0, best, aux, 9};
+    snprintf(ddir, sizeof ddir, "%s/eagle3_%s_const", EMBER_TEST_TMP, family);
+    write_drafter(ddir, &c);
+    dd = load(ddir, NREQ);
+    uint64_t acc = greedy_with(family, m, dd, &q, plain);
+    CHECKF(acc > 0, "%s: no draft of token %d accepted", family, best);
+    ember_model_free(dd);
+    ember_model_free(m);
+}
+
+/* A config that does not fit its target is refused, the message naming the field. */
+static void refused(void) {
+    char dir[600], ddir[700];
+    snprintf(dir, sizeof dir, "%s/fixtures/llama", shared_dir());
+    ember_model *m = load(dir, 2);
+    const struct {
+        drafter d;
+        const char *field;
+    } bad[] = {{{32, 64, 512, 64, 32, -1, "[0, 1, 2]", 3}, "target_hidden_size"},
+               {{32, 64, 512, 64, 0, -1, "[0, 1, 2]", 3}, "hidden_size 32"},
+               {{64, 128, 500, 64, 64, -1, "[0, 1, 2]", 3}, "vocab_size"},
+               {{64, 128, 512, 64, 64, -1, "[0, 1, 5]", 3}, "eagle_aux_hidden_state_layer_ids"},
+               {{64, 128, 512, 64, 64, -1, NULL, 3}, "default tap layers"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(ddir, sizeof ddir, "%s/eagle3_bad%zu", EMBER_TEST_TMP, i);
+        write_drafter(ddir, &bad[i].d);
+        ember_model *dd = load(ddir, 2);
+        ember_engine_params ep = {0};
+        ep.spec = EMBER_SPEC_EAGLE3;
+        ep.draft_model = dd;
+        ember_engine *e = NULL;
+        ember_error err = {0};
+        CHECKF(ember_engine_new(m, &ep, &e, &err) == EMBER_ERR_INVALID_ARG && !e, "bad config %zu accepted", i);
+        CHECKF(strstr(err.msg, bad[i].field) != NULL && !strchr(err.msg, '\n'), "bad config %zu: '%s' (want %s)", i,
+               err.msg, bad[i].field);
+        ember_engine_free(e);
+        ember_model_free(dd);
+    }
+    /* a plain model given as an EAGLE-3 draft model */
+    ember_model *plain = load(dir, 2);
+    ember_engine_params ep = {0};
+    ep.spec = EMBER_SPEC_EAGLE3;
+    ep.draft_model = plain;
+    ember_engine *e = NULL;
+    ember_error err = {0};
+    CHECKF(ember_engine_new(m, &ep, &e, &err) == EMBER_ERR_INVALID_ARG && strstr(err.msg, "not an EAGLE-3"), "'%s'",
+           err.msg);
+    ember_model_free(plain);
+    ember_model_free(m);
+}
+
+int main(void) {
+    shared_dir();
+    refused();
+    static const char *const families[] = {"llama", "qwen3", "qwen3_5_text"};
+    for (size_t i = 0; i < sizeof families / sizeof *families; i++) greedy_family(families[i]);
+    return test_done();
+}
