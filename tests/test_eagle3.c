@@ -15,11 +15,16 @@
  *   - configs that do not fit the target refused with one line naming the
  *     field (target_hidden_size, vocab_size, the tap layers).
  */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "engine/engine.h"
 #include "fixture.h"
 #include "formats/safetensors.h"
+#include "model/model.h"
 
 #define NREQ 16
 #define MAXGEN 48
@@ -29,6 +34,7 @@ typedef struct drafter {
     int const_tok;                 /* >= 0: Vd is 1 and d2t maps it to this target id */
     const char *aux;               /* eagle_aux_hidden_state_layer_ids, JSON */
     uint64_t seed;
+    bool own_embed;                /* embed_tokens.weight written (else the target's is used) */
 } drafter;
 
 typedef struct tensor_spec {
@@ -52,6 +58,7 @@ static const tensor_spec k_tensors[] = {
     {"lm_head.weight", 0},
     {"d2t", 2},
     {"t2d", 3},
+    {"embed_tokens.weight", 0}, /* written only for a drafter with its own embedding */
 };
 #define N_TENSORS ((int)(sizeof k_tensors / sizeof *k_tensors))
 
@@ -110,7 +117,7 @@ static void write_drafter(const char *dir, const drafter *d) {
     ember_st_out outs[N_TENSORS];
     const int64_t shapes[N_TENSORS][2] = {{H, A * Ht}, {H, 0}, {H, 0}, {64, 2 * H}, {32, 2 * H}, {32, 2 * H}, {H, 64},
                                           {H, 0},      {I, H}, {I, H}, {H, I},      {H, 0},      {d->Vd, H},  {d->Vd, 0},
-                                          {d->V, 0}};
+                                          {d->V, 0},   {d->V, H}};
     for (int i = 0; i < N_TENSORS; i++) {
         int kind = k_tensors[i].kind;
         outs[i] = (ember_st_out){k_tensors[i].name, kind == 2 ? EMBER_I64 : kind == 3 ? EMBER_BOOL : EMBER_F32,
@@ -118,7 +125,7 @@ static void write_drafter(const char *dir, const drafter *d) {
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     ember_error err = {0};
-    CHECKF(ember_st_write(path, outs, N_TENSORS, fill, (void *)d, &err) == EMBER_OK, "%s", err.msg);
+    CHECKF(ember_st_write(path, outs, N_TENSORS - !d->own_embed, fill, (void *)d, &err) == EMBER_OK, "%s", err.msg);
 }
 
 static ember_model *load(const char *dir, int rows) {
@@ -270,7 +277,7 @@ static void greedy_family(const char *family) {
     /* a random draft model over a draft vocabulary of V / 2 (taps low / mid / high) */
     char aux[64];
     snprintf(aux, sizeof aux, "[0, %d, %d]", N / 2, N);
-    drafter d = {H, 128, V, V / 2, H, -1, aux, 7};
+    drafter d = {H, 128, V, V / 2, H, -1, aux, 7, false};
     snprintf(ddir, sizeof ddir, "%s/eagle3_%s", EMBER_TEST_TMP, family);
     write_drafter(ddir, &d);
     ember_model *dd = load(ddir, NREQ);
@@ -283,7 +290,7 @@ static void greedy_family(const char *family) {
         for (int k = 0; k < plain[i].n; k++) count[plain[i].ids[k]]++;
     for (int t = 1; t < V; t++) best = count[t] > count[best] ? t : best;
     free(count);
-    drafter c = {H, 128, V, 1, 0, best, aux, 9};
+    drafter c = {H, 128, V, 1, 0, best, aux, 9, false};
     snprintf(ddir, sizeof ddir, "%s/eagle3_%s_const", EMBER_TEST_TMP, family);
     write_drafter(ddir, &c);
     dd = load(ddir, NREQ);
@@ -301,11 +308,11 @@ static void refused(void) {
     const struct {
         drafter d;
         const char *field;
-    } bad[] = {{{32, 64, 512, 64, 32, -1, "[0, 1, 2]", 3}, "target_hidden_size"},
-               {{32, 64, 512, 64, 0, -1, "[0, 1, 2]", 3}, "hidden_size 32"},
-               {{64, 128, 500, 64, 64, -1, "[0, 1, 2]", 3}, "vocab_size"},
-               {{64, 128, 512, 64, 64, -1, "[0, 1, 5]", 3}, "eagle_aux_hidden_state_layer_ids"},
-               {{64, 128, 512, 64, 64, -1, NULL, 3}, "default tap layers"}};
+    } bad[] = {{{32, 64, 512, 64, 32, -1, "[0, 1, 2]", 3, false}, "target_hidden_size"},
+               {{32, 64, 512, 64, 0, -1, "[0, 1, 2]", 3, false}, "hidden_size 32"},
+               {{64, 128, 500, 64, 64, -1, "[0, 1, 2]", 3, false}, "vocab_size"},
+               {{64, 128, 512, 64, 64, -1, "[0, 1, 5]", 3, false}, "eagle_aux_hidden_state_layer_ids"},
+               {{64, 128, 512, 64, 64, -1, NULL, 3, false}, "default tap layers"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(ddir, sizeof ddir, "%s/eagle3_bad%zu", EMBER_TEST_TMP, i);
         write_drafter(ddir, &bad[i].d);
@@ -334,10 +341,125 @@ static void refused(void) {
     ember_model_free(m);
 }
 
+/* Tensor i of drafter d as the file holds it (f32), in a new array. */
+static float *host_tensor(const drafter *d, int i, size_t n) {
+    float *t = malloc(n * sizeof *t);
+    ember_error err = {0};
+    fill((void *)d, i, 0, n, t, &err);
+    return t;
+}
+
+static void mat_vec(const float *w, const float *x, int rows, int cols, float *y) {
+    for (int r = 0; r < rows; r++) {
+        double acc = 0;
+        for (int c = 0; c < cols; c++) acc += (double)w[(size_t)r * cols + c] * x[c];
+        y[r] = (float)acc;
+    }
+}
+
+static void rms(const float *x, int n, float *y) { /* the weights are ones */
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + 1e-6));
+    for (int i = 0; i < n; i++) y[i] = x[i] * r;
+}
+
+/* One token at position 0 of a drafter with its own embedding, against the
+   EAGLE-3 layer written out on the host (attention over one key is its
+   value, RoPE at position 0 the identity): logits and the kept hidden. */
+static void reference_step(void) {
+    char dir[600], ddir[700];
+    snprintf(dir, sizeof dir, "%s/fixtures/llama", shared_dir());
+    ember_model *m = load(dir, 2);
+    drafter d = {64, 128, 512, 100, 64, -1, "[0, 1, 2]", 11, true};
+    snprintf(ddir, sizeof ddir, "%s/eagle3_ref", EMBER_TEST_TMP);
+    write_drafter(ddir, &d);
+    ember_model *dd = load(ddir, 2);
+    int32_t taps[8];
+    int nt = 0;
+    ember_error err = {0};
+    CHECKF(ember_eagle3_bind(dd->llm, m->llm, taps, &nt, &err) == EMBER_OK && nt == 3, "%s", err.msg);
+    enum { H = 64, I = 128, V = 512, Vd = 100, Q = 64, KV = 32, D = 16 };
+    float tin[3 * H], x[H], e[H], a[2 * H], q[Q], k[KV], v[KV], att[Q], o[H], h[H], g[I], u[I], mo[H], n[H], ref[Vd];
+    for (int i = 0; i < 3 * H; i++) tin[i] = (float)sin(0.37 * i) * 2.0f;
+    const int32_t tok = 77;
+    float *fc = host_tensor(&d, 0, (size_t)H * 3 * H), *wq = host_tensor(&d, 3, (size_t)Q * 2 * H),
+          *wk = host_tensor(&d, 4, (size_t)KV * 2 * H), *wv = host_tensor(&d, 5, (size_t)KV * 2 * H),
+          *wo = host_tensor(&d, 6, (size_t)H * Q), *wg = host_tensor(&d, 8, (size_t)I * H), *wu = host_tensor(&d, 9, (size_t)I * H),
+          *wd = host_tensor(&d, 10, (size_t)H * I), *lm = host_tensor(&d, 12, (size_t)Vd * H),
+          *emb = host_tensor(&d, 15, (size_t)V * H);
+    mat_vec(fc, tin, H, 3 * H, x);
+    rms(emb + (size_t)tok * H, H, a);
+    rms(x, H, a + H);
+    (void)e;
+    mat_vec(wq, a, Q, 2 * H, q);
+    mat_vec(wk, a, KV, 2 * H, k);
+    mat_vec(wv, a, KV, 2 * H, v);
+    for (int hd = 0; hd < Q / D; hd++) memcpy(att + hd * D, v + (hd / 2) * D, D * sizeof(float)); /* 4 q heads on 2 kv heads */
+    mat_vec(wo, att, H, Q, o);
+    for (int i = 0; i < H; i++) x[i] += o[i];
+    rms(x, H, h);
+    mat_vec(wg, h, I, H, g);
+    mat_vec(wu, h, I, H, u);
+    for (int i = 0; i < I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    mat_vec(wd, g, H, I, mo);
+    for (int i = 0; i < H; i++) x[i] += mo[i];
+    rms(x, H, n);
+    mat_vec(lm, n, Vd, H, ref);
+    float got[Vd], hid[H];
+    int32_t pos = 0, row = 0, out = 0, dst = 0;
+    ember_batch b = {.n = 1, .tok = &tok, .pos = &pos, .row = &row, .n_out = 1, .out = &out};
+    CHECKF(ember_eagle3_forward(dd->llm, dd->st, dd->kv, &b, tin, NULL, &dst, got, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(dd->be->ops->read(dd->be, &dd->st->e3_hid, 0, hid, sizeof hid, &err) == EMBER_OK);
+    double worst = 0, worst_h = 0, mx = 0, mh = 0;
+    for (int i = 0; i < Vd; i++) worst = fmax(worst, fabs(got[i] - ref[i])), mx = fmax(mx, fabs(ref[i]));
+    for (int i = 0; i < H; i++) worst_h = fmax(worst_h, fabs(hid[i] - x[i])), mh = fmax(mh, fabs(x[i]));
+    CHECKF(worst <= 1e-4 * mx && worst_h <= 1e-4 * mh, "EAGLE-3 step against the host reference: logits %g of %g, hidden %g of %g",
+           worst, mx, worst_h, mh);
+    free(fc), free(wq), free(wk), free(wv), free(wo), free(wg), free(wu), free(wd), free(lm), free(emb);
+    ember_model_free(dd);
+    ember_model_free(m);
+}
+
+/* Runs cmd, its stdout and stderr into out (n bytes); returns the exit status. */
+static int run_cmd(const char *cmd, char *out, size_t n) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t k = fread(out, 1, n - 1, p);
+    out[k] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* ember generate --spec eagle3 (and an EAGLE-3 directory given to --spec draft): the plain output;
+   a plain model given to --spec eagle3 and a misfit config: exit 1 with one line naming why. */
+static void cli(void) {
+    char dir[600], cmd[2400], plain[4096], spec[4096], err[4096];
+    snprintf(dir, sizeof dir, "%s/fixtures/llama", shared_dir());
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,5,9,33,7 -n 24 --ignore-eos --temp 0 2>/dev/null", EMBER_BIN, dir);
+    CHECK(run_cmd(cmd, plain, sizeof plain) == 0 && strlen(plain) > 20);
+    const char *modes[] = {"eagle3", "draft"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,5,9,33,7 -n 24 --ignore-eos --temp 0 --spec %s "
+                 "--draft-model %s/eagle3_llama -v 2>&1", EMBER_BIN, dir, modes[i], EMBER_TEST_TMP);
+        CHECK(run_cmd(cmd, spec, sizeof spec) == 0);
+        CHECKF(strstr(spec, plain) != NULL && strstr(spec, "speculative decoding (EAGLE-3)") != NULL, "--spec %s: %s",
+               modes[i], spec);
+    }
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,5 -n 4 --spec eagle3 --draft-model %s 2>&1", EMBER_BIN, dir, dir);
+    CHECK(run_cmd(cmd, err, sizeof err) == 1 && strstr(err, "is not an EAGLE-3 draft model") && strchr(err, '\n') == err + strlen(err) - 1);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,5 -n 4 --spec eagle3 --draft-model %s/eagle3_bad2 2>&1", EMBER_BIN,
+             dir, EMBER_TEST_TMP);
+    CHECKF(run_cmd(cmd, err, sizeof err) == 1 && strstr(err, "vocab_size 500") && strchr(err, '\n') == err + strlen(err) - 1,
+           "%s", err);
+}
+
 int main(void) {
     shared_dir();
     refused();
+    reference_step();
     static const char *const families[] = {"llama", "qwen3", "qwen3_5_text"};
     for (size_t i = 0; i < sizeof families / sizeof *families; i++) greedy_family(families[i]);
+    cli();
     return test_done();
 }
