@@ -1,5 +1,5 @@
 /*
- * test_eagle3.c - the EAGLE-3 draft source (src/engine/spec_eagle3.c,
+ * test_eagle3.c - the hidden-tap draft sources: EAGLE-3 (src/engine/spec_eagle3.c,
  * src/model/eagle3.c) with random-weight draft models written here in the
  * published EAGLE-3 format (config.json with architectures
  * LlamaForCausalLMEagle3, draft_vocab_size, target_hidden_size and
@@ -14,6 +14,11 @@
  *     frequent output token, so drafts are accepted as well as rejected;
  *   - configs that do not fit the target refused with one line naming the
  *     field (target_hidden_size, vocab_size, the tap layers).
+ * And the same for DFlash draft models (src/model/dflash.c,
+ * src/engine/spec_dflash.c: architectures DFlashDraftModel, block_size,
+ * dflash_config; layers.*, norm, fc, hidden_norm), one with zero output
+ * projections so that its blocks draft one chosen token and are accepted.
+ * EMBER_TEST_DEVICE=cuda:0 runs the models on that device instead.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -135,6 +140,7 @@ static ember_model *load(const char *dir, int rows) {
     mp.n_threads = 2;
     mp.n_ctx = 256;
     mp.max_batch_tokens = 64;
+    mp.device = getenv("EMBER_TEST_DEVICE"); /* e.g. cuda:0: the same checks on that device (NULL: cpu) */
     ember_model *m = fx_load_params(dir, &mp);
     if (!m) exit(1);
     return m;
@@ -207,7 +213,7 @@ static void run_wave(ember_engine *e, const reqset *q, int first, int count, res
 
 static ember_engine *new_engine(ember_model *m, ember_model *draft) {
     ember_engine_params ep = {0};
-    ep.spec = draft ? EMBER_SPEC_EAGLE3 : EMBER_SPEC_NONE;
+    ep.spec = !draft ? EMBER_SPEC_NONE : draft->cfg.dflash ? EMBER_SPEC_DFLASH : EMBER_SPEC_EAGLE3;
     ep.draft_model = draft;
     ember_engine *e = NULL;
     ember_error err = {0};
@@ -252,8 +258,8 @@ static uint64_t greedy_with(const char *family, ember_model *m, ember_model *dd,
     }
     CHECKF(cached > 0 || strncmp(family, "qwen3_5", 7) == 0, /* a hybrid's rows have no prefix cache */
            "%s: nothing came from the prefix cache", family);
-    fprintf(stderr, "note: %s, draft vocabulary %d: %llu drafted, %llu accepted over %llu forwards\n", family,
-            dd->cfg.e3_draft_vocab, (unsigned long long)st.spec_drafted_total, (unsigned long long)accepted,
+    fprintf(stderr, "note: %s, %s draft vocabulary %d: %llu drafted, %llu accepted over %llu forwards\n", family,
+            dd->cfg.dflash ? "DFlash" : "EAGLE-3", dd->cfg.dflash ? dd->cfg.vocab_size : dd->cfg.e3_draft_vocab, (unsigned long long)st.spec_drafted_total, (unsigned long long)accepted,
             (unsigned long long)st.spec_forwards_total);
     run_wave(e, q, 3, 1, &alone);
     CHECKF(same_result(&alone, &plain[3], q->stop[3]), "%s: a request alone differs", family);
@@ -421,6 +427,181 @@ static void reference_step(void) {
     ember_model_free(m);
 }
 
+/* ---- DFlash ------------------------------------------------------------------------- */
+
+typedef struct dflash {
+    int L, B, mask, n_target; /* draft layers, block_size, mask_token_id, num_target_layers */
+    const char *ids;          /* dflash_config.target_layer_ids, JSON (NULL: absent) */
+    int n_ids;                /* their count (fc's width / 64) */
+    bool zero_out;            /* o_proj and down_proj zero: every mask position drafts the mask's own argmax */
+    uint64_t seed;
+} dflash;
+
+typedef struct df_writer {
+    const dflash *d;
+    int kind[64]; /* 0 random, 1 ones, 4 zeros */
+} df_writer;
+
+static int df_fill(void *user, int index, size_t first, size_t n, void *dst, ember_error *err) {
+    (void)err;
+    const df_writer *w = user;
+    for (size_t k = 0; k < n; k++) {
+        size_t e = first + k;
+        int kind = w->kind[index];
+        ((float *)dst)[k] = kind == 1 ? 1.0f : kind == 4 ? 0.0f
+            : (float)((double)(mix(w->d->seed * 131 + (uint64_t)index * 1000003 + e) >> 11) / 9007199254740992.0 * 0.4 - 0.2);
+    }
+    return EMBER_OK;
+}
+
+/* Writes DFlash draft model d (hidden 64, heads 4/2 of 16, MLP 128, vocab 512) into dir. */
+static void write_dflash(const char *dir, const dflash *d) {
+    mkdir(dir, 0755);
+    char path[700];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) exit(1);
+    fprintf(f,
+            "{\"architectures\": [\"DFlashDraftModel\"], \"model_type\": \"qwen3\", \"hidden_size\": 64, "
+            "\"intermediate_size\": 128, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "
+            "\"num_hidden_layers\": %d, \"vocab_size\": 512, \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, "
+            "\"max_position_embeddings\": 512, \"tie_word_embeddings\": false, \"block_size\": %d, "
+            "\"num_target_layers\": %d, \"dflash_config\": {\"mask_token_id\": %d",
+            d->L, d->B, d->n_target, d->mask);
+    if (d->ids) fprintf(f, ", \"target_layer_ids\": %s", d->ids);
+    fprintf(f, "}}\n");
+    fclose(f);
+    static const struct {
+        const char *name;
+        int kind, r, c; /* r, c: 0 = H (64), -1 = 16, -2 = n_ids * 64, else the number */
+    } per_layer[] = {{"input_layernorm.weight", 1, 0, 1},       {"self_attn.q_proj.weight", 0, 64, 0},
+                     {"self_attn.k_proj.weight", 0, 32, 0},      {"self_attn.v_proj.weight", 0, 32, 0},
+                     {"self_attn.o_proj.weight", 0, 0, 64},      {"self_attn.q_norm.weight", 1, -1, 1},
+                     {"self_attn.k_norm.weight", 1, -1, 1},      {"post_attention_layernorm.weight", 1, 0, 1},
+                     {"mlp.gate_proj.weight", 0, 128, 0},        {"mlp.up_proj.weight", 0, 128, 0},
+                     {"mlp.down_proj.weight", 0, 0, 128}};
+    enum { NP = sizeof per_layer / sizeof *per_layer };
+    static char names[64][96];
+    ember_st_out outs[64];
+    df_writer w = {d, {0}};
+    int n = 0;
+    for (int l = 0; l < d->L; l++)
+        for (int i = 0; i < NP; i++, n++) {
+            snprintf(names[n], sizeof names[n], "layers.%d.%s", l, per_layer[i].name);
+            int64_t r = per_layer[i].r == 0 ? 64 : per_layer[i].r == -1 ? 16 : per_layer[i].r;
+            int64_t c = per_layer[i].c == 0 ? 64 : per_layer[i].c;
+            bool vec = per_layer[i].c == 1;
+            outs[n] = (ember_st_out){names[n], EMBER_F32, vec ? 1 : 2, {r, vec ? 0 : c}};
+            w.kind[n] = per_layer[i].kind;
+            if (d->zero_out && (i == 4 || i == 10)) w.kind[n] = 4;
+        }
+    outs[n] = (ember_st_out){"norm.weight", EMBER_F32, 1, {64}};
+    w.kind[n++] = 1;
+    outs[n] = (ember_st_out){"fc.weight", EMBER_F32, 2, {64, 64 * d->n_ids}};
+    w.kind[n++] = 0;
+    outs[n] = (ember_st_out){"hidden_norm.weight", EMBER_F32, 1, {64}};
+    w.kind[n++] = 1;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ember_error err = {0};
+    CHECKF(ember_st_write(path, outs, n, df_fill, &w, &err) == EMBER_OK, "%s", err.msg);
+}
+
+/* The token t whose argmax(lm_head(rmsnorm(embed[t]))) with the target's embedding and head (at dir) is want, or -1. */
+static int mask_drafting(const char *dir, int want) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ember_st_file *f = NULL;
+    ember_error err = {0};
+    if (ember_st_open(path, &f, &err)) return -1;
+    const ember_st_tensor *E = ember_st_find(f, "model.embed_tokens.weight"), *Lm = ember_st_find(f, "lm_head.weight");
+    if (!Lm) Lm = E;
+    int found = -1;
+    if (E && Lm && E->dtype == EMBER_F32 && Lm->dtype == EMBER_F32 && E->shape[1] == 64) {
+        const float *e = (const float *)E->data, *lm = (const float *)Lm->data;
+        const int V = (int)E->shape[0];
+        for (int t = 0; t < V && found < 0; t++) {
+            float x[64];
+            rms(e + (size_t)t * 64, 64, x); /* the draft model's own final norm: ones */
+            int best = 0;
+            double bv = -1e30;
+            for (int v = 0; v < V; v++) {
+                double acc = 0;
+                for (int i = 0; i < 64; i++) acc += (double)lm[(size_t)v * 64 + i] * x[i];
+                if (acc > bv) bv = acc, best = v;
+            }
+            if (best == want) found = t;
+        }
+    }
+    ember_st_free(f);
+    return found;
+}
+
+static void dflash_family(const char *family, const char *ids, int n_ids) {
+    char dir[600], ddir[700];
+    snprintf(dir, sizeof dir, "%s/fixtures/%s", shared_dir(), family);
+    ember_model *m = load(dir, NREQ);
+    const int V = m->cfg.vocab_size, N = m->cfg.n_layers;
+    reqset q;
+    make_requests(&q, V);
+    result plain[NREQ];
+    ember_engine *e = new_engine(m, NULL);
+    run_wave(e, &q, 0, NREQ, plain);
+    ember_engine_free(e);
+    for (int i = 0; i < NREQ; i += 5) q.stop[i] = plain[i].ids[plain[i].n / 2];
+    dflash d = {ids ? 2 : 1, 4, V - 1, N, ids, n_ids, false, 5};
+    snprintf(ddir, sizeof ddir, "%s/dflash_%s", EMBER_TEST_TMP, family);
+    write_dflash(ddir, &d);
+    ember_model *dd = load(ddir, NREQ);
+    greedy_with(family, m, dd, &q, plain);
+    ember_model_free(dd);
+    /* o_proj and down_proj zero: a mask position's output is lm_head(norm(embed(mask))), so a mask
+       token whose argmax is the plain runs' most frequent token drafts it at every position */
+    int *count = calloc((size_t)V, sizeof(int)), best = 0;
+    for (int i = 0; i < NREQ; i++)
+        for (int k = 0; k < plain[i].n; k++) count[plain[i].ids[k]]++;
+    for (int t = 1; t < V; t++) best = count[t] > count[best] ? t : best;
+    free(count);
+    int mask = mask_drafting(dir, best);
+    if (mask < 0) {
+        fprintf(stderr, "note: %s: no token drafts %d through the final norm and head; acceptance not checked\n", family, best);
+    } else {
+        dflash z = {1, 8, mask, N, ids, n_ids, true, 6};
+        snprintf(ddir, sizeof ddir, "%s/dflash_%s_z", EMBER_TEST_TMP, family);
+        write_dflash(ddir, &z);
+        dd = load(ddir, NREQ);
+        uint64_t acc = greedy_with(family, m, dd, &q, plain);
+        CHECKF(acc > 0, "%s: no DFlash draft of token %d accepted", family, best);
+        ember_model_free(dd);
+    }
+    ember_model_free(m);
+}
+
+static void dflash_refused(void) {
+    char dir[600], ddir[700];
+    snprintf(dir, sizeof dir, "%s/fixtures/llama", shared_dir());
+    ember_model *m = load(dir, 2);
+    const struct {
+        dflash d;
+        const char *field;
+    } bad[] = {{{1, 4, 511, 3, "[0]", 1, false, 1}, "num_target_layers 3"},
+               {{1, 4, 511, 2, "[0, 2]", 2, false, 1}, "dflash_config.target_layer_ids"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(ddir, sizeof ddir, "%s/dflash_bad%zu", EMBER_TEST_TMP, i);
+        write_dflash(ddir, &bad[i].d);
+        ember_model *dd = load(ddir, 2);
+        ember_engine_params ep = {0};
+        ep.spec = EMBER_SPEC_DFLASH;
+        ep.draft_model = dd;
+        ember_engine *e = NULL;
+        ember_error err = {0};
+        CHECKF(ember_engine_new(m, &ep, &e, &err) == EMBER_ERR_INVALID_ARG && !e && strstr(err.msg, bad[i].field),
+               "bad DFlash config %zu: '%s' (want %s)", i, err.msg, bad[i].field);
+        ember_model_free(dd);
+    }
+    ember_model_free(m);
+}
+
 /* Runs cmd, its stdout and stderr into out (n bytes); returns the exit status. */
 static int run_cmd(const char *cmd, char *out, size_t n) {
     FILE *p = popen(cmd, "r");
@@ -446,6 +627,10 @@ static void cli(void) {
         CHECKF(strstr(spec, plain) != NULL && strstr(spec, "speculative decoding (EAGLE-3)") != NULL, "--spec %s: %s",
                modes[i], spec);
     }
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,5,9,33,7 -n 24 --ignore-eos --temp 0 --spec dflash "
+             "--draft-model %s/dflash_llama -v 2>&1", EMBER_BIN, dir, EMBER_TEST_TMP);
+    CHECK(run_cmd(cmd, spec, sizeof spec) == 0);
+    CHECKF(strstr(spec, plain) != NULL && strstr(spec, "speculative decoding (DFlash)") != NULL, "--spec dflash: %s", spec);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,5 -n 4 --spec eagle3 --draft-model %s 2>&1", EMBER_BIN, dir, dir);
     CHECK(run_cmd(cmd, err, sizeof err) == 1 && strstr(err, "is not an EAGLE-3 draft model") && strchr(err, '\n') == err + strlen(err) - 1);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,5 -n 4 --spec eagle3 --draft-model %s/eagle3_bad2 2>&1", EMBER_BIN,
@@ -460,6 +645,10 @@ int main(void) {
     reference_step();
     static const char *const families[] = {"llama", "qwen3", "qwen3_5_text"};
     for (size_t i = 0; i < sizeof families / sizeof *families; i++) greedy_family(families[i]);
+    dflash_refused();
+    dflash_family("qwen3", "[0, 1]", 2);      /* taps: layer 0's output and the final norm's */
+    dflash_family("llama", NULL, 1);          /* the default: the middle layer (1 of 2: after the norm) */
+    dflash_family("qwen3_5_text", "[1, 2]", 2);
     cli();
     return test_done();
 }

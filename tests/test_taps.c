@@ -52,6 +52,7 @@ static void family(const char *name) {
     ember_model_params_init(&mp);
     mp.n_rows = 2;
     mp.n_threads = 2;
+    mp.device = getenv("EMBER_TEST_DEVICE"); /* e.g. cuda:0 (NULL: cpu) */
     ember_model *m = fx_load_params(fx.dir, &mp);
     CHECKF(m != NULL, "%s: load", name);
     if (!m) return;

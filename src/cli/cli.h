@@ -56,10 +56,11 @@ typedef struct cli_spec_opts {
 #define CLI_SPEC_OPTS(so)                                                                                          \
     {"spec", 0, OPT_STR, &(so).mode, "MODE",                                                                       \
      "speculative decoding: ngram (drafts from the prompt and output so far), draft (a draft model, "             \
-     "--draft-model), eagle3 (an EAGLE-3 draft model, --draft-model) or none (default)", 0, 0, false},            \
+     "--draft-model), eagle3 / dflash (an EAGLE-3 / DFlash draft model, --draft-model) or none (default)", 0, 0,  \
+     false},                                                                                                       \
     {"draft-model", 0, OPT_STR, &(so).draft_model, "PATH", "with --spec draft: a smaller model sharing this "      \
      "model's vocabulary (directory or GGUF), loaded with the same options; an EAGLE-3 draft model directory "     \
-     "(--spec eagle3, or detected with --spec draft)", 0, 0, false},                                              \
+     "or DFlash one (--spec eagle3 / dflash, or detected with --spec draft)", 0, 0, false},                        \
     {"draft-max", 0, OPT_INT, &(so).draft_max, "N", "with --spec: most draft tokens a request verifies per step "  \
      "(1..64, default 8)", 1, EMBER_MAX_DRAFT, false},                                                             \
     {"draft-min", 0, OPT_INT, &(so).draft_min, "N", "with --spec: speculate only when at least N drafts are "     \

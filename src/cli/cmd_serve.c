@@ -300,7 +300,8 @@ static int serve_parse(int argc, char **argv, serve_args *a) {
                    "--spec ngram: each request drafts tokens from its own prompt and output and verifies\n"
                    "them in one forward (same greedy output; a request opts out with \"speculative\": false);\n"
                    "--spec draft --draft-model PATH: a smaller model with the same vocabulary drafts them;\n"
-                   "--spec eagle3 --draft-model PATH: an EAGLE-3 draft model drafts from this model's hidden states.\n"
+                   "--spec eagle3|dflash --draft-model PATH: an EAGLE-3 / DFlash draft model drafts from this\n"
+                   "model's hidden states.\n"
                    "Tool calls (OpenAI tools / Anthropic tools): rendered through the chat template, parsed\n"
                    "out of the output in the format --tool-parser names; tool_choice required / named is\n"
                    "accepted but not enforced yet (no constrained decoding): see docs/tool-calls.md.",
@@ -381,7 +382,7 @@ int cmd_serve(int argc, char **argv) {
     so.tool_format = tools_auto ? (ember_tool_format)detected : tool_format;
     so.test_output = a.test_output;
     ember_model *draft = NULL;
-    if (sp.spec == EMBER_SPEC_DRAFT || sp.spec == EMBER_SPEC_EAGLE3) { /* the draft's KV: full rows of its own (small)
+    if (sp.spec == EMBER_SPEC_DRAFT || sp.spec == EMBER_SPEC_EAGLE3 || sp.spec == EMBER_SPEC_DFLASH) { /* the draft's KV: full rows of its own (small)
                                                                          size, not the target's budget */
         cli_model_opts dmo = a.mo;
         dmo.kv_budget = 0;
@@ -407,6 +408,7 @@ int cmd_serve(int argc, char **argv) {
             info.n_threads, tmpl ? "" : ", no chat template", sp.spec == EMBER_SPEC_NGRAM  ? ", n-gram speculation"
             : sp.spec == EMBER_SPEC_DRAFT ? ", draft-model speculation"
             : sp.spec == EMBER_SPEC_EAGLE3 ? ", EAGLE-3 speculation"
+            : sp.spec == EMBER_SPEC_DFLASH ? ", DFlash speculation"
                                           : "",
             ember_tool_format_name(so.tool_format));
     if (a.verbose) {

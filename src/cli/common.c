@@ -67,13 +67,15 @@ int cli_spec_resolve(const char *verb, const cli_spec_opts *so, ember_engine_par
         ep->spec = EMBER_SPEC_DRAFT;
     else if (so->mode && !strcmp(so->mode, "eagle3"))
         ep->spec = EMBER_SPEC_EAGLE3;
+    else if (so->mode && !strcmp(so->mode, "dflash"))
+        ep->spec = EMBER_SPEC_DFLASH;
     else if (so->mode && strcmp(so->mode, "none") != 0)
-        return cli_fail(verb, "--spec expects ngram, draft, eagle3 or none, got '%s'", so->mode);
+        return cli_fail(verb, "--spec expects ngram, draft, eagle3, dflash or none, got '%s'", so->mode);
     if (ep->spec == EMBER_SPEC_NONE && (so->draft_max || so->draft_min))
-        return cli_fail(verb, "--draft-max and --draft-min go with --spec ngram, draft or eagle3");
-    const bool model = ep->spec == EMBER_SPEC_DRAFT || ep->spec == EMBER_SPEC_EAGLE3;
+        return cli_fail(verb, "--draft-max and --draft-min go with --spec ngram, draft, eagle3 or dflash");
+    const bool model = ep->spec == EMBER_SPEC_DRAFT || ep->spec == EMBER_SPEC_EAGLE3 || ep->spec == EMBER_SPEC_DFLASH;
     if (model && !so->draft_model) return cli_fail(verb, "--spec %s needs --draft-model PATH", so->mode);
-    if (!model && so->draft_model) return cli_fail(verb, "--draft-model goes with --spec draft or eagle3");
+    if (!model && so->draft_model) return cli_fail(verb, "--draft-model goes with --spec draft, eagle3 or dflash");
     int dmax = so->draft_max ? so->draft_max : 8, dmin = so->draft_min ? so->draft_min : 1;
     if (dmin > dmax) return cli_fail(verb, "--draft-min %d is above --draft-max %d", dmin, dmax);
     ep->draft_max = dmax;
@@ -101,15 +103,19 @@ int cli_load_draft(const char *verb, const char *draft_path, const char *target_
     ember_error err = {0};
     int rc = 0;
     ember_model_config *dc = calloc(1, sizeof *dc); /* an EAGLE-3 directory? (its config says) */
-    const bool eagle3 = dc && ember_config_load(draft_path, dc, &err) == EMBER_OK && dc->eagle3;
+    const bool cfg_ok = dc && ember_config_load(draft_path, dc, &err) == EMBER_OK;
+    const bool eagle3 = cfg_ok && dc->eagle3, dflash = cfg_ok && dc->dflash;
     free(dc);
-    if (eagle3) { /* no tokenizer of its own: the engine checks vocab_size and hidden sizes */
-        *spec = EMBER_SPEC_EAGLE3;
+    if (eagle3 || dflash) { /* no tokenizer of its own: the engine checks vocab_size and hidden sizes */
+        *spec = eagle3 ? EMBER_SPEC_EAGLE3 : EMBER_SPEC_DFLASH;
         return cli_load_model(verb, draft_path, o, out);
     }
     if (*spec == EMBER_SPEC_EAGLE3)
         return cli_fail(verb, "--spec eagle3: %s is not an EAGLE-3 draft model (its config.json names no Eagle3 "
                         "architecture nor draft_vocab_size)", draft_path);
+    if (*spec == EMBER_SPEC_DFLASH)
+        return cli_fail(verb, "--spec dflash: %s is not a DFlash draft model (its config.json names no DFlash "
+                        "architecture nor dflash_config)", draft_path);
     err.msg[0] = '\0';
     if (ember_tok_load(draft_path, &td, &err))
         rc = cli_fail(verb, "--draft-model %s: %s", draft_path, err.msg);

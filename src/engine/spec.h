@@ -125,4 +125,12 @@ int ember_draft_model_new(ember_model *draft, const ember_model *target, int n_s
  */
 int ember_draft_eagle3_new(ember_model *draft, ember_model *target, int n_slots, ember_draft **out, ember_error *err);
 
+/*
+ * A DFlash draft model (spec_dflash.c, model/dflash.c): as the EAGLE-3
+ * source, but a whole block of drafts per round (block_size - 1 at most)
+ * from one forward of the row's last token and mask tokens over the
+ * target's taps as context. Borrows the target's embedding and lm_head.
+ */
+int ember_draft_dflash_new(ember_model *draft, ember_model *target, int n_slots, ember_draft **out, ember_error *err);
+
 #endif

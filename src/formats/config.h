@@ -142,6 +142,14 @@ typedef struct ember_model_config {
     int e3_n_aux;           /* eagle_config.eagle_aux_hidden_state_layer_ids (0: the target's
                                default, layers 2, N / 2, N - 3): the residual stream entering them */
     int e3_aux[8];
+    /* a DFlash draft model (model/dflash.c): architectures naming DFlash, or dflash_config present.
+       Qwen3 layers (layers.*, no embedding or head of its own) over fc(the target's taps) */
+    bool dflash;
+    int df_block;           /* block_size: tokens per round (the last known one and block - 1 masks) */
+    int df_mask_id;         /* dflash_config.mask_token_id */
+    int df_n_target;        /* num_target_layers (0: absent) */
+    int df_n_ids;           /* dflash_config.target_layer_ids (0: the default spread over num_target_layers) */
+    int df_ids[16];
 } ember_model_config;
 
 /* Layer l's head size, KV heads, MLP width, and the layer whose KV cache it

@@ -81,6 +81,10 @@ int ember_load_moe(ember_loader *L, int i);
 int ember_load_regrouped(ember_loader *L, const char *name, int64_t rows, int64_t cols, const int32_t *perm, int n,
                          ember_tensor *const *parts, const int64_t *part_rows);
 
+/* Binds layer i of a llama-family model (llama.c: model.layers.i.*, the
+   projections, norms, biases and q/k norms its config has). */
+int ember_llama_load_layer(ember_loader *L, int i);
+
 /* Binds the embedding, the final norm and the output projection (the
    embedding when tied_embeddings), and counts the bytes a decode token reads. */
 int ember_load_io(ember_loader *L);
@@ -104,6 +108,7 @@ extern const ember_family ember_family_qwen3_moe; /* qwen3_moe.c: qwen3_moe, glm
 extern const ember_family ember_family_qwen3_next; /* qwen3_next.c: qwen3_next, qwen3_5_text, qwen3_5_moe_text */
 extern const ember_family ember_family_gemma4;    /* gemma4.c: gemma4_text */
 extern const ember_family ember_family_eagle3;    /* eagle3.c: EAGLE-3 draft models (cfg.eagle3) */
+extern const ember_family ember_family_dflash;    /* dflash.c: DFlash draft models (cfg.dflash) */
 
 /* ---- blocks of a forward pass -------------------------------------------------------- */
 

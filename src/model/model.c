@@ -102,6 +102,7 @@ static int check_unclaimed(const ember_loader *L) {
 static const ember_family *family_for(const ember_model_config *c) {
     const char *model_type = c->model_type;
     if (c->eagle3) return &ember_family_eagle3;
+    if (c->dflash) return &ember_family_dflash;
     const ember_arch *row = ember_arch_find(model_type);
     if (row && row->family == EMBER_FAMILY_QWEN3_MOE) return &ember_family_qwen3_moe;
     if (row && row->family == EMBER_FAMILY_HYBRID) return &ember_family_qwen3_next;
@@ -314,12 +315,12 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
         st->ple_ids = ember_malloc((size_t)T * sizeof *st->ple_ids);
         if (!rc && !st->ple_ids) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
-    if (!rc && c->eagle3) { /* an EAGLE-3 draft model's scratch (state in model.h) */
-        const int64_t n_aux = c->e3_n_aux ? c->e3_n_aux : 3;
+    if (!rc && (c->eagle3 || c->dflash)) { /* an EAGLE-3 / DFlash draft model's scratch (state in model.h) */
+        const int64_t n_aux = c->dflash ? (c->df_n_ids ? c->df_n_ids : c->n_layers) : c->e3_n_aux ? c->e3_n_aux : 3;
         struct {
             ember_tensor *t;
             int64_t rows, cols;
-        } e3[] = {{&st->e3_tin, T, n_aux * c->e3_target_hidden}, {&st->e3_s, 2 * T, H}, {&st->e3_c, 2 * T, H},
+        } e3[] = {{&st->e3_tin, T, n_aux * (c->dflash ? H : c->e3_target_hidden)}, {&st->e3_s, 2 * T, H}, {&st->e3_c, 2 * T, H},
                   {&st->e3_hid, T, H}};
         for (size_t i = 0; i < EMBER_ARRAY_LEN(e3) && !rc; i++)
             rc = ember_tensor_alloc(m->be, e3[i].t, &st->e3_bufs[i], EMBER_F32, 2, (const int64_t[]){e3[i].rows, e3[i].cols},

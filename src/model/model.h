@@ -102,8 +102,8 @@ typedef struct ember_llm {
     ember_tensor ple_model_proj; /* [L * P, H] per_layer_model_projection */
     ember_tensor ple_proj_norm;  /* [P] per_layer_projection_norm */
     ember_tensor ones;           /* [max head_dim] f32 ones: the norms without a scale */
-    /* an EAGLE-3 draft model (eagle3.c; buf NULL otherwise): fc [H, n_aux * Ht] fuses the
-       target's taps, hidden_norm [H] norms the fused (or fed back) hidden state */
+    /* an EAGLE-3 or DFlash draft model (eagle3.c, dflash.c; buf NULL otherwise): fc [H, n_aux * Ht]
+       fuses the target's taps, hidden_norm [H] norms the fused (or fed back) hidden state */
     ember_tensor e3_fc, e3_hidden_norm;
     int32_t *e3_d2t;             /* [draft vocab] host, owned: draft id i is target id i + e3_d2t[i] */
     bool e3_own_embed;           /* embed_tokens came with the drafter (else ember_eagle3_bind lends the target's) */
@@ -181,7 +181,7 @@ typedef struct ember_llm_state {
     ember_tensor ple_tok; /* [max_tokens, L * P] the token part of the per-layer inputs */
     ember_buffer *g4_bufs[5];
     int32_t *ple_ids; /* [max_tokens] */
-    /* an EAGLE-3 draft model (buf NULL otherwise): the taps fed [max_tokens, n_aux * Ht], the
+    /* an EAGLE-3 / DFlash draft model (buf NULL otherwise): the taps fed [max_tokens, n_aux * Ht], the
        normed embeddings over the normed hidden [2 max_tokens, H], their concatenation per token
        [max_tokens, 2H] (as [2 max_tokens, H] rows), the hidden states kept between forwards
        [max_tokens, H]; e3_idx [2 max_tokens] host */
@@ -251,5 +251,30 @@ int ember_eagle3_bind(ember_llm *draft, const ember_llm *target, int32_t *taps, 
  */
 int ember_eagle3_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, const float *taps,
                          const int32_t *hid_src, const int32_t *hid_dst, float *logits, ember_error *err);
+
+/*
+ * DFlash draft models (dflash.c): Qwen3 layers whose attention also reads
+ * the target's context, one block of tokens per round. ember_dflash_bind
+ * checks one against its target (vocabulary, hidden size, tap layers,
+ * num_target_layers; one line naming the field) and lends it the target's
+ * embedding and lm_head (the target must outlive it); its tap layers go to
+ * taps[0, *n_taps).
+ */
+int ember_dflash_bind(ember_llm *draft, const ember_llm *target, int32_t *taps, int *n_taps, ember_error *err);
+
+/* The context: for the n target positions pos[i] of rows row[i] (the draft
+   cache's positions, continuing each row), ctx = hidden_norm(fc(taps[i]))
+   (host [n, n_taps * H]) and every layer's keys and values of ctx into the
+   cache. On failure nothing in the cache changes. */
+int ember_dflash_context(ember_llm *m, ember_llm_state *st, ember_kv *kv, int n, const int32_t *row, const int32_t *pos,
+                         const float *taps, ember_error *err);
+
+/* One round's blocks: batch b (each row's block of tokens at consecutive
+   positions continuing its cache; att_pos[i]: the last position of token
+   i's block, so a block attends to itself whole and to its context), the
+   logits of the wanted tokens over the target's vocabulary into logits.
+   The block's keys and values stay in the cache: the caller trims them. */
+int ember_dflash_block(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, const int32_t *att_pos,
+                       float *logits, ember_error *err);
 
 #endif
