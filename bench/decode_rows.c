@@ -112,7 +112,7 @@ int main(int argc, char **argv) {
             row[i] = 0;
         }
         out[0] = nt - 1;
-        ember_batch b = {nt, tok, pos, row, 1, out, NULL};
+        ember_batch b = {.n = nt, .tok = tok, .pos = pos, .row = row, .n_out = 1, .out = out};
         if (ember_llm_forward(m->llm, m->st, m->kv, &b, logits, &err)) return fail("prefill", &err);
     }
     double t1 = now();
@@ -145,7 +145,7 @@ int main(int argc, char **argv) {
                 row[r] = r;
                 out[r] = r;
             }
-            ember_batch b = {R, tok, pos, row, R, out, NULL};
+            ember_batch b = {.n = R, .tok = tok, .pos = pos, .row = row, .n_out = R, .out = out};
             double a = now();
             if (ember_llm_forward(m->llm, m->st, m->kv, &b, logits, &err)) return fail("decode", &err);
             for (int r = 0; r < R; r++) last[r] = argmax(logits + (size_t)r * (size_t)V, V);

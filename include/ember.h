@@ -258,8 +258,12 @@ typedef enum ember_spec_mode {
     EMBER_SPEC_NONE = 0,  /* one token per row per step */
     EMBER_SPEC_NGRAM = 1, /* prompt lookup: a row's own prompt and output propose what follows
                              the longest earlier match of its last tokens */
-    EMBER_SPEC_DRAFT = 2  /* a draft model (ember_engine_params.draft_model) proposes greedily
+    EMBER_SPEC_DRAFT = 2, /* a draft model (ember_engine_params.draft_model) proposes greedily
                              from its own cache rows */
+    EMBER_SPEC_EAGLE3 = 3, /* an EAGLE-3 draft model (ember_engine_params.draft_model, an EAGLE-3
+                             directory) proposes greedily from the target's hidden taps */
+    EMBER_SPEC_DFLASH = 4  /* a DFlash draft model (ember_engine_params.draft_model, a DFlash
+                             directory) proposes a block of tokens per round from the target's taps */
 } ember_spec_mode;
 
 #define EMBER_MAX_DRAFT 64 /* the most draft tokens a row verifies in one step */
@@ -292,7 +296,11 @@ typedef struct ember_engine_params {
                                  1 <= min <= max <= 16; <= 0: 1 and 3 */
     ember_model *draft_model; /* EMBER_SPEC_DRAFT: a model sharing the target's vocabulary,
                                  loaded with at least its rows and context; the engine uses it
-                                 from its thread, the caller frees it after the engine */
+                                 from its thread, the caller frees it after the engine (and,
+                                 with EMBER_SPEC_EAGLE3, before the target: it may borrow the
+                                 target's embedding). EMBER_SPEC_EAGLE3 / DFLASH: an EAGLE-3 / DFlash draft model
+                                 whose config fits the target (hidden size, vocabulary, tap
+                                 layers), else ember_engine_new refuses it naming the field */
     float prefill_pace; /* while rows decode, the prompt tokens of a step are capped so that the
                            step takes about this many times a step of decoding alone (estimated
                            from the steps so far), at least 16 tokens: decoding keeps its pace

@@ -470,7 +470,7 @@ static void rollback_family_kind(const char *family, const kv_kind *kind) {
         }
         bool spec = L > 0 && rnd() % 5 != 0;
         if (spec) CHECK(ember_kv_spec_begin(kv, 0, &err) == EMBER_OK);
-        ember_batch b = {n, fed, pos, row, n, out, NULL};
+        ember_batch b = {.n = n, .tok = fed, .pos = pos, .row = row, .n_out = n, .out = out};
         int rc = ember_llm_forward(m->llm, m->st, kv, &b, got, &err);
         CHECKF(rc == EMBER_OK, "%s: %s", family, err.msg);
         if (rc) break;
@@ -506,7 +506,7 @@ static void rollback_family_kind(const char *family, const kv_kind *kind) {
             pos[t] = s + t;
             out[t] = t;
         }
-        ember_batch b = {n, toks + s, pos, row, n, out, NULL};
+        ember_batch b = {.n = n, .tok = toks + s, .pos = pos, .row = row, .n_out = n, .out = out};
         CHECK(ember_llm_forward(m->llm, m->st, kv, &b, got, &err) == EMBER_OK);
         same_logits &= !memcmp(got, want + (size_t)s * V, (size_t)n * (size_t)V * sizeof *got);
     }

@@ -300,6 +300,7 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
         if ((rc = ember_config_load(path, &m->cfg, err))) goto fail;
         if ((rc = ember_weights_open(path, &m->weights, err))) goto fail;
         if (m->cfg.text_of_multimodal && (rc = ember_weights_use_text_model(m->weights, err))) goto fail;
+        if (m->cfg.dflash) m->weights->text_prefix = ""; /* a DFlash draft model's layers.* read as model.layers.* */
         if ((rc = make_backend(m, &p, cuda, err)) || (rc = check_kv_kind(m, &p, err)) ||
             (rc = check_device_fit(m, path, gguf, err)))
             goto fail;

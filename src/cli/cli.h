@@ -48,17 +48,19 @@ int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, 
 
 /* Speculative decoding options (serve and generate). */
 typedef struct cli_spec_opts {
-    const char *mode; /* "ngram", "draft" or "none"; NULL: none */
+    const char *mode; /* "ngram", "draft", "eagle3" or "none"; NULL: none */
     int draft_max, draft_min; /* 0: not given */
-    const char *draft_model;  /* --spec draft: its path */
+    const char *draft_model;  /* --spec draft / eagle3: its path */
 } cli_spec_opts;
 
 #define CLI_SPEC_OPTS(so)                                                                                          \
     {"spec", 0, OPT_STR, &(so).mode, "MODE",                                                                       \
      "speculative decoding: ngram (drafts from the prompt and output so far), draft (a draft model, "             \
-     "--draft-model) or none (default)", 0, 0, false},                                                             \
+     "--draft-model), eagle3 / dflash (an EAGLE-3 / DFlash draft model, --draft-model) or none (default)", 0, 0,  \
+     false},                                                                                                       \
     {"draft-model", 0, OPT_STR, &(so).draft_model, "PATH", "with --spec draft: a smaller model sharing this "      \
-     "model's vocabulary (directory or GGUF), loaded with the same options", 0, 0, false},                         \
+     "model's vocabulary (directory or GGUF), loaded with the same options; an EAGLE-3 draft model directory "     \
+     "or DFlash one (--spec eagle3 / dflash, or detected with --spec draft)", 0, 0, false},                        \
     {"draft-max", 0, OPT_INT, &(so).draft_max, "N", "with --spec: most draft tokens a request verifies per step "  \
      "(1..64, default 8)", 1, EMBER_MAX_DRAFT, false},                                                             \
     {"draft-min", 0, OPT_INT, &(so).draft_min, "N", "with --spec: speculate only when at least N drafts are "     \
@@ -67,12 +69,15 @@ typedef struct cli_spec_opts {
 /* Checks the speculative options and fills ep's spec, draft_max and
    draft_min; prints the error and returns 1 on a bad combination. */
 int cli_spec_resolve(const char *verb, const cli_spec_opts *so, ember_engine_params *ep);
-/* Loads the draft model of --spec draft with the target's options o, and
-   checks that its tokenizer gives every token id the target's text (the
-   first differing token is named). Prints the error and returns 1. The
-   caller frees *out after the engine that uses it. */
+/* Loads the draft model of --spec draft / eagle3 with the target's options
+   o. An EAGLE-3 draft model directory (its config.json) sets *spec to
+   EMBER_SPEC_EAGLE3 (its fit to the target is checked by the engine);
+   --spec eagle3 with any other model is refused. Otherwise checks that its
+   tokenizer gives every token id the target's text (the first differing
+   token is named). Prints the error and returns 1. The caller frees *out
+   after the engine that uses it, before the target. */
 int cli_load_draft(const char *verb, const char *draft_path, const char *target_path, const cli_model_opts *o,
-                   ember_model **out);
+                   ember_spec_mode *spec, ember_model **out);
 
 /* Reads a model directory's chat template (chat_template.jinja, else
    tokenizer_config.json "chat_template"); *out stays NULL when there is

@@ -101,7 +101,11 @@ static int generate_engine(ember_model *m, ember_request *r, const ember_engine_
         fprintf(stderr,
                 "ember: speculative decoding (%s): %llu drafted, %llu accepted (%.1f%%), %llu of %llu target forwards "
                 "with drafts, %.2f tokens per target forward, %d tokens in %.3f s\n",
-                ep->spec == EMBER_SPEC_NGRAM ? "ngram" : ep->spec == EMBER_SPEC_DRAFT ? "draft model" : "none", (unsigned long long)st.spec_drafted_total,
+                ep->spec == EMBER_SPEC_NGRAM    ? "ngram"
+                : ep->spec == EMBER_SPEC_DRAFT  ? "draft model"
+                : ep->spec == EMBER_SPEC_EAGLE3 ? "EAGLE-3"
+                : ep->spec == EMBER_SPEC_DFLASH ? "DFlash"
+                                                : "none", (unsigned long long)st.spec_drafted_total,
                 (unsigned long long)st.spec_accepted_total,
                 st.spec_drafted_total ? 100.0 * (double)st.spec_accepted_total / (double)st.spec_drafted_total : 0.0,
                 (unsigned long long)st.spec_forwards_total, (unsigned long long)st.decode_forwards_total,
@@ -145,7 +149,7 @@ int cmd_generate(int argc, char **argv) {
                    "Generate tokens after a prompt: ids in, ids out (one line, space-separated), or text in, text out.",
                    "--model DIR (--ids LIST | --prompt TEXT) [options]",
                    "Generation stops after -n tokens or at an end-of-sequence id (printed) unless --ignore-eos.\n"
-                   "--spec ngram (or --spec draft --draft-model PATH) runs the request through the serving\n"
+                   "--spec ngram (or --spec draft|eagle3|dflash --draft-model PATH) runs the request through the serving\n"
                    "engine with speculative decoding\n"
                    "(greedy output unchanged, sampling keeps its distribution; --verbose reports drafts).",
                    opts, (int)(sizeof opts / sizeof opts[0])};
@@ -178,7 +182,8 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     ember_model *draft = NULL;
-    if (ep.spec == EMBER_SPEC_DRAFT && cli_load_draft("generate", spo.draft_model, model, &mo, &draft)) {
+    if ((ep.spec == EMBER_SPEC_DRAFT || ep.spec == EMBER_SPEC_EAGLE3 || ep.spec == EMBER_SPEC_DFLASH) &&
+        cli_load_draft("generate", spo.draft_model, model, &mo, &ep.spec, &draft)) {
         free(ids);
         ember_tok_free(tok);
         ember_model_free(m);

@@ -299,7 +299,9 @@ static int serve_parse(int argc, char **argv, serve_args *a) {
                    "as they grow, from a pool of --kv-budget bytes shared by all requests.\n"
                    "--spec ngram: each request drafts tokens from its own prompt and output and verifies\n"
                    "them in one forward (same greedy output; a request opts out with \"speculative\": false);\n"
-                   "--spec draft --draft-model PATH: a smaller model with the same vocabulary drafts them.\n"
+                   "--spec draft --draft-model PATH: a smaller model with the same vocabulary drafts them;\n"
+                   "--spec eagle3|dflash --draft-model PATH: an EAGLE-3 / DFlash draft model drafts from this\n"
+                   "model's hidden states.\n"
                    "Tool calls (OpenAI tools / Anthropic tools): rendered through the chat template, parsed\n"
                    "out of the output in the format --tool-parser names; tool_choice required / named is\n"
                    "accepted but not enforced yet (no constrained decoding): see docs/tool-calls.md.",
@@ -380,10 +382,11 @@ int cmd_serve(int argc, char **argv) {
     so.tool_format = tools_auto ? (ember_tool_format)detected : tool_format;
     so.test_output = a.test_output;
     ember_model *draft = NULL;
-    if (sp.spec == EMBER_SPEC_DRAFT) { /* the draft's KV: full rows of its own (small) size, not the target's budget */
+    if (sp.spec == EMBER_SPEC_DRAFT || sp.spec == EMBER_SPEC_EAGLE3 || sp.spec == EMBER_SPEC_DFLASH) { /* the draft's KV: full rows of its own (small)
+                                                                         size, not the target's budget */
         cli_model_opts dmo = a.mo;
         dmo.kv_budget = 0;
-        if (cli_load_draft("serve", a.spo.draft_model, path, &dmo, &draft)) {
+        if (cli_load_draft("serve", a.spo.draft_model, path, &dmo, &sp.spec, &draft)) {
             ember_chat_template_free(tmpl);
             ember_tok_free(tok);
             ember_model_free(m);
@@ -391,6 +394,7 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     so.draft_model = draft;
+    so.spec = sp.spec; /* an EAGLE-3 directory given to --spec draft */
     ember_server *srv;
     if (ember_server_start(m, tok, tmpl, &so, &srv, &err)) {
         ember_chat_template_free(tmpl);
@@ -403,6 +407,8 @@ int cmd_serve(int argc, char **argv) {
             id, demo ? " (demo, random weights)" : "", a.host, a.port, info.n_rows, info.n_ctx, ember_isa_name(info.isa),
             info.n_threads, tmpl ? "" : ", no chat template", sp.spec == EMBER_SPEC_NGRAM  ? ", n-gram speculation"
             : sp.spec == EMBER_SPEC_DRAFT ? ", draft-model speculation"
+            : sp.spec == EMBER_SPEC_EAGLE3 ? ", EAGLE-3 speculation"
+            : sp.spec == EMBER_SPEC_DFLASH ? ", DFlash speculation"
                                           : "",
             ember_tool_format_name(so.tool_format));
     if (a.verbose) {

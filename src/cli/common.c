@@ -6,6 +6,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "formats/config.h"
 #include "template/load.h"
 #include "tok/tokenizer.h"
 
@@ -64,12 +65,17 @@ int cli_spec_resolve(const char *verb, const cli_spec_opts *so, ember_engine_par
         ep->spec = EMBER_SPEC_NGRAM;
     else if (so->mode && !strcmp(so->mode, "draft"))
         ep->spec = EMBER_SPEC_DRAFT;
+    else if (so->mode && !strcmp(so->mode, "eagle3"))
+        ep->spec = EMBER_SPEC_EAGLE3;
+    else if (so->mode && !strcmp(so->mode, "dflash"))
+        ep->spec = EMBER_SPEC_DFLASH;
     else if (so->mode && strcmp(so->mode, "none") != 0)
-        return cli_fail(verb, "--spec expects ngram, draft or none, got '%s'", so->mode);
+        return cli_fail(verb, "--spec expects ngram, draft, eagle3, dflash or none, got '%s'", so->mode);
     if (ep->spec == EMBER_SPEC_NONE && (so->draft_max || so->draft_min))
-        return cli_fail(verb, "--draft-max and --draft-min go with --spec ngram or draft");
-    if (ep->spec == EMBER_SPEC_DRAFT && !so->draft_model) return cli_fail(verb, "--spec draft needs --draft-model PATH");
-    if (ep->spec != EMBER_SPEC_DRAFT && so->draft_model) return cli_fail(verb, "--draft-model goes with --spec draft");
+        return cli_fail(verb, "--draft-max and --draft-min go with --spec ngram, draft, eagle3 or dflash");
+    const bool model = ep->spec == EMBER_SPEC_DRAFT || ep->spec == EMBER_SPEC_EAGLE3 || ep->spec == EMBER_SPEC_DFLASH;
+    if (model && !so->draft_model) return cli_fail(verb, "--spec %s needs --draft-model PATH", so->mode);
+    if (!model && so->draft_model) return cli_fail(verb, "--draft-model goes with --spec draft, eagle3 or dflash");
     int dmax = so->draft_max ? so->draft_max : 8, dmin = so->draft_min ? so->draft_min : 1;
     if (dmin > dmax) return cli_fail(verb, "--draft-min %d is above --draft-max %d", dmin, dmax);
     ep->draft_max = dmax;
@@ -91,11 +97,26 @@ static int32_t first_vocab_diff(const ember_tokenizer *a, const ember_tokenizer 
 }
 
 int cli_load_draft(const char *verb, const char *draft_path, const char *target_path, const cli_model_opts *o,
-                   ember_model **out) {
+                   ember_spec_mode *spec, ember_model **out) {
     *out = NULL;
     ember_tokenizer *tt = NULL, *td = NULL;
     ember_error err = {0};
     int rc = 0;
+    ember_model_config *dc = calloc(1, sizeof *dc); /* an EAGLE-3 directory? (its config says) */
+    const bool cfg_ok = dc && ember_config_load(draft_path, dc, &err) == EMBER_OK;
+    const bool eagle3 = cfg_ok && dc->eagle3, dflash = cfg_ok && dc->dflash;
+    free(dc);
+    if (eagle3 || dflash) { /* no tokenizer of its own: the engine checks vocab_size and hidden sizes */
+        *spec = eagle3 ? EMBER_SPEC_EAGLE3 : EMBER_SPEC_DFLASH;
+        return cli_load_model(verb, draft_path, o, out);
+    }
+    if (*spec == EMBER_SPEC_EAGLE3)
+        return cli_fail(verb, "--spec eagle3: %s is not an EAGLE-3 draft model (its config.json names no Eagle3 "
+                        "architecture nor draft_vocab_size)", draft_path);
+    if (*spec == EMBER_SPEC_DFLASH)
+        return cli_fail(verb, "--spec dflash: %s is not a DFlash draft model (its config.json names no DFlash "
+                        "architecture nor dflash_config)", draft_path);
+    err.msg[0] = '\0';
     if (ember_tok_load(draft_path, &td, &err))
         rc = cli_fail(verb, "--draft-model %s: %s", draft_path, err.msg);
     else if (ember_tok_load(target_path, &tt, &err))

@@ -110,7 +110,7 @@ int ember_generate(ember_model *m, ember_request *reqs, int n, ember_error *err)
                 nt++;
             }
         }
-        ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out, NULL};
+        ember_batch b = {.n = nt, .tok = m->b_tok, .pos = m->b_pos, .row = m->b_row, .n_out = no, .out = m->b_out};
         if ((rc = ember_llm_forward(m->llm, m->st, m->kv, &b, m->logits, err))) break;
         for (int o = 0; o < no; o++) {
             int t = m->b_out[o], i = m->b_row[t];
@@ -134,7 +134,7 @@ int ember_generate(ember_model *m, ember_request *reqs, int n, ember_error *err)
             nt++;
         }
         if (nt == 0) break;
-        ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, nt, m->b_out, NULL};
+        ember_batch b = {.n = nt, .tok = m->b_tok, .pos = m->b_pos, .row = m->b_row, .n_out = nt, .out = m->b_out};
         if ((rc = ember_llm_forward(m->llm, m->st, m->kv, &b, m->logits, err))) break;
         for (int o = 0; o < nt; o++) {
             int i = m->b_row[o];
@@ -164,7 +164,7 @@ int ember_logits(ember_model *m, const int32_t *ids, int n_ids, float *out, embe
             m->b_row[i] = 0;
             m->b_out[i] = i;
         }
-        ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, nt, m->b_out, NULL};
+        ember_batch b = {.n = nt, .tok = m->b_tok, .pos = m->b_pos, .row = m->b_row, .n_out = nt, .out = m->b_out};
         int rc = ember_llm_forward(m->llm, m->st, m->kv, &b, out + (size_t)s * (size_t)m->cfg.vocab_size, err);
         if (rc) return rc;
     }
@@ -185,7 +185,7 @@ static int bench_prefill(ember_model *m, int start, int n, ember_error *err) {
             m->b_row[i] = 0;
         }
         m->b_out[0] = nt - 1;
-        ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, 1, m->b_out, NULL};
+        ember_batch b = {.n = nt, .tok = m->b_tok, .pos = m->b_pos, .row = m->b_row, .n_out = 1, .out = m->b_out};
         int rc = ember_llm_forward(m->llm, m->st, m->kv, &b, m->logits, err);
         if (rc) return rc;
     }
@@ -214,7 +214,7 @@ int ember_bench_run_at(ember_model *m, int n_depth, int n_prompt, int n_gen, emb
         m->b_row[0] = 0;
         m->b_out[0] = 0;
         int32_t next = 0; /* greedy on the device where the backend can (argmax_rows) */
-        ember_batch b = {1, m->b_tok, m->b_pos, m->b_row, 1, m->b_out, &next};
+        ember_batch b = {.n = 1, .tok = m->b_tok, .pos = m->b_pos, .row = m->b_row, .n_out = 1, .out = m->b_out, .argmax = &next};
         if ((rc = ember_llm_forward(m->llm, m->st, m->kv, &b, m->logits, err))) return rc;
         tok = next;
     }

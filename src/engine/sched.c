@@ -245,6 +245,14 @@ struct ember_engine {
     ember_kv_disk *disk; /* the disk tier; NULL without prompt_cache_dir */
     bool disk_work;      /* the disk tier has queued writes */
     ember_draft *src;    /* the draft source; NULL: no speculation */
+    /* a source reading the target's taps (EAGLE-3): the step's tapped tokens (batch index, row) and
+       their taps [max_batch_tokens * tap_width]; the rows' histories by row for observe */
+    int32_t *tap_idx;
+    int *tap_row;
+    int32_t *tap_pos, *tap_tok;
+    float *taps;
+    const int32_t **tap_hist;
+    int *tap_nhist;
     double px_stats_at;  /* when publish_stats last read the prefix cache's figures */
     double t_dec;        /* pacing: running mean of a decode-only step's seconds (0: none yet) */
     double t_tok;        /* pacing: running mean of the seconds one prompt token adds to a step */
@@ -275,6 +283,13 @@ void ember_engine_free(ember_engine *e) {
     ember_kv_disk_free(e->disk);
     ember_kv_prefix_free(e->px);
     ember_draft_free(e->src);
+    free(e->tap_idx);
+    free(e->tap_row);
+    free(e->tap_pos);
+    free(e->tap_tok);
+    free(e->taps);
+    free(e->tap_hist);
+    free(e->tap_nhist);
     for (int i = 0; i < e->n_rows && e->rows; i++) row_free_mem(&e->rows[i]);
     free(e->rows);
     free(e->out_row);
@@ -985,6 +1000,36 @@ static void take_outputs(ember_engine *e, int no, bool chosen) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* A source reading the target's taps: the batch asks them for every token
+   of a speculating row (its prompt chunks, last token and drafts). */
+static void ask_taps(ember_engine *e, ember_batch *b) {
+    int n = 0;
+    for (int k = 0; k < b->n; k++)
+        if (e->rows[b->row[k]].spec) e->tap_idx[n++] = k;
+    if (!n) return;
+    b->n_tap = n;
+    b->tap = e->tap_idx;
+    b->n_tap_layers = e->src->n_tap_layers;
+    b->tap_layers = e->src->tap_layers;
+    b->taps = e->taps;
+}
+
+/* After the forward, before verification: the taps to the source, with
+   each row's history so far (it keeps what the history later confirms). */
+static void give_taps(ember_engine *e, const ember_batch *b) {
+    for (int k = 0; k < b->n_tap; k++) {
+        int i = b->tap[k];
+        e->tap_row[k] = b->row[i];
+        e->tap_pos[k] = b->pos[i];
+        e->tap_tok[k] = b->tok[i];
+    }
+    for (int i = 0; i < e->n_rows; i++) {
+        e->tap_hist[i] = e->rows[i].hist;
+        e->tap_nhist[i] = e->rows[i].n_hist;
+    }
+    ember_draft_observe(e->src, b->n_tap, e->tap_row, e->tap_pos, e->tap_tok, e->taps, e->tap_hist, e->tap_nhist);
+}
+
 /* One engine step: plan a batch (decode, prefill chunks, drafts), run the
    forward, hand out the results. Returns false when there was nothing to do. */
 static bool step(ember_engine *e) {
@@ -1009,7 +1054,9 @@ static bool step(ember_engine *e) {
     ember_error err = {0};
     bool chosen = no > 0; /* every output a plain greedy row: the forward picks the tokens */
     for (int o = 0; o < no && chosen; o++) chosen = greedy_plain(&e->rows[e->out_row[o]]);
-    ember_batch b = {nt, m->b_tok, m->b_pos, m->b_row, no, m->b_out, chosen ? e->ids : NULL};
+    ember_batch b = {.n = nt, .tok = m->b_tok, .pos = m->b_pos, .row = m->b_row, .n_out = no, .out = m->b_out,
+                     .argmax = chosen ? e->ids : NULL};
+    if (e->taps) ask_taps(e, &b);
     const double t0 = ember_now();
     int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
     if (rc) { /* nothing was stored: every row in the batch fails */
@@ -1027,6 +1074,7 @@ static bool step(ember_engine *e) {
             if (r->phase == ROW_PREFILL && r->stamp == e->steps - 1 && !r->s->g.no_prompt_cache)
                 (void)ember_kv_prefix_publish(e->px, i, r->hist, ember_kv_len(kv, i), r->s->g.cache_salt);
         }
+    if (b.n_tap) give_taps(e, &b);
     take_outputs(e, no, chosen);
     pace_measure(e, ember_now() - t0, n_dec, n_fill, nt - n_dec - n_fill);
     pthread_mutex_lock(&e->mu);
@@ -1141,7 +1189,8 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     if (!m) return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_engine_new: no model");
     ember_engine_params ep = {0};
     if (p) ep = *p;
-    if (ep.spec != EMBER_SPEC_NONE && ep.spec != EMBER_SPEC_NGRAM && ep.spec != EMBER_SPEC_DRAFT)
+    if (ep.spec != EMBER_SPEC_NONE && ep.spec != EMBER_SPEC_NGRAM && ep.spec != EMBER_SPEC_DRAFT &&
+        ep.spec != EMBER_SPEC_EAGLE3 && ep.spec != EMBER_SPEC_DFLASH)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_engine_new: unknown speculative mode %d", (int)ep.spec);
     if (ep.draft_max <= 0) ep.draft_max = 8;
     if (ep.draft_min <= 0) ep.draft_min = 1;
@@ -1205,6 +1254,20 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
                                    m->params.n_ctx < 8192 ? (m->params.n_ctx > 2 ? m->params.n_ctx : 2) : 8192, &e->src,
                                    err);
     if (!rc && e->p.spec == EMBER_SPEC_DRAFT) rc = ember_draft_model_new(e->p.draft_model, m, e->n_rows, &e->src, err);
+    if (!rc && e->p.spec == EMBER_SPEC_EAGLE3) rc = ember_draft_eagle3_new(e->p.draft_model, m, e->n_rows, &e->src, err);
+    if (!rc && e->p.spec == EMBER_SPEC_DFLASH) rc = ember_draft_dflash_new(e->p.draft_model, m, e->n_rows, &e->src, err);
+    if (!rc && e->src && e->src->n_tap_layers > 0) { /* the taps of a whole batch, for the source */
+        const size_t B = (size_t)m->params.max_batch_tokens, R = (size_t)e->n_rows;
+        e->tap_idx = ember_malloc(B * sizeof *e->tap_idx);
+        e->tap_row = ember_malloc(B * sizeof *e->tap_row);
+        e->tap_pos = ember_malloc(B * sizeof *e->tap_pos);
+        e->tap_tok = ember_malloc(B * sizeof *e->tap_tok);
+        e->taps = ember_malloc(B * (size_t)e->src->tap_width * sizeof *e->taps);
+        e->tap_hist = ember_malloc(R * sizeof *e->tap_hist);
+        e->tap_nhist = ember_malloc(R * sizeof *e->tap_nhist);
+        if (!e->tap_idx || !e->tap_row || !e->tap_pos || !e->tap_tok || !e->taps || !e->tap_hist || !e->tap_nhist)
+            rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory for the target's taps");
+    }
     if (!rc) rc = ember_kv_prefix_new(m->kv, &e->px, err);
     if (!rc && !ember_kv_prefix_supported(e->px)) { /* recurrent state: reuse stays per row (and disk) */
         ember_kv_prefix_free(e->px);

@@ -43,6 +43,11 @@ void ember_draft_commit(ember_draft *d, int slot, int n_drafted, int n_accepted)
     if (d && slot >= 0 && slot < d->n_slots && d->ops->commit) d->ops->commit(d, slot, n_drafted, n_accepted);
 }
 
+void ember_draft_observe(ember_draft *d, int n, const int *slot, const int32_t *pos, const int32_t *tok,
+                         const float *taps, const int32_t *const *hist, const int *n_hist) {
+    if (d && n > 0 && d->n_tap_layers > 0 && d->ops->observe) d->ops->observe(d, n, slot, pos, tok, taps, hist, n_hist);
+}
+
 void ember_draft_close(ember_draft *d, int slot) {
     if (d && slot >= 0 && slot < d->n_slots && d->ops->close) d->ops->close(d, slot);
 }

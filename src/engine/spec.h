@@ -15,6 +15,14 @@
  *           call holds them, then the target's own token);
  *   close   the request on slot ended.
  *
+ * A source that reads the target's hidden states (EAGLE-3) names the tap
+ * layers it wants in its head (n_tap_layers > 0): the engine then asks the
+ * target's forward for those taps on every token of the speculating rows
+ * (prompt chunks, last tokens and drafts) and hands them over with
+ *   observe the tokens just fed, with their slots, positions and taps
+ *           (before they are verified: the source keeps what the row's
+ *           history later confirms and drops the rest).
+ *
  * The history is always the engine's: a source reads it, never keeps a
  * pointer to it past a call. A source with state per slot (a draft model's
  * own cache rows) keeps that state in step with open / commit / close;
@@ -45,6 +53,11 @@ typedef struct ember_draft_ops {
     void (*draft_many)(ember_draft *d, int n, const int *slots, const int32_t *const *hist, const int *n_hist,
                        const int *n_max, int32_t *const *out, int *n_out);
     void (*commit)(ember_draft *d, int slot, int n_drafted, int n_accepted);
+    /* Optional (sources with tap layers): n tokens of the last target forward, token i fed at
+       position pos[i] of slot[i] (in increasing position per slot), its taps at taps + i * tap_width;
+       hist[s] / n_hist[s]: slot s's history (prompt and output so far, indexed by slot). */
+    void (*observe)(ember_draft *d, int n, const int *slot, const int32_t *pos, const int32_t *tok, const float *taps,
+                    const int32_t *const *hist, const int *n_hist);
     void (*close)(ember_draft *d, int slot);
     void (*destroy)(ember_draft *d);
 } ember_draft_ops;
@@ -53,6 +66,9 @@ typedef struct ember_draft_ops {
 struct ember_draft {
     const ember_draft_ops *ops;
     int n_slots;
+    int n_tap_layers;      /* > 0: the target's taps this source reads (model.h's ember_batch.tap_layers) */
+    int32_t tap_layers[8];
+    int tap_width;         /* floats per token: n_tap_layers * the target's hidden size */
 };
 
 /* A request starts on slot: its prompt is hist[0, n_hist). Errors leave
@@ -67,6 +83,10 @@ void ember_draft_propose_many(ember_draft *d, int n, const int *slots, const int
                               const int *n_max, int32_t *const *out, int *n_out);
 /* Of the n_drafted tokens last proposed on slot, n_accepted were kept. */
 void ember_draft_commit(ember_draft *d, int slot, int n_drafted, int n_accepted);
+/* The taps of the tokens the target just fed (spec.h's observe); a no-op
+   for a source without tap layers. */
+void ember_draft_observe(ember_draft *d, int n, const int *slot, const int32_t *pos, const int32_t *tok,
+                         const float *taps, const int32_t *const *hist, const int *n_hist);
 /* The request on slot ended (a closed slot is ignored). */
 void ember_draft_close(ember_draft *d, int slot);
 /* Frees the source (NULL is fine). */
@@ -94,5 +114,23 @@ int ember_draft_ngram_new(int n_slots, int ngram_min, int ngram_max, int window,
  */
 int ember_draft_model_new(ember_model *draft, const ember_model *target, int n_slots, ember_draft **out,
                           ember_error *err);
+
+/*
+ * An EAGLE-3 draft model (spec_eagle3.c, model/eagle3.c): `draft`, loaded
+ * apart from `target` (an EAGLE-3 directory) with at least n_slots rows of
+ * the target's context, drafts greedily from the target's taps and its own
+ * cache rows. Borrowed: the caller frees it after the source (and the
+ * target after it: it may borrow the target's embedding). A config that
+ * does not fit the target: EMBER_ERR_INVALID_ARG naming the field.
+ */
+int ember_draft_eagle3_new(ember_model *draft, ember_model *target, int n_slots, ember_draft **out, ember_error *err);
+
+/*
+ * A DFlash draft model (spec_dflash.c, model/dflash.c): as the EAGLE-3
+ * source, but a whole block of drafts per round (block_size - 1 at most)
+ * from one forward of the row's last token and mask tokens over the
+ * target's taps as context. Borrows the target's embedding and lm_head.
+ */
+int ember_draft_dflash_new(ember_model *draft, ember_model *target, int n_slots, ember_draft **out, ember_error *err);
 
 #endif

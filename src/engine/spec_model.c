@@ -113,7 +113,7 @@ static int feed_many(model_src *s, int n, const int *slot, const int32_t *const 
         }
         if (!nt) break;
         ember_error err = {0};
-        ember_batch b = {nt, s->tok, s->pos, s->row, nout, s->outi, NULL};
+        ember_batch b = {.n = nt, .tok = s->tok, .pos = s->pos, .row = s->row, .n_out = nout, .out = s->outi};
         /* the logits land from row outj[0] on (rows below hold earlier forwards' jobs) */
         float *lg = s->logits_many + (size_t)(nout ? s->outj[0] : 0) * (size_t)V;
         int rc = ember_llm_forward(s->m->llm, s->m->st, s->m->kv, &b, lg, &err);
@@ -266,7 +266,7 @@ int ember_draft_model_new(ember_model *draft, const ember_model *target, int n_s
                          draft->params.n_rows, draft->params.n_ctx, n_slots, target->params.n_ctx);
     model_src *s = ember_calloc(1, sizeof *s);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
-    s->base = (ember_draft){&k_model_ops, n_slots};
+    s->base = (ember_draft){.ops = &k_model_ops, .n_slots = n_slots};
     s->m = draft;
     s->n_ctx = target->params.n_ctx;
     s->chunk = draft->params.max_batch_tokens;

@@ -821,6 +821,74 @@ static int unwrap_text_config(const char *file, json_t *root, const char *mt, js
     return EMBER_OK;
 }
 
+/* An EAGLE-3 draft model's fields (config.h's eagle3 part): detected by an
+   architectures entry naming Eagle3 or by draft_vocab_size. Leaves cfg
+   alone for any other model. */
+static int parse_eagle3(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
+    const json_t *arch = json_object_get(root, "architectures"), *v;
+    size_t i;
+    bool e3 = json_object_get(root, "draft_vocab_size") != NULL;
+    json_array_foreach(arch, i, v) if (json_is_string(v) && strstr(json_string_value(v), "Eagle3")) e3 = true;
+    if (!e3) return EMBER_OK;
+    cfg->eagle3 = true;
+    int rc;
+    if ((rc = get_int(file, root, "draft_vocab_size", false, cfg->vocab_size, 1, cfg->vocab_size, &cfg->e3_draft_vocab,
+                      err)) ||
+        (rc = get_int(file, root, "target_hidden_size", false, cfg->hidden_size, 1, 1 << 20, &cfg->e3_target_hidden,
+                      err)))
+        return rc;
+    cfg->e3_target_hidden_set = json_object_get(root, "target_hidden_size") != NULL;
+    if (cfg->n_layers != 1)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: num_hidden_layers %d (an EAGLE-3 draft model has 1)", file,
+                         cfg->n_layers);
+    const json_t *ec = json_object_get(root, "eagle_config");
+    const json_t *ids = json_is_object(ec) ? json_object_get(ec, "eagle_aux_hidden_state_layer_ids") : NULL;
+    if (!ids || json_is_null(ids)) return EMBER_OK;
+    if (!json_is_array(ids) || json_array_size(ids) < 1 || json_array_size(ids) > 8)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: eagle_config.eagle_aux_hidden_state_layer_ids must be a list of 1..8 "
+                         "layer ids", file);
+    json_array_foreach(ids, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > EMBER_MAX_LAYERS)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: eagle_config.eagle_aux_hidden_state_layer_ids[%zu] is not a "
+                             "layer id", file, i);
+        cfg->e3_aux[cfg->e3_n_aux++] = (int)json_integer_value(v);
+    }
+    return EMBER_OK;
+}
+
+/* A DFlash draft model's fields (config.h's dflash part): detected by an
+   architectures entry naming DFlash or by dflash_config. Leaves cfg alone
+   for any other model. */
+static int parse_dflash(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
+    const json_t *arch = json_object_get(root, "architectures"), *v, *dc = json_object_get(root, "dflash_config");
+    size_t i;
+    bool df = json_is_object(dc);
+    json_array_foreach(arch, i, v) if (json_is_string(v) && strstr(json_string_value(v), "DFlash")) df = true;
+    if (!df) return EMBER_OK;
+    cfg->dflash = true;
+    int rc;
+    if ((rc = get_int(file, root, "block_size", false, 16, 2, 64, &cfg->df_block, err)) ||
+        (rc = get_int(file, root, "num_target_layers", false, 0, 0, EMBER_MAX_LAYERS, &cfg->df_n_target, err)))
+        return rc;
+    if (!json_is_object(dc) || !json_is_integer(json_object_get(dc, "mask_token_id")))
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: a DFlash draft model needs dflash_config.mask_token_id", file);
+    long long mask = json_integer_value(json_object_get(dc, "mask_token_id"));
+    if (mask < 0 || mask >= cfg->vocab_size)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: dflash_config.mask_token_id %lld is outside vocab_size %d", file, mask,
+                         cfg->vocab_size);
+    cfg->df_mask_id = (int)mask;
+    const json_t *ids = json_object_get(dc, "target_layer_ids");
+    if (!ids || json_is_null(ids)) return EMBER_OK;
+    if (!json_is_array(ids) || json_array_size(ids) < 1 || json_array_size(ids) > 16)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: dflash_config.target_layer_ids must be a list of 1..16 layer ids", file);
+    json_array_foreach(ids, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= EMBER_MAX_LAYERS)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: dflash_config.target_layer_ids[%zu] is not a layer id", file, i);
+        cfg->df_ids[cfg->df_n_ids++] = (int)json_integer_value(v);
+    }
+    return EMBER_OK;
+}
+
 int ember_config_parse(const char *file, const char *text, size_t len, ember_model_config *cfg,
                        ember_error *err) {
     memset(cfg, 0, sizeof *cfg);
@@ -922,7 +990,9 @@ int ember_config_parse(const char *file, const char *text, size_t len, ember_mod
     if ((rc = parse_rope(file, root, cfg, err)) || (rc = parse_windows(file, root, cfg, err))) goto done;
     if (g4 && (rc = parse_gemma4(file, root, cfg, err))) goto done;
     if (hybrid && (rc = parse_hybrid(file, root, cfg, err))) goto done;
-    if ((rc = parse_quant(file, root, cfg, err))) goto done;
+    if ((rc = parse_quant(file, root, cfg, err)) || (rc = parse_eagle3(file, root, cfg, err)) ||
+        (rc = parse_dflash(file, root, cfg, err)))
+        goto done;
     if ((rc = get_bos(file, root, cfg, err)) || (rc = get_eos(file, root, cfg, err))) goto done;
 done:
     json_decref(root);

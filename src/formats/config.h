@@ -132,6 +132,24 @@ typedef struct ember_model_config {
     int ple_dim, ple_vocab; /* hidden_size_per_layer_input, vocab_size_per_layer_input; 0: no PLE */
     bool double_wide_mlp;   /* use_double_wide_mlp: KV-shared layers' MLP is 2 * intermediate_size wide */
     bool moe_beside_mlp;    /* enable_moe_block: the MoE block runs beside the dense MLP on every layer */
+    /* an EAGLE-3 draft model (model/eagle3.c): architectures naming Eagle3, or draft_vocab_size
+       present. One decoder layer (midlayer.*) over fc(the target's taps); its lm_head has
+       e3_draft_vocab rows, mapped to the target's ids by d2t */
+    bool eagle3;
+    int e3_draft_vocab;     /* draft_vocab_size (vocab_size when absent) */
+    int e3_target_hidden;   /* target_hidden_size (hidden_size when absent): the width of one tap */
+    bool e3_target_hidden_set; /* target_hidden_size was in the config */
+    int e3_n_aux;           /* eagle_config.eagle_aux_hidden_state_layer_ids (0: the target's
+                               default, layers 2, N / 2, N - 3): the residual stream entering them */
+    int e3_aux[8];
+    /* a DFlash draft model (model/dflash.c): architectures naming DFlash, or dflash_config present.
+       Qwen3 layers (layers.*, no embedding or head of its own) over fc(the target's taps) */
+    bool dflash;
+    int df_block;           /* block_size: tokens per round (the last known one and block - 1 masks) */
+    int df_mask_id;         /* dflash_config.mask_token_id */
+    int df_n_target;        /* num_target_layers (0: absent) */
+    int df_n_ids;           /* dflash_config.target_layer_ids (0: the default spread over num_target_layers) */
+    int df_ids[16];
 } ember_model_config;
 
 /* Layer l's head size, KV heads, MLP width, and the layer whose KV cache it

@@ -718,13 +718,48 @@ static int32_t host_argmax(const float *x, int n) {
     return best < 0 ? 0 : best;
 }
 
+/* The rows b->tap of x into the batch's taps at tap layer slot k, through
+   the state's sel rows (max_logit_rows at a time) and the host staging;
+   with norm, rms-normed first (the EMBER_TAP_NORMED tap). */
+static int tap_rows(ember_fwd *f, const ember_tensor *x, int k, const ember_tensor *norm, bool plus_one) {
+    ember_backend *be = f->m->be;
+    const ember_backend_ops *ops = be->ops;
+    ember_llm_state *st = f->st;
+    const ember_batch *b = f->b;
+    const int H = f->m->cfg.hidden_size, K = b->n_tap_layers;
+    int rc;
+    for (int o0 = 0; o0 < b->n_tap; o0 += st->max_logit_rows) {
+        int n = b->n_tap - o0 < st->max_logit_rows ? b->n_tap - o0 : st->max_logit_rows;
+        ember_tensor sel = rows_view(&st->sel, 2, n, H, 0);
+        if ((rc = ops->get_rows(be, &sel, x, b->tap + o0, n, f->err)) ||
+            (norm && (rc = ops->rms_norm(be, &sel, &sel, norm, f->m->cfg.rms_norm_eps, plus_one, f->err))) ||
+            (rc = ops->read(be, &sel, 0, st->tap_host, (size_t)n * (size_t)H * 4, f->err)))
+            return rc;
+        for (int i = 0; i < n; i++)
+            memcpy(b->taps + ((size_t)(o0 + i) * K + (size_t)k) * (size_t)H, st->tap_host + (size_t)i * H,
+                   (size_t)H * sizeof(float));
+    }
+    return EMBER_OK;
+}
+
+int ember_blk_tap(ember_fwd *f, int l) {
+    const ember_batch *b = f->b;
+    int rc = EMBER_OK;
+    for (int k = 0; b->n_tap > 0 && k < b->n_tap_layers && !rc; k++)
+        if (b->tap_layers[k] == l) rc = tap_rows(f, &f->x, k, NULL, false);
+    return rc;
+}
+
 int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, float softcap, float *logits) {
     ember_backend *be = f->m->be;
     const ember_backend_ops *ops = be->ops;
     ember_llm_state *st = f->st;
     const ember_batch *b = f->b;
     const int V = f->m->cfg.vocab_size, H = f->m->cfg.hidden_size;
-    int rc;
+    int rc = ember_blk_tap(f, f->m->cfg.n_layers); /* the taps after the last layer, then after the final norm */
+    for (int k = 0; !rc && b->n_tap > 0 && k < b->n_tap_layers; k++)
+        if (b->tap_layers[k] == EMBER_TAP_NORMED) rc = tap_rows(f, &f->x, k, norm, plus_one);
+    if (rc) return rc;
     /* LOGIT_ROWS (the state's max_logit_rows) rows at a time */
     for (int o0 = 0; o0 < b->n_out; o0 += st->max_logit_rows) {
         int n = b->n_out - o0 < st->max_logit_rows ? b->n_out - o0 : st->max_logit_rows;

@@ -81,6 +81,10 @@ int ember_load_moe(ember_loader *L, int i);
 int ember_load_regrouped(ember_loader *L, const char *name, int64_t rows, int64_t cols, const int32_t *perm, int n,
                          ember_tensor *const *parts, const int64_t *part_rows);
 
+/* Binds layer i of a llama-family model (llama.c: model.layers.i.*, the
+   projections, norms, biases and q/k norms its config has). */
+int ember_llama_load_layer(ember_loader *L, int i);
+
 /* Binds the embedding, the final norm and the output projection (the
    embedding when tied_embeddings), and counts the bytes a decode token reads. */
 int ember_load_io(ember_loader *L);
@@ -103,6 +107,8 @@ extern const ember_family ember_family_gemma; /* gemma.c: gemma2, gemma3_text */
 extern const ember_family ember_family_qwen3_moe; /* qwen3_moe.c: qwen3_moe, glm4_moe */
 extern const ember_family ember_family_qwen3_next; /* qwen3_next.c: qwen3_next, qwen3_5_text, qwen3_5_moe_text */
 extern const ember_family ember_family_gemma4;    /* gemma4.c: gemma4_text */
+extern const ember_family ember_family_eagle3;    /* eagle3.c: EAGLE-3 draft models (cfg.eagle3) */
+extern const ember_family ember_family_dflash;    /* dflash.c: DFlash draft models (cfg.dflash) */
 
 /* ---- blocks of a forward pass -------------------------------------------------------- */
 
@@ -168,6 +174,13 @@ int ember_blk_moe(ember_fwd *f, const ember_llm_layer *ly);
    and their weights into w (in rank order). No side effects beyond those. */
 void ember_moe_route(const ember_model_config *c, const float *z, const float *bias, float *choice, int32_t *sel,
                      float *w);
+
+/* The hidden taps of layer l the batch asks for (model.h's ember_batch):
+   the rows b->tap of f->x (the residual stream entering layer l; l =
+   n_layers after the last) into b->taps, where tap_layers holds l. A no-op
+   when the batch asks none. Call at the top of each layer; ember_blk_logits
+   takes the n_layers and EMBER_TAP_NORMED taps. */
+int ember_blk_tap(ember_fwd *f, int l);
 
 /* f->x += f->h. */
 int ember_blk_residual(ember_fwd *f);

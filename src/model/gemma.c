@@ -89,7 +89,7 @@ static int gemma_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const 
         const ember_llm_layer *ly = &m->layers[l];
         const ember_attn ap = {scale, ly->window, c->attn_softcap};
         const ember_rope *rope = ly->local_rope ? &rope_local : &rope_global;
-        if ((rc = ember_blk_norm(&f, &f.h, &f.x, &ly->attn_norm, p1)) ||
+        if ((rc = ember_blk_tap(&f, l)) || (rc = ember_blk_norm(&f, &f.h, &f.x, &ly->attn_norm, p1)) ||
             (rc = ember_blk_attention(&f, l, ly, rope, &ap, p1)) ||
             (rc = ember_blk_norm(&f, &f.h, &f.h, &ly->post_attn_norm, p1)) ||
             (rc = ember_blk_residual_norm(&f, &ly->ffn_norm, p1)) || (rc = ember_blk_mlp(&f, ly, c->act)) ||

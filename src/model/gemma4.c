@@ -169,7 +169,7 @@ static int gemma4_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const
         const ember_attn ap = {1.0f, ly->window, 0.0f};
         const ember_rope *rope = ly->local_rope ? &rope_local : &rope_global;
         ember_fwd_layer_shape(&f, ly->head_dim, ly->n_kv_heads, ember_cfg_intermediate(c, l));
-        if ((rc = ember_blk_norm(&f, &f.h, &f.x, &ly->attn_norm, false)) ||
+        if ((rc = ember_blk_tap(&f, l)) || (rc = ember_blk_norm(&f, &f.h, &f.x, &ly->attn_norm, false)) ||
             (rc = ember_blk_attention_g4(&f, ly, rope, &ap)) ||
             (rc = ember_blk_norm(&f, &f.h, &f.h, &ly->post_attn_norm, false)) || (rc = ember_blk_residual(&f)) ||
             (rc = ember_blk_norm(&f, &f.h, &f.x, &ly->ffn_norm, false)) || (rc = ember_blk_mlp(&f, ly, c->act)) ||

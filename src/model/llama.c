@@ -21,8 +21,8 @@
 #include "family.h"
 
 /* Binds layer i's tensors (HuggingFace names), shapes from the config;
-   phi3's fused projections as row views. */
-static int load_layer(ember_loader *L, int i) {
+   phi3's fused projections as row views (family.h). */
+int ember_llama_load_layer(ember_loader *L, int i) {
     ember_llm *m = L->m;
     const ember_model_config *c = &m->cfg;
     ember_llm_layer *ly = &m->layers[i];
@@ -76,7 +76,7 @@ static int load_layer(ember_loader *L, int i) {
 /* The family's loader (family.h). */
 static int llama_load(ember_loader *L) {
     int rc = ember_load_io(L);
-    for (int i = 0; !rc && i < L->m->cfg.n_layers; i++) rc = load_layer(L, i);
+    for (int i = 0; !rc && i < L->m->cfg.n_layers; i++) rc = ember_llama_load_layer(L, i);
     return rc;
 }
 
@@ -94,7 +94,7 @@ static int llama_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const 
         const ember_llm_layer *ly = &m->layers[l];
         const ember_attn ap = {scale, ly->window, 0.0f};
         /* each residual add and the norm after it: one op where the backend fuses them */
-        if ((rc = ember_blk_attention(&f, l, ly, &rope, &ap, false)) ||
+        if ((rc = ember_blk_tap(&f, l)) || (rc = ember_blk_attention(&f, l, ly, &rope, &ap, false)) ||
             (rc = ember_blk_residual_norm(&f, &ly->ffn_norm, false)) || (rc = ember_blk_mlp(&f, ly, c->act)) ||
             (rc = l + 1 < c->n_layers ? ember_blk_residual_norm(&f, &m->layers[l + 1].attn_norm, false)
                                       : ember_blk_residual(&f)))

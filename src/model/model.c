@@ -30,6 +30,7 @@ void ember_llm_free(ember_llm *m) {
     free(m->layers);
     free(m->inv_freq);
     free(m->inv_freq_local);
+    free(m->e3_d2t);
     ember_gguf_free(m->gguf);
     free(m);
 }
@@ -98,7 +99,10 @@ static int check_unclaimed(const ember_loader *L) {
 }
 
 /* The family of a model_type (the config parser admits only known ones). */
-static const ember_family *family_for(const char *model_type) {
+static const ember_family *family_for(const ember_model_config *c) {
+    const char *model_type = c->model_type;
+    if (c->eagle3) return &ember_family_eagle3;
+    if (c->dflash) return &ember_family_dflash;
     const ember_arch *row = ember_arch_find(model_type);
     if (row && row->family == EMBER_FAMILY_QWEN3_MOE) return &ember_family_qwen3_moe;
     if (row && row->family == EMBER_FAMILY_HYBRID) return &ember_family_qwen3_next;
@@ -123,7 +127,7 @@ static int build(ember_llm *m, ember_loader *L) {
     const ember_model_config *cfg = &m->cfg;
     ember_error *err = L->err;
     int rc;
-    m->family = family_for(cfg->model_type);
+    m->family = family_for(cfg);
     m->layers = ember_calloc((size_t)cfg->n_layers, sizeof *m->layers);
     int d_global, d_local; /* the head size of each layer kind (gemma4's differ) */
     rope_dims(cfg, &d_global, &d_local);
@@ -222,6 +226,7 @@ void ember_llm_state_free(ember_llm_state *st) {
     if (!st) return;
     for (size_t i = 0; i < EMBER_ARRAY_LEN(st->bufs); i++) ember_buffer_free(st->bufs[i]);
     free(st->tmp_idx);
+    free(st->tap_host);
     free(st->moe_host);
     free(st->moe_sel);
     free(st->moe_w);
@@ -230,6 +235,8 @@ void ember_llm_state_free(ember_llm_state *st) {
     free(st->moe_choice);
     for (size_t i = 0; i < EMBER_ARRAY_LEN(st->g4_bufs); i++) ember_buffer_free(st->g4_bufs[i]);
     free(st->ple_ids);
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(st->e3_bufs); i++) ember_buffer_free(st->e3_bufs[i]);
+    free(st->e3_idx);
     free(st);
 }
 
@@ -308,8 +315,22 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
         st->ple_ids = ember_malloc((size_t)T * sizeof *st->ple_ids);
         if (!rc && !st->ple_ids) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
+    if (!rc && (c->eagle3 || c->dflash)) { /* an EAGLE-3 / DFlash draft model's scratch (state in model.h) */
+        const int64_t n_aux = c->dflash ? (c->df_n_ids ? c->df_n_ids : c->n_layers) : c->e3_n_aux ? c->e3_n_aux : 3;
+        struct {
+            ember_tensor *t;
+            int64_t rows, cols;
+        } e3[] = {{&st->e3_tin, T, n_aux * (c->dflash ? H : c->e3_target_hidden)}, {&st->e3_s, 2 * T, H}, {&st->e3_c, 2 * T, H},
+                  {&st->e3_hid, T, H}};
+        for (size_t i = 0; i < EMBER_ARRAY_LEN(e3) && !rc; i++)
+            rc = ember_tensor_alloc(m->be, e3[i].t, &st->e3_bufs[i], EMBER_F32, 2, (const int64_t[]){e3[i].rows, e3[i].cols},
+                                    err);
+        st->e3_idx = ember_malloc((size_t)(2 * T) * sizeof *st->e3_idx);
+        if (!rc && !st->e3_idx) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
     st->tmp_idx = ember_calloc((size_t)max_tokens, sizeof *st->tmp_idx);
-    if (!rc && !st->tmp_idx) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    st->tap_host = ember_malloc((size_t)(L * H) * sizeof *st->tap_host);
+    if (!rc && (!st->tmp_idx || !st->tap_host)) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if (rc) {
         ember_llm_state_free(st);
         return rc;
@@ -333,6 +354,17 @@ static int check_batch(const ember_llm *m, ember_llm_state *st, const ember_batc
     for (int i = 0; i < b->n_out; i++)
         if (b->out[i] < 0 || b->out[i] >= b->n || (i > 0 && b->out[i] <= b->out[i - 1]))
             return ember_err(err, EMBER_ERR_INVALID_ARG, "logit rows must be increasing indices into the batch");
+    if (b->n_tap == 0) return EMBER_OK;
+    if (b->n_tap < 0 || b->n_tap > b->n || !b->tap || b->n_tap_layers < 1 || !b->tap_layers || !b->taps)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "hidden taps: %d tokens of %d layers asked without their arrays",
+                         b->n_tap, b->n_tap_layers);
+    for (int i = 0; i < b->n_tap; i++)
+        if (b->tap[i] < 0 || b->tap[i] >= b->n || (i > 0 && b->tap[i] <= b->tap[i - 1]))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "hidden taps must be increasing indices into the batch");
+    for (int k = 0; k < b->n_tap_layers; k++)
+        if (b->tap_layers[k] != EMBER_TAP_NORMED && (b->tap_layers[k] < 0 || b->tap_layers[k] > m->cfg.n_layers))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "hidden tap layer %d (0..%d, or %d for the final norm's output)",
+                             b->tap_layers[k], m->cfg.n_layers, EMBER_TAP_NORMED);
     return EMBER_OK;
 }
 

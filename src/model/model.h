@@ -102,6 +102,11 @@ typedef struct ember_llm {
     ember_tensor ple_model_proj; /* [L * P, H] per_layer_model_projection */
     ember_tensor ple_proj_norm;  /* [P] per_layer_projection_norm */
     ember_tensor ones;           /* [max head_dim] f32 ones: the norms without a scale */
+    /* an EAGLE-3 or DFlash draft model (eagle3.c, dflash.c; buf NULL otherwise): fc [H, n_aux * Ht]
+       fuses the target's taps, hidden_norm [H] norms the fused (or fed back) hidden state */
+    ember_tensor e3_fc, e3_hidden_norm;
+    int32_t *e3_d2t;             /* [draft vocab] host, owned: draft id i is target id i + e3_d2t[i] */
+    bool e3_own_embed;           /* embed_tokens came with the drafter (else ember_eagle3_bind lends the target's) */
 } ember_llm;
 
 /* The KV cache layers of model m: fills heads[i], dims[i] and win[i] (room
@@ -162,6 +167,7 @@ typedef struct ember_llm_state {
     ember_tensor qgate, lin_x, lin_z, lin_b, lin_a, lin_o;
     ember_buffer *bufs[24];
     int32_t *tmp_idx; /* [max_tokens] */
+    float *tap_host;  /* [max_logit_rows * H] hidden taps on their way to the batch's taps */
     float *moe_host;  /* [max_tokens * E] router logits on the host */
     int32_t *moe_sel; /* [max_tokens * k] each token's chosen experts */
     float *moe_w;     /* [max_tokens * k] their routing weights */
@@ -175,6 +181,13 @@ typedef struct ember_llm_state {
     ember_tensor ple_tok; /* [max_tokens, L * P] the token part of the per-layer inputs */
     ember_buffer *g4_bufs[5];
     int32_t *ple_ids; /* [max_tokens] */
+    /* an EAGLE-3 / DFlash draft model (buf NULL otherwise): the taps fed [max_tokens, n_aux * Ht], the
+       normed embeddings over the normed hidden [2 max_tokens, H], their concatenation per token
+       [max_tokens, 2H] (as [2 max_tokens, H] rows), the hidden states kept between forwards
+       [max_tokens, H]; e3_idx [2 max_tokens] host */
+    ember_tensor e3_tin, e3_s, e3_c, e3_hid;
+    ember_buffer *e3_bufs[4];
+    int32_t *e3_idx;
 } ember_llm_state;
 
 int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember_llm_state **out, ember_error *err);
@@ -191,15 +204,81 @@ typedef struct ember_batch {
                            there (the first index of its largest logit, NaNs skipped, as
                            ember_argmax) and may leave logits unwritten (the backend's
                            argmax_rows: no logits row leaves the device) */
+    /* Hidden taps (optional; n_tap 0: none, and the forward does nothing more
+       than without them). For each of the n_tap tokens tap[i] (strictly
+       increasing indices into the batch) the hidden states of the layers
+       tap_layers[0, n_tap_layers) go to taps[i * n_tap_layers * H + k * H ..]
+       (host, H = hidden_size): tap layer l in 0..n_layers is the residual
+       stream entering layer l (0: the embeddings; n_layers: after the last
+       layer, before the final norm), EMBER_TAP_NORMED the final norm's
+       output (what the logits head reads). Copies only: the tokens' logits
+       and every other result are the same with and without taps. */
+    int n_tap;
+    const int32_t *tap;
+    int n_tap_layers;
+    const int32_t *tap_layers;
+    float *taps;
 } ember_batch;
+
+#define EMBER_TAP_NORMED (-1) /* a tap layer: the state after the final norm */
 
 /*
  * Runs one forward pass. The tokens of a row must continue that row:
  * positions len, len + 1, ... in batch order. On success the cache rows
- * grow and logits (host, n_out x vocab) holds the wanted rows. On failure
- * (bad ids, positions, sizes) nothing in the cache changes.
+ * grow, logits (host, n_out x vocab) holds the wanted rows and b->taps the
+ * hidden taps asked for. On failure (bad ids, positions, sizes, tap layers)
+ * nothing in the cache changes.
  */
 int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, float *logits,
                       ember_error *err);
+
+/*
+ * EAGLE-3 draft models (eagle3.c). ember_llm_load builds one from a config
+ * with cfg.eagle3; its forward is this function, not ember_llm_forward.
+ * ember_eagle3_bind checks it against its target and lends it the target's
+ * embedding when it carries none (the target must outlive it): a hidden
+ * size, vocabulary or tap layer that does not fit is refused with one line
+ * naming the config field. The tap layers (ember_batch.tap_layers of the
+ * target's forward) go to taps[0, *n_taps).
+ */
+int ember_eagle3_bind(ember_llm *draft, const ember_llm *target, int32_t *taps, int *n_taps, ember_error *err);
+
+/*
+ * One forward of the draft model over batch b (tokens: target ids; the
+ * rows and positions of its own cache, as ember_llm_forward). The hidden
+ * input of token i is fc(taps[i]) when taps is non-NULL (host [n, n_taps *
+ * Ht]: the target's taps for the position before), else the draft's own
+ * hidden state kept in row hid_src[i] of the run state. For each wanted
+ * token j (b->out) its output hidden state is kept in row hid_dst[j] and
+ * its logits over the draft vocabulary go to logits [n_out, draft vocab]
+ * (host). On failure nothing in the cache changes.
+ */
+int ember_eagle3_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, const float *taps,
+                         const int32_t *hid_src, const int32_t *hid_dst, float *logits, ember_error *err);
+
+/*
+ * DFlash draft models (dflash.c): Qwen3 layers whose attention also reads
+ * the target's context, one block of tokens per round. ember_dflash_bind
+ * checks one against its target (vocabulary, hidden size, tap layers,
+ * num_target_layers; one line naming the field) and lends it the target's
+ * embedding and lm_head (the target must outlive it); its tap layers go to
+ * taps[0, *n_taps).
+ */
+int ember_dflash_bind(ember_llm *draft, const ember_llm *target, int32_t *taps, int *n_taps, ember_error *err);
+
+/* The context: for the n target positions pos[i] of rows row[i] (the draft
+   cache's positions, continuing each row), ctx = hidden_norm(fc(taps[i]))
+   (host [n, n_taps * H]) and every layer's keys and values of ctx into the
+   cache. On failure nothing in the cache changes. */
+int ember_dflash_context(ember_llm *m, ember_llm_state *st, ember_kv *kv, int n, const int32_t *row, const int32_t *pos,
+                         const float *taps, ember_error *err);
+
+/* One round's blocks: batch b (each row's block of tokens at consecutive
+   positions continuing its cache; att_pos[i]: the last position of token
+   i's block, so a block attends to itself whole and to its context), the
+   logits of the wanted tokens over the target's vocabulary into logits.
+   The block's keys and values stay in the cache: the caller trims them. */
+int ember_dflash_block(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, const int32_t *att_pos,
+                       float *logits, ember_error *err);
 
 #endif

@@ -92,8 +92,9 @@ static int qwen3_moe_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, co
     for (int l = 0; !rc && l < c->n_layers; l++) {
         const ember_llm_layer *ly = &m->layers[l];
         const ember_attn ap = {scale, ly->window, 0.0f};
-        if ((rc = ember_blk_norm(&f, &f.h, &f.x, &ly->attn_norm, false)) ||
-            (rc = ember_blk_attention(&f, l, ly, &rope, &ap, false)) || (rc = ember_blk_residual_norm(&f, &ly->ffn_norm, false)) ||
+        if ((rc = ember_blk_tap(&f, l)) || (rc = ember_blk_norm(&f, &f.h, &f.x, &ly->attn_norm, false)) ||
+            (rc = ember_blk_attention(&f, l, ly, &rope, &ap, false)) ||
+            (rc = ember_blk_residual_norm(&f, &ly->ffn_norm, false)) ||
             (rc = ly->experts ? ember_blk_moe(&f, ly) : ember_blk_mlp(&f, ly, c->act)) ||
             (rc = ember_blk_residual(&f)))
             break;

@@ -248,7 +248,7 @@ static int hybrid_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const
     int rc = ember_blk_embed(&f, 1.0f);
     for (int l = 0; !rc && l < c->n_layers; l++) {
         const ember_llm_layer *ly = &m->layers[l];
-        if ((rc = ember_blk_norm(&f, &f.h, &f.x, &ly->attn_norm, p1)) ||
+        if ((rc = ember_blk_tap(&f, l)) || (rc = ember_blk_norm(&f, &f.h, &f.x, &ly->attn_norm, p1)) ||
             (rc = c->layer_linear[l] ? blk_delta(&f, l, ly) : ember_blk_attention(&f, l, ly, &rope, &ap, p1)) ||
             (rc = ember_blk_residual(&f)) || (rc = ember_blk_norm(&f, &f.h, &f.x, &ly->ffn_norm, p1)) ||
             (rc = ly->experts ? ember_blk_moe(&f, ly) : ember_blk_mlp(&f, ly, c->act)) ||
