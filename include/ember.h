@@ -180,7 +180,8 @@ typedef struct ember_model_info {
     int32_t eos_ids[8];
     int bos_id;             /* -1 if none */
     const char *weight_dtype; /* "f32", "bf16", "f16" or "mixed" */
-    size_t weight_bytes;    /* bytes of all weights used by the forward pass */
+    size_t weight_bytes;    /* weight bytes a decode step reads per token (a MoE's experts:
+                               the n_experts_used of n_experts share) */
     ember_isa isa;          /* the ISA in use */
     int n_threads;
     char kv_type[64];       /* the KV kind, described ("q4 (group 64)") */

@@ -25,7 +25,9 @@
  *   8. batch invariance of the q4_k_m files (batched vs alone, 2 vs 1
  *      threads, bit for bit);
  *   9. randomly mutated headers of a glm4moe file load or are refused with
- *      one line, never a crash.
+ *      one line, never a crash;
+ *  10. the bytes a decode step reads (ember_model_get_info's weight_bytes):
+ *      the experts counted top-k of n, as the file's tensors add up.
  * Exits 77 when ../shared is absent.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp, symlink */
@@ -622,6 +624,42 @@ static void test_mutations(void) {
     free(buf);
 }
 
+/* ---- 10: bytes read per token ---- */
+
+/* ember_model_get_info's weight_bytes of a MoE file is what a decode step
+   reads: every matrix, the token embedding only as the tied head, and of
+   each layer's stacked experts the n_experts_used / n_experts share. */
+static void test_weight_bytes(int fi) {
+    static const char *const arch[2] = {"qwen3moe", "glm4moe"};
+    char path[700];
+    gguf_path(path, sizeof path, k_fams[fi], "q8_0");
+    ember_error err = {0};
+    ember_gguf *g = NULL;
+    if (!CHECKV(ember_gguf_open(path, &g, &err) == EMBER_OK, "%s", err.msg)) return;
+    const size_t E = gx_key_u32(g, arch[fi], "expert_count"), K = gx_key_u32(g, arch[fi], "expert_used_count");
+    const bool untied = ember_gguf_find_tensor(g, "output.weight") != NULL;
+    size_t want = 0, layer_exps[64] = {0};
+    for (size_t t = 0; t < g->n_tensors; t++) {
+        const ember_gguf_tensor *x = &g->tensors[t];
+        int l = -1;
+        if (strstr(x->name, "_exps.weight") && sscanf(x->name, "blk.%d.", &l) == 1 && l >= 0 && l < 64)
+            layer_exps[l] += x->nbytes;
+        else if (x->ndim > 1 && !(untied && strcmp(x->name, "token_embd.weight") == 0))
+            want += x->nbytes; /* the matrices (ember leaves the norm vectors out of the count) */
+    }
+    for (int l = 0; l < 64 && E; l++) want += (size_t)((double)layer_exps[l] * (double)K / (double)E);
+    ember_gguf_free(g);
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    ember_model *m = NULL;
+    if (!CHECKV(ember_model_load(path, &mp, &m, &err) == EMBER_OK, "%s: %s", path, err.msg)) return;
+    ember_model_info info;
+    ember_model_get_info(m, &info);
+    CHECKF(info.weight_bytes == want, "%s: weight_bytes %zu, a decode step reads %zu (top-%zu of %zu experts)",
+           k_fams[fi], info.weight_bytes, want, K, E);
+    ember_model_free(m);
+}
+
 int main(void) {
     shared_dir();
     shared_require("fixtures/qwen3_moe");
@@ -633,5 +671,6 @@ int main(void) {
     test_config_defaults();
     for (int i = 0; i < 2; i++) test_batch_invariance(i);
     test_mutations();
+    for (int i = 0; i < 2; i++) test_weight_bytes(i);
     return test_done();
 }

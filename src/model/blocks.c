@@ -319,6 +319,16 @@ static int load_stacked(ember_loader *L, const char *gn, int E, int64_t rows, in
     return EMBER_OK;
 }
 
+/* A decoding token reads n_experts_used of a layer's E experts: weight_bytes
+   (the bytes a decode step reads) keeps that share of the experts the loader
+   counted in full. */
+static void count_active_experts(ember_llm *m, const ember_llm_layer *ly) {
+    const int E = m->cfg.n_experts, K = m->cfg.n_experts_used;
+    size_t all = 0;
+    for (int k = 0; k < 3 * E; k++) all += ly->experts[k].nbytes;
+    m->weight_bytes -= all - (size_t)((double)all * K / E);
+}
+
 int ember_load_moe(ember_loader *L, int i) {
     ember_llm *m = L->m;
     const ember_model_config *c = &m->cfg;
@@ -348,6 +358,7 @@ int ember_load_moe(ember_loader *L, int i) {
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", i, e, proj[p]);
             if ((rc = ember_load_tensor(L, &ly->experts[3 * e + p], n, 2, shape, false, false))) return rc;
         }
+    count_active_experts(m, ly);
     if (c->n_shared_experts) { /* one MLP of n_shared_experts * Im */
         const int64_t Is = (int64_t)c->n_shared_experts * Im;
         ember_tensor *sh[3] = {&ly->sh_gate, &ly->sh_up, &ly->sh_down};
@@ -816,6 +827,7 @@ int ember_load_fused_experts(ember_loader *L, int i) {
                                     (const int64_t[]){H, Im}, L->err)))
             return rc;
     }
+    count_active_experts(m, ly);
     return EMBER_OK;
 }
 

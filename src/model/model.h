@@ -93,7 +93,7 @@ typedef struct ember_llm {
     int n_rot_local;
     float attn_factor_local;
     bool norm_plus_one;      /* gemma RMSNorm x * (1 + w) (false: GGUF, where the 1 is stored) */
-    size_t weight_bytes;     /* bytes the forward pass reads per decode token */
+    size_t weight_bytes;     /* bytes the forward pass reads per decode token (a MoE's active experts) */
     const char *weight_dtype; /* a dtype name ("f32", "q4_k", ...) or "mixed" */
     ember_rope_mode rope_mode; /* NEOX for HF weights and qwen GGUFs, INTERLEAVED for llama GGUFs */
     ember_gguf *gguf;        /* the GGUF file the weights view, owned (NULL for safetensors) */
