@@ -20,7 +20,7 @@
 #define TEST_RNG_SEED 0x5eed0b5ull
 #include "test.h"
 
-#define K 512
+#define K 256
 #define MAXN 8
 
 /* A weight [N, K] of type t with random values, in a buffer of be (*buf, caller frees). */
