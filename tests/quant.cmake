@@ -9,3 +9,6 @@ ember_test(test_mlx test_mlx.c)
 ember_test(test_gguf_moe test_gguf_moe.c)
 # CPU backend ops through the backend interface (matmul_each against matmul).
 ember_test(test_backend_ops test_backend_ops.c)
+# bf16 weights on AMX-BF16 tiles (src/backend/cpu/kern_bamx.h): batch invariance,
+# precision, packing invisible; skipped without AMX.
+ember_test(test_bamx test_bamx.c)

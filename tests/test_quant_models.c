@@ -22,6 +22,7 @@
 #include "fixture.h"
 #include "core/cpu.h"
 #include "model/model.h"
+#include "formats/gguf.h"
 #include "formats/gguf_write.h"
 #include "model/quantize.h"
 
@@ -212,6 +213,44 @@ static void test_gguf_f32(void) {
         free(got);
         fixture_close(&f);
     }
+}
+
+/* 3b': `ember quantize --type bf16` of the bf16 llama fixture: matrices BF16
+   (bit for bit the safetensors' values), norms F32, llama.cpp's file type
+   32; its logits those of the safetensors within the fixtures' 1e-4 mark
+   (Q/K rows permuted, so q.k sums in another order; on AMX-BF16 the
+   products' own rounding adds to it: 9e-6 relative measured there). */
+static void test_gguf_bf16(void) {
+    fixture f;
+    fixture_open(&f, "llama_bf16");
+    int rows = f.p[0].n + f.p[1].n + f.p[2].n;
+    size_t n = (size_t)rows * (size_t)f.vocab;
+    float *ref = malloc(n * 4), *got = malloc(n * 4);
+    char out[700];
+    snprintf(out, sizeof out, "%s/llama_bf16-bf16.gguf", EMBER_TEST_TMP);
+    ember_qscheme qs;
+    CHECK(ember_qscheme_parse("bf16", &qs) && qs == EMBER_QSCHEME_BF16);
+    ember_error err = {0};
+    CHECKF(ember_quantize_to_gguf(f.dir, out, EMBER_QSCHEME_BF16, &err) == EMBER_OK, "%s", err.msg);
+    ember_gguf *g = NULL;
+    if (CHECKV(ember_gguf_open(out, &g, &err) == EMBER_OK, "%s", err.msg)) {
+        const ember_gguf_tensor *q = ember_gguf_find_tensor(g, "blk.0.ffn_down.weight");
+        const ember_gguf_tensor *e = ember_gguf_find_tensor(g, "token_embd.weight");
+        const ember_gguf_tensor *nm = ember_gguf_find_tensor(g, "blk.0.attn_norm.weight");
+        CHECK(q && q->dtype == EMBER_BF16 && e && e->dtype == EMBER_BF16 && nm && nm->dtype == EMBER_F32);
+        uint32_t ft = 0;
+        CHECK(ember_gguf_get_u32(g, "general.file_type", &ft, &err) == EMBER_OK && ft == 32);
+        ember_gguf_free(g);
+    }
+    CHECK(fx_prompt_logits(f.dir, &f, 3, ref) == 0);
+    CHECK(fx_prompt_logits(out, &f, 3, got) == 0);
+    float d = 0, mx = max_abs(ref, n);
+    for (size_t k = 0; k < n; k++) d = fmaxf(d, fabsf(ref[k] - got[k]));
+    CHECKF(d <= 1e-4f * mx, "bf16 GGUF: max|dlogit| %g (max|logit| %g)", d, mx);
+    fprintf(stderr, "llama_bf16   bf16 GGUF vs safetensors: max|dlogit| %g (relative %g)\n", d, d / mx);
+    free(ref);
+    free(got);
+    fixture_close(&f);
 }
 
 /* 3c: the model config of gemma2 / gemma3 / phi3 GGUF metadata: llama.cpp's
@@ -508,6 +547,7 @@ int main(void) {
     test_tiny_random();
     test_kl();
     test_gguf_f32();
+    test_gguf_bf16();
     test_gguf_config();
     test_foreign_tensors();
     test_batch_invariance();

@@ -21,7 +21,7 @@ int cmd_quantize(int argc, char **argv) {
     cli_opt opts[] = {
         {"model", 'm', OPT_STR, &model, "DIR", "input model directory (config.json + F32/F16/BF16 safetensors)", 0, 0,
          false},
-        {"type", 0, OPT_STR, &type, "TYPE", "q8_0, q4_0, q4_k_m, f32, mlx2..mlx8 (mlx2, mlx3, mlx4, mlx5, mlx6, mlx8) or mlx_mixed_B_H",
+        {"type", 0, OPT_STR, &type, "TYPE", "q8_0, q4_0, q4_k_m, f32, bf16, f16, mlx2..mlx8 (mlx2, mlx3, mlx4, mlx5, mlx6, mlx8) or mlx_mixed_B_H",
          0, 0, false},
         {"out", 'o', OPT_STR, &out, "PATH", "the GGUF file (q*) or model directory (mlx*) to write", 0, 0, false},
         {"group-size", 0, OPT_INT, &group_size, "N", "mlx types: elements per scale / bias group (32, 64, 128)", 32, 128,
@@ -30,11 +30,12 @@ int cmd_quantize(int argc, char **argv) {
          "mlx types: dtype of scales and biases (f32, f16, bf16; default: each matrix's own)", 0, 0, false},
     };
     cli_cmd cmd = {"quantize", "Write a quantized copy of a model (GGUF file or MLX directory).",
-                   "--model DIR --type q8_0|q4_0|q4_k_m|f32|mlx4|mlx8|... --out PATH",
+                   "--model DIR --type q8_0|q4_0|q4_k_m|f32|bf16|f16|mlx4|mlx8|... --out PATH",
                    "q4_k_m follows llama.cpp's mix: Q4_K, with Q6_K for the output matrix and for attn_v /\n"
                    "ffn_down (experts' too) of some layers (rows not a multiple of 256 fall back to Q5_0 / Q8_0);\n"
                    "norms, biases and MoE routers stay F32.\n"
-                   "f32 writes every tensor as F32 (a lossless GGUF copy).\n"
+                   "f32 writes every tensor as F32 (a lossless GGUF copy); bf16 / f16 write the matrices as BF16 / F16\n"
+                   "and the rest as F32 (bf16 is lossless from a bf16 model).\n"
                    "GGUF models without a tokenizer get llama.cpp's 'none' vocabulary of vocab_size dummy tokens.\n"
                    "mlx<B> quantizes every matrix whose rows are whole groups to B bits with mlx-lm's\n"
                    "affine quantizer and writes config.json, model.safetensors and the tokenizer files;\n"
@@ -52,7 +53,7 @@ int cmd_quantize(int argc, char **argv) {
     }
     if (!ember_mlx_qtype_parse(type, &mo.bits, &mo.high_bits))
         return cli_fail("quantize",
-                        "unknown --type '%s' (expected q8_0, q4_0, q4_k_m, f32, mlx2, mlx3, mlx4, mlx5, mlx6, mlx8 or "
+                        "unknown --type '%s' (expected q8_0, q4_0, q4_k_m, f32, bf16, f16, mlx2, mlx3, mlx4, mlx5, mlx6, mlx8 or "
                         "mlx_mixed_B_H)",
                         type);
     if (group_size != 32 && group_size != 64 && group_size != 128)

@@ -69,7 +69,8 @@ static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 static void amx_init(void) {
     ember_cpu_features f;
     ember_cpu_detect(&f);
-    if (!(f.amx_tile && f.amx_int8 && f.avx512vnni && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq))
+    if (!(f.amx_tile && f.amx_int8 && f.amx_bf16 && f.avx512bf16 && f.avx512vnni && f.avx512f && f.avx512bw &&
+          f.avx512vl && f.avx512dq))
         return;
 #if defined(__linux__) && defined(__x86_64__) && defined(SYS_arch_prctl)
     amx_ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;

@@ -18,8 +18,8 @@ typedef struct ember_cpu_features {
 /* Reads the features of the running CPU (and OS support for their state). */
 void ember_cpu_detect(ember_cpu_features *f);
 
-/* true once the process may use AMX tiles: the CPU has AMX-TILE and
-   AMX-INT8 with AVX-512 VNNI, the OS enables the tile state in XCR0, and
+/* true once the process may use AMX tiles: the CPU has AMX-TILE, AMX-INT8
+   and AMX-BF16 with AVX-512 VNNI and BF16 (every CPU with AMX so far), the OS enables the tile state in XCR0, and
    (Linux) the kernel granted this process the tile data permission
    (arch_prctl ARCH_REQ_XCOMP_PERM, asked once, on the first call; the
    grant is process-wide). Thread-safe. */

@@ -33,6 +33,8 @@ bool ember_qscheme_parse(const char *name, ember_qscheme *out) {
     else if (strcmp(name, "q8_0") == 0) *out = EMBER_QSCHEME_Q8_0;
     else if (strcmp(name, "q4_0") == 0) *out = EMBER_QSCHEME_Q4_0;
     else if (strcmp(name, "q4_k_m") == 0) *out = EMBER_QSCHEME_Q4_K_M;
+    else if (strcmp(name, "bf16") == 0) *out = EMBER_QSCHEME_BF16;
+    else if (strcmp(name, "f16") == 0) *out = EMBER_QSCHEME_F16;
     else return false;
     return true;
 }
@@ -53,6 +55,8 @@ ember_dtype ember_qscheme_type(ember_qscheme s, const char *name, int ndim, int6
     if (ends_with(name, "ssm_conv1d.weight") || ends_with(name, "ffn_gate_inp.weight") ||
         ends_with(name, "ffn_gate_inp_shexp.weight"))
         return EMBER_F32;
+    if (s == EMBER_QSCHEME_BF16) return EMBER_BF16;
+    if (s == EMBER_QSCHEME_F16) return EMBER_F16;
     ember_dtype base = s == EMBER_QSCHEME_Q8_0 ? EMBER_Q8_0 : s == EMBER_QSCHEME_Q4_0 ? EMBER_Q4_0 : EMBER_Q4_K;
     ember_dtype t = base;
     if (strcmp(name, "output.weight") == 0 || (tied && strcmp(name, "token_embd.weight") == 0)) {
@@ -555,8 +559,8 @@ static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_
     char k[128];
     int rc = 0;
 #define KEY(x) (snprintf(k, sizeof k, "%s.%s", arch, x), k)
-    /* llama.cpp's LLAMA_FTYPE_MOSTLY_{Q8_0, Q4_0, Q4_K_M}, LLAMA_FTYPE_ALL_F32 */
-    static const uint32_t k_ftype[] = {7, 2, 15, 0};
+    /* llama.cpp's LLAMA_FTYPE_MOSTLY_{Q8_0, Q4_0, Q4_K_M}, LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_{BF16, F16} */
+    static const uint32_t k_ftype[] = {7, 2, 15, 0, 32, 1};
     int n_rot = (int)(c->head_dim * c->rope.partial_rotary_factor);
     n_rot -= n_rot % 2;
     if ((rc = ember_gguf_set_str(g, "general.architecture", arch, err)) ||

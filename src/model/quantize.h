@@ -16,10 +16,12 @@ typedef enum ember_qscheme {
     EMBER_QSCHEME_Q8_0 = 0,
     EMBER_QSCHEME_Q4_0,
     EMBER_QSCHEME_Q4_K_M,
-    EMBER_QSCHEME_F32 /* every tensor F32: a lossless conversion */
+    EMBER_QSCHEME_F32,  /* every tensor F32: a lossless conversion */
+    EMBER_QSCHEME_BF16, /* matrices BF16 (lossless from a bf16 model), the rest F32 */
+    EMBER_QSCHEME_F16   /* matrices F16, the rest F32 */
 } ember_qscheme;
 
-/* "q8_0", "q4_0", "q4_k_m", "f32" -> scheme; false for other names. */
+/* "q8_0", "q4_0", "q4_k_m", "f32", "bf16", "f16" -> scheme; false for other names. */
 bool ember_qscheme_parse(const char *name, ember_qscheme *out);
 
 /*
@@ -38,6 +40,8 @@ bool ember_qscheme_parse(const char *name, ember_qscheme *out);
  *     every other matrix Q4_K;
  *   - q4_0 / q8_0: every other matrix Q4_0 / Q8_0;
  *   - f32: every tensor F32;
+ *   - bf16 / f16: every other matrix BF16 / F16 (llama.cpp's MOSTLY_BF16 /
+ *     MOSTLY_F16), output.weight and token_embd.weight included;
  *   - a K type whose row length is not a multiple of 256 falls back
  *     (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), and any type whose row
  *     length is not a multiple of its block falls back to F16.

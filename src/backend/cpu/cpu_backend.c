@@ -52,8 +52,8 @@ typedef struct cpu_backend {
     bool zero_copy; /* wrap host memory in buffer_from_host instead of copying */
     float *scratch; /* n_threads x scratch_floats */
     size_t scratch_floats;
-    void *act[3];     /* quantized activations per cpu_act_kind, grown on demand */
-    size_t act_cap[3];
+    void *act[CPU_ACT_COUNT]; /* quantized activations per cpu_act_kind, grown on demand */
+    size_t act_cap[CPU_ACT_COUNT];
     void *act_tiled;  /* the A32 tiles for the table's qgemm_tiled kernels (qkern.h) */
     size_t act_tiled_cap;
     unsigned char *qscratch; /* n_threads x qscratch_bytes: cpu_qmatmul and packing */
@@ -218,6 +218,15 @@ static cpu_act_kind act_kind(ember_dtype d) {
     return cpu_mlx_is(d) ? CPU_ACT_32 : cpu_act_kind_for(d);
 }
 
+/* The activation format of a matmul with weights of dtype d and rows of K:
+   act_kind, and for bf16 weights on a table with AMX-BF16 kernels
+   (kern_bamx.h) the split bf16 rows when K is a multiple of 32 (a weight's
+   K never changes, so each weight takes one path whatever the rows). */
+static cpu_act_kind mm_act_kind(const cpu_kernels *k, ember_dtype d, int64_t K) {
+    if (d == EMBER_BF16) return k->qgemm_packed[EMBER_BF16] && K % 32 == 0 ? CPU_ACT_BF16X2 : CPU_ACT_NONE;
+    return act_kind(d);
+}
+
 /* A dtype matmul accepts as weights: float, or a block type with kernels. */
 static bool is_weight_type(ember_dtype d) {
     return is_float_type(d) || act_kind(d) != CPU_ACT_NONE;
@@ -351,7 +360,9 @@ static int packed_find(cpu_backend *c, const ember_tensor *w) {
    memory for the registry only means w stays row-major. */
 static int packed_ensure(cpu_backend *c, const ember_tensor *w, bool *packed, ember_error *err) {
     *packed = false;
-    if (!c->k->qgemm_packed[w->dtype] || !w->buf->owned || w->ndim != 2 || w->shape[1] > INT32_MAX) return EMBER_OK;
+    if (!c->k->qgemm_packed[w->dtype] || !w->buf->owned || w->ndim != 2 || w->shape[1] > INT32_MAX ||
+        mm_act_kind(c->k, w->dtype, w->shape[1]) == CPU_ACT_NONE)
+        return EMBER_OK;
     if (packed_find(c, w) >= 0) {
         *packed = true;
         return EMBER_OK;
@@ -470,7 +481,7 @@ typedef struct mm_job {
     const cpu_kernels *k;
     cpu_mlx_gemm_fn mlx_gemm;
     const float *x;
-    const void *act[3]; /* quantized x per cpu_act_kind (NULL when unused) */
+    const void *act[CPU_ACT_COUNT]; /* quantized x per cpu_act_kind (NULL when unused) */
     const void *act_tiled; /* act[CPU_ACT_32] as A32 tiles (qkern.h), or NULL */
     int M, K;
     int n;
@@ -495,7 +506,7 @@ static void mm_task(void *ctx, int task, int thread) {
     size_t row = cpu_row_bytes(dt, j->K);
     const char *w = (const char *)host(m->w) + (size_t)n0 * row;
     float *out = (float *)host(m->out) + n0;
-    cpu_act_kind ak = act_kind(dt);
+    cpu_act_kind ak = mm_act_kind(j->k, dt, j->K);
     size_t arow = cpu_act_row_bytes(ak, j->K);
     /* the input rows: all M of x, or (matmul_each) its row i alone */
     const float *x = j->each ? j->x + (size_t)i * (size_t)j->K : j->x;
@@ -539,6 +550,8 @@ static void act_task(void *ctx, int row, int thread) {
     void *d = (char *)j->dst + (size_t)row * rb;
     if (j->kind == CPU_ACT_32)
         j->k->quantize_act32(x, j->K, d);
+    else if (j->kind == CPU_ACT_BF16X2)
+        j->k->quantize_actbf16(x, j->K, d);
     else
         j->k->quantize_act256(x, j->K, d);
     if (j->tiled) cpu_act32_tile_row(d, j->K, row, j->tiled);
@@ -556,16 +569,22 @@ static int act_reserve(void **buf, size_t *cap, size_t bytes, ember_error *err) 
 }
 
 /* Quantizes the M rows of x into the backend's buffer for kind; with
-   tiled (CPU_ACT_32 only) also into the A32 tiles (*tiled receives them). */
+   tiled (CPU_ACT_32 only) also into the A32 tiles (*tiled receives them).
+   CPU_ACT_BF16X2 rows are followed by zero rows up to a whole 16-row tile
+   past row M (the AMX-BF16 kernels load whole tiles, from any row under
+   matmul_each). */
 static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_kind kind, const void **out,
                          const void **tiled, ember_error *err) {
     size_t bytes;
-    if (!ember_mul_ok(cpu_act_row_bytes(kind, K), (size_t)M, &bytes))
+    const size_t pad_rows = kind == CPU_ACT_BF16X2 ? (size_t)(16 - M % 16) + 15 : 0;
+    if (!ember_mul_ok(cpu_act_row_bytes(kind, K), (size_t)M + pad_rows, &bytes))
         return ember_err(err, EMBER_ERR_NOMEM, "matmul: activation buffer size overflows");
     int rc = act_reserve(&c->act[kind], &c->act_cap[kind], bytes, err);
     if (!rc && tiled) rc = act_reserve(&c->act_tiled, &c->act_tiled_cap, cpu_act32_tiled_bytes(M, K), err);
     if (rc) return rc;
     act_job j = {c->k, x, c->act[kind], tiled ? c->act_tiled : NULL, K, kind};
+    if (pad_rows)
+        memset((char *)c->act[kind] + (size_t)M * cpu_act_row_bytes(kind, K), 0, pad_rows * cpu_act_row_bytes(kind, K));
     if ((size_t)M * (size_t)K < 65536) {
         for (int r = 0; r < M; r++) act_task(&j, r, 0);
     } else {
@@ -596,7 +615,7 @@ static int matmul_run(cpu_backend *c, const ember_tensor *x, int n, const ember_
     const int64_t Mx = M; /* rows to quantize */
     if (each) M = 1;      /* rows per product */
     int64_t total = 0;
-    bool need[3] = {false, false, false}, tiles = false;
+    bool need[CPU_ACT_COUNT] = {false}, tiles = false;
     for (int i = 0; i < n; i++) {
         const ember_matmul *m = &mm[i];
         if ((rc = need_f32(m->out, "matmul", "out", err))) return rc;
@@ -606,7 +625,7 @@ static int matmul_run(cpu_backend *c, const ember_tensor *x, int n, const ember_
         if (cpu_row_bytes(m->w->dtype, K) == 0)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: rows of %lld are not whole %s blocks",
                              (long long)K, ember_dtype_get(m->w->dtype)->name);
-        need[act_kind(m->w->dtype)] = true;
+        need[mm_act_kind(c->k, m->w->dtype, K)] = true;
         tiles = tiles || (c->k->qgemm_tiled[m->w->dtype] && M >= c->k->tiled_min_m);
         int64_t N = m->w->shape[0];
         if (ember_tensor_row_len(m->out) != N || ember_tensor_rows(m->out) != M)
@@ -619,7 +638,7 @@ static int matmul_run(cpu_backend *c, const ember_tensor *x, int n, const ember_
     if (total > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output too large");
     mm_job j = {.k = c->k, .mlx_gemm = c->mlx_gemm, .x = host(x), .M = (int)M, .K = (int)K, .n = n, .mm = mm,
                 .each = each};
-    for (int kind = CPU_ACT_32; kind <= CPU_ACT_256; kind++)
+    for (int kind = CPU_ACT_32; kind < CPU_ACT_COUNT; kind++)
         if (need[kind] && (rc = quantize_acts(c, j.x, (int)Mx, (int)K, (cpu_act_kind)kind, &j.act[kind],
                                               kind == CPU_ACT_32 && tiles ? &j.act_tiled : NULL, err)))
             return rc;
@@ -1128,7 +1147,7 @@ static void cpu_free(ember_backend *be) {
     free(c->packed_ix);
     free(c->attn_parts);
     free(c->delta_scratch);
-    for (int i = 0; i < 3; i++) free(c->act[i]);
+    for (int i = 0; i < CPU_ACT_COUNT; i++) free(c->act[i]);
     free(c->act_tiled);
     free(c);
 }

@@ -131,6 +131,7 @@ static inline vec16 v_wht16(vec16 x) {
 #endif
 #ifdef EMBER_AMX
 #include "kern_qamx.h"
+#include "kern_bamx.h"
 #endif
 
 const cpu_kernels AVX512_TABLE = {
@@ -142,6 +143,7 @@ const cpu_kernels AVX512_TABLE = {
     QP_TABLE,
 #ifdef AMX_TABLE
     AMX_TABLE,
+    BAMX_TABLE,
 #endif
     .quantize_act32 = avx512_quant_act32,
     .quantize_act256 = avx512_quant_act256,

@@ -427,7 +427,10 @@ QP_ENTRY(qp_q4_k, EMBER_Q4_K)
 QP_ENTRY(qp_q5_k, EMBER_Q5_K)
 QP_ENTRY(qp_q6_k, EMBER_Q6_K)
 
+#ifndef QP_EXTRA
+#define QP_EXTRA /* more entries (kern_bamx.h) */
+#endif
 #define QP_TABLE                                                                                                   \
     .qgemm_packed = {[EMBER_Q8_0] = CAT(KPREFIX, qp_q8_0), [EMBER_Q4_0] = CAT(KPREFIX, qp_q4_0),                   \
                      [EMBER_Q5_0] = CAT(KPREFIX, qp_q5_0), [EMBER_Q4_K] = CAT(KPREFIX, qp_q4_k),                   \
-                     [EMBER_Q5_K] = CAT(KPREFIX, qp_q5_k), [EMBER_Q6_K] = CAT(KPREFIX, qp_q6_k)}
+                     [EMBER_Q5_K] = CAT(KPREFIX, qp_q5_k), [EMBER_Q6_K] = CAT(KPREFIX, qp_q6_k) QP_EXTRA}

@@ -35,6 +35,7 @@ cpu_act_kind cpu_act_kind_for(ember_dtype t) {
 size_t cpu_act_row_bytes(cpu_act_kind k, int K) {
     if (k == CPU_ACT_32) return (size_t)(K / 32) * sizeof(cpu_act32);
     if (k == CPU_ACT_256) return (size_t)(K / 256) * sizeof(cpu_act256);
+    if (k == CPU_ACT_BF16X2) return (size_t)K * 4;
     return 0;
 }
 
@@ -233,6 +234,14 @@ static uint32_t q5_gather(uint32_t h) {
     return qh;
 }
 
+/* The unit the packed layout moves: a block of the type, or for BF16 32
+   elements (64 bytes: the AMX-BF16 kernels' chunk, qkern.h). */
+static void qp_geom(ember_dtype t, size_t *bb, int *be) {
+    const ember_dtype_info *di = ember_dtype_get(t);
+    *bb = t == EMBER_BF16 ? 64 : di->block_bytes;
+    *be = t == EMBER_BF16 ? 32 : (int)di->block_elems;
+}
+
 /* One direction of the block <-> block-group mapping: put copies blk into
    the group, get copies it back. Every byte of a block has one place. */
 static void qp_move(ember_dtype t, unsigned char *bg, int r, unsigned char *blk, bool put) {
@@ -275,6 +284,9 @@ static void qp_move(ember_dtype t, unsigned char *bg, int r, unsigned char *blk,
         for (int k = 0; k < 32; k++) MV(qp_dw(qoff, k, r), qs + 4 * (size_t)k, 4);
         break;
     }
+    case EMBER_BF16: /* dword [k][r] = elements 2k, 2k + 1 of row r: AMX's B tile */
+        for (int k = 0; k < 16; k++) MV(qp_dw(0, k, r), 4 * (size_t)k, 4);
+        break;
     case EMBER_Q6_K:
         MV(2 * (size_t)r, 208, 2);
         for (int j = 0; j < 16; j++) MV(32 + 16 * (size_t)j + (size_t)r, 192 + (size_t)j, 1);
@@ -296,9 +308,10 @@ void cpu_qpack_get_block(ember_dtype t, const void *bg, int r, void *blk) {
 
 void cpu_qpack_group(ember_dtype t, const void *src, size_t src_row, int nrows, int K, void *dst) {
     static const unsigned char zero[292];
-    const ember_dtype_info *di = ember_dtype_get(t);
-    const size_t bb = di->block_bytes;
-    const int nb = K / (int)di->block_elems;
+    size_t bb;
+    int be;
+    qp_geom(t, &bb, &be);
+    const int nb = K / be;
     for (int b = 0; b < nb; b++) {
         unsigned char *bg = (unsigned char *)dst + (size_t)b * CPU_QP_ROWS * bb;
         for (int r = 0; r < CPU_QP_ROWS; r++)
@@ -308,9 +321,10 @@ void cpu_qpack_group(ember_dtype t, const void *src, size_t src_row, int nrows, 
 }
 
 void cpu_qunpack_group(ember_dtype t, const void *src, int K, void *dst, size_t dst_row, int nrows) {
-    const ember_dtype_info *di = ember_dtype_get(t);
-    const size_t bb = di->block_bytes;
-    const int nb = K / (int)di->block_elems;
+    size_t bb;
+    int be;
+    qp_geom(t, &bb, &be);
+    const int nb = K / be;
     for (int b = 0; b < nb; b++) {
         const unsigned char *bg = (const unsigned char *)src + (size_t)b * CPU_QP_ROWS * bb;
         for (int r = 0; r < nrows; r++)
@@ -319,13 +333,14 @@ void cpu_qunpack_group(ember_dtype t, const void *src, int K, void *dst, size_t 
 }
 
 void cpu_qpack_dequant_row(ember_dtype t, const void *g, int r, int K, float *dst) {
-    const ember_dtype_info *di = ember_dtype_get(t);
-    const size_t bb = di->block_bytes;
-    const int nb = K / (int)di->block_elems;
+    size_t bb;
+    int be;
+    qp_geom(t, &bb, &be);
+    const int nb = K / be;
     unsigned char blk[292];
     for (int b = 0; b < nb; b++) {
         cpu_qpack_get_block(t, (const unsigned char *)g + (size_t)b * CPU_QP_ROWS * bb, r, blk);
-        cpu_dequant_row(t, blk, dst + (size_t)b * di->block_elems, (int64_t)di->block_elems);
+        cpu_dequant_row(t, blk, dst + (size_t)b * be, (int64_t)be);
     }
 }
 

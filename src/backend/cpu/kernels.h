@@ -72,7 +72,11 @@ typedef struct cpu_kernels {
        (cpu_qgemm_generic), which gives the same bits */
     cpu_qgemm_fn_t qgemm[EMBER_DTYPE_COUNT];
     /* per quantized dtype with a packed layout: the kernel on packed
-       weights; when set, the backend packs such weights (qkern.h) */
+       weights; when set, the backend packs such weights (qkern.h). The
+       AMX table also sets it for EMBER_BF16 (kern_bamx.h): bf16 weights
+       whose K is a multiple of 32 are then packed and multiplied on
+       AMX-BF16 tiles, for every number of rows, with activations split by
+       quantize_actbf16 (CPU_ACT_BF16X2) */
     cpu_qgemm_packed_fn qgemm_packed[EMBER_DTYPE_COUNT];
     /* per dtype: the kernel on packed weights and A32 tiles (AMX); the
        backend tiles the activations for matmuls of at least tiled_min_m
@@ -82,6 +86,7 @@ typedef struct cpu_kernels {
     /* the activation quantizers (qkern.h); same bytes on every ISA */
     void (*quantize_act32)(const float *x, int K, void *dst);
     void (*quantize_act256)(const float *x, int K, void *dst);
+    void (*quantize_actbf16)(const float *x, int K, void *dst); /* CPU_ACT_BF16X2; AMX table only */
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n); /* y += a * x */
     cpu_attn_part_fn attn_part;

@@ -73,6 +73,9 @@
  *   Q6_K (3360): f16 d[r]; i8 sc[16][r]; u8 ql[2][2][8][16][4] =
  *                ql_r[64n + 32h + 4t + i]; u8 qh[2][8][16][4] =
  *                qh_r[32n + 4t + i].
+ *   BF16 (1024, in chunks of 32 elements, on the AMX tables only, for K a
+ *                multiple of 32): u16 w[16][16][2]: dword [k][r] = elements
+ *                32b + 2k and 32b + 2k + 1 of row r (AMX's B tile layout).
  */
 #ifndef EMBER_CPU_QKERN_H
 #define EMBER_CPU_QKERN_H
@@ -114,7 +117,10 @@ void cpu_act32_tile_pad(void *xt, int mm, int K);
 /* Rows per packed group. */
 #define CPU_QP_ROWS 16
 
-typedef enum cpu_act_kind { CPU_ACT_NONE = 0, CPU_ACT_32, CPU_ACT_256 } cpu_act_kind;
+/* CPU_ACT_BF16X2: a row of K floats as K bf16 "hi" values then K bf16 "lo"
+   values (hi = bf16(x), lo = bf16(x - hi), both rounded to nearest even),
+   for the AMX-BF16 kernels of bf16 weights (kern_bamx.h). */
+typedef enum cpu_act_kind { CPU_ACT_NONE = 0, CPU_ACT_32, CPU_ACT_256, CPU_ACT_BF16X2, CPU_ACT_COUNT } cpu_act_kind;
 
 /* The activation format a weight dtype multiplies with (NONE for float
    weights and for dtypes the CPU backend cannot multiply). */

@@ -1,0 +1,162 @@
+/*
+ * kern_bamx.h - AMX-BF16 matmuls for bf16 weights. Included by
+ * kern_avx512.c when it is built as kern_amx.c (EMBER_AMX, with
+ * -mamx-tile -mamx-bf16 -mavx512bf16), after kern_qamx.h. The AMX table
+ * sets qgemm_packed[EMBER_BF16] to bamx_bf16 and quantize_actbf16 to
+ * bamx_act: the backend then packs a bf16 weight whose K is a multiple of
+ * 32 into qkern.h's BF16 layout (each 32-element chunk of 16 rows is one
+ * 1 KiB B tile) and multiplies every number of activation rows, one row
+ * or five hundred, through these tiles.
+ *
+ * Precision. TDPBF16PS multiplies bf16 by bf16. An activation x is split
+ * into hi = bf16(x) and lo = bf16(x - hi) (both rounded to nearest even;
+ * x - hi is exact in f32), so hi + lo keeps 16 of x's 24 significand bits
+ * (|x - hi - lo| <= 2^-17 |x|), and every product w * x is taken as
+ * w * hi + w * lo. The sums are f32 in the tile unit.
+ *
+ * Arithmetic order, the batch-invariance contract. Output (m, n) starts
+ * at +0 and takes, for chunk c = 0, 1, ... K/32 - 1 in order, one
+ * TDPBF16PS with row m of hi's chunk c, then one with row m of lo's
+ * chunk c, each against column n of the weight's chunk c. The tile unit's
+ * own rounding inside an instruction is not documented (it matches no
+ * sequential f32 model: probed on a Sapphire Rapids class Xeon), so these
+ * results are not those of the other ISAs' bf16 kernels; but an output
+ * depends only on its activation row, its weight row and this fixed
+ * sequence, never on the other rows of a tile, the tiling, the number of
+ * rows or the thread that runs it, so a row's logits are the same alone
+ * or batched. Between K blocks (BAMX_KC chunks) the sums rest in out as
+ * f32 and are loaded back exactly.
+ *
+ * Tiles: 0-3 the f32 sums (2 row tiles x 2 column tiles of 16 x 16),
+ * 4, 5 activations (hi, lo: 16 rows x 32 bf16), 6, 7 weights (16 pairs x
+ * 16 columns). Each call loads this configuration and releases the tiles
+ * before it returns. The activation buffer holds 16-row tiles: rows past
+ * mm must be readable (the backend pads it to a whole tile plus one); their
+ * sums are computed and dropped.
+ */
+
+#define BAMX_KC 32  /* chunks of 32 elements per K block: the sums go back to out between blocks */
+#define BAMX_MB 128 /* activation rows per M block, swept by each pair of weight groups */
+
+static void bamx_configure(void) {
+    amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* Row x of K floats (K a multiple of 32) -> dst: K bf16 hi, then K bf16
+   lo. */
+static void CAT(KPREFIX, bamx_act)(const float *x, int K, void *dst) {
+    uint16_t *hi = dst, *lo = hi + K;
+    for (int k = 0; k < K; k += 16) {
+        const __m512 v = _mm512_loadu_ps(x + k);
+        const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+        const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        const __m256i l = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, hf));
+        _mm256_storeu_si256((__m256i *)(void *)(hi + k), h);
+        _mm256_storeu_si256((__m256i *)(void *)(lo + k), l);
+    }
+}
+
+/* The sums of a 16 x 16 output tile: in place (a whole tile of rows) or
+   through buf (the last rows: only rows [0, mr) of out exist). */
+#define BAMX_CLOAD(t, o, mr, buf)                                                                                  \
+    do {                                                                                                           \
+        if (first) {                                                                                               \
+            _tile_zero(t);                                                                                         \
+        } else if ((mr) == 16) {                                                                                   \
+            _tile_loadd(t, o, (int)(ldo * 4));                                                                     \
+        } else {                                                                                                   \
+            for (int r_ = 0; r_ < (mr); r_++) memcpy((buf) + 16 * r_, (o) + (size_t)r_ * ldo, 64);              \
+            _tile_loadd(t, buf, 64);                                                                               \
+        }                                                                                                          \
+    } while (0)
+#define BAMX_CSTORE(t, o, mr, buf)                                                                                 \
+    do {                                                                                                           \
+        if ((mr) == 16) {                                                                                          \
+            _tile_stored(t, o, (int)(ldo * 4));                                                                    \
+        } else {                                                                                                   \
+            _tile_stored(t, buf, 64);                                                                              \
+            for (int r_ = 0; r_ < (mr); r_++) memcpy((o) + (size_t)r_ * ldo, (buf) + 16 * r_, 64);              \
+        }                                                                                                          \
+    } while (0)
+
+/* Chunks [c0, c1) of up to 2 x 2 output tiles: activation rows from a
+   (16-row tiles at a and a + 16 rows; ra of them exist, 1 or 2; mr0, mr1
+   real rows in each), weight groups w0 and w1 (cw of them, 1 or 2), sums
+   in out (rows ldo apart). first: the sums start at zero. */
+static void bamx_block(const unsigned char *a, size_t xa_row, size_t lo_off, int ra, int mr0, int mr1,
+                       const unsigned char *w0, const unsigned char *w1, int cw, int c0, int c1, float *out,
+                       size_t ldo, bool first) {
+    _Alignas(64) float buf[4][256];
+    float *o00 = out, *o01 = out + 16, *o10 = out + 16 * ldo, *o11 = out + 16 * ldo + 16;
+    BAMX_CLOAD(0, o00, mr0, buf[0]);
+    if (cw > 1) BAMX_CLOAD(1, o01, mr0, buf[1]);
+    if (ra > 1) {
+        BAMX_CLOAD(2, o10, mr1, buf[2]);
+        if (cw > 1) BAMX_CLOAD(3, o11, mr1, buf[3]);
+    }
+    const unsigned char *a1 = a + 16 * xa_row;
+    for (int c = c0; c < c1; c++) {
+        const size_t wo = (size_t)c * 1024, ao = (size_t)c * 64;
+        _tile_loadd(6, w0 + wo, 64);
+        if (cw > 1) _tile_loadd(7, w1 + wo, 64);
+        _tile_loadd(4, a + ao, (int)xa_row);
+        _tile_loadd(5, a + lo_off + ao, (int)xa_row);
+        _tile_dpbf16ps(0, 4, 6);
+        if (cw > 1) _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(0, 5, 6);
+        if (cw > 1) _tile_dpbf16ps(1, 5, 7);
+        if (ra > 1) {
+            _tile_loadd(4, a1 + ao, (int)xa_row);
+            _tile_loadd(5, a1 + lo_off + ao, (int)xa_row);
+            _tile_dpbf16ps(2, 4, 6);
+            if (cw > 1) _tile_dpbf16ps(3, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            if (cw > 1) _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    BAMX_CSTORE(0, o00, mr0, buf[0]);
+    if (cw > 1) BAMX_CSTORE(1, o01, mr0, buf[1]);
+    if (ra > 1) {
+        BAMX_CSTORE(2, o10, mr1, buf[2]);
+        if (cw > 1) BAMX_CSTORE(3, o11, mr1, buf[3]);
+    }
+}
+
+/* qgemm_packed for EMBER_BF16: out[m * ldo + 16 g + r] for g < ngroups,
+   r < 16, m < mm; xa: mm rows of CPU_ACT_BF16X2 (xa_row = 4 K bytes) in a
+   buffer with whole 16-row tiles. */
+static void CAT(KPREFIX, bamx_bf16)(const void *wp, int ngroups, const void *xa, size_t xa_row, int mm, int K,
+                                    float *out, size_t ldo) {
+    const int nc = K / 32;
+    const size_t gbytes = (size_t)K * 32, lo_off = (size_t)K * 2;
+    const unsigned char *W = wp, *X = xa;
+    bamx_configure();
+    for (int c0 = 0; c0 < nc; c0 += BAMX_KC) {
+        const int c1 = nc - c0 < BAMX_KC ? nc : c0 + BAMX_KC;
+        for (int m0 = 0; m0 < mm; m0 += BAMX_MB) {
+            const int m1 = mm - m0 < BAMX_MB ? mm : m0 + BAMX_MB;
+            for (int g = 0; g < ngroups; g += 2) {
+                const int cw = ngroups - g > 1 ? 2 : 1;
+                for (int m = m0; m < m1; m += 32) {
+                    const int left = m1 - m, ra = left > 16 ? 2 : 1;
+                    const int mr0 = left < 16 ? left : 16, mr1 = left - 16 < 16 ? left - 16 : 16;
+                    bamx_block(X + (size_t)m * xa_row, xa_row, lo_off, ra, mr0, mr1, W + (size_t)g * gbytes,
+                               W + (size_t)(g + cw - 1) * gbytes, cw, c0, c1, out + (size_t)m * ldo + 16 * (size_t)g,
+                               ldo, c0 == 0);
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+
+#undef QP_EXTRA /* kern_qpack.h's empty default */
+#define QP_EXTRA , [EMBER_BF16] = CAT(KPREFIX, bamx_bf16)
+#define BAMX_TABLE .quantize_actbf16 = CAT(KPREFIX, bamx_act)
