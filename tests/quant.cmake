@@ -9,3 +9,5 @@ ember_test(test_mlx test_mlx.c)
 ember_test(test_gguf_moe test_gguf_moe.c)
 # CPU backend ops through the backend interface (matmul_each against matmul).
 ember_test(test_backend_ops test_backend_ops.c)
+# MLX quantization of the mixture-of-experts families (mlx-lm's stacked experts).
+ember_test(test_mlx_moe test_mlx_moe.c)

@@ -45,7 +45,7 @@ int cmd_quantize(int argc, char **argv) {
     if (!model || !type || !out) return cli_fail("quantize", "--model, --type and --out are required");
     ember_error err = {0};
     ember_qscheme s;
-    ember_mlx_qopts mo = {0, group_size, 0, EMBER_DTYPE_INVALID};
+    ember_mlx_qopts mo = {0, group_size, 0, EMBER_DTYPE_INVALID, false};
     if (ember_qscheme_parse(type, &s)) {
         if (ember_quantize_to_gguf(model, out, s, &err)) return cli_fail("quantize", "%s", err.msg);
         return 0;

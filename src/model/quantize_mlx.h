@@ -23,6 +23,10 @@ typedef struct ember_mlx_qopts {
     /* dtype of scales and biases (F32, F16, BF16), or EMBER_DTYPE_INVALID:
        each matrix's own dtype, as mlx-lm does. */
     ember_dtype scale_dtype;
+    /* Quantize only the stacked experts of a MoE model, every other matrix
+       stays float (not a format mlx-lm writes: for tests and A/B runs that
+       isolate the experts' error; the CLI does not offer it). */
+    bool experts_only;
 } ember_mlx_qopts;
 
 /* "mlx2" .. "mlx8" (*bits, *high_bits 0) and "mlx_mixed_<b>_<h>"; false
