@@ -24,7 +24,10 @@
  *      prefill chunks of 5: logits bit for bit;
  *   4. refusals: a stacked expert tensor (weight, scales, a float stack) of
  *      the wrong shape, and a missing one, fail with one line naming it;
- *   5. the CLI writes the same bytes as the library call.
+ *   5. mlx-lm's mixed 4/6 recipe with BF16 scales: the per-module entries
+ *      (6-bit stacked down projections on the recipe's layers, the router at
+ *      the low width) and the mlx4 bound;
+ *   6. the CLI writes the same bytes as the library call.
  * Exits 77 when ../shared is absent.
  */
 #define TEST_RNG_SEED 0x6d6c786d6f65ull
@@ -58,6 +61,13 @@ static const fam k_fams[] = {
 };
 #define EXP_KL8 3e-4
 #define EXP_KL4 3e-2
+
+static int quantize_opts(const char *in, const char *out, const ember_mlx_qopts *o) {
+    ember_error err = {0};
+    int rc = ember_quantize_to_mlx(in, out, o, &err);
+    if (rc) fprintf(stderr, "quantize %s -> %s: %s\n", in, out, err.msg);
+    return rc;
+}
 
 static int quantize(const char *in, const char *out, int bits, int G, bool experts_only) {
     ember_mlx_qopts o = {bits, G, 0, EMBER_DTYPE_INVALID, experts_only};
@@ -405,7 +415,8 @@ int main(void) {
         const fam *fm = &k_fams[k];
         fixture f;
         fixture_open(&f, fm->name);
-        char d8[700], d4[700], d4g64[700], e8[700], e4[700];
+        char d8[700], d4[700], d4g64[700], e8[700], e4[700], dmix[700];
+        snprintf(dmix, sizeof dmix, "%s/moe-%s-mixed", EMBER_TEST_TMP, fm->name);
         snprintf(e8, sizeof e8, "%s/moe-%s-mlx8-experts", EMBER_TEST_TMP, fm->name);
         snprintf(e4, sizeof e4, "%s/moe-%s-mlx4-experts", EMBER_TEST_TMP, fm->name);
         snprintf(d8, sizeof d8, "%s/moe-%s-mlx8", EMBER_TEST_TMP, fm->name);
@@ -431,6 +442,25 @@ int main(void) {
         if (CHECKV(quantize(f.dir, d4g64, 4, 64, false) == 0, "quantize mlx4 g64")) {
             check_layout(fm, d4g64, f.dir, 4, 64, false);
             check_logits(fm->name, &f, d4g64, "mlx4 g64", fm->kl4, false);
+        }
+        /* mlx-lm's mixed 4/6 recipe with BF16 scales (as mlx-community files have them): the
+           last layer's stacked down projections get 6 bits, the router the low width */
+        ember_mlx_qopts mixed = {4, 32, 6, EMBER_BF16, false};
+        if (CHECKV(quantize_opts(f.dir, dmix, &mixed) == 0, "quantize mlx_mixed_4_6")) {
+            ember_model_config cfg;
+            ember_error err = {0};
+            int b = 0, g = 0, rb = 0;
+            char module[160];
+            if (CHECKV(ember_config_load(dmix, &cfg, &err) == EMBER_OK, "%s", err.msg)) {
+                snprintf(module, sizeof module, "model.layers.%d.%s.down_proj", cfg.n_layers - 1, fm->stack);
+                CHECKF(ember_config_quant_module(&cfg, module, &b, &g) == EMBER_QMOD_QUANT && b == 6 && g == 32,
+                       "%s: %s should be listed at 6 bits (%d / %d)", dmix, module, b, g);
+                snprintf(module, sizeof module, "model.layers.0.%s", fm->router);
+                ember_qmod_kind rk = ember_config_quant_module(&cfg, module, &rb, &g);
+                CHECKF(fm->router_q8 ? rk == EMBER_QMOD_QUANT && rb == 4 : rk == EMBER_QMOD_DEFAULT,
+                       "%s: the router %s should be %s (%d bits)", dmix, module, fm->router_q8 ? "4-bit" : "float", rb);
+            }
+            check_logits(fm->name, &f, dmix, "mlx_mixed_4_6", fm->kl4, false);
         }
         if (k == 0) {
             check_refusals(d4, d4g64);
