@@ -384,6 +384,75 @@ static int layer_of(const char *name) {
     return l;
 }
 
+/* Plans every output tensor of the model in w (config cfg) into P: the
+   matrices as modules (mlx-lm's stacked experts for MoE layers), the rest
+   copied; what mlx-lm's sanitize drops is left out. */
+static int plan_model(planner *P, const ember_weights *w, const ember_model_config *cfg, ember_error *err) {
+    int rc = EMBER_OK;
+    const bool gemma4 = strcmp(cfg->model_type, "gemma4_text") == 0;
+    const bool tied = cfg->tie_embeddings, per_expert = cfg->n_experts > 0 && !cfg->moe_beside_mlp;
+    for (int f = 0; f < w->n_files && !rc; f++) {
+        for (int i = 0; i < w->files[f]->n_tensors && !rc; i++) {
+            const ember_st_tensor *t = &w->files[f]->tensors[i];
+            const int l = layer_of(t->name);
+            int le = 0;
+            char rest[64];
+            if ((tied && strcmp(t->name, "lm_head.weight") == 0) || ends_with(t->name, "rotary_emb.inv_freq")) continue;
+            if (l >= cfg->n_layers) continue; /* glm4_moe's MTP layers: mlx-lm drops them */
+            if (per_expert && sscanf(t->name, "model.layers.%*d.mlp.experts.%d.%63s", &le, rest) == 2 &&
+                ends_with(rest, "_proj.weight"))
+                continue; /* stacked below */
+            if (gemma4 && l >= 0 && ember_cfg_kv_shared(cfg, l) &&
+                (strstr(t->name, ".self_attn.k_proj") || strstr(t->name, ".self_attn.v_proj") ||
+                 strstr(t->name, ".self_attn.k_norm")))
+                continue; /* KV-shared layers' unused K / V weights: mlx-lm drops them */
+            const bool fused_gu = gemma4 && t->ndim == 3 && ends_with(t->name, ".experts.gate_up_proj"),
+                       fused_dn = gemma4 && t->ndim == 3 && ends_with(t->name, ".experts.down_proj");
+            if ((fused_gu || fused_dn) && is_float(t->dtype) && t->shape[0] == cfg->n_experts) {
+                /* gemma4's fused experts: split as mlx-lm's sanitize does into experts.switch_glu.* */
+                const size_t base = strlen(t->name) - (fused_gu ? strlen(".gate_up_proj") : strlen(".down_proj"));
+                for (int part = 0; part < (fused_gu ? 2 : 1) && !rc; part++) {
+                    char path[200];
+                    snprintf(path, sizeof path, "%.*s.switch_glu.%s", (int)base, t->name,
+                             fused_dn ? "down_proj" : part ? "up_proj" : "gate_proj");
+                    qmod *m;
+                    if ((rc = mod_new(P, path, 1, &m, err))) break;
+                    m->src[0] = t;
+                    m->E = t->shape[0];
+                    m->rows = fused_gu ? t->shape[1] / 2 : t->shape[1];
+                    m->K = t->shape[2];
+                    m->stride = t->shape[1];
+                    m->row0 = part ? m->rows : 0;
+                    m->dtype = t->dtype;
+                    rc = plan_module(P, m, err);
+                }
+                continue;
+            }
+            if (t->ndim == 2 && is_float(t->dtype) && ends_with(t->name, ".weight") && t->shape[0] > 0 &&
+                t->shape[0] < INT32_MAX && t->shape[1] > 0) {
+                char path[200];
+                snprintf(path, sizeof path, "%.*s", (int)(strlen(t->name) - 7), t->name);
+                qmod *m;
+                if ((rc = mod_new(P, path, 1, &m, err))) break;
+                m->src[0] = t;
+                m->rows = m->stride = t->shape[0];
+                m->K = t->shape[1];
+                m->dtype = t->dtype;
+                rc = plan_module(P, m, err);
+            } else {
+                rc = plan_push(P, (plan_entry){PART_COPY, t, NULL, 0, 0, EMBER_DTYPE_INVALID}, err);
+            }
+        }
+    }
+    /* qwen3_moe / glm4_moe: each MoE layer's experts stacked as mlx-lm's sanitize stacks them */
+    static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    const int64_t H = cfg->hidden_size, Im = cfg->moe_intermediate_size;
+    for (int l = 0; per_expert && l < cfg->n_layers && !rc; l++)
+        for (int p = 0; p < 3 && !rc && cfg->layer_moe[l]; p++)
+            rc = plan_experts(P, w, l, proj[p], p < 2 ? Im : H, p < 2 ? H : Im, err);
+    return rc;
+}
+
 int ember_quantize_to_mlx(const char *in_dir, const char *out_dir, const ember_mlx_qopts *o, ember_error *err) {
     if (!ember_mlx_bits_ok(o->bits) || !ember_mlx_group_ok(o->group_size) ||
         (o->high_bits && !ember_mlx_bits_ok(o->high_bits)))
@@ -431,66 +500,7 @@ int ember_quantize_to_mlx(const char *in_dir, const char *out_dir, const ember_m
         goto done;
     }
     P = (planner){.o = o, .cfg = &cfg, .quant = qparams(o->group_size, o->bits), .max_k = 1};
-    const bool tied = cfg.tie_embeddings, per_expert = cfg.n_experts > 0 && !cfg.moe_beside_mlp;
-    for (int f = 0; f < w->n_files && !rc; f++) {
-        for (int i = 0; i < w->files[f]->n_tensors && !rc; i++) {
-            const ember_st_tensor *t = &w->files[f]->tensors[i];
-            const int l = layer_of(t->name);
-            int le = 0;
-            char rest[64];
-            if ((tied && strcmp(t->name, "lm_head.weight") == 0) || ends_with(t->name, "rotary_emb.inv_freq")) continue;
-            if (l >= cfg.n_layers) continue; /* glm4_moe's MTP layers: mlx-lm drops them */
-            if (per_expert && sscanf(t->name, "model.layers.%*d.mlp.experts.%d.%63s", &le, rest) == 2 &&
-                ends_with(rest, "_proj.weight"))
-                continue; /* stacked below */
-            if (gemma4 && l >= 0 && ember_cfg_kv_shared(&cfg, l) &&
-                (strstr(t->name, ".self_attn.k_proj") || strstr(t->name, ".self_attn.v_proj") ||
-                 strstr(t->name, ".self_attn.k_norm")))
-                continue; /* KV-shared layers' unused K / V weights: mlx-lm drops them */
-            const bool fused_gu = gemma4 && t->ndim == 3 && ends_with(t->name, ".experts.gate_up_proj"),
-                       fused_dn = gemma4 && t->ndim == 3 && ends_with(t->name, ".experts.down_proj");
-            if ((fused_gu || fused_dn) && is_float(t->dtype) && t->shape[0] == cfg.n_experts) {
-                /* gemma4's fused experts: split as mlx-lm's sanitize does into experts.switch_glu.* */
-                const size_t base = strlen(t->name) - (fused_gu ? strlen(".gate_up_proj") : strlen(".down_proj"));
-                for (int part = 0; part < (fused_gu ? 2 : 1) && !rc; part++) {
-                    char path[200];
-                    snprintf(path, sizeof path, "%.*s.switch_glu.%s", (int)base, t->name,
-                             fused_dn ? "down_proj" : part ? "up_proj" : "gate_proj");
-                    qmod *m;
-                    if ((rc = mod_new(&P, path, 1, &m, err))) break;
-                    m->src[0] = t;
-                    m->E = t->shape[0];
-                    m->rows = fused_gu ? t->shape[1] / 2 : t->shape[1];
-                    m->K = t->shape[2];
-                    m->stride = t->shape[1];
-                    m->row0 = part ? m->rows : 0;
-                    m->dtype = t->dtype;
-                    rc = plan_module(&P, m, err);
-                }
-                continue;
-            }
-            if (t->ndim == 2 && is_float(t->dtype) && ends_with(t->name, ".weight") && t->shape[0] > 0 &&
-                t->shape[0] < INT32_MAX && t->shape[1] > 0) {
-                char path[200];
-                snprintf(path, sizeof path, "%.*s", (int)(strlen(t->name) - 7), t->name);
-                qmod *m;
-                if ((rc = mod_new(&P, path, 1, &m, err))) break;
-                m->src[0] = t;
-                m->rows = m->stride = t->shape[0];
-                m->K = t->shape[1];
-                m->dtype = t->dtype;
-                rc = plan_module(&P, m, err);
-            } else {
-                rc = plan_push(&P, (plan_entry){PART_COPY, t, NULL, 0, 0, EMBER_DTYPE_INVALID}, err);
-            }
-        }
-    }
-    /* qwen3_moe / glm4_moe: each MoE layer's experts stacked as mlx-lm's sanitize stacks them */
-    static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
-    const int64_t H = cfg.hidden_size, Im = cfg.moe_intermediate_size;
-    for (int l = 0; per_expert && l < cfg.n_layers && !rc; l++)
-        for (int p = 0; p < 3 && !rc && cfg.layer_moe[l]; p++)
-            rc = plan_experts(&P, w, l, proj[p], p < 2 ? Im : H, p < 2 ? H : Im, err);
+    rc = plan_model(&P, w, &cfg, err);
     if (rc) goto done;
     const int n = P.n;
     outs = ember_calloc((size_t)(n ? n : 1), sizeof *outs);
