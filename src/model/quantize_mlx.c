@@ -1,6 +1,8 @@
 /*
  * quantize_mlx.c - see quantize_mlx.h. Plans the output tensors (each
- * quantizable matrix becomes weight / scales / biases, the rest is copied),
+ * quantizable matrix becomes weight / scales / biases, the rest is copied;
+ * a module is one source matrix or a stack of experts, gathered row by row
+ * from per-expert tensors or from row ranges of a fused one),
  * then streams model.safetensors through ember_st_write: a module is
  * quantized (rows split over a worker pool, formats/mlx_quant.h's
  * quantizer) when its first output tensor is written, and kept until its
