@@ -27,7 +27,9 @@
  *   5. mlx-lm's mixed 4/6 recipe with BF16 scales: the per-module entries
  *      (6-bit stacked down projections on the recipe's layers, the router at
  *      the low width) and the mlx4 bound;
- *   6. the CLI writes the same bytes as the library call.
+ *   6. the CLI writes the same bytes as the library call;
+ *   7. gemma4_text without experts quantizes and runs within bounds; with
+ *      per-layer inputs it is refused.
  * Exits 77 when ../shared is absent.
  */
 #define TEST_RNG_SEED 0x6d6c786d6f65ull
@@ -409,8 +411,33 @@ static void check_cli(const fixture *f, const char *lib_dir) {
     free(y);
 }
 
+/* gemma4_text without experts (its quantization came with the MoE variant's):
+   mlx8 / mlx4 within bounds (measured 4.2e-3 / 0.18); with per-layer inputs
+   it is refused naming the field. */
+static void check_gemma4_dense(void) {
+    fixture f;
+    fixture_open(&f, "gemma4_text");
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/moe-gemma4_text-mlx8", EMBER_TEST_TMP);
+    if (CHECKV(quantize(f.dir, dir, 8, 32, false) == 0, "quantize gemma4_text mlx8"))
+        check_logits("gemma4_text", &f, dir, "mlx8", 1.5e-2, false);
+    snprintf(dir, sizeof dir, "%s/moe-gemma4_text-mlx4", EMBER_TEST_TMP);
+    if (CHECKV(quantize(f.dir, dir, 4, 32, false) == 0, "quantize gemma4_text mlx4"))
+        check_logits("gemma4_text", &f, dir, "mlx4", 0.5, false);
+    fixture_close(&f);
+    fixture_open(&f, "gemma4_text_ple");
+    ember_mlx_qopts o = {4, 32, 0, EMBER_DTYPE_INVALID, false};
+    ember_error err = {0};
+    snprintf(dir, sizeof dir, "%s/moe-gemma4_ple-mlx4", EMBER_TEST_TMP);
+    CHECKF(ember_quantize_to_mlx(f.dir, dir, &o, &err) == EMBER_ERR_UNSUPPORTED &&
+               strstr(err.msg, "hidden_size_per_layer_input"),
+           "gemma4_text_ple: '%s'", err.msg);
+    fixture_close(&f);
+}
+
 int main(void) {
     shared_dir();
+    check_gemma4_dense();
     for (size_t k = 0; k < sizeof k_fams / sizeof k_fams[0]; k++) {
         const fam *fm = &k_fams[k];
         fixture f;
