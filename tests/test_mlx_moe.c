@@ -19,9 +19,9 @@
  *      (scalar, AVX2, AVX-512); mlx8's greedy ids equal the reference's up
  *      to the first step whose reference top-1 / top-2 margin is within the
  *      measured logit error (the rest are not compared);
- *   3. batch invariance: three prompts with 8 decode steps together (2
- *      threads), each alone (1 thread: the one-token decode path), and in
- *      prefill chunks of 5: logits bit for bit;
+ *   3. batch invariance on every ISA: three prompts with 8 decode steps
+ *      together (2 threads), each alone (1 thread: the one-token decode
+ *      path), and in prefill chunks of 5: logits bit for bit;
  *   4. refusals: a stacked expert tensor (weight, scales, a float stack) of
  *      the wrong shape, and a missing one, fail with one line naming it;
  *   5. mlx-lm's mixed 4/6 recipe with BF16 scales: the per-module entries
@@ -281,9 +281,11 @@ static void check_logits(const char *name, const fixture *f, const char *dir, co
 /* ---- 3: batch invariance -------------------------------------------------------------- */
 
 /* Prompt + 8 decode steps of logits for the three prompts, together or one by one. */
-static bool run_three(const char *dir, const fixture *f, int threads, int max_batch, bool together, float *out[3]) {
+static bool run_three(const char *dir, const fixture *f, ember_isa isa, int threads, int max_batch, bool together,
+                      float *out[3]) {
     ember_model_params mp;
     ember_model_params_init(&mp);
+    mp.isa = isa;
     mp.n_threads = threads;
     mp.n_rows = 3;
     mp.max_batch_tokens = max_batch;
@@ -311,26 +313,34 @@ static bool run_three(const char *dir, const fixture *f, int threads, int max_ba
     return ok;
 }
 
+/* On every ISA this CPU has: together (2 threads, the grouped path), alone
+   (1 thread: decode takes the one-token path) and in prefill chunks of 5. */
 static void check_batch(const char *name, const fixture *f, const char *dir) {
-    float *together[3], *alone[3], *chunked[3];
-    for (int i = 0; i < 3; i++) {
-        size_t n = (size_t)(f->p[i].n + 7) * f->vocab;
-        together[i] = calloc(n, 4);
-        alone[i] = calloc(n, 4);
-        chunked[i] = calloc(n, 4);
-    }
-    if (run_three(dir, f, 2, 512, true, together) && run_three(dir, f, 1, 512, false, alone) &&
-        run_three(dir, f, 2, 5, true, chunked))
+    static const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
+    for (size_t a = 0; a < sizeof isas / sizeof isas[0]; a++) {
+        if (!ember_isa_supported(isas[a])) continue;
+        float *together[3], *alone[3], *chunked[3];
         for (int i = 0; i < 3; i++) {
-            size_t n = (size_t)(f->p[i].n + 7) * f->vocab * 4;
-            CHECKF(!memcmp(together[i], alone[i], n), "%s mlx4 p%d: batched (2 threads) and alone (1 thread) differ",
-                   name, i);
-            CHECKF(!memcmp(together[i], chunked[i], n), "%s mlx4 p%d: whole and chunked prefill differ", name, i);
+            size_t n = (size_t)(f->p[i].n + 7) * f->vocab;
+            together[i] = calloc(n, 4);
+            alone[i] = calloc(n, 4);
+            chunked[i] = calloc(n, 4);
         }
-    for (int i = 0; i < 3; i++) {
-        free(together[i]);
-        free(alone[i]);
-        free(chunked[i]);
+        if (run_three(dir, f, isas[a], 2, 512, true, together) && run_three(dir, f, isas[a], 1, 512, false, alone) &&
+            run_three(dir, f, isas[a], 2, 5, true, chunked))
+            for (int i = 0; i < 3; i++) {
+                size_t n = (size_t)(f->p[i].n + 7) * f->vocab * 4;
+                CHECKF(!memcmp(together[i], alone[i], n),
+                       "%s mlx4 %s p%d: batched (2 threads) and alone (1 thread) differ", name,
+                       ember_isa_name(isas[a]), i);
+                CHECKF(!memcmp(together[i], chunked[i], n), "%s mlx4 %s p%d: whole and chunked prefill differ", name,
+                       ember_isa_name(isas[a]), i);
+            }
+        for (int i = 0; i < 3; i++) {
+            free(together[i]);
+            free(alone[i]);
+            free(chunked[i]);
+        }
     }
 }
 
