@@ -408,7 +408,8 @@ static int plan_model(planner *P, const ember_weights *w, const ember_model_conf
                 (strstr(t->name, ".self_attn.k_proj") || strstr(t->name, ".self_attn.v_proj") ||
                  strstr(t->name, ".self_attn.k_norm")))
                 continue; /* KV-shared layers' unused K / V weights: mlx-lm drops them */
-            const bool fused_gu = gemma4 && t->ndim == 3 && ends_with(t->name, ".experts.gate_up_proj"),
+            const bool fused_gu = gemma4 && t->ndim == 3 && t->shape[1] % 2 == 0 &&
+                                  ends_with(t->name, ".experts.gate_up_proj"),
                        fused_dn = gemma4 && t->ndim == 3 && ends_with(t->name, ".experts.down_proj");
             if ((fused_gu || fused_dn) && is_float(t->dtype) && t->shape[0] == cfg->n_experts) {
                 /* gemma4's fused experts: split as mlx-lm's sanitize does into experts.switch_glu.* */
