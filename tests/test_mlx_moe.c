@@ -30,6 +30,7 @@
  *   6. the CLI writes the same bytes as the library call;
  *   7. gemma4_text without experts quantizes and runs within bounds; with
  *      per-layer inputs it is refused.
+ * Under the sanitizers each ISA loop runs one ISA, in turn.
  * Exits 77 when ../shared is absent.
  */
 #define TEST_RNG_SEED 0x6d6c786d6f65ull
@@ -63,6 +64,35 @@ static const fam k_fams[] = {
 };
 #define EXP_KL8 3e-4
 #define EXP_KL4 3e-2
+
+/* Under the sanitizers (10x slower) each check takes one ISA, in turn, so
+   every ISA is still covered across the checks. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MOE_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MOE_TEST_SANITIZED 1
+#endif
+#endif
+#ifndef MOE_TEST_SANITIZED
+#define MOE_TEST_SANITIZED 0
+#endif
+
+static const ember_isa k_isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
+#define N_ISAS ((int)(sizeof k_isas / sizeof k_isas[0]))
+
+/* Whether a check runs on ISA a (every supported one; one in turn when sanitized). */
+static bool use_isa(int a) {
+    static int turn;
+    if (!ember_isa_supported(k_isas[a])) return false;
+    if (!MOE_TEST_SANITIZED) return true;
+    if (a == 0) turn++;
+    int n = 0;
+    for (int i = 0; i < N_ISAS; i++) n += ember_isa_supported(k_isas[i]);
+    int k = 0; /* this ISA's rank among the supported */
+    for (int i = 0; i < a; i++) k += ember_isa_supported(k_isas[i]);
+    return n > 0 && turn % n == k;
+}
 
 static int quantize_opts(const char *in, const char *out, const ember_mlx_qopts *o) {
     ember_error err = {0};
@@ -236,12 +266,9 @@ static void check_logits(const char *name, const fixture *f, const char *dir, co
         memcpy(ref + (size_t)r0 * V, f->p[i].logits, (size_t)f->p[i].n * V * 4);
         r0 += f->p[i].n;
     }
-    static const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
-    for (size_t a = 0; a < sizeof isas / sizeof isas[0]; a++) {
-        if (!ember_isa_supported(isas[a])) {
-            fprintf(stderr, "%s: %s not on this CPU, skipped\n", dir, ember_isa_name(isas[a]));
-            continue;
-        }
+    const ember_isa *isas = k_isas;
+    for (int a = 0; a < N_ISAS; a++) {
+        if (!use_isa(a)) continue;
         if (!isa_logits(dir, f, isas[a], q)) continue;
         const double kl = mean_kl(ref, q, rows, V);
         double mad = 0;
@@ -316,9 +343,9 @@ static bool run_three(const char *dir, const fixture *f, ember_isa isa, int thre
 /* On every ISA this CPU has: together (2 threads, the grouped path), alone
    (1 thread: decode takes the one-token path) and in prefill chunks of 5. */
 static void check_batch(const char *name, const fixture *f, const char *dir) {
-    static const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
-    for (size_t a = 0; a < sizeof isas / sizeof isas[0]; a++) {
-        if (!ember_isa_supported(isas[a])) continue;
+    const ember_isa *isas = k_isas;
+    for (int a = 0; a < N_ISAS; a++) {
+        if (!use_isa(a)) continue;
         float *together[3], *alone[3], *chunked[3];
         for (int i = 0; i < 3; i++) {
             size_t n = (size_t)(f->p[i].n + 7) * f->vocab;
@@ -447,6 +474,8 @@ static void check_gemma4_dense(void) {
 
 int main(void) {
     shared_dir();
+    for (int a = 0; a < N_ISAS; a++)
+        if (!ember_isa_supported(k_isas[a])) fprintf(stderr, "%s not on this CPU, skipped\n", ember_isa_name(k_isas[a]));
     check_gemma4_dense();
     for (size_t k = 0; k < sizeof k_fams / sizeof k_fams[0]; k++) {
         const fam *fm = &k_fams[k];
