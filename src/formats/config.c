@@ -640,6 +640,19 @@ static const char *const k_layer_modules[EMBER_QUANT_LAYER_MODULES] = {
    *bad_layer is set when the path names a layer >= n_layers. */
 static long quant_slot(int n_layers, const char *path, bool *bad_layer) {
     *bad_layer = false;
+    /* a multimodal checkpoint's text model (mlx-lm writes its module paths):
+       language_model.model.X (model.language_model.X) is model.X,
+       language_model.lm_head is lm_head */
+    char plain[256];
+    static const char *const wrapped[] = {"language_model.model.", "model.language_model."};
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(wrapped); i++) {
+        size_t n = strlen(wrapped[i]);
+        if (strncmp(path, wrapped[i], n) == 0 && strlen(path + n) < sizeof plain - 8) {
+            snprintf(plain, sizeof plain, "model.%s", path + n);
+            path = plain;
+        }
+    }
+    if (strcmp(path, "language_model.lm_head") == 0) return 1;
     if (strcmp(path, "model.embed_tokens") == 0) return 0;
     if (strcmp(path, "lm_head") == 0) return 1;
     static const char prefix[] = "model.layers.";
