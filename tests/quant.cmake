@@ -12,3 +12,5 @@ ember_test(test_backend_ops test_backend_ops.c)
 # bf16 weights on AMX-BF16 tiles (src/backend/cpu/kern_bamx.h): batch invariance,
 # precision, packing invisible; skipped without AMX.
 ember_test(test_bamx test_bamx.c)
+# MLX quantization of the mixture-of-experts families (mlx-lm's stacked experts).
+ember_test(test_mlx_moe test_mlx_moe.c)

@@ -4,7 +4,8 @@
  *   1. matmul_each (n products, each with its own input row: a MoE token's
  *      expert down projections in one dispatch) gives, bit for bit, what
  *      matmul gives on each row alone: every weight type the experts come in
- *      (f32, bf16, Q8_0, Q4_0, Q4_K, Q6_K), mixed types in one call, 1 to 8
+ *      (f32, bf16, Q8_0, Q4_0, Q4_K, Q6_K, MLX affine 4-bit group 32 and
+ *      8-bit group 64), mixed types in one call, 1 to 8
  *      products of unequal widths, on every ISA this CPU has, 1 and 2 threads.
  *   2. matmul_each refuses an input whose row count is not the product count.
  *
@@ -16,12 +17,26 @@
 
 #include "backend/backend.h"
 #include "core/cpu.h"
+#include "formats/mlx_quant.h"
 #include "formats/quant.h"
 #define TEST_RNG_SEED 0x5eed0b5ull
 #include "test.h"
 
 #define K 256
 #define MAXN 8
+
+/* MLX blocks (formats/mlx_quant.h) of N rows of K random codes, scales and biases. */
+static bool make_mlx(ember_dtype t, int N, void *q) {
+    int bits, G;
+    if (!ember_dtype_mlx_params(t, &bits, &G)) return false;
+    const size_t bb = ember_dtype_get(t)->block_bytes;
+    uint8_t codes[128];
+    for (int b = 0; b < N * (K / G); b++) {
+        for (int i = 0; i < G; i++) codes[i] = (uint8_t)(rnd() % (1u << bits));
+        ember_mlx_pack_block(bits, G, frnd() * 0.05f, frnd() * 0.2f, codes, (unsigned char *)q + (size_t)b * bb);
+    }
+    return true;
+}
 
 /* A weight [N, K] of type t with random values, in a buffer of be (*buf, caller frees). */
 static bool make_weight(ember_backend *be, ember_dtype t, int N, ember_tensor *w, ember_buffer **buf) {
@@ -32,7 +47,11 @@ static bool make_weight(ember_backend *be, ember_dtype t, int N, ember_tensor *w
     void *q = malloc(bytes);
     ok = ok && f && q;
     for (size_t i = 0; ok && i < (size_t)N * K; i++) f[i] = frnd();
-    ok = ok && CHECKV(ember_quantize(t, f, q, (size_t)N * K, &err) == EMBER_OK, "quantize: %s", err.msg);
+    int mb, mg;
+    if (ok && ember_dtype_mlx_params(t, &mb, &mg))
+        ok = make_mlx(t, N, q);
+    else
+        ok = ok && CHECKV(ember_quantize(t, f, q, (size_t)N * K, &err) == EMBER_OK, "quantize: %s", err.msg);
     ok = ok && CHECKV(be->ops->buffer_from_host(be, q, bytes, buf, &err) == EMBER_OK, "buffer: %s", err.msg);
     int64_t shape[2] = {N, K};
     ok = ok && CHECKV(ember_tensor_view(w, *buf, 0, t, 2, shape, &err) == EMBER_OK, "view: %s", err.msg);
@@ -85,7 +104,9 @@ static void check_each(ember_backend *be, int n, const ember_dtype *types, const
 }
 
 static void test_matmul_each(void) {
-    static const ember_dtype types[] = {EMBER_F32, EMBER_BF16, EMBER_Q8_0, EMBER_Q4_0, EMBER_Q4_K, EMBER_Q6_K};
+    const ember_dtype types[] = {EMBER_F32,  EMBER_BF16, EMBER_Q8_0,
+                                 EMBER_Q4_0, EMBER_Q4_K, EMBER_Q6_K,
+                                 ember_dtype_mlx(4, 32), ember_dtype_mlx(8, 64)};
     static const int widths[MAXN] = {64, 96, 32, 160, 40, 128, 8, 256};
     const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
     for (int a = 0; a < 4; a++) {
@@ -109,8 +130,8 @@ static void test_matmul_each(void) {
                 }
             }
             /* mixed types in one dispatch (two activation kinds at once) */
-            const ember_dtype mixed[MAXN] = {EMBER_Q8_0, EMBER_Q4_K, EMBER_F32, EMBER_Q6_K,
-                                             EMBER_BF16, EMBER_Q4_0, EMBER_Q4_K, EMBER_Q8_0};
+            const ember_dtype mixed[MAXN] = {EMBER_Q8_0, EMBER_Q4_K, EMBER_F32, ember_dtype_mlx(4, 32),
+                                             EMBER_BF16, EMBER_Q4_0, ember_dtype_mlx(8, 64), EMBER_Q8_0};
             snprintf(tag, sizeof tag, "%s t%d mixed", ember_isa_name(isas[a]), th);
             check_each(be, MAXN, mixed, widths, tag);
             ember_backend_free(be);

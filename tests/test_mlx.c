@@ -141,7 +141,7 @@ static void round_to(ember_dtype t, float *v) {
 /* ---- helpers ---------------------------------------------------------------- */
 
 static int quantize(const char *in, const char *out, int bits, int G, int high, ember_dtype sdt) {
-    ember_mlx_qopts o = {bits, G, high, sdt};
+    ember_mlx_qopts o = {bits, G, high, sdt, false};
     ember_error err = {0};
     int rc = ember_quantize_to_mlx(in, out, &o, &err);
     if (rc) fprintf(stderr, "quantize %s -> %s: %s\n", in, out, err.msg);

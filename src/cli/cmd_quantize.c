@@ -39,14 +39,20 @@ int cmd_quantize(int argc, char **argv) {
                    "GGUF models without a tokenizer get llama.cpp's 'none' vocabulary of vocab_size dummy tokens.\n"
                    "mlx<B> quantizes every matrix whose rows are whole groups to B bits with mlx-lm's\n"
                    "affine quantizer and writes config.json, model.safetensors and the tokenizer files;\n"
-                   "mlx_mixed_B_H is mlx-lm's mixed recipe (H bits for lm_head and some v_proj / down_proj).",
+                   "mlx_mixed_B_H is mlx-lm's mixed recipe (H bits for lm_head and some v_proj / down_proj).\n"
+                   "MoE models (qwen3_moe, glm4_moe, gemma4_text) get mlx-lm's layout: each layer's experts\n"
+                   "stacked into mlp.switch_mlp.{gate,up,down}_proj (gemma4: experts.switch_glu.*) of shape\n"
+                   "[experts, rows, cols]; the router as mlx-lm has it: qwen3_moe's mlp.gate and gemma4's\n"
+                   "router.proj at 8 bits, group 64 (the low width under mlx_mixed), glm4_moe's stays float.\n"
+                   "Not yet for the hybrids (qwen3_next, qwen3_5*), gemma4 with per-layer inputs, or\n"
+                   "multimodal checkpoints.",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc) return rc == 2 ? 0 : 1;
     if (!model || !type || !out) return cli_fail("quantize", "--model, --type and --out are required");
     ember_error err = {0};
     ember_qscheme s;
-    ember_mlx_qopts mo = {0, group_size, 0, EMBER_DTYPE_INVALID};
+    ember_mlx_qopts mo = {0, group_size, 0, EMBER_DTYPE_INVALID, false};
     if (ember_qscheme_parse(type, &s)) {
         if (ember_quantize_to_gguf(model, out, s, &err)) return cli_fail("quantize", "%s", err.msg);
         return 0;

@@ -626,15 +626,33 @@ static int parse_gemma4(const char *file, const json_t *root, ember_model_config
 /* ---- MLX quantization ---------------------------------------------------------- */
 
 static const char *const k_layer_modules[EMBER_QUANT_LAYER_MODULES] = {
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+    "self_attn.q_proj",           "self_attn.k_proj",         "self_attn.v_proj",
+    "self_attn.o_proj",           "mlp.gate_proj",            "mlp.up_proj",
+    "mlp.down_proj",              "mlp.gate",                 "mlp.switch_mlp.gate_proj",
+    "mlp.switch_mlp.up_proj",     "mlp.switch_mlp.down_proj", "mlp.shared_experts.gate_proj",
+    "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj"};
 
-/* The override slot of a module path: 0 embed, 1 lm_head, 2 + 7 * layer +
-   module for layer matrices (phi3's qkv_proj and gate_up_proj share the q
-   and gate slots); -1 for paths that are not such matrices.
+/* The override slot of a module path: 0 embed, 1 lm_head, 2 +
+   EMBER_QUANT_LAYER_MODULES * layer + module for layer matrices (phi3's
+   qkv_proj and gate_up_proj share the q and gate slots, gemma4's router.proj
+   and experts.switch_glu.* those of mlp.gate and mlp.switch_mlp.*, which
+   gemma4 lacks); -1 for paths that are not such matrices.
    *bad_layer is set when the path names a layer >= n_layers. */
 static long quant_slot(int n_layers, const char *path, bool *bad_layer) {
     *bad_layer = false;
+    /* a multimodal checkpoint's text model (mlx-lm writes its module paths):
+       language_model.model.X (model.language_model.X) is model.X,
+       language_model.lm_head is lm_head */
+    char plain[256];
+    static const char *const wrapped[] = {"language_model.model.", "model.language_model."};
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(wrapped); i++) {
+        size_t n = strlen(wrapped[i]);
+        if (strncmp(path, wrapped[i], n) == 0 && strlen(path + n) < sizeof plain - 8) {
+            snprintf(plain, sizeof plain, "model.%s", path + n);
+            path = plain;
+        }
+    }
+    if (strcmp(path, "language_model.lm_head") == 0) return 1;
     if (strcmp(path, "model.embed_tokens") == 0) return 0;
     if (strcmp(path, "lm_head") == 0) return 1;
     static const char prefix[] = "model.layers.";
@@ -648,7 +666,12 @@ static long quant_slot(int n_layers, const char *path, bool *bad_layer) {
     static const struct {
         const char *name;
         int slot;
-    } k_fused[] = {{"self_attn.qkv_proj", 0}, {"mlp.gate_up_proj", 4}};
+    } k_fused[] = {{"self_attn.qkv_proj", 0},
+                   {"mlp.gate_up_proj", 4},
+                   {"router.proj", 7},
+                   {"experts.switch_glu.gate_proj", 8},
+                   {"experts.switch_glu.up_proj", 9},
+                   {"experts.switch_glu.down_proj", 10}};
     for (size_t i = 0; i < EMBER_ARRAY_LEN(k_fused); i++)
         if (strcmp(p + 1, k_fused[i].name) == 0) {
             if (layer >= n_layers) {

@@ -41,7 +41,11 @@ typedef struct ember_rope_config {
 
 /* MLX affine quantization from config.json "quantization" (or its copy
    "quantization_config"); formats/mlx_quant.h describes the format. */
-#define EMBER_QUANT_LAYER_MODULES 7 /* q (phi3: qkv), k, v, o, gate (phi3: gate_up), up, down projections */
+/* per layer: q (phi3: qkv), k, v, o, gate (phi3: gate_up), up, down projections; then the MoE block's
+   modules in mlx-lm's names: the router (mlp.gate; gemma4 router.proj), the stacked experts
+   (mlp.switch_mlp.{gate,up,down}_proj; gemma4 experts.switch_glu.*) and the shared expert
+   (mlp.shared_experts.{gate,up,down}_proj) */
+#define EMBER_QUANT_LAYER_MODULES 14
 #define EMBER_QUANT_FLOAT 1         /* override code: the module stays float */
 
 typedef struct ember_quant_config {
@@ -186,7 +190,8 @@ int ember_generation_config_parse(const char *name, const char *text, size_t len
 /* How module `path` ("model.layers.3.mlp.down_proj", "lm_head",
    "model.embed_tokens") is quantized; *bits and *group_size receive its
    parameters (the defaults for EMBER_QMOD_DEFAULT; 0 when the config has no
-   quantization). Paths that are not llama-family matrices give DEFAULT. */
+   quantization). Paths that are not the matrices of EMBER_QUANT_LAYER_MODULES
+   (or the embedding and lm_head) give DEFAULT. */
 ember_qmod_kind ember_config_quant_module(const ember_model_config *cfg, const char *path, int *bits, int *group_size);
 
 /* A hybrid model's fields that follow from cfg->layer_linear (set from

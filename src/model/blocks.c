@@ -153,11 +153,12 @@ int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int nd
     ember_llm *m = L->m;
     wview st;
     memset(t, 0, sizeof *t);
-    if (L->w && !as_f32 && ndim == 2) { /* an MLX-quantized matrix? */
+    if (L->w && !as_f32 && (ndim == 2 || ndim == 3)) { /* an MLX-quantized matrix (or stack of experts)? */
         void *blocks;
         size_t nb;
         ember_dtype dt;
-        int rc = ember_mlx_load_weight(L->w, &m->cfg, name, shape[0], shape[1], &blocks, &nb, &dt, L->err);
+        int rc = ember_mlx_load_weight(L->w, &m->cfg, name, ndim == 3 ? shape[0] : 0, shape[ndim - 2], shape[ndim - 1],
+                                       &blocks, &nb, &dt, L->err);
         if (rc) return rc;
         if (blocks) {
             char part[216];
@@ -319,6 +320,24 @@ static int load_stacked(ember_loader *L, const char *gn, int E, int64_t rows, in
     return EMBER_OK;
 }
 
+/* mlx-lm's stacked experts in safetensors: the tensor name [E, rows, cols]
+   (float, or MLX-quantized with its scales and biases: ember_load_tensor),
+   expert e bound as a view of its rows in parts[e * stride]. */
+static int load_stacked_st(ember_loader *L, const char *name, int64_t E, int64_t rows, int64_t cols,
+                           ember_tensor *parts, int stride) {
+    ember_tensor all;
+    int rc = ember_load_tensor(L, &all, name, 3, (const int64_t[]){E, rows, cols}, false, false);
+    if (rc) return rc;
+    if (all.nbytes % (size_t)(E * rows))
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' cannot be split into rows", L->primary, name);
+    const size_t per = all.nbytes / (size_t)E;
+    for (int64_t e = 0; e < E; e++)
+        if ((rc = ember_tensor_view(&parts[(size_t)e * (size_t)stride], all.buf, all.offset + (size_t)e * per, all.dtype,
+                                    2, (const int64_t[]){rows, cols}, L->err)))
+            return rc;
+    return EMBER_OK;
+}
+
 /* A decoding token reads n_experts_used of a layer's E experts: weight_bytes
    (the bytes a decode step reads) keeps that share of the experts the loader
    counted in full. */
@@ -352,7 +371,13 @@ int ember_load_moe(ember_loader *L, int i) {
             if ((rc = load_stacked(L, n, E, p < 2 ? Im : H, p < 2 ? H : Im, ly->experts + p, 3))) return rc;
         }
     }
-    for (int e = 0; e < E && !L->gg; e++)
+    snprintf(n, sizeof n, "model.layers.%d.mlp.switch_mlp.gate_proj.weight", i);
+    const bool stacked = !L->gg && ember_load_has(L, n); /* mlx-lm's layout: mlp.switch_mlp.{gate,up,down}_proj */
+    for (int p = 0; p < 3 && stacked; p++) {
+        snprintf(n, sizeof n, "model.layers.%d.mlp.switch_mlp.%s.weight", i, proj[p]);
+        if ((rc = load_stacked_st(L, n, E, p < 2 ? Im : H, p < 2 ? H : Im, ly->experts + p, 3))) return rc;
+    }
+    for (int e = 0; e < E && !L->gg && !stacked; e++)
         for (int p = 0; p < 3; p++) {
             const int64_t shape[2] = {p < 2 ? Im : H, p < 2 ? H : Im};
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", i, e, proj[p]);
@@ -805,6 +830,18 @@ int ember_load_fused_experts(ember_loader *L, int i) {
     if (E < 1 || c->n_experts_used < 1 || c->n_experts_used > E)
         return ember_err(L->err, EMBER_ERR_FORMAT, "%s: layer %d: %d experts with top-%d is not a mixture of experts",
                          L->primary, i, (int)E, c->n_experts_used);
+    snprintf(gn, sizeof gn, "model.layers.%d.experts.switch_glu.gate_proj.weight", i);
+    if (L->w && ember_load_has(L, gn)) { /* mlx-lm's layout: experts.switch_glu.{gate,up,down}_proj, stacked */
+        static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+        ly->experts = ember_calloc((size_t)E * 3, sizeof *ly->experts);
+        if (!ly->experts) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
+        for (int p = 0; p < 3; p++) {
+            snprintf(gn, sizeof gn, "model.layers.%d.experts.switch_glu.%s.weight", i, proj[p]);
+            if ((rc = load_stacked_st(L, gn, E, p < 2 ? Im : H, p < 2 ? H : Im, ly->experts + p, 3))) return rc;
+        }
+        count_active_experts(m, ly);
+        return EMBER_OK;
+    }
     ember_tensor gu, down;
     snprintf(gn, sizeof gn, "model.layers.%d.experts.gate_up_proj", i);
     snprintf(dn, sizeof dn, "model.layers.%d.experts.down_proj", i);

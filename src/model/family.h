@@ -68,7 +68,10 @@ int ember_load_split(ember_loader *L, const char *name, int n, ember_tensor *con
    ly->experts and ly->router_bias are allocated here (freed by
    ember_llm_free). From GGUF the experts are llama.cpp's stacked
    blk.i.ffn_{gate,up,down}_exps [E, rows, cols], each expert a view of its
-   slice. A missing or misshapen tensor is an error naming it. */
+   slice; likewise from safetensors in mlx-lm's layout,
+   mlp.switch_mlp.{gate,up,down}_proj.weight [E, rows, cols] (float, or
+   MLX-quantized with .scales / .biases, repacked once). A missing or
+   misshapen tensor is an error naming it. */
 int ember_load_moe(ember_loader *L, int i);
 
 /*
@@ -201,8 +204,10 @@ int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, floa
 
 /* Binds layer i's fused experts: model.layers.i.experts.gate_up_proj
    [E, 2 Im, H] (gate rows, then up, per expert) and experts.down_proj
-   [E, H, Im] (no .weight suffix), as per-expert row views in ly->experts
-   (allocated here, freed by ember_llm_free). */
+   [E, H, Im] (no .weight suffix), or mlx-lm's split and stacked
+   experts.switch_glu.{gate,up,down}_proj.weight (float or MLX-quantized),
+   as per-expert row views in ly->experts (allocated here, freed by
+   ember_llm_free). */
 int ember_load_fused_experts(ember_loader *L, int i);
 
 /* Binds t to a new f32 vector of n ones (the weight of a norm without a

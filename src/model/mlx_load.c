@@ -14,8 +14,29 @@
 
 #include "formats/mlx_quant.h"
 
-int ember_mlx_load_weight(const ember_weights *w, const ember_model_config *cfg, const char *name, int64_t N,
-                          int64_t K, void **blocks, size_t *nbytes, ember_dtype *dtype, ember_error *err) {
+/* A stack's tensor t ([n_stack, N, cols]) checked and seen as the 2-D
+   [n_stack * N, cols] the repacker reads (into *flat). */
+static int flatten(const char *file, const char *name, const ember_st_tensor *t, int64_t n_stack, int64_t N,
+                   int64_t cols, ember_st_tensor *flat, ember_error *err) {
+    if (t->ndim != 3 || t->shape[0] != n_stack || t->shape[1] != N || t->shape[2] != cols) {
+        char got[96];
+        size_t o = (size_t)snprintf(got, sizeof got, "[");
+        for (int i = 0; i < t->ndim && o < sizeof got; i++)
+            o += (size_t)snprintf(got + o, sizeof got - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        if (o < sizeof got) snprintf(got + o, sizeof got - o, "]");
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected [%lld, %lld, %lld]", file, name,
+                         got, (long long)n_stack, (long long)N, (long long)cols);
+    }
+    *flat = *t;
+    flat->ndim = 2;
+    flat->shape[0] = n_stack * N;
+    flat->shape[1] = cols;
+    flat->shape[2] = 0;
+    return EMBER_OK;
+}
+
+int ember_mlx_load_weight(const ember_weights *w, const ember_model_config *cfg, const char *name, int64_t n_stack,
+                          int64_t N, int64_t K, void **blocks, size_t *nbytes, ember_dtype *dtype, ember_error *err) {
     *blocks = NULL;
     *nbytes = 0;
     *dtype = EMBER_DTYPE_INVALID;
@@ -57,6 +78,21 @@ int ember_mlx_load_weight(const ember_weights *w, const ember_model_config *cfg,
     if (!bt)
         return ember_err(err, EMBER_ERR_FORMAT,
                          "%s: missing tensor '%s' (MLX affine quantization needs scales and biases)", w->primary, bname);
+    ember_st_tensor fw, fs, fb; /* a stack as one matrix of n_stack * N rows */
+    if (n_stack > 0) {
+        int rc;
+        if (K < 1 || K % G)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: tensor '%s': rows of %lld elements are not whole groups of %d",
+                             wfile, name, (long long)K, G);
+        if ((rc = flatten(wfile, name, wt, n_stack, N, K * bits / 32, &fw, err)) ||
+            (rc = flatten(sfile, sname, st, n_stack, N, K / G, &fs, err)) ||
+            (rc = flatten(bfile, bname, bt, n_stack, N, K / G, &fb, err)))
+            return rc;
+        wt = &fw;
+        st = &fs;
+        bt = &fb;
+        N *= n_stack;
+    }
     ember_mlx_part pw = {name, wfile, wt}, ps = {sname, sfile, st}, pb = {bname, bfile, bt};
     int rc = ember_mlx_repack(&pw, &ps, &pb, bits, G, N, K, blocks, nbytes, err);
     if (!rc) *dtype = ember_dtype_mlx(bits, G);

@@ -1,6 +1,7 @@
 /*
- * quantize_mlx.h - writing a HuggingFace llama-family model (F32 / F16 /
- * BF16 safetensors) as an MLX affine-quantized model directory in the
+ * quantize_mlx.h - writing a HuggingFace model (llama and gemma families,
+ * qwen3_moe, glm4_moe, gemma4_text; F32 / F16 / BF16 safetensors) as an
+ * MLX affine-quantized model directory in the
  * mlx-community layout, as mlx-lm's converter would (formats/mlx_quant.h
  * describes the format and the quantizer).
  */
@@ -23,6 +24,10 @@ typedef struct ember_mlx_qopts {
     /* dtype of scales and biases (F32, F16, BF16), or EMBER_DTYPE_INVALID:
        each matrix's own dtype, as mlx-lm does. */
     ember_dtype scale_dtype;
+    /* Quantize only the stacked experts of a MoE model, every other matrix
+       stays float (not a format mlx-lm writes: for tests and A/B runs that
+       isolate the experts' error; the CLI does not offer it). */
+    bool experts_only;
 } ember_mlx_qopts;
 
 /* "mlx2" .. "mlx8" (*bits, *high_bits 0) and "mlx_mixed_<b>_<h>"; false
@@ -38,6 +43,18 @@ bool ember_mlx_qtype_parse(const char *name, int *bits, int *high_bits);
  * groups becomes "<module>.weight" (U32 packed codes), "<module>.scales" and
  * "<module>.biases"; other tensors are copied unchanged (lm_head.weight is
  * dropped when the embeddings are tied, rotary inv_freq buffers always).
+ * Mixture-of-experts models get mlx-lm's layout: each MoE layer's experts
+ * stacked (mlx-lm's sanitize) into "<layer>.mlp.switch_mlp.{gate,up,down}_proj"
+ * (gemma4: the fused tensors split into "<layer>.experts.switch_glu.*"), 3-D
+ * [E, rows, K * bits / 32] / [E, rows, K / G], or a float [E, rows, K] when
+ * the rows are not whole groups; the routers as mlx-lm's model predicates
+ * have them (qwen3_moe's mlp.gate and gemma4's router.proj: 8 bits, group
+ * 64, listed in config.json; under a mixed recipe, which replaces those
+ * predicates in mlx-lm, the recipe's width; glm4_moe's router, not a Linear
+ * in mlx-lm, stays float); glm4_moe's MTP layers and gemma4's KV-shared
+ * layers' K / V weights are left out, as mlx-lm drops them. Refused: hybrid
+ * linear-attention models, gemma4 with per-layer inputs, multimodal
+ * checkpoints, already quantized models.
  */
 int ember_quantize_to_mlx(const char *in_dir, const char *out_dir, const ember_mlx_qopts *opts, ember_error *err);
 
