@@ -532,10 +532,9 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
         if (c->prof) {
             int64_t Nt = 0;
             for (int i = 0; i < a.n; i++) Nt += a.p[i].N;
-            char ms[16];
-            snprintf(ms, sizeof ms, M > 8 ? "M>8" : "M=%lld", (long long)M);
-            snprintf(name, sizeof name, "matmul %s %s N=%lld K=%lld",
-                     dt == EMBER_CU_F32 ? "f32" : dt == EMBER_CU_F16 ? "f16" : "bf16", ms, (long long)Nt, (long long)K);
+            snprintf(name, sizeof name, "matmul %s M=%lld N=%lld K=%lld",
+                     dt == EMBER_CU_F32 ? "f32" : dt == EMBER_CU_F16 ? "f16" : "bf16", (long long)M, (long long)Nt,
+                     (long long)K);
         }
         if (a.n && (rc = launched(c, ember_cu_matmul(c->stream, &a), name, err))) return rc;
     }
