@@ -14,6 +14,8 @@
 #        SKIP_TESTS=1 (no ctest, no test_kv_rec: a measuring run), SKIP_SANITIZE=1, SKIP_MODEL_SANITIZE=1,
 #        SKIP_OPS_BENCH=1, BENCH_ARGS (e.g. "--quick"), SANITIZE_TIMEOUT / BENCH_TIMEOUT
 #        DECODE_ROWS="llama3.1-8b": aggregate decode at 1..256 rows (bench/decode_rows.c)
+#        DECODE_ROWS_ALSO="ENVS|ARGS;ENVS|ARGS": more decode_rows runs of each DECODE_ROWS preset, each
+#                         with the variables ENVS set and ARGS added (e.g. "|--argmax 1;EMBER_CUDA_MM_CLUSTER=0|")
 #        PROFILE_ROWS="64": for each DECODE_ROWS preset, decode_rows again at that many rows
 #                         under EMBER_CUDA_PROFILE (GPU time per op) into profile-PRESET.md
 #        EMBER_SHARED_DIR=DIR: the fixtures for the model test (a copy inside the
@@ -160,6 +162,16 @@ if [ -n "${DECODE_ROWS:-}" ]; then
       timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/decode_rows" --device cuda:0 --model "$MD/$preset" \
       ${DECODE_ROWS_ARGS:---rows 1,8,64,256 --depth 1024 --steps 16 --kv-type bf16}
     cat "$OUTDIR/decode-rows-$preset.txt" | tee -a "$RES"
+    IFS=';' read -ra also <<<"${DECODE_ROWS_ALSO:-}"
+    for i in "${!also[@]}"; do
+      item=${also[$i]} envs=${also[$i]%%|*} args=
+      [[ $item == *"|"* ]] && args=${item#*|}
+      step "decode_rows --device cuda:0 $preset ($item)" "$OUTDIR/decode-rows-$preset-$i.txt" "${RUN_ENV[@]}" \
+        env $envs timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/decode_rows" --device cuda:0 --model "$MD/$preset" \
+        ${DECODE_ROWS_ARGS:---rows 1,8,64,256 --depth 1024 --steps 16 --kv-type bf16} $args
+      { echo "decode_rows, environment '$envs', arguments added '$args':"; cat "$OUTDIR/decode-rows-$preset-$i.txt"; } |
+        tee -a "$RES"
+    done
     for pr in ${PROFILE_ROWS:-}; do
       rm -f "$OUTDIR/profile-$preset.md"
       step "decode_rows --rows $pr under EMBER_CUDA_PROFILE $preset" "$OUTDIR/profile-run-$preset.txt" "${RUN_ENV[@]}" \
