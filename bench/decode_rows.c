@@ -15,8 +15,9 @@
  * with --argmax 1 the forward returns the greedy ids instead,
  * ember_batch.argmax, as the scheduler's plain greedy steps do: on the GPU
  * no logits row leaves the device).
- * Reported: milliseconds per step, aggregate tokens/s (R x steps / time)
- * and tokens/s per row. Internal API (engine.h, model.h, kv.h).
+ * Reported: milliseconds per step, aggregate tokens/s (R x steps / time),
+ * tokens/s per row, and the step split into the forward (the logits read
+ * back included) and the host's argmax over the rows read. Internal API (engine.h, model.h, kv.h).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
@@ -134,8 +135,8 @@ int main(int argc, char **argv) {
            "%.2f s\n",
            model, info.weight_dtype, info.kv_type, info.device, depth, steps,
            use_argmax ? "greedy ids from the forward (--argmax 1)" : "every row's logits read back", t1 - t0, t2 - t1);
-    printf("| rows | ms / step | tokens/s (all rows) | tokens/s per row |\n");
-    printf("|------|-----------|---------------------|------------------|\n");
+    printf("| rows | ms / step | tokens/s (all rows) | tokens/s per row | ms in the forward | ms of host argmax |\n");
+    printf("|------|-----------|---------------------|------------------|-------------------|-------------------|\n");
     fflush(stdout);
     int32_t *last = malloc(sizeof(int32_t) * (size_t)max_rows);
     for (int ri = 0; ri < n_rows; ri++) {
@@ -144,7 +145,7 @@ int main(int argc, char **argv) {
             if (ember_kv_trim(m->kv, r, depth, &err)) return fail("trim", &err);
             last[r] = argmax(logits, V); /* row 0's next token, for every row */
         }
-        double ts = 0;
+        double ts = 0, tf = 0; /* all of a step; the forward (logits read back included) */
         for (int s = -1; s < steps; s++) { /* step -1: untimed */
             for (int r = 0; r < R; r++) {
                 tok[r] = last[r];
@@ -156,10 +157,15 @@ int main(int argc, char **argv) {
                              .argmax = use_argmax ? last : NULL};
             double a = now();
             if (ember_llm_forward(m->llm, m->st, m->kv, &b, logits, &err)) return fail("decode", &err);
+            const double f = now();
             for (int r = 0; !use_argmax && r < R; r++) last[r] = argmax(logits + (size_t)r * (size_t)V, V);
-            if (s >= 0) ts += now() - a;
+            if (s >= 0) {
+                ts += now() - a;
+                tf += f - a;
+            }
         }
-        printf("| %4d | %9.3f | %19.1f | %16.1f |\n", R, 1e3 * ts / steps, (double)R * steps / ts, steps / ts);
+        printf("| %4d | %9.3f | %19.1f | %16.1f | %17.3f | %17.3f |\n", R, 1e3 * ts / steps, (double)R * steps / ts,
+               steps / ts, 1e3 * tf / steps, 1e3 * (ts - tf) / steps);
         fflush(stdout);
     }
     free(last);

@@ -662,7 +662,8 @@ template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_group_k(a
 }
 
 /* Grouped split on (the default; 0: attn_split_k, a measuring aid set from
-   EMBER_CUDA_ATTN_GROUP). */
+   EMBER_CUDA_ATTN_GROUP), where it makes at least GROUP_MIN_BLOCKS blocks. */
+#define GROUP_MIN_BLOCKS 512
 extern "C" {
 int ember_cu_attn_group = 1;
 }
@@ -673,7 +674,10 @@ static cudaError_t attn_launch(cudaStream_t stream, const attn_args *a, int mode
         return ember_launch(attn_fused_k<ENC, 0>, dim3(units), dim3(SPAN), 0, stream, *a);
     }
     const unsigned groups = units / (unsigned)a->rep;
-    const bool group = mode == EMBER_CU_ATTN_SPLIT && ember_cu_attn_group && span_fits(a->kv.D, ENC);
+    /* grouped only where its blocks still fill the GPU twice over: at one token a block per query
+       head keeps more of it busy (batch-1 decode measured 0.5 ms per 8B step slower grouped) */
+    const bool group = mode == EMBER_CU_ATTN_SPLIT && ember_cu_attn_group && span_fits(a->kv.D, ENC) &&
+                       a->rep > 1 && (long long)groups * a->n_span >= GROUP_MIN_BLOCKS;
     cudaError_t e = mode == EMBER_CU_ATTN_STAGED
                         ? cudaFuncSetAttribute(attn_fused_k<ENC, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES)
                     : group ? cudaFuncSetAttribute(attn_group_k<ENC>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES)

@@ -1188,7 +1188,7 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     if (p) c->base.log = p->log;
     prof_start(c);
     /* measuring aids (docs/cuda.md), each 0 for the code of before: plain launches (cuda_pdl.cuh),
-       tc_mid for bf16 products at 9 <= M <= 128, attention split per query head, reads without
+       the per-warp tensor-core kernels for bf16 products at M > 8, attention split per query head, reads without
        the pinned staging */
     const char *pdl = getenv("EMBER_CUDA_PDL"), *mmc = getenv("EMBER_CUDA_MM_CLUSTER"),
                *grp = getenv("EMBER_CUDA_ATTN_GROUP"), *pin = getenv("EMBER_CUDA_PINNED_READ");

@@ -70,9 +70,10 @@ typedef struct ember_cu_mm {
    Every variant gives the same bits. */
 int ember_cu_tc_variant(int variant, int shape[8]);
 
-/* The cluster kernel for bf16 products at 9 <= M <= 128: 1 (the default)
-   or 0 (tc_mid there; a measuring aid, set from EMBER_CUDA_MM_CLUSTER). The
-   launcher clears it when the GPU refuses a cluster launch. */
+/* The cluster kernel for bf16 products at M > 8: 1 (the default) or 0
+   (tc_mid, tc_big and tc_huge there, as before; a measuring aid, set from
+   EMBER_CUDA_MM_CLUSTER). The launcher clears it when the GPU refuses a
+   cluster launch. */
 extern int ember_cu_mm_cluster;
 
 /* out_i = x w_i^T (+ bias_i) for each product i. Picks the kernel: vector

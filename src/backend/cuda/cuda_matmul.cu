@@ -42,7 +42,13 @@
  *   - then out = sum (+ bias[n]).
  *
  * Kernels (one launch per weight dtype; up to 8 products share the input):
- *   tc     bf16, every M. A warp owns WT weight tiles (16 rows) x XT input
+ *   tc_cl  bf16, M > 8 (the default; EMBER_CUDA_MM_CLUSTER=0 keeps tc for
+ *          every M). A cluster of 8 blocks per tile of 128 weight rows x
+ *          8 XT input rows, block r computing part r with 8 warps of 16
+ *          weight rows; the input split once per block into shared memory;
+ *          the parts added in order through distributed shared memory.
+ *          Reads the weights once per 8 XT input rows (64 from M = 33 on).
+ *   tc     bf16, every M (M <= 8 by default). A warp owns WT weight tiles (16 rows) x XT input
  *          tiles (8 rows), a block BW x BX such warp tiles. PS (parts
  *          split): each tile has 8 warps, one per part, whose sums meet in
  *          shared memory (small M: more warps per weight, more loads in
@@ -663,7 +669,7 @@ static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red,
             }
 }
 
-/* ---- tc_cl: mid M, the eight parts in the eight blocks of a cluster ---------------------- */
+/* ---- tc_cl: M > 8, the eight parts in the eight blocks of a cluster ---------------------- */
 
 /* Block (x, y, part): weight rows [128 x', 128 x' + 128) of its product
    (x' counted from the product's first block) by input rows [8 XT y,
@@ -672,8 +678,8 @@ static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red,
    once per block (thread t: input row 8 (t / 32) + (t % 32) / 4, elements
    8 (t % 4) .. + 7, the lane layout of tc_ldx), split into hi / lo
    (tc_split) and shared through shared memory (two buffers, one barrier per
-   k-block, the next k-block's inputs in registers meanwhile); each lane
-   keeps CL_S k-blocks of its own weights in flight through its own
+   k-block; the inputs of the next XA k-blocks in registers meanwhile); each
+   lane keeps S k-blocks of its own weights in flight through its own
    cp.async ring (as tc_part_ring). The eight blocks of a (x, y) tile form
    a cluster: each leaves its part's sums in shared memory, and after the
    cluster barrier block r adds, for its eighth of the tile, the eight
@@ -684,22 +690,30 @@ static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red,
    per 128 weight rows instead of once per 16. */
 #define CL_WARPS 8
 #define CL_ROWS (CL_WARPS * 16) /* weight rows per block */
-#define CL_S 3                  /* weight k-blocks in flight per lane */
 
-template <int XT> struct cl_smem {
+template <int XT, int S> struct cl_smem {
     union {
         struct {
-            uint4 ring[CL_WARPS * CL_S * 2 * LANES]; /* [warp][slot][row g / g + 8][lane] */
-            uint4 xs[2][XT][2][LANES];               /* [buffer][input tile][hi / lo][lane] */
+            uint4 ring[CL_WARPS * S * 2 * LANES]; /* [warp][slot][row g / g + 8][lane] */
+            uint4 xs[2][XT][2][LANES];            /* [buffer][input tile][hi / lo][lane] */
         } s;
         float red[CL_WARPS * XT * 4 * LANES]; /* the part's sums: [warp][tile][i][lane] */
     } u;
 };
 
-template <int XT>
+/* The eight inputs of this thread in k-block b (zeros past K or M). */
+static __device__ __forceinline__ void cl_ldx(const float *xrow, int b, int q, int K, float f[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = 0.0f;
+    const int k = b * TC_KB + 8 * q;
+    if (xrow && k < K) ld_xchunk(xrow + k, 0, f);
+}
+
+template <int XT, int XA, int S>
 static __global__ void __cluster_dims__(1, 1, TC_P) __launch_bounds__(CL_WARPS *LANES) tc_cl_k(const ember_cu_mm a) {
+    static_assert(XT <= CL_WARPS && XA >= 1 && XA <= 2 && S >= 1 && S <= 4, "cluster kernel shape");
     ember_pdl_enter();
-    __shared__ cl_smem<XT> sm;
+    __shared__ cl_smem<XT, S> sm;
     cg::cluster_group cluster = cg::this_cluster();
     const int part = (int)cluster.block_rank(); /* the cluster spans z: rank = blockIdx.z */
     const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
@@ -714,26 +728,27 @@ static __global__ void __cluster_dims__(1, 1, TC_P) __launch_bounds__(CL_WARPS *
     const bool xl = warp < XT; /* this thread loads inputs: row m0 + 8 warp + g */
     const int xm = m0 + warp * 8 + g;
     const float *xrow = xl && xm < a.M ? a.x + (size_t)xm * (size_t)K : NULL;
-    uint4 *ring = sm.u.s.ring + (size_t)warp * CL_S * 2 * LANES;
+    uint4 *ring = sm.u.s.ring + (size_t)warp * S * 2 * LANES;
     float acc[XT][4];
 #pragma unroll
     for (int xt = 0; xt < XT; xt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[xt][i] = 0.0f;
 #pragma unroll
-    for (int s = 0; s < CL_S; s++) {
+    for (int s = 0; s < S; s++) {
         const int k = (part + TC_P * s) * TC_KB + 8 * q;
 #pragma unroll
         for (int h = 0; h < 2; h++) cp16(&ring[(s * 2 + h) * LANES + lane], k < K ? wr[h] + k : wr[h], k < K);
         cp_commit();
     }
-    float f[8];
+    /* fx[j]: the inputs of k-block i + 1 + j while k-block i computes */
+    float f0[8], fx[XA][8];
+    cl_ldx(nk > 0 ? xrow : NULL, part, q, K, f0);
 #pragma unroll
-    for (int j = 0; j < 8; j++) f[j] = 0.0f;
-    if (nk > 0 && xrow && part * TC_KB + 8 * q < K) ld_xchunk(xrow + part * TC_KB + 8 * q, 0, f);
+    for (int j = 0; j < XA; j++) cl_ldx(1 + j < nk ? xrow : NULL, part + TC_P * (1 + j), q, K, fx[j]);
     if (xl) {
         unsigned int hi[4], lo[4];
-        tc_split(f, hi, lo);
+        tc_split(f0, hi, lo);
         sm.u.s.xs[0][warp][0][lane] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
         sm.u.s.xs[0][warp][1][lane] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }
@@ -741,16 +756,12 @@ static __global__ void __cluster_dims__(1, 1, TC_P) __launch_bounds__(CL_WARPS *
     int slot = 0;
     for (int i = 0; i < nk; i++) {
         const int b = part + TC_P * i, buf = i & 1;
-        /* the next k-block's inputs, in flight while this one computes */
-        const int kx = (b + TC_P) * TC_KB + 8 * q;
-        const bool more = i + 1 < nk;
-#pragma unroll
-        for (int j = 0; j < 8; j++) f[j] = 0.0f;
-        if (more && xrow && kx < K) ld_xchunk(xrow + kx, 0, f);
-        cp_wait(CL_S - 1);
+        float fn[8]; /* k-block i + 1 + XA, in flight while this one computes */
+        cl_ldx(i + 1 + XA < nk ? xrow : NULL, b + TC_P * (1 + XA), q, K, fn);
+        cp_wait(S - 1);
         const uint4 w0 = ring[(slot * 2) * LANES + lane], w8 = ring[(slot * 2 + 1) * LANES + lane];
-        /* the slot just read takes the k-block CL_S steps on (as tc_part_ring) */
-        const int kn = (b + TC_P * CL_S) * TC_KB + 8 * q;
+        /* the slot just read takes the k-block S steps on (as tc_part_ring) */
+        const int kn = (b + TC_P * S) * TC_KB + 8 * q;
 #pragma unroll
         for (int h = 0; h < 2; h++) cp16(&ring[(slot * 2 + h) * LANES + lane], kn < K ? wr[h] + kn : wr[h], kn < K);
         cp_commit();
@@ -762,14 +773,20 @@ static __global__ void __cluster_dims__(1, 1, TC_P) __launch_bounds__(CL_WARPS *
             mma_bf16(acc[xt], w0.z, w8.z, w0.w, w8.w, hi.z, hi.w);
             mma_bf16(acc[xt], w0.z, w8.z, w0.w, w8.w, lo.z, lo.w);
         }
-        if (more && xl) {
+        if (i + 1 < nk && xl) {
             unsigned int hi[4], lo[4];
-            tc_split(f, hi, lo);
+            tc_split(fx[0], hi, lo);
             sm.u.s.xs[buf ^ 1][warp][0][lane] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
             sm.u.s.xs[buf ^ 1][warp][1][lane] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
         }
+#pragma unroll
+        for (int j = 0; j + 1 < XA; j++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) fx[j][e] = fx[j + 1][e];
+#pragma unroll
+        for (int e = 0; e < 8; e++) fx[XA - 1][e] = fn[e];
         __syncthreads();
-        slot = slot + 1 == CL_S ? 0 : slot + 1;
+        slot = slot + 1 == S ? 0 : slot + 1;
     }
     cp_wait(0);
     __syncthreads(); /* the ring and the inputs are free: red takes their place */
@@ -843,22 +860,35 @@ TC_VARIANTS(TC_KERNEL)
 static const tc_kind k_tc_var[] = {TC_VARIANTS(TC_ROW)};
 #define N_TC_VAR ((int)(sizeof k_tc_var / sizeof k_tc_var[0]))
 
-/* The cluster kernels by input tiles (XT = 1, 2, 4, 8); the default takes
-   9 <= M <= 128 (XT by M, k_cl_xt), the others are variants for measuring. */
-static_assert(CL_WARPS == TC_P && 8 <= CL_WARPS, "a cluster of TC_P blocks; XT <= CL_WARPS input tiles");
-static const mm_kernel k_cl[4] = {tc_cl_k<1>, tc_cl_k<2>, tc_cl_k<4>, tc_cl_k<8>};
-static const int k_cl_xt[4] = {1, 2, 4, 8};
-#define N_CL_VAR 4
+/* The cluster kernels: {kernel, XT, XA, S}. The first four are the
+   defaults by M (9-16, 17-32, 33 and more rows: XT 2, 4, 8; XT 1 is only a
+   variant), the rest variants for measuring (fewer inputs or weights in
+   flight). */
+typedef struct cl_kind {
+    mm_kernel k;
+    int XT, XA, S;
+} cl_kind;
+#define CL_XA 1 /* input k-blocks ahead in registers, besides the one being split (98 registers at XA 2, XT 8) */
+#define CL_S 3  /* weight k-blocks ahead per lane, through shared memory */
+static const cl_kind k_cl[] = {
+    {tc_cl_k<1, CL_XA, CL_S>, 1, CL_XA, CL_S}, {tc_cl_k<2, CL_XA, CL_S>, 2, CL_XA, CL_S},
+    {tc_cl_k<4, CL_XA, CL_S>, 4, CL_XA, CL_S}, {tc_cl_k<8, CL_XA, CL_S>, 8, CL_XA, CL_S},
+    {tc_cl_k<8, 2, CL_S>, 8, 2, CL_S},         {tc_cl_k<8, CL_XA, 2>, 8, CL_XA, 2},
+    {tc_cl_k<4, 2, CL_S>, 4, 2, CL_S}};
+#define N_CL_VAR ((int)(sizeof k_cl / sizeof k_cl[0]))
+static_assert(CL_WARPS == TC_P, "a cluster of TC_P blocks");
 
 extern "C" int ember_cu_tc_variant(int variant, int shape[8]) {
     if (variant < 0 || variant > N_TC_VAR + N_CL_VAR) return 0;
     for (int i = 0; i < 8; i++) shape[i] = 0;
     if (variant > N_TC_VAR) { /* a cluster kernel: 8 warps of 16 weight rows, parts over the blocks */
+        const cl_kind *c = &k_cl[variant - N_TC_VAR - 1];
         shape[0] = 1;
-        shape[1] = k_cl_xt[variant - N_TC_VAR - 1];
+        shape[1] = c->XT;
         shape[2] = CL_WARPS;
         shape[3] = 1;
-        shape[6] = CL_S;
+        shape[5] = c->XA;
+        shape[6] = c->S;
         shape[7] = 1;
         return 1;
     }
@@ -908,7 +938,7 @@ static cudaError_t launch(cudaStream_t stream, ember_cu_mm *a, mm_kernel k, int 
 /* A cluster kernel (k_cl[ci]): blocks of CL_ROWS weight rows per product,
    8 XT input rows per grid row, the TC_P parts along z (one cluster). */
 static cudaError_t launch_cl(cudaStream_t stream, ember_cu_mm *a, int ci) {
-    const int bm = 8 * k_cl_xt[ci], grid_y = (a->M + bm - 1) / bm;
+    const int bm = 8 * k_cl[ci].XT, grid_y = (a->M + bm - 1) / bm;
     if (grid_y > 65535) return cudaErrorInvalidConfiguration;
     int blocks = 0;
     for (int i = 0; i < a->n; i++) {
@@ -921,7 +951,7 @@ static cudaError_t launch_cl(cudaStream_t stream, ember_cu_mm *a, int ci) {
     cudaLaunchAttribute at;
     ember_pdl_config(&cfg, &at, dim3((unsigned)blocks, (unsigned)grid_y, TC_P), dim3(CL_WARPS * LANES, 1, 1), 0,
                      stream);
-    return cudaLaunchKernelExC(&cfg, (const void *)k_cl[ci], args);
+    return cudaLaunchKernelExC(&cfg, (const void *)k_cl[ci].k, args);
 }
 
 extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
@@ -936,8 +966,7 @@ extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
         cudaError_t e = launch_cl(stream, a, a->variant - N_TC_VAR - 1);
         return e != cudaSuccess ? e : cudaGetLastError();
     }
-    if (a->dtype == EMBER_CU_BF16 && !a->legacy && !a->variant && vec && ember_cu_mm_cluster && a->M > 8 &&
-        a->M <= 128) {
+    if (a->dtype == EMBER_CU_BF16 && !a->legacy && !a->variant && vec && ember_cu_mm_cluster && a->M > 8) {
         cudaError_t e = launch_cl(stream, a, a->M <= 16 ? 1 : a->M <= 32 ? 2 : 3);
         if (e == cudaSuccess) return cudaGetLastError();
         /* a GPU or driver that refuses the cluster launch: tc_mid, the same bits */
