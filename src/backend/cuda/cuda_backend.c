@@ -98,9 +98,6 @@ typedef struct cuda_backend {
     int32_t *blocks_h;
     size_t refs_cap, blocks_cap;
     cuda_prof *prof; /* NULL unless EMBER_CUDA_PROFILE is set */
-    void *pin[2];    /* pinned host staging of large reads (PIN_CHUNK each), made at the first */
-    cudaEvent_t pin_ev[2];
-    int pin_state; /* 0: not made yet, 1: ready, -1: unavailable or off (EMBER_CUDA_PINNED_READ=0) */
 } cuda_backend;
 
 static const ember_backend_ops k_cuda_ops;
@@ -318,60 +315,12 @@ static int cuda_write(ember_backend *be, ember_tensor *dst, size_t off, const vo
     return EMBER_OK;
 }
 
-/* Reads of PIN_MIN bytes or more (rows of logits) go through two pinned
-   buffers of PIN_CHUNK bytes: the copy of chunk i + 1 runs while chunk i is
-   copied out on the host. A copy from the device into pageable memory
-   (the caller's) runs at a fraction of the bus (measured on the H200
-   machine, docs/cuda.md). */
-#define PIN_CHUNK ((size_t)4 << 20)
-#define PIN_MIN ((size_t)1 << 20)
-
-/* Makes the pinned buffers at the first large read; false where they
-   cannot be had (then reads copy straight into the caller's memory). */
-static bool pin_ready(cuda_backend *c) {
-    if (c->pin_state) return c->pin_state > 0;
-    c->pin_state = -1;
-    for (int i = 0; i < 2; i++) {
-        if (cudaMallocHost(&c->pin[i], PIN_CHUNK) != cudaSuccess ||
-            cudaEventCreateWithFlags(&c->pin_ev[i], cudaEventDisableTiming) != cudaSuccess) {
-            cudaGetLastError();
-            for (int j = 0; j <= i; j++) {
-                if (c->pin[j]) cudaFreeHost(c->pin[j]);
-                if (c->pin_ev[j]) cudaEventDestroy(c->pin_ev[j]);
-                c->pin[j] = NULL;
-                c->pin_ev[j] = NULL;
-            }
-            return false;
-        }
-    }
-    c->pin_state = 1;
-    return true;
-}
-
 static int cuda_read(ember_backend *be, const ember_tensor *src, size_t off, void *dst, size_t n,
                      ember_error *err) {
     cuda_backend *c = cu(be);
     int rc = check_range(be, src, off, n, "read", err);
     if (rc || !n) return rc;
     if ((rc = bind(c, err))) return rc;
-    if (n >= PIN_MIN && pin_ready(c)) {
-        const char *s = (const char *)dev(src) + off;
-        const size_t nch = (n + PIN_CHUNK - 1) / PIN_CHUNK;
-        for (size_t i = 0; i <= nch; i++) {
-            if (i < nch) {
-                const size_t o = i * PIN_CHUNK, len = n - o < PIN_CHUNK ? n - o : PIN_CHUNK;
-                CU_TRY(cudaMemcpyAsync(c->pin[i % 2], s + o, len, cudaMemcpyDeviceToHost, c->stream), "read");
-                CU_TRY(cudaEventRecord(c->pin_ev[i % 2], c->stream), "read");
-                if (i + 1 == nch) prof_mark(c, "read (device to host)");
-            }
-            if (i > 0) { /* chunk i - 1 is on its way or there: out to the caller */
-                const size_t j = i - 1, o = j * PIN_CHUNK, len = n - o < PIN_CHUNK ? n - o : PIN_CHUNK;
-                CU_TRY(cudaEventSynchronize(c->pin_ev[j % 2]), "read");
-                memcpy((char *)dst + o, c->pin[j % 2], len);
-            }
-        }
-        return EMBER_OK;
-    }
     CU_TRY(cudaMemcpyAsync(dst, (const char *)dev(src) + off, n, cudaMemcpyDeviceToHost, c->stream), "read");
     prof_mark(c, "read (device to host)");
     CU_TRY(cudaStreamSynchronize(c->stream), "read");
@@ -1082,10 +1031,6 @@ static void cuda_free(ember_backend *be) {
         if (c->count) cudaFree(c->count);
         if (c->ids_dev) cudaFree(c->ids_dev);
         if (c->delta_scratch) cudaFree(c->delta_scratch);
-        for (int i = 0; i < 2; i++) {
-            if (c->pin[i]) cudaFreeHost(c->pin[i]);
-            if (c->pin_ev[i]) cudaEventDestroy(c->pin_ev[i]);
-        }
         cudaStreamDestroy(c->stream);
     }
     for (int i = 0; i < ARG_SLOTS; i++) free(c->slots[i].host);
@@ -1187,12 +1132,10 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     c->base.impl = c;
     if (p) c->base.log = p->log;
     prof_start(c);
-    /* measuring aids (docs/cuda.md), each 0 for the code of before: plain launches (cuda_pdl.cuh),
-       the per-warp tensor-core kernels for bf16 products at M > 8, attention split per query head, reads without
-       the pinned staging */
+    /* measuring aids (docs/cuda.md), each 0 for the kernels of before: plain launches (cuda_pdl.cuh),
+       the per-warp tensor-core kernels for bf16 products at M > 8, attention split per query head */
     const char *pdl = getenv("EMBER_CUDA_PDL"), *mmc = getenv("EMBER_CUDA_MM_CLUSTER"),
-               *grp = getenv("EMBER_CUDA_ATTN_GROUP"), *pin = getenv("EMBER_CUDA_PINNED_READ");
-    if (pin && *pin && atoi(pin) == 0) c->pin_state = -1; /* large reads straight into the caller's memory */
+               *grp = getenv("EMBER_CUDA_ATTN_GROUP");
     if (pdl && *pdl) ember_cu_pdl = atoi(pdl) != 0;
     if (mmc && *mmc) ember_cu_mm_cluster = atoi(mmc) != 0;
     if (grp && *grp) ember_cu_attn_group = atoi(grp) != 0;
