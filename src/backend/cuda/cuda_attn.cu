@@ -21,14 +21,16 @@
  *   a[d] = sum over keys j in position order of p_j v_j[d] (thread d).
  * Then the spans are combined in increasing s: (M, L, A) <- (max(M, m),
  * L ca + l cb, A ca + a cb) with ca = exp(M - max), cb = exp(m - max), and
- * out = A (1 / L). Three kernels implement this: the fused one walks a
+ * out = A (1 / L). Four kernels implement this: the fused one walks a
  * token's spans in one block, each thread loading its own key or dimension
  * from global memory (prefill: many blocks hide the latency); the staged
  * one does the same after copying each span's K and V pieces into shared
  * memory with cp.async, every load in flight at once (few tokens); the
  * split one (few tokens, long contexts: decode) gives every span its own
  * staged block, writes its state to a scratch array, and the last block of
- * a (token, head) to finish combines the spans in increasing order. All
+ * a (token, head) to finish combines the spans in increasing order; the
+ * grouped split one (many tokens: batched decode) stages a span once per KV
+ * head and computes its query heads from that staging in turn. All
  * run the same arithmetic on the same values in the same order, built
  * without contraction (--fmad=false): they give the same bits, so a
  * token's output never depends on the batch around it or on which kernel
