@@ -273,7 +273,7 @@ static void bench_variants(int N, int K, int M) {
     float *ref = malloc(on * 4), *got = malloc(on * 4);
     static var_ctx c;
     for (int v = -1;; v++) { /* -1: legacy, 0: default, > 0: variants */
-        int sh[7];
+        int sh[8];
         if (v >= 0 && !ember_cu_tc_variant(v, sh)) break;
         c.n_copies = copies;
         for (int r = 0; r < copies; r++)
@@ -284,7 +284,10 @@ static void bench_variants(int N, int K, int M) {
         CK(cudaMemcpy(v ? got : ref, dptr(&out[0].t), on * 4, cudaMemcpyDeviceToHost));
         double bytes = (double)wbytes + (double)M * K * 4 + (double)M * N * 4;
         char name[64];
-        if (v > 0)
+        if (v > 0 && sh[7])
+            snprintf(name, sizeof name, "cluster XT %d XA %d S %d (8 warps x 16 rows, parts over 8 blocks)", sh[1],
+                     sh[5], sh[6]);
+        else if (v > 0)
             snprintf(name, sizeof name, "tc WT %d XT %d BW %d BX %d PS %d U %d S %d", sh[0], sh[1], sh[2], sh[3],
                      sh[4], sh[5], sh[6]);
         else
@@ -363,8 +366,10 @@ int main(int argc, char **argv) {
            "loaded ahead in registers, or S k-blocks ahead through shared memory):\n\n");
     printf("| weight | M | kernel | us (graph) | %% of copy | TFLOP/s | same bits as default |\n"
            "| --- | --- | --- | --- | --- | --- | --- |\n");
-    const int vm[] = {1, 8, 64, 256, 2048};
-    for (int i = 0; i < 5; i++) bench_variants(4096, 4096, vm[i]);
+    const int vm[] = {1, 8, 16, 32, 64, 256, 2048};
+    for (int i = 0; i < 7; i++) bench_variants(4096, 4096, vm[i]);
+    bench_variants(28672, 4096, 64); /* the 8B gate and up at 64 rows (one weight of both) */
+    bench_variants(4096, 14336, 64); /* the 8B down at 64 rows */
     if (!quick) {
         bench_variants(14336, 4096, 1);
         bench_variants(4096, 14336, 1);

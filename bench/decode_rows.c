@@ -4,15 +4,20 @@
  *
  * usage: decode_rows --model PATH [--device cpu|cuda:N] [--rows 1,8,64,256]
  *                    [--depth 1024] [--steps 32] [--kv-type bf16] [--threads N]
+ *                    [--argmax 0|1]
  *
  * Row 0 is prefilled with --depth synthetic tokens; its KV row is then
  * serialized and loaded into every other row (real copies: no row shares a
  * block with another, so attention reads R distinct contexts). For each R,
  * the rows are trimmed back to --depth, one untimed step runs, then --steps
  * timed steps of R tokens (each row's greedy token from its own logits;
- * the logits of every row are read back, as a server samples every row).
- * Reported: milliseconds per step, aggregate tokens/s (R x steps / time)
- * and tokens/s per row. Internal API (engine.h, model.h, kv.h).
+ * the logits of every row are read back, as a server samples every row;
+ * with --argmax 1 the forward returns the greedy ids instead,
+ * ember_batch.argmax, as the scheduler's plain greedy steps do: on the GPU
+ * no logits row leaves the device).
+ * Reported: milliseconds per step, aggregate tokens/s (R x steps / time),
+ * tokens/s per row, and the step split into the forward (the logits read
+ * back included) and the host's argmax over the rows read. Internal API (engine.h, model.h, kv.h).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
@@ -46,7 +51,7 @@ static int fail(const char *what, const ember_error *err) {
 
 int main(int argc, char **argv) {
     const char *model = NULL, *device = "cpu", *kv = "bf16", *rows_s = "1,8,64,256";
-    int depth = 1024, steps = 32, threads = 0;
+    int depth = 1024, steps = 32, threads = 0, use_argmax = 0;
     for (int i = 1; i < argc; i += 2) { /* --name value pairs */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -60,9 +65,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--depth")) depth = atoi(v);
         else if (!strcmp(a, "--steps")) steps = atoi(v);
         else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--argmax")) use_argmax = atoi(v) != 0;
         else {
             fprintf(stderr, "usage: decode_rows --model PATH [--device cpu|cuda:N] [--rows 1,8,64,256] "
-                            "[--depth 1024] [--steps 32] [--kv-type bf16] [--threads N]\n");
+                            "[--depth 1024] [--steps 32] [--kv-type bf16] [--threads N] [--argmax 0|1]\n");
             return 2;
         }
     }
@@ -125,10 +131,12 @@ int main(int argc, char **argv) {
     double t2 = now();
     ember_model_info info;
     ember_model_get_info(m, &info);
-    printf("decode_rows: %s, %s weights, KV %s, device %s; depth %d, %d timed steps; prefill %.2f s, copies %.2f s\n",
-           model, info.weight_dtype, info.kv_type, info.device, depth, steps, t1 - t0, t2 - t1);
-    printf("| rows | ms / step | tokens/s (all rows) | tokens/s per row |\n");
-    printf("|------|-----------|---------------------|------------------|\n");
+    printf("decode_rows: %s, %s weights, KV %s, device %s; depth %d, %d timed steps; %s; prefill %.2f s, copies "
+           "%.2f s\n",
+           model, info.weight_dtype, info.kv_type, info.device, depth, steps,
+           use_argmax ? "greedy ids from the forward (--argmax 1)" : "every row's logits read back", t1 - t0, t2 - t1);
+    printf("| rows | ms / step | tokens/s (all rows) | tokens/s per row | ms in the forward | ms of host argmax |\n");
+    printf("|------|-----------|---------------------|------------------|-------------------|-------------------|\n");
     fflush(stdout);
     int32_t *last = malloc(sizeof(int32_t) * (size_t)max_rows);
     for (int ri = 0; ri < n_rows; ri++) {
@@ -137,7 +145,7 @@ int main(int argc, char **argv) {
             if (ember_kv_trim(m->kv, r, depth, &err)) return fail("trim", &err);
             last[r] = argmax(logits, V); /* row 0's next token, for every row */
         }
-        double ts = 0;
+        double ts = 0, tf = 0; /* all of a step; the forward (logits read back included) */
         for (int s = -1; s < steps; s++) { /* step -1: untimed */
             for (int r = 0; r < R; r++) {
                 tok[r] = last[r];
@@ -145,13 +153,19 @@ int main(int argc, char **argv) {
                 row[r] = r;
                 out[r] = r;
             }
-            ember_batch b = {.n = R, .tok = tok, .pos = pos, .row = row, .n_out = R, .out = out};
+            ember_batch b = {.n = R, .tok = tok, .pos = pos, .row = row, .n_out = R, .out = out,
+                             .argmax = use_argmax ? last : NULL};
             double a = now();
             if (ember_llm_forward(m->llm, m->st, m->kv, &b, logits, &err)) return fail("decode", &err);
-            for (int r = 0; r < R; r++) last[r] = argmax(logits + (size_t)r * (size_t)V, V);
-            if (s >= 0) ts += now() - a;
+            const double f = now();
+            for (int r = 0; !use_argmax && r < R; r++) last[r] = argmax(logits + (size_t)r * (size_t)V, V);
+            if (s >= 0) {
+                ts += now() - a;
+                tf += f - a;
+            }
         }
-        printf("| %4d | %9.3f | %19.1f | %16.1f |\n", R, 1e3 * ts / steps, (double)R * steps / ts, steps / ts);
+        printf("| %4d | %9.3f | %19.1f | %16.1f | %17.3f | %17.3f |\n", R, 1e3 * ts / steps, (double)R * steps / ts,
+               steps / ts, 1e3 * tf / steps, 1e3 * (ts - tf) / steps);
         fflush(stdout);
     }
     free(last);

@@ -11,8 +11,13 @@
 #                         machine that lacks them (docs/cuda.md says which)
 #        JOBS=N (default: cores), BUILD_DIR (default: build-cuda),
 #        EMBER_GPU_WERROR=OFF (warnings stay warnings; default ON, a developer build),
-#        SKIP_SANITIZE=1, SKIP_MODEL_SANITIZE=1, SKIP_OPS_BENCH=1, BENCH_ARGS (e.g. "--quick"), SANITIZE_TIMEOUT / BENCH_TIMEOUT
+#        SKIP_TESTS=1 (no ctest, no test_kv_rec: a measuring run), SKIP_SANITIZE=1, SKIP_MODEL_SANITIZE=1,
+#        SKIP_OPS_BENCH=1, BENCH_ARGS (e.g. "--quick"), SANITIZE_TIMEOUT / BENCH_TIMEOUT
 #        DECODE_ROWS="llama3.1-8b": aggregate decode at 1..256 rows (bench/decode_rows.c)
+#        DECODE_ROWS_ALSO="ENVS|ARGS;ENVS|ARGS": more decode_rows runs of each DECODE_ROWS preset, each
+#                         with the variables ENVS set and ARGS added (e.g. "|--argmax 1;EMBER_CUDA_MM_CLUSTER=0|")
+#        PROFILE_ROWS="64": for each DECODE_ROWS preset, decode_rows again at that many rows
+#                         under EMBER_CUDA_PROFILE (GPU time per op) into profile-PRESET.md
 #        EMBER_SHARED_DIR=DIR: the fixtures for the model test (a copy inside the
 #                         checkout when ../shared does not travel to the GPU machine)
 #        MODEL_BENCH="llama3.2-1b llama3.1-8b": whole-model ember bench on the GPU (mkmodel presets)
@@ -82,15 +87,18 @@ fi
 # ---- tests ----------------------------------------------------------------------------------
 TEST=$BUILD/tests/test_cuda_ops
 MODEL_TEST=$BUILD/tests/test_cuda_model
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
 step "ctest -R cuda" "$OUTDIR/test.log" "${RUN_ENV[@]}" bash -c "cd '$BUILD' && ctest -R cuda --output-on-failure -V --timeout 300"
 grep -E 'checks,|skipped' "$OUTDIR/test.log" | sed 's/^[0-9]*: //' | sed 's/^/  /' | tee -a "$RES"
 if grep -q 'skipped: no CUDA device' "$OUTDIR/test.log"; then note "  (no CUDA device: the GPU tests were skipped)"; status=1; fi
 # recurrent state rows (hybrid models) on cpu and cuda:0: the cache contract through delta_net / delta_replay
 step "test_kv_rec (cpu, cuda:0)" "$OUTDIR/kv_rec.log" "${RUN_ENV[@]}" "$BUILD/tests/test_kv_rec"
 grep -E 'checks,|^cpu:|^cuda:0:' "$OUTDIR/kv_rec.log" | sed 's/^/  /' | tee -a "$RES"
+fi
 
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer \
       /usr/local/cuda/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+[ "${SKIP_TESTS:-0}" = 1 ] && SKIP_SANITIZE=1
 if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -z "$SAN" ]; then note "- compute-sanitizer: NOT FOUND"; status=1; fi
 if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -n "$SAN" ]; then
   for tool in memcheck racecheck initcheck; do
@@ -154,6 +162,24 @@ if [ -n "${DECODE_ROWS:-}" ]; then
       timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/decode_rows" --device cuda:0 --model "$MD/$preset" \
       ${DECODE_ROWS_ARGS:---rows 1,8,64,256 --depth 1024 --steps 16 --kv-type bf16}
     cat "$OUTDIR/decode-rows-$preset.txt" | tee -a "$RES"
+    IFS=';' read -ra also <<<"${DECODE_ROWS_ALSO:-}"
+    for i in "${!also[@]}"; do
+      item=${also[$i]} envs=${also[$i]%%|*} args=
+      [[ $item == *"|"* ]] && args=${item#*|}
+      step "decode_rows --device cuda:0 $preset ($item)" "$OUTDIR/decode-rows-$preset-$i.txt" "${RUN_ENV[@]}" \
+        env $envs timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/decode_rows" --device cuda:0 --model "$MD/$preset" \
+        ${DECODE_ROWS_ARGS:---rows 1,8,64,256 --depth 1024 --steps 16 --kv-type bf16} $args
+      { echo "decode_rows, environment '$envs', arguments added '$args':"; cat "$OUTDIR/decode-rows-$preset-$i.txt"; } |
+        tee -a "$RES"
+    done
+    for pr in ${PROFILE_ROWS:-}; do
+      rm -f "$OUTDIR/profile-$preset.md"
+      step "decode_rows --rows $pr under EMBER_CUDA_PROFILE $preset" "$OUTDIR/profile-run-$preset.txt" "${RUN_ENV[@]}" \
+        env EMBER_CUDA_PROFILE="$OUTDIR/profile-$preset.md" timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/decode_rows" \
+        --device cuda:0 --model "$MD/$preset" ${DECODE_ROWS_ARGS:---depth 1024 --kv-type bf16} --rows "$pr" --steps 4
+      { echo "$preset, $pr rows, EMBER_CUDA_PROFILE (prefill of 1,024 tokens, 5 steps):"; cat "$OUTDIR/profile-$preset.md"; } |
+        tee -a "$RES"
+    done
   done
 fi
 note "overall: $([ $status -eq 0 ] && echo PASS || echo FAIL)"

@@ -10,6 +10,11 @@
  *   - batch invariance: the three prompts generated together (one batch of
  *     three rows) give the bits each gets alone, and so does a prefill cut
  *     into chunks of 5 tokens;
+ *   - batched decode over long contexts: 20 prompts of 130 to 263 tokens
+ *     generated together (decode steps of 20 rows: the bf16 products'
+ *     cluster kernel, attention split over spans and grouped by KV head)
+ *     give the logits and ids each gets alone (llama_bf16 with f32 and bf16
+ *     KV, gemma2);
  *   - the refusals: a quantized KV kind, and a device index past the last.
  *   - gemma4_text and gemma4_text_ple the same way (f16 at 1e-2, as
  *     test_gemma4.c), and gemma4_text_moe.
@@ -128,6 +133,67 @@ static void run_family(const char *family, const char *kv, float tol) {
     fixture_close(&f);
 }
 
+/* Rows over contexts longer than one attention span (128 keys): LB_ROWS
+   prompts of 130 + 7 i tokens (synthetic ids) and LB_GEN greedy steps,
+   together in one call and then each alone; every logit of every position
+   and every id must be the same bits. */
+enum { LB_ROWS = 20, LB_GEN = 8 };
+
+static void run_long_batch(const char *family, const char *kv) {
+    fixture f;
+    fixture_open(&f, family);
+    const int V = f.vocab;
+    ember_model *m = load_gpu(f.dir, kv, LB_ROWS, 512);
+    CHECKF(m != NULL, "%s: loading on cuda:0 failed", family);
+    if (!m) {
+        fixture_close(&f);
+        return;
+    }
+    ember_request r[LB_ROWS];
+    int32_t *prompt[LB_ROWS], ids[LB_ROWS][LB_GEN], ids1[LB_GEN];
+    float *lg[LB_ROWS];
+    size_t sz[LB_ROWS];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < LB_ROWS; i++) {
+        const int n = 130 + 7 * i;
+        prompt[i] = malloc(sizeof(int32_t) * (size_t)n);
+        for (int j = 0; j < n; j++) prompt[i][j] = (int32_t)(((uint32_t)(i * 7919 + j) * 2654435761u) % (uint32_t)V);
+        sz[i] = (size_t)(n + LB_GEN - 1) * (size_t)V;
+        lg[i] = malloc(sz[i] * sizeof(float));
+        r[i].prompt = prompt[i];
+        r[i].n_prompt = n;
+        r[i].max_new_tokens = LB_GEN;
+        r[i].ignore_eos = 1;
+        ember_sampling_init(&r[i].sampling);
+        r[i].out_ids = ids[i];
+        r[i].out_logits = lg[i];
+    }
+    ember_error err = {0};
+    int rc = ember_generate(m, r, LB_ROWS, &err);
+    CHECKF(rc == EMBER_OK, "%s/%s: generate %d rows: %s", family, kv, LB_ROWS, err.msg);
+    int differ = 0;
+    for (int i = 0; !rc && i < LB_ROWS; i++) {
+        float *one = malloc(sz[i] * sizeof(float));
+        ember_request q = r[i];
+        q.out_ids = ids1;
+        q.out_logits = one;
+        q.n_out = 0;
+        CHECKF(ember_generate(m, &q, 1, &err) == EMBER_OK, "%s/%s: generate alone: %s", family, kv, err.msg);
+        differ += memcmp(one, lg[i], sz[i] * sizeof(float)) || memcmp(ids1, ids[i], sizeof ids1) || q.n_out != LB_GEN;
+        free(one);
+    }
+    CHECKF(differ == 0, "%s/%s: %d of %d rows over long contexts differ between the batch and alone", family, kv,
+           differ, LB_ROWS);
+    fprintf(stderr, "%-12s cuda:0 %-5s %d rows of 130-263 tokens + %d steps: batch invariant\n", family, kv, LB_ROWS,
+            LB_GEN);
+    for (int i = 0; i < LB_ROWS; i++) {
+        free(prompt[i]);
+        free(lg[i]);
+    }
+    ember_model_free(m);
+    fixture_close(&f);
+}
+
 static void test_refusals(void) {
     fixture f;
     fixture_open(&f, "llama");
@@ -167,6 +233,9 @@ int main(void) {
         run_family("qwen3_5_moe_text", "f32", 1e-4f); /* DeltaNet, gated attention, MoE with a gated shared expert */
         return test_done();
     }
+    run_long_batch("llama_bf16", "f32");
+    run_long_batch("llama_bf16", "bf16");
+    run_long_batch("gemma2", "f32");
     for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++) run_family(k_families[k], "f32", 1e-4f);
     for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++) {
         run_family(k_families[k], "f16", 1e-3f);

@@ -7,16 +7,18 @@
  *   - every output element written (outputs are poisoned with a NaN
  *     pattern before each run);
  *   - matmul batch invariance: a row's outputs are bit-identical for
- *     M = 1, 3, 17, 64, 200, 600 (f32 / f16: the decode and tiled kernels;
- *     bf16: the small, mid, big and huge tensor-core shapes), for an
- *     unaligned copy of the input (the element-load kernels), and for a
- *     weight cut into row ranges;
+ *     M = 1, 3, 9, 17, 40, 64, 100, 200, 600 (f32 / f16: the decode and tiled
+ *     kernels; bf16: the small tensor-core shape, the cluster kernel of every
+ *     input tile (9 to 128 rows), the big and huge shapes), for K = 200 (fewer
+ *     k-blocks than parts), for an unaligned copy of the input (the
+ *     element-load kernels), and for a weight cut into row ranges;
  *   - paged KV over shuffled block tables (f32, f16, bf16; head sizes 64
  *     to 256, grouped queries): kv_write stores the CPU's bytes exactly,
  *     kv_read gives its values exactly, attention (windows, soft-capping,
  *     rows that dropped their first blocks) agrees within the tolerance,
- *     and a token alone (the split kernels) gets the bits it got in a
- *     batch of 300 (the fused kernel);
+ *     and a token alone (the split kernels) and the first 64 and 200
+ *     tokens as a batch (split, grouped by KV head where a span fits the
+ *     stage) get the bits they got in a batch of 300 (the fused kernel);
  *   - the fused ops (add_rms_norm, rope_kv_write) give the bits of the ops
  *     they stand for, and argmax_rows the host's greedy ids (ties, NaNs);
  *   - buffers (zeroed allocation, copies at offsets, bounds) and the
@@ -305,11 +307,11 @@ static void check_matmul(int M, int K, int n, const ember_dtype *dts, const int 
 
 static void test_matmul(void) {
     const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
-    const int Ks[] = {37, 1000, 4096};
-    const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 17, 64};
+    const int Ks[] = {37, 200, 1000, 4096};
+    const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 17, 64, 100};
     for (int d = 0; d < 3; d++)
-        for (int k = 0; k < 3; k++)
-            for (int m = 0; m < 10; m++) {
+        for (int k = 0; k < 4; k++)
+            for (int m = 0; m < 12; m++) {
                 int N = 67;
                 bool bias = (m + k) % 2;
                 check_matmul(Ms[m], Ks[k], 1, &dts[d], &N, &bias);
@@ -374,11 +376,12 @@ static float *gpu_matmul(const float *x_rows, int M, int K, const ember_tensor *
 
 static void test_batch_invariance(void) {
     const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
-    const int Ks[] = {4096, 1000, 37};
-    const int Ms[] = {1, 3, 17, 64, 200, 600};
+    const int Ks[] = {4096, 1000, 200, 37};
+    const int Ms[] = {1, 3, 9, 17, 40, 64, 100, 200, 600};
+    const int nM = (int)(sizeof Ms / sizeof Ms[0]);
     ember_error err;
     for (int d = 0; d < 3; d++)
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 4; k++) {
             const int K = Ks[k], N = 130;
             pair w;
             int64_t ws[2] = {N, K};
@@ -386,7 +389,7 @@ static void test_batch_invariance(void) {
             float *target = malloc((size_t)K * 4);
             for (int i = 0; i < K; i++) target[i] = frnd();
             float *ref = NULL;
-            for (int mi = 0; mi < 6; mi++) {
+            for (int mi = 0; mi < nM; mi++) {
                 int M = Ms[mi], at = M - 1 - (M / 3); /* the target row somewhere inside, other rows fresh */
                 float *xr = malloc((size_t)M * (size_t)K * 4);
                 for (size_t i = 0; i < (size_t)M * (size_t)K; i++) xr[i] = frnd();
@@ -700,6 +703,15 @@ static void check_attention(ember_kv_enc enc, const char *name, int Hkv, int rep
             free(one);
         }
         CHECKF(same == 12, "%s: %d of 12 tokens alone differ from the batch", w2, 12 - same);
+        /* the first 64 and 200 tokens as one batch (the split kernels, grouped where a span
+           fits the stage): the bits of the batch of 300 */
+        const int sub[2] = {64, 200};
+        for (int si = 0; si < 2; si++) {
+            float *part = gpu_attention(&kp, qh, sub[si], Hq, D, rw, pos, &a);
+            CHECKF(!memcmp(part, all, sizeof(float) * (size_t)sub[si] * (size_t)Hq * (size_t)D),
+                   "%s: the first %d tokens as a batch differ from the batch of %d", w2, sub[si], T);
+            free(part);
+        }
         free(all);
         free(qh);
         pair_free(&q);

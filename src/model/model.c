@@ -14,7 +14,12 @@
 #include "family.h"
 #include "rope.h"
 
+/* Rows of logits computed (and read back) per output-head product: 16 in
+   host memory; 64 on a device backend, where [64, V] floats of device memory
+   are cheap and the head's weights (the largest matrix) are then read once
+   per 64 rows instead of once per 16 (one launch of the GPU's mid-M kernel). */
 #define LOGIT_ROWS 16
+#define LOGIT_ROWS_DEVICE 64
 
 /* ---- loading ------------------------------------------------------------------- */
 
@@ -249,7 +254,8 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
     ember_llm_state *st = ember_calloc(1, sizeof *st);
     if (!st) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     st->max_tokens = max_tokens;
-    st->max_logit_rows = max_tokens < LOGIT_ROWS ? max_tokens : LOGIT_ROWS;
+    const int lr = strcmp(m->be->ops->name, "cpu") ? LOGIT_ROWS_DEVICE : LOGIT_ROWS;
+    st->max_logit_rows = max_tokens < lr ? max_tokens : lr;
     st->n_rows = n_kv_rows;
     int64_t Q = 0, KV = 0, I = 0; /* the widest layer's (gemma4's layers differ) */
     for (int l = 0; l < c->n_layers; l++) {

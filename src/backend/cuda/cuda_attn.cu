@@ -21,14 +21,16 @@
  *   a[d] = sum over keys j in position order of p_j v_j[d] (thread d).
  * Then the spans are combined in increasing s: (M, L, A) <- (max(M, m),
  * L ca + l cb, A ca + a cb) with ca = exp(M - max), cb = exp(m - max), and
- * out = A (1 / L). Three kernels implement this: the fused one walks a
+ * out = A (1 / L). Four kernels implement this: the fused one walks a
  * token's spans in one block, each thread loading its own key or dimension
  * from global memory (prefill: many blocks hide the latency); the staged
  * one does the same after copying each span's K and V pieces into shared
  * memory with cp.async, every load in flight at once (few tokens); the
  * split one (few tokens, long contexts: decode) gives every span its own
  * staged block, writes its state to a scratch array, and the last block of
- * a (token, head) to finish combines the spans in increasing order. All
+ * a (token, head) to finish combines the spans in increasing order; the
+ * grouped split one (many tokens: batched decode) stages a span once per KV
+ * head and computes its query heads from that staging in turn. All
  * run the same arithmetic on the same values in the same order, built
  * without contraction (--fmad=false): they give the same bits, so a
  * token's output never depends on the batch around it or on which kernel
@@ -524,16 +526,168 @@ template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_split_k(a
     if (threadIdx.x == 0) a.count[u] = 0;
 }
 
+/* ---- grouped split: the query heads of a KV head over one staging of its span ---------------- */
+
+/* Whether a whole span of K and of V fits the stage at once (every
+   dimension in one K chunk, every key in one V chunk). */
+static __host__ __device__ __forceinline__ bool span_fits(int D, int enc) {
+    const int es = enc == EMBER_CU_F32 ? 4 : 2;
+    return D * SPAN * es <= STAGE_K && 16 * ((SPAN + 15) / 16) * D * es <= STAGE_V;
+}
+
+/* Stages span s of KV head hk of token t whole (span_fits): K and V at
+   the places span_state_staged puts them when they fit (one K chunk of
+   all D dimensions, one V chunk from key 0 of the span). Ends with the
+   stage complete and visible. */
+template <int ENC>
+static __device__ void span_stage_all(const attn_args *a, attn_smem *sm, unsigned char *stage, int t, int hk, int s,
+                                      int lo, int hi) {
+    constexpr int ES = ENC == EMBER_CU_F32 ? 4 : 2;
+    const ember_cu_kv *kv = &a->kv;
+    const ember_cu_kv_ref ref = kv->refs[kv->row[t]];
+    const ember_cu_kv_view *vw = &kv->view[ref.layer_set];
+    const int D = kv->D, tid = threadIdx.x, s0 = s * SPAN;
+    const int j0 = s0 > lo ? s0 : lo, j1 = s0 + SPAN - 1 < hi ? s0 + SPAN - 1 : hi;
+    if (tid < PIECES) {
+        const int b = s0 + tid * 16;
+        const bool live = b + 15 >= j0 && b <= j1;
+        sm->kb[tid] = live ? piece(kv, &ref, vw, b, hk, 1) : NULL;
+        sm->vb[tid] = live ? piece(kv, &ref, vw, b, hk, 0) : NULL;
+    }
+    __syncthreads();
+    stage_k<ES>(a, sm, stage, 0, D, (D * 16 + 16) * ES);
+    stage_v<ES>(a, sm, stage + STAGE_K_PAD, 0, SPAN, D);
+    stage_commit();
+    stage_wait<0>();
+    __syncthreads();
+}
+
+/* The partial state of span s for (t, query head hq) from a stage that
+   span_stage_all filled: span_state_staged's sums in its order (one K
+   chunk, one V chunk), so its bits. Leaves q, p and red free (ends with a
+   barrier); the stage stays. */
+template <int ENC>
+static __device__ void span_head_staged(const attn_args *a, attn_smem *sm, const unsigned char *stage, int t, int hq,
+                                        int s, int lo, int hi, float *m, float *l, float *acc) {
+    constexpr int ES = ENC == EMBER_CU_F32 ? 4 : 2;
+    const int D = a->kv.D, tid = threadIdx.x, s0 = s * SPAN;
+    const int j0 = s0 > lo ? s0 : lo, j1 = s0 + SPAN - 1 < hi ? s0 + SPAN - 1 : hi;
+    const int pstride = (D * 16 + 16) * ES;
+    const unsigned char *sk = stage, *sv = stage + STAGE_K_PAD;
+    const float *qg = a->q + ((size_t)t * (size_t)a->Hq + (size_t)hq) * (size_t)D;
+    for (int d = tid; d < D; d += SPAN) sm->q[d] = qg[d];
+    __syncthreads();
+    const int j = s0 + tid;
+    const bool live = j >= lo && j <= hi;
+    float dot = 0.0f;
+    if (live) {
+        const unsigned char *kp = sk + (tid / 16) * pstride;
+        const int slot = tid % 16;
+#pragma unroll 16
+        for (int dd = 0; dd < D; dd++) dot = fmaf(sm->q[dd], ld_enc<ENC>(kp, (size_t)dd * 16 + (size_t)slot), dot);
+    }
+    span_softmax(sm, score_of(a, dot, live), m, l);
+#pragma unroll
+    for (int i = 0; i < DPT; i++) acc[i] = 0.0f;
+#pragma unroll 4
+    for (int jj = j0; jj <= j1; jj++) {
+        const float pj = sm->p[jj - s0];
+        const size_t row = (size_t)(jj - s0) * (size_t)D;
+#pragma unroll
+        for (int i = 0; i < DPT; i++) {
+            const int d = tid + i * SPAN;
+            if (d < D) acc[i] = fmaf(pj, ld_enc<ENC>(sv, row + (size_t)d), acc[i]);
+        }
+    }
+    __syncthreads(); /* q, p and red are free again */
+}
+
+/* Grouped split (span_fits): block (x, g) stages span lo / SPAN + x of KV
+   head hk of token t (g = t * H + hk) once and computes the state of each
+   of its rep query heads from it in turn, into parts as attn_split_k does;
+   a counter per (t, hk) finds the last block, which combines the spans of
+   each head in increasing order. The same values in the same order as
+   attn_split_k, so the same bits, with the keys and values read once per
+   KV head instead of once per query head. */
+template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_group_k(attn_args a) {
+    ember_pdl_enter();
+    __shared__ attn_smem sm;
+    __shared__ int last;
+    extern __shared__ __align__(16) unsigned char stage[];
+    const int g = blockIdx.y, t = g / a.kv.H, hk = g % a.kv.H;
+    int lo, hi;
+    keys_of(&a, t, &lo, &hi);
+    const int s = lo / SPAN + (int)blockIdx.x, ns = hi / SPAN - lo / SPAN + 1;
+    if (s > hi / SPAN) return;
+    span_stage_all<ENC>(&a, &sm, stage, t, hk, s, lo, hi);
+    const size_t stride = (size_t)(2 + a.kv.D);
+    for (int r = 0; r < a.rep; r++) {
+        const int hq = hk * a.rep + r;
+        const size_t u = (size_t)t * (size_t)a.Hq + (size_t)hq;
+        float m, l, acc[DPT];
+        span_head_staged<ENC>(&a, &sm, stage, t, hq, s, lo, hi, &m, &l, acc);
+        float *part = a.parts + (u * (size_t)a.n_span + blockIdx.x) * stride;
+        if (threadIdx.x == 0) {
+            part[0] = m;
+            part[1] = l;
+        }
+#pragma unroll
+        for (int i = 0; i < DPT; i++) {
+            const int d = threadIdx.x + i * SPAN;
+            if (d < a.kv.D) part[2 + d] = acc[i];
+        }
+    }
+    __threadfence(); /* this block's parts are visible before the count says so */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&a.count[g], 1) == ns - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int r = 0; r < a.rep; r++) {
+        const int hq = hk * a.rep + r;
+        const size_t u = (size_t)t * (size_t)a.Hq + (size_t)hq;
+        float M = -INFINITY, L = 0.0f, A[DPT], acc[DPT];
+#pragma unroll
+        for (int i = 0; i < DPT; i++) A[i] = 0.0f;
+        for (int x = 0; x < ns; x++) {
+            const float *px = a.parts + (u * (size_t)a.n_span + (size_t)x) * stride;
+#pragma unroll
+            for (int i = 0; i < DPT; i++) {
+                const int d = threadIdx.x + i * SPAN;
+                acc[i] = d < a.kv.D ? __ldcg(px + 2 + d) : 0.0f;
+            }
+            combine(&M, &L, A, __ldcg(px), __ldcg(px + 1), acc);
+        }
+        finish(&a, t, hq, L, A);
+    }
+    if (threadIdx.x == 0) a.count[g] = 0;
+}
+
+/* Grouped split on (the default; 0: attn_split_k, a measuring aid set from
+   EMBER_CUDA_ATTN_GROUP), where it makes at least GROUP_MIN_BLOCKS blocks. */
+#define GROUP_MIN_BLOCKS 512
+extern "C" {
+int ember_cu_attn_group = 1;
+}
+
 template <int ENC>
 static cudaError_t attn_launch(cudaStream_t stream, const attn_args *a, int mode, unsigned units) {
     if (mode == EMBER_CU_ATTN_FUSED) {
         return ember_launch(attn_fused_k<ENC, 0>, dim3(units), dim3(SPAN), 0, stream, *a);
     }
+    const unsigned groups = units / (unsigned)a->rep;
+    /* grouped only where its blocks still fill the GPU twice over: at one token a block per query
+       head keeps more of it busy (batch-1 decode measured 0.5 ms per 8B step slower grouped) */
+    const bool group = mode == EMBER_CU_ATTN_SPLIT && ember_cu_attn_group && span_fits(a->kv.D, ENC) &&
+                       a->rep > 1 && (long long)groups * a->n_span >= GROUP_MIN_BLOCKS;
     cudaError_t e = mode == EMBER_CU_ATTN_STAGED
                         ? cudaFuncSetAttribute(attn_fused_k<ENC, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES)
-                        : cudaFuncSetAttribute(attn_split_k<ENC>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES);
+                    : group ? cudaFuncSetAttribute(attn_group_k<ENC>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES)
+                            : cudaFuncSetAttribute(attn_split_k<ENC>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES);
     if (e != cudaSuccess) return e;
     if (mode == EMBER_CU_ATTN_STAGED) return ember_launch(attn_fused_k<ENC, 1>, dim3(units), dim3(SPAN), STAGE_BYTES, stream, *a);
+    if (group)
+        return ember_launch(attn_group_k<ENC>, dim3((unsigned)a->n_span, groups, 1), dim3(SPAN), STAGE_BYTES, stream, *a);
     return ember_launch(attn_split_k<ENC>, dim3((unsigned)a->n_span, units, 1), dim3(SPAN), STAGE_BYTES, stream, *a);
 }
 

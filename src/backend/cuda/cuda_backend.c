@@ -532,10 +532,9 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
         if (c->prof) {
             int64_t Nt = 0;
             for (int i = 0; i < a.n; i++) Nt += a.p[i].N;
-            char ms[16];
-            snprintf(ms, sizeof ms, M > 8 ? "M>8" : "M=%lld", (long long)M);
-            snprintf(name, sizeof name, "matmul %s %s N=%lld K=%lld",
-                     dt == EMBER_CU_F32 ? "f32" : dt == EMBER_CU_F16 ? "f16" : "bf16", ms, (long long)Nt, (long long)K);
+            snprintf(name, sizeof name, "matmul %s M=%lld N=%lld K=%lld",
+                     dt == EMBER_CU_F32 ? "f32" : dt == EMBER_CU_F16 ? "f16" : "bf16", (long long)M, (long long)Nt,
+                     (long long)K);
         }
         if (a.n && (rc = launched(c, ember_cu_matmul(c->stream, &a), name, err))) return rc;
     }
@@ -768,11 +767,14 @@ static int cuda_rope_kv_write(ember_backend *be, ember_tensor *q, ember_tensor *
                     "rope_kv_write", err);
 }
 
-/* Tokens up to which attention runs staged (shared memory; split over
-   spans when a token has more than one); more tokens run the fused kernel
-   (prefill). Every kernel gives the same bits (cuda_attn.cu); this only
-   chooses the faster. The split scratch is capped at SPLIT_MAX_FLOATS. */
+/* Tokens up to which attention runs split over spans when a token has
+   more than one (decode over long contexts, up to SPLIT_TOKENS rows), and
+   staged (shared memory) up to STAGED_TOKENS otherwise; more tokens run
+   the fused kernel (prefill). Every kernel gives the same bits
+   (cuda_attn.cu); this only chooses the faster. The split scratch is
+   capped at SPLIT_MAX_FLOATS. */
 #define STAGED_TOKENS 64
+#define SPLIT_TOKENS 256
 #define SPLIT_MAX_FLOATS ((size_t)64 << 20)
 
 static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tensor *q, const ember_kv_map *map,
@@ -808,7 +810,7 @@ static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tens
     const int units = T * Hq;
     int n_span = 0, mode = T <= STAGED_TOKENS ? EMBER_CU_ATTN_STAGED : EMBER_CU_ATTN_FUSED;
     size_t need = (size_t)units * (size_t)max_span * (size_t)(2 + D);
-    if (mode == EMBER_CU_ATTN_STAGED && max_span > 1 && units <= 65535 && need <= SPLIT_MAX_FLOATS) {
+    if (T <= SPLIT_TOKENS && max_span > 1 && units <= 65535 && need <= SPLIT_MAX_FLOATS) {
         if (need > c->parts_cap || (size_t)units > c->count_cap) {
             size_t np = need > c->parts_cap ? need : c->parts_cap;
             size_t nc = (size_t)units > c->count_cap ? (size_t)units : c->count_cap;
@@ -1130,8 +1132,13 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     c->base.impl = c;
     if (p) c->base.log = p->log;
     prof_start(c);
-    const char *pdl = getenv("EMBER_CUDA_PDL"); /* a measuring aid: 0 gives plain launches (cuda_pdl.cuh) */
+    /* measuring aids (docs/cuda.md), each 0 for the kernels of before: plain launches (cuda_pdl.cuh),
+       the per-warp tensor-core kernels for bf16 products at M > 8, attention split per query head */
+    const char *pdl = getenv("EMBER_CUDA_PDL"), *mmc = getenv("EMBER_CUDA_MM_CLUSTER"),
+               *grp = getenv("EMBER_CUDA_ATTN_GROUP");
     if (pdl && *pdl) ember_cu_pdl = atoi(pdl) != 0;
+    if (mmc && *mmc) ember_cu_mm_cluster = atoi(mmc) != 0;
+    if (grp && *grp) ember_cu_attn_group = atoi(grp) != 0;
     *out = &c->base;
     return EMBER_OK;
 }

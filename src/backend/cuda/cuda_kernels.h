@@ -64,10 +64,17 @@ typedef struct ember_cu_mm {
 } ember_cu_mm;
 
 /* Measuring aid: variant v > 0 is another shape of the bf16 tensor-core
-   kernel, for any M: shape = {WT, XT, BW, BX, PS, U, S} (cuda_matmul.cu).
-   v = 0 (the default for each M) gives zeros. Returns 0 past the last
-   variant. Every variant gives the same bits. */
-int ember_cu_tc_variant(int variant, int shape[7]);
+   kernel, for any M: shape = {WT, XT, BW, BX, PS, U, S, CL} (cuda_matmul.cu;
+   CL = 1: a cluster kernel, the parts over the blocks of a cluster). v = 0
+   (the default for each M) gives zeros. Returns 0 past the last variant.
+   Every variant gives the same bits. */
+int ember_cu_tc_variant(int variant, int shape[8]);
+
+/* The cluster kernel for bf16 products at M > 8: 1 (the default) or 0
+   (tc_mid, tc_big and tc_huge there, as before; a measuring aid, set from
+   EMBER_CUDA_MM_CLUSTER). The launcher clears it when the GPU refuses a
+   cluster launch. */
+extern int ember_cu_mm_cluster;
 
 /* out_i = x w_i^T (+ bias_i) for each product i. Picks the kernel: vector
    loads when K % 8 == 0 and x and every w are 16-byte aligned, else element
@@ -148,6 +155,12 @@ cudaError_t ember_cu_kv_rw(cudaStream_t stream, const ember_cu_kv *kv, float *k,
             parts [T * Hq * n_span * (2 + D)] floats, count [T * Hq] ints
             that are zero before the launch (and are again after it). */
 enum { EMBER_CU_ATTN_FUSED = 0, EMBER_CU_ATTN_STAGED = 1, EMBER_CU_ATTN_SPLIT = 2 };
+
+/* SPLIT through the grouped kernel where a span of K and V fits the stage
+   at once (cuda_attn.cu: the query heads of a KV head share one staging;
+   the same bits): 1 (the default) or 0 (a measuring aid, set from
+   EMBER_CUDA_ATTN_GROUP). */
+extern int ember_cu_attn_group;
 
 /* rope (as ember_cu_rope) of q [T, Hq, D] and k [T, kv->H, D] in place
    with positions pos and inv_freq [n_rot / 2], then kv_write of k and v

@@ -42,7 +42,13 @@
  *   - then out = sum (+ bias[n]).
  *
  * Kernels (one launch per weight dtype; up to 8 products share the input):
- *   tc     bf16, every M. A warp owns WT weight tiles (16 rows) x XT input
+ *   tc_cl  bf16, M > 8 (the default; EMBER_CUDA_MM_CLUSTER=0 keeps tc for
+ *          every M). A cluster of 8 blocks per tile of 128 weight rows x
+ *          8 XT input rows, block r computing part r with 8 warps of 16
+ *          weight rows; the input split once per block into shared memory;
+ *          the parts added in order through distributed shared memory.
+ *          Reads the weights once per 8 XT input rows (64 from M = 33 on).
+ *   tc     bf16, every M (M <= 8 by default). A warp owns WT weight tiles (16 rows) x XT input
  *          tiles (8 rows), a block BW x BX such warp tiles. PS (parts
  *          split): each tile has 8 warps, one per part, whose sums meet in
  *          shared memory (small M: more warps per weight, more loads in
@@ -76,8 +82,12 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <cooperative_groups.h>
+
 #include "cuda_kernels.h"
 #include "cuda_pdl.cuh"
+
+namespace cg = cooperative_groups;
 
 #define LANES 32
 #define WARPS 8 /* per block, every kernel */
@@ -418,6 +428,20 @@ static __device__ __forceinline__ uint4 tc_ldw(const unsigned short *row, int k,
     return make_uint4(u[0], u[1], u[2], u[3]);
 }
 
+/* Eight inputs split into bf16 pairs: hi[i] = the pair (f[2i], f[2i + 1])
+   rounded to bf16 (lower k in the low half), lo[i] = the remainders
+   f - hi (exact in f32) rounded to bf16. Every kernel splits through this. */
+static __device__ __forceinline__ void tc_split(const float f[8], unsigned int hi[4], unsigned int lo[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+        float2 hf = __bfloat1622float2(h);
+        __nv_bfloat162 l = __floats2bfloat162_rn(f[2 * i] - hf.x, f[2 * i + 1] - hf.y);
+        hi[i] = *(const unsigned int *)&h;
+        lo[i] = *(const unsigned int *)&l;
+    }
+}
+
 /* The eight inputs k .. k + 7 of a row (NULL: a row past M, zeros; zero
    past K) split into bf16 pairs: hi[i] = the pair (x[2i], x[2i + 1])
    rounded to bf16 (lower k in the low half), lo[i] = the remainders x - hi
@@ -434,14 +458,7 @@ static __device__ __forceinline__ void tc_ldx(const float *row, int k, int K, co
         for (int j = 0; j < 8; j++)
             if (k + j < K) f[j] = __ldg(row + k + j);
     }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-        float2 hf = __bfloat1622float2(h);
-        __nv_bfloat162 l = __floats2bfloat162_rn(f[2 * i] - hf.x, f[2 * i + 1] - hf.y);
-        hi[i] = *(const unsigned int *)&h;
-        lo[i] = *(const unsigned int *)&l;
-    }
+    tc_split(f, hi, lo);
 }
 
 /* One k-block of a warp's WT x XT tiles: w[wt][0], w[wt][1] are the lane's
@@ -652,6 +669,148 @@ static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red,
             }
 }
 
+/* ---- tc_cl: M > 8, the eight parts in the eight blocks of a cluster ---------------------- */
+
+/* Block (x, y, part): weight rows [128 x', 128 x' + 128) of its product
+   (x' counted from the product's first block) by input rows [8 XT y,
+   8 XT y + 8 XT), the chain of part `part` only. Its 8 warps own 16 weight
+   rows each and all 8 XT input rows; the input of each k-block is loaded
+   once per block (thread t: input row 8 (t / 32) + (t % 32) / 4, elements
+   8 (t % 4) .. + 7, the lane layout of tc_ldx), split into hi / lo
+   (tc_split) and shared through shared memory (two buffers, one barrier per
+   k-block; the inputs of the next XA k-blocks in registers meanwhile); each
+   lane keeps S k-blocks of its own weights in flight through its own
+   cp.async ring (as tc_part_ring). The eight blocks of a (x, y) tile form
+   a cluster: each leaves its part's sums in shared memory, and after the
+   cluster barrier block r adds, for its eighth of the tile, the eight
+   parts in part order from the blocks' shared memory (distributed shared
+   memory), as tc_body does: (((p0 + p1) + p2) + ...) + p7, then the bias.
+   So the bits are tc_body's; what changes is that the weights are read
+   once per M tile by 8 times as many blocks, and the input is read once
+   per 128 weight rows instead of once per 16. */
+#define CL_WARPS 8
+#define CL_ROWS (CL_WARPS * 16) /* weight rows per block */
+
+template <int XT, int S> struct cl_smem {
+    union {
+        struct {
+            uint4 ring[CL_WARPS * S * 2 * LANES]; /* [warp][slot][row g / g + 8][lane] */
+            uint4 xs[2][XT][2][LANES];            /* [buffer][input tile][hi / lo][lane] */
+        } s;
+        float red[CL_WARPS * XT * 4 * LANES]; /* the part's sums: [warp][tile][i][lane] */
+    } u;
+};
+
+/* The eight inputs of this thread in k-block b (zeros past K or M). */
+static __device__ __forceinline__ void cl_ldx(const float *xrow, int b, int q, int K, float f[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = 0.0f;
+    const int k = b * TC_KB + 8 * q;
+    if (xrow && k < K) ld_xchunk(xrow + k, 0, f);
+}
+
+template <int XT, int XA, int S>
+static __global__ void __cluster_dims__(1, 1, TC_P) __launch_bounds__(CL_WARPS *LANES) tc_cl_k(const ember_cu_mm a) {
+    static_assert(XT <= CL_WARPS && XA >= 1 && XA <= 2 && S >= 1 && S <= 4, "cluster kernel shape");
+    ember_pdl_enter();
+    __shared__ cl_smem<XT, S> sm;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int part = (int)cluster.block_rank(); /* the cluster spans z: rank = blockIdx.z */
+    const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
+    const int tid = (int)threadIdx.x, warp = tid / LANES, lane = tid % LANES, g = lane / 4, q = lane % 4;
+    const int nb = ((int)blockIdx.x - p.first_block) * CL_ROWS, n0 = nb + warp * 16;
+    const int m0 = (int)blockIdx.y * XT * 8;
+    const int K = a.K, KB = (K + TC_KB - 1) / TC_KB, nk = part < KB ? (KB - part + TC_P - 1) / TC_P : 0;
+    /* weight rows past N read row N - 1 and input rows past M read zeros; neither is stored */
+    const unsigned short *wr[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) wr[h] = (const unsigned short *)p.w + (size_t)min(n0 + h * 8 + g, p.N - 1) * (size_t)K;
+    const bool xl = warp < XT; /* this thread loads inputs: row m0 + 8 warp + g */
+    const int xm = m0 + warp * 8 + g;
+    const float *xrow = xl && xm < a.M ? a.x + (size_t)xm * (size_t)K : NULL;
+    uint4 *ring = sm.u.s.ring + (size_t)warp * S * 2 * LANES;
+    float acc[XT][4];
+#pragma unroll
+    for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[xt][i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        const int k = (part + TC_P * s) * TC_KB + 8 * q;
+#pragma unroll
+        for (int h = 0; h < 2; h++) cp16(&ring[(s * 2 + h) * LANES + lane], k < K ? wr[h] + k : wr[h], k < K);
+        cp_commit();
+    }
+    /* fx[j]: the inputs of k-block i + 1 + j while k-block i computes */
+    float f0[8], fx[XA][8];
+    cl_ldx(nk > 0 ? xrow : NULL, part, q, K, f0);
+#pragma unroll
+    for (int j = 0; j < XA; j++) cl_ldx(1 + j < nk ? xrow : NULL, part + TC_P * (1 + j), q, K, fx[j]);
+    if (xl) {
+        unsigned int hi[4], lo[4];
+        tc_split(f0, hi, lo);
+        sm.u.s.xs[0][warp][0][lane] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        sm.u.s.xs[0][warp][1][lane] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+    __syncthreads();
+    int slot = 0;
+    for (int i = 0; i < nk; i++) {
+        const int b = part + TC_P * i, buf = i & 1;
+        float fn[8]; /* k-block i + 1 + XA, in flight while this one computes */
+        cl_ldx(i + 1 + XA < nk ? xrow : NULL, b + TC_P * (1 + XA), q, K, fn);
+        cp_wait(S - 1);
+        const uint4 w0 = ring[(slot * 2) * LANES + lane], w8 = ring[(slot * 2 + 1) * LANES + lane];
+        /* the slot just read takes the k-block S steps on (as tc_part_ring) */
+        const int kn = (b + TC_P * S) * TC_KB + 8 * q;
+#pragma unroll
+        for (int h = 0; h < 2; h++) cp16(&ring[(slot * 2 + h) * LANES + lane], kn < K ? wr[h] + kn : wr[h], kn < K);
+        cp_commit();
+#pragma unroll
+        for (int xt = 0; xt < XT; xt++) {
+            const uint4 hi = sm.u.s.xs[buf][xt][0][lane], lo = sm.u.s.xs[buf][xt][1][lane];
+            mma_bf16(acc[xt], w0.x, w8.x, w0.y, w8.y, hi.x, hi.y);
+            mma_bf16(acc[xt], w0.x, w8.x, w0.y, w8.y, lo.x, lo.y);
+            mma_bf16(acc[xt], w0.z, w8.z, w0.w, w8.w, hi.z, hi.w);
+            mma_bf16(acc[xt], w0.z, w8.z, w0.w, w8.w, lo.z, lo.w);
+        }
+        if (i + 1 < nk && xl) {
+            unsigned int hi[4], lo[4];
+            tc_split(fx[0], hi, lo);
+            sm.u.s.xs[buf ^ 1][warp][0][lane] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            sm.u.s.xs[buf ^ 1][warp][1][lane] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        }
+#pragma unroll
+        for (int j = 0; j + 1 < XA; j++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) fx[j][e] = fx[j + 1][e];
+#pragma unroll
+        for (int e = 0; e < 8; e++) fx[XA - 1][e] = fn[e];
+        __syncthreads();
+        slot = slot + 1 == S ? 0 : slot + 1;
+    }
+    cp_wait(0);
+    __syncthreads(); /* the ring and the inputs are free: red takes their place */
+#pragma unroll
+    for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) sm.u.red[((warp * XT + xt) * 4 + i) * LANES + lane] = acc[xt][i];
+    cluster.sync(); /* every part's sums are in place */
+    const float *parts[TC_P];
+#pragma unroll
+    for (int pp = 0; pp < TC_P; pp++) parts[pp] = cluster.map_shared_rank(sm.u.red, pp);
+    const int E = CL_WARPS * XT * 4 * LANES, per = E / TC_P;
+    for (int e = part * per + tid; e < (part + 1) * per; e += CL_WARPS * LANES) {
+        float v = parts[0][e];
+#pragma unroll
+        for (int pp = 1; pp < TC_P; pp++) v = v + parts[pp][e];
+        /* e = ((w * XT + xt) * 4 + i) * LANES + l: the accumulator layout of tc_body */
+        const int l = e % LANES, i = e / LANES % 4, xt = e / (LANES * 4) % XT, w = e / (LANES * 4 * XT);
+        const int n = nb + w * 16 + l / 4 + (i >= 2 ? 8 : 0), m = m0 + xt * 8 + 2 * (l % 4) + (i & 1);
+        if (m < a.M && n < p.N) store_out(p, m, n, v);
+    }
+    cluster.sync(); /* no block leaves while another reads its shared memory */
+}
+
 typedef struct tc_kind {
     mm_kernel k;
     int WT, XT, BW, BX, PS, U, S;
@@ -695,13 +854,44 @@ static const tc_kind k_tc[] = {TC_DEFAULTS(TC_ROW)};
     X(tc_v8, true, 1, 4, 1, 1, true, 2, 0)      \
     X(tc_v9, true, 2, 2, 4, 2, false, 2, 0)     \
     X(tc_v10, true, 2, 4, 4, 2, false, 1, 0)    \
-    X(tc_v11, true, 2, 4, 4, 1, false, 1, 0)
+    X(tc_v11, true, 2, 4, 4, 1, false, 1, 0)     \
+    X(tc_v12, true, 1, 4, 1, 1, true, 1, 4)
 TC_VARIANTS(TC_KERNEL)
 static const tc_kind k_tc_var[] = {TC_VARIANTS(TC_ROW)};
 #define N_TC_VAR ((int)(sizeof k_tc_var / sizeof k_tc_var[0]))
 
-extern "C" int ember_cu_tc_variant(int variant, int shape[7]) {
-    if (variant < 0 || variant > N_TC_VAR) return 0;
+/* The cluster kernels: {kernel, XT, XA, S}. The first four are the
+   defaults by M (9-16, 17-32, 33 and more rows: XT 2, 4, 8; XT 1 is only a
+   variant), the rest variants for measuring (fewer inputs or weights in
+   flight). */
+typedef struct cl_kind {
+    mm_kernel k;
+    int XT, XA, S;
+} cl_kind;
+#define CL_XA 1 /* input k-blocks ahead in registers, besides the one being split (98 registers at XA 2, XT 8) */
+#define CL_S 3  /* weight k-blocks ahead per lane, through shared memory */
+static const cl_kind k_cl[] = {
+    {tc_cl_k<1, CL_XA, CL_S>, 1, CL_XA, CL_S}, {tc_cl_k<2, CL_XA, CL_S>, 2, CL_XA, CL_S},
+    {tc_cl_k<4, CL_XA, CL_S>, 4, CL_XA, CL_S}, {tc_cl_k<8, CL_XA, CL_S>, 8, CL_XA, CL_S},
+    {tc_cl_k<8, 2, CL_S>, 8, 2, CL_S},         {tc_cl_k<8, CL_XA, 2>, 8, CL_XA, 2},
+    {tc_cl_k<4, 2, CL_S>, 4, 2, CL_S}};
+#define N_CL_VAR ((int)(sizeof k_cl / sizeof k_cl[0]))
+static_assert(CL_WARPS == TC_P, "a cluster of TC_P blocks");
+
+extern "C" int ember_cu_tc_variant(int variant, int shape[8]) {
+    if (variant < 0 || variant > N_TC_VAR + N_CL_VAR) return 0;
+    for (int i = 0; i < 8; i++) shape[i] = 0;
+    if (variant > N_TC_VAR) { /* a cluster kernel: 8 warps of 16 weight rows, parts over the blocks */
+        const cl_kind *c = &k_cl[variant - N_TC_VAR - 1];
+        shape[0] = 1;
+        shape[1] = c->XT;
+        shape[2] = CL_WARPS;
+        shape[3] = 1;
+        shape[5] = c->XA;
+        shape[6] = c->S;
+        shape[7] = 1;
+        return 1;
+    }
     const tc_kind *v = variant ? &k_tc_var[variant - 1] : NULL;
     shape[0] = v ? v->WT : 0;
     shape[1] = v ? v->XT : 0;
@@ -713,9 +903,11 @@ extern "C" int ember_cu_tc_variant(int variant, int shape[7]) {
     return 1;
 }
 
-/* Programmatic dependent launch on (cuda_pdl.cuh). */
+/* Programmatic dependent launch on (cuda_pdl.cuh); the cluster kernel for
+   mid M on (the default; 0 keeps tc_mid there, a measuring aid). */
 extern "C" {
 int ember_cu_pdl = 1;
+int ember_cu_mm_cluster = 1;
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */
@@ -743,13 +935,44 @@ static cudaError_t launch(cudaStream_t stream, ember_cu_mm *a, mm_kernel k, int 
     return cudaGetLastError();
 }
 
+/* A cluster kernel (k_cl[ci]): blocks of CL_ROWS weight rows per product,
+   8 XT input rows per grid row, the TC_P parts along z (one cluster). */
+static cudaError_t launch_cl(cudaStream_t stream, ember_cu_mm *a, int ci) {
+    const int bm = 8 * k_cl[ci].XT, grid_y = (a->M + bm - 1) / bm;
+    if (grid_y > 65535) return cudaErrorInvalidConfiguration;
+    int blocks = 0;
+    for (int i = 0; i < a->n; i++) {
+        a->p[i].first_block = blocks;
+        blocks += (a->p[i].N + CL_ROWS - 1) / CL_ROWS;
+    }
+    if (blocks < 1) return cudaSuccess;
+    void *args[] = {a};
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute at;
+    ember_pdl_config(&cfg, &at, dim3((unsigned)blocks, (unsigned)grid_y, TC_P), dim3(CL_WARPS * LANES, 1, 1), 0,
+                     stream);
+    return cudaLaunchKernelExC(&cfg, (const void *)k_cl[ci].k, args);
+}
+
 extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
     if (a->M < 1 || a->n < 1) return cudaSuccess;
     if (a->n > EMBER_CU_MAX_MM || a->dtype < 0 || a->dtype > 2) return cudaErrorInvalidValue;
     bool vec = a->K % 8 == 0 && aligned16(a->x);
     for (int i = 0; i < a->n; i++) vec = vec && aligned16(a->p[i].w);
-    if (a->variant && (a->variant < 0 || a->variant > N_TC_VAR || !vec || a->dtype != EMBER_CU_BF16 || a->legacy))
+    if (a->variant &&
+        (a->variant < 0 || a->variant > N_TC_VAR + N_CL_VAR || !vec || a->dtype != EMBER_CU_BF16 || a->legacy))
         return cudaErrorInvalidValue;
+    if (a->variant > N_TC_VAR) {
+        cudaError_t e = launch_cl(stream, a, a->variant - N_TC_VAR - 1);
+        return e != cudaSuccess ? e : cudaGetLastError();
+    }
+    if (a->dtype == EMBER_CU_BF16 && !a->legacy && !a->variant && vec && ember_cu_mm_cluster && a->M > 8) {
+        cudaError_t e = launch_cl(stream, a, a->M <= 16 ? 1 : a->M <= 32 ? 2 : 3);
+        if (e == cudaSuccess) return cudaGetLastError();
+        /* a GPU or driver that refuses the cluster launch: tc_mid, the same bits */
+        cudaGetLastError();
+        ember_cu_mm_cluster = 0;
+    }
     if (a->dtype == EMBER_CU_BF16 && !a->legacy) {
         const tc_kind *t = a->variant ? &k_tc_var[a->variant - 1]
                            : !vec         ? &k_tc[TC_ELEM]
