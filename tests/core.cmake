@@ -9,6 +9,8 @@ ember_test(test_config test_config.c)
 ember_test(test_sampler test_sampler.c)
 # Constrained decoding: JSON schemas to grammars, token masks (src/sample/grammar.c).
 ember_test(test_grammar test_grammar.c)
+# GBNF grammars and regular expressions (src/sample/gbnf.c).
+ember_test(test_gbnf test_gbnf.c)
 ember_test(test_cli test_cli.c)
 ember_test(test_engine test_engine.c)
 ember_test(test_server test_server.c)

@@ -86,6 +86,19 @@ int ember_grammar_text(ember_grammar *g, ember_error *err);
 int ember_grammar_any_object(ember_grammar *g, ember_error *err);
 int ember_grammar_set_root(ember_grammar *g, int node, ember_error *err);
 
+/* Makes the empty grammar g a GBNF grammar (gbnf.h: llama.cpp's notation,
+   start rule `root`) compiled from text[0..len): the whole output must be
+   a string of it. Errors name the line and column (EMBER_ERR_INVALID_ARG)
+   or the limit passed (EMBER_ERR_LIMIT). No node builder or set_root
+   afterwards. */
+int ember_grammar_gbnf(ember_grammar *g, const char *text, size_t len, ember_error *err);
+
+/* Makes the empty grammar g a regular expression (regex.h's syntax; the
+   whole output must match it: '^' / '$' at its ends change nothing;
+   characters: printable ASCII, tab, line feed). what names the field in
+   messages ("guided_regex"); unsupported features are named. */
+int ember_grammar_regex(ember_grammar *g, const char *pattern, const char *what, ember_error *err);
+
 typedef struct ember_gmatch ember_gmatch;
 
 int ember_gmatch_new(const ember_grammar *g, const ember_gvocab *v, ember_gmatch **out, ember_error *err);
