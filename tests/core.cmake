@@ -16,6 +16,8 @@ ember_test(test_engine test_engine.c)
 ember_test(test_server test_server.c)
 # Tool calls through the server: hostile requests, OpenAI / Anthropic shapes, streaming (tests/test_server_tools.c).
 ember_test(test_server_tools test_server_tools.c)
+# Grammars (GBNF) and regular expressions through the server: hostile table, checked outputs, the default grammar, speculation.
+ember_test(test_server_grammar test_server_grammar.c)
 # OpenAI's Responses API through the server: hostile requests, items, typed events, previous_response_id.
 ember_test(test_server_responses test_server_responses.c)
 

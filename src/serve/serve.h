@@ -44,6 +44,9 @@ typedef struct ember_server_opts {
     float prefill_pace;        /* see ember_engine_params: 0 its default, < 0 off */
     ember_tool_format tool_format; /* how the model writes tool calls (EMBER_TOOLS_NONE: tools are
                                       rendered, calls come back as text); see docs/tool-calls.md */
+    const char *default_grammar; /* GBNF text (--grammar-file) for requests that carry no constraint of
+                                    their own; NULL: none. Checked by ember_server_start (400-style message
+                                    in err) and borrowed: it must outlive the server */
     bool test_output;          /* TESTS ONLY: accept "ember_test_output" (a scripted completion whose
                                   tokens replace the sampled ones) so tests can drive tool calls
                                   through random-weight models. Never set it in production. */

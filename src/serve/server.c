@@ -858,6 +858,58 @@ static int format_grammar(const json_t *rf, const char *field, gen_req *q, bad *
     return 0;
 }
 
+/* The constraint a request names directly: a GBNF grammar ("grammar", or
+   vLLM's "guided_grammar" / "structured_outputs": {"grammar"}) or a regular
+   expression the whole output matches (vLLM's "guided_regex" /
+   "structured_outputs": {"regex"}). At most one, and not together with
+   response_format or an enforced tool_choice (400 naming both). A request
+   with no constraint at all takes the server's default grammar
+   (--grammar-file), when it has one. */
+static int direct_grammar(ember_server *s, const json_t *body, gen_req *q, bad *b) {
+    static const char *const k_fields[] = {"grammar", "guided_grammar", "guided_regex", "structured_outputs"};
+    const char *field = NULL, *text = NULL;
+    bool regex = false;
+    for (int i = 0; i < 4; i++) {
+        const json_t *v = json_object_get(body, k_fields[i]);
+        if (!v || json_is_null(v)) continue;
+        if (field) return fail(b, 400, k_fields[i], "'%s' and '%s' both constrain the output: give one", field, k_fields[i]);
+        field = k_fields[i];
+        if (i == 3) {
+            const json_t *rx = json_object_get(v, "regex"), *gr = json_object_get(v, "grammar");
+            const char *key;
+            const json_t *x;
+            if (!json_is_object(v)) return fail(b, 400, field, "'structured_outputs' must be an object");
+            json_object_foreach((json_t *)v, key, x) {
+                if (strcmp(key, "regex") && strcmp(key, "grammar") && !json_is_null(x))
+                    return fail(b, 400, field,
+                                "structured_outputs.%.32s is not supported (regex and grammar are; JSON schemas go in "
+                                "response_format)",
+                                key);
+            }
+            if (!!json_is_string(rx) + !!json_is_string(gr) != 1)
+                return fail(b, 400, field, "'structured_outputs' must hold one string: 'regex' or 'grammar'");
+            regex = json_is_string(rx);
+            v = regex ? rx : gr;
+        } else if (!json_is_string(v)) {
+            return fail(b, 400, field, "'%s' must be a string, not %s", field, jtype(v));
+        }
+        regex = regex || i == 2;
+        text = json_string_value(v);
+    }
+    if (field && q->gram)
+        return fail(b, 400, field, "'%s' together with response_format or an enforced tool_choice is not supported",
+                    field);
+    if (!field && (q->gram || !s->o.default_grammar)) return 0;
+    if (!field) text = s->o.default_grammar;
+    q->gram = ember_grammar_new();
+    if (!q->gram) return fail(b, 500, NULL, "out of memory");
+    ember_error err = {0};
+    int rc = regex ? ember_grammar_regex(q->gram, text, field, &err)
+                   : ember_grammar_gbnf(q->gram, text, strlen(text), &err);
+    if (rc) return fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, field ? field : "grammar", "%s%s", field ? "" : "--grammar-file: ", err.msg);
+    return 0;
+}
+
 /* The engine-side constraint of one request: the grammar, the matcher and
    the tokens max_tokens still allows (the mask steers the output to finish
    within them: ember_gmatch_mask_left). Owned by the engine once submitted;
@@ -1361,7 +1413,7 @@ static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q,
         if (s->o.default_max_tokens > 0 && q->g.max_tokens > s->o.default_max_tokens)
             q->g.max_tokens = s->o.default_max_tokens;
     }
-    if (parse_test_output(s, body, q, b) || attach_grammar(s, q, b)) return -1;
+    if (direct_grammar(s, body, q, b) || parse_test_output(s, body, q, b) || attach_grammar(s, q, b)) return -1;
     q->g.prompt = q->ids;
     q->g.n_prompt = q->n_ids;
     return 0;
@@ -2365,6 +2417,13 @@ static uint64_t tokenizer_fingerprint(const ember_tokenizer *tok) {
 int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_chat_template *tmpl,
                        const ember_server_opts *o, ember_server **out, ember_error *err) {
     *out = NULL;
+    if (o->default_grammar) { /* checked once here: a request never meets a bad default */
+        ember_grammar *g = ember_grammar_new();
+        int rc = g ? ember_grammar_gbnf(g, o->default_grammar, strlen(o->default_grammar), err)
+                   : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        ember_grammar_free(g);
+        if (rc) return rc;
+    }
     ember_server *s = ember_calloc(1, sizeof *s);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     s->m = m;
