@@ -943,6 +943,7 @@ struct gb_cache {
     int32_t *work; /* closure's pending stacks, each its entries then its length */
     int32_t *out;  /* the state being made */
     int32_t tmp[GB_MAX_DEPTH + 2];
+    unsigned gen; /* gb_cache_generation */
 };
 
 void gb_cache_free(gb_cache *c) {
@@ -1167,8 +1168,13 @@ bool gb_cache_done(const gb_cache *c, int sid) {
     return c->done[sid];
 }
 
+unsigned gb_cache_generation(const gb_cache *c) {
+    return c->gen;
+}
+
 int gb_cache_trim(gb_cache *c, int sid) {
     if (c->n <= CACHE_SOFT) return sid;
+    c->gen++;
     int n = c->len[sid];
     if (n > MAX_STATE_INTS) return -1;
     memcpy(c->out, c->arena + c->off[sid], (size_t)n * sizeof *c->out);

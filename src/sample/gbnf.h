@@ -78,6 +78,10 @@ int gb_cache_cost(const gb_cache *c, int sid);
 /* Whether the output may end at sid. */
 bool gb_cache_done(const gb_cache *c, int sid);
 
+/* Counts the times gb_cache_trim forgot the states (ids of an older
+   generation mean nothing). */
+unsigned gb_cache_generation(const gb_cache *c);
+
 /* Keeps the cache small: when it holds many states, forgets them all but
    sid. Returns sid's id afterwards (-1 when out of memory). Ids taken
    before a call are invalid after it. */

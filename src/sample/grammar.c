@@ -1635,12 +1635,28 @@ static void sort_strings(const char *const *b, const uint8_t *l, int32_t *ids, i
 
 /* ---- the matcher ---------------------------------------------------------------------------------- */
 
+/* A GBNF state's mask without a budget, kept: the ids allowed (allow), and
+   each one's cost after it (ids / cost, n of them, the greatest max_cost)
+   for the budget's check. The same state comes back often (inside a
+   string, a repetition), and its mask is then a copy. */
+#define GB_MASKS 4
+typedef struct gb_masked {
+    int sid; /* -1: empty */
+    unsigned gen;
+    uint64_t used;
+    int n, max_cost;
+    uint8_t *allow;
+    int32_t *ids, *cost;
+} gb_masked;
+
 struct ember_gmatch {
     const ember_grammar *g;
     const ember_gvocab *v;
     gb_cache *gc;  /* a GBNF grammar: its states; gsid the current one, glvl one per trie depth */
     int gsid;
     int32_t *glvl;
+    gb_masked gm[GB_MASKS];
+    uint64_t tick;
     gstate st;
     gstate *lvl;   /* [MAX_TOKEN + 1] the state at each trie depth */
     uint8_t *allow; /* [v->n] */
@@ -1657,6 +1673,7 @@ int ember_gmatch_new(const ember_grammar *g, const ember_gvocab *v, ember_gmatch
         m->gc = gb_cache_new(g->gb);
         m->glvl = ember_malloc((MAX_TOKEN + 1) * sizeof *m->glvl);
         m->gsid = m->gc ? gb_cache_start(m->gc) : -1;
+        for (int i = 0; i < GB_MASKS; i++) m->gm[i].sid = -1;
         m->allow = ember_malloc((size_t)v->n);
         if (!m->glvl || m->gsid < 0 || !m->allow) {
             ember_gmatch_free(m);
@@ -1680,6 +1697,11 @@ void ember_gmatch_free(ember_gmatch *m) {
     if (!m) return;
     gb_cache_free(m->gc);
     free(m->glvl);
+    for (int i = 0; i < GB_MASKS; i++) {
+        free(m->gm[i].allow);
+        free(m->gm[i].ids);
+        free(m->gm[i].cost);
+    }
     free(m->lvl);
     free(m->allow);
     free(m);
@@ -1870,14 +1892,15 @@ static void apply_mask(float *restrict lg, const uint8_t *restrict al, int n) {
         if (!al[i]) lg[i] = -INFINITY;
 }
 
-/* The trie walk of a GBNF grammar: each depth's state an id of the
-   matcher's cache, each byte a transition looked up (or made once). Fills
-   m->allow; returns the ids allowed. */
-static int gb_walk(ember_gmatch *m, int left) {
+/* The trie walk of a GBNF grammar from the current state: each depth's
+   state an id of the matcher's cache, each byte a transition looked up (or
+   made once). Fills e with every id allowed and its cost after it. */
+static void gb_walk(ember_gmatch *m, gb_masked *e) {
     const gtrie *t = &m->v->t;
     gb_cache *c = m->gc;
-    int allowed = 0;
-    memset(m->allow, 0, (size_t)m->v->n);
+    memset(e->allow, 0, (size_t)m->v->n);
+    e->n = 0;
+    e->max_cost = 0;
     m->glvl[0] = m->gsid;
     for (int i = 0; i < t->nn;) {
         int d = t->depth[i];
@@ -1887,32 +1910,74 @@ static int gb_walk(ember_gmatch *m, int left) {
             continue;
         }
         m->glvl[d] = s;
-        if (t->tcount[i] && (left >= NO_LEFT || gb_cache_cost(c, s) <= left - 2))
+        if (t->tcount[i]) {
+            int cost = gb_cache_cost(c, s);
+            if (cost > e->max_cost) e->max_cost = cost;
             for (int k = 0; k < t->tcount[i]; k++) {
-                m->allow[t->ends[t->tstart[i] + k]] = 1;
-                allowed++;
+                int32_t id = t->ends[t->tstart[i] + k];
+                e->allow[id] = 1;
+                e->ids[e->n] = id;
+                e->cost[e->n++] = cost;
             }
+        }
         i++;
     }
-    return allowed;
+}
+
+/* The kept mask of the current state, walked when it is not there (the
+   least recently used slot is reused); NULL when out of memory. */
+static gb_masked *gb_masked_get(ember_gmatch *m) {
+    unsigned gen = gb_cache_generation(m->gc);
+    gb_masked *e = NULL;
+    for (int i = 0; i < GB_MASKS; i++)
+        if (m->gm[i].sid == m->gsid && m->gm[i].gen == gen) e = &m->gm[i];
+    if (!e) {
+        e = &m->gm[0];
+        for (int i = 1; i < GB_MASKS; i++)
+            if (m->gm[i].sid < 0 || (e->sid >= 0 && m->gm[i].used < e->used)) e = &m->gm[i];
+        if (!e->allow) {
+            e->allow = ember_malloc((size_t)m->v->n);
+            e->ids = ember_malloc((size_t)m->v->n * sizeof *e->ids);
+            e->cost = ember_malloc((size_t)m->v->n * sizeof *e->cost);
+            if (!e->allow || !e->ids || !e->cost) return NULL;
+        }
+        e->sid = -1;
+        gb_walk(m, e);
+        e->sid = m->gsid;
+        e->gen = gen;
+    }
+    e->used = ++m->tick;
+    return e;
 }
 
 /* ember_gmatch_mask_left for a GBNF grammar. */
 static int gb_mask(ember_gmatch *m, float *logits, int n, int left) {
     const ember_gvocab *v = m->v;
     int sid = gb_cache_trim(m->gc, m->gsid);
-    if (sid < 0) { /* out of memory: only the end */
-        memset(m->allow, 0, (size_t)v->n);
-        for (int k = 0; k < v->n_end; k++) m->allow[v->end_ids[k]] = 1;
-        apply_mask(logits, m->allow, n < v->n ? n : v->n);
-        for (int i = v->n; i < n; i++) logits[i] = -INFINITY;
-        return v->n_end;
+    gb_masked *e = NULL;
+    if (sid >= 0) {
+        m->gsid = sid;
+        e = gb_masked_get(m);
     }
-    m->gsid = sid;
-    if (left < 1) left = 1;
-    if (left < NO_LEFT && gb_cache_cost(m->gc, sid) > left - 1) left = NO_LEFT; /* too late to steer */
-    int allowed = gb_walk(m, left);
-    if (allowed == 0 || gb_cache_done(m->gc, m->gsid))
+    int allowed = 0;
+    if (!e) { /* out of memory: only the end */
+        memset(m->allow, 0, (size_t)v->n);
+    } else {
+        if (left < 1) left = 1;
+        if (left < NO_LEFT && gb_cache_cost(m->gc, m->gsid) > left - 1) left = NO_LEFT; /* too late to steer */
+        if (left >= NO_LEFT || e->max_cost <= left - 2) {
+            memcpy(m->allow, e->allow, (size_t)v->n);
+            allowed = e->n;
+        } else {
+            memset(m->allow, 0, (size_t)v->n);
+            for (int k = 0; k < e->n; k++)
+                if (e->cost[k] <= left - 2) {
+                    m->allow[e->ids[k]] = 1;
+                    allowed++;
+                }
+        }
+    }
+    if (allowed == 0 || (e && gb_cache_done(m->gc, m->gsid)))
         for (int k = 0; k < v->n_end; k++) {
             allowed += !m->allow[v->end_ids[k]];
             m->allow[v->end_ids[k]] = 1;
