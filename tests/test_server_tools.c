@@ -210,6 +210,12 @@ static void hostile(void) {
          "\"object\",\"properties\":{\"k\":{\"$ref\":\"#/$defs/n\"}}}},\"$ref\":\"#/$defs/n\"}}],\"tool_choice\":{"
          "\"type\":\"any\"}}",
          NULL, "recursive"},
+        /* grammars and regular expressions (more in test_server_grammar.c) */
+        {"/v1/chat/completions", "{" USER ",\"grammar\":\"root ::= x\\nx ::= x \\\"a\\\" | \\\"b\\\"\"}", "grammar",
+         "left recursion"},
+        {"/v1/chat/completions", "{" USER ",\"grammar\":\"root ::= [0-9]{1,99999}\"}", "grammar", "limit"},
+        {"/v1/chat/completions", "{" USER "," TOOLS ",\"tool_choice\":\"required\",\"guided_regex\":\"[a-z]+\"}",
+         "guided_regex", "tool_choice"},
         /* the test hook: only with text */
         {"/v1/chat/completions", "{" USER ",\"ember_test_output\":5}", "ember_test_output", "string"},
         /* Anthropic */

@@ -20,6 +20,7 @@
 
 #include "core/log.h"
 #include "ember.h"
+#include "sample/grammar.h"
 #include "template/chat.h"
 #include "template/toolcall.h"
 #include "tok/tokenizer.h"
@@ -61,6 +62,14 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
 
 /* The port actually bound (useful with port 0 in tests... 0 means 8080 here,
    so tests pick a free port themselves). */
+/* The vocabulary of constrained decoding (grammar.h) as the server builds
+   it from tok: n_rows logits rows, each token's bytes (byte-level and
+   SentencePiece vocabularies mapped back to bytes; special tokens never,
+   but the keep[0..n_keep) ids, written as their text), eos[0..n_eos) the
+   ids that end the output. `ember generate --grammar-file` uses it too. */
+int ember_serve_gvocab_new(const ember_tokenizer *tok, int n_rows, const int32_t *eos, int n_eos,
+                           const int32_t *keep, int n_keep, ember_gvocab **out, ember_error *err);
+
 int ember_server_port(const ember_server *s);
 
 /* Graceful stop: refuse new work (503), wait up to drain_seconds for running

@@ -612,42 +612,49 @@ static bool token_bytes(const ember_tokenizer *tok, bool bytelevel, int32_t id, 
     return true;
 }
 
-/* The server's vocabulary trie, made once (under gv_mu). */
+int ember_serve_gvocab_new(const ember_tokenizer *tok, int n_rows, const int32_t *eos, int n_eos,
+                           const int32_t *keep, int n_keep, ember_gvocab **out, ember_error *err) {
+    int n = n_rows, nt = ember_tok_n_vocab(tok);
+    bool bytelevel = ember_tok_text_id(tok, "\xc4\xa0", 2) >= 0; /* "Ġ": spaces as the byte alphabet writes them */
+    char **bytes = ember_calloc((size_t)n, sizeof *bytes);
+    size_t *lens = ember_calloc((size_t)n, sizeof *lens);
+    bool *end = ember_calloc((size_t)n, sizeof *end);
+    char buf[1024];
+    bool ok = bytes && lens && end;
+    for (int i = 0; ok && i < n; i++) {
+        for (int k = 0; k < n_eos; k++) end[i] |= eos[k] == i;
+        if (i >= nt || end[i]) continue;
+        size_t len = 0;
+        if (ember_tok_is_special(tok, i)) {
+            bool kept = false;
+            for (int k = 0; k < n_keep; k++) kept |= keep[k] == i;
+            const char *t = kept ? ember_tok_id_text(tok, i, &len) : NULL;
+            if (!t || len > sizeof buf) continue;
+            memcpy(buf, t, len);
+        } else if (!token_bytes(tok, bytelevel, i, buf, &len)) {
+            continue;
+        }
+        bytes[i] = ember_malloc(len ? len : 1);
+        if (!bytes[i]) ok = false;
+        else memcpy(bytes[i], buf, len);
+        lens[i] = len;
+    }
+    int rc = ok ? ember_gvocab_new(n, (const char *const *)bytes, lens, end, out, err)
+                : ember_err(err, EMBER_ERR_NOMEM, "out of memory building the vocabulary's trie");
+    for (int i = 0; bytes && i < n; i++) free(bytes[i]);
+    free(bytes);
+    free(lens);
+    free(end);
+    return rc;
+}
+
+/* The vocabulary's trie for constrained decoding (made on first use). */
 static const ember_gvocab *server_gvocab(ember_server *s, bad *b) {
     pthread_mutex_lock(&s->gv_mu);
     if (!s->gv) {
-        int n = s->info.vocab_size, nt = ember_tok_n_vocab(s->tok);
-        bool bytelevel = ember_tok_text_id(s->tok, "\xc4\xa0", 2) >= 0; /* "Ġ": spaces as the byte alphabet writes them */
-        char **bytes = ember_calloc((size_t)n, sizeof *bytes);
-        size_t *lens = ember_calloc((size_t)n, sizeof *lens);
-        bool *end = ember_calloc((size_t)n, sizeof *end);
-        char buf[1024];
-        bool ok = bytes && lens && end;
-        for (int i = 0; ok && i < n; i++) {
-            for (int k = 0; k < s->info.n_eos; k++) end[i] |= s->info.eos_ids[k] == i;
-            if (i >= nt || end[i]) continue;
-            size_t len = 0;
-            if (ember_tok_is_special(s->tok, i)) {
-                bool keep = false;
-                for (int k = 0; k < s->n_keep; k++) keep |= s->keep_ids[k] == i;
-                const char *t = keep ? ember_tok_id_text(s->tok, i, &len) : NULL;
-                if (!t || len > sizeof buf) continue;
-                memcpy(buf, t, len);
-            } else if (!token_bytes(s->tok, bytelevel, i, buf, &len)) {
-                continue;
-            }
-            bytes[i] = ember_malloc(len ? len : 1);
-            if (!bytes[i]) ok = false;
-            else memcpy(bytes[i], buf, len);
-            lens[i] = len;
-        }
         ember_error err = {0};
-        if (ok && ember_gvocab_new(n, (const char *const *)bytes, lens, end, &s->gv, &err)) ok = false;
-        for (int i = 0; bytes && i < n; i++) free(bytes[i]);
-        free(bytes);
-        free(lens);
-        free(end);
-        if (!ok) {
+        if (ember_serve_gvocab_new(s->tok, s->info.vocab_size, s->info.eos_ids, s->info.n_eos, s->keep_ids, s->n_keep,
+                                   &s->gv, &err)) {
             pthread_mutex_unlock(&s->gv_mu);
             fail(b, 500, NULL, "out of memory building the vocabulary's trie");
             return NULL;
