@@ -170,6 +170,15 @@ static int grammar_matcher(ember_model *m, const ember_tokenizer *tok, const cha
     return rc;
 }
 
+/* --grammar-file with --ids: the model's tokenizer, for the grammar's
+   vocabulary. Prints the error; returns 0 or 1. */
+static int grammar_tokenizer(const char *model, ember_tokenizer **out) {
+    ember_error err = {0};
+    if (ember_tok_load(model, out, &err))
+        return cli_fail("generate", "--grammar-file needs the model's tokenizer: %s", err.msg);
+    return 0;
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *isa = NULL, *prompt = NULL, *system = NULL, *grammar_file = NULL;
     int n = 32, threads = 0, ctx = 0, top_k = 0;
@@ -240,14 +249,7 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     ember_tokenizer *gtok = tok; /* the grammar's vocabulary: the prompt's tokenizer, or loaded for it */
-    if (grammar && !gtok) {
-        ember_error terr = {0};
-        if (ember_tok_load(model, &gtok, &terr)) {
-            free(ids);
-            free(grammar);
-            return cli_fail("generate", "--grammar-file needs the model's tokenizer: %s", terr.msg);
-        }
-    }
+    if (grammar && !gtok && grammar_tokenizer(model, &gtok)) return free(ids), free(grammar), 1;
     ember_model *m;
     mo = (cli_model_opts){threads, ctx, 1, isa, verbose, use_mmap, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start, false, mo.device};
     if (cli_load_model("generate", model, &mo, &m)) {
