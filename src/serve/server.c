@@ -741,12 +741,48 @@ static int coder_body(ember_grammar *g, const json_t *params, const char *where,
     return k;
 }
 
+/* An enforced call in Gemma 4's format: each tool's schema checked as for
+   the other formats, then written as a GBNF grammar (gemma_grammar.c). */
+static int gemma_tool_grammar(const gen_req *q, const char *named, bad *b) {
+    size_t i;
+    const json_t *t;
+    json_array_foreach(q->tools, i, t) {
+        const json_t *fn = json_object_get(t, "function"), *params = json_object_get(fn, "parameters");
+        if (named && strcmp(json_string_value(json_object_get(fn, "name")), named)) continue;
+        char where[64];
+        snprintf(where, sizeof where, "tools[%zu] parameters", i);
+        const json_t *ty = json_object_get(params, "type");
+        if (ty && !(json_is_string(ty) && !strcmp(json_string_value(ty), "object")))
+            return fail(b, 400, "tools", "%s: a tool's parameters must describe an object to be enforced", where);
+        ember_grammar *chk = ember_grammar_new();
+        ember_error err = {0};
+        int k = !chk ? ember_err(&err, EMBER_ERR_NOMEM, "out of memory")
+                : json_object_size(params) ? ember_grammar_schema(chk, params, params, where, &err) : 0;
+        ember_grammar_free(chk);
+        if (k < 0) return fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, "tools", "%s", err.msg);
+    }
+    char *text = NULL, why[256];
+    int rc = gemma_call_gbnf(q->tools, named, &text, why, sizeof why);
+    if (rc) return fail(b, rc == -2 ? 500 : 400, "tools", "%s", why);
+    ember_grammar *g = ember_grammar_new();
+    ember_error err = {0};
+    rc = g ? ember_grammar_gbnf(g, text, strlen(text), &err) : ember_err(&err, EMBER_ERR_NOMEM, "out of memory");
+    free(text);
+    if (rc) {
+        ember_grammar_free(g);
+        return fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, "tools", "gemma4 tool call: %s", err.msg);
+    }
+    ((gen_req *)q)->gram = g;
+    return 0;
+}
+
 static int tool_grammar(ember_server *s, const gen_req *q, const char *named, bad *b) {
     ember_tool_format f = s->o.tool_format;
+    if (f == EMBER_TOOLS_GEMMA4) return gemma_tool_grammar(q, named, b);
     if (f != EMBER_TOOLS_HERMES && f != EMBER_TOOLS_LLAMA3 && f != EMBER_TOOLS_MISTRAL && f != EMBER_TOOLS_QWEN3_CODER)
         return fail(b, 400, "tool_choice",
                     "this tool_choice cannot be enforced with the '%s' tool-call format (enforced: hermes, "
-                    "qwen3_coder, llama3_json, mistral); use \"auto\"",
+                    "qwen3_coder, llama3_json, mistral, gemma4); use \"auto\"",
                     ember_tool_format_name(f));
     ember_grammar *g = ember_grammar_new();
     if (!g) return fail(b, 500, NULL, "out of memory");
