@@ -17,6 +17,7 @@
 #include <jansson.h>
 #include <regex.h>
 
+#include "core/util.h"
 #include "sample/grammar.h"
 #include "test.h"
 
@@ -414,6 +415,50 @@ static void regexes(const ember_gvocab *gv, const vocab *v) {
     }
 }
 
+/* A grammar built to be ambiguous (every byte of every token a new state
+   of many stacks) over a vocabulary of 100,000 random printable strings: one mask must
+   stay within the walk's work budget (well under a second), allow some
+   tokens, and what it allows the matcher takes. */
+static void hostile_runtime(void) {
+    enum { N = 100000 };
+    char **bytes = calloc(N + 1, sizeof *bytes);
+    size_t *lens = calloc(N + 1, sizeof *lens);
+    bool *end = calloc(N + 1, sizeof *end);
+    for (int i = 0; i < N; i++) {
+        int len = i < 95 ? 1 : 2 + (int)(urand() * 11);
+        bytes[i] = malloc((size_t)len);
+        for (int k = 0; k < len; k++) bytes[i][k] = (char)(i < 95 ? ' ' + i : ' ' + (int)(urand() * 95));
+        lens[i] = (size_t)len;
+    }
+    end[N] = true;
+    ember_gvocab *gv = NULL;
+    ember_error err = {0};
+    CHECKF(ember_gvocab_new(N + 1, (const char *const *)bytes, lens, end, &gv, &err) == 0, "%s", err.msg);
+    ember_grammar *g = gbnf("root ::= (a | a a | a a a | a a a a){0,200}\na ::= [^x] | [^y] [^z]?\n", &err);
+    CHECKF(g != NULL, "%s", err.msg);
+    ember_gmatch *m = NULL;
+    if (g && gv && ember_gmatch_new(g, gv, &m, &err) == 0) {
+        float *lg = calloc(N + 1, sizeof *lg);
+        double t0 = ember_now();
+        int allowed = ember_gmatch_mask_left(m, lg, N + 1, 64);
+        double dt = ember_now() - t0;
+        if (getenv("SHOW")) fprintf(stderr, "hostile mask %.4f s, %d allowed\n", dt, allowed);
+        CHECKF(dt < 1.0 && allowed >= 26, "an ambiguous grammar's mask: %.3f s, %d allowed", dt, allowed);
+        int bad = 0;
+        for (int i = 0; i < N && bad < 3; i++)
+            if (lg[i] != -INFINITY && !takes(g, gv, "", 0, i)) bad++;
+        CHECKF(bad == 0, "the mask allows tokens the matcher refuses");
+        free(lg);
+        ember_gmatch_free(m);
+    }
+    ember_grammar_free(g);
+    ember_gvocab_free(gv);
+    for (int i = 0; i < N; i++) free(bytes[i]);
+    free(bytes);
+    free(lens);
+    free(end);
+}
+
 int main(void) {
     vocab v;
     vocab_init(&v);
@@ -426,6 +471,7 @@ int main(void) {
     well_formed(gv, &v);
     errors();
     regexes(gv, &v);
+    hostile_runtime();
     ember_gvocab_free(gv);
     for (int i = 0; i < v.n; i++) free(v.bytes[i]);
     return test_done();

@@ -35,7 +35,7 @@
 #define REF_RULE(c) (-(c)-2)
 #define BIG (1 << 28)
 #define MAX_CLASS_RANGES 1024
-#define MAX_STEPS 20000        /* closure expansions per byte */
+#define MAX_STEPS 8192         /* closure expansions per byte */
 #define MAX_STATE_INTS 16384   /* ints of one state */
 #define CACHE_SOFT 2048        /* states kept across gb_cache_trim */
 #define CACHE_HARD 32768       /* states at most */
@@ -944,6 +944,7 @@ struct gb_cache {
     int32_t *out;  /* the state being made */
     int32_t tmp[GB_MAX_DEPTH + 2];
     unsigned gen; /* gb_cache_generation */
+    long budget;  /* closure steps new transitions may still take (< 0: no limit) */
 };
 
 void gb_cache_free(gb_cache *c) {
@@ -973,7 +974,12 @@ gb_cache *gb_cache_new(const gb_prog *p) {
         return NULL;
     }
     memset(c->ht, 0xff, (size_t)c->hcap * sizeof *c->ht);
+    c->budget = -1;
     return c;
+}
+
+void gb_cache_set_budget(gb_cache *c, long steps) {
+    c->budget = steps;
 }
 
 /* Adds stack s[0..n) to the state in c->out unless it is there. false when
@@ -1010,6 +1016,8 @@ static bool close_all(gb_cache *c, int wn) {
     int steps = 0;
     while (wn > 0) {
         if (++steps > MAX_STEPS) return false;
+        if (c->budget == 0) return false;
+        if (c->budget > 0) c->budget--;
         int n = c->work[wn - 1];
         wn -= n + 1;
         memcpy(c->tmp, c->work + wn, (size_t)n * sizeof *c->tmp);
@@ -1138,6 +1146,7 @@ int gb_cache_start(gb_cache *c) {
 int gb_cache_next(gb_cache *c, int sid, unsigned char byte) {
     int32_t *tr = &c->trans[(size_t)sid * 256 + byte];
     if (*tr != -2) return *tr;
+    if (c->budget == 0) return -1; /* out of steps: refused, not remembered */
     const gb_prog *p = c->p;
     const int32_t *s = c->arena + c->off[sid];
     int wn = 0, at = 1;

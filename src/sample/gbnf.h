@@ -72,6 +72,12 @@ int gb_cache_start(gb_cache *c);
    there (or the state would pass the limits, or memory ran out). */
 int gb_cache_next(gb_cache *c, int sid, unsigned char b);
 
+/* Limits the closure steps that new transitions may take from now on
+   (< 0: no limit): once spent, gb_cache_next refuses every transition it
+   has not made yet (and does not remember the refusal). A mask's walk runs
+   under a budget so that no grammar makes one token cost seconds. */
+void gb_cache_set_budget(gb_cache *c, long steps);
+
 /* Fewest bytes that complete the output from sid (0 when complete). */
 int gb_cache_cost(const gb_cache *c, int sid);
 

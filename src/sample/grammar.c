@@ -1640,6 +1640,7 @@ static void sort_strings(const char *const *b, const uint8_t *l, int32_t *ids, i
    for the budget's check. The same state comes back often (inside a
    string, a repetition), and its mask is then a copy. */
 #define GB_MASKS 4
+#define GB_WALK_STEPS 150000L /* closure steps of new transitions in a mask's walk, twice (~tens of ms) */
 typedef struct gb_masked {
     int sid; /* -1: empty */
     unsigned gen;
@@ -1902,6 +1903,11 @@ static void gb_walk(ember_gmatch *m, gb_masked *e) {
     e->n = 0;
     e->max_cost = 0;
     m->glvl[0] = m->gsid;
+    /* every byte from the state first (single bytes keep the output able to
+       finish), then the rest of the walk, each under GB_WALK_STEPS */
+    gb_cache_set_budget(c, GB_WALK_STEPS);
+    for (int b = 0; b < 256; b++) gb_cache_next(c, m->gsid, (unsigned char)b);
+    gb_cache_set_budget(c, GB_WALK_STEPS);
     for (int i = 0; i < t->nn;) {
         int d = t->depth[i];
         int s = gb_cache_next(c, m->glvl[d - 1], t->byte[i]);
@@ -1922,6 +1928,7 @@ static void gb_walk(ember_gmatch *m, gb_masked *e) {
         }
         i++;
     }
+    gb_cache_set_budget(c, -1);
 }
 
 /* The kept mask of the current state, walked when it is not there (the
