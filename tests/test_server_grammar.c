@@ -10,7 +10,8 @@
  *     Anthropic messages, structured_outputs.grammar) and "guided_regex" /
  *     structured_outputs.regex, each finished ("stop") and checked by an
  *     independent matcher (a recursive-descent parser of this file for the
- *     arithmetic grammar, POSIX regexec for the regular ones);
+ *     arithmetic grammar, POSIX regexec for the regular ones); a streamed
+ *     answer joining into the non-streamed one;
  *   - the server's default grammar (--grammar-file): a request without a
  *     constraint follows it, one with its own constraint does not;
  *   - speculation: greedy constrained completions from a server with n-gram
@@ -225,6 +226,37 @@ static void answers(void) {
     CHECK(health() == 200);
 }
 
+/* A streamed chat answer under a grammar joins into the non-streamed one
+   (same seed) and follows the grammar. */
+static void streamed(void) {
+    static const char k_body[] = "{" USER ",\"grammar\":\"" ARITH "\",\"max_tokens\":24,\"temperature\":1.0,\"seed\":7%s}";
+    char body[2048];
+    snprintf(body, sizeof body, k_body, "");
+    int st;
+    json_t *j = post("/v1/chat/completions", body, &st, NULL);
+    const char *fin = NULL, *want = answer(j, &fin);
+    snprintf(body, sizeof body, k_body, ",\"stream\":true");
+    http_resp r;
+    http_request(g_port, "POST", "/v1/chat/completions", body, &r);
+    char joined[4096] = "";
+    int deltas = 0;
+    for (const char *p = r.body; p && (p = strstr(p, "data: ")); p += 6) {
+        const char *e = strchr(p, '\n');
+        json_t *ev = json_loadb(p + 6, e ? (size_t)(e - p - 6) : strlen(p + 6), 0, NULL);
+        const char *d = json_string_value(
+            json_object_get(json_object_get(json_array_get(json_object_get(ev, "choices"), 0), "delta"), "content"));
+        if (d && strlen(joined) + strlen(d) < sizeof joined) {
+            strcat(joined, d);
+            deltas++;
+        }
+        json_decref(ev);
+    }
+    CHECKF(r.status == 200 && want && deltas > 1 && !strcmp(joined, want) && check_arith(joined),
+           "streamed '%s' (%d deltas) vs '%s'", joined, deltas, want ? want : "-");
+    http_resp_free(&r);
+    json_decref(j);
+}
+
 static bool ok_json(const char *s, const void *a) {
     (void)a;
     json_t *j = s ? json_loads(s, JSON_DECODE_ANY, NULL) : NULL;
@@ -311,6 +343,7 @@ int main(void) {
     ember_server *s = start(d.m, d.tok, d.tmpl, NULL, EMBER_SPEC_NONE);
     hostile();
     answers();
+    streamed();
     ember_server_stop(s, 2.0);
     default_grammar(d.m, d.tok, d.tmpl);
     speculation(d.m, d.tok, d.tmpl);
