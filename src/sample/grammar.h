@@ -34,6 +34,11 @@
  * printable ASCII matching it. Everything else that constrains a value
  * (format, multipleOf, ...) is refused naming it.
  *
+ * A grammar may instead be a whole GBNF grammar or regular expression
+ * (ember_grammar_gbnf / ember_grammar_regex: gbnf.h), matched by a
+ * pushdown automaton with cached states over the same trie; the matcher
+ * API below is the same for both.
+ *
  * A token budget (ember_gmatch_mask_left) steers the output to finish in
  * time: a token is allowed only when the grammar can still be completed,
  * then ended, in the tokens left, counting one token per byte of the
