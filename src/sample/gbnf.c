@@ -38,7 +38,7 @@
 #define MAX_STEPS 8192         /* closure expansions per byte */
 #define MAX_STATE_INTS 16384   /* ints of one state */
 #define CACHE_SOFT 2048        /* states kept across gb_cache_trim */
-#define CACHE_HARD 32768       /* states at most */
+#define CACHE_HARD 8192        /* states at most (8 MiB of transitions) */
 
 /* ---- the program ------------------------------------------------------------------------------ */
 
