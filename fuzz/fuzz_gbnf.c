@@ -7,6 +7,7 @@
  * taken by accept from the same state (the mask never lets through what
  * the grammar refuses), and a refused compile must say why.
  */
+#define _GNU_SOURCE
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

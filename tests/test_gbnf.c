@@ -404,6 +404,7 @@ static void regexes(const ember_gvocab *gv, const vocab *v) {
         {"a(?=b)", "lookaround"}, {"(a)\\1", "backreferences"}, {"\\bword", "word boundaries"},
         {"caf\xc3\xa9", "beyond ASCII"}, {"a{2000}", "over 1000"}, {"(a", "'('"}, {"(a?)*", "empty string"},
         {"[\\x01]", "nothing the grammar writes"},
+        {"a{3,x}", "a bad {m,n}"}, /* fuzz_gbnf found it: the message was missing */
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         ember_grammar *g = ember_grammar_new();

@@ -376,7 +376,8 @@ static int normalize_ranges(crange *rg, int n, bool neg) {
 }
 
 /* A class of code point ranges as one element of rule r: a byte set when
-   it is all ASCII, else a reference to a rule of its UTF-8 sequences. */
+   it is all ASCII, else a reference to a rule of its UTF-8 sequences. rg
+   has room for n + 2 ranges (normalize_ranges may add two). */
 static int emit_class(builder *b, int r, crange *rg, int n, bool neg, const char *at) {
     n = normalize_ranges(rg, n, neg);
     if (n == 0) return bfail(b, at, EMBER_ERR_INVALID_ARG, "the character class matches no character");
@@ -534,8 +535,8 @@ static int parse_item(builder *b, int r, bool nested) {
     if (c == '[') return parse_class(b, r);
     if (c == '.') {
         b->p++;
-        crange any = {0, 0x10ffff};
-        return emit_class(b, r, &any, 1, false, at);
+        crange any[4] = {{0, 0x10ffff}}; /* room: the surrogates cut it in two */
+        return emit_class(b, r, any, 1, false, at);
     }
     if (c == '(') {
         if (b->depth >= GB_MAX_NEST) return bfail(b, at, EMBER_ERR_LIMIT, "groups nest deeper than %d", GB_MAX_NEST);
@@ -778,7 +779,7 @@ static int flatten(builder *b, const int *minlen, int root, gb_prog **out) {
         gb_prog_free(p);
         return bfail(b, NULL, EMBER_ERR_NOMEM, "out of memory");
     }
-    memcpy(p->sets, b->sets, (size_t)b->n_sets * sizeof *p->sets);
+    if (b->n_sets > 0) memcpy(p->sets, b->sets, (size_t)b->n_sets * sizeof *p->sets);
     p->n_sets = b->n_sets;
     int e = 0, a = 0;
     for (int r = 0; r < b->n_rules; r++) {
@@ -889,10 +890,10 @@ int gb_compile_regex(const char *pattern, const char *what, gb_prog **out, ember
     if (len > 65536) return ember_err(err, EMBER_ERR_LIMIT, "%s: the pattern is over 64 KiB", what);
     ember_rx_tree *t = ember_malloc(sizeof *t);
     if (!t) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
-    char why[EMBER_ERROR_MSG_MAX];
+    char why[EMBER_ERROR_MSG_MAX] = "";
     if (ember_rx_parse(pattern, what, t, why, sizeof why)) {
         free(t);
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s", why);
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s", why[0] ? why : "the pattern cannot be read");
     }
     builder b;
     memset(&b, 0, sizeof b);
@@ -1002,7 +1003,7 @@ static bool add_stack(gb_cache *c, const int32_t *s, int n) {
 static bool work_push(gb_cache *c, int *wn, const int32_t *s, int n, int32_t extra) {
     int m = n + (extra >= 0);
     if (m > GB_MAX_DEPTH || *wn + m + 1 > MAX_STATE_INTS) return false;
-    memcpy(c->work + *wn, s, (size_t)n * sizeof *s);
+    if (n > 0) memcpy(c->work + *wn, s, (size_t)n * sizeof *s);
     if (extra >= 0) c->work[*wn + n] = extra;
     c->work[*wn + m] = m;
     *wn += m + 1;

@@ -440,7 +440,7 @@ static int compile_pattern(ember_grammar *g, int k, const json_t *s, const char 
                          where);
     ember_rx *rx = ember_malloc(sizeof *rx);
     if (!rx) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
-    char why[160];
+    char why[160] = "";
     if (ember_rx_compile(json_string_value(p), rx, why, sizeof why)) {
         free(rx);
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %s", where, why);

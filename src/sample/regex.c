@@ -257,7 +257,7 @@ static int parse_atom(parser *ps) {
 }
 
 static int read_int(parser *ps, int *out) {
-    if (*ps->p < '0' || *ps->p > '9') return -1;
+    if (*ps->p < '0' || *ps->p > '9') return fail(ps, "a bad {m,n}");
     long v = 0;
     while (*ps->p >= '0' && *ps->p <= '9') {
         v = v * 10 + (*ps->p++ - '0');
