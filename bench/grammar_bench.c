@@ -3,7 +3,7 @@
  * (src/sample/grammar.c) per token of one row, on one core, over a real
  * vocabulary (bench/RESULTS.md, section "Constrained decoding").
  *
- * usage: grammar_bench TOKENIZER_DIR [--vocab N] [--runs R] [--tokens T] [--schema FILE]
+ * usage: grammar_bench TOKENIZER_DIR [--vocab N] [--runs R] [--tokens T] [--schema FILE | --gbnf FILE]
  *
  * The vocabulary is built as `ember serve` builds it (byte-level tokens mapped
  * back to their bytes, the end id <|im_end|> / <|endoftext|> ending the
@@ -18,7 +18,9 @@
  * a preemption on the shared machine is not counted), then
  * ember_gmatch_accept (the argmax between them is the sampler's and is not
  * timed). Wall time, CLOCK_MONOTONIC. Prints p50 / p90 / p99 / max / mean in microseconds,
- * and checks each output parses as JSON (jansson).
+ * and checks each output parses as JSON (jansson). With --gbnf FILE the
+ * grammar is that GBNF file instead of a schema (bench/json.gbnf: JSON; the
+ * outputs are checked the same way).
  */
 #define _GNU_SOURCE
 #include <jansson.h>
@@ -97,16 +99,17 @@ static float frand(void) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: grammar_bench TOKENIZER_DIR [--vocab N] [--runs R] [--tokens T] [--schema FILE]\n");
+        fprintf(stderr, "usage: grammar_bench TOKENIZER_DIR [--vocab N] [--runs R] [--tokens T] [--schema FILE | --gbnf FILE]\n");
         return 2;
     }
     int nv = 151936, runs = 40, max_tokens = 256;
-    const char *schema_path = NULL;
+    const char *schema_path = NULL, *gbnf_path = NULL;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--vocab")) nv = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--runs")) runs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--tokens")) max_tokens = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--schema")) schema_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--gbnf")) gbnf_path = argv[i + 1];
     }
     char tj[4096], tc[4096];
     snprintf(tj, sizeof tj, "%s/tokenizer.json", argv[1]);
@@ -147,20 +150,28 @@ int main(int argc, char **argv) {
     }
     double t_vocab = now_us() - t0;
     char *stext = NULL;
-    if (schema_path) {
-        FILE *fp = fopen(schema_path, "rb");
-        if (!fp) return fprintf(stderr, "grammar_bench: cannot read %s\n", schema_path), 1;
+    if (schema_path || gbnf_path) {
+        const char *path = gbnf_path ? gbnf_path : schema_path;
+        FILE *fp = fopen(path, "rb");
+        if (!fp) return fprintf(stderr, "grammar_bench: cannot read %s\n", path), 1;
         stext = calloc(1, 1 << 20);
         size_t r = fread(stext, 1, (1 << 20) - 1, fp);
         stext[r] = 0;
         fclose(fp);
     }
-    json_t *schema = json_loads(stext ? stext : k_schema, 0, NULL);
+    json_t *schema = gbnf_path ? NULL : json_loads(stext ? stext : k_schema, 0, NULL);
     ember_grammar *g = ember_grammar_new();
-    int root = schema ? ember_grammar_schema(g, schema, schema, "schema", &err) : -1;
-    if (root < 0 || ember_grammar_set_root(g, root, &err)) {
-        fprintf(stderr, "grammar_bench: the schema: %s\n", schema ? err.msg : "does not parse");
-        return 1;
+    if (gbnf_path) {
+        if (ember_grammar_gbnf(g, stext, strlen(stext), &err)) {
+            fprintf(stderr, "grammar_bench: %s: %s\n", gbnf_path, err.msg);
+            return 1;
+        }
+    } else {
+        int root = schema ? ember_grammar_schema(g, schema, schema, "schema", &err) : -1;
+        if (root < 0 || ember_grammar_set_root(g, root, &err)) {
+            fprintf(stderr, "grammar_bench: the schema: %s\n", schema ? err.msg : "does not parse");
+            return 1;
+        }
     }
     float *lg = malloc((size_t)nv * sizeof *lg), *lg0 = malloc((size_t)nv * sizeof *lg0);
     double *us = malloc((size_t)runs * (size_t)max_tokens * sizeof *us);

@@ -16,7 +16,7 @@ shared=${EMBER_SHARED_DIR:-$root/../shared}
 prepare() {
   local b=$1
   mkdir -p "$b/corpus"
-  for t in safetensors config gguf gguf_model tokenizer template http kv_codec prompt_file toolcall; do
+  for t in safetensors config gguf gguf_model tokenizer template http kv_codec prompt_file toolcall gbnf; do
     mkdir -p "$b/corpus/$t"
     [ -d "fuzz/corpus/$t" ] && cp -n fuzz/corpus/$t/* "$b/corpus/$t/" 2>/dev/null || true
   done

@@ -9,11 +9,15 @@ ember_test(test_config test_config.c)
 ember_test(test_sampler test_sampler.c)
 # Constrained decoding: JSON schemas to grammars, token masks (src/sample/grammar.c).
 ember_test(test_grammar test_grammar.c)
+# GBNF grammars and regular expressions (src/sample/gbnf.c).
+ember_test(test_gbnf test_gbnf.c)
 ember_test(test_cli test_cli.c)
 ember_test(test_engine test_engine.c)
 ember_test(test_server test_server.c)
 # Tool calls through the server: hostile requests, OpenAI / Anthropic shapes, streaming (tests/test_server_tools.c).
 ember_test(test_server_tools test_server_tools.c)
+# Grammars (GBNF) and regular expressions through the server: hostile table, checked outputs, the default grammar, speculation.
+ember_test(test_server_grammar test_server_grammar.c)
 # OpenAI's Responses API through the server: hostile requests, items, typed events, previous_response_id.
 ember_test(test_server_responses test_server_responses.c)
 

@@ -239,6 +239,26 @@ int main(void) {
         CHECKF(a[0] && strcmp(a, b) == 0, "--prompt ids '%s' vs --ids '%s'", a, b);
         snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt Hello -n 12 --temp 0", EMBER_BIN, demo);
         CHECK(run(cmd, a, sizeof a, err, sizeof err) == 0 && a[0]);
+        /* --grammar-file: the text follows the grammar (sampled, plain and speculative); a bad file: one line */
+        write_text(g_tmp, "g.gbnf", "root ::= (\"yes\" | \"no\") \" \" [0-9]{2,4} \"!\"\n");
+        write_text(g_tmp, "bad.gbnf", "root ::= (\"yes\"\n");
+        for (int k = 0; k < 3; k++) {
+            snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt Hello -n 16 --temp 1 --seed %d --grammar-file %s/g.gbnf%s",
+                     EMBER_BIN, demo, k, g_tmp, k == 2 ? " --spec ngram" : "");
+            int code = run(cmd, a, sizeof a, err, sizeof err);
+            a[strcspn(a, "\n")] = 0;
+            size_t d = strspn(a + (a[0] == 'y' ? 4 : 3), "0123456789");
+            CHECKF(code == 0 && (!strncmp(a, "yes ", 4) || !strncmp(a, "no ", 3)) && d >= 2 && d <= 4 &&
+                       !strcmp(a + (a[0] == 'y' ? 4 : 3) + d, "!"),
+                   "--grammar-file output '%s' (exit %d: %s)", a, code, err);
+        }
+        char args[2048];
+        snprintf(args, sizeof args, "generate --model %s --prompt Hello --grammar-file %s/bad.gbnf", demo, g_tmp);
+        expect_fail(args, "line 1, column 10: a '(' without its ')'");
+        snprintf(args, sizeof args, "generate --model %s --prompt Hello --grammar-file %s/none.gbnf", demo, g_tmp);
+        expect_fail(args, "none.gbnf");
+        snprintf(args, sizeof args, "serve %s --grammar-file %s/bad.gbnf", demo, g_tmp);
+        expect_fail(args, "--grammar-file");
         /* the tokenizer and template travel into a quantized GGUF */
         char gguf[700], t1[4096], t2[4096];
         snprintf(gguf, sizeof gguf, "%s/demo-q8_0.gguf", g_tmp);

@@ -210,6 +210,12 @@ static void hostile(void) {
          "\"object\",\"properties\":{\"k\":{\"$ref\":\"#/$defs/n\"}}}},\"$ref\":\"#/$defs/n\"}}],\"tool_choice\":{"
          "\"type\":\"any\"}}",
          NULL, "recursive"},
+        /* grammars and regular expressions (more in test_server_grammar.c) */
+        {"/v1/chat/completions", "{" USER ",\"grammar\":\"root ::= x\\nx ::= x \\\"a\\\" | \\\"b\\\"\"}", "grammar",
+         "left recursion"},
+        {"/v1/chat/completions", "{" USER ",\"grammar\":\"root ::= [0-9]{1,99999}\"}", "grammar", "limit"},
+        {"/v1/chat/completions", "{" USER "," TOOLS ",\"tool_choice\":\"required\",\"guided_regex\":\"[a-z]+\"}",
+         "guided_regex", "tool_choice"},
         /* the test hook: only with text */
         {"/v1/chat/completions", "{" USER ",\"ember_test_output\":5}", "ember_test_output", "string"},
         /* Anthropic */
@@ -787,6 +793,67 @@ static void coder_enforced(void) {
     json_decref(j);
 }
 
+/* Enforced tool_choice with the Gemma 4 format on random weights: one
+   complete call of a tool of the request (the named one when named), its
+   required parameters there with their types, optional ones within their
+   limits; bounds Gemma's grammar cannot carry are refused by name. */
+static void gemma_enforced(void) {
+    static const char tools[] =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"book\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":12},\"nights\":{\"type\":\"integer\"},"
+        "\"room\":{\"type\":\"string\",\"enum\":[\"single\",\"double\"]},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\","
+        "\"maxLength\":5},\"maxItems\":2},\"vip\":{\"type\":\"boolean\"}},\"required\":[\"city\",\"nights\",\"room\"]}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{}}}}]";
+    for (int k = 0; k < 4; k++) {
+        char body[4096];
+        snprintf(body, sizeof body, "{" USER ",%s,\"max_tokens\":%d,\"temperature\":1,\"seed\":%d,\"tool_choice\":%s}",
+                 tools, k % 2 ? 120 : 200, k,
+                 k >= 2 ? "{\"type\":\"function\",\"function\":{\"name\":\"book\"}}" : "\"required\"");
+        int st;
+        json_t *j = post("/v1/chat/completions", body, &st, NULL);
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *msg = json_object_get(ch, "message");
+        const char *fin = str_or(json_object_get(ch, "finish_reason"), ""), *name = call_name(msg, 0);
+        CHECKF(st == 200 && !strcmp(fin, "tool_calls") && name, "gemma4 enforced %d: status %d, finish %s (%s)", k, st,
+               fin, str_or(json_object_get(json_object_get(j, "error"), "message"), str_or(json_object_get(msg, "content"), "")));
+        json_t *a = call_args(msg, 0);
+        CHECKF(json_is_object(a), "gemma4 enforced %d: arguments", k);
+        if (name && !strcmp(name, "book")) {
+            const char *city = json_string_value(json_object_get(a, "city")), *room = json_string_value(json_object_get(a, "room"));
+            json_t *tags = json_object_get(a, "tags"), *vip = json_object_get(a, "vip");
+            bool tags_ok = !tags || (json_is_array(tags) && json_array_size(tags) <= 2);
+            for (size_t i = 0; tags_ok && i < json_array_size(tags); i++)
+                tags_ok = json_is_string(json_array_get(tags, i)) && json_string_length(json_array_get(tags, i)) <= 5 * 4;
+            CHECKF(city && json_is_integer(json_object_get(a, "nights")) && room &&
+                       (!strcmp(room, "single") || !strcmp(room, "double")) && tags_ok && (!vip || json_is_boolean(vip)),
+                   "gemma4 enforced %d: book's arguments %s", k,
+                   str_or(json_object_get(json_object_get(json_array_get(json_object_get(msg, "tool_calls"), 0), "function"),
+                                          "arguments"),
+                          "?"));
+        }
+        if (k >= 2) CHECK(name && !strcmp(name, "book"));
+        json_decref(a);
+        json_decref(j);
+    }
+    static const char *const refused[][2] = {
+        {"{\"type\":\"integer\",\"minimum\":1}", "minimum"},
+        {"{\"type\":\"string\",\"pattern\":\"^a+$\"}", "pattern"},
+        {"{\"type\":\"string\",\"format\":\"date\"}", "format"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char body[1024];
+        snprintf(body, sizeof body,
+                 "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+                 "\"object\",\"properties\":{\"a\":%s},\"required\":[\"a\"]}}}],\"tool_choice\":\"required\"}",
+                 refused[i][0]);
+        int st;
+        json_t *j = post("/v1/chat/completions", body, &st, NULL);
+        const char *msg = str_or(json_object_get(json_object_get(j, "error"), "message"), "");
+        CHECKF(st == 400 && strstr(msg, refused[i][1]), "gemma4: %s: %d %s", refused[i][0], st, msg);
+        json_decref(j);
+    }
+}
+
 /* ---- every family's real template: tools rendered, its call format parsed, the call fed back ---- */
 
 static void families(ember_model *m, ember_tokenizer *tok) {
@@ -850,6 +917,7 @@ static void families(ember_model *m, ember_tokenizer *tok) {
         json_decref(body);
         json_decref(msg);
         if (d == EMBER_TOOLS_QWEN3_CODER) coder_enforced();
+        if (d == EMBER_TOOLS_GEMMA4) gemma_enforced();
         ember_server_stop(s, 5.0);
         ember_chat_template_free(t);
     }

@@ -44,6 +44,10 @@ typedef struct cli_model_opts {
     {"kv-quant-start", 0, OPT_INT, &(mo).kv_quant_start, "N",                                                        \
      "with a quantized KV kind: keep rows f32 until N positions, then convert", 1, 1 << 28, false}
 
+/* Reads the GBNF grammar at path into *text (malloc'd, NUL-terminated) and
+   compiles it once to check it; prints one line and returns 1 on failure. */
+int cli_grammar_file(const char *verb, const char *path, char **text);
+
 int cli_load_model(const char *verb, const char *path, const cli_model_opts *o, ember_model **out);
 
 /* Speculative decoding options (serve and generate). */

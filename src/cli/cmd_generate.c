@@ -7,7 +7,10 @@
  * Plain generation runs ember_generate (one row, its own loop). With --spec
  * the request runs through the serving engine instead (one row), which owns
  * speculative decoding: the same tokens for greedy decoding, the same
- * distribution for sampling (docs/speculative.md).
+ * distribution for sampling (docs/speculative.md). With --grammar-file the
+ * request runs through the engine too, its tokens masked by the grammar
+ * (the vocabulary built as `ember serve` builds it), steered to finish
+ * within -n tokens.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -17,6 +20,8 @@
 #include "args.h"
 #include "cli.h"
 #include "core/util.h"
+#include "sample/grammar.h"
+#include "serve/serve.h"
 #include "template/chat.h"
 #include "tok/tokenizer.h"
 
@@ -55,11 +60,30 @@ static int text_prompt(const char *model, const ember_tokenizer *tok, const char
     return 0;
 }
 
+/* --grammar-file's constraint on the engine's row: the matcher and the
+   tokens left (ember_gmatch_mask_left steers the output to finish). */
+typedef struct gen_constraint {
+    ember_gmatch *m;
+    int left;
+} gen_constraint;
+
+static int gc_mask(void *u, float *logits, int n) {
+    gen_constraint *c = u;
+    return ember_gmatch_mask_left(c->m, logits, n, c->left);
+}
+
+static void gc_accept(void *u, int32_t token) {
+    gen_constraint *c = u;
+    ember_gmatch_accept(c->m, token);
+    if (c->left > 1) c->left--;
+}
+
 /* Runs request r through an engine with parameters ep (one row of m):
    fills r->out_ids / r->n_out like ember_generate; with verbose, prints
-   the speculation figures to stderr. */
+   the speculation figures to stderr. gm (may be NULL): the grammar's
+   matcher the tokens must follow (borrowed). */
 static int generate_engine(ember_model *m, ember_request *r, const ember_engine_params *ep, bool verbose,
-                           ember_error *err) {
+                           ember_gmatch *gm, ember_error *err) {
     r->n_out = 0;
     if (r->max_new_tokens == 0) return EMBER_OK;
     ember_model_info info;
@@ -80,6 +104,12 @@ static int generate_engine(ember_model *m, ember_request *r, const ember_engine_
     g.sampling = r->sampling;
     g.ignore_eos = r->ignore_eos;
     g.no_prompt_cache = 1;
+    gen_constraint gc = {gm, r->max_new_tokens};
+    if (gm) {
+        g.constrain_mask = gc_mask;
+        g.constrain_accept = gc_accept;
+        g.constrain_user = &gc; /* constrain_free NULL: the caller keeps it */
+    }
     double t0 = ember_now();
     ember_stream *s;
     rc = ember_engine_submit(e, &g, &s, err);
@@ -97,7 +127,7 @@ static int generate_engine(ember_model *m, ember_request *r, const ember_engine_
     ember_engine_stats st;
     ember_engine_get_stats(e, &st);
     ember_engine_free(e);
-    if (!rc && verbose)
+    if (!rc && verbose && ep->spec != EMBER_SPEC_NONE)
         fprintf(stderr,
                 "ember: speculative decoding (%s): %llu drafted, %llu accepted (%.1f%%), %llu of %llu target forwards "
                 "with drafts, %.2f tokens per target forward, %d tokens in %.3f s\n",
@@ -114,8 +144,43 @@ static int generate_engine(ember_model *m, ember_request *r, const ember_engine_
     return rc;
 }
 
+/* --grammar-file's grammar, vocabulary and matcher. */
+typedef struct grammar_run {
+    ember_grammar *g;
+    ember_gvocab *v;
+    ember_gmatch *m;
+} grammar_run;
+
+static void grammar_run_free(grammar_run *gr) {
+    ember_gmatch_free(gr->m);
+    ember_gvocab_free(gr->v);
+    ember_grammar_free(gr->g);
+}
+
+/* Compiles text and makes its matcher over m's vocabulary (tok). */
+static int grammar_matcher(ember_model *m, const ember_tokenizer *tok, const char *text, grammar_run *gr,
+                           ember_error *err) {
+    ember_model_info info;
+    ember_model_get_info(m, &info);
+    gr->g = ember_grammar_new();
+    if (!gr->g) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    int rc = ember_grammar_gbnf(gr->g, text, strlen(text), err);
+    if (!rc) rc = ember_serve_gvocab_new(tok, info.vocab_size, info.eos_ids, info.n_eos, NULL, 0, &gr->v, err);
+    if (!rc) rc = ember_gmatch_new(gr->g, gr->v, &gr->m, err);
+    return rc;
+}
+
+/* --grammar-file with --ids: the model's tokenizer, for the grammar's
+   vocabulary. Prints the error; returns 0 or 1. */
+static int grammar_tokenizer(const char *model, ember_tokenizer **out) {
+    ember_error err = {0};
+    if (ember_tok_load(model, out, &err))
+        return cli_fail("generate", "--grammar-file needs the model's tokenizer: %s", err.msg);
+    return 0;
+}
+
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *ids_s = NULL, *isa = NULL, *prompt = NULL, *system = NULL;
+    const char *model = NULL, *ids_s = NULL, *isa = NULL, *prompt = NULL, *system = NULL, *grammar_file = NULL;
     int n = 32, threads = 0, ctx = 0, top_k = 0;
     float temp = 0.8f, top_p = 1.0f, min_p = 0.0f;
     uint64_t seed = 0;
@@ -137,6 +202,9 @@ int cmd_generate(int argc, char **argv) {
         {"min-p", 0, OPT_FLOAT, &min_p, "P", "drop tokens below P x the top probability; 0 = off", 0, 1, false},
         {"seed", 's', OPT_U64, &seed, "S", "random seed (default 0); same seed, same output", 0, 0, false},
         {"ignore-eos", 0, OPT_FLAG, &ignore_eos, NULL, "keep going past end-of-sequence tokens", 0, 0, false},
+        {"grammar-file", 0, OPT_STR, &grammar_file, "FILE",
+         "the output follows this GBNF grammar (llama.cpp's notation, start rule root), steered to finish within -n",
+         0, 0, false},
         {"threads", 't', OPT_INT, &threads, "N", "worker threads (default: all cores)", 1, 1024, false},
         {"isa", 0, OPT_STR, &isa, "NAME", "kernels: auto, scalar, avx2, avx512, amx (default auto)", 0, 0, false},
         {"ctx", 'c', OPT_INT, &ctx, "N", "context length (default: min(model max, 4096))", 1, 1 << 24, false},
@@ -151,7 +219,8 @@ int cmd_generate(int argc, char **argv) {
                    "Generation stops after -n tokens or at an end-of-sequence id (printed) unless --ignore-eos.\n"
                    "--spec ngram (or --spec draft|eagle3|dflash --draft-model PATH) runs the request through the serving\n"
                    "engine with speculative decoding\n"
-                   "(greedy output unchanged, sampling keeps its distribution; --verbose reports drafts).",
+                   "(greedy output unchanged, sampling keeps its distribution; --verbose reports drafts).\n"
+                   "--grammar-file FILE: the output follows a GBNF grammar (docs/tool-calls.md).",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc) return rc == 2 ? 0 : 1;
@@ -159,25 +228,34 @@ int cmd_generate(int argc, char **argv) {
     if (!ids_s == !prompt) return cli_fail("generate", "give exactly one of --ids and --prompt");
     if ((raw || system) && !prompt) return cli_fail("generate", "--raw and --system go with --prompt");
     if (raw && system) return cli_fail("generate", "--system needs the chat template (leave out --raw)");
+    if (grammar_file && ignore_eos) return cli_fail("generate", "--grammar-file ends the output where the grammar does: leave out --ignore-eos");
+    char *grammar = NULL;
+    if (grammar_file && cli_grammar_file("generate", grammar_file, &grammar)) return 1;
     ember_engine_params ep = {0};
-    if (cli_spec_resolve("generate", &spo, &ep)) return 1;
+    if (cli_spec_resolve("generate", &spo, &ep)) return free(grammar), 1;
     int32_t *ids = NULL;
     int n_ids = 0;
     ember_tokenizer *tok = NULL;
     if (prompt) {
         ember_error terr = {0};
-        if (ember_tok_load(model, &tok, &terr)) return cli_fail("generate", "%s", terr.msg);
+        if (ember_tok_load(model, &tok, &terr)) return free(grammar), cli_fail("generate", "%s", terr.msg);
         if (text_prompt(model, tok, prompt, system, raw, &ids, &n_ids)) {
             ember_tok_free(tok);
+            free(grammar);
             return 1;
         }
     } else if (cli_parse_ids("generate", "ids", ids_s, &ids, &n_ids)) {
+        free(grammar);
         return 1;
     }
+    ember_tokenizer *gtok = tok; /* the grammar's vocabulary: the prompt's tokenizer, or loaded for it */
+    if (grammar && !gtok && grammar_tokenizer(model, &gtok)) return free(ids), free(grammar), 1;
     ember_model *m;
     mo = (cli_model_opts){threads, ctx, 1, isa, verbose, use_mmap, 0, mo.kv_type, mo.kv_group, mo.kv_quant_start, false, mo.device};
     if (cli_load_model("generate", model, &mo, &m)) {
         free(ids);
+        free(grammar);
+        if (gtok != tok) ember_tok_free(gtok);
         ember_tok_free(tok);
         return 1;
     }
@@ -185,6 +263,8 @@ int cmd_generate(int argc, char **argv) {
     if ((ep.spec == EMBER_SPEC_DRAFT || ep.spec == EMBER_SPEC_EAGLE3 || ep.spec == EMBER_SPEC_DFLASH) &&
         cli_load_draft("generate", spo.draft_model, model, &mo, &ep.spec, &draft)) {
         free(ids);
+        free(grammar);
+        if (gtok != tok) ember_tok_free(gtok);
         ember_tok_free(tok);
         ember_model_free(m);
         return 1;
@@ -204,12 +284,18 @@ int cmd_generate(int argc, char **argv) {
     r.sampling.seed = seed;
     r.out_ids = out;
     ember_error err = {0};
+    grammar_run gr = {0};
     if (!out)
-        rc = EMBER_ERR_NOMEM;
-    else if (ep.spec != EMBER_SPEC_NONE)
-        rc = generate_engine(m, &r, &ep, verbose, &err);
+        rc = ember_err(&err, EMBER_ERR_NOMEM, "out of memory");
+    else if (grammar && (rc = grammar_matcher(m, gtok, grammar, &gr, &err)) != EMBER_OK)
+        ;
+    else if (ep.spec != EMBER_SPEC_NONE || gr.m)
+        rc = generate_engine(m, &r, &ep, verbose, gr.m, &err);
     else
         rc = ember_generate(m, &r, 1, &err);
+    grammar_run_free(&gr);
+    free(grammar);
+    if (gtok != tok) ember_tok_free(gtok);
     if (rc == EMBER_OK && tok && !print_ids) {
         char *text = NULL;
         size_t len = 0;

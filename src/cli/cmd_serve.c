@@ -237,7 +237,7 @@ static void *side_load_run(void *arg) {
 
 /* serve's command line. */
 typedef struct serve_args {
-    const char *model_arg, *host, *isa, *kv_budget_s, *max_body_s, *pc_dir, *pc_max_s, *tool_parser, *pace_s;
+    const char *model_arg, *host, *isa, *kv_budget_s, *max_body_s, *pc_dir, *pc_max_s, *tool_parser, *pace_s, *grammar_file;
     int prefill_chunk, port, parallel, ctx, threads, max_queue, default_max;
     float drain;
     bool verbose, use_mmap, test_output;
@@ -283,6 +283,10 @@ static int serve_parse(int argc, char **argv, serve_args *a) {
          "how the model writes tool calls: auto (from the chat template), none, hermes, qwen3_coder, llama3_json, "
          "mistral, gemma4 (default auto)",
          0, 0, false},
+        {"grammar-file", 0, OPT_STR, &a->grammar_file, "FILE",
+         "a GBNF grammar (llama.cpp's notation, start rule root) every request without a constraint of its own "
+         "follows (a request's grammar, guided_regex, response_format json or enforced tool_choice replaces it)",
+         0, 0, false},
         {"test-output", 0, OPT_FLAG, &a->test_output, NULL,
          "TESTS ONLY: accept \"ember_test_output\" in requests, a scripted completion replacing the sampled tokens",
          0, 0, false},
@@ -304,7 +308,9 @@ static int serve_parse(int argc, char **argv, serve_args *a) {
                    "model's hidden states.\n"
                    "Tool calls (OpenAI tools / Anthropic tools): rendered through the chat template, parsed\n"
                    "out of the output in the format --tool-parser names; tool_choice required / named is\n"
-                   "accepted but not enforced yet (no constrained decoding): see docs/tool-calls.md.",
+                   "enforced with constrained decoding where the format allows it: see docs/tool-calls.md.\n"
+                   "Constraints: response_format (JSON), grammar (GBNF) and guided_regex per request,\n"
+                   "--grammar-file for requests without one (docs/tool-calls.md, 'Grammars and regular expressions').",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     return cli_parse_arg(&cmd, argc, argv, &a->model_arg);
 }
@@ -315,6 +321,8 @@ int cmd_serve(int argc, char **argv) {
     if (rc) return rc == 2 ? 0 : 1;
     size_t kv_budget = 0, max_body = 4u << 20, pc_max = 0;
     if (parse_sizes(a.kv_budget_s, a.max_body_s, a.pc_max_s, a.pc_dir, &kv_budget, &max_body, &pc_max)) return 1;
+    char *grammar = NULL; /* --grammar-file's text, checked before the model loads */
+    if (a.grammar_file && cli_grammar_file("serve", a.grammar_file, &grammar)) return 1;
     ember_tool_format tool_format = EMBER_TOOLS_NONE;
     float pace = 0.0f; /* the engine's default */
     if (a.pace_s && parse_pace(a.pace_s, &pace)) return 1;
@@ -381,6 +389,7 @@ int cmd_serve(int argc, char **argv) {
     so.log = (ember_logger){log_stderr, &min_level};
     so.tool_format = tools_auto ? (ember_tool_format)detected : tool_format;
     so.test_output = a.test_output;
+    so.default_grammar = grammar;
     ember_model *draft = NULL;
     if (sp.spec == EMBER_SPEC_DRAFT || sp.spec == EMBER_SPEC_EAGLE3 || sp.spec == EMBER_SPEC_DFLASH) { /* the draft's KV: full rows of its own (small)
                                                                          size, not the target's budget */
@@ -401,6 +410,7 @@ int cmd_serve(int argc, char **argv) {
         ember_tok_free(tok);
         ember_model_free(m);
         ember_model_free(draft);
+        free(grammar);
         return cli_fail("serve", "%s", err.msg);
     }
     fprintf(stderr, "ember: serving %s%s on http://%s:%d (%d parallel x %d tokens, %s, %d threads%s%s, tool calls: %s)\n",
@@ -425,6 +435,7 @@ int cmd_serve(int argc, char **argv) {
     ember_tok_free(tok);
     ember_model_free(m);
     ember_model_free(draft);
+    free(grammar);
     fprintf(stderr, "ember: stopped\n");
     return 0;
 }

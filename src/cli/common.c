@@ -6,7 +6,11 @@
 
 #include "args.h"
 #include "cli.h"
+#include "core/error.h"
+#include "core/mapfile.h"
 #include "formats/config.h"
+#include "sample/gbnf.h"
+#include "sample/grammar.h"
 #include "template/load.h"
 #include "tok/tokenizer.h"
 
@@ -137,4 +141,22 @@ int cli_load_draft(const char *verb, const char *draft_path, const char *target_
     ember_tok_free(td);
     if (rc) return rc;
     return cli_load_model(verb, draft_path, o, out);
+}
+
+int cli_grammar_file(const char *verb, const char *path, char **text) {
+    ember_error err = {0};
+    size_t len = 0;
+    *text = NULL;
+    if (ember_read_file(path, GB_MAX_TEXT, text, &len, &err))
+        return cli_fail(verb, "--grammar-file %s: %s", path, err.msg);
+    char *t = *text; /* NUL-terminated */
+    ember_grammar *g = ember_grammar_new();
+    int rc = g ? ember_grammar_gbnf(g, t, len, &err) : ember_err(&err, EMBER_ERR_NOMEM, "out of memory");
+    ember_grammar_free(g);
+    if (rc) {
+        free(*text);
+        *text = NULL;
+        return cli_fail(verb, "--grammar-file %s: %s", path, err.msg);
+    }
+    return 0;
 }

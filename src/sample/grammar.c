@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "gbnf.h"
 #include "regex.h"
 
 #if defined(__SSE2__)
@@ -64,6 +65,7 @@ typedef struct gnode {
 } gnode;
 
 struct ember_grammar {
+    gb_prog *gb; /* a GBNF grammar or a regular expression (gbnf.h): the whole grammar; nodes unused */
     gnode *nodes;
     int n, cap;
     int root;
@@ -102,6 +104,7 @@ void ember_grammar_free(ember_grammar *g) {
     if (!g) return;
     for (int i = 0; i < g->n; i++) node_free(&g->nodes[i]);
     free(g->nodes);
+    gb_prog_free(g->gb);
     free(g);
 }
 
@@ -316,7 +319,20 @@ int ember_grammar_set_root(ember_grammar *g, int node, ember_error *err) {
 }
 
 int ember_grammar_min_bytes(const ember_grammar *g) {
+    if (g->gb) return gb_prog_min_bytes(g->gb);
     return g->root < 0 ? 0 : g->nodes[g->root].minlen;
+}
+
+int ember_grammar_gbnf(ember_grammar *g, const char *text, size_t len, ember_error *err) {
+    if (g->gb || g->n > 0 || g->root >= 0)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "a GBNF grammar must be the whole grammar");
+    return gb_compile(text, len, &g->gb, err);
+}
+
+int ember_grammar_regex(ember_grammar *g, const char *pattern, const char *what, ember_error *err) {
+    if (g->gb || g->n > 0 || g->root >= 0)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "a regular expression must be the whole grammar");
+    return gb_compile_regex(pattern, what, &g->gb, err);
 }
 
 /* ---- JSON schema ------------------------------------------------------------------------------- */
@@ -424,7 +440,7 @@ static int compile_pattern(ember_grammar *g, int k, const json_t *s, const char 
                          where);
     ember_rx *rx = ember_malloc(sizeof *rx);
     if (!rx) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
-    char why[160];
+    char why[160] = "";
     if (ember_rx_compile(json_string_value(p), rx, why, sizeof why)) {
         free(rx);
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %s", where, why);
@@ -1619,9 +1635,29 @@ static void sort_strings(const char *const *b, const uint8_t *l, int32_t *ids, i
 
 /* ---- the matcher ---------------------------------------------------------------------------------- */
 
+/* A GBNF state's mask without a budget, kept: the ids allowed (allow), and
+   each one's cost after it (ids / cost, n of them, the greatest max_cost)
+   for the budget's check. The same state comes back often (inside a
+   string, a repetition), and its mask is then a copy. */
+#define GB_MASKS 4
+#define GB_WALK_STEPS 150000L /* closure steps of new transitions in a mask's walk, twice (~tens of ms) */
+typedef struct gb_masked {
+    int sid; /* -1: empty */
+    unsigned gen;
+    uint64_t used;
+    int n, max_cost;
+    uint8_t *allow;
+    int32_t *ids, *cost;
+} gb_masked;
+
 struct ember_gmatch {
     const ember_grammar *g;
     const ember_gvocab *v;
+    gb_cache *gc;  /* a GBNF grammar: its states; gsid the current one, glvl one per trie depth */
+    int gsid;
+    int32_t *glvl;
+    gb_masked gm[GB_MASKS];
+    uint64_t tick;
     gstate st;
     gstate *lvl;   /* [MAX_TOKEN + 1] the state at each trie depth */
     uint8_t *allow; /* [v->n] */
@@ -1629,11 +1665,24 @@ struct ember_gmatch {
 
 int ember_gmatch_new(const ember_grammar *g, const ember_gvocab *v, ember_gmatch **out, ember_error *err) {
     *out = NULL;
-    if (!g || !v || g->root < 0) return ember_err(err, EMBER_ERR_INVALID_ARG, "a grammar without a root");
+    if (!g || !v || (g->root < 0 && !g->gb)) return ember_err(err, EMBER_ERR_INVALID_ARG, "a grammar without a root");
     ember_gmatch *m = ember_calloc(1, sizeof *m);
     if (!m) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     m->g = g;
     m->v = v;
+    if (g->gb) {
+        m->gc = gb_cache_new(g->gb);
+        m->glvl = ember_malloc((MAX_TOKEN + 1) * sizeof *m->glvl);
+        m->gsid = m->gc ? gb_cache_start(m->gc) : -1;
+        for (int i = 0; i < GB_MASKS; i++) m->gm[i].sid = -1;
+        m->allow = ember_malloc((size_t)v->n);
+        if (!m->glvl || m->gsid < 0 || !m->allow) {
+            ember_gmatch_free(m);
+            return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        }
+        *out = m;
+        return EMBER_OK;
+    }
     m->lvl = ember_malloc((MAX_TOKEN + 1) * sizeof *m->lvl);
     m->allow = ember_malloc((size_t)v->n);
     if (!m->lvl || !m->allow) {
@@ -1647,6 +1696,13 @@ int ember_gmatch_new(const ember_grammar *g, const ember_gvocab *v, ember_gmatch
 
 void ember_gmatch_free(ember_gmatch *m) {
     if (!m) return;
+    gb_cache_free(m->gc);
+    free(m->glvl);
+    for (int i = 0; i < GB_MASKS; i++) {
+        free(m->gm[i].allow);
+        free(m->gm[i].ids);
+        free(m->gm[i].cost);
+    }
     free(m->lvl);
     free(m->allow);
     free(m);
@@ -1658,10 +1714,12 @@ static void copy_state(gstate *dst, const gstate *src) {
 }
 
 bool ember_gmatch_complete(const ember_gmatch *m) {
+    if (m->gc) return gb_cache_done(m->gc, m->gsid);
     return complete(m->g, &m->st);
 }
 
 int ember_gmatch_min_bytes(const ember_gmatch *m) {
+    if (m->gc) return gb_cache_cost(m->gc, m->gsid);
     return state_cost(m->g, &m->st);
 }
 
@@ -1835,8 +1893,110 @@ static void apply_mask(float *restrict lg, const uint8_t *restrict al, int n) {
         if (!al[i]) lg[i] = -INFINITY;
 }
 
+/* The trie walk of a GBNF grammar from the current state: each depth's
+   state an id of the matcher's cache, each byte a transition looked up (or
+   made once). Fills e with every id allowed and its cost after it. */
+static void gb_walk(ember_gmatch *m, gb_masked *e) {
+    const gtrie *t = &m->v->t;
+    gb_cache *c = m->gc;
+    memset(e->allow, 0, (size_t)m->v->n);
+    e->n = 0;
+    e->max_cost = 0;
+    m->glvl[0] = m->gsid;
+    /* every byte from the state first (single bytes keep the output able to
+       finish), then the rest of the walk, each under GB_WALK_STEPS */
+    gb_cache_set_budget(c, GB_WALK_STEPS);
+    for (int b = 0; b < 256; b++) gb_cache_next(c, m->gsid, (unsigned char)b);
+    gb_cache_set_budget(c, GB_WALK_STEPS);
+    for (int i = 0; i < t->nn;) {
+        int d = t->depth[i];
+        int s = gb_cache_next(c, m->glvl[d - 1], t->byte[i]);
+        if (s < 0) {
+            i = t->skip[i];
+            continue;
+        }
+        m->glvl[d] = s;
+        if (t->tcount[i]) {
+            int cost = gb_cache_cost(c, s);
+            if (cost > e->max_cost) e->max_cost = cost;
+            for (int k = 0; k < t->tcount[i]; k++) {
+                int32_t id = t->ends[t->tstart[i] + k];
+                e->allow[id] = 1;
+                e->ids[e->n] = id;
+                e->cost[e->n++] = cost;
+            }
+        }
+        i++;
+    }
+    gb_cache_set_budget(c, -1);
+}
+
+/* The kept mask of the current state, walked when it is not there (the
+   least recently used slot is reused); NULL when out of memory. */
+static gb_masked *gb_masked_get(ember_gmatch *m) {
+    unsigned gen = gb_cache_generation(m->gc);
+    gb_masked *e = NULL;
+    for (int i = 0; i < GB_MASKS; i++)
+        if (m->gm[i].sid == m->gsid && m->gm[i].gen == gen) e = &m->gm[i];
+    if (!e) {
+        e = &m->gm[0];
+        for (int i = 1; i < GB_MASKS; i++)
+            if (m->gm[i].sid < 0 || (e->sid >= 0 && m->gm[i].used < e->used)) e = &m->gm[i];
+        if (!e->allow) {
+            e->allow = ember_malloc((size_t)m->v->n);
+            e->ids = ember_malloc((size_t)m->v->n * sizeof *e->ids);
+            e->cost = ember_malloc((size_t)m->v->n * sizeof *e->cost);
+            if (!e->allow || !e->ids || !e->cost) return NULL;
+        }
+        e->sid = -1;
+        gb_walk(m, e);
+        e->sid = m->gsid;
+        e->gen = gen;
+    }
+    e->used = ++m->tick;
+    return e;
+}
+
+/* ember_gmatch_mask_left for a GBNF grammar. */
+static int gb_mask(ember_gmatch *m, float *logits, int n, int left) {
+    const ember_gvocab *v = m->v;
+    int sid = gb_cache_trim(m->gc, m->gsid);
+    gb_masked *e = NULL;
+    if (sid >= 0) {
+        m->gsid = sid;
+        e = gb_masked_get(m);
+    }
+    int allowed = 0;
+    if (!e) { /* out of memory: only the end */
+        memset(m->allow, 0, (size_t)v->n);
+    } else {
+        if (left < 1) left = 1;
+        if (left < NO_LEFT && gb_cache_cost(m->gc, m->gsid) > left - 1) left = NO_LEFT; /* too late to steer */
+        if (left >= NO_LEFT || e->max_cost <= left - 2) {
+            memcpy(m->allow, e->allow, (size_t)v->n);
+            allowed = e->n;
+        } else {
+            memset(m->allow, 0, (size_t)v->n);
+            for (int k = 0; k < e->n; k++)
+                if (e->cost[k] <= left - 2) {
+                    m->allow[e->ids[k]] = 1;
+                    allowed++;
+                }
+        }
+    }
+    if (allowed == 0 || (e && gb_cache_done(m->gc, m->gsid)))
+        for (int k = 0; k < v->n_end; k++) {
+            allowed += !m->allow[v->end_ids[k]];
+            m->allow[v->end_ids[k]] = 1;
+        }
+    apply_mask(logits, m->allow, n < v->n ? n : v->n);
+    for (int i = v->n; i < n; i++) logits[i] = -INFINITY;
+    return allowed;
+}
+
 int ember_gmatch_mask_left(ember_gmatch *m, float *logits, int n, int left) {
     const ember_gvocab *v = m->v;
+    if (m->gc) return gb_mask(m, logits, n, left);
     if (left < 1) left = 1;
     if (left < NO_LEFT && state_cost(m->g, &m->st) > left - 1) left = NO_LEFT; /* too late to steer: no budget */
     int allowed = m->st.n > 0 ? mask_string(m, left) : -1;
@@ -1859,6 +2019,15 @@ int ember_gmatch_mask(ember_gmatch *m, float *logits, int n) {
 }
 
 bool ember_gmatch_feed(ember_gmatch *m, const char *s, size_t n) {
+    if (m->gc) {
+        int sid = gb_cache_trim(m->gc, m->gsid);
+        if (sid < 0) return false;
+        m->gsid = sid;
+        for (size_t i = 0; i < n && sid >= 0; i++) sid = gb_cache_next(m->gc, sid, (unsigned char)s[i]);
+        if (sid < 0) return false;
+        m->gsid = sid;
+        return true;
+    }
     gstate t;
     copy_state(&t, &m->st);
     for (size_t i = 0; i < n; i++)

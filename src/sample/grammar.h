@@ -34,6 +34,11 @@
  * printable ASCII matching it. Everything else that constrains a value
  * (format, multipleOf, ...) is refused naming it.
  *
+ * A grammar may instead be a whole GBNF grammar or regular expression
+ * (ember_grammar_gbnf / ember_grammar_regex: gbnf.h), matched by a
+ * pushdown automaton with cached states over the same trie; the matcher
+ * API below is the same for both.
+ *
  * A token budget (ember_gmatch_mask_left) steers the output to finish in
  * time: a token is allowed only when the grammar can still be completed,
  * then ended, in the tokens left, counting one token per byte of the
@@ -85,6 +90,19 @@ int ember_grammar_text(ember_grammar *g, ember_error *err);
 /* Any JSON object (json_object mode). */
 int ember_grammar_any_object(ember_grammar *g, ember_error *err);
 int ember_grammar_set_root(ember_grammar *g, int node, ember_error *err);
+
+/* Makes the empty grammar g a GBNF grammar (gbnf.h: llama.cpp's notation,
+   start rule `root`) compiled from text[0..len): the whole output must be
+   a string of it. Errors name the line and column (EMBER_ERR_INVALID_ARG)
+   or the limit passed (EMBER_ERR_LIMIT). No node builder or set_root
+   afterwards. */
+int ember_grammar_gbnf(ember_grammar *g, const char *text, size_t len, ember_error *err);
+
+/* Makes the empty grammar g a regular expression (regex.h's syntax; the
+   whole output must match it: '^' / '$' at its ends change nothing;
+   characters: printable ASCII, tab, line feed). what names the field in
+   messages ("guided_regex"); unsupported features are named. */
+int ember_grammar_regex(ember_grammar *g, const char *pattern, const char *what, ember_error *err);
 
 typedef struct ember_gmatch ember_gmatch;
 

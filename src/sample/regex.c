@@ -11,19 +11,23 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-enum { R_CLS, R_CAT, R_ALT, R_REP, R_EMPTY };
+#include "core/alloc.h"
 
-#define MAX_NODES 512
-#define REP_INF -1
+#if defined(__GNUC__)
+#define EMBER_RX_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define EMBER_RX_PRINTF(a, b)
+#endif
 
-typedef struct rnode {
-    int kind;
-    int a, b;       /* CAT / ALT: the parts; REP: a is the body */
-    int lo, hi;     /* REP: counts (hi REP_INF: no bound) */
-    uint64_t cls[2];
-} rnode;
+enum { R_CLS = EMBER_RXT_CLS, R_CAT = EMBER_RXT_CAT, R_ALT = EMBER_RXT_ALT, R_REP = EMBER_RXT_REP, R_EMPTY = EMBER_RXT_EMPTY };
+
+#define MAX_NODES EMBER_RX_NODES
+#define REP_INF EMBER_RX_INF
+
+typedef ember_rx_node rnode;
 
 typedef struct parser {
     const char *p;
@@ -34,14 +38,20 @@ typedef struct parser {
     size_t why_len;
     bool failed;
     bool top_alt; /* a '|' outside every group */
+    bool wide;    /* ember_rx_parse's alphabet: printable ASCII, tab, line feed */
+    const char *what; /* the field in messages ("'pattern'") */
     ember_rx *rx;
 } parser;
 
+/* Writes "<what>: <message>" to ps->why (the first failure only). */
+static int fail(parser *ps, const char *fmt, ...) EMBER_RX_PRINTF(2, 3);
 static int fail(parser *ps, const char *fmt, ...) {
     if (!ps->failed) {
+        int k = snprintf(ps->why, ps->why_len, "%s: ", ps->what ? ps->what : "'pattern'");
+        if (k < 0 || (size_t)k >= ps->why_len) k = 0;
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(ps->why, ps->why_len, fmt, ap);
+        vsnprintf(ps->why + k, ps->why_len - (size_t)k, fmt, ap);
         va_end(ap);
     }
     ps->failed = true;
@@ -61,13 +71,20 @@ static void cls_add(uint64_t *c, int lo, int hi) {
         if (b >= 0 && b < 128) c[b >> 6] |= 1ull << (b & 63);
 }
 
-/* The alphabet: printable ASCII without '"' and '\'. */
-static void alphabet(uint64_t *c) {
+/* The alphabet: printable ASCII without '"' and '\' (wide: with them, tab
+   and line feed). */
+static void alphabet_of(const parser *ps, uint64_t *c) {
     c[0] = c[1] = 0;
     cls_add(c, 0x20, 0x7e);
+    if (ps->wide) {
+        cls_add(c, '\t', '\t');
+        cls_add(c, '\n', '\n');
+        return;
+    }
     c['"' >> 6] &= ~(1ull << ('"' & 63));
     c['\\' >> 6] &= ~(1ull << ('\\' & 63));
 }
+#define alphabet(c) alphabet_of(ps, c)
 
 static int hexval(char c) {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
@@ -93,10 +110,10 @@ static int escape(parser *ps, uint64_t *c, bool in_class) {
         int n = e == 'x' ? 2 : 4, v = 0;
         for (int i = 1; i <= n; i++) {
             int h = hexval(ps->p[i]);
-            if (h < 0) return fail(ps, "'pattern': a bad \\%c escape", e);
+            if (h < 0) return fail(ps, "a bad \\%c escape", e);
             v = v * 16 + h;
         }
-        if (v >= 128) return fail(ps, "'pattern': characters beyond ASCII are not supported");
+        if (v >= 128) return fail(ps, "characters beyond ASCII are not supported");
         ps->p += n;
         cls_add(c, v, v);
         ps->p++;
@@ -111,15 +128,15 @@ static int escape(parser *ps, uint64_t *c, bool in_class) {
             ps->p++;
             return 0;
         }
-        return fail(ps, "'pattern': \\b (word boundaries) is not supported");
+        return fail(ps, "\\b (word boundaries) is not supported");
     default:
         if (e && strchr("^$\\.*+?()[]{}|/-", e)) {
             cls_add(c, (unsigned char)e, (unsigned char)e);
             ps->p++;
             return 0;
         }
-        if (e >= '1' && e <= '9') return fail(ps, "'pattern': backreferences are not supported");
-        return fail(ps, "'pattern': the escape \\%c is not supported", e ? e : '0');
+        if (e >= '1' && e <= '9') return fail(ps, "backreferences are not supported");
+        return fail(ps, "the escape \\%c is not supported", e ? e : '0');
     }
     if (e >= 'A' && e <= 'Z') { /* a negated shorthand */
         w[0] = ~w[0];
@@ -150,8 +167,8 @@ static int bracket(parser *ps, uint64_t *c) {
             }
             lo = one[0] ? __builtin_ctzll(one[0]) : 64 + __builtin_ctzll(one[1]);
         } else {
-            if ((unsigned char)*ps->p >= 128) return fail(ps, "'pattern': characters beyond ASCII are not supported");
-            if (*ps->p == '[' && ps->p[1] == ':') return fail(ps, "'pattern': POSIX classes are not supported");
+            if ((unsigned char)*ps->p >= 128) return fail(ps, "characters beyond ASCII are not supported");
+            if (*ps->p == '[' && ps->p[1] == ':') return fail(ps, "POSIX classes are not supported");
             lo = (unsigned char)*ps->p++;
         }
         if (*ps->p == '-' && ps->p[1] && ps->p[1] != ']') {
@@ -162,19 +179,19 @@ static int bracket(parser *ps, uint64_t *c) {
                 uint64_t h[2] = {0, 0};
                 if (escape(ps, h, true)) return -1;
                 if (__builtin_popcountll(h[0]) + __builtin_popcountll(h[1]) != 1)
-                    return fail(ps, "'pattern': a range that ends in a class");
+                    return fail(ps, "a range that ends in a class");
                 hi = h[0] ? __builtin_ctzll(h[0]) : 64 + __builtin_ctzll(h[1]);
             } else {
-                if ((unsigned char)*ps->p >= 128) return fail(ps, "'pattern': characters beyond ASCII are not supported");
+                if ((unsigned char)*ps->p >= 128) return fail(ps, "characters beyond ASCII are not supported");
                 hi = (unsigned char)*ps->p++;
             }
-            if (hi < lo) return fail(ps, "'pattern': a range out of order");
+            if (hi < lo) return fail(ps, "a range out of order");
             cls_add(acc, lo, hi);
         } else {
             cls_add(acc, lo, lo);
         }
     }
-    if (*ps->p != ']') return fail(ps, "'pattern': an unclosed '['");
+    if (*ps->p != ']') return fail(ps, "an unclosed '['");
     ps->p++;
     if (neg) {
         acc[0] = ~acc[0];
@@ -193,14 +210,14 @@ static int parse_atom(parser *ps) {
     if (ch == '(') {
         ps->p++;
         if (*ps->p == '?') {
-            if (ps->p[1] != ':') return fail(ps, "'pattern': lookaround and named groups are not supported");
+            if (ps->p[1] != ':') return fail(ps, "lookaround and named groups are not supported");
             ps->p += 2;
         }
-        if (++ps->depth > 32) return fail(ps, "'pattern': groups nest too deep");
+        if (++ps->depth > 32) return fail(ps, "groups nest too deep");
         int k = parse_alt(ps);
         ps->depth--;
         if (k < 0) return -1;
-        if (*ps->p != ')') return fail(ps, "'pattern': an unclosed '('");
+        if (*ps->p != ')') return fail(ps, "an unclosed '('");
         ps->p++;
         return k;
     }
@@ -209,6 +226,7 @@ static int parse_atom(parser *ps) {
     uint64_t *c = ps->nodes[k].cls;
     if (ch == '.') {
         alphabet(c);
+        if (ps->wide) c[0] &= ~(1ull << '\n'); /* as in ECMAScript: not a line break */
         ps->p++;
     } else if (ch == '[') {
         ps->p++;
@@ -217,11 +235,11 @@ static int parse_atom(parser *ps) {
         ps->p++;
         if (escape(ps, c, false)) return -1;
     } else if (ch == '^' || ch == '$') {
-        return fail(ps, "'pattern': '%c' is supported only at the pattern's %s", ch, ch == '^' ? "start" : "end");
+        return fail(ps, "'%c' is supported only at the pattern's %s", ch, ch == '^' ? "start" : "end");
     } else if (ch == '*' || ch == '+' || ch == '?' || ch == '{') {
-        return fail(ps, "'pattern': a quantifier '%c' with nothing before it", ch);
+        return fail(ps, "a quantifier '%c' with nothing before it", ch);
     } else if ((unsigned char)ch >= 128) {
-        return fail(ps, "'pattern': characters beyond ASCII are not supported");
+        return fail(ps, "characters beyond ASCII are not supported");
     } else {
         cls_add(c, (unsigned char)ch, (unsigned char)ch);
         ps->p++;
@@ -231,17 +249,19 @@ static int parse_atom(parser *ps) {
     c[0] &= a[0];
     c[1] &= a[1];
     if (!c[0] && !c[1])
-        return fail(ps, "'pattern': a character class with nothing the grammar writes (only printable ASCII "
-                        "without '\"' and '\\' is supported in patterns)");
+        return fail(ps, ps->wide ? "a character class with nothing the grammar writes (only printable ASCII, tab and "
+                                   "line feed are supported)"
+                                 : "a character class with nothing the grammar writes (only printable ASCII "
+                                   "without '\"' and '\\' is supported in patterns)");
     return k;
 }
 
 static int read_int(parser *ps, int *out) {
-    if (*ps->p < '0' || *ps->p > '9') return -1;
+    if (*ps->p < '0' || *ps->p > '9') return fail(ps, "a bad {m,n}");
     long v = 0;
     while (*ps->p >= '0' && *ps->p <= '9') {
         v = v * 10 + (*ps->p++ - '0');
-        if (v > 1000) return fail(ps, "'pattern': a repetition count over 1000");
+        if (v > 1000) return fail(ps, "a repetition count over 1000");
     }
     *out = (int)v;
     return 0;
@@ -265,8 +285,8 @@ static int parse_rep(parser *ps) {
                 hi = REP_INF;
                 if (*ps->p != '}' && read_int(ps, &hi)) return -1;
             }
-            if (*ps->p != '}') return fail(ps, "'pattern': a bad {m,n}");
-            if (hi != REP_INF && hi < lo) return fail(ps, "'pattern': {m,n} with n < m");
+            if (*ps->p != '}') return fail(ps, "a bad {m,n}");
+            if (hi != REP_INF && hi < lo) return fail(ps, "{m,n} with n < m");
         } else {
             break;
         }
@@ -337,7 +357,7 @@ static int build(parser *ps, int k, gl *out) {
     case R_EMPTY: out->nullable = true; return 0;
     case R_CLS:
         if (rx->n == EMBER_RX_MAX)
-            return fail(ps, "'pattern' is too complex: more than %d character positions (repetitions counted)",
+            return fail(ps, "too complex: more than %d character positions (repetitions counted)",
                         EMBER_RX_MAX);
         rx->n++;
         rx->cls[rx->n][0] = r->cls[0];
@@ -379,7 +399,7 @@ static int build(parser *ps, int k, gl *out) {
         return 0;
     }
     }
-    return fail(ps, "'pattern': internal error");
+    return fail(ps, "internal error");
 }
 
 static void distances(ember_rx *rx) {
@@ -393,6 +413,34 @@ static void distances(ember_rx *rx) {
                     changed = true;
                 }
     }
+}
+
+int ember_rx_parse(const char *pattern, const char *what, ember_rx_tree *out, char *why, size_t why_len) {
+    parser *ps = ember_calloc(1, sizeof *ps);
+    if (!ps) {
+        snprintf(why, why_len, "%s: out of memory", what);
+        return -1;
+    }
+    ps->why = why;
+    ps->why_len = why_len;
+    ps->what = what;
+    ps->wide = true;
+    size_t len = strlen(pattern);
+    bool head = pattern[0] == '^', tail = len > 0 && pattern[len - 1] == '$' && (len < 2 || pattern[len - 2] != '\\');
+    ps->p = pattern + (head ? 1 : 0);
+    int k = parse_alt(ps);
+    if (k >= 0 && *ps->p == '$' && tail && ps->p[1] == '\0') ps->p++;
+    if (k >= 0 && *ps->p == ')') k = fail(ps, "an unmatched ')'");
+    if (k >= 0 && *ps->p) k = fail(ps, "cannot read it at '%.16s'", ps->p);
+    if (k >= 0 && (head || tail) && ps->top_alt)
+        k = fail(ps, "anchors with a top-level '|' are not supported (group the alternatives)");
+    if (k >= 0) {
+        out->n = ps->n;
+        out->root = k;
+        memcpy(out->nodes, ps->nodes, (size_t)ps->n * sizeof *out->nodes);
+    }
+    free(ps);
+    return k >= 0 ? 0 : -1;
 }
 
 int ember_rx_compile(const char *pattern, ember_rx *out, char *why, size_t why_len) {
@@ -409,10 +457,10 @@ int ember_rx_compile(const char *pattern, ember_rx *out, char *why, size_t why_l
     int k = parse_alt(ps);
     if (k < 0) return -1;
     if (*ps->p == '$' && tail && ps->p[1] == '\0') ps->p++;
-    if (*ps->p == ')') return fail(ps, "'pattern': an unmatched ')'");
-    if (*ps->p) return fail(ps, "'pattern': cannot read it at '%.16s'", ps->p);
+    if (*ps->p == ')') return fail(ps, "an unmatched ')'");
+    if (*ps->p) return fail(ps, "cannot read it at '%.16s'", ps->p);
     if ((head || tail) && ps->top_alt)
-        return fail(ps, "'pattern': anchors with a top-level '|' are not supported (group the alternatives)");
+        return fail(ps, "anchors with a top-level '|' are not supported (group the alternatives)");
     /* an implicit .* on an open side */
     for (int side = 0; side < 2; side++) {
         if (side == 0 ? head : tail) continue;
@@ -432,7 +480,7 @@ int ember_rx_compile(const char *pattern, ember_rx *out, char *why, size_t why_l
     out->last = top.last | (top.nullable ? 1 : 0);
     distances(out);
     for (int p = 0; p <= out->n; p++)
-        if (out->dist[p] == 255) return fail(ps, "'pattern': no string matches it");
+        if (out->dist[p] == 255) return fail(ps, "no string matches it");
     return 0;
 }
 

@@ -37,6 +37,29 @@ typedef struct ember_rx {
     uint8_t dist[EMBER_RX_MAX + 1]; /* fewest characters from a position to an end */
 } ember_rx;
 
+/* The syntax tree of a pattern, for compilers other than the automaton
+   (gbnf.c compiles it into rules without the position limit). */
+enum { EMBER_RXT_CLS, EMBER_RXT_CAT, EMBER_RXT_ALT, EMBER_RXT_REP, EMBER_RXT_EMPTY };
+#define EMBER_RX_NODES 512
+#define EMBER_RX_INF (-1) /* REP: no upper bound */
+typedef struct ember_rx_node {
+    int kind;
+    int a, b;        /* CAT / ALT: the parts; REP: a is the body */
+    int lo, hi;      /* REP: counts (hi EMBER_RX_INF: none) */
+    uint64_t cls[2]; /* CLS: the bytes 0..127 it matches */
+} ember_rx_node;
+typedef struct ember_rx_tree {
+    int n, root;
+    ember_rx_node nodes[EMBER_RX_NODES];
+} ember_rx_tree;
+
+/* Parses pattern as a whole-string match (a '^' at its start and a '$' at
+   its end are accepted and change nothing; no implicit .*) over a wider
+   alphabet: printable ASCII, tab and line feed ('.' is all of them but the
+   line feed). what names the field in messages. Returns 0, or -1 with why
+   written (naming the unsupported feature). */
+int ember_rx_parse(const char *pattern, const char *what, ember_rx_tree *out, char *why, size_t why_len);
+
 /* Compiles pattern into *out. Returns 0, or -1 with why (a sentence naming
    what is not supported) written to why[0..why_len). */
 int ember_rx_compile(const char *pattern, ember_rx *out, char *why, size_t why_len);

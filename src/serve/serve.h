@@ -20,6 +20,7 @@
 
 #include "core/log.h"
 #include "ember.h"
+#include "sample/grammar.h"
 #include "template/chat.h"
 #include "template/toolcall.h"
 #include "tok/tokenizer.h"
@@ -44,6 +45,9 @@ typedef struct ember_server_opts {
     float prefill_pace;        /* see ember_engine_params: 0 its default, < 0 off */
     ember_tool_format tool_format; /* how the model writes tool calls (EMBER_TOOLS_NONE: tools are
                                       rendered, calls come back as text); see docs/tool-calls.md */
+    const char *default_grammar; /* GBNF text (--grammar-file) for requests that carry no constraint of
+                                    their own; NULL: none. Checked by ember_server_start (400-style message
+                                    in err) and borrowed: it must outlive the server */
     bool test_output;          /* TESTS ONLY: accept "ember_test_output" (a scripted completion whose
                                   tokens replace the sampled ones) so tests can drive tool calls
                                   through random-weight models. Never set it in production. */
@@ -58,6 +62,14 @@ int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_c
 
 /* The port actually bound (useful with port 0 in tests... 0 means 8080 here,
    so tests pick a free port themselves). */
+/* The vocabulary of constrained decoding (grammar.h) as the server builds
+   it from tok: n_rows logits rows, each token's bytes (byte-level and
+   SentencePiece vocabularies mapped back to bytes; special tokens never,
+   but the keep[0..n_keep) ids, written as their text), eos[0..n_eos) the
+   ids that end the output. `ember generate --grammar-file` uses it too. */
+int ember_serve_gvocab_new(const ember_tokenizer *tok, int n_rows, const int32_t *eos, int n_eos,
+                           const int32_t *keep, int n_keep, ember_gvocab **out, ember_error *err);
+
 int ember_server_port(const ember_server *s);
 
 /* Graceful stop: refuse new work (503), wait up to drain_seconds for running

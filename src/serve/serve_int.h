@@ -149,4 +149,11 @@ json_t *resp_store_get(resp_store *st, const char *id, bool response);
 /* Drops what is stored under id; false when nothing is. */
 bool resp_store_delete(resp_store *st, const char *id);
 
+/* The GBNF grammar (malloc'd text in *out) of one enforced call in Gemma 4's
+   format, <|tool_call>call:NAME{...}<tool_call|>, of one of tools (OpenAI
+   shape) or of the one named: each tool's parameters schema written in
+   Gemma's value syntax (gemma_grammar.c). Returns 0; -1 with why naming
+   what cannot be enforced; -2 out of memory. */
+int gemma_call_gbnf(const json_t *tools, const char *named, char **out, char *why, size_t why_len);
+
 #endif

@@ -612,42 +612,49 @@ static bool token_bytes(const ember_tokenizer *tok, bool bytelevel, int32_t id, 
     return true;
 }
 
-/* The server's vocabulary trie, made once (under gv_mu). */
+int ember_serve_gvocab_new(const ember_tokenizer *tok, int n_rows, const int32_t *eos, int n_eos,
+                           const int32_t *keep, int n_keep, ember_gvocab **out, ember_error *err) {
+    int n = n_rows, nt = ember_tok_n_vocab(tok);
+    bool bytelevel = ember_tok_text_id(tok, "\xc4\xa0", 2) >= 0; /* "Ġ": spaces as the byte alphabet writes them */
+    char **bytes = ember_calloc((size_t)n, sizeof *bytes);
+    size_t *lens = ember_calloc((size_t)n, sizeof *lens);
+    bool *end = ember_calloc((size_t)n, sizeof *end);
+    char buf[1024];
+    bool ok = bytes && lens && end;
+    for (int i = 0; ok && i < n; i++) {
+        for (int k = 0; k < n_eos; k++) end[i] |= eos[k] == i;
+        if (i >= nt || end[i]) continue;
+        size_t len = 0;
+        if (ember_tok_is_special(tok, i)) {
+            bool kept = false;
+            for (int k = 0; k < n_keep; k++) kept |= keep[k] == i;
+            const char *t = kept ? ember_tok_id_text(tok, i, &len) : NULL;
+            if (!t || len > sizeof buf) continue;
+            memcpy(buf, t, len);
+        } else if (!token_bytes(tok, bytelevel, i, buf, &len)) {
+            continue;
+        }
+        bytes[i] = ember_malloc(len ? len : 1);
+        if (!bytes[i]) ok = false;
+        else memcpy(bytes[i], buf, len);
+        lens[i] = len;
+    }
+    int rc = ok ? ember_gvocab_new(n, (const char *const *)bytes, lens, end, out, err)
+                : ember_err(err, EMBER_ERR_NOMEM, "out of memory building the vocabulary's trie");
+    for (int i = 0; bytes && i < n; i++) free(bytes[i]);
+    free(bytes);
+    free(lens);
+    free(end);
+    return rc;
+}
+
+/* The vocabulary's trie for constrained decoding (made on first use). */
 static const ember_gvocab *server_gvocab(ember_server *s, bad *b) {
     pthread_mutex_lock(&s->gv_mu);
     if (!s->gv) {
-        int n = s->info.vocab_size, nt = ember_tok_n_vocab(s->tok);
-        bool bytelevel = ember_tok_text_id(s->tok, "\xc4\xa0", 2) >= 0; /* "Ġ": spaces as the byte alphabet writes them */
-        char **bytes = ember_calloc((size_t)n, sizeof *bytes);
-        size_t *lens = ember_calloc((size_t)n, sizeof *lens);
-        bool *end = ember_calloc((size_t)n, sizeof *end);
-        char buf[1024];
-        bool ok = bytes && lens && end;
-        for (int i = 0; ok && i < n; i++) {
-            for (int k = 0; k < s->info.n_eos; k++) end[i] |= s->info.eos_ids[k] == i;
-            if (i >= nt || end[i]) continue;
-            size_t len = 0;
-            if (ember_tok_is_special(s->tok, i)) {
-                bool keep = false;
-                for (int k = 0; k < s->n_keep; k++) keep |= s->keep_ids[k] == i;
-                const char *t = keep ? ember_tok_id_text(s->tok, i, &len) : NULL;
-                if (!t || len > sizeof buf) continue;
-                memcpy(buf, t, len);
-            } else if (!token_bytes(s->tok, bytelevel, i, buf, &len)) {
-                continue;
-            }
-            bytes[i] = ember_malloc(len ? len : 1);
-            if (!bytes[i]) ok = false;
-            else memcpy(bytes[i], buf, len);
-            lens[i] = len;
-        }
         ember_error err = {0};
-        if (ok && ember_gvocab_new(n, (const char *const *)bytes, lens, end, &s->gv, &err)) ok = false;
-        for (int i = 0; bytes && i < n; i++) free(bytes[i]);
-        free(bytes);
-        free(lens);
-        free(end);
-        if (!ok) {
+        if (ember_serve_gvocab_new(s->tok, s->info.vocab_size, s->info.eos_ids, s->info.n_eos, s->keep_ids, s->n_keep,
+                                   &s->gv, &err)) {
             pthread_mutex_unlock(&s->gv_mu);
             fail(b, 500, NULL, "out of memory building the vocabulary's trie");
             return NULL;
@@ -734,12 +741,48 @@ static int coder_body(ember_grammar *g, const json_t *params, const char *where,
     return k;
 }
 
+/* An enforced call in Gemma 4's format: each tool's schema checked as for
+   the other formats, then written as a GBNF grammar (gemma_grammar.c). */
+static int gemma_tool_grammar(const gen_req *q, const char *named, bad *b) {
+    size_t i;
+    const json_t *t;
+    json_array_foreach(q->tools, i, t) {
+        const json_t *fn = json_object_get(t, "function"), *params = json_object_get(fn, "parameters");
+        if (named && strcmp(json_string_value(json_object_get(fn, "name")), named)) continue;
+        char where[64];
+        snprintf(where, sizeof where, "tools[%zu] parameters", i);
+        const json_t *ty = json_object_get(params, "type");
+        if (ty && !(json_is_string(ty) && !strcmp(json_string_value(ty), "object")))
+            return fail(b, 400, "tools", "%s: a tool's parameters must describe an object to be enforced", where);
+        ember_grammar *chk = ember_grammar_new();
+        ember_error err = {0};
+        int k = !chk ? ember_err(&err, EMBER_ERR_NOMEM, "out of memory")
+                : json_object_size(params) ? ember_grammar_schema(chk, params, params, where, &err) : 0;
+        ember_grammar_free(chk);
+        if (k < 0) return fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, "tools", "%s", err.msg);
+    }
+    char *text = NULL, why[256];
+    int rc = gemma_call_gbnf(q->tools, named, &text, why, sizeof why);
+    if (rc) return fail(b, rc == -2 ? 500 : 400, "tools", "%s", why);
+    ember_grammar *g = ember_grammar_new();
+    ember_error err = {0};
+    rc = g ? ember_grammar_gbnf(g, text, strlen(text), &err) : ember_err(&err, EMBER_ERR_NOMEM, "out of memory");
+    free(text);
+    if (rc) {
+        ember_grammar_free(g);
+        return fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, "tools", "gemma4 tool call: %s", err.msg);
+    }
+    ((gen_req *)q)->gram = g;
+    return 0;
+}
+
 static int tool_grammar(ember_server *s, const gen_req *q, const char *named, bad *b) {
     ember_tool_format f = s->o.tool_format;
+    if (f == EMBER_TOOLS_GEMMA4) return gemma_tool_grammar(q, named, b);
     if (f != EMBER_TOOLS_HERMES && f != EMBER_TOOLS_LLAMA3 && f != EMBER_TOOLS_MISTRAL && f != EMBER_TOOLS_QWEN3_CODER)
         return fail(b, 400, "tool_choice",
                     "this tool_choice cannot be enforced with the '%s' tool-call format (enforced: hermes, "
-                    "qwen3_coder, llama3_json, mistral); use \"auto\"",
+                    "qwen3_coder, llama3_json, mistral, gemma4); use \"auto\"",
                     ember_tool_format_name(f));
     ember_grammar *g = ember_grammar_new();
     if (!g) return fail(b, 500, NULL, "out of memory");
@@ -855,6 +898,58 @@ static int format_grammar(const json_t *rf, const char *field, gen_req *q, bad *
     int root = sch ? ember_grammar_schema(q->gram, sch, sch, where, &err) : ember_grammar_any_object(q->gram, &err);
     if (root < 0) return fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, field, "%s", err.msg);
     if (ember_grammar_set_root(q->gram, root, &err)) return fail(b, 500, NULL, "%s", err.msg);
+    return 0;
+}
+
+/* The constraint a request names directly: a GBNF grammar ("grammar", or
+   vLLM's "guided_grammar" / "structured_outputs": {"grammar"}) or a regular
+   expression the whole output matches (vLLM's "guided_regex" /
+   "structured_outputs": {"regex"}). At most one, and not together with
+   response_format or an enforced tool_choice (400 naming both). A request
+   with no constraint at all takes the server's default grammar
+   (--grammar-file), when it has one. */
+static int direct_grammar(ember_server *s, const json_t *body, gen_req *q, bad *b) {
+    static const char *const k_fields[] = {"grammar", "guided_grammar", "guided_regex", "structured_outputs"};
+    const char *field = NULL, *text = NULL;
+    bool regex = false;
+    for (int i = 0; i < 4; i++) {
+        const json_t *v = json_object_get(body, k_fields[i]);
+        if (!v || json_is_null(v)) continue;
+        if (field) return fail(b, 400, k_fields[i], "'%s' and '%s' both constrain the output: give one", field, k_fields[i]);
+        field = k_fields[i];
+        if (i == 3) {
+            const json_t *rx = json_object_get(v, "regex"), *gr = json_object_get(v, "grammar");
+            const char *key;
+            const json_t *x;
+            if (!json_is_object(v)) return fail(b, 400, field, "'structured_outputs' must be an object");
+            json_object_foreach((json_t *)v, key, x) {
+                if (strcmp(key, "regex") && strcmp(key, "grammar") && !json_is_null(x))
+                    return fail(b, 400, field,
+                                "structured_outputs.%.32s is not supported (regex and grammar are; JSON schemas go in "
+                                "response_format)",
+                                key);
+            }
+            if (!!json_is_string(rx) + !!json_is_string(gr) != 1)
+                return fail(b, 400, field, "'structured_outputs' must hold one string: 'regex' or 'grammar'");
+            regex = json_is_string(rx);
+            v = regex ? rx : gr;
+        } else if (!json_is_string(v)) {
+            return fail(b, 400, field, "'%s' must be a string, not %s", field, jtype(v));
+        }
+        regex = regex || i == 2;
+        text = json_string_value(v);
+    }
+    if (field && q->gram)
+        return fail(b, 400, field, "'%s' together with response_format or an enforced tool_choice is not supported",
+                    field);
+    if (!field && (q->gram || !s->o.default_grammar)) return 0;
+    if (!field) text = s->o.default_grammar;
+    q->gram = ember_grammar_new();
+    if (!q->gram) return fail(b, 500, NULL, "out of memory");
+    ember_error err = {0};
+    int rc = regex ? ember_grammar_regex(q->gram, text, field, &err)
+                   : ember_grammar_gbnf(q->gram, text, strlen(text), &err);
+    if (rc) return fail(b, err.code == EMBER_ERR_NOMEM ? 500 : 400, field ? field : "grammar", "%s%s", field ? "" : "--grammar-file: ", err.msg);
     return 0;
 }
 
@@ -1361,7 +1456,7 @@ static int parse_gen(ember_server *s, int proto, const json_t *body, gen_req *q,
         if (s->o.default_max_tokens > 0 && q->g.max_tokens > s->o.default_max_tokens)
             q->g.max_tokens = s->o.default_max_tokens;
     }
-    if (parse_test_output(s, body, q, b) || attach_grammar(s, q, b)) return -1;
+    if (direct_grammar(s, body, q, b) || parse_test_output(s, body, q, b) || attach_grammar(s, q, b)) return -1;
     q->g.prompt = q->ids;
     q->g.n_prompt = q->n_ids;
     return 0;
@@ -2365,6 +2460,13 @@ static uint64_t tokenizer_fingerprint(const ember_tokenizer *tok) {
 int ember_server_start(ember_model *m, const ember_tokenizer *tok, const ember_chat_template *tmpl,
                        const ember_server_opts *o, ember_server **out, ember_error *err) {
     *out = NULL;
+    if (o->default_grammar) { /* checked once here: a request never meets a bad default */
+        ember_grammar *g = ember_grammar_new();
+        int rc = g ? ember_grammar_gbnf(g, o->default_grammar, strlen(o->default_grammar), err)
+                   : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        ember_grammar_free(g);
+        if (rc) return rc;
+    }
     ember_server *s = ember_calloc(1, sizeof *s);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     s->m = m;

@@ -116,6 +116,69 @@ const pool = async (items, n, f) => {
   }));
 };
 
+// Grammars and regular expressions on the real tokenizer (docs/tool-calls.md, "Grammars and
+// regular expressions"): guided_regex answers checked with a JS RegExp of the same pattern
+// (the whole answer must match), GBNF answers with JSON.parse or a RegExp of the same
+// language; every answer must finish ("stop").
+const k_regexes = [
+  '[a-z]{3,10}@[a-z]{2,8}\\.(com|org|net)',
+  '\\d{4}-\\d{2}-\\d{2}',
+  '(yes|no|maybe), because [a-z ]{5,40}\\.',
+  '"[^"\\n]{0,60}"',
+  '[A-Z][a-z]{1,100}( [A-Z][a-z]{1,100}){0,3}',
+  '(0|[1-9][0-9]{0,5})(\\.[0-9]{1,3})?',
+];
+const k_gbnf = [
+  {
+    grammar: 'root ::= "{" ws "\\"n\\":" ws num ws ("," ws "\\"tag\\":" ws str ws)? "}"\n' +
+      'num ::= "-"? [0-9]{1,6}\nstr ::= "\\"" [a-z]{0,12} "\\""\nws ::= [ ]?\n',
+    ok: (t) => { try { const x = JSON.parse(t); return Number.isInteger(x.n); } catch { return false; } },
+  },
+  {
+    grammar: '# a list of words\nroot ::= item ("," item){0,5}\nitem ::= [a-z]+ | [0-9]{1,3}\n',
+    ok: (t) => /^([a-z]+|[0-9]{1,3})(,([a-z]+|[0-9]{1,3})){0,5}$/.test(t),
+  },
+  {
+    grammar: 'root ::= greet " " name "!"\ngreet ::= "hi" | "h\\u00e9llo"\nname ::= [A-Z] [a-z\\u00e0-\\u00ff]{1,8}\n',
+    ok: (t) => /^(hi|h\u00e9llo) [A-Z][a-z\u00e0-\u00ff]{1,8}!$/u.test(t),
+  },
+];
+const post = (body) =>
+  fetch(`${base}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'Go.' }], temperature: 1, ...body }),
+  });
+async function grammarCases() {
+  let n = 0;
+  const t = Date.now();
+  for (const [i, p] of k_regexes.entries()) {
+    for (let seed = 0; seed < 3; seed++) {
+      const r = await post({ guided_regex: p, max_tokens: 60, seed });
+      const b = await r.json();
+      const t = b.choices?.[0]?.message?.content;
+      check(r.status === 200 && b.choices[0].finish_reason === 'stop' && new RegExp(`^(?:${p})$`).test(t),
+        `guided_regex ${i} ${p}: ${r.status} ${JSON.stringify(b.error ?? b.choices[0])}`);
+      n++;
+    }
+  }
+  for (const [i, g] of k_gbnf.entries()) {
+    for (let seed = 0; seed < 3; seed++) {
+      const r = await post({ grammar: g.grammar, max_tokens: 48, seed });
+      const b = await r.json();
+      const t = b.choices?.[0]?.message?.content;
+      check(r.status === 200 && b.choices[0].finish_reason === 'stop' && g.ok(t),
+        `grammar ${i}: ${r.status} ${JSON.stringify(b.error ?? b.choices[0])}`);
+      n++;
+    }
+  }
+  const r = await post({ grammar: 'root ::= x\nx ::= x "a" | "b"', max_tokens: 8 });
+  const b = await r.json();
+  check(r.status === 400 && b.error?.param === 'grammar' && b.error.message.includes('left recursion'),
+    `left recursion: ${r.status} ${JSON.stringify(b.error)}`);
+  console.error(`grammars and regular expressions: ${n} answers checked, ${((Date.now() - t) / 1000).toFixed(1)} s`);
+}
+
 const t0 = Date.now();
 let valid = 0, tokens = 0;
 try {
@@ -148,6 +211,7 @@ try {
       `refusal ${JSON.stringify(schema).slice(0, 100)}: ${r.status} ${JSON.stringify(body.error)} (want '${names}')`,
     );
   }
+  await grammarCases();
   check((await fetch(`${base}/health`)).ok, 'the server is up after the suite');
 } finally {
   server.kill('SIGTERM');
