@@ -14,7 +14,8 @@
 #   FILTER (a grep -E pattern on "model type threads", e.g. 'q4_0 2$') keeps
 #   only the matching rows. Raw per-round numbers go to stderr.
 # env: PRESETS (default "qwen2.5-0.5b llama3.2-1b"; any `ember mkmodel --list`
-#   preset, e.g. gemma3-1b), TYPES (default "q8_0 q4_0 q4_k_m"), THREADS (default
+#   preset, e.g. gemma3-1b), TYPES (default "q8_0 q4_0 q4_k_m"; any `ember quantize`
+#   GGUF type, e.g. bf16), THREADS (default
 #   "1 2"), EMBER_ISA (ember's --isa, default auto; the header line names it; with
 #   EMBER_CPU_NO_VNNI=1 ember runs as on a CPU without VNNI / AMX, e.g. against a
 #   llama.cpp built for AVX2 alone).
