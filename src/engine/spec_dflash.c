@@ -12,8 +12,8 @@
  * positions n - 1 ..; the masks' argmax are the drafts for positions n ...
  *
  * State per slot: base (the target position of cache position 0), n_held
- * (context positions in the cache) and pending taps, as the EAGLE-3 source
- * keeps them (spec_eagle3.c), except that a context position needs only its
+ * (context positions in the cache) and pending taps (spec_taps.h, shared with
+ * the EAGLE-3 source, spec_eagle3.c), except that a context position needs only its
  * own token confirmed (hist[t] equals the token fed there), not the next.
  * A round's block positions are trimmed right after it; pending taps of
  * rejected drafts fail the history check. A gap in the taps (a prefix from
@@ -32,21 +32,13 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "spec.h"
+#include "spec_taps.h"
 
-#define PEND_CAP (EMBER_MAX_DRAFT + 1)
-
-typedef struct df_slot {
-    bool open;
-    int base, n_held; /* base < 0: the cache row holds nothing */
-    int p0, np;       /* pending taps: target positions [p0, p0 + np) */
-    int32_t *ptok;
-    float *ptaps;
-} df_slot;
 
 typedef struct df_src {
     ember_draft base;
     ember_model *m;
-    df_slot *slot;
+    tap_slot *slot;
     int W, V, n_ctx, chunk, block, mask;
     int *jslot, *jcnt;
     int32_t *tok, *pos, *row, *outi, *apos;
@@ -62,25 +54,16 @@ static int argmax(const float *x, int n) {
 }
 
 static void reset(df_src *s, int slot, int base) {
-    ember_kv_clear(s->m->kv, slot);
-    df_slot *e = &s->slot[slot];
-    e->base = base;
-    e->n_held = 0;
-    e->p0 = base;
-    e->np = 0;
+    tap_slot_reset(&s->slot[slot], s->m->kv, slot, base);
 }
 
 static bool trim_to_held(df_src *s, int slot) {
-    df_slot *e = &s->slot[slot];
-    if (ember_kv_len(s->m->kv, slot) <= e->n_held) return true;
-    if (ember_kv_trim(s->m->kv, slot, e->n_held, NULL) == EMBER_OK) return true;
-    reset(s, slot, -1);
-    return false;
+    return tap_slot_trim(&s->slot[slot], s->m->kv, slot);
 }
 
 /* How many pending positions the history confirms (the token fed at t is hist[t]); drops from the first refuted. */
 static int confirmed(df_src *s, int slot, const int32_t *hist, int n_hist) {
-    df_slot *e = &s->slot[slot];
+    tap_slot *e = &s->slot[slot];
     int k = 0;
     while (k < e->np && e->p0 + k < n_hist && hist[e->p0 + k] == e->ptok[k]) k++;
     if (k < e->np && e->p0 + k < n_hist) e->np = k; /* refuted: it and all after it */
@@ -91,7 +74,7 @@ static int confirmed(df_src *s, int slot, const int32_t *hist, int n_hist) {
 static int job(df_src *s, int j, int slot, const int32_t *hist, int n_hist) {
     s->jslot[j] = slot;
     s->jcnt[j] = 0;
-    df_slot *e = &s->slot[slot];
+    tap_slot *e = &s->slot[slot];
     if (!e->open || e->base < 0 || !trim_to_held(s, slot)) return 0;
     int k = confirmed(s, slot, hist, n_hist);
     if (e->p0 - e->base + k + s->block > s->n_ctx) k = 0; /* no room left for a round */
@@ -109,7 +92,7 @@ static void feed(df_src *s, int n) {
                 j++, o = 0;
                 continue;
             }
-            df_slot *e = &s->slot[s->jslot[j]];
+            tap_slot *e = &s->slot[s->jslot[j]];
             s->pos[nt] = e->p0 + o - e->base;
             s->row[nt] = s->jslot[j];
             memcpy(s->tin + (size_t)nt * s->W, e->ptaps + (size_t)o * s->W, (size_t)s->W * sizeof(float));
@@ -121,7 +104,7 @@ static void feed(df_src *s, int n) {
         int rc = ember_dflash_context(m->llm, m->st, m->kv, nt, s->row, s->pos, s->tin, &err);
         for (int q = first, qo = first_o; q < n && (q < j || (q == j && qo < o)); q++, qo = 0) {
             if (qo >= s->jcnt[q]) continue;
-            df_slot *e = &s->slot[s->jslot[q]];
+            tap_slot *e = &s->slot[s->jslot[q]];
             if (rc) {
                 reset(s, s->jslot[q], -1);
                 s->jcnt[q] = 0;
@@ -131,7 +114,7 @@ static void feed(df_src *s, int n) {
         }
     }
     for (int q = 0; q < n; q++) {
-        df_slot *e = &s->slot[s->jslot[q]];
+        tap_slot *e = &s->slot[s->jslot[q]];
         int k = s->jcnt[q];
         if (k <= 0 || e->base < 0) continue;
         memmove(e->ptok, e->ptok + k, (size_t)(e->np - k) * sizeof *e->ptok);
@@ -147,27 +130,14 @@ static void df_observe(ember_draft *d, int n, const int *slot, const int32_t *po
     for (int i = 0; i < n; i++) {
         const int sl = slot[i];
         if (sl < 0 || sl >= d->n_slots || !s->slot[sl].open) continue;
-        df_slot *e = &s->slot[sl];
+        tap_slot *e = &s->slot[sl];
         const int t = pos[i];
-        if (e->base < 0 || t != e->p0 + e->np) {
-            if (e->base >= 0 && t >= e->base && t <= e->base + e->n_held) { /* fed again: back to t */
-                e->n_held = t - e->base;
-                e->p0 = t;
-                e->np = 0;
-                if (!trim_to_held(s, sl)) reset(s, sl, t);
-            } else if (e->base >= 0 && t > e->base + e->n_held && t <= e->p0 + e->np) {
-                e->np = t - e->p0;
-            } else {
-                reset(s, sl, t); /* a gap: afresh from here */
-            }
-        }
-        if (e->np == PEND_CAP) { /* full (a long prompt chunk): into the context what the history confirms */
+        tap_slot_place(e, s->m->kv, sl, t);
+        if (e->np == TAP_PEND_CAP) { /* full (a long prompt chunk): into the context what the history confirms */
             if (job(s, 0, sl, hist[sl], n_hist[sl])) feed(s, 1);
-            if (e->np == PEND_CAP || e->base < 0) reset(s, sl, t);
+            if (e->np == TAP_PEND_CAP || e->base < 0) reset(s, sl, t);
         }
-        e->ptok[e->np] = tok[i];
-        memcpy(e->ptaps + (size_t)e->np * s->W, taps + (size_t)i * s->W, (size_t)s->W * sizeof(float));
-        e->np++;
+        tap_slot_push(e, tok[i], taps + (size_t)i * s->W, s->W);
     }
     int nj = 0;
     for (int i = 0; i < n; i++) {
@@ -194,7 +164,7 @@ static void df_draft_many(ember_draft *d, int n, const int *slots, const int32_t
     while (j < n) {
         int nt = 0, first = j;
         for (; j < n && nt + B <= s->chunk; j++) {
-            df_slot *e = &s->slot[slots[j]];
+            tap_slot *e = &s->slot[slots[j]];
             if (!e->open || e->base < 0 || e->base + e->n_held != n_hist[j] - 1 || n_max[j] <= 0) continue;
             const int p = n_hist[j] - 1 - e->base;
             for (int k = 0; k < B; k++) {
@@ -213,7 +183,7 @@ static void df_draft_many(ember_draft *d, int n, const int *slots, const int32_t
         ember_error err = {0};
         int rc = ember_dflash_block(s->m->llm, s->m->st, s->m->kv, &b, s->apos, s->logits, &err);
         for (int q = first, blk = 0; q < j; q++) {
-            df_slot *e = &s->slot[slots[q]];
+            tap_slot *e = &s->slot[slots[q]];
             if (!e->open || e->base < 0 || e->base + e->n_held != n_hist[q] - 1 || n_max[q] <= 0) continue;
             if (rc) {
                 reset(s, slots[q], -1);
@@ -251,11 +221,7 @@ static void df_close(ember_draft *d, int slot) {
 static void df_destroy(ember_draft *d) {
     df_src *s = (df_src *)d;
     if (!s) return;
-    for (int i = 0; s->slot && i < s->base.n_slots; i++) {
-        free(s->slot[i].ptok);
-        free(s->slot[i].ptaps);
-    }
-    free(s->slot);
+    tap_slots_free(s->slot, s->base.n_slots);
     free(s->jslot);
     free(s->jcnt);
     free(s->tok);
@@ -309,7 +275,7 @@ int ember_draft_dflash_new(ember_model *draft, ember_model *target, int n_slots,
     s->block = draft->cfg.df_block;
     s->mask = draft->cfg.df_mask_id;
     const size_t C = (size_t)s->chunk, S = (size_t)n_slots;
-    s->slot = ember_calloc(S, sizeof *s->slot);
+    s->slot = tap_slots_new(n_slots, s->W);
     s->jslot = ember_malloc(S * sizeof *s->jslot);
     s->jcnt = ember_malloc(S * sizeof *s->jcnt);
     s->tok = ember_malloc(C * sizeof *s->tok);
@@ -320,11 +286,6 @@ int ember_draft_dflash_new(ember_model *draft, ember_model *target, int n_slots,
     s->tin = ember_malloc(C * (size_t)s->W * sizeof *s->tin);
     s->logits = ember_malloc(C * (size_t)s->V * sizeof *s->logits);
     bool ok = s->slot && s->jslot && s->jcnt && s->tok && s->pos && s->row && s->outi && s->apos && s->tin && s->logits;
-    for (int i = 0; ok && i < n_slots; i++) {
-        s->slot[i].ptok = ember_malloc(PEND_CAP * sizeof(int32_t));
-        s->slot[i].ptaps = ember_malloc((size_t)PEND_CAP * (size_t)s->W * sizeof(float));
-        ok = s->slot[i].ptok && s->slot[i].ptaps;
-    }
     if (!ok) {
         df_destroy(&s->base);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory for the DFlash draft rows");

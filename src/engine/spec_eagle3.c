@@ -42,21 +42,13 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "spec.h"
+#include "spec_taps.h"
 
-#define PEND_CAP (EMBER_MAX_DRAFT + 1) /* a verify window: the last token and its drafts */
-
-typedef struct e3_slot {
-    bool open;
-    int base, n_held; /* base < 0: the draft row holds nothing */
-    int p0, np;       /* pending taps: target positions [p0, p0 + np) */
-    int32_t *ptok;    /* [PEND_CAP] the token fed at each */
-    float *ptaps;     /* [PEND_CAP * W] */
-} e3_slot;
 
 typedef struct e3_src {
     ember_draft base;
     ember_model *m; /* the draft model */
-    e3_slot *slot;
+    tap_slot *slot;
     int W, Vd, n_ctx, chunk;
     /* one feed's jobs (at most n_slots): slot, count, and whether its logits are wanted */
     int *jslot, *jcnt;
@@ -76,27 +68,18 @@ static int argmax(const float *x, int n) {
 }
 
 static void reset(e3_src *s, int slot, int base) {
-    ember_kv_clear(s->m->kv, slot);
-    e3_slot *e = &s->slot[slot];
-    e->base = base;
-    e->n_held = 0;
-    e->p0 = base;
-    e->np = 0;
+    tap_slot_reset(&s->slot[slot], s->m->kv, slot, base);
 }
 
 /* The draft row back to its n_held positions made from taps (a proposal's positions go). */
 static bool trim_to_held(e3_src *s, int slot) {
-    e3_slot *e = &s->slot[slot];
-    if (ember_kv_len(s->m->kv, slot) <= e->n_held) return true;
-    if (ember_kv_trim(s->m->kv, slot, e->n_held, NULL) == EMBER_OK) return true;
-    reset(s, slot, -1);
-    return false;
+    return tap_slot_trim(&s->slot[slot], s->m->kv, slot);
 }
 
 /* How many of slot's pending positions the history confirms (fed token
    hist[t], next token known); drops the pending from the first refuted one. */
 static int confirmed(e3_src *s, int slot, const int32_t *hist, int n_hist) {
-    e3_slot *e = &s->slot[slot];
+    tap_slot *e = &s->slot[slot];
     int k = 0;
     while (k < e->np) {
         int t = e->p0 + k;
@@ -125,7 +108,7 @@ static void feed(e3_src *s, int n, const int32_t *const *hist, bool want) {
                 j++, o = 0;
                 continue;
             }
-            e3_slot *e = &s->slot[s->jslot[j]];
+            tap_slot *e = &s->slot[s->jslot[j]];
             int t = e->p0 + o;
             s->tok[nt] = hist[s->jslot[j]][t + 1];
             s->pos[nt] = t - e->base;
@@ -146,7 +129,7 @@ static void feed(e3_src *s, int n, const int32_t *const *hist, bool want) {
                     memmove(s->logits + (size_t)s->hdst[k] * s->Vd, lg + (size_t)k * s->Vd, (size_t)s->Vd * sizeof(float));
         for (int q = first, qo = first_o; q < n && (q < j || (q == j && qo < o)); q++, qo = 0) {
             if (qo >= s->jcnt[q]) continue;
-            e3_slot *e = &s->slot[s->jslot[q]];
+            tap_slot *e = &s->slot[s->jslot[q]];
             if (rc) {
                 reset(s, s->jslot[q], -1);
                 s->jcnt[q] = 0;
@@ -156,7 +139,7 @@ static void feed(e3_src *s, int n, const int32_t *const *hist, bool want) {
         }
     }
     for (int q = 0; q < n; q++) { /* the fed positions leave the pending */
-        e3_slot *e = &s->slot[s->jslot[q]];
+        tap_slot *e = &s->slot[s->jslot[q]];
         int k = s->jcnt[q];
         if (k <= 0 || e->base < 0) continue;
         memmove(e->ptok, e->ptok + k, (size_t)(e->np - k) * sizeof *e->ptok);
@@ -170,7 +153,7 @@ static void feed(e3_src *s, int n, const int32_t *const *hist, bool want) {
 static int job(e3_src *s, int j, int slot, const int32_t *hist, int n_hist) {
     s->jslot[j] = slot;
     s->jcnt[j] = 0;
-    e3_slot *e = &s->slot[slot];
+    tap_slot *e = &s->slot[slot];
     if (e->base < 0 || !trim_to_held(s, slot)) return 0;
     int k = confirmed(s, slot, hist, n_hist);
     if (e->p0 - e->base + k > s->n_ctx) k = 0; /* past the draft row's context */
@@ -183,29 +166,16 @@ static void e3_observe(ember_draft *d, int n, const int *slot, const int32_t *po
     e3_src *s = (e3_src *)d;
     for (int i = 0; i < n; i++) {
         const int sl = slot[i];
-        e3_slot *e = &s->slot[sl];
-        if (sl < 0 || sl >= d->n_slots || !e->open) continue;
+        if (sl < 0 || sl >= d->n_slots || !s->slot[sl].open) continue;
+        tap_slot *e = &s->slot[sl];
         const int t = pos[i];
-        if (e->base < 0 || t != e->p0 + e->np) {
-            if (e->base >= 0 && t >= e->base && t <= e->base + e->n_held) { /* fed again: back to t */
-                e->n_held = t - e->base;
-                e->p0 = t;
-                e->np = 0;
-                if (!trim_to_held(s, sl)) reset(s, sl, t);
-            } else if (!(e->base >= 0 && t > e->base + e->n_held && t <= e->p0 + e->np)) {
-                reset(s, sl, t); /* a gap: afresh from here */
-            } else {
-                e->np = t - e->p0; /* inside the pending: the rest is refed */
-            }
-        }
-        if (e->np == PEND_CAP) { /* full (a long prompt chunk): take what the history confirms */
+        tap_slot_place(e, s->m->kv, sl, t);
+        if (e->np == TAP_PEND_CAP) { /* full (a long prompt chunk): take what the history confirms */
             int k = job(s, 0, sl, hist[sl], n_hist[sl]);
             if (k) feed(s, 1, hist, false);
-            if (e->np == PEND_CAP || e->base < 0) reset(s, sl, t);
+            if (e->np == TAP_PEND_CAP || e->base < 0) reset(s, sl, t);
         }
-        e->ptok[e->np] = tok[i];
-        memcpy(e->ptaps + (size_t)e->np * s->W, taps + (size_t)i * s->W, (size_t)s->W * sizeof(float));
-        e->np++;
+        tap_slot_push(e, tok[i], taps + (size_t)i * s->W, s->W);
     }
     /* every slot touched: feed what its history already confirms (a prompt's inside), in shared forwards */
     int nj = 0;
@@ -229,7 +199,7 @@ static void draft_on(e3_src *s, int n, const int *slots, const int *n_hist, cons
         int nt = 0;
         for (int j = 0; j < n; j++) {
             if (n_out[j] == 0 || n_out[j] >= want[j]) continue;
-            e3_slot *e = &s->slot[slots[j]];
+            tap_slot *e = &s->slot[slots[j]];
             s->tok[nt] = out[j][n_out[j] - 1];
             s->pos[nt] = n_hist[j] - 1 - e->base + n_out[j] - 1;
             s->row[nt] = slots[j];
@@ -259,7 +229,7 @@ static void e3_draft_many(ember_draft *d, int n, const int *slots, const int32_t
     for (int j = 0; j < n; j++) {
         n_out[j] = 0;
         s->hist_by_slot[slots[j]] = hist[j];
-        e3_slot *e = &s->slot[slots[j]];
+        tap_slot *e = &s->slot[slots[j]];
         want[j] = 0;
         /* the pending positions the history confirms; after them the draft row must end at
            position n_hist - 2, whose logits propose token n_hist */
@@ -274,7 +244,7 @@ static void e3_draft_many(ember_draft *d, int n, const int *slots, const int32_t
     }
     feed(s, n, s->hist_by_slot, true);
     for (int j = 0; j < n; j++) {
-        e3_slot *e = &s->slot[slots[j]];
+        tap_slot *e = &s->slot[slots[j]];
         if (want[j] <= 0 || s->jcnt[j] == 0 || e->base < 0 || e->base + e->n_held != n_hist[j] - 1) {
             want[j] = 0;
             continue;
@@ -309,11 +279,7 @@ static void e3_close(ember_draft *d, int slot) {
 static void e3_destroy(ember_draft *d) {
     e3_src *s = (e3_src *)d;
     if (!s) return;
-    for (int i = 0; s->slot && i < s->base.n_slots; i++) {
-        free(s->slot[i].ptok);
-        free(s->slot[i].ptaps);
-    }
-    free(s->slot);
+    tap_slots_free(s->slot, s->base.n_slots);
     free(s->jslot);
     free(s->jcnt);
     free(s->logits);
@@ -365,7 +331,7 @@ int ember_draft_eagle3_new(ember_model *draft, ember_model *target, int n_slots,
     s->n_ctx = draft->params.n_ctx;
     s->chunk = draft->params.max_batch_tokens;
     const size_t C = (size_t)s->chunk, S = (size_t)n_slots;
-    s->slot = ember_calloc(S, sizeof *s->slot);
+    s->slot = tap_slots_new(n_slots, s->W);
     s->jslot = ember_malloc(S * sizeof *s->jslot);
     s->jcnt = ember_malloc(S * sizeof *s->jcnt);
     s->logits = ember_malloc(S * (size_t)s->Vd * sizeof *s->logits);
@@ -380,11 +346,6 @@ int ember_draft_eagle3_new(ember_model *draft, ember_model *target, int n_slots,
     s->tin = ember_malloc(C * (size_t)s->W * sizeof *s->tin);
     bool ok = s->slot && s->jslot && s->jcnt && s->logits && s->want && s->hist_by_slot && s->tok && s->pos && s->row &&
               s->outi && s->hsrc && s->hdst && s->tin;
-    for (int i = 0; ok && i < n_slots; i++) {
-        s->slot[i].ptok = ember_malloc(PEND_CAP * sizeof(int32_t));
-        s->slot[i].ptaps = ember_malloc((size_t)PEND_CAP * (size_t)s->W * sizeof(float));
-        ok = s->slot[i].ptok && s->slot[i].ptaps;
-    }
     if (!ok) {
         e3_destroy(&s->base);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory for the EAGLE-3 draft rows");
