@@ -12,8 +12,8 @@
 // Exits 77 (skipped) when Ajv is not installed (npm ci in this folder) or SHARED_DIR lacks
 // Qwen3's tokenizer.
 
-import { spawn, spawnSync } from 'node:child_process';
-import { createServer } from 'node:net';
+import { spawnSync } from 'node:child_process';
+import { startServer, stopServer } from './serve.mjs';
 import { copyFileSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -57,29 +57,9 @@ if (mk.status !== 0) {
 copyFileSync(join(tokDir, 'tokenizer.json'), join(dir, 'tokenizer.json'));
 copyFileSync(join(tokDir, 'tokenizer_config.json'), join(dir, 'tokenizer_config.json'));
 
-const port = await new Promise((resolve) => {
-  const s = createServer();
-  s.listen(0, '127.0.0.1', () => {
-    const { port } = s.address();
-    s.close(() => resolve(port));
-  });
-});
-const server = spawn(bin, ['serve', dir, '--port', String(port), '--parallel', '4', '--ctx', '1024', '--threads', '2'], {
-  stdio: ['ignore', 'inherit', 'inherit'],
-});
+const server = await startServer(bin, [dir, '--parallel', '4', '--ctx', '1024', '--threads', '2'], 'server', 600);
+const base = server.base;
 let exited = null;
-server.on('exit', (code, signal) => (exited = { code, signal }));
-const base = `http://127.0.0.1:${port}`;
-for (let i = 0; ; i++) {
-  try {
-    if ((await fetch(`${base}/health`)).ok) break;
-  } catch {}
-  if (i > 600 || exited) {
-    console.error('server did not come up', exited);
-    process.exit(1);
-  }
-  await new Promise((r) => setTimeout(r, 100));
-}
 
 let failures = 0, checks = 0;
 const check = (cond, what) => {
@@ -214,8 +194,7 @@ try {
   await grammarCases();
   check((await fetch(`${base}/health`)).ok, 'the server is up after the suite');
 } finally {
-  server.kill('SIGTERM');
-  for (let i = 0; i < 100 && !exited; i++) await new Promise((r) => setTimeout(r, 50));
+  exited = await stopServer(server, 5000);
   rmSync(dir, { recursive: true, force: true });
 }
 check(exited && exited.code === 0, `server exits 0 on SIGTERM (${JSON.stringify(exited)})`);

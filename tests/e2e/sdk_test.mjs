@@ -6,8 +6,7 @@
 // tool calls through both SDKs on a copy of the model with Qwen2.5's template. Exits 77 (skipped) when the SDKs
 // are not installed (npm install in this folder; scripts/test.sh does it).
 
-import { spawn } from 'node:child_process';
-import { createServer } from 'node:net';
+import { startServer, stopServer } from './serve.mjs';
 import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -27,34 +26,8 @@ if (!bin || !model) {
   process.exit(2);
 }
 
-const freePort = () =>
-  new Promise((resolve) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-
-const port = await freePort();
-const server = spawn(bin, ['serve', model, '--port', String(port), '--parallel', '4', '--ctx', '512', '--threads', '2'], {
-  stdio: ['ignore', 'inherit', 'inherit'],
-});
-let exited = null;
-server.on('exit', (code, signal) => (exited = { code, signal }));
-
-const base = `http://127.0.0.1:${port}`;
-for (let i = 0; ; i++) {
-  try {
-    const r = await fetch(`${base}/health`);
-    if (r.ok) break;
-  } catch {}
-  if (i > 300 || exited) {
-    console.error('server did not come up', exited);
-    process.exit(1);
-  }
-  await new Promise((r) => setTimeout(r, 100));
-}
+const server = await startServer(bin, [model, '--parallel', '4', '--ctx', '512', '--threads', '2']);
+const base = server.base;
 
 let failures = 0,
   checks = 0;
@@ -219,23 +192,9 @@ if (!qwenTemplate || !existsSync(qwenTemplate)) {
   const cfg = JSON.parse(readFileSync(cfgPath, 'utf8'));
   cfg.chat_template = readFileSync(qwenTemplate, 'utf8');
   writeFileSync(cfgPath, JSON.stringify(cfg));
-  const tport = await freePort();
-  const tserver = spawn(bin, ['serve', toolModel, '--port', String(tport), '--parallel', '2', '--ctx', '2048', '--threads', '2', '--test-output'], {
-    stdio: ['ignore', 'inherit', 'inherit'],
-  });
-  let texited = null;
-  tserver.on('exit', (code, signal) => (texited = { code, signal }));
-  const tbase = `http://127.0.0.1:${tport}`;
-  for (let i = 0; ; i++) {
-    try {
-      if ((await fetch(`${tbase}/health`)).ok) break;
-    } catch {}
-    if (i > 300 || texited) {
-      console.error('tool server did not come up', texited);
-      process.exit(1);
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
+  const tserver = await startServer(
+    bin, [toolModel, '--parallel', '2', '--ctx', '2048', '--threads', '2', '--test-output'], 'tool server');
+  const tbase = tserver.base;
   const toa = new OpenAI({ baseURL: `${tbase}/v1`, apiKey: 'unused', maxRetries: 0 });
   const tan = new Anthropic({ baseURL: tbase, apiKey: 'unused', maxRetries: 0 });
   const tools = [
@@ -466,18 +425,14 @@ if (!qwenTemplate || !existsSync(qwenTemplate)) {
     failures++;
     console.error('FAIL: unexpected exception in the tool checks', e);
   }
-  tserver.kill('SIGTERM');
-  for (let i = 0; i < 200 && !texited; i++) await new Promise((r) => setTimeout(r, 50));
+  const texited = await stopServer(tserver);
   check(texited && texited.code === 0, 'tool server exits 0 on SIGTERM');
-  if (!texited) tserver.kill('SIGKILL');
   rmSync(toolModel, { recursive: true, force: true });
 }
 
 // graceful stop: SIGTERM, exit 0
-server.kill('SIGTERM');
-for (let i = 0; i < 200 && !exited; i++) await new Promise((r) => setTimeout(r, 50));
+const exited = await stopServer(server);
 check(exited && exited.code === 0, `server exits 0 on SIGTERM (${JSON.stringify(exited)})`);
-if (!exited) server.kill('SIGKILL');
 
 console.error(`${checks} checks, ${failures} failed`);
 process.exit(failures ? 1 : 0);
