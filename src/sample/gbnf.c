@@ -801,33 +801,46 @@ static int flatten(builder *b, const int *minlen, int root, gb_prog **out) {
     return 0;
 }
 
+/* An empty builder over text[0, len), errors into err. */
+static void builder_init(builder *b, const char *text, size_t len, ember_error *err) {
+    memset(b, 0, sizeof *b);
+    b->src = b->p = text;
+    b->end = text + len;
+    b->err = err;
+    b->cur = -1;
+    for (int i = 0; i < 256; i++) b->single[i] = -1;
+}
+
+/* The end of a compile: with rc == 0 (rules built), checks them from root
+   (which check may pick) and flattens them into *out; then frees the
+   builder's rules and sets whatever happened. Returns 0 or the error code
+   (err says why). */
+static int finish(builder *b, int rc, int root, gb_prog **out, ember_error *err) {
+    int *minlen = NULL;
+    bool *nullable = NULL;
+    if (!rc) {
+        minlen = ember_malloc(((size_t)b->n_rules + 1) * sizeof *minlen);
+        nullable = ember_malloc(((size_t)b->n_rules + 1) * sizeof *nullable);
+        rc = !minlen || !nullable ? bfail(b, NULL, EMBER_ERR_NOMEM, "out of memory") : check(b, minlen, nullable, &root);
+    }
+    if (!rc) rc = flatten(b, minlen, root, out);
+    free(minlen);
+    free(nullable);
+    for (int r = 0; r < b->n_rules; r++) free(b->rules[r].body.v);
+    free(b->rules);
+    free(b->sets);
+    return rc ? (err && err->code ? err->code : EMBER_ERR_INVALID_ARG) : 0;
+}
+
 int gb_compile(const char *text, size_t len, gb_prog **out, ember_error *err) {
     *out = NULL;
     if (len > GB_MAX_TEXT)
         return ember_err(err, EMBER_ERR_LIMIT, "grammar: the text is over the limit of %d bytes", GB_MAX_TEXT);
     if (memchr(text, 0, len)) return ember_err(err, EMBER_ERR_INVALID_ARG, "grammar: the text holds a NUL byte");
     builder b;
-    memset(&b, 0, sizeof b);
-    b.src = b.p = text;
-    b.end = text + len;
-    b.err = err;
-    b.cur = -1;
-    for (int i = 0; i < 256; i++) b.single[i] = -1;
-    int *minlen = NULL;
-    bool *nullable = NULL;
+    builder_init(&b, text, len, err);
     int root = -1, rc = parse_rules(&b);
-    if (!rc) {
-        minlen = ember_malloc(((size_t)b.n_rules + 1) * sizeof *minlen);
-        nullable = ember_malloc(((size_t)b.n_rules + 1) * sizeof *nullable);
-        rc = !minlen || !nullable ? bfail(&b, NULL, EMBER_ERR_NOMEM, "out of memory") : check(&b, minlen, nullable, &root);
-    }
-    if (!rc) rc = flatten(&b, minlen, root, out);
-    free(minlen);
-    free(nullable);
-    for (int r = 0; r < b.n_rules; r++) free(b.rules[r].body.v);
-    free(b.rules);
-    free(b.sets);
-    return rc ? (err && err->code ? err->code : EMBER_ERR_INVALID_ARG) : 0;
+    return finish(&b, rc, root, out, err);
 }
 
 /* ---- regular expressions ---------------------------------------------------------------------- */
@@ -896,16 +909,9 @@ int gb_compile_regex(const char *pattern, const char *what, gb_prog **out, ember
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s", why[0] ? why : "the pattern cannot be read");
     }
     builder b;
-    memset(&b, 0, sizeof b);
-    b.src = b.p = pattern;
-    b.end = pattern + len;
-    b.err = err;
-    b.cur = -1;
+    builder_init(&b, pattern, len, err);
     b.what = what;
-    for (int i = 0; i < 256; i++) b.single[i] = -1;
     int root = new_rule(&b, "root", 4, false, pattern);
-    int *minlen = NULL;
-    bool *nullable = NULL;
     int rc = root < 0 ? -1 : 0;
     if (!rc) {
         b.rules[root].defined = true;
@@ -913,18 +919,7 @@ int gb_compile_regex(const char *pattern, const char *what, gb_prog **out, ember
         rc = rx_node(&b, t, t->root, root, 0) || emit(&b, root, END) ? -1 : 0;
     }
     free(t);
-    if (!rc) {
-        minlen = ember_malloc(((size_t)b.n_rules + 1) * sizeof *minlen);
-        nullable = ember_malloc(((size_t)b.n_rules + 1) * sizeof *nullable);
-        rc = !minlen || !nullable ? bfail(&b, NULL, EMBER_ERR_NOMEM, "out of memory") : check(&b, minlen, nullable, &root);
-    }
-    if (!rc) rc = flatten(&b, minlen, root, out);
-    free(minlen);
-    free(nullable);
-    for (int r = 0; r < b.n_rules; r++) free(b.rules[r].body.v);
-    free(b.rules);
-    free(b.sets);
-    return rc ? (err && err->code ? err->code : EMBER_ERR_INVALID_ARG) : 0;
+    return finish(&b, rc, root, out, err);
 }
 
 /* ---- matching ---------------------------------------------------------------------------------- */

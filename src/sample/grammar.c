@@ -1957,6 +1957,21 @@ static gb_masked *gb_masked_get(ember_gmatch *m) {
     return e;
 }
 
+/* The end of a mask: with end_ok the end ids join m->allow (counted in
+   allowed); logits outside it, and past the vocabulary, become -inf.
+   Returns the tokens allowed. */
+static int mask_finish(ember_gmatch *m, float *logits, int n, int allowed, bool end_ok) {
+    const ember_gvocab *v = m->v;
+    if (end_ok)
+        for (int k = 0; k < v->n_end; k++) {
+            allowed += !m->allow[v->end_ids[k]];
+            m->allow[v->end_ids[k]] = 1;
+        }
+    apply_mask(logits, m->allow, n < v->n ? n : v->n);
+    for (int i = v->n; i < n; i++) logits[i] = -INFINITY;
+    return allowed;
+}
+
 /* ember_gmatch_mask_left for a GBNF grammar. */
 static int gb_mask(ember_gmatch *m, float *logits, int n, int left) {
     const ember_gvocab *v = m->v;
@@ -1984,14 +1999,7 @@ static int gb_mask(ember_gmatch *m, float *logits, int n, int left) {
                 }
         }
     }
-    if (allowed == 0 || (e && gb_cache_done(m->gc, m->gsid)))
-        for (int k = 0; k < v->n_end; k++) {
-            allowed += !m->allow[v->end_ids[k]];
-            m->allow[v->end_ids[k]] = 1;
-        }
-    apply_mask(logits, m->allow, n < v->n ? n : v->n);
-    for (int i = v->n; i < n; i++) logits[i] = -INFINITY;
-    return allowed;
+    return mask_finish(m, logits, n, allowed, allowed == 0 || (e && gb_cache_done(m->gc, m->gsid)));
 }
 
 int ember_gmatch_mask_left(ember_gmatch *m, float *logits, int n, int left) {
@@ -2004,14 +2012,7 @@ int ember_gmatch_mask_left(ember_gmatch *m, float *logits, int n, int left) {
         memset(m->allow, 0, (size_t)v->n);
         allowed = mask_ws(m, left);
     }
-    if (allowed == 0 || complete(m->g, &m->st))
-        for (int k = 0; k < v->n_end; k++) {
-            allowed += !m->allow[v->end_ids[k]];
-            m->allow[v->end_ids[k]] = 1;
-        }
-    apply_mask(logits, m->allow, n < v->n ? n : v->n);
-    for (int i = v->n; i < n; i++) logits[i] = -INFINITY;
-    return allowed;
+    return mask_finish(m, logits, n, allowed, allowed == 0 || complete(m->g, &m->st));
 }
 
 int ember_gmatch_mask(ember_gmatch *m, float *logits, int n) {

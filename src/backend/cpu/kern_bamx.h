@@ -38,15 +38,10 @@
 #define BAMX_KC 32  /* chunks of 32 elements per K block: the sums go back to out between blocks */
 #define BAMX_MB 128 /* activation rows per M block, swept by each pair of weight groups */
 
-static void bamx_configure(void) {
-    amx_cfg c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.rows[t] = 16;
-        c.colsb[t] = 64;
-    }
-    _tile_loadconfig(&c);
+static void bamx_configure(void) { /* every tile 16 rows of 64 bytes */
+    static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+    amx_load_cfg(rows, colsb);
 }
 
 /* Row x of K floats (K a multiple of 32) -> dst: K bf16 hi, then K bf16

@@ -52,21 +52,21 @@ typedef struct amx_cfg {
     uint8_t rows[16];
 } amx_cfg;
 
-static void amx_configure(void) {
+/* Loads palette 1 with tile t of rows[t] rows of colsb[t] bytes, t < 8. */
+static void amx_load_cfg(const uint8_t rows[8], const uint16_t colsb[8]) {
     amx_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 4; t++) {
-        c.rows[t] = 16;
-        c.colsb[t] = 64;
-    }
-    for (int t = 4; t < 6; t++) {
-        c.rows[t] = 16;
-        c.colsb[t] = 32;
-        c.rows[t + 2] = 8;
-        c.colsb[t + 2] = 64;
-    }
+    memcpy(c.rows, rows, 8);
+    memcpy(c.colsb, colsb, 8 * sizeof *colsb);
     _tile_loadconfig(&c);
+}
+
+/* Tiles 0-3 the sums (16 x 16 int32), 4, 5 activations (16 x 32 bytes), 6, 7 weights (8 x 64 bytes). */
+static void amx_configure(void) {
+    static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 8, 8};
+    static const uint16_t colsb[8] = {64, 64, 64, 64, 32, 32, 64, 64};
+    amx_load_cfg(rows, colsb);
 }
 
 /* Block group p (one block of 16 rows, qkern.h layout of type T) -> o. */
