@@ -11,6 +11,8 @@ ember_test(test_sampler test_sampler.c)
 ember_test(test_grammar test_grammar.c)
 # GBNF grammars and regular expressions (src/sample/gbnf.c).
 ember_test(test_gbnf test_gbnf.c)
+# The engine-side grammar constraint: a matcher with a token budget (src/sample/gbudget.c).
+ember_test(test_gbudget test_gbudget.c)
 ember_test(test_cli test_cli.c)
 ember_test(test_engine test_engine.c)
 ember_test(test_server test_server.c)

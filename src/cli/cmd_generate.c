@@ -20,6 +20,7 @@
 #include "args.h"
 #include "cli.h"
 #include "core/util.h"
+#include "sample/gbudget.h"
 #include "sample/grammar.h"
 #include "serve/serve.h"
 #include "template/chat.h"
@@ -60,30 +61,12 @@ static int text_prompt(const char *model, const ember_tokenizer *tok, const char
     return 0;
 }
 
-/* --grammar-file's constraint on the engine's row: the matcher and the
-   tokens left (ember_gmatch_mask_left steers the output to finish). */
-typedef struct gen_constraint {
-    ember_gmatch *m;
-    int left;
-} gen_constraint;
-
-static int gc_mask(void *u, float *logits, int n) {
-    gen_constraint *c = u;
-    return ember_gmatch_mask_left(c->m, logits, n, c->left);
-}
-
-static void gc_accept(void *u, int32_t token) {
-    gen_constraint *c = u;
-    ember_gmatch_accept(c->m, token);
-    if (c->left > 1) c->left--;
-}
-
 /* Runs request r through an engine with parameters ep (one row of m):
    fills r->out_ids / r->n_out like ember_generate; with verbose, prints
-   the speculation figures to stderr. gm (may be NULL): the grammar's
-   matcher the tokens must follow (borrowed). */
+   the speculation figures to stderr. gm (may be NULL): the grammar the
+   tokens must follow and gv its vocabulary (both borrowed). */
 static int generate_engine(ember_model *m, ember_request *r, const ember_engine_params *ep, bool verbose,
-                           ember_gmatch *gm, ember_error *err) {
+                           const ember_grammar *gm, const ember_gvocab *gv, ember_error *err) {
     r->n_out = 0;
     if (r->max_new_tokens == 0) return EMBER_OK;
     ember_model_info info;
@@ -93,9 +76,15 @@ static int generate_engine(ember_model *m, ember_request *r, const ember_engine_
         return ember_err(err, EMBER_ERR_LIMIT,
                          "%d prompt tokens + %d new tokens need %ld positions, but the context holds %d", r->n_prompt,
                          r->max_new_tokens, need, info.n_ctx);
-    ember_engine *e;
-    int rc = ember_engine_new(m, ep, &e, err);
+    ember_gbudget *gc = NULL;
+    int rc = gm ? ember_gbudget_new(gm, gv, r->max_new_tokens, &gc, err) : EMBER_OK;
     if (rc) return rc;
+    ember_engine *e;
+    rc = ember_engine_new(m, ep, &e, err);
+    if (rc) {
+        ember_gbudget_free(gc);
+        return rc;
+    }
     ember_gen_params g;
     memset(&g, 0, sizeof g);
     g.prompt = r->prompt;
@@ -104,11 +93,10 @@ static int generate_engine(ember_model *m, ember_request *r, const ember_engine_
     g.sampling = r->sampling;
     g.ignore_eos = r->ignore_eos;
     g.no_prompt_cache = 1;
-    gen_constraint gc = {gm, r->max_new_tokens};
-    if (gm) {
-        g.constrain_mask = gc_mask;
-        g.constrain_accept = gc_accept;
-        g.constrain_user = &gc; /* constrain_free NULL: the caller keeps it */
+    if (gc) {
+        g.constrain_mask = ember_gbudget_mask;
+        g.constrain_accept = ember_gbudget_accept;
+        g.constrain_user = gc; /* constrain_free NULL: freed here, after the engine */
     }
     double t0 = ember_now();
     ember_stream *s;
@@ -127,6 +115,7 @@ static int generate_engine(ember_model *m, ember_request *r, const ember_engine_
     ember_engine_stats st;
     ember_engine_get_stats(e, &st);
     ember_engine_free(e);
+    ember_gbudget_free(gc);
     if (!rc && verbose && ep->spec != EMBER_SPEC_NONE)
         fprintf(stderr,
                 "ember: speculative decoding (%s): %llu drafted, %llu accepted (%.1f%%), %llu of %llu target forwards "
@@ -144,20 +133,18 @@ static int generate_engine(ember_model *m, ember_request *r, const ember_engine_
     return rc;
 }
 
-/* --grammar-file's grammar, vocabulary and matcher. */
+/* --grammar-file's grammar and vocabulary. */
 typedef struct grammar_run {
     ember_grammar *g;
     ember_gvocab *v;
-    ember_gmatch *m;
 } grammar_run;
 
 static void grammar_run_free(grammar_run *gr) {
-    ember_gmatch_free(gr->m);
     ember_gvocab_free(gr->v);
     ember_grammar_free(gr->g);
 }
 
-/* Compiles text and makes its matcher over m's vocabulary (tok). */
+/* Compiles text and makes m's vocabulary (tok) for it. */
 static int grammar_matcher(ember_model *m, const ember_tokenizer *tok, const char *text, grammar_run *gr,
                            ember_error *err) {
     ember_model_info info;
@@ -166,7 +153,6 @@ static int grammar_matcher(ember_model *m, const ember_tokenizer *tok, const cha
     if (!gr->g) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     int rc = ember_grammar_gbnf(gr->g, text, strlen(text), err);
     if (!rc) rc = ember_serve_gvocab_new(tok, info.vocab_size, info.eos_ids, info.n_eos, NULL, 0, &gr->v, err);
-    if (!rc) rc = ember_gmatch_new(gr->g, gr->v, &gr->m, err);
     return rc;
 }
 
@@ -289,8 +275,8 @@ int cmd_generate(int argc, char **argv) {
         rc = ember_err(&err, EMBER_ERR_NOMEM, "out of memory");
     else if (grammar && (rc = grammar_matcher(m, gtok, grammar, &gr, &err)) != EMBER_OK)
         ;
-    else if (ep.spec != EMBER_SPEC_NONE || gr.m)
-        rc = generate_engine(m, &r, &ep, verbose, gr.m, &err);
+    else if (ep.spec != EMBER_SPEC_NONE || gr.g)
+        rc = generate_engine(m, &r, &ep, verbose, gr.g, gr.v, &err);
     else
         rc = ember_generate(m, &r, 1, &err);
     grammar_run_free(&gr);

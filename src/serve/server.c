@@ -40,6 +40,7 @@
 #include "serve.h"
 #include "serve_int.h"
 #include "api/textgen.h"
+#include "sample/gbudget.h"
 #include "sample/grammar.h"
 
 #define MAX_JSON_DEPTH 64
@@ -953,52 +954,20 @@ static int direct_grammar(ember_server *s, const json_t *body, gen_req *q, bad *
     return 0;
 }
 
-/* The engine-side constraint of one request: the grammar, the matcher and
-   the tokens max_tokens still allows (the mask steers the output to finish
-   within them: ember_gmatch_mask_left). Owned by the engine once submitted;
-   freed by cons_free. */
-typedef struct constraint {
-    ember_grammar *g;
-    ember_gmatch *m;
-    int left;
-} constraint;
-
-static int cons_mask(void *u, float *logits, int n) {
-    constraint *c = u;
-    return ember_gmatch_mask_left(c->m, logits, n, c->left);
-}
-
-static void cons_accept(void *u, int32_t token) {
-    constraint *c = u;
-    ember_gmatch_accept(c->m, token);
-    if (c->left > 1) c->left--;
-}
-
-static void cons_free(void *u) {
-    constraint *c = u;
-    if (!c) return;
-    ember_gmatch_free(c->m);
-    ember_grammar_free(c->g);
-    free(c);
-}
-
-/* Moves q->gram into a constraint on q->g (the vocabulary's trie made first). */
+/* Moves q->gram into a constraint on q->g (the vocabulary's trie made
+   first): an ember_gbudget owning the grammar, freed by the engine. */
 static int attach_grammar(ember_server *s, gen_req *q, bad *b) {
     if (!q->gram) return 0;
     const ember_gvocab *v = server_gvocab(s, b);
     if (!v) return -1;
-    constraint *c = ember_calloc(1, sizeof *c);
+    ember_gbudget *c;
     ember_error err = {0};
-    if (!c || ember_gmatch_new(q->gram, v, &c->m, &err)) {
-        free(c);
-        return fail(b, 500, NULL, "out of memory");
-    }
-    c->g = q->gram;
-    c->left = q->g.max_tokens > 0 ? q->g.max_tokens : 1 << 29;
+    if (ember_gbudget_new(q->gram, v, q->g.max_tokens, &c, &err)) return fail(b, 500, NULL, "out of memory");
+    ember_gbudget_own_grammar(c, q->gram);
     q->gram = NULL;
-    q->g.constrain_mask = cons_mask;
-    q->g.constrain_accept = cons_accept;
-    q->g.constrain_free = cons_free;
+    q->g.constrain_mask = ember_gbudget_mask;
+    q->g.constrain_accept = ember_gbudget_accept;
+    q->g.constrain_free = ember_gbudget_free;
     q->g.constrain_user = c;
     return 0;
 }
@@ -2064,7 +2033,7 @@ static enum MHD_Result run_generation(ember_server *s, struct MHD_Connection *c,
         return send_error(s, c, proto, 500, NULL, "out of memory");
     }
     int rc = ember_engine_submit(s->eng, &r->q.g, &r->es, &err);
-    if (rc) cons_free(r->q.g.constrain_user); /* not taken by the engine */
+    if (rc) ember_gbudget_free(r->q.g.constrain_user); /* not taken by the engine */
     r->q.g.constrain_user = NULL;
     if (rc) {
         unsigned code = rc == EMBER_ERR_LIMIT ? (atomic_load(&s->draining) ? 503 : 429) : rc == EMBER_ERR_NOMEM ? 500 : 400;
