@@ -304,9 +304,10 @@ typedef struct ember_engine_params {
                                  layers), else ember_engine_new refuses it naming the field */
     float prefill_pace; /* while rows decode, the prompt tokens of a step are capped so that the
                            step takes about this many times a step of decoding alone (estimated
-                           from the steps so far), at least 16 tokens: decoding keeps its pace
-                           while prompts prefill, at the cost of their first token. 0: 2.0;
-                           < 0: no cap (prefill_chunk tokens whenever there are prompts) */
+                           from the steps so far), at least 8 tokens: decoding keeps its pace
+                           while prompts prefill, at the cost of their first token. 0: 1.5;
+                           < 0: no cap (prefill_chunk tokens whenever there are prompts).
+                           Values in (0, 1) act as 1 (the floor of 8 tokens) */
 } ember_engine_params;
 
 typedef struct ember_logit_bias {
@@ -413,6 +414,8 @@ typedef struct ember_engine_stats {
                                           comes from its prompt's forward and is not counted): tokens
                                           per target forward = decode_tokens / decode_forwards */
     /* step pacing (prefill_pace) */
+    float prefill_pace;                /* the pace in effect: the param, 0 resolved to the default;
+                                          -1: no cap */
     uint64_t prefill_paced_steps;      /* steps whose prompt tokens the pace cut below prefill_chunk */
     double step_decode_seconds;        /* running estimate: a step of decoding rows alone */
     double step_prefill_token_seconds; /* running estimate: what one prompt token adds to a step */

@@ -62,9 +62,33 @@ static ember_gen_params gp(const int32_t *ids, int n, int max_tokens, float temp
     return g;
 }
 
+/* The pace an engine reports it runs with: prefill_pace 0 is the default
+   1.5 (a past engine left 0 unresolved, which capped every step at the
+   floor whatever the measured costs), any negative is off (-1), anything
+   else as given. */
+static void test_pace_default(const fixture *f) {
+    const float in[] = {0.0f, -3.0f, -1.0f, 1.0f, 2.5f};
+    const float want[] = {1.5f, -1.0f, -1.0f, 1.0f, 2.5f};
+    for (int i = 0; i < 5; i++) {
+        ember_model *m = load_batch(f->dir, 2, 64);
+        ember_engine_params ep;
+        memset(&ep, 0, sizeof ep);
+        ep.prefill_pace = in[i];
+        ember_engine *e;
+        ember_error err = {0};
+        CHECKF(ember_engine_new(m, &ep, &e, &err) == EMBER_OK, "%s", err.msg);
+        ember_engine_stats st;
+        ember_engine_get_stats(e, &st);
+        CHECKF(st.prefill_pace == want[i], "prefill_pace %g: the engine reports %g, want %g", (double)in[i],
+               (double)st.prefill_pace, (double)want[i]);
+        ember_engine_free(e);
+        ember_model_free(m);
+    }
+}
+
 /* Step pacing: a 200-token prompt arriving while a row decodes (400 tokens:
    it outlasts the prompt) is cut into
-   steps of PACE_MIN (16) prompt tokens with prefill_pace 1 (once the engine
+   steps of PACE_MIN (8) prompt tokens with prefill_pace 1 (once the engine
    has measured a decode-only step and a prompt token, which it has after
    the first request's prompt and first steps), each counted as paced; with
    pacing off it takes the full chunk of 64 and no step is paced. Either
@@ -111,7 +135,7 @@ static void test_pacing(const fixture *f, bool hybrid) {
     }
     /* a hybrid's prompt is cut at the delta rule's 64-position spans whatever the pace (sched.c:
        span_chunk), so its paced steps are fewer; its logprobs are bit for bit the same */
-    CHECKF(hybrid || paced[0] >= 200 / 16 - 1, "pace 1: %llu paced steps for a 200-token prompt",
+    CHECKF(hybrid || paced[0] >= 200 / 8 - 1, "pace 1: %llu paced steps for a 200-token prompt",
            (unsigned long long)paced[0]);
     CHECKF(paced[1] == 0, "pacing off: %llu paced steps", (unsigned long long)paced[1]);
     CHECKF(!memcmp(b[0].lp, b[1].lp, sizeof(float) * (size_t)b[0].n), "%s: pacing changed the logprobs",
@@ -479,6 +503,7 @@ int main(void) {
         }
         ember_model_free(m);
     }
+    test_pace_default(&f);
     test_pacing(&f, false);
     fixture_close(&f);
     fixture h; /* a hybrid model: its prompt's chunking must not depend on the pace either */

@@ -272,7 +272,7 @@ static int serve_parse(int argc, char **argv, serve_args *a) {
          1 << 20, false},
         {"prefill-pace", 0, OPT_STR, &a->pace_s, "X|off",
          "while requests decode, cap a step's prompt tokens so it takes about X times a decoding step "
-         "(X >= 1, default 2; off: no cap)", 0, 0, false},
+         "(X >= 1, default 1.5; off: no cap)", 0, 0, false},
         {"drain", 0, OPT_FLOAT, &a->drain, "SECONDS", "on SIGINT/SIGTERM, time running requests get to finish (default 10)", 0,
          3600, false},
         {"threads", 't', OPT_INT, &a->threads, "N", "compute threads (default: all cores)", 1, 1024, false},

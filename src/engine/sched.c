@@ -742,9 +742,15 @@ static bool preempt_newest(ember_engine *e, int keep, uint64_t after) {
 /* Prompt tokens a step may take next to decoding rows: the pace times a
    decode-only step, less that step, over the cost of a prompt token, within
    [PACE_MIN, chunk]. Without estimates yet: PACE_FIRST (the first mixed
-   steps measure). pace < 0: chunk. */
-#define PACE_MIN 16
+   steps measure). pace < 0: chunk. PACE_DEFAULT is what prefill_pace 0
+   means (ember_engine_new resolves it): at 16 streams of a 0.5B model on 2
+   cores, pace 1.5 with a floor of 8 kept the mixed-load ITL p99 at 0.7-1.3x
+   the decode-only p99 where pace 2 with a floor of 16 gave 1.7-3.6x; the
+   price is a later first token for the arriving prompts (bench/RESULTS.md,
+   "Step pacing default"). */
+#define PACE_MIN 8
 #define PACE_FIRST 64
+#define PACE_DEFAULT 1.5f
 static int prefill_budget(double pace, double t_dec, double t_tok, int chunk) {
     if (pace < 0) return chunk;
     int b;
@@ -1213,6 +1219,9 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     if (e->p.max_queue <= 0) e->p.max_queue = 256;
     if (e->p.prefill_chunk <= 0 || e->p.prefill_chunk > m->params.max_batch_tokens)
         e->p.prefill_chunk = m->params.max_batch_tokens;
+    if (e->p.prefill_pace == 0) e->p.prefill_pace = PACE_DEFAULT;
+    else if (e->p.prefill_pace < 0) e->p.prefill_pace = -1.0f;
+    e->stats.prefill_pace = e->p.prefill_pace;
     const int V = m->cfg.vocab_size;
     e->n_rows = m->params.n_rows;
     e->rows = ember_calloc((size_t)e->n_rows, sizeof *e->rows);
