@@ -1423,6 +1423,7 @@ struct ember_gvocab {
     char **tok;          /* [n] each id's bytes (NULL: never) */
     uint8_t *tlen;
     gstr str[N_SPH];     /* inside a string: S_IN, S_ESC */
+    gstr qstr;           /* the tokens that begin with '"', by their bytes after it, read from S_IN */
     /* tokens that begin with white space (see mask_ws) */
     uint8_t *wsk;        /* [n] white-space bytes each token begins with */
     int32_t *pure_ws;    /* ids of white space only */
@@ -1449,15 +1450,16 @@ void ember_gvocab_free(ember_gvocab *v) {
     for (int i = 0; v->tok && i < v->n; i++) free(v->tok[i]);
     free(v->tok);
     free(v->tlen);
-    for (int k = 0; k < N_SPH; k++) {
-        free(v->str[k].cps);
-        free(v->str[k].stay);
-        free(v->str[k].pend);
-        free(v->str[k].cap);
-        free(v->str[k].longer);
-        free(v->str[k].owing);
-        free(v->str[k].close0);
-        trie_free(&v->str[k].after);
+    for (int k = 0; k <= N_SPH; k++) {
+        gstr *st = k < N_SPH ? &v->str[k] : &v->qstr;
+        free(st->cps);
+        free(st->stay);
+        free(st->pend);
+        free(st->cap);
+        free(st->longer);
+        free(st->owing);
+        free(st->close0);
+        trie_free(&st->after);
     }
     free(v);
 }
@@ -1518,8 +1520,10 @@ static int trie_build(gtrie *t, const char *const *b, const uint8_t *l, int32_t 
 
 /* Classifies every token read inside a free string from phase ph (S_IN or
    S_ESC) into s: the same steps as step_str, so the fast mask agrees with
-   the walk byte for byte. 0, or -1 when out of memory. */
-static int str_classes(ember_gvocab *v, int ph, gstr *s) {
+   the walk byte for byte. quoted: only the tokens of two bytes or more that
+   begin with '"', read from their second byte (a string being opened).
+   0, or -1 when out of memory. */
+static int str_classes(ember_gvocab *v, int ph, bool quoted, gstr *s) {
     size_t nw = (size_t)v->nw;
     s->cps = ember_calloc((size_t)v->n, 1);
     s->stay = ember_calloc(nw, sizeof *s->stay);
@@ -1540,11 +1544,12 @@ static int str_classes(ember_gvocab *v, int ph, gstr *s) {
     free_str.hi = -1;
     for (int id = 0; id < v->n; id++) {
         if (!v->tok[id]) continue;
+        if (quoted && (v->tlen[id] < 2 || v->tok[id][0] != '"')) continue;
         gframe f;
         memset(&f, 0, sizeof f);
         f.phase = (uint8_t)ph;
         int q = -1, r = ST_OK;
-        for (int i = 0; i < v->tlen[id] && r == ST_OK && q < 0; i++) {
+        for (int i = quoted; i < v->tlen[id] && r == ST_OK && q < 0; i++) {
             r = step_str(&free_str, &f, (unsigned char)v->tok[id][i]);
             if (r == ST_OK && f.phase == S_DONE) q = i;
         }
@@ -1644,7 +1649,9 @@ int ember_gvocab_new(int n, const char *const *bytes, const size_t *lens, const 
         order[m++] = i;
     }
     if (!oom) oom = trie_build(&v->t, (const char *const *)v->tok, v->tlen, order, m) != 0;
-    if (!oom) oom = str_classes(v, S_IN, &v->str[0]) != 0 || str_classes(v, S_ESC, &v->str[1]) != 0;
+    if (!oom)
+        oom = str_classes(v, S_IN, false, &v->str[0]) != 0 || str_classes(v, S_ESC, false, &v->str[1]) != 0 ||
+              str_classes(v, S_IN, true, &v->qstr) != 0;
     if (!oom) oom = ws_tables(v) != 0;
     free(order);
     if (oom) {
@@ -1698,6 +1705,17 @@ typedef struct gb_masked {
     int32_t *ids, *cost;
 } gb_masked;
 
+/* The bytes refused by one state, remembered by the trie walk per depth:
+   the children of a node are tried from its state, and sibling nodes often
+   have the same state (every letter of a [A-Z] class, every byte inside a
+   string), so their children's refusals need not be fed again. */
+typedef struct wmemo {
+    uint64_t gen;        /* the parent visit these refusals were last checked against */
+    bool valid;
+    gstate key;          /* the state they belong to */
+    uint64_t refused[4]; /* bytes key refuses */
+} wmemo;
+
 struct ember_gmatch {
     const ember_grammar *g;
     const ember_gvocab *v;
@@ -1708,7 +1726,11 @@ struct ember_gmatch {
     uint64_t tick;
     gstate st;
     gstate *lvl;   /* [MAX_TOKEN + 1] the state at each trie depth */
+    uint64_t *pgen; /* [MAX_TOKEN + 1] a number for each node the walk entered, per depth */
+    uint64_t wgen;
+    wmemo *memo;    /* [MAX_TOKEN + 1] depth d: what lvl[d - 1] refuses */
     uint64_t *allow; /* [v->nw] bit i: id i allowed */
+    uint64_t *scratch; /* [v->nw] */
 };
 
 int ember_gmatch_new(const ember_grammar *g, const ember_gvocab *v, ember_gmatch **out, ember_error *err) {
@@ -1732,8 +1754,11 @@ int ember_gmatch_new(const ember_grammar *g, const ember_gvocab *v, ember_gmatch
         return EMBER_OK;
     }
     m->lvl = ember_malloc((MAX_TOKEN + 1) * sizeof *m->lvl);
+    m->pgen = ember_calloc(MAX_TOKEN + 1, sizeof *m->pgen);
+    m->memo = ember_calloc(MAX_TOKEN + 1, sizeof *m->memo);
     m->allow = ember_malloc((size_t)v->nw * sizeof *m->allow);
-    if (!m->lvl || !m->allow) {
+    m->scratch = ember_malloc((size_t)v->nw * sizeof *m->scratch);
+    if (!m->lvl || !m->pgen || !m->memo || !m->allow || !m->scratch) {
         ember_gmatch_free(m);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
@@ -1752,7 +1777,10 @@ void ember_gmatch_free(ember_gmatch *m) {
         free(m->gm[i].cost);
     }
     free(m->lvl);
+    free(m->pgen);
+    free(m->memo);
     free(m->allow);
+    free(m->scratch);
     free(m);
 }
 
@@ -1771,25 +1799,58 @@ int ember_gmatch_min_bytes(const ember_gmatch *m) {
     return state_cost(m->g, &m->st);
 }
 
+static int string_part(ember_gmatch *m, const gstate *st, const gstr *s, int left, uint64_t *stays);
+
+/* Whether s's top frame is a free string in its text (where the string
+   tables apply). */
+static bool in_free_string(const ember_grammar *g, const gstate *s) {
+    const gframe *f = &s->f[s->n - 1];
+    const gnode *nd = &g->nodes[f->node];
+    return nd->kind == K_STR && !nd->rx && f->phase == S_IN && f->lo == 0;
+}
+
 /* Allows, in m->allow, the ids of trie t that start's state takes, each
    only when cps is NULL or need <= cps[id] <= room, and (left < NO_LEFT)
    when the grammar can still finish in left - 2 tokens after it; no_ws:
-   not the tokens that begin with white space. Returns how many it allowed. */
+   not the tokens that begin with white space. q (t the whole vocabulary's
+   trie, or NULL): when '"' opens a free string from start, the tokens that
+   begin with it and go on come from q's tables (see string_part), not the
+   walk. Returns how many it allowed. */
 static int walk(ember_gmatch *m, const gtrie *t, const gstate *start, const uint8_t *cps, int need, int room,
-                int left, bool no_ws) {
+                int left, bool no_ws, const gstr *q) {
+    gstate qst; /* the state after the '"' that opens a string, when q's tables are used */
+    bool qhit = false;
     int allowed = 0;
     copy_state(&m->lvl[0], start);
+    m->pgen[0] = ++m->wgen;
     for (int i = 0; i < t->nn;) {
         int d = t->depth[i];
-        if (no_ws && d == 1 && is_ws(t->byte[i])) {
+        unsigned char b = t->byte[i];
+        if (no_ws && d == 1 && is_ws(b)) {
+            i = t->skip[i];
+            continue;
+        }
+        wmemo *me = &m->memo[d];
+        if (me->gen != m->pgen[d - 1]) { /* the first child of a node: is its state the remembered one? */
+            const gstate *ps = &m->lvl[d - 1];
+            if (!me->valid || me->key.n != ps->n || memcmp(me->key.f, ps->f, (size_t)ps->n * sizeof *ps->f)) {
+                copy_state(&me->key, ps);
+                memset(me->refused, 0, sizeof me->refused);
+                me->valid = true;
+            }
+            me->gen = m->pgen[d - 1];
+        }
+        if (me->refused[b >> 6] >> (b & 63) & 1) {
             i = t->skip[i];
             continue;
         }
         copy_state(&m->lvl[d], &m->lvl[d - 1]);
-        if (!feed(m->g, &m->lvl[d], t->byte[i])) {
+        if (!feed(m->g, &m->lvl[d], b)) {
+            me->refused[b >> 6] |= 1ull << (b & 63);
             i = t->skip[i];
             continue;
         }
+        m->pgen[d] = ++m->wgen;
         if (t->tcount[i] && (left >= NO_LEFT || state_cost(m->g, &m->lvl[d]) <= left - 2))
             for (int k = 0; k < t->tcount[i]; k++) {
                 int32_t id = t->ends[t->tstart[i] + k];
@@ -1797,7 +1858,17 @@ static int walk(ember_gmatch *m, const gtrie *t, const gstate *start, const uint
                 bs_set(m->allow, id);
                 allowed++;
             }
+        if (q && d == 1 && b == '"' && in_free_string(m->g, &m->lvl[1])) { /* its subtree: q's tables */
+            copy_state(&qst, &m->lvl[1]);
+            qhit = true;
+            i = t->skip[i];
+            continue;
+        }
         i++;
+    }
+    if (qhit) { /* the walk is over: lvl may be reused */
+        allowed += string_part(m, &qst, q, left, m->scratch);
+        for (int w = 0; w < m->v->nw; w++) m->allow[w] |= m->scratch[w];
     }
     return allowed;
 }
@@ -1855,44 +1926,50 @@ static int allow_tight(uint64_t *restrict allow, const gstr *s, int nw, int room
     return allowed;
 }
 
-/* The fast mask inside a free string (no pattern, no maxLength within
-   reach): every token that stays in the string is allowed whatever
-   surrounds it (a table made with the vocabulary; on a tight budget, those
-   whose owed bytes fit); only the tokens that close it are walked, by their
-   bytes after the quote, from the state with the string finished. Returns
-   the ids allowed, or -1 when the state is not such a string. Gives exactly
-   what walk gives. */
-static int mask_string(ember_gmatch *m, int left) {
-    const gframe *f = &m->st.f[m->st.n - 1];
+/* The tokens of s's tables read from st, whose top frame is a free string
+   (no pattern) in its text (s = str[0], qstr) or after a backslash
+   (str[1]): every token that stays in the string is allowed whatever
+   surrounds it (a table made with the vocabulary; within maxLength's room;
+   on a tight budget, those whose owed bytes fit), written to stays (all of
+   it overwritten first); the tokens that close it are walked, by their
+   bytes after the quote, from the state with the string finished, into
+   m->allow. Returns the ids allowed. Gives exactly what walk gives. */
+static int string_part(ember_gmatch *m, const gstate *st, const gstr *s, int left, uint64_t *stays) {
+    const gframe *f = &st->f[st->n - 1];
     const gnode *nd = &m->g->nodes[f->node];
-    if (nd->kind != K_STR || nd->rx) return -1;
-    int ph = f->phase == S_IN && f->lo == 0 ? 0 : f->phase == S_ESC ? 1 : -1;
-    if (ph < 0) return -1;
-    const gstr *s = &m->v->str[ph];
-    int allowed = s->n_stay, need = nd->lo - f->count, cost = left < NO_LEFT ? state_cost(m->g, &m->st) : 0;
+    int allowed = s->n_stay, need = nd->lo - f->count, cost = left < NO_LEFT ? state_cost(m->g, st) : 0;
     int room = nd->hi >= 0 ? nd->hi - f->count : 1 << 20; /* code points maxLength still allows */
     bool tight = left < NO_LEFT && cost + 8 > left - 2;
     if (tight || room < MAX_TOKEN + 2) {
         /* within room; on a tight budget, a staying token changes the cost
            by its owed bytes less the code points it adds towards minLength */
         int slack = tight ? left - 2 - cost : 1 << 20, nd_need = need > 0 ? need : 0;
-        allowed = tight ? allow_tight(m->allow, s, m->v->nw, room, slack, nd_need)
-                        : allow_room(m->allow, s, m->v->nw, room);
+        allowed = tight ? allow_tight(stays, s, m->v->nw, room, slack, nd_need) : allow_room(stays, s, m->v->nw, room);
     } else {
-        memcpy(m->allow, s->stay, (size_t)m->v->nw * sizeof *m->allow);
+        memcpy(stays, s->stay, (size_t)m->v->nw * sizeof *stays);
     }
-    gstate *done = &m->lvl[MAX_TOKEN]; /* the string closed (popped at the next byte) */
-    copy_state(done, &m->st);
-    done->f[done->n - 1].phase = S_DONE;
-    if (left >= NO_LEFT || state_cost(m->g, done) <= left - 2)
+    gstate done; /* the string closed (popped at the next byte) */
+    copy_state(&done, st);
+    done.f[done.n - 1].phase = S_DONE;
+    if (left >= NO_LEFT || state_cost(m->g, &done) <= left - 2)
         for (int k = 0; k < s->n_close0; k++)
             if (s->cps[s->close0[k]] >= need && s->cps[s->close0[k]] <= room) {
                 bs_set(m->allow, s->close0[k]);
                 allowed++;
             }
-    gstate start;
-    copy_state(&start, done);
-    return allowed + walk(m, &s->after, &start, s->cps, need, room, left, false);
+    return allowed + walk(m, &s->after, &done, s->cps, need, room, left, false, NULL);
+}
+
+/* The fast mask inside a free string (no pattern): string_part from the
+   current state. Returns the ids allowed, or -1 when the state is not such
+   a string. */
+static int mask_string(ember_gmatch *m, int left) {
+    const gframe *f = &m->st.f[m->st.n - 1];
+    const gnode *nd = &m->g->nodes[f->node];
+    if (nd->kind != K_STR || nd->rx) return -1;
+    int ph = f->phase == S_IN && f->lo == 0 ? 0 : f->phase == S_ESC ? 1 : -1;
+    if (ph < 0) return -1;
+    return string_part(m, &m->st, &m->v->str[ph], left, m->allow);
 }
 
 /* The mask where white space goes to an object's or array's frame (between
@@ -1915,8 +1992,8 @@ static int mask_ws(ember_gmatch *m, int left) {
         const gnode *nd = &m->g->nodes[w.f[w.n - 1].node];
         fast = nd->kind == K_OBJ || nd->kind == K_ARR;
     }
-    if (!fast) return walk(m, &v->t, &m->st, NULL, 0, 0, left, false);
-    int allowed = walk(m, &v->t, &m->st, NULL, 0, 0, left, true);
+    if (!fast) return walk(m, &v->t, &m->st, NULL, 0, 0, left, false, &v->qstr);
+    int allowed = walk(m, &v->t, &m->st, NULL, 0, 0, left, true, &v->qstr);
     int room = MAX_WS - w.f[w.n - 1].ws + 1; /* white-space bytes a token may begin with */
     if (left >= NO_LEFT || state_cost(m->g, &w) <= left - 2)
         for (int k = 0; k < v->n_pure_ws; k++)
@@ -1924,7 +2001,7 @@ static int mask_ws(ember_gmatch *m, int left) {
                 bs_set(m->allow, v->pure_ws[k]);
                 allowed++;
             }
-    return allowed + walk(m, &v->ws_rest, &w, v->wsk, 0, room, left, false);
+    return allowed + walk(m, &v->ws_rest, &w, v->wsk, 0, room, left, false, NULL);
 }
 
 /* logits[i] = -inf where bit i of al is 0, for i in [0, n): a word of 64
