@@ -1896,32 +1896,47 @@ static int allow_room(uint64_t *restrict allow, const gstr *s, int nw, int room)
 
 /* allow: the staying tokens within room whose owed bytes, less the code
    points they add towards minLength (need), fit in slack. A token that
-   owes nothing always fits when slack >= 0, so only the owing ones are
-   checked then; below 0 (the budget's last token), every staying one. */
+   owes nothing fits when slack >= 0, so only the owing ones are checked
+   then; below 0 (the budget's last byte), a token that owes nothing must
+   add at least -slack code points towards minLength (a level's bitset
+   taken away), and the owing ones are checked. Returns how many. */
 static int allow_tight(uint64_t *restrict allow, const gstr *s, int nw, int room, int slack, int need) {
-    if (slack >= 0) {
-        int allowed = allow_room(allow, s, nw, room);
-        for (int k = 0; k < s->n_owing; k++) {
-            int id = s->owing[k], gain = s->cps[id] < need ? s->cps[id] : need;
-            if (s->pend[id] - gain > slack && bs_get(allow, id)) {
-                bs_clear(allow, id);
-                allowed--;
+    int allowed = 0, k = -slack; /* slack < 0: the code points a token that owes nothing must gain */
+    if (slack < 0 && (need < k || room < k)) { /* no token gains enough */
+        memset(allow, 0, (size_t)nw * sizeof *allow);
+        return 0;
+    }
+    if (slack < 0 && k - 1 >= CAP_LEVELS) { /* beyond the levels (not met: the budget steers from slack -1) */
+        for (int w = 0; w < nw; w++) {
+            uint64_t keep = 0;
+            for (uint64_t b = s->stay[w]; b; b &= b - 1) {
+                int bit = __builtin_ctzll(b), id = w * 64 + bit;
+                int gain = s->cps[id] < need ? s->cps[id] : need;
+                if (s->cps[id] <= room && s->pend[id] - gain <= slack) {
+                    keep |= 1ull << bit;
+                    allowed++;
+                }
             }
+            allow[w] = keep;
         }
         return allowed;
     }
-    int allowed = 0;
-    for (int w = 0; w < nw; w++) {
-        uint64_t keep = 0;
-        for (uint64_t b = s->stay[w]; b; b &= b - 1) {
-            int bit = __builtin_ctzll(b), id = w * 64 + bit;
-            int gain = s->cps[id] < need ? s->cps[id] : need;
-            if (s->cps[id] <= room && s->pend[id] - gain <= slack) {
-                keep |= 1ull << bit;
-                allowed++;
-            }
+    allowed = allow_room(allow, s, nw, room);
+    if (slack < 0) { /* those of fewer than k code points gain too little */
+        const uint64_t *few = s->cap + (size_t)(k - 1) * (size_t)nw;
+        for (int w = 0; w < nw; w++) allow[w] &= ~few[w];
+        allowed -= s->cap_n[k - 1]; /* all within room: k - 1 < room */
+    }
+    for (int j = 0; j < s->n_owing; j++) {
+        int id = s->owing[j], gain = s->cps[id] < need ? s->cps[id] : need;
+        bool ok = s->cps[id] <= room && s->pend[id] - gain <= slack, was = bs_get(allow, id);
+        if (ok && !was) {
+            bs_set(allow, id);
+            allowed++;
+        } else if (!ok && was) {
+            bs_clear(allow, id);
+            allowed--;
         }
-        allow[w] = keep;
     }
     return allowed;
 }
