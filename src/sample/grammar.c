@@ -1629,7 +1629,7 @@ int ember_gvocab_new(int n, const char *const *bytes, const size_t *lens, const 
     v->nw = (n + 63) / 64;
     ember_cpu_features cf;
     ember_cpu_detect(&cf);
-    v->avx512 = cf.avx512f;
+    v->avx512 = cf.avx512f && !getenv("EMBER_GRAMMAR_NO_AVX512"); /* the other path's A/B and test switch */
     v->tok = ember_calloc((size_t)n, sizeof *v->tok);
     v->tlen = ember_calloc((size_t)n, 1);
     v->end_ids = ember_malloc((size_t)n * sizeof *v->end_ids);
@@ -1709,6 +1709,7 @@ typedef struct gb_masked {
    the children of a node are tried from its state, and sibling nodes often
    have the same state (every letter of a [A-Z] class, every byte inside a
    string), so their children's refusals need not be fed again. */
+#define MEMO_DEPTH 8 /* depths with a memo (near the root, where siblings are many) */
 typedef struct wmemo {
     uint64_t gen;        /* the parent visit these refusals were last checked against */
     bool valid;
@@ -1728,7 +1729,7 @@ struct ember_gmatch {
     gstate *lvl;   /* [MAX_TOKEN + 1] the state at each trie depth */
     uint64_t *pgen; /* [MAX_TOKEN + 1] a number for each node the walk entered, per depth */
     uint64_t wgen;
-    wmemo *memo;    /* [MAX_TOKEN + 1] depth d: what lvl[d - 1] refuses */
+    wmemo *memo;    /* [MEMO_DEPTH + 1] depth d: what lvl[d - 1] refuses */
     uint64_t *allow; /* [v->nw] bit i: id i allowed */
     uint64_t *scratch; /* [v->nw] */
 };
@@ -1755,7 +1756,7 @@ int ember_gmatch_new(const ember_grammar *g, const ember_gvocab *v, ember_gmatch
     }
     m->lvl = ember_malloc((MAX_TOKEN + 1) * sizeof *m->lvl);
     m->pgen = ember_calloc(MAX_TOKEN + 1, sizeof *m->pgen);
-    m->memo = ember_calloc(MAX_TOKEN + 1, sizeof *m->memo);
+    m->memo = ember_calloc(MEMO_DEPTH + 1, sizeof *m->memo);
     m->allow = ember_malloc((size_t)v->nw * sizeof *m->allow);
     m->scratch = ember_malloc((size_t)v->nw * sizeof *m->scratch);
     if (!m->lvl || !m->pgen || !m->memo || !m->allow || !m->scratch) {
@@ -1830,8 +1831,8 @@ static int walk(ember_gmatch *m, const gtrie *t, const gstate *start, const uint
             i = t->skip[i];
             continue;
         }
-        wmemo *me = &m->memo[d];
-        if (me->gen != m->pgen[d - 1]) { /* the first child of a node: is its state the remembered one? */
+        wmemo *me = d <= MEMO_DEPTH ? &m->memo[d] : NULL;
+        if (me && me->gen != m->pgen[d - 1]) { /* the first child of a node: is its state the remembered one? */
             const gstate *ps = &m->lvl[d - 1];
             if (!me->valid || me->key.n != ps->n || memcmp(me->key.f, ps->f, (size_t)ps->n * sizeof *ps->f)) {
                 copy_state(&me->key, ps);
@@ -1840,13 +1841,13 @@ static int walk(ember_gmatch *m, const gtrie *t, const gstate *start, const uint
             }
             me->gen = m->pgen[d - 1];
         }
-        if (me->refused[b >> 6] >> (b & 63) & 1) {
+        if (me && me->refused[b >> 6] >> (b & 63) & 1) {
             i = t->skip[i];
             continue;
         }
         copy_state(&m->lvl[d], &m->lvl[d - 1]);
         if (!feed(m->g, &m->lvl[d], b)) {
-            me->refused[b >> 6] |= 1ull << (b & 63);
+            if (me) me->refused[b >> 6] |= 1ull << (b & 63);
             i = t->skip[i];
             continue;
         }
@@ -1957,8 +1958,11 @@ static int string_part(ember_gmatch *m, const gstate *st, const gstr *s, int lef
     bool tight = left < NO_LEFT && cost + 8 > left - 2;
     if (tight || room < MAX_TOKEN + 2) {
         /* within room; on a tight budget, a staying token changes the cost
-           by its owed bytes less the code points it adds towards minLength */
-        int slack = tight ? left - 2 - cost : 1 << 20, nd_need = need > 0 ? need : 0;
+           by its owed bytes less the code points it adds towards minLength,
+           less the byte st itself owes (after a backslash: the escape's
+           letter, which the token writes) */
+        int owed = f->phase == S_ESC ? 1 : 0;
+        int slack = tight ? left - 2 - cost + owed : 1 << 20, nd_need = need > 0 ? need : 0;
         allowed = tight ? allow_tight(stays, s, m->v->nw, room, slack, nd_need) : allow_room(stays, s, m->v->nw, room);
     } else {
         memcpy(stays, s->stay, (size_t)m->v->nw * sizeof *stays);
