@@ -23,7 +23,8 @@
  * its own work remembered, is never what is timed. The first matcher's
  * time alone is printed too (the "first run": the caches of the machine
  * cold for this state's tables). Wall time, CLOCK_MONOTONIC. Prints p50 / p90 / p99 / max / mean in microseconds,
- * and checks each output parses as JSON (jansson). With --gbnf FILE the
+ * and checks each output parses as JSON (jansson); a hash of the outputs
+ * shows two builds wrote the same bytes. With --gbnf FILE the
  * grammar is that GBNF file instead of a schema (bench/json.gbnf: JSON; the
  * outputs are checked the same way).
  */
@@ -183,6 +184,7 @@ int main(int argc, char **argv) {
     double *us1 = malloc((size_t)runs * (size_t)max_tokens * sizeof *us1); /* the first of the repeats */
     int nus = 0, parsed = 0, ended = 0;
     size_t total_bytes = 0;
+    uint64_t fnv = 1469598103934665603ull; /* of every output, in order: the same bytes from two builds */
     for (int r = 0; r < runs; r++) {
         ember_gmatch *ms[REPEAT] = {0};
         for (int k = 0; k < REPEAT; k++)
@@ -220,6 +222,8 @@ int main(int argc, char **argv) {
             memcpy(out + on, bytes[best], lens[best]);
             on += lens[best];
         }
+        for (size_t i = 0; i < on; i++) fnv = (fnv ^ (unsigned char)out[i]) * 1099511628211ull;
+        fnv = (fnv ^ 0xff) * 1099511628211ull;
         json_t *x = json_loadb(out, on, JSON_DECODE_ANY, NULL);
         parsed += x != NULL;
         total_bytes += on;
@@ -233,8 +237,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nus; i++) sum += us[i];
     printf("vocabulary: %d rows, %d tokens with bytes; trie and string tables built in %.0f ms\n", nv, n_tok,
            t_vocab / 1e3);
-    printf("walks: %d (budget %d tokens), %d ended with the end id, %d parsed as JSON, %.0f bytes per walk\n", runs,
-           max_tokens, ended, parsed, (double)total_bytes / runs);
+    printf("walks: %d (budget %d tokens), %d ended with the end id, %d parsed as JSON, %.0f bytes per walk "
+           "(FNV-1a of the outputs %016llx)\n",
+           runs, max_tokens, ended, parsed, (double)total_bytes / runs, (unsigned long long)fnv);
     printf("mask + accept per token, one row, one thread: %d tokens: p50 %.1f us  p90 %.1f us  p99 %.1f us  max %.1f us  "
            "mean %.1f us\n",
            nus, us[nus / 2], us[(int)(nus * 0.9)], us[(int)(nus * 0.99)], us[nus - 1], sum / nus);
