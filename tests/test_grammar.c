@@ -20,7 +20,12 @@
 static const char *const k_pieces[] = {"{\"", "\":", "\": ", "\", \"", "\",\"", "true", "false", "null", "name",
                                        "city", "\"}", "}}", "]}", "[\"", "\"]", ", ", "12", "0.5", "-1", "e+3",
                                        "Paris", " the", "\\n", "\\u00e9", "\xc3\xa9", "\xe2\x82\xac", "<tool_call>",
-                                       "\n</tool_call>", "{\"name\": \"", "\", \"arguments\": ", "ab", "a\"", NULL};
+                                       "\n</tool_call>", "{\"name\": \"", "\", \"arguments\": ", "ab", "a\"",
+                                       /* tokens that open a string (grammar.c's quote table), long ones
+                                          (more code points than the maxLength levels) */
+                                       "\"ab", "\"\"", "\"\",", "\"\xc3", "\"\\", "\"x\"}", " \"q",
+                                       "abcdefghijklmnopqrstuvwxyz", "\"abcdefghijklmnopqrstu", "\xc3\xa9\xc3\xa9\xc3",
+                                       NULL};
 
 typedef struct vocab {
     int n, end;
@@ -164,10 +169,28 @@ static bool takes(const ember_grammar *g, const ember_gvocab *gv, const char *te
     return ok;
 }
 
+/* Whether token t is allowed with left tokens to go: a fresh matcher fed
+   text then t takes it, and (unless the output is already past steering:
+   its shortest completion longer than left - 1) the shortest completion
+   after it fits in left - 2 (grammar.h, ember_gmatch_mask_left). */
+static bool takes_left(const ember_grammar *g, const ember_gvocab *gv, const char *text, size_t n, int t, int left) {
+    ember_gmatch *m = NULL;
+    ember_error err = {0};
+    if (ember_gmatch_new(g, gv, &m, &err)) return false;
+    if (left < 1) left = 1;
+    bool ok = ember_gmatch_feed(m, text, n);
+    bool steer = ok && ember_gmatch_min_bytes(m) <= left - 1;
+    ok = ok && ember_gmatch_accept(m, t) && (!steer || ember_gmatch_min_bytes(m) <= left - 2);
+    ember_gmatch_free(m);
+    return ok;
+}
+
 /* budget > 0: the walk's token budget (ember_gmatch_mask_left); check:
-   compare the mask with what a fresh matcher takes, every fourth step. */
+   compare the mask with what a fresh matcher takes (on a budget, with
+   takes_left), every fourth step (every step when check > 1). The count
+   the mask returns must be the ids it left, at every step. */
 static char *walk(const ember_grammar *g, const ember_gvocab *gv, const vocab *v, int steps, bool *ended, int *disagree,
-                  int budget, bool check) {
+                  int budget, int check) {
     ember_gmatch *m = NULL;
     ember_error err = {0};
     CHECK(ember_gmatch_new(g, gv, &m, &err) == 0);
@@ -183,9 +206,14 @@ static char *walk(const ember_grammar *g, const ember_gvocab *gv, const vocab *v
         lg[v->end] += 0.8f;
         int left = budget > 0 ? ember_gmatch_mask_left(m, lg, v->n, budget - s) : ember_gmatch_mask(m, lg, v->n);
         CHECK(left > 0);
-        if (check && s % 4 == 0)
-            for (int i = 0; i < v->n; i++)
-                if (i != v->end && (lg[i] != -INFINITY) != takes(g, gv, out, n, i)) (*disagree)++;
+        int kept = 0;
+        for (int i = 0; i < v->n; i++) kept += lg[i] != -INFINITY;
+        if (kept != left) (*disagree)++;
+        if (check && (check > 1 || s % 4 == 0))
+            for (int i = 0; i < v->n; i++) {
+                bool truth = budget > 0 ? takes_left(g, gv, out, n, i, budget - s) : takes(g, gv, out, n, i);
+                if (i != v->end && (lg[i] != -INFINITY) != truth) (*disagree)++;
+            }
         int best = -1;
         for (int i = 0; i < v->n; i++)
             if (lg[i] != -INFINITY && (best < 0 || lg[i] > lg[best])) best = i;
@@ -245,6 +273,11 @@ static const char *const k_schemas[] = {
     "{\"type\":\"string\",\"pattern\":\"^[a-z]{2,4}-\\\\d{3}$\"}",
     "{\"type\":\"string\",\"pattern\":\"^(ab|cd)*x?$\"}",
     "{\"type\":\"string\",\"pattern\":\"ab\"}",
+    /* maxLength room above the bitset levels, minLength under a tight budget, strings as keys' values */
+    "{\"type\":\"string\",\"maxLength\":40}",
+    "{\"type\":\"string\",\"minLength\":3,\"maxLength\":30}",
+    "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":20},\"t\":{\"type\":"
+    "\"string\",\"maxLength\":17}},\"required\":[\"s\",\"t\"]}",
 };
 
 /* The variations of a schema: itself, as a required property, as array
@@ -273,7 +306,7 @@ static int variations(const char *base, char out[4][4096]) {
     return 4;
 }
 
-static void schema_suite(const ember_gvocab *gv, const vocab *v) {
+static void schema_suite(const ember_gvocab *gv, const vocab *v, bool checked_budget) {
     int schemas = 0, walks = 0, ended_n = 0, refused = 0, disagree = 0, budgeted = 0;
     for (size_t i = 0; i < sizeof k_schemas / sizeof *k_schemas; i++) {
         char var[4][4096];
@@ -295,7 +328,8 @@ static void schema_suite(const ember_gvocab *gv, const vocab *v) {
                     bool ended;
                     /* the last walk on a budget: it must end, in time */
                     int budget = w == 4 ? ember_grammar_min_bytes(g) + 1 + (int)(urand() * 12) : 0;
-                    char *text = walk(g, gv, v, budget ? budget : 300, &ended, &disagree, budget, w == 0);
+                    char *text = walk(g, gv, v, budget ? budget : 300, &ended, &disagree, budget,
+                                      w == 0 || (checked_budget && w == 4));
                     walks++;
                     if (budget) {
                         CHECKF(ended, "schema %zu/%d: a walk on a budget of %d did not end: %s", i, k, budget, text);
@@ -322,6 +356,39 @@ static void schema_suite(const ember_gvocab *gv, const vocab *v) {
     CHECK(schemas >= 90);
     CHECK(disagree == 0);
     CHECKF(ended_n * 10 >= walks * 8, "only %d of %d walks ended", ended_n, walks);
+}
+
+/* Strings under a budget so tight that the last bytes are counted: the mask
+   checked at every step against takes_left (a string's minLength still
+   owed when one byte of slack is gone: grammar.c's allow_tight with a
+   negative slack; an object around it). */
+static void tight_strings(const ember_gvocab *gv, const vocab *v) {
+    static const char *const k_tight[] = {
+        "{\"type\":\"string\",\"minLength\":3}",
+        "{\"type\":\"string\",\"minLength\":2,\"maxLength\":20}",
+        "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":4}},\"required\":[\"s\"]}",
+    };
+    int disagree = 0, walks = 0, ended_n = 0;
+    for (size_t i = 0; i < sizeof k_tight / sizeof *k_tight; i++) {
+        json_t *s = json_loads(k_tight[i], 0, NULL);
+        ember_grammar *g = ember_grammar_new();
+        ember_error err = {0};
+        int root = ember_grammar_schema(g, s, s, "schema", &err);
+        CHECK(root >= 0 && ember_grammar_set_root(g, root, &err) == 0);
+        for (int w = 0; w < 24; w++) {
+            bool ended;
+            int budget = ember_grammar_min_bytes(g) + 1 + w % 4;
+            char *text = walk(g, gv, v, budget, &ended, &disagree, budget, 2);
+            walks++;
+            ended_n += ended;
+            CHECKF(ended, "tight %zu: a walk on a budget of %d did not end: %s", i, budget, text);
+            free(text);
+        }
+        ember_grammar_free(g);
+        json_decref(s);
+    }
+    CHECKF(disagree == 0, "tight strings: the mask and the matcher disagree %d times", disagree);
+    fprintf(stderr, "tight strings: %d walks, %d ended\n", walks, ended_n);
 }
 
 /* Schemas the grammar cannot enforce: refused, naming what. */
@@ -460,7 +527,15 @@ int main(void) {
     ember_gvocab *gv = NULL;
     ember_error err = {0};
     CHECK(ember_gvocab_new(v.n, (const char *const *)v.bytes, v.lens, v.is_end, &gv, &err) == 0);
-    schema_suite(gv, &v);
+    schema_suite(gv, &v, true);
+    tight_strings(gv, &v);
+    /* again with the mask written without AVX-512 (where the CPU has it: the other path) */
+    setenv("EMBER_GRAMMAR_NO_AVX512", "1", 1);
+    ember_gvocab *gv2 = NULL;
+    CHECK(ember_gvocab_new(v.n, (const char *const *)v.bytes, v.lens, v.is_end, &gv2, &err) == 0);
+    unsetenv("EMBER_GRAMMAR_NO_AVX512");
+    schema_suite(gv2, &v, false);
+    ember_gvocab_free(gv2);
     refusals();
     tool_shape(gv, &v);
     raw_text(gv, &v);

@@ -19,11 +19,16 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/cpu.h"
 #include "gbnf.h"
 #include "regex.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX512_MASK 1
 #endif
 
 #define MAX_STACK 32   /* frames: nesting of values */
@@ -723,6 +728,7 @@ static int ws_step(gframe *f) {
 }
 
 static int bnum_cost(const gnode *nd, const gframe *f);
+static bool bnum_done(const gnode *nd, const gframe *f);
 
 static bool frame_done(const ember_grammar *g, const gframe *f) {
     const gnode *nd = &g->nodes[f->node];
@@ -735,7 +741,7 @@ static bool frame_done(const ember_grammar *g, const gframe *f) {
     case K_STR: return f->phase == S_DONE;
     case K_TEXT: return f->lo == 0;
     case K_NUM:
-        if (nd->bounded) return bnum_cost(nd, f) == 0;
+        if (nd->bounded) return bnum_done(nd, f);
         return f->phase == N_ZERO || f->phase == N_INT || f->phase == N_FRAC || f->phase == N_EXP;
     default: return false;
     }
@@ -999,6 +1005,19 @@ static int bnum_cost(const gnode *nd, const gframe *f) {
     int a = bnum_cost_sign(nd, f, false), b = bnum_cost_sign(nd, f, true);
     if (b >= 0) b++;
     return a < 0 ? b : (b < 0 || a <= b) ? a : b;
+}
+
+/* Whether a bounded number may end here: bnum_cost(nd, f) == 0 without
+   its search (a digit read, the value so far within the range). The walk
+   asks this at every byte a number refuses, so it must be cheap. */
+static bool bnum_done(const gnode *nd, const gframe *f) {
+    if (f->phase != N_ZERO && f->phase != N_INT && f->phase != N_FRAC) return false;
+    bool neg = f->lo != 0;
+    int64_t A = neg ? -nd->uhi : nd->ulo, B = neg ? -nd->ulo : nd->uhi; /* the magnitudes allowed */
+    if (A < 0) A = 0;
+    int64_t v = (int64_t)f->seen * p10(nd->sd);
+    if (f->phase == N_FRAC) v += (int64_t)f->count * p10(nd->sd - f->hi);
+    return v >= A && v <= B;
 }
 
 static int step_bnum(const gnode *nd, gframe *f, unsigned char c) {
@@ -1376,13 +1395,18 @@ typedef struct gtrie {
 enum { SC_NO, SC_STAY, SC_CLOSE };
 #define N_SPH 2
 
+#define CAP_LEVELS 16 /* maxLength room below which the staying ids come from a bitset per room */
+
 typedef struct gstr {
-    uint8_t *cls;   /* [n] SC_*: refused, stays in the string, closes it */
     uint8_t *cps;   /* [n] code points the token adds before the closing quote (saturated at 255) */
-    uint8_t *stay;  /* [n] 1 where cls is SC_STAY (copied into the mask as is) */
     uint8_t *pend;  /* [n] SC_STAY: bytes the token leaves owed (a UTF-8 sequence, an escape) */
-    uint8_t *scap;  /* [n] SC_STAY: cps; 255 otherwise (one compare against the room left) */
-    uint8_t *spend; /* [n] SC_STAY: pend; 255 otherwise (one compare against a tight budget) */
+    uint64_t *stay; /* [nw] bits of the SC_STAY ids (copied into the mask as is) */
+    uint64_t *cap;  /* [CAP_LEVELS * nw] level r: the SC_STAY ids of at most r code points */
+    int cap_n[CAP_LEVELS]; /* ids in each level */
+    int32_t *longer; /* SC_STAY ids of CAP_LEVELS code points or more, the most first */
+    int n_longer;
+    int32_t *owing;  /* SC_STAY ids that leave bytes owed (pend > 0) */
+    int n_owing;
     int n_stay;
     int32_t *close0; /* ids that close the string with nothing after the quote */
     int n_close0;
@@ -1391,12 +1415,15 @@ typedef struct gstr {
 
 struct ember_gvocab {
     int n;               /* ids */
+    int nw;              /* 64-bit words of a mask over the ids (bit i: id i allowed) */
+    bool avx512;         /* the CPU has AVX-512F: masks are written 16 logits per store */
     gtrie t;             /* every token's bytes */
     int32_t *end_ids;    /* ids that end the output */
     int n_end;
     char **tok;          /* [n] each id's bytes (NULL: never) */
     uint8_t *tlen;
     gstr str[N_SPH];     /* inside a string: S_IN, S_ESC */
+    gstr qstr;           /* the tokens that begin with '"', by their bytes after it, read from S_IN */
     /* tokens that begin with white space (see mask_ws) */
     uint8_t *wsk;        /* [n] white-space bytes each token begins with */
     int32_t *pure_ws;    /* ids of white space only */
@@ -1423,20 +1450,33 @@ void ember_gvocab_free(ember_gvocab *v) {
     for (int i = 0; v->tok && i < v->n; i++) free(v->tok[i]);
     free(v->tok);
     free(v->tlen);
-    for (int k = 0; k < N_SPH; k++) {
-        free(v->str[k].cls);
-        free(v->str[k].cps);
-        free(v->str[k].stay);
-        free(v->str[k].pend);
-        free(v->str[k].scap);
-        free(v->str[k].spend);
-        free(v->str[k].close0);
-        trie_free(&v->str[k].after);
+    for (int k = 0; k <= N_SPH; k++) {
+        gstr *st = k < N_SPH ? &v->str[k] : &v->qstr;
+        free(st->cps);
+        free(st->stay);
+        free(st->pend);
+        free(st->cap);
+        free(st->longer);
+        free(st->owing);
+        free(st->close0);
+        trie_free(&st->after);
     }
     free(v);
 }
 
 static void sort_strings(const char *const *b, const uint8_t *l, int32_t *ids, int n);
+
+static inline void bs_set(uint64_t *b, int i) {
+    b[i >> 6] |= 1ull << (i & 63);
+}
+
+static inline void bs_clear(uint64_t *b, int i) {
+    b[i >> 6] &= ~(1ull << (i & 63));
+}
+
+static inline bool bs_get(const uint64_t *b, int i) {
+    return b[i >> 6] >> (i & 63) & 1;
+}
 
 /* Builds t over the m strings b[ids[i]] (lengths l[], 1..MAX_TOKEN bytes);
    ids is sorted in place. 0, or -1 when out of memory. */
@@ -1480,56 +1520,65 @@ static int trie_build(gtrie *t, const char *const *b, const uint8_t *l, int32_t 
 
 /* Classifies every token read inside a free string from phase ph (S_IN or
    S_ESC) into s: the same steps as step_str, so the fast mask agrees with
-   the walk byte for byte. 0, or -1 when out of memory. */
-static int str_classes(ember_gvocab *v, int ph, gstr *s) {
-    s->cls = ember_calloc((size_t)v->n, 1);
+   the walk byte for byte. quoted: only the tokens of two bytes or more that
+   begin with '"', read from their second byte (a string being opened).
+   0, or -1 when out of memory. */
+static int str_classes(ember_gvocab *v, int ph, bool quoted, gstr *s) {
+    size_t nw = (size_t)v->nw;
     s->cps = ember_calloc((size_t)v->n, 1);
-    s->stay = ember_calloc((size_t)v->n, 1);
+    s->stay = ember_calloc(nw, sizeof *s->stay);
     s->pend = ember_calloc((size_t)v->n, 1);
-    s->scap = ember_malloc((size_t)v->n);
-    s->spend = ember_malloc((size_t)v->n);
+    s->cap = ember_calloc(CAP_LEVELS * nw, sizeof *s->cap);
+    s->longer = ember_malloc((size_t)v->n * sizeof *s->longer);
+    s->owing = ember_malloc((size_t)v->n * sizeof *s->owing);
     s->close0 = ember_malloc((size_t)v->n * sizeof *s->close0);
     int32_t *ids = ember_malloc((size_t)v->n * sizeof *ids);
     const char **suf = ember_calloc((size_t)v->n, sizeof *suf);
     uint8_t *slen = ember_calloc((size_t)v->n, 1);
     int rc = -1, m = 0;
-    if (!s->cls || !s->cps || !s->stay || !s->pend || !s->scap || !s->spend || !s->close0 || !ids || !suf || !slen)
+    if (!s->cps || !s->stay || !s->pend || !s->cap || !s->longer || !s->owing || !s->close0 || !ids || !suf || !slen)
         goto out;
-    memset(s->scap, 255, (size_t)v->n);
-    memset(s->spend, 255, (size_t)v->n);
     gnode free_str;
     memset(&free_str, 0, sizeof free_str);
     free_str.kind = K_STR;
     free_str.hi = -1;
     for (int id = 0; id < v->n; id++) {
         if (!v->tok[id]) continue;
+        if (quoted && (v->tlen[id] < 2 || v->tok[id][0] != '"')) continue;
         gframe f;
         memset(&f, 0, sizeof f);
         f.phase = (uint8_t)ph;
         int q = -1, r = ST_OK;
-        for (int i = 0; i < v->tlen[id] && r == ST_OK && q < 0; i++) {
+        for (int i = quoted; i < v->tlen[id] && r == ST_OK && q < 0; i++) {
             r = step_str(&free_str, &f, (unsigned char)v->tok[id][i]);
             if (r == ST_OK && f.phase == S_DONE) q = i;
         }
         if (r != ST_OK) continue;
         s->cps[id] = (uint8_t)(f.count > 255 ? 255 : f.count);
-        if (q < 0) {
-            s->cls[id] = SC_STAY;
-            s->stay[id] = 1;
+        if (q < 0) { /* stays in the string */
+            bs_set(s->stay, id);
             s->pend[id] = (uint8_t)(f.phase == S_ESC ? 1 : f.phase == S_HEX ? f.pos : f.lo);
-            s->scap[id] = s->cps[id] < 254 ? s->cps[id] : 254;
-            s->spend[id] = s->pend[id];
+            if (s->pend[id]) s->owing[s->n_owing++] = id;
+            for (int r = s->cps[id]; r < CAP_LEVELS; r++) {
+                bs_set(s->cap + (size_t)r * nw, id);
+                s->cap_n[r]++;
+            }
             s->n_stay++;
-        } else if (q + 1 == v->tlen[id]) {
-            s->cls[id] = SC_CLOSE;
+        } else if (q + 1 == v->tlen[id]) { /* closes it, nothing after the quote */
             s->close0[s->n_close0++] = id;
-        } else {
-            s->cls[id] = SC_CLOSE;
+        } else { /* closes it, more bytes after the quote */
             suf[id] = v->tok[id] + q + 1;
             slen[id] = (uint8_t)(v->tlen[id] - q - 1);
             ids[m++] = id;
         }
     }
+    int at[257] = {0}; /* the long staying ids, the most code points first (a counting sort) */
+    for (int id = 0; id < v->n; id++)
+        if (bs_get(s->stay, id) && s->cps[id] >= CAP_LEVELS) at[256 - s->cps[id]]++;
+    for (int c = 1; c <= 256; c++) at[c] += at[c - 1];
+    for (int id = 0; id < v->n; id++)
+        if (bs_get(s->stay, id) && s->cps[id] >= CAP_LEVELS) s->longer[at[255 - s->cps[id]]++] = id;
+    s->n_longer = at[255 - CAP_LEVELS + 1];
     rc = trie_build(&s->after, suf, slen, ids, m);
 out:
     free(ids);
@@ -1577,6 +1626,10 @@ int ember_gvocab_new(int n, const char *const *bytes, const size_t *lens, const 
     ember_gvocab *v = ember_calloc(1, sizeof *v);
     if (!v) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     v->n = n;
+    v->nw = (n + 63) / 64;
+    ember_cpu_features cf;
+    ember_cpu_detect(&cf);
+    v->avx512 = cf.avx512f && !getenv("EMBER_GRAMMAR_NO_AVX512"); /* the other path's A/B and test switch */
     v->tok = ember_calloc((size_t)n, sizeof *v->tok);
     v->tlen = ember_calloc((size_t)n, 1);
     v->end_ids = ember_malloc((size_t)n * sizeof *v->end_ids);
@@ -1596,7 +1649,9 @@ int ember_gvocab_new(int n, const char *const *bytes, const size_t *lens, const 
         order[m++] = i;
     }
     if (!oom) oom = trie_build(&v->t, (const char *const *)v->tok, v->tlen, order, m) != 0;
-    if (!oom) oom = str_classes(v, S_IN, &v->str[0]) != 0 || str_classes(v, S_ESC, &v->str[1]) != 0;
+    if (!oom)
+        oom = str_classes(v, S_IN, false, &v->str[0]) != 0 || str_classes(v, S_ESC, false, &v->str[1]) != 0 ||
+              str_classes(v, S_IN, true, &v->qstr) != 0;
     if (!oom) oom = ws_tables(v) != 0;
     free(order);
     if (oom) {
@@ -1646,9 +1701,21 @@ typedef struct gb_masked {
     unsigned gen;
     uint64_t used;
     int n, max_cost;
-    uint8_t *allow;
+    uint64_t *allow; /* [nw] bits */
     int32_t *ids, *cost;
 } gb_masked;
+
+/* The bytes refused by one state, remembered by the trie walk per depth:
+   the children of a node are tried from its state, and sibling nodes often
+   have the same state (every letter of a [A-Z] class, every byte inside a
+   string), so their children's refusals need not be fed again. */
+#define MEMO_DEPTH 8 /* depths with a memo (near the root, where siblings are many) */
+typedef struct wmemo {
+    uint64_t gen;        /* the parent visit these refusals were last checked against */
+    bool valid;
+    gstate key;          /* the state they belong to */
+    uint64_t refused[4]; /* bytes key refuses */
+} wmemo;
 
 struct ember_gmatch {
     const ember_grammar *g;
@@ -1660,7 +1727,11 @@ struct ember_gmatch {
     uint64_t tick;
     gstate st;
     gstate *lvl;   /* [MAX_TOKEN + 1] the state at each trie depth */
-    uint8_t *allow; /* [v->n] */
+    uint64_t *pgen; /* [MAX_TOKEN + 1] a number for each node the walk entered, per depth */
+    uint64_t wgen;
+    wmemo *memo;    /* [MEMO_DEPTH + 1] depth d: what lvl[d - 1] refuses */
+    uint64_t *allow; /* [v->nw] bit i: id i allowed */
+    uint64_t *scratch; /* [v->nw] */
 };
 
 int ember_gmatch_new(const ember_grammar *g, const ember_gvocab *v, ember_gmatch **out, ember_error *err) {
@@ -1675,7 +1746,7 @@ int ember_gmatch_new(const ember_grammar *g, const ember_gvocab *v, ember_gmatch
         m->glvl = ember_malloc((MAX_TOKEN + 1) * sizeof *m->glvl);
         m->gsid = m->gc ? gb_cache_start(m->gc) : -1;
         for (int i = 0; i < GB_MASKS; i++) m->gm[i].sid = -1;
-        m->allow = ember_malloc((size_t)v->n);
+        m->allow = ember_malloc((size_t)v->nw * sizeof *m->allow);
         if (!m->glvl || m->gsid < 0 || !m->allow) {
             ember_gmatch_free(m);
             return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
@@ -1684,8 +1755,11 @@ int ember_gmatch_new(const ember_grammar *g, const ember_gvocab *v, ember_gmatch
         return EMBER_OK;
     }
     m->lvl = ember_malloc((MAX_TOKEN + 1) * sizeof *m->lvl);
-    m->allow = ember_malloc((size_t)v->n);
-    if (!m->lvl || !m->allow) {
+    m->pgen = ember_calloc(MAX_TOKEN + 1, sizeof *m->pgen);
+    m->memo = ember_calloc(MEMO_DEPTH + 1, sizeof *m->memo);
+    m->allow = ember_malloc((size_t)v->nw * sizeof *m->allow);
+    m->scratch = ember_malloc((size_t)v->nw * sizeof *m->scratch);
+    if (!m->lvl || !m->pgen || !m->memo || !m->allow || !m->scratch) {
         ember_gmatch_free(m);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
@@ -1704,7 +1778,10 @@ void ember_gmatch_free(ember_gmatch *m) {
         free(m->gm[i].cost);
     }
     free(m->lvl);
+    free(m->pgen);
+    free(m->memo);
     free(m->allow);
+    free(m->scratch);
     free(m);
 }
 
@@ -1723,114 +1800,195 @@ int ember_gmatch_min_bytes(const ember_gmatch *m) {
     return state_cost(m->g, &m->st);
 }
 
+static int string_part(ember_gmatch *m, const gstate *st, const gstr *s, int left, uint64_t *stays);
+
+/* Whether s's top frame is a free string in its text (where the string
+   tables apply). */
+static bool in_free_string(const ember_grammar *g, const gstate *s) {
+    const gframe *f = &s->f[s->n - 1];
+    const gnode *nd = &g->nodes[f->node];
+    return nd->kind == K_STR && !nd->rx && f->phase == S_IN && f->lo == 0;
+}
+
 /* Allows, in m->allow, the ids of trie t that start's state takes, each
    only when cps is NULL or need <= cps[id] <= room, and (left < NO_LEFT)
    when the grammar can still finish in left - 2 tokens after it; no_ws:
-   not the tokens that begin with white space. Returns how many it allowed. */
+   not the tokens that begin with white space. q (t the whole vocabulary's
+   trie, or NULL): when '"' opens a free string from start, the tokens that
+   begin with it and go on come from q's tables (see string_part), not the
+   walk. Returns how many it allowed. */
 static int walk(ember_gmatch *m, const gtrie *t, const gstate *start, const uint8_t *cps, int need, int room,
-                int left, bool no_ws) {
+                int left, bool no_ws, const gstr *q) {
+    gstate qst; /* the state after the '"' that opens a string, when q's tables are used */
+    bool qhit = false;
     int allowed = 0;
     copy_state(&m->lvl[0], start);
+    m->pgen[0] = ++m->wgen;
     for (int i = 0; i < t->nn;) {
         int d = t->depth[i];
-        if (no_ws && d == 1 && is_ws(t->byte[i])) {
+        unsigned char b = t->byte[i];
+        if (no_ws && d == 1 && is_ws(b)) {
+            i = t->skip[i];
+            continue;
+        }
+        wmemo *me = d <= MEMO_DEPTH ? &m->memo[d] : NULL;
+        if (me && me->gen != m->pgen[d - 1]) { /* the first child of a node: is its state the remembered one? */
+            const gstate *ps = &m->lvl[d - 1];
+            if (!me->valid || me->key.n != ps->n || memcmp(me->key.f, ps->f, (size_t)ps->n * sizeof *ps->f)) {
+                copy_state(&me->key, ps);
+                memset(me->refused, 0, sizeof me->refused);
+                me->valid = true;
+            }
+            me->gen = m->pgen[d - 1];
+        }
+        if (me && me->refused[b >> 6] >> (b & 63) & 1) {
             i = t->skip[i];
             continue;
         }
         copy_state(&m->lvl[d], &m->lvl[d - 1]);
-        if (!feed(m->g, &m->lvl[d], t->byte[i])) {
+        if (!feed(m->g, &m->lvl[d], b)) {
+            if (me) me->refused[b >> 6] |= 1ull << (b & 63);
             i = t->skip[i];
             continue;
         }
+        m->pgen[d] = ++m->wgen;
         if (t->tcount[i] && (left >= NO_LEFT || state_cost(m->g, &m->lvl[d]) <= left - 2))
             for (int k = 0; k < t->tcount[i]; k++) {
                 int32_t id = t->ends[t->tstart[i] + k];
                 if (cps && (cps[id] < need || cps[id] > room)) continue;
-                m->allow[id] = 1;
+                bs_set(m->allow, id);
                 allowed++;
             }
+        if (q && d == 1 && b == '"' && in_free_string(m->g, &m->lvl[1])) { /* its subtree: q's tables */
+            copy_state(&qst, &m->lvl[1]);
+            qhit = true;
+            i = t->skip[i];
+            continue;
+        }
         i++;
     }
-    return allowed;
-}
-
-/* allow[i]: a staying token within room code points. Returns how many. */
-static int allow_room(uint8_t *restrict allow, const gstr *s, int n, int room) {
-    const uint8_t *restrict scap = s->scap;
-    uint8_t r = (uint8_t)(room > 254 ? 254 : room);
-    int allowed = 0;
-    for (int i = 0; i < n; i++) {
-        allow[i] = scap[i] <= r;
-        allowed += allow[i];
+    if (qhit) { /* the walk is over: lvl may be reused */
+        allowed += string_part(m, &qst, q, left, m->scratch);
+        for (int w = 0; w < m->v->nw; w++) m->allow[w] |= m->scratch[w];
     }
     return allowed;
 }
 
-/* allow[i]: a staying token within room whose owed bytes, less the code
-   points it adds towards minLength (need), fit in slack. */
-static int allow_tight(uint8_t *restrict allow, const gstr *s, int n, int room, int slack, int need) {
-    int allowed = 0;
-    if (need == 0) { /* the common case: two compares */
-        const uint8_t *restrict spend = s->spend, *restrict scap = s->scap;
-        uint8_t r = (uint8_t)(room > 254 ? 254 : room < 0 ? 0 : room);
-        uint8_t sl = (uint8_t)(slack > 254 ? 254 : slack);
-        if (slack < 0 || room < 0) {
-            memset(allow, 0, (size_t)n);
-            return 0;
-        }
-        for (int i = 0; i < n; i++) {
-            allow[i] = (spend[i] <= sl) & (scap[i] <= r);
-            allowed += allow[i];
+/* allow: the staying tokens within room code points (a level's bitset
+   below CAP_LEVELS; above, every staying token less the long ones past
+   room). Returns how many. */
+static int allow_room(uint64_t *restrict allow, const gstr *s, int nw, int room) {
+    if (room < 0) {
+        memset(allow, 0, (size_t)nw * sizeof *allow);
+        return 0;
+    }
+    if (room < CAP_LEVELS) {
+        memcpy(allow, s->cap + (size_t)room * (size_t)nw, (size_t)nw * sizeof *allow);
+        return s->cap_n[room];
+    }
+    memcpy(allow, s->stay, (size_t)nw * sizeof *allow);
+    int allowed = s->n_stay;
+    for (int k = 0; k < s->n_longer && s->cps[s->longer[k]] > room; k++) {
+        bs_clear(allow, s->longer[k]);
+        allowed--;
+    }
+    return allowed;
+}
+
+/* allow: the staying tokens within room whose owed bytes, less the code
+   points they add towards minLength (need), fit in slack. A token that
+   owes nothing fits when slack >= 0, so only the owing ones are checked
+   then; below 0 (the budget's last byte), a token that owes nothing must
+   add at least -slack code points towards minLength (a level's bitset
+   taken away), and the owing ones are checked. Returns how many. */
+static int allow_tight(uint64_t *restrict allow, const gstr *s, int nw, int room, int slack, int need) {
+    int allowed = 0, k = -slack; /* slack < 0: the code points a token that owes nothing must gain */
+    if (slack < 0 && (need < k || room < k)) { /* no token gains enough */
+        memset(allow, 0, (size_t)nw * sizeof *allow);
+        return 0;
+    }
+    if (slack < 0 && k - 1 >= CAP_LEVELS) { /* beyond the levels (not met: the budget steers from slack -1) */
+        for (int w = 0; w < nw; w++) {
+            uint64_t keep = 0;
+            for (uint64_t b = s->stay[w]; b; b &= b - 1) {
+                int bit = __builtin_ctzll(b), id = w * 64 + bit;
+                int gain = s->cps[id] < need ? s->cps[id] : need;
+                if (s->cps[id] <= room && s->pend[id] - gain <= slack) {
+                    keep |= 1ull << bit;
+                    allowed++;
+                }
+            }
+            allow[w] = keep;
         }
         return allowed;
     }
-    for (int i = 0; i < n; i++) {
-        int gain = s->cps[i] < need ? s->cps[i] : need;
-        uint8_t ok = s->stay[i] && s->cps[i] <= room && s->pend[i] - gain <= slack;
-        allow[i] = ok;
-        allowed += ok;
+    allowed = allow_room(allow, s, nw, room);
+    if (slack < 0) { /* those of fewer than k code points gain too little */
+        const uint64_t *few = s->cap + (size_t)(k - 1) * (size_t)nw;
+        for (int w = 0; w < nw; w++) allow[w] &= ~few[w];
+        allowed -= s->cap_n[k - 1]; /* all within room: k - 1 < room */
+    }
+    for (int j = 0; j < s->n_owing; j++) {
+        int id = s->owing[j], gain = s->cps[id] < need ? s->cps[id] : need;
+        bool ok = s->cps[id] <= room && s->pend[id] - gain <= slack, was = bs_get(allow, id);
+        if (ok && !was) {
+            bs_set(allow, id);
+            allowed++;
+        } else if (!ok && was) {
+            bs_clear(allow, id);
+            allowed--;
+        }
     }
     return allowed;
 }
 
-/* The fast mask inside a free string (no pattern, no maxLength within
-   reach): every token that stays in the string is allowed whatever
-   surrounds it (a table made with the vocabulary; on a tight budget, those
-   whose owed bytes fit); only the tokens that close it are walked, by their
-   bytes after the quote, from the state with the string finished. Returns
-   the ids allowed, or -1 when the state is not such a string. Gives exactly
-   what walk gives. */
+/* The tokens of s's tables read from st, whose top frame is a free string
+   (no pattern) in its text (s = str[0], qstr) or after a backslash
+   (str[1]): every token that stays in the string is allowed whatever
+   surrounds it (a table made with the vocabulary; within maxLength's room;
+   on a tight budget, those whose owed bytes fit), written to stays (all of
+   it overwritten first); the tokens that close it are walked, by their
+   bytes after the quote, from the state with the string finished, into
+   m->allow. Returns the ids allowed. Gives exactly what walk gives. */
+static int string_part(ember_gmatch *m, const gstate *st, const gstr *s, int left, uint64_t *stays) {
+    const gframe *f = &st->f[st->n - 1];
+    const gnode *nd = &m->g->nodes[f->node];
+    int allowed = s->n_stay, need = nd->lo - f->count, cost = left < NO_LEFT ? state_cost(m->g, st) : 0;
+    int room = nd->hi >= 0 ? nd->hi - f->count : 1 << 20; /* code points maxLength still allows */
+    bool tight = left < NO_LEFT && cost + 8 > left - 2;
+    if (tight || room < MAX_TOKEN + 2) {
+        /* within room; on a tight budget, a staying token changes the cost
+           by its owed bytes less the code points it adds towards minLength,
+           less the byte st itself owes (after a backslash: the escape's
+           letter, which the token writes) */
+        int owed = f->phase == S_ESC ? 1 : 0;
+        int slack = tight ? left - 2 - cost + owed : 1 << 20, nd_need = need > 0 ? need : 0;
+        allowed = tight ? allow_tight(stays, s, m->v->nw, room, slack, nd_need) : allow_room(stays, s, m->v->nw, room);
+    } else {
+        memcpy(stays, s->stay, (size_t)m->v->nw * sizeof *stays);
+    }
+    gstate done; /* the string closed (popped at the next byte) */
+    copy_state(&done, st);
+    done.f[done.n - 1].phase = S_DONE;
+    if (left >= NO_LEFT || state_cost(m->g, &done) <= left - 2)
+        for (int k = 0; k < s->n_close0; k++)
+            if (s->cps[s->close0[k]] >= need && s->cps[s->close0[k]] <= room) {
+                bs_set(m->allow, s->close0[k]);
+                allowed++;
+            }
+    return allowed + walk(m, &s->after, &done, s->cps, need, room, left, false, NULL);
+}
+
+/* The fast mask inside a free string (no pattern): string_part from the
+   current state. Returns the ids allowed, or -1 when the state is not such
+   a string. */
 static int mask_string(ember_gmatch *m, int left) {
     const gframe *f = &m->st.f[m->st.n - 1];
     const gnode *nd = &m->g->nodes[f->node];
     if (nd->kind != K_STR || nd->rx) return -1;
     int ph = f->phase == S_IN && f->lo == 0 ? 0 : f->phase == S_ESC ? 1 : -1;
     if (ph < 0) return -1;
-    const gstr *s = &m->v->str[ph];
-    int allowed = s->n_stay, need = nd->lo - f->count, cost = left < NO_LEFT ? state_cost(m->g, &m->st) : 0;
-    int room = nd->hi >= 0 ? nd->hi - f->count : 1 << 20; /* code points maxLength still allows */
-    bool tight = left < NO_LEFT && cost + 8 > left - 2;
-    if (tight || room < MAX_TOKEN + 2) {
-        /* within room; on a tight budget, a staying token changes the cost
-           by its owed bytes less the code points it adds towards minLength */
-        int slack = tight ? left - 2 - cost : 1 << 20, nd_need = need > 0 ? need : 0;
-        allowed = tight ? allow_tight(m->allow, s, m->v->n, room, slack, nd_need)
-                        : allow_room(m->allow, s, m->v->n, room);
-    } else {
-        memcpy(m->allow, s->stay, (size_t)m->v->n);
-    }
-    gstate *done = &m->lvl[MAX_TOKEN]; /* the string closed (popped at the next byte) */
-    copy_state(done, &m->st);
-    done->f[done->n - 1].phase = S_DONE;
-    if (left >= NO_LEFT || state_cost(m->g, done) <= left - 2)
-        for (int k = 0; k < s->n_close0; k++)
-            if (s->cps[s->close0[k]] >= need && s->cps[s->close0[k]] <= room) {
-                m->allow[s->close0[k]] = 1;
-                allowed++;
-            }
-    gstate start;
-    copy_state(&start, done);
-    return allowed + walk(m, &s->after, &start, s->cps, need, room, left, false);
+    return string_part(m, &m->st, &m->v->str[ph], left, m->allow);
 }
 
 /* The mask where white space goes to an object's or array's frame (between
@@ -1843,7 +2001,7 @@ static int mask_string(ember_gmatch *m, int left) {
    (cleared first); returns the ids allowed. Gives exactly what walk gives. */
 static int mask_ws(ember_gmatch *m, int left) {
     const ember_gvocab *v = m->v;
-    memset(m->allow, 0, (size_t)v->n);
+    memset(m->allow, 0, (size_t)v->nw * sizeof *m->allow);
     gstate w, w2;
     copy_state(&w, &m->st);
     copy_state(&w2, &m->st);
@@ -1853,44 +2011,73 @@ static int mask_ws(ember_gmatch *m, int left) {
         const gnode *nd = &m->g->nodes[w.f[w.n - 1].node];
         fast = nd->kind == K_OBJ || nd->kind == K_ARR;
     }
-    if (!fast) return walk(m, &v->t, &m->st, NULL, 0, 0, left, false);
-    int allowed = walk(m, &v->t, &m->st, NULL, 0, 0, left, true);
+    if (!fast) return walk(m, &v->t, &m->st, NULL, 0, 0, left, false, &v->qstr);
+    int allowed = walk(m, &v->t, &m->st, NULL, 0, 0, left, true, &v->qstr);
     int room = MAX_WS - w.f[w.n - 1].ws + 1; /* white-space bytes a token may begin with */
     if (left >= NO_LEFT || state_cost(m->g, &w) <= left - 2)
         for (int k = 0; k < v->n_pure_ws; k++)
             if (v->wsk[v->pure_ws[k]] <= room) {
-                m->allow[v->pure_ws[k]] = 1;
+                bs_set(m->allow, v->pure_ws[k]);
                 allowed++;
             }
-    return allowed + walk(m, &v->ws_rest, &w, v->wsk, 0, room, left, false);
+    return allowed + walk(m, &v->ws_rest, &w, v->wsk, 0, room, left, false, NULL);
 }
 
-/* logits[i] = -inf where al[i] is 0, eight ids at a time: skipped where
-   all are allowed (the common case inside a string), branch-free where
-   some are. */
-static void apply_mask(float *restrict lg, const uint8_t *restrict al, int n) {
+/* logits[i] = -inf where bit i of al is 0, for i in [0, n): a word of 64
+   ids at a time, skipped where all are allowed (the common case inside a
+   string). */
+#if defined(HAVE_AVX512_MASK)
+/* Sixteen logits per masked store (AVX-512F; the caller checked the CPU). */
+__attribute__((target("avx512f"))) static void apply_mask_avx512(float *restrict lg, const uint64_t *restrict al,
+                                                                  int n) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
     int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, al + i, 8);
-        if (w == 0x0101010101010101ull) continue;
-#if defined(__SSE2__)
-        /* the eight bytes widened to lanes of all ones where refused, then a select */
-        const __m128i zero = _mm_setzero_si128(), ninf = _mm_set1_epi32((int)0xff800000u);
-        __m128i b16 = _mm_unpacklo_epi8(_mm_cvtsi64_si128((long long)w), zero);
-        __m128i lo = _mm_cmpeq_epi32(_mm_unpacklo_epi16(b16, zero), zero);
-        __m128i hi = _mm_cmpeq_epi32(_mm_unpackhi_epi16(b16, zero), zero);
-        __m128 x0 = _mm_loadu_ps(lg + i), x1 = _mm_loadu_ps(lg + i + 4);
-        x0 = _mm_or_ps(_mm_andnot_ps(_mm_castsi128_ps(lo), x0), _mm_and_ps(_mm_castsi128_ps(lo), _mm_castsi128_ps(ninf)));
-        x1 = _mm_or_ps(_mm_andnot_ps(_mm_castsi128_ps(hi), x1), _mm_and_ps(_mm_castsi128_ps(hi), _mm_castsi128_ps(ninf)));
-        _mm_storeu_ps(lg + i, x0);
-        _mm_storeu_ps(lg + i + 4, x1);
+    for (; i + 64 <= n; i += 64) {
+        uint64_t r = ~al[i >> 6];
+        if (!r) continue;
+        _mm512_mask_storeu_ps(lg + i, (__mmask16)r, ninf);
+        _mm512_mask_storeu_ps(lg + i + 16, (__mmask16)(r >> 16), ninf);
+        _mm512_mask_storeu_ps(lg + i + 32, (__mmask16)(r >> 32), ninf);
+        _mm512_mask_storeu_ps(lg + i + 48, (__mmask16)(r >> 48), ninf);
+    }
+    for (; i < n; i++)
+        if (!bs_get(al, i)) lg[i] = -INFINITY;
+}
+#endif
+
+static void apply_mask(float *restrict lg, const uint64_t *restrict al, int n, bool avx512) {
+#if defined(HAVE_AVX512_MASK)
+    if (avx512) {
+        apply_mask_avx512(lg, al, n);
+        return;
+    }
 #else
-        for (int k = 0; k < 8; k++) lg[i + k] = al[i + k] ? lg[i + k] : -INFINITY;
+    (void)avx512;
+#endif
+    int i = 0;
+    for (; i + 64 <= n; i += 64) {
+        uint64_t w = al[i >> 6];
+        if (w == ~0ull) continue;
+        if (w == 0) {
+            for (int k = 0; k < 64; k++) lg[i + k] = -INFINITY;
+            continue;
+        }
+#if defined(__SSE2__)
+        /* four logits per nibble: lanes of all ones where allowed, then a select */
+        const __m128 ninf = _mm_set1_ps(-INFINITY);
+        for (int q = 0; q < 64; q += 4) {
+            unsigned nib = (unsigned)(w >> q) & 15u;
+            if (nib == 15u) continue;
+            __m128i keep = _mm_set_epi32(-(int)(nib >> 3 & 1), -(int)(nib >> 2 & 1), -(int)(nib >> 1 & 1), -(int)(nib & 1));
+            __m128 x = _mm_loadu_ps(lg + i + q), k = _mm_castsi128_ps(keep);
+            _mm_storeu_ps(lg + i + q, _mm_or_ps(_mm_and_ps(k, x), _mm_andnot_ps(k, ninf)));
+        }
+#else
+        for (uint64_t r = ~w; r; r &= r - 1) lg[i + __builtin_ctzll(r)] = -INFINITY;
 #endif
     }
     for (; i < n; i++)
-        if (!al[i]) lg[i] = -INFINITY;
+        if (!bs_get(al, i)) lg[i] = -INFINITY;
 }
 
 /* The trie walk of a GBNF grammar from the current state: each depth's
@@ -1899,7 +2086,7 @@ static void apply_mask(float *restrict lg, const uint8_t *restrict al, int n) {
 static void gb_walk(ember_gmatch *m, gb_masked *e) {
     const gtrie *t = &m->v->t;
     gb_cache *c = m->gc;
-    memset(e->allow, 0, (size_t)m->v->n);
+    memset(e->allow, 0, (size_t)m->v->nw * sizeof *e->allow);
     e->n = 0;
     e->max_cost = 0;
     m->glvl[0] = m->gsid;
@@ -1921,7 +2108,7 @@ static void gb_walk(ember_gmatch *m, gb_masked *e) {
             if (cost > e->max_cost) e->max_cost = cost;
             for (int k = 0; k < t->tcount[i]; k++) {
                 int32_t id = t->ends[t->tstart[i] + k];
-                e->allow[id] = 1;
+                bs_set(e->allow, id);
                 e->ids[e->n] = id;
                 e->cost[e->n++] = cost;
             }
@@ -1943,7 +2130,7 @@ static gb_masked *gb_masked_get(ember_gmatch *m) {
         for (int i = 1; i < GB_MASKS; i++)
             if (m->gm[i].sid < 0 || (e->sid >= 0 && m->gm[i].used < e->used)) e = &m->gm[i];
         if (!e->allow) {
-            e->allow = ember_malloc((size_t)m->v->n);
+            e->allow = ember_malloc((size_t)m->v->nw * sizeof *e->allow);
             e->ids = ember_malloc((size_t)m->v->n * sizeof *e->ids);
             e->cost = ember_malloc((size_t)m->v->n * sizeof *e->cost);
             if (!e->allow || !e->ids || !e->cost) return NULL;
@@ -1964,10 +2151,10 @@ static int mask_finish(ember_gmatch *m, float *logits, int n, int allowed, bool 
     const ember_gvocab *v = m->v;
     if (end_ok)
         for (int k = 0; k < v->n_end; k++) {
-            allowed += !m->allow[v->end_ids[k]];
-            m->allow[v->end_ids[k]] = 1;
+            allowed += !bs_get(m->allow, v->end_ids[k]);
+            bs_set(m->allow, v->end_ids[k]);
         }
-    apply_mask(logits, m->allow, n < v->n ? n : v->n);
+    apply_mask(logits, m->allow, n < v->n ? n : v->n, v->avx512);
     for (int i = v->n; i < n; i++) logits[i] = -INFINITY;
     return allowed;
 }
@@ -1983,18 +2170,18 @@ static int gb_mask(ember_gmatch *m, float *logits, int n, int left) {
     }
     int allowed = 0;
     if (!e) { /* out of memory: only the end */
-        memset(m->allow, 0, (size_t)v->n);
+        memset(m->allow, 0, (size_t)v->nw * sizeof *m->allow);
     } else {
         if (left < 1) left = 1;
         if (left < NO_LEFT && gb_cache_cost(m->gc, m->gsid) > left - 1) left = NO_LEFT; /* too late to steer */
         if (left >= NO_LEFT || e->max_cost <= left - 2) {
-            memcpy(m->allow, e->allow, (size_t)v->n);
+            memcpy(m->allow, e->allow, (size_t)v->nw * sizeof *m->allow);
             allowed = e->n;
         } else {
-            memset(m->allow, 0, (size_t)v->n);
+            memset(m->allow, 0, (size_t)v->nw * sizeof *m->allow);
             for (int k = 0; k < e->n; k++)
                 if (e->cost[k] <= left - 2) {
-                    m->allow[e->ids[k]] = 1;
+                    bs_set(m->allow, e->ids[k]);
                     allowed++;
                 }
         }
@@ -2003,15 +2190,11 @@ static int gb_mask(ember_gmatch *m, float *logits, int n, int left) {
 }
 
 int ember_gmatch_mask_left(ember_gmatch *m, float *logits, int n, int left) {
-    const ember_gvocab *v = m->v;
     if (m->gc) return gb_mask(m, logits, n, left);
     if (left < 1) left = 1;
     if (left < NO_LEFT && state_cost(m->g, &m->st) > left - 1) left = NO_LEFT; /* too late to steer: no budget */
     int allowed = m->st.n > 0 ? mask_string(m, left) : -1;
-    if (allowed < 0) {
-        memset(m->allow, 0, (size_t)v->n);
-        allowed = mask_ws(m, left);
-    }
+    if (allowed < 0) allowed = mask_ws(m, left);
     return mask_finish(m, logits, n, allowed, allowed == 0 || complete(m->g, &m->st));
 }
 

@@ -18,7 +18,11 @@
  * The mask is computed by walking the vocabulary's trie depth first with a
  * copy of the matcher's state per trie level: a branch is cut at the first
  * byte the grammar refuses, so the work follows the tokens that can come
- * next, not the vocabulary's size.
+ * next, not the vocabulary's size. Inside a free string, and for the
+ * tokens that open one, tables the vocabulary makes once replace the walk
+ * (nearly every token is allowed there). The mask is a bitset over the ids,
+ * written into the logits with AVX-512 masked stores where the CPU has
+ * them (EMBER_GRAMMAR_NO_AVX512 in the environment: the SSE2 writer).
  *
  * JSON the grammar writes: objects with the schema's properties only (any
  * order, each at most once, every required one before '}'), arrays within
