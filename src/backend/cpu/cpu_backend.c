@@ -1201,6 +1201,8 @@ typedef struct moe_job {
     atomic_int dn_left;                /* down tasks not finished */
 } moe_job;
 
+/* Task task of a moe_job (see above): a gate / up row block, or a down row
+   block of an expert whose activation row is ready; the pool's task fn. */
 static void moe_task(void *ctx, int task, int thread) {
     moe_job *j = ctx;
     if (task < j->n_gu) {
@@ -1245,6 +1247,8 @@ static int moe_token_steps(ember_backend *be, ember_tensor *dst, const ember_ten
     return EMBER_OK;
 }
 
+/* backend.h's moe_token: one pool run of moe_task where it applies, else
+   moe_token_steps. */
 static int cpu_moe_token(ember_backend *be, ember_tensor *dst, const ember_tensor *x, int n, const ember_tensor *ex,
                          const float *w, bool geglu, ember_tensor *g, ember_tensor *u, ember_tensor *y,
                          ember_error *err) {
