@@ -8,6 +8,12 @@
  *      8-bit group 64), mixed types in one call, 1 to 8
  *      products of unequal widths, on every ISA this CPU has, 1 and 2 threads.
  *   2. matmul_each refuses an input whose row count is not the product count.
+ *   3. moe_token (a decoding token's routed experts in one call) gives, bit
+ *      for bit, what matmul (gate and up), swiglu / geglu, matmul_each (down)
+ *      and add_rows_scaled give: f32, bf16, Q8_0, Q4_0, MLX, and the mixed
+ *      types of a Q4_K_M file (Q4_K gate / up with Q6_K, Q5_0 or Q8_0 down),
+ *      1 to 8 experts, every ISA, 1 and 2 threads; it refuses 9 experts and
+ *      scratch with fewer rows than experts.
  *
  * Ownership: each case allocates its buffers and frees them before the next.
  */
@@ -25,39 +31,44 @@
 #define K 256
 #define MAXN 8
 
-/* MLX blocks (formats/mlx_quant.h) of N rows of K random codes, scales and biases. */
-static bool make_mlx(ember_dtype t, int N, void *q) {
+/* MLX blocks (formats/mlx_quant.h) of N rows of cols random codes, scales and biases. */
+static bool make_mlx(ember_dtype t, int N, int cols, void *q) {
     int bits, G;
     if (!ember_dtype_mlx_params(t, &bits, &G)) return false;
     const size_t bb = ember_dtype_get(t)->block_bytes;
     uint8_t codes[128];
-    for (int b = 0; b < N * (K / G); b++) {
+    for (int b = 0; b < N * (cols / G); b++) {
         for (int i = 0; i < G; i++) codes[i] = (uint8_t)(rnd() % (1u << bits));
         ember_mlx_pack_block(bits, G, frnd() * 0.05f, frnd() * 0.2f, codes, (unsigned char *)q + (size_t)b * bb);
     }
     return true;
 }
 
-/* A weight [N, K] of type t with random values, in a buffer of be (*buf, caller frees). */
-static bool make_weight(ember_backend *be, ember_dtype t, int N, ember_tensor *w, ember_buffer **buf) {
+/* A weight [N, cols] of type t with random values, in a buffer of be (*buf, caller frees). */
+static bool make_weight_cols(ember_backend *be, ember_dtype t, int N, int cols, ember_tensor *w, ember_buffer **buf) {
     ember_error err = {0};
-    float *f = malloc((size_t)N * K * sizeof(float));
+    float *f = malloc((size_t)N * cols * sizeof(float));
     size_t bytes = 0;
-    bool ok = CHECKV(ember_dtype_nbytes(t, (size_t)N * K, &bytes), "size of %d rows", N);
+    bool ok = CHECKV(ember_dtype_nbytes(t, (size_t)N * cols, &bytes), "size of %d rows", N);
     void *q = malloc(bytes);
     ok = ok && f && q;
-    for (size_t i = 0; ok && i < (size_t)N * K; i++) f[i] = frnd();
+    for (size_t i = 0; ok && i < (size_t)N * cols; i++) f[i] = frnd();
     int mb, mg;
     if (ok && ember_dtype_mlx_params(t, &mb, &mg))
-        ok = make_mlx(t, N, q);
+        ok = make_mlx(t, N, cols, q);
     else
-        ok = ok && CHECKV(ember_quantize(t, f, q, (size_t)N * K, &err) == EMBER_OK, "quantize: %s", err.msg);
+        ok = ok && CHECKV(ember_quantize(t, f, q, (size_t)N * cols, &err) == EMBER_OK, "quantize: %s", err.msg);
     ok = ok && CHECKV(be->ops->buffer_from_host(be, q, bytes, buf, &err) == EMBER_OK, "buffer: %s", err.msg);
-    int64_t shape[2] = {N, K};
+    int64_t shape[2] = {N, cols};
     ok = ok && CHECKV(ember_tensor_view(w, *buf, 0, t, 2, shape, &err) == EMBER_OK, "view: %s", err.msg);
     free(f);
     free(q); /* buffer_from_host copies (zero_copy is off) */
     return ok;
+}
+
+/* make_weight_cols with rows of K. */
+static bool make_weight(ember_backend *be, ember_dtype t, int N, ember_tensor *w, ember_buffer **buf) {
+    return make_weight_cols(be, t, N, K, w, buf);
 }
 
 /* One case: n products of the given types and widths on backend be. */
@@ -160,8 +171,138 @@ static void test_refusals(void) {
     ember_backend_free(be);
 }
 
+/* ---- 3. moe_token ------------------------------------------------------------ */
+
+#define MH 256 /* hidden */
+#define MI 512 /* expert width */
+
+/* An f32 [rows, cols] tensor of be (*buf, caller frees), zeroed. */
+static bool f32_tensor(ember_backend *be, int rows, int cols, ember_tensor *t, ember_buffer **buf) {
+    ember_error err = {0};
+    int64_t s[2] = {rows, cols};
+    return CHECKV(ember_tensor_alloc(be, t, buf, EMBER_F32, 2, s, &err) == EMBER_OK, "alloc: %s", err.msg) &&
+           CHECKV(be->ops->scale(be, t, t, 0.0f, &err) == EMBER_OK, "zero: %s", err.msg);
+}
+
+/* Row r of a [rows, cols] f32 tensor t as a [1, cols] view. */
+static ember_tensor row_of(const ember_tensor *t, int r, int cols) {
+    ember_tensor v = *t;
+    v.shape[0] = 1;
+    v.offset += (size_t)r * (size_t)cols * 4;
+    v.nbytes = (size_t)cols * 4;
+    return v;
+}
+
+/* One case: n experts with gate / up of type tg and down of type td; dst
+   starts from random values. moe_token against matmul (gate and up of each
+   expert), swiglu / geglu, matmul_each (down) and add_rows_scaled. */
+static void check_moe_token(ember_backend *be, int n, ember_dtype tg, ember_dtype td, bool geglu, const char *tag) {
+    ember_error err = {0};
+    ember_tensor ex[3 * MAXN], x, dst, ref, g, u, y, g2, u2, y2;
+    ember_buffer *eb[3 * MAXN] = {0}, *bufs[9] = {0};
+    bool ok = true;
+    for (int j = 0; ok && j < n; j++)
+        ok = make_weight_cols(be, tg, MI, MH, &ex[3 * j], &eb[3 * j]) &&
+             make_weight_cols(be, tg, MI, MH, &ex[3 * j + 1], &eb[3 * j + 1]) &&
+             make_weight_cols(be, td, MH, MI, &ex[3 * j + 2], &eb[3 * j + 2]);
+    ok = ok && f32_tensor(be, 1, MH, &x, &bufs[0]) && f32_tensor(be, 1, MH, &dst, &bufs[1]) &&
+         f32_tensor(be, 1, MH, &ref, &bufs[2]) && f32_tensor(be, MAXN, MI, &g, &bufs[3]) &&
+         f32_tensor(be, MAXN, MI, &u, &bufs[4]) && f32_tensor(be, MAXN, MH, &y, &bufs[5]) &&
+         f32_tensor(be, n, MI, &g2, &bufs[6]) && f32_tensor(be, n, MI, &u2, &bufs[7]) &&
+         f32_tensor(be, n, MH, &y2, &bufs[8]);
+    float xv[MH], d0[MH], w[MAXN], a[MH], b[MH];
+    int32_t ids[MAXN] = {0};
+    for (int i = 0; i < MH; i++) xv[i] = frnd() * 2.0f, d0[i] = frnd();
+    for (int j = 0; j < n; j++) w[j] = 0.05f + (float)(rnd() % 100) / 200.0f;
+    ok = ok && be->ops->write(be, &x, 0, xv, sizeof xv, &err) == EMBER_OK &&
+         be->ops->write(be, &dst, 0, d0, sizeof d0, &err) == EMBER_OK &&
+         be->ops->write(be, &ref, 0, d0, sizeof d0, &err) == EMBER_OK;
+    if (ok) {
+        int rc = be->ops->moe_token(be, &dst, &x, n, ex, w, geglu, &g, &u, &y, &err);
+        CHECKF(rc == EMBER_OK, "%s: moe_token: %s", tag, err.msg);
+        /* the steps: gate and up per expert, the activation, the downs, the combine */
+        ember_tensor gr[MAXN], ur[MAXN], yr[MAXN];
+        ember_matmul dn[MAXN];
+        for (int j = 0; rc == EMBER_OK && j < n; j++) {
+            gr[j] = row_of(&g2, j, MI), ur[j] = row_of(&u2, j, MI), yr[j] = row_of(&y2, j, MH);
+            ember_matmul gu[2] = {{&gr[j], &ex[3 * j], NULL}, {&ur[j], &ex[3 * j + 1], NULL}};
+            dn[j] = (ember_matmul){&yr[j], &ex[3 * j + 2], NULL};
+            rc = be->ops->matmul(be, &x, 2, gu, &err);
+        }
+        if (rc == EMBER_OK)
+            rc = geglu ? be->ops->geglu(be, &g2, &g2, &u2, &err) : be->ops->swiglu(be, &g2, &g2, &u2, &err);
+        if (rc == EMBER_OK) rc = be->ops->matmul_each(be, &g2, n, dn, &err);
+        if (rc == EMBER_OK) rc = be->ops->add_rows_scaled(be, &ref, &y2, ids, w, n, &err);
+        CHECKF(rc == EMBER_OK, "%s: the steps: %s", tag, err.msg);
+        bool rd = be->ops->read(be, &dst, 0, a, sizeof a, &err) == EMBER_OK &&
+                  be->ops->read(be, &ref, 0, b, sizeof b, &err) == EMBER_OK;
+        CHECKF(rd, "%s: read: %s", tag, err.msg);
+        int diff = -1;
+        for (int i = 0; i < MH && diff < 0; i++)
+            if (memcmp(&a[i], &b[i], 4)) diff = i;
+        CHECKF(diff < 0, "%s: moe_token differs from the steps at %d: %.9g vs %.9g", tag, diff,
+               (double)a[diff < 0 ? 0 : diff], (double)b[diff < 0 ? 0 : diff]);
+        bool moved = false; /* the experts did add something */
+        for (int i = 0; i < MH; i++) moved = moved || a[i] != d0[i];
+        CHECKF(moved, "%s: dst unchanged", tag);
+    }
+    for (int i = 0; i < 3 * n; i++) ember_buffer_free(eb[i]);
+    for (int i = 0; i < 9; i++) ember_buffer_free(bufs[i]);
+}
+
+static void test_moe_token(void) {
+    /* gate / up type, down type: the Q4_K_M mix of a MoE whose expert width
+       is no multiple of 256 (Q4_K gate / up, Q5_0 or Q8_0 down) among them */
+    const ember_dtype pairs[][2] = {{EMBER_F32, EMBER_F32},   {EMBER_BF16, EMBER_BF16}, {EMBER_Q8_0, EMBER_Q8_0},
+                                    {EMBER_Q4_0, EMBER_Q4_0}, {EMBER_Q4_K, EMBER_Q6_K}, {EMBER_Q4_K, EMBER_Q5_0},
+                                    {EMBER_Q4_K, EMBER_Q8_0}, {EMBER_Q5_0, EMBER_Q4_K},
+                                    {ember_dtype_mlx(4, 32), ember_dtype_mlx(4, 32)},
+                                    {ember_dtype_mlx(8, 64), ember_dtype_mlx(4, 64)}};
+    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
+    for (int a = 0; a < 4; a++) {
+        if (!ember_isa_supported(isas[a])) continue;
+        for (int th = 1; th <= 2; th++) {
+            ember_cpu_params p = {.n_threads = th, .isa = isas[a]};
+            ember_backend *be = NULL;
+            ember_error err = {0};
+            if (!CHECKV(ember_backend_cpu_new(&p, &be, &err) == EMBER_OK, "backend: %s", err.msg)) continue;
+            if (!CHECKV(be->ops->moe_token != NULL, "the cpu backend has moe_token")) {
+                ember_backend_free(be);
+                continue;
+            }
+            char tag[128];
+            for (size_t t = 0; t < sizeof pairs / sizeof pairs[0]; t++)
+                for (int n = 1; n <= MAXN; n += (n < 2 ? 1 : 3)) { /* 1, 2, 5, 8 */
+                    const bool geglu = (n + (int)t) % 2;
+                    snprintf(tag, sizeof tag, "%s t%d %s/%s n%d %s", ember_isa_name(isas[a]), th,
+                             ember_dtype_get(pairs[t][0])->name, ember_dtype_get(pairs[t][1])->name, n,
+                             geglu ? "geglu" : "swiglu");
+                    check_moe_token(be, n, pairs[t][0], pairs[t][1], geglu, tag);
+                }
+            /* refusals: 9 experts, and scratch rows fewer than the experts */
+            ember_tensor x, dst, g, u, y, wgu, wdn, ex[3 * (MAXN + 1)];
+            ember_buffer *bufs[7] = {0};
+            float w[MAXN + 1] = {0};
+            if (f32_tensor(be, 1, MH, &x, &bufs[0]) && f32_tensor(be, 1, MH, &dst, &bufs[1]) &&
+                f32_tensor(be, 2, MI, &g, &bufs[2]) && f32_tensor(be, 2, MI, &u, &bufs[3]) &&
+                f32_tensor(be, 2, MH, &y, &bufs[4]) && f32_tensor(be, MI, MH, &wgu, &bufs[5]) &&
+                f32_tensor(be, MH, MI, &wdn, &bufs[6])) {
+                for (int i = 0; i < 3 * (MAXN + 1); i++) ex[i] = (i % 3 == 2) ? wdn : wgu;
+                CHECK(be->ops->moe_token(be, &dst, &x, MAXN + 1, ex, w, false, &g, &u, &y, &err) ==
+                      EMBER_ERR_INVALID_ARG);
+                CHECKF(strstr(err.msg, "experts") != NULL, "message: %s", err.msg);
+                CHECK(be->ops->moe_token(be, &dst, &x, 3, ex, w, false, &g, &u, &y, &err) == EMBER_ERR_INVALID_ARG);
+                CHECKF(strstr(err.msg, "shapes") != NULL, "message: %s", err.msg);
+            }
+            for (int i = 0; i < 7; i++) ember_buffer_free(bufs[i]);
+            ember_backend_free(be);
+        }
+    }
+}
+
 int main(void) {
     test_matmul_each();
     test_refusals();
+    test_moe_token();
     return test_done();
 }

@@ -308,6 +308,18 @@ typedef struct ember_backend_ops {
        receives, never on the other rows. */
     int (*add_rows_scaled)(ember_backend *be, ember_tensor *dst, const ember_tensor *src, const int32_t *ids,
                            const float *w, int n, ember_error *err);
+    /* One token's routed experts (MoE decode), n in 1 .. 8: for j < n,
+       g[j] = x gate_j^T, u[j] = x up_j^T, g[j] = act(g[j]) * u[j] (act: silu,
+       or gelu_tanh when geglu), y[j] = g[j] down_j^T; then dst[0, :] +=
+       w[j] * y[j] for j = 0, 1, ... in that order. x, dst [1, H] f32 (not
+       aliased); ex: 3n weights, gate_j, up_j [I, H] and down_j [H, I] at
+       ex[3j .. 3j + 2]; g, u [>= n, I] and y [>= n, H] f32 scratch the call
+       overwrites; w [n] a host array. Bit for bit what matmul (gate and up),
+       swiglu / geglu, matmul_each (down) and add_rows_scaled give, in fewer
+       dispatches. Optional: NULL where the backend has none. */
+    int (*moe_token)(ember_backend *be, ember_tensor *dst, const ember_tensor *x, int n, const ember_tensor *ex,
+                     const float *w, bool geglu, ember_tensor *g, ember_tensor *u, ember_tensor *y,
+                     ember_error *err);
 
     /*
      * The gated DeltaNet core of a linear-attention layer (hybrid models).

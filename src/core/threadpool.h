@@ -2,9 +2,11 @@
  * threadpool.h - a fixed pool of worker threads for data-parallel kernels.
  *
  * ember_pool_run splits n_tasks among the calling thread and the workers and
- * returns once all are done. Tasks are taken in any order: a task must write
- * only its own part of the output, so results never depend on the number of
- * threads. Workers spin briefly between runs, then sleep on a condition
+ * returns once all are done. Tasks may run in any interleaving: a task must
+ * write only its own part of the output, so results never depend on the
+ * number of threads. They are claimed in increasing index order, though
+ * (the CPU backend's moe_token relies on it): a task may wait for a task of
+ * a lower index, which has then been claimed by a running thread already. Workers spin briefly between runs, then sleep on a condition
  * variable. One thread at a time may call ember_pool_run on a pool.
  */
 #ifndef EMBER_CORE_THREADPOOL_H

@@ -584,7 +584,9 @@ void ember_moe_route(const ember_model_config *c, const float *z, const float *b
    share the input row, so their gate and up projections go MOE_MM / 2
    experts to a matmul call, one SwiGLU / GeGLU covers them all, and one
    combine adds the K down projections in expert order: each product and
-   each addition is the one moe_experts makes, so the bits are the same. */
+   each addition is the one moe_experts makes, so the bits are the same.
+   Where the backend has moe_token (K <= MOE_MM), all of it is that one
+   call (the CPU runs it as one pool run, backend.h), with the same bits. */
 static int moe_experts_one(ember_fwd *f, const ember_llm_layer *ly, const ember_tensor *in, ember_act act) {
     ember_backend *be = f->m->be;
     const ember_backend_ops *ops = be->ops;
@@ -605,6 +607,14 @@ static int moe_experts_one(ember_fwd *f, const ember_llm_layer *ly, const ember_
         }
         sel[i] = e;
         st->moe_ew[i] = w;
+    }
+    if (ops->moe_token && K <= MOE_MM) { /* the whole block in one backend call */
+        ember_tensor ex[3 * MOE_MM];
+        for (int j = 0; j < K; j++)
+            for (int p = 0; p < 3; p++) ex[3 * j + p] = ly->experts[3 * (size_t)sel[j] + (size_t)p];
+        ember_tensor ga = rows_view(&st->moe_gate, 2, K, Im, 0), ua = rows_view(&st->moe_up, 2, K, Im, 0),
+                     ya = rows_view(&st->moe_y, 2, K, H, 0);
+        return ops->moe_token(be, &f->h, in, K, ex, st->moe_ew, act == EMBER_ACT_GELU_TANH, &ga, &ua, &ya, err);
     }
     ember_tensor g[MOE_MM / 2], u[MOE_MM / 2];
     ember_matmul mm[MOE_MM];

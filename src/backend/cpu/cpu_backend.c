@@ -27,6 +27,7 @@
  */
 #define _DEFAULT_SOURCE
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,13 @@
 #include "kernels.h"
 #include "qkern.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_PAUSE() _mm_pause()
+#else
+#define CPU_PAUSE() ((void)0)
+#endif
+
 typedef struct cpu_backend {
     ember_backend base;
     const cpu_kernels *k;
@@ -54,6 +62,8 @@ typedef struct cpu_backend {
     size_t scratch_floats;
     void *act[CPU_ACT_COUNT]; /* quantized activations per cpu_act_kind, grown on demand */
     size_t act_cap[CPU_ACT_COUNT];
+    void *act_moe[CPU_ACT_COUNT]; /* moe_token's down-projection activation rows, per kind, grown on demand */
+    size_t act_moe_cap[CPU_ACT_COUNT];
     void *act_tiled;  /* the A32 tiles for the table's qgemm_tiled kernels (qkern.h) */
     size_t act_tiled_cap;
     unsigned char *qscratch; /* n_threads x qscratch_bytes: cpu_qmatmul and packing */
@@ -475,7 +485,8 @@ static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor
 
 /* ---- matmul ---------------------------------------------------------------------- */
 
-#define MAX_MM 8
+#define MAX_MM 16    /* products in one mm_job (a MoE token's 8 gate and 8 up projections) */
+#define MAX_MM_API 8 /* products per matmul call (backend.h) */
 
 typedef struct mm_job {
     const cpu_kernels *k;
@@ -598,10 +609,16 @@ static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_k
     return EMBER_OK;
 }
 
-/* matmul and matmul_each (each: product i reads row i of x, which has n
-   rows, and writes one row); one pool run for all the products. */
-static int matmul_run(cpu_backend *c, const ember_tensor *x, int n, const ember_matmul *mm, bool each,
-                      ember_error *err) {
+/* Checks n products (1 .. MAX_MM) on x for matmul (each false) or
+   matmul_each (each: product i reads row i of x, which has n rows, and
+   writes one row), packs their weights on first use, and fills j (all but
+   the activations and qscratch) with its task split: about 8 tasks per
+   thread (taken dynamically, so a thread slowed by other load takes
+   fewer), in whole packed groups. need[kind]: the activation kinds the
+   products read; *tiles: CPU_ACT_32 wants A32 tiles too; *qs: the
+   per-thread qscratch bytes the products need. */
+static int mm_prepare(cpu_backend *c, const ember_tensor *x, int n, const ember_matmul *mm, bool each, mm_job *j,
+                      bool need[CPU_ACT_COUNT], bool *tiles, size_t *qs, ember_error *err) {
     int rc = need_f32(x, "matmul", "x", err);
     if (rc) return rc;
     if (n < 1 || n > MAX_MM)
@@ -612,10 +629,9 @@ static int matmul_run(cpu_backend *c, const ember_tensor *x, int n, const ember_
     if (each && M != n)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul_each: %d products need %d input rows, not %lld", n, n,
                          (long long)M);
-    const int64_t Mx = M; /* rows to quantize */
-    if (each) M = 1;      /* rows per product */
+    if (each) M = 1; /* rows per product */
     int64_t total = 0;
-    bool need[CPU_ACT_COUNT] = {false}, tiles = false;
+    *tiles = false;
     for (int i = 0; i < n; i++) {
         const ember_matmul *m = &mm[i];
         if ((rc = need_f32(m->out, "matmul", "out", err))) return rc;
@@ -626,7 +642,7 @@ static int matmul_run(cpu_backend *c, const ember_tensor *x, int n, const ember_
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: rows of %lld are not whole %s blocks",
                              (long long)K, ember_dtype_get(m->w->dtype)->name);
         need[mm_act_kind(c->k, m->w->dtype, K)] = true;
-        tiles = tiles || (c->k->qgemm_tiled[m->w->dtype] && M >= c->k->tiled_min_m);
+        *tiles = *tiles || (c->k->qgemm_tiled[m->w->dtype] && M >= c->k->tiled_min_m);
         int64_t N = m->w->shape[0];
         if (ember_tensor_row_len(m->out) != N || ember_tensor_rows(m->out) != M)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output shape is not [%lld, %lld]",
@@ -636,34 +652,45 @@ static int matmul_run(cpu_backend *c, const ember_tensor *x, int n, const ember_
         total += N;
     }
     if (total > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output too large");
-    mm_job j = {.k = c->k, .mlx_gemm = c->mlx_gemm, .x = host(x), .M = (int)M, .K = (int)K, .n = n, .mm = mm,
-                .each = each};
-    for (int kind = CPU_ACT_32; kind < CPU_ACT_COUNT; kind++)
-        if (need[kind] && (rc = quantize_acts(c, j.x, (int)Mx, (int)K, (cpu_act_kind)kind, &j.act[kind],
-                                              kind == CPU_ACT_32 && tiles ? &j.act_tiled : NULL, err)))
-            return rc;
-    size_t qs = 0;
+    *j = (mm_job){.k = c->k, .mlx_gemm = c->mlx_gemm, .x = host(x), .M = (int)M, .K = (int)K, .n = n, .mm = mm,
+                  .each = each};
     for (int i = 0; i < n; i++) {
         ember_dtype dt = mm[i].w->dtype;
         if (!c->k->qgemm_packed[dt]) continue;
         size_t b = cpu_qmatmul_scratch_bytes(dt, (int)K, (int)M);
-        if (b > qs) qs = b;
-        if ((rc = packed_ensure(c, mm[i].w, &j.packed[i], err))) return rc;
+        if (b > *qs) *qs = b;
+        if ((rc = packed_ensure(c, mm[i].w, &j->packed[i], err))) return rc;
     }
-    if ((rc = ensure_qscratch(c, qs, err))) return rc;
-    j.qscratch = c->qscratch;
-    j.qscratch_bytes = c->qscratch_bytes;
-    /* about 8 tasks per thread (taken dynamically, so a thread slowed by
-       other load takes fewer), in whole packed groups */
     int64_t want = total / ((int64_t)c->n_threads * 8);
     int block = (int)((want + CPU_QP_ROWS - 1) & ~(int64_t)(CPU_QP_ROWS - 1));
     if (block < CPU_QP_ROWS) block = CPU_QP_ROWS;
-    j.block = block;
-    j.first_task[0] = 0;
+    j->block = block;
+    j->first_task[0] = 0;
     for (int i = 0; i < n; i++) {
         int N = (int)mm[i].w->shape[0];
-        j.first_task[i + 1] = j.first_task[i] + (N + block - 1) / block;
+        j->first_task[i + 1] = j->first_task[i] + (N + block - 1) / block;
     }
+    return EMBER_OK;
+}
+
+/* matmul and matmul_each (mm_prepare); one pool run for all the products. */
+static int matmul_run(cpu_backend *c, const ember_tensor *x, int n, const ember_matmul *mm, bool each,
+                      ember_error *err) {
+    if (n > MAX_MM_API)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: %d products (1..%d allowed)", n, MAX_MM_API);
+    mm_job j;
+    bool need[CPU_ACT_COUNT] = {false}, tiles;
+    size_t qs = 0;
+    int rc = mm_prepare(c, x, n, mm, each, &j, need, &tiles, &qs, err);
+    if (rc) return rc;
+    const int Mx = (int)ember_tensor_rows(x); /* rows to quantize */
+    for (int kind = CPU_ACT_32; kind < CPU_ACT_COUNT; kind++)
+        if (need[kind] && (rc = quantize_acts(c, j.x, Mx, j.K, (cpu_act_kind)kind, &j.act[kind],
+                                              kind == CPU_ACT_32 && tiles ? &j.act_tiled : NULL, err)))
+            return rc;
+    if ((rc = ensure_qscratch(c, qs, err))) return rc;
+    j.qscratch = c->qscratch;
+    j.qscratch_bytes = c->qscratch_bytes;
     ember_pool_run(c->pool, j.first_task[n], mm_task, &j);
     return EMBER_OK;
 }
@@ -1012,19 +1039,27 @@ static inline float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(inner));
 }
 
+/* dst[i] = silu(a[i]) * b[i] (or gelu_tanh(a[i]) * b[i] when geglu) for i
+   in [i0, i1): swiglu and geglu, and the MoE token's experts (moe_token). */
+static void glu_range(float *dst, const float *a, const float *b, int64_t i0, int64_t i1, bool geglu) {
+    if (geglu) {
+        for (int64_t i = i0; i < i1; i++) dst[i] = gelu_tanh(a[i]) * b[i];
+        return;
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        float g = a[i];
+        dst[i] = (g / (1.0f + expf(-g))) * b[i];
+    }
+}
+
 static void ew_task(void *ctx, int task, int thread) {
     (void)thread;
     const ew_job *j = ctx;
     int64_t i0 = (int64_t)task * EW_CHUNK, i1 = i0 + EW_CHUNK < j->n ? i0 + EW_CHUNK : j->n;
-    if (j->kind == 0) {
-        for (int64_t i = i0; i < i1; i++) {
-            float g = j->a[i];
-            j->dst[i] = (g / (1.0f + expf(-g))) * j->b[i];
-        }
+    if (j->kind == 0 || j->kind == 2) {
+        glu_range(j->dst, j->a, j->b, i0, i1, j->kind == 2);
     } else if (j->kind == 1) {
         for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] + j->b[i];
-    } else if (j->kind == 2) {
-        for (int64_t i = i0; i < i1; i++) j->dst[i] = gelu_tanh(j->a[i]) * j->b[i];
     } else if (j->kind == 3) {
         for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] * j->s;
     } else if (j->kind == 4) {
@@ -1117,6 +1152,11 @@ static int cpu_delta_replay(ember_backend *be, const ember_rec_layer *layers, in
 
 /* The MoE combine (backend.h). One thread: n * D multiply-adds, small
    beside the experts' matmuls; a row's terms land in i order. */
+/* d[0 .. D) += w * s[0 .. D): one term of add_rows_scaled (and moe_token). */
+static void add_scaled(float *d, const float *s, float w, int64_t D) {
+    for (int64_t j = 0; j < D; j++) d[j] += w * s[j];
+}
+
 static int cpu_add_rows_scaled(ember_backend *be, ember_tensor *dst, const ember_tensor *src, const int32_t *ids,
                                const float *w, int n, ember_error *err) {
     (void)be;
@@ -1127,11 +1167,148 @@ static int cpu_add_rows_scaled(ember_backend *be, ember_tensor *dst, const ember
     const int64_t D = ember_tensor_row_len(dst);
     float *d0 = host(dst);
     const float *s0 = host(src);
-    for (int i = 0; i < n; i++) {
-        float *d = d0 + (size_t)ids[i] * (size_t)D;
-        const float *s = s0 + (size_t)i * (size_t)D, wi = w[i];
-        for (int64_t j = 0; j < D; j++) d[j] += wi * s[j];
+    for (int i = 0; i < n; i++) add_scaled(d0 + (size_t)ids[i] * (size_t)D, s0 + (size_t)i * (size_t)D, w[i], D);
+    return EMBER_OK;
+}
+
+/* ---- moe_token: one token's routed experts in one pool run --------------------------- */
+
+#define MOE_TOKEN_MAX (MAX_MM / 2)
+
+/* Tasks [0, n_gu) are gu's (expert j's gate and up products are products
+   2j and 2j + 1), tasks [n_gu, n_gu + n_dn) dn's (expert j's down product
+   is product j, on row j of g). The pool hands tasks out in increasing
+   order, so when a down task of expert j is taken every gate / up task of
+   j has been taken already: it waits (spinning) only for those to finish,
+   never for a task not yet started. The task that finishes an expert's
+   last gate / up part runs its activation (glu_range on row j) and
+   quantizes row j for the down products (act_task), then marks it ready;
+   the task that finishes the last down part adds the n results into dst
+   in expert order. */
+typedef struct moe_job {
+    mm_job gu, dn;
+    int n_gu, n_dn, n;
+    act_job act[CPU_ACT_COUNT]; /* the down products' activation rows, per kind they read (dst NULL: unused) */
+    float *g;                   /* [n, I] gate rows, activated in place */
+    const float *u;             /* [n, I] */
+    int64_t I, H;
+    bool geglu;
+    float *dst;           /* [H] */
+    const float *y;       /* [n, H] */
+    const float *w;       /* [n] */
+    atomic_int gu_left[MOE_TOKEN_MAX]; /* gate / up tasks of expert j not finished */
+    atomic_int ready[MOE_TOKEN_MAX];   /* expert j's activation row is written */
+    atomic_int dn_left;                /* down tasks not finished */
+} moe_job;
+
+/* Task task of a moe_job (see above): a gate / up row block, or a down row
+   block of an expert whose activation row is ready; the pool's task fn. */
+static void moe_task(void *ctx, int task, int thread) {
+    moe_job *j = ctx;
+    if (task < j->n_gu) {
+        mm_task(&j->gu, task, thread);
+        int i = 0;
+        while (task >= j->gu.first_task[i + 1]) i++;
+        const int e = i / 2;
+        if (atomic_fetch_sub_explicit(&j->gu_left[e], 1, memory_order_acq_rel) != 1) return;
+        glu_range(j->g + (size_t)e * (size_t)j->I, j->g + (size_t)e * (size_t)j->I, j->u + (size_t)e * (size_t)j->I,
+                  0, j->I, j->geglu);
+        for (int k = CPU_ACT_32; k < CPU_ACT_COUNT; k++)
+            if (j->act[k].dst) act_task(&j->act[k], e, thread);
+        atomic_store_explicit(&j->ready[e], 1, memory_order_release);
+        return;
     }
+    const int t = task - j->n_gu;
+    int e = 0;
+    while (t >= j->dn.first_task[e + 1]) e++;
+    while (!atomic_load_explicit(&j->ready[e], memory_order_acquire)) CPU_PAUSE();
+    mm_task(&j->dn, t, thread);
+    if (atomic_fetch_sub_explicit(&j->dn_left, 1, memory_order_acq_rel) != 1) return;
+    for (int k = 0; k < j->n; k++) add_scaled(j->dst, j->y + (size_t)k * (size_t)j->H, j->w[k], j->H);
+}
+
+/* The steps moe_token stands for, one op after another, where the fused
+   run does not apply: a table whose tiled kernels take one row, or down
+   projections on split-bf16 rows (their kernels load whole 16-row tiles,
+   which would read rows other tasks are still writing). */
+static int moe_token_steps(ember_backend *be, ember_tensor *dst, const ember_tensor *x, int n,
+                           const ember_matmul *gu, const ember_matmul *dn, const float *w, bool geglu,
+                           ember_tensor *g, ember_tensor *u, ember_tensor *y, ember_error *err) {
+    cpu_backend *c = cpu(be);
+    int rc;
+    for (int k = 0; k < 2 * n; k += MAX_MM_API) /* in calls of MAX_MM_API products */
+        if ((rc = matmul_run(c, x, 2 * n - k < MAX_MM_API ? 2 * n - k : MAX_MM_API, gu + k, false, err))) return rc;
+    if ((rc = run_ew(be, g, g, u, geglu ? 2 : 0, 0.0f, geglu ? "geglu" : "swiglu", err)) ||
+        (rc = matmul_run(c, g, n, dn, true, err)))
+        return rc;
+    for (int k = 0; k < n; k++)
+        add_scaled(host(dst), (const float *)host(y) + (size_t)k * (size_t)ember_tensor_row_len(y), w[k],
+                   ember_tensor_row_len(dst));
+    return EMBER_OK;
+}
+
+/* backend.h's moe_token: one pool run of moe_task where it applies, else
+   moe_token_steps. */
+static int cpu_moe_token(ember_backend *be, ember_tensor *dst, const ember_tensor *x, int n, const ember_tensor *ex,
+                         const float *w, bool geglu, ember_tensor *g, ember_tensor *u, ember_tensor *y,
+                         ember_error *err) {
+    cpu_backend *c = cpu(be);
+    int rc;
+    if (n < 1 || n > MOE_TOKEN_MAX || !ex || !w)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "moe_token: %d experts (1..%d allowed)", n, MOE_TOKEN_MAX);
+    if ((rc = need_f32(dst, "moe_token", "dst", err)) || (rc = need_f32(x, "moe_token", "x", err)) ||
+        (rc = need_f32(g, "moe_token", "g", err)) || (rc = need_f32(u, "moe_token", "u", err)) ||
+        (rc = need_f32(y, "moe_token", "y", err)))
+        return rc;
+    const int64_t H = ember_tensor_row_len(x), I = ex[0].ndim == 2 ? ex[0].shape[0] : 0;
+    if (ember_tensor_rows(x) != 1 || ember_tensor_nelem(dst) != H || I < 1 || ember_tensor_row_len(g) != I ||
+        ember_tensor_row_len(u) != I || ember_tensor_row_len(y) != H || ember_tensor_rows(g) < n ||
+        ember_tensor_rows(u) < n || ember_tensor_rows(y) < n)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "moe_token: shapes do not match");
+    ember_tensor gv[MOE_TOKEN_MAX], uv[MOE_TOKEN_MAX], yv[MOE_TOKEN_MAX], ga = *g, ua = *u;
+    ember_matmul gum[MAX_MM], dnm[MOE_TOKEN_MAX];
+    ga.ndim = ua.ndim = 2, ga.shape[0] = ua.shape[0] = n, ga.shape[1] = ua.shape[1] = I;
+    ga.nbytes = ua.nbytes = (size_t)n * (size_t)I * 4;
+    for (int k = 0; k < n; k++) { /* row k of g, u, y: product outputs [1, I] / [1, H] */
+        gv[k] = ga, uv[k] = ua, yv[k] = *y;
+        gv[k].shape[0] = uv[k].shape[0] = yv[k].shape[0] = 1;
+        yv[k].ndim = 2, yv[k].shape[1] = H;
+        gv[k].nbytes = uv[k].nbytes = (size_t)I * 4, yv[k].nbytes = (size_t)H * 4;
+        gv[k].offset += (size_t)k * (size_t)I * 4, uv[k].offset += (size_t)k * (size_t)I * 4;
+        yv[k].offset += (size_t)k * (size_t)H * 4;
+        gum[2 * k] = (ember_matmul){&gv[k], &ex[3 * k], NULL};
+        gum[2 * k + 1] = (ember_matmul){&uv[k], &ex[3 * k + 1], NULL};
+        dnm[k] = (ember_matmul){&yv[k], &ex[3 * k + 2], NULL};
+    }
+    moe_job j = {.n = n, .g = host(&ga), .u = host(&ua), .I = I, .H = H, .geglu = geglu, .dst = host(dst),
+                 .y = host(y), .w = w};
+    bool need_gu[CPU_ACT_COUNT] = {false}, need_dn[CPU_ACT_COUNT] = {false}, tiles_gu, tiles_dn;
+    size_t qs = 0;
+    if ((rc = mm_prepare(c, x, 2 * n, gum, false, &j.gu, need_gu, &tiles_gu, &qs, err)) ||
+        (rc = mm_prepare(c, &ga, n, dnm, true, &j.dn, need_dn, &tiles_dn, &qs, err)))
+        return rc;
+    if (tiles_gu || tiles_dn || need_dn[CPU_ACT_BF16X2]) return moe_token_steps(be, dst, x, n, gum, dnm, w, geglu, &ga, &ua, y, err);
+    for (int k = CPU_ACT_32; k < CPU_ACT_COUNT; k++) { /* the down rows' buffers (A32 or A256 rows) */
+        if (!need_dn[k]) continue;
+        const size_t rb = cpu_act_row_bytes((cpu_act_kind)k, I);
+        if ((rc = act_reserve(&c->act_moe[k], &c->act_moe_cap[k], rb * (size_t)n, err))) return rc;
+        j.act[k] = (act_job){c->k, j.g, c->act_moe[k], NULL, (int)I, (cpu_act_kind)k};
+        j.dn.act[k] = c->act_moe[k];
+    }
+    for (int k = CPU_ACT_32; k < CPU_ACT_COUNT; k++)
+        if (need_gu[k] && (rc = quantize_acts(c, j.gu.x, 1, j.gu.K, (cpu_act_kind)k, &j.gu.act[k], NULL, err)))
+            return rc;
+    if ((rc = ensure_qscratch(c, qs, err))) return rc;
+    j.gu.qscratch = j.dn.qscratch = c->qscratch;
+    j.gu.qscratch_bytes = j.dn.qscratch_bytes = c->qscratch_bytes;
+    j.n_gu = j.gu.first_task[2 * n];
+    j.n_dn = j.dn.first_task[n];
+    for (int k = 0; k < n; k++) {
+        atomic_init(&j.gu_left[k], j.gu.first_task[2 * k + 2] - j.gu.first_task[2 * k]);
+        atomic_init(&j.ready[k], 0);
+    }
+    atomic_init(&j.dn_left, j.n_dn);
+    ember_pool_run(c->pool, j.n_gu + j.n_dn, moe_task, &j);
     return EMBER_OK;
 }
 
@@ -1147,7 +1324,7 @@ static void cpu_free(ember_backend *be) {
     free(c->packed_ix);
     free(c->attn_parts);
     free(c->delta_scratch);
-    for (int i = 0; i < CPU_ACT_COUNT; i++) free(c->act[i]);
+    for (int i = 0; i < CPU_ACT_COUNT; i++) free(c->act[i]), free(c->act_moe[i]);
     free(c->act_tiled);
     free(c);
 }
@@ -1164,6 +1341,7 @@ static const ember_backend_ops k_cpu_ops = {
     .rms_norm = cpu_rms_norm,
     .matmul = cpu_matmul,
     .matmul_each = cpu_matmul_each,
+    .moe_token = cpu_moe_token,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .kv_read = cpu_kv_read,
