@@ -547,6 +547,7 @@ static int upload_graph(cuda_backend *c, int n, const void *const *part, const s
         }
         off = g->arg[c->g_arg].off;
         cap = g->arg[c->g_arg++].cap;
+        if (off + cap > c->g_arena) c->g_arena = off + cap; /* what step_end sends */
     }
     size_t o = off;
     for (int i = 0; i < n; i++) {
