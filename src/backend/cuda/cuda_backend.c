@@ -78,13 +78,24 @@ typedef struct g_out {
     size_t off, n;
 } g_out;
 
-/* One captured step: its key, the executable graph, and what each op of
-   the step recorded while it was captured (a hash of its launch's
-   parameters; where its arguments went), which a replay must match. */
+/* A step is captured as consecutive segments: the first SEG_FIRST
+   launches, then SEG_OPS at a time (at most SEG_MAX segments), so that a
+   replay launches each segment as soon as the host has packed its
+   arguments and the GPU runs while the host goes on. */
+#define SEG_MAX 64
+#define SEG_FIRST 8
+#define SEG_OPS 32
+
+/* One captured step: its key, the executable graphs of its segments, and
+   what each op of the step recorded while it was captured (a hash of its
+   launch's parameters; where its arguments went), which a replay must
+   match. */
 typedef struct step_graph {
     ember_step_key key;
-    bool valid;              /* the slot holds this key (exec may still be NULL) */
-    cudaGraphExec_t exec;    /* NULL: not captured */
+    bool valid;              /* the slot holds this key (n_seg may still be 0) */
+    cudaGraphExec_t seg[SEG_MAX];
+    int seg_start[SEG_MAX];  /* the launch (index into sig) each segment starts with */
+    int n_seg;               /* 0: not captured */
     int fails;               /* captures that broke, replays that diverged early */
     long replays;            /* since the capture */
     uint64_t *sig;
@@ -145,6 +156,11 @@ typedef struct cuda_backend {
     bool g_next_plain;            /* the next step_begin runs plainly (after a broken capture) */
     ember_step_key g_last;        /* the previous step's key: a key is captured when it repeats */
     bool g_have_last;
+    cudaGraph_t g_parts[SEG_MAX]; /* capture: the segments so far */
+    int g_nparts;
+    int g_seg;                    /* replay: segments launched so far */
+    size_t g_sent;                /* replay: arena bytes sent so far */
+    cudaError_t g_err;            /* a failure inside an op's g_skip, reported by step_end */
     unsigned char *ga_host;       /* the arena: the step's argument sets, pinned host memory */
     void *ga_dev;                 /* and its device copy, sent once before each launch of a graph */
     size_t ga_cap, ga_need;
@@ -397,13 +413,16 @@ static int cuda_read(ember_backend *be, const ember_tensor *src, size_t off, voi
  * A forward pass between step_begin and step_end (backend.h) is a step. A
  * step whose key (tokens, logit rows, greedy ids or not) was also the
  * previous step's is captured (cudaStreamBeginCapture: the ops enqueue as
- * usual but nothing runs), instantiated and launched; the next step with
- * that key is replayed: the ops run their checks and pack their arguments
- * but launch nothing, and step_end launches the graph. What changes from
+ * usual but nothing runs) as consecutive segments of launches (SEG_FIRST,
+ * then SEG_OPS each), instantiated and launched; the next step with that
+ * key is replayed: the ops run their checks and pack their arguments but
+ * launch nothing, and each segment is launched as soon as the op after it
+ * has packed its arguments (so the GPU runs while the host packs the rest),
+ * the last ones by step_end. What changes from
  * step to step travels in device memory the kernels read, never in the
  * graph: every argument set (token ids, positions, block tables, rows) goes
  * to its own place in one arena (pinned host memory, copied to the device
- * in one transfer before each launch), reserved at the capture as the next
+ * before the segment that reads it), reserved at the capture as the next
  * power of two of its bytes, so a block table may grow by half before the
  * step must be captured again. Results for the host (read, argmax_rows) are
  * copied by the graph into pinned staging and handed over by step_end,
@@ -413,8 +432,10 @@ static int cuda_read(ember_backend *be, const ember_tensor *src, size_t off, voi
  * parameters of each of its launches (tensors, shapes, scalars, where its
  * arguments are, the kernel it picks, e.g. the attention's span count) and
  * the replay compares the hashes in order. A difference, or an argument set
- * larger than its place, stops the replay before anything ran: step_end
- * says again, the caller repeats the pass, and it is captured anew. An op
+ * larger than its place, stops the replay: step_end waits for the segments
+ * already launched (a prefix of this very step, which the next pass
+ * recomputes from the step's inputs, writing the same values), says again,
+ * the caller repeats the pass, and it is captured anew. An op
  * that cannot be captured (scratch or arena to grow, which needs a wait)
  * breaks the capture: the pass runs again plainly, growing what it needs,
  * and the key is captured at its next repeat. Replays therefore launch the
@@ -424,7 +445,7 @@ static int cuda_read(ember_backend *be, const ember_tensor *src, size_t off, voi
  */
 
 static void graph_drop(step_graph *g) {
-    if (g->exec) cudaGraphExecDestroy(g->exec);
+    for (int i = 0; i < g->n_seg; i++) cudaGraphExecDestroy(g->seg[i]);
     free(g->sig);
     free(g->arg);
     memset(g, 0, sizeof *g);
@@ -434,15 +455,26 @@ static void graphs_clear(cuda_backend *c) {
     for (int i = 0; i < GRAPH_SLOTS; i++) graph_drop(&c->graphs[i]);
 }
 
-/* 64-bit FNV-1a of n words. */
+/* A 64-bit hash of n words (multiply and fold per word). */
 static uint64_t sig_hash(const uint64_t *v, int n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < n; i++)
-        for (int b = 0; b < 8; b++) {
-            h ^= (v[i] >> (8 * b)) & 0xff;
-            h *= 0x100000001b3ull;
-        }
+    uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        h = (h ^ v[i]) * 0x9e3779b97f4a7c15ull;
+        h ^= h >> 32;
+    }
     return h;
+}
+
+/* Replay: sends the arena bytes packed since the last send, then launches
+   segment k. */
+static cudaError_t seg_launch(cuda_backend *c, step_graph *g, int k) {
+    cudaError_t e = cudaSuccess;
+    if (c->g_arena > c->g_sent)
+        e = cudaMemcpyAsync((char *)c->ga_dev + c->g_sent, c->ga_host + c->g_sent, c->g_arena - c->g_sent,
+                            cudaMemcpyHostToDevice, c->stream);
+    c->g_sent = c->g_arena;
+    if (e == cudaSuccess) e = cudaGraphLaunch(g->seg[k], c->stream);
+    return e;
 }
 
 static uint64_t fbits(float f) {
@@ -486,12 +518,39 @@ static bool g_skip(cuda_backend *c, const uint64_t *v, int n) {
             g->sig = s;
             g->sig_cap = cap;
         }
+        const int i = g->n_sig, k = c->g_nparts;
+        if (k + 1 < SEG_MAX && i - g->seg_start[k] >= (k == 0 ? SEG_FIRST : SEG_OPS)) {
+            /* this launch starts the next segment */
+            cudaGraph_t part = NULL;
+            cudaError_t e = cudaStreamEndCapture(c->stream, &part);
+            if (e == cudaSuccess) {
+                c->g_parts[c->g_nparts++] = part;
+                e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed);
+            }
+            if (e != cudaSuccess) {
+                cudaGetLastError();
+                c->g_err = e;
+                c->g_broken = true;
+                return true;
+            }
+            g->seg_start[k + 1] = i;
+        }
         g->sig[g->n_sig++] = h;
         return false;
     }
     if (c->g_sig >= g->n_sig || g->sig[c->g_sig] != h) {
         c->g_diverged = true;
         return true;
+    }
+    /* the first launch of segment k + 1 is packed: segment k's arguments are all there */
+    if (c->g_seg + 1 < g->n_seg && c->g_sig == g->seg_start[c->g_seg + 1]) {
+        cudaError_t e = seg_launch(c, g, c->g_seg);
+        c->g_seg++;
+        if (e != cudaSuccess) {
+            c->g_err = e;
+            c->g_diverged = true;
+            return true;
+        }
     }
     c->g_sig++;
     return true;
@@ -652,7 +711,10 @@ static int cuda_step_begin(ember_backend *be, const ember_step_key *key, bool *g
     c->g_arena = c->g_outpos = 0;
     c->n_gouts = 0;
     c->g_broken = c->g_diverged = false;
-    if (g && g->exec) {
+    c->g_nparts = c->g_seg = 0;
+    c->g_sent = 0;
+    c->g_err = cudaSuccess;
+    if (g && g->n_seg) {
         g->used = ++c->g_clock;
         c->gcur = g;
         c->gmode = G_REPLAY;
@@ -674,6 +736,7 @@ static int cuda_step_begin(ember_backend *be, const ember_step_key *key, bool *g
         g->valid = true;
     }
     g->n_sig = g->n_arg = 0;
+    g->seg_start[0] = 0;
     g->replays = 0;
     g->used = ++c->g_clock;
     CU_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "beginning a step capture");
@@ -696,38 +759,48 @@ static int cuda_step_end(ember_backend *be, bool failed, bool *again, ember_erro
     int rc = bind(c, err);
     if (rc) return rc;
     if (mode == G_CAPTURE) {
-        cudaGraph_t graph = NULL;
-        cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
-        if (failed || e != cudaSuccess || c->g_broken) {
-            if (graph) cudaGraphDestroy(graph);
-            cudaGetLastError();
+        cudaGraph_t last = NULL;
+        cudaError_t e = cudaStreamEndCapture(c->stream, &last);
+        if (e == cudaSuccess && last) c->g_parts[c->g_nparts++] = last;
+        bool ok = !failed && e == cudaSuccess && !c->g_broken;
+        cudaError_t ie = cudaSuccess;
+        for (int i = 0; i < c->g_nparts; i++) { /* instantiate the segments */
+            if (ok && ie == cudaSuccess) {
+                ie = cudaGraphInstantiate(&g->seg[i], c->g_parts[i], 0);
+                if (ie == cudaSuccess) g->n_seg = i + 1;
+            }
+            cudaGraphDestroy(c->g_parts[i]);
+        }
+        c->g_nparts = 0;
+        cudaGetLastError();
+        if (!ok || ie != cudaSuccess) {
+            const int n_seg = g->n_seg;
+            for (int i = 0; i < n_seg; i++) cudaGraphExecDestroy(g->seg[i]);
+            g->n_seg = 0;
             g->n_sig = g->n_arg = 0;
             if (failed) return EMBER_OK;
-            g->fails++;
+            g->fails = ie != cudaSuccess ? 3 : g->fails + 1; /* an instantiation failure: never again for this key */
             c->n_again++;
             c->g_next_plain = true;
             *again = true;
-            return EMBER_OK;
-        }
-        e = cudaGraphInstantiate(&g->exec, graph, 0);
-        cudaGraphDestroy(graph);
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            g->exec = NULL;
-            g->fails = 3; /* never again for this key */
-            c->n_again++;
-            c->g_next_plain = true;
-            *again = true;
-            ember_log(&c->base.log, EMBER_LOG_WARN, "cuda: a step graph could not be instantiated: %s",
-                      cudaGetErrorString(e));
+            if (ie != cudaSuccess)
+                ember_log(&c->base.log, EMBER_LOG_WARN, "cuda: a step graph could not be instantiated: %s",
+                          cudaGetErrorString(ie));
             return EMBER_OK;
         }
         c->n_captured++;
+        c->g_seg = 0; /* nothing ran yet: every segment below */
+        c->g_sent = 0;
     } else {
+        if (c->g_seg > 0) /* segments already launched: let them finish before anything else is enqueued */
+            CU_TRY(cudaStreamSynchronize(c->stream), "running a step graph");
+        if (c->g_err != cudaSuccess) return cuda_fail(err, c->g_err, "launching a step graph");
         if (failed) return EMBER_OK;
         if (c->g_diverged || c->g_sig != g->n_sig || c->g_arg != g->n_arg) {
-            /* another step's launches: capture this one anew (a graph that diverges
-               right after its capture counts as a failure of the key) */
+            /* another step's launches: capture this one anew (a graph that diverges right
+               after its capture counts as a failure of the key). Segments that ran
+               computed a prefix of this same step, which the next pass computes again
+               from its inputs, writing the same values. */
             int fails = g->replays < 2 ? g->fails + 1 : 0;
             ember_step_key k = g->key;
             graph_drop(g);
@@ -742,10 +815,7 @@ static int cuda_step_end(ember_backend *be, bool failed, bool *again, ember_erro
         g->replays++;
         c->n_replayed++;
     }
-    if (c->g_arena)
-        CU_TRY(cudaMemcpyAsync(c->ga_dev, c->ga_host, c->g_arena, cudaMemcpyHostToDevice, c->stream),
-               "copying a step's arguments");
-    CU_TRY(cudaGraphLaunch(g->exec, c->stream), "launching a step graph");
+    for (int k = c->g_seg; k < g->n_seg; k++) CU_TRY(seg_launch(c, g, k), "launching a step graph");
     CU_TRY(cudaStreamSynchronize(c->stream), "running a step graph");
     for (int i = 0; i < c->n_gouts; i++) memcpy(c->gouts[i].dst, c->go_host + c->gouts[i].off, c->gouts[i].n);
     c->n_gouts = 0;
@@ -1520,6 +1590,7 @@ static void cuda_free(ember_backend *be) {
             cudaGraph_t g = NULL;
             if (cudaStreamEndCapture(c->stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
         }
+        for (int i = 0; i < c->g_nparts; i++) cudaGraphDestroy(c->g_parts[i]);
         graphs_clear(c);
         if (c->ga_host) cudaFreeHost(c->ga_host);
         if (c->ga_dev) cudaFree(c->ga_dev);
