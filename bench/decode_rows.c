@@ -9,7 +9,8 @@
  * Row 0 is prefilled with --depth synthetic tokens; its KV row is then
  * serialized and loaded into every other row (real copies: no row shares a
  * block with another, so attention reads R distinct contexts). For each R,
- * the rows are trimmed back to --depth, one untimed step runs, then --steps
+ * the rows are trimmed back to --depth, two untimed steps run (on a GPU the
+ * second captures the step's CUDA graph, which the timed steps replay), then --steps
  * timed steps of R tokens (each row's greedy token from its own logits;
  * the logits of every row are read back, as a server samples every row;
  * with --argmax 1 the forward returns the greedy ids instead,
@@ -146,10 +147,10 @@ int main(int argc, char **argv) {
             last[r] = argmax(logits, V); /* row 0's next token, for every row */
         }
         double ts = 0, tf = 0; /* all of a step; the forward (logits read back included) */
-        for (int s = -1; s < steps; s++) { /* step -1: untimed */
+        for (int s = -2; s < steps; s++) { /* steps -2 and -1: untimed (the second captures a CUDA step graph) */
             for (int r = 0; r < R; r++) {
                 tok[r] = last[r];
-                pos[r] = depth + s + 1;
+                pos[r] = depth + s + 2;
                 row[r] = r;
                 out[r] = r;
             }

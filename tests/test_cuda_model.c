@@ -15,6 +15,12 @@
  *     cluster kernel, attention split over spans and grouped by KV head)
  *     give the logits and ids each gets alone (llama_bf16 with f32 and bf16
  *     KV, gemma2);
+ *   - step graphs (docs/cuda.md): the same decode steps, rows leaving and one
+ *     joining, positions crossing attention spans, with EMBER_CUDA_GRAPHS on
+ *     and 0 give the same greedy ids and logits bits, in both ways a step
+ *     can end (logits read back; greedy ids from the forward), and the
+ *     graphs were really captured and replayed (llama_bf16 f32 and bf16 KV,
+ *     gemma2; quick: llama);
  *   - the refusals: a quantized KV kind, and a device index past the last.
  *   - gemma4_text and gemma4_text_ple the same way (f16 at 1e-2, as
  *     test_gemma4.c), and gemma4_text_moe.
@@ -22,9 +28,14 @@
  * Without a CUDA device it prints "skipped: no CUDA device" and exits 77;
  * without ../shared, "skipped" too.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include <stdlib.h>
+
 #include "backend/backend.h"
 #include "ember.h"
+#include "engine/engine.h"
 #include "fixture.h"
+#include "model/model.h"
 
 static const char *const k_families[] = {"llama",     "llama_bf16", "qwen2",      "qwen3",        "mistral",
                                          "phi3",      "gemma2",     "gemma3_text", "qwen3_moe",   "glm4_moe",
@@ -194,6 +205,122 @@ static void run_long_batch(const char *family, const char *kv) {
     fixture_close(&f);
 }
 
+/* Step graphs: GR_ROWS rows with prompts of 100 + 4 r synthetic tokens
+   (below one span of 128 keys: staged attention, until row 5 crosses 128 at
+   step 8 and the steps' attention goes split), row GR_ROWS joining before
+   step GR_JOIN with 240 tokens (crossing 256 at step 26: three spans), row r
+   leaving after 14 + 5 r steps: row counts 6, 7, 6, 5, 4, 3, 2, 1, each for
+   several steps, so keys repeat (captures, replays) and change (a replay
+   whose launches differ is captured again). */
+enum { GR_ROWS = 6, GR_JOIN = 10, GR_STEPS = 40 };
+
+static int first_max(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* The decode above on m, greedy: ids [GR_STEPS][GR_ROWS + 1] (-1 where a row
+   is not in the step) and, without argmax, logits [GR_STEPS][GR_ROWS + 1][V]
+   (the forward's rows read back); with argmax the ids come from the forward
+   (ember_batch.argmax) and no logits are read. */
+static int graph_decode(ember_model *m, int use_argmax, int32_t *ids, float *lg) {
+    const int R = GR_ROWS + 1, V = m->cfg.vocab_size;
+    int32_t tok[512], pos[512], row[512], out[512], cur[GR_ROWS + 1], am[GR_ROWS + 1];
+    int plen[GR_ROWS + 1], first[GR_ROWS + 1], last[GR_ROWS + 1];
+    float *pl = malloc((size_t)V * sizeof *pl), *slg = malloc((size_t)R * (size_t)V * sizeof *slg);
+    ember_error err = {0};
+    int rc = pl && slg ? EMBER_OK : EMBER_ERR_NOMEM;
+    for (int r = 0; r < R; r++) {
+        plen[r] = r < GR_ROWS ? 100 + 4 * r : 240;
+        first[r] = r < GR_ROWS ? 0 : GR_JOIN;
+        last[r] = r < GR_ROWS ? 14 + 5 * r : GR_STEPS; /* live in steps [first, last) */
+        ember_kv_clear(m->kv, r);
+    }
+    for (int s = 0; s < GR_STEPS && !rc; s++) {
+        for (int r = 0; r < R && !rc; r++) { /* a row's prefill before its first step */
+            if (first[r] != s) continue;
+            for (int j = 0; j < plen[r]; j++) {
+                tok[j] = (int32_t)(((uint32_t)(r * 7919 + j) * 2654435761u) % (uint32_t)V);
+                pos[j] = j;
+                row[j] = r;
+            }
+            out[0] = plen[r] - 1;
+            ember_batch b = {.n = plen[r], .tok = tok, .pos = pos, .row = row, .n_out = 1, .out = out};
+            rc = ember_llm_forward(m->llm, m->st, m->kv, &b, pl, &err);
+            CHECKF(rc == EMBER_OK, "graphs: prefill of row %d: %s", r, err.msg);
+            cur[r] = first_max(pl, V);
+        }
+        int n = 0;
+        for (int r = 0; r < R; r++) {
+            ids[s * R + r] = -1;
+            if (s < first[r] || s >= last[r]) continue;
+            tok[n] = cur[r];
+            pos[n] = plen[r] + s - first[r];
+            row[n] = r;
+            out[n] = n;
+            n++;
+        }
+        if (rc || !n) break;
+        ember_batch b = {.n = n, .tok = tok, .pos = pos, .row = row, .n_out = n, .out = out,
+                         .argmax = use_argmax ? am : NULL};
+        rc = ember_llm_forward(m->llm, m->st, m->kv, &b, slg, &err);
+        CHECKF(rc == EMBER_OK, "graphs: step %d of %d rows: %s", s, n, err.msg);
+        for (int i = 0; i < n && !rc; i++) {
+            const int r = row[i];
+            cur[r] = use_argmax ? am[i] : first_max(slg + (size_t)i * (size_t)V, V);
+            ids[s * R + r] = cur[r];
+            if (!use_argmax) memcpy(lg + ((size_t)s * R + (size_t)r) * (size_t)V, slg + (size_t)i * (size_t)V, (size_t)V * 4);
+        }
+    }
+    free(pl);
+    free(slg);
+    return rc;
+}
+
+static void run_graphs(const char *family, const char *kv) {
+    fixture f;
+    fixture_open(&f, family);
+    const int R = GR_ROWS + 1, V = f.vocab;
+    ember_model *on = load_gpu(f.dir, kv, R, 512);
+    setenv("EMBER_CUDA_GRAPHS", "0", 1); /* read when the backend is made */
+    ember_model *off = load_gpu(f.dir, kv, R, 512);
+    unsetenv("EMBER_CUDA_GRAPHS");
+    CHECKF(on && off, "%s/%s: loading on cuda:0 failed", family, kv);
+    const size_t nl = (size_t)GR_STEPS * (size_t)R * (size_t)V;
+    int32_t *ids_on = malloc(sizeof(int32_t) * GR_STEPS * R), *ids_off = malloc(sizeof(int32_t) * GR_STEPS * R);
+    float *lg_on = calloc(nl, sizeof(float)), *lg_off = calloc(nl, sizeof(float));
+    for (int am = 0; on && off && am < 2; am++) {
+        if (graph_decode(on, am, ids_on, lg_on) || graph_decode(off, am, ids_off, lg_off)) break;
+        int id_diff = -1, lg_diff = -1;
+        for (int i = 0; i < GR_STEPS * R && id_diff < 0; i++)
+            if (ids_on[i] != ids_off[i]) id_diff = i;
+        for (size_t i = 0; !am && i < (size_t)GR_STEPS * R && lg_diff < 0; i++)
+            if (memcmp(lg_on + i * (size_t)V, lg_off + i * (size_t)V, (size_t)V * sizeof(float))) lg_diff = (int)i;
+        CHECKF(id_diff < 0, "%s/%s graphs (%s): ids differ from plain launches at step %d row %d", family, kv,
+               am ? "greedy ids" : "logits", id_diff / R, id_diff % R);
+        CHECKF(lg_diff < 0, "%s/%s graphs: logits differ from plain launches at step %d row %d", family, kv,
+               lg_diff / R, lg_diff % R);
+    }
+    long cap = 0, rep = 0, again = 0, cap0 = 0, rep0 = 0, again0 = 0;
+    if (on && off) {
+        ember_cuda_graph_stats(on->be, &cap, &rep, &again);
+        ember_cuda_graph_stats(off->be, &cap0, &rep0, &again0);
+        CHECKF(cap >= 4 && rep >= 20, "%s/%s: %ld steps captured, %ld replayed (graphs on)", family, kv, cap, rep);
+        CHECKF(cap0 == 0 && rep0 == 0 && again0 == 0, "%s/%s: EMBER_CUDA_GRAPHS=0 still made graphs", family, kv);
+    }
+    fprintf(stderr, "%-12s cuda:0 %-5s step graphs: %ld captured, %ld replayed, %ld passes again; the same ids and "
+                    "logits as plain launches\n", family, kv, cap, rep, again);
+    free(ids_on);
+    free(ids_off);
+    free(lg_on);
+    free(lg_off);
+    ember_model_free(on);
+    ember_model_free(off);
+    fixture_close(&f);
+}
+
 static void test_refusals(void) {
     fixture f;
     fixture_open(&f, "llama");
@@ -229,10 +356,18 @@ int main(void) {
     test_refusals();
     if (getenv("EMBER_CUDA_MODEL_QUICK")) { /* under compute-sanitizer: three families, f32 */
         run_family("llama", "f32", 1e-4f);
+        run_graphs("llama", "f32");
         run_family("gemma2", "f32", 1e-4f);
         run_family("qwen3_5_moe_text", "f32", 1e-4f); /* DeltaNet, gated attention, MoE with a gated shared expert */
         return test_done();
     }
+    if (getenv("EMBER_CUDA_MODEL_GRAPHS")) { /* the step graph checks alone (a quick mutation check) */
+        run_graphs("llama_bf16", "f32");
+        return test_done();
+    }
+    run_graphs("llama_bf16", "f32");
+    run_graphs("llama_bf16", "bf16");
+    run_graphs("gemma2", "f32");
     run_long_batch("llama_bf16", "f32");
     run_long_batch("llama_bf16", "bf16");
     run_long_batch("gemma2", "f32");

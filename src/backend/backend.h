@@ -230,6 +230,12 @@ int ember_delta_replay_check(const ember_rec_layer *layers, int n_layers, int32_
 int ember_rows_scaled_check(const ember_tensor *dst, const ember_tensor *src, const int32_t *ids, int n,
                             ember_error *err);
 
+/* What fixes a forward pass's launches for step graphs (step_begin):
+   tokens, logit rows, and whether greedy ids are asked instead of logits. */
+typedef struct ember_step_key {
+    int n_tokens, n_out, argmax;
+} ember_step_key;
+
 typedef struct ember_backend_ops {
     const char *name;
     void (*free)(ember_backend *be);
@@ -368,6 +374,23 @@ typedef struct ember_backend_ops {
        sampling without copying the rows to the host. */
     int (*argmax_rows)(ember_backend *be, const ember_tensor *x, int32_t *out, int n, ember_error *err);
 
+    /* ---- optional step graphs (NULL: none; docs/cuda.md) ----
+       step_begin opens a step (a forward pass) whose ops the backend may
+       record once and replay later as one launch, keyed by key (what fixes
+       the step's launches besides the backend's own checks): *graphed says
+       whether it does. Until step_end returns, the host results of read and
+       argmax_rows may not be written yet (they are delivered by step_end)
+       and write, buffer_alloc and buffer_free must not be called. step_end
+       closes it: failed (the forward returned an error) drops what was
+       recorded; otherwise it runs the step, waits for it and delivers the
+       host results, or sets *again when nothing ran (a replay whose ops did
+       not match the recording, or a recording that could not be finished):
+       the caller then runs the same ops again inside another
+       step_begin / step_end (the backend runs them plainly at the latest
+       on the third pass). Either gives the bits of plain launches. */
+    int (*step_begin)(ember_backend *be, const ember_step_key *key, bool *graphed, ember_error *err);
+    int (*step_end)(ember_backend *be, bool failed, bool *again, ember_error *err);
+
     /* What the backend supports, asked before loading (NULL: everything).
        weight_ok: matmul and get_rows take weights of this dtype; kv_ok: the
        paged KV ops take this codec. */
@@ -437,5 +460,9 @@ void ember_backend_describe(const ember_backend *be, char *buf, size_t n);
 /* The cudaStream_t a CUDA backend runs every op on (for graph capture and
    event timing by the caller); NULL for any other backend. */
 void *ember_backend_cuda_stream(const ember_backend *be);
+/* Counts of a CUDA backend's step graphs (step_begin): steps captured,
+   steps replayed, passes that had to run again (a replay that did not
+   match, a capture that could not finish); all 0 for another backend. */
+void ember_cuda_graph_stats(const ember_backend *be, long *captured, long *replayed, long *again);
 
 #endif

@@ -374,12 +374,48 @@ static int check_batch(const ember_llm *m, ember_llm_state *st, const ember_batc
     return EMBER_OK;
 }
 
+/* Whether b may run as a step graph of the backend (backend.h: step_begin):
+   a decode step (every token its row's only one and a logits row, one
+   head launch, no taps) of a model whose forward reads nothing back from
+   the device before its end (no experts, whose routing is read back; no
+   recurrent layers). */
+static bool graph_step(const ember_llm *m, const ember_llm_state *st, const ember_batch *b) {
+    const ember_backend_ops *ops = m->be->ops;
+    if (!ops->step_begin || !ops->step_end || m->cfg.n_experts || m->cfg.n_linear || b->n_tap ||
+        b->n_out != b->n || b->n > st->max_logit_rows)
+        return false;
+    for (int i = 0; i < b->n; i++) {
+        if (b->out[i] != i) return false;
+        for (int j = 0; j < i; j++)
+            if (b->row[j] == b->row[i]) return false;
+    }
+    return true;
+}
+
 int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, float *logits,
                       ember_error *err) {
     int rc = check_batch(m, st, b, err);
     if (!rc) rc = ember_kv_begin(kv, b->row, b->pos, b->n, err);
     if (rc) return rc;
-    rc = m->family->forward(m, st, kv, b, logits, err);
+    if (!graph_step(m, st, b)) {
+        rc = m->family->forward(m, st, kv, b, logits, err);
+    } else { /* the backend replays or captures the step, or runs it plainly; a pass it could not
+                finish runs again (the third pass at the latest runs plainly) */
+        const ember_backend_ops *ops = m->be->ops;
+        const ember_step_key key = {b->n, b->n_out, b->argmax != NULL};
+        bool again = true;
+        for (int pass = 0; again && !rc; pass++) {
+            bool graphed = false;
+            if (pass == 3) {
+                rc = ember_err(err, EMBER_ERR_INTERNAL, "a step graph did not run in three passes");
+                break;
+            }
+            if ((rc = ops->step_begin(m->be, &key, &graphed, err))) break;
+            rc = m->family->forward(m, st, kv, b, logits, err);
+            int rc2 = ops->step_end(m->be, rc != EMBER_OK, &again, rc ? NULL : err);
+            if (!rc) rc = rc2;
+        }
+    }
     ember_kv_end(kv, rc == EMBER_OK);
     return rc;
 }

@@ -34,9 +34,12 @@
  * programmatic dependent launch (cuda_pdl.cuh; EMBER_CUDA_PDL=0 turns it
  * off).
  *
+ * Step graphs: step_begin / step_end (backend.h) capture a decode step's
+ * launches into a CUDA graph and replay it while the step's launches stay
+ * the same (the section "step graphs"; EMBER_CUDA_GRAPHS=0 turns them off).
+ *
  * Not here yet: the quantized KV codecs (Q8, Q4, TQ) and quantized weights
- * (EMBER_ERR_UNSUPPORTED, refused at load through weight_ok / kv_ok), CUDA
- * graphs.
+ * (EMBER_ERR_UNSUPPORTED, refused at load through weight_ok / kv_ok).
  */
 #include <math.h>
 #include <stdint.h>
@@ -61,6 +64,49 @@ typedef struct arg_slot {
 } arg_slot;
 
 #define ARG_SLOTS 8
+
+/* ---- step graphs: the records of one captured step (section "step graphs") ---- */
+
+/* Where one argument set of a captured step lives in the step's arena. */
+typedef struct g_arg {
+    size_t off, cap;
+} g_arg;
+
+/* A device-to-host result of a step, delivered by step_end. */
+typedef struct g_out {
+    void *dst;
+    size_t off, n;
+} g_out;
+
+/* A step is captured as consecutive segments: the first SEG_FIRST
+   launches, then SEG_OPS at a time (at most SEG_MAX segments), so that a
+   replay launches each segment as soon as the host has packed its
+   arguments and the GPU runs while the host goes on. */
+#define SEG_MAX 64
+#define SEG_FIRST 8
+#define SEG_OPS 32
+
+/* One captured step: its key, the executable graphs of its segments, and
+   what each op of the step recorded while it was captured (a hash of its
+   launch's parameters; where its arguments went), which a replay must
+   match. */
+typedef struct step_graph {
+    ember_step_key key;
+    bool valid;              /* the slot holds this key (n_seg may still be 0) */
+    cudaGraphExec_t seg[SEG_MAX];
+    int seg_start[SEG_MAX];  /* the launch (index into sig) each segment starts with */
+    int n_seg;               /* 0: not captured */
+    int fails;               /* captures that broke, replays that diverged early */
+    long replays;            /* since the capture */
+    uint64_t *sig;
+    int n_sig, sig_cap;
+    g_arg *arg;
+    int n_arg, arg_cap;
+    unsigned long long used; /* g_clock at the last use: the oldest slot is reused */
+} step_graph;
+
+#define GRAPH_SLOTS 8
+enum { G_OFF = 0, G_CAPTURE, G_REPLAY };
 
 /* EMBER_CUDA_PROFILE=FILE: GPU time per op, from events recorded after
    each op (a development aid; off unless the variable is set). */
@@ -98,9 +144,36 @@ typedef struct cuda_backend {
     int32_t *blocks_h;
     size_t refs_cap, blocks_cap;
     cuda_prof *prof; /* NULL unless EMBER_CUDA_PROFILE is set */
+    /* step graphs (EMBER_CUDA_GRAPHS, default on) */
+    bool graphs_on;
+    int gmode;                    /* G_OFF, or the step being captured / replayed */
+    step_graph graphs[GRAPH_SLOTS];
+    step_graph *gcur;             /* the step's graph while gmode != G_OFF */
+    int g_sig, g_arg;             /* replay: the next record to match */
+    size_t g_arena, g_outpos;     /* bytes of the arena and of the result staging used by the step so far */
+    bool g_broken;                /* capture: an op could not be captured (the pass runs again plainly) */
+    bool g_diverged;              /* replay: an op did not match the recording (the pass runs again, captured) */
+    bool g_next_plain;            /* the next step_begin runs plainly (after a broken capture) */
+    ember_step_key g_last;        /* the previous step's key: a key is captured when it repeats */
+    bool g_have_last;
+    cudaGraph_t g_parts[SEG_MAX]; /* capture: the segments so far */
+    int g_nparts;
+    int g_seg;                    /* replay: segments launched so far */
+    size_t g_sent;                /* replay: arena bytes sent so far */
+    cudaError_t g_err;            /* a failure inside an op's g_skip, reported by step_end */
+    unsigned char *ga_host;       /* the arena: the step's argument sets, pinned host memory */
+    void *ga_dev;                 /* and its device copy, sent once before each launch of a graph */
+    size_t ga_cap, ga_need;
+    unsigned char *go_host;       /* pinned staging of the step's device-to-host results */
+    size_t go_cap, go_need;
+    g_out *gouts;                 /* where step_end delivers them */
+    int n_gouts, gouts_cap;
+    unsigned long long g_clock;
+    long n_captured, n_replayed, n_again;
 } cuda_backend;
 
 static const ember_backend_ops k_cuda_ops;
+static int graph_out(cuda_backend *c, void *dst, const void *src, size_t n, ember_error *err);
 
 static cuda_backend *cu(ember_backend *be) {
     return (cuda_backend *)be->impl;
@@ -229,6 +302,8 @@ static void prof_end(cuda_backend *c) {
 static int cuda_buffer_alloc(ember_backend *be, size_t size, ember_buffer **out, ember_error *err) {
     cuda_backend *c = cu(be);
     *out = NULL;
+    if (c->gmode != G_OFF)
+        return ember_err(err, EMBER_ERR_INTERNAL, "cuda: buffer_alloc inside a step (backend.h: step_begin)");
     int rc = bind(c, err);
     if (rc) return rc;
     ember_buffer *b = ember_calloc(1, sizeof *b);
@@ -310,6 +385,7 @@ static int cuda_write(ember_backend *be, ember_tensor *dst, size_t off, const vo
     int rc = check_range(be, dst, off, n, "write", err);
     if (rc || !n) return rc;
     if ((rc = bind(c, err))) return rc;
+    if (c->gmode != G_OFF) return ember_err(err, EMBER_ERR_INTERNAL, "cuda: write inside a step (backend.h: step_begin)");
     CU_TRY(cudaMemcpyAsync((char *)dev(dst) + off, src, n, cudaMemcpyHostToDevice, c->stream), "write");
     CU_TRY(cudaStreamSynchronize(c->stream), "write");
     return EMBER_OK;
@@ -321,6 +397,7 @@ static int cuda_read(ember_backend *be, const ember_tensor *src, size_t off, voi
     int rc = check_range(be, src, off, n, "read", err);
     if (rc || !n) return rc;
     if ((rc = bind(c, err))) return rc;
+    if (c->gmode != G_OFF) return graph_out(c, dst, (const char *)dev(src) + off, n, err); /* delivered by step_end */
     CU_TRY(cudaMemcpyAsync(dst, (const char *)dev(src) + off, n, cudaMemcpyDeviceToHost, c->stream), "read");
     prof_mark(c, "read (device to host)");
     CU_TRY(cudaStreamSynchronize(c->stream), "read");
@@ -330,6 +407,430 @@ static int cuda_read(ember_backend *be, const ember_tensor *src, size_t off, voi
 /* ---- the argument area ------------------------------------------------------------------ */
 
 #define ARG_ALIGN 256
+
+/* ---- step graphs ------------------------------------------------------------------------
+ *
+ * A forward pass between step_begin and step_end (backend.h) is a step. A
+ * step whose key (tokens, logit rows, greedy ids or not) was also the
+ * previous step's is captured (cudaStreamBeginCapture: the ops enqueue as
+ * usual but nothing runs) as consecutive segments of launches (SEG_FIRST,
+ * then SEG_OPS each), instantiated and launched; the next step with that
+ * key is replayed: the ops run their checks and pack their arguments but
+ * launch nothing, and each segment is launched as soon as the op after it
+ * has packed its arguments (so the GPU runs while the host packs the rest),
+ * the last ones by step_end. What changes from
+ * step to step travels in device memory the kernels read, never in the
+ * graph: every argument set (token ids, positions, block tables, rows) goes
+ * to its own place in one arena (pinned host memory, copied to the device
+ * before the segment that reads it), reserved at the capture as the next
+ * power of two of its bytes, so a block table may grow by half before the
+ * step must be captured again. Results for the host (read, argmax_rows) are
+ * copied by the graph into pinned staging and handed over by step_end,
+ * after the one wait of the step.
+ *
+ * A replay must launch exactly what the capture did: every op hashes the
+ * parameters of each of its launches (tensors, shapes, scalars, where its
+ * arguments are, the kernel it picks, e.g. the attention's span count) and
+ * the replay compares the hashes in order. A difference, or an argument set
+ * larger than its place, stops the replay: step_end waits for the segments
+ * already launched (a prefix of this very step, which the next pass
+ * recomputes from the step's inputs, writing the same values), says again,
+ * the caller repeats the pass, and it is captured anew. An op
+ * that cannot be captured (scratch or arena to grow, which needs a wait)
+ * breaks the capture: the pass runs again plainly, growing what it needs,
+ * and the key is captured at its next repeat. Replays therefore launch the
+ * kernels, parameters and argument bytes of plain launches: the same bits.
+ * Any reallocation of memory a graph points to (scratch, arena, staging)
+ * drops every graph.
+ */
+
+static void graph_drop(step_graph *g) {
+    for (int i = 0; i < g->n_seg; i++) cudaGraphExecDestroy(g->seg[i]);
+    free(g->sig);
+    free(g->arg);
+    memset(g, 0, sizeof *g);
+}
+
+static void graphs_clear(cuda_backend *c) {
+    for (int i = 0; i < GRAPH_SLOTS; i++) graph_drop(&c->graphs[i]);
+}
+
+/* A 64-bit hash of n words (multiply and fold per word). */
+static uint64_t sig_hash(const uint64_t *v, int n) {
+    uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        h = (h ^ v[i]) * 0x9e3779b97f4a7c15ull;
+        h ^= h >> 32;
+    }
+    return h;
+}
+
+/* Replay: sends the arena bytes packed since the last send, then launches
+   segment k. */
+static cudaError_t seg_launch(cuda_backend *c, step_graph *g, int k) {
+    cudaError_t e = cudaSuccess;
+    if (c->g_arena > c->g_sent)
+        e = cudaMemcpyAsync((char *)c->ga_dev + c->g_sent, c->ga_host + c->g_sent, c->g_arena - c->g_sent,
+                            cudaMemcpyHostToDevice, c->stream);
+    c->g_sent = c->g_arena;
+    if (e == cudaSuccess) e = cudaGraphLaunch(g->seg[k], c->stream);
+    return e;
+}
+
+static uint64_t fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+#define P(x) ((uint64_t)(uintptr_t)(x))
+
+/* Appends a KV map's launch parameters (its device pointers and sizes) to v at *n. */
+static void sig_kv(uint64_t *v, int *n, const ember_cu_kv *d) {
+    for (int i = 0; i < 2; i++) {
+        const ember_cu_kv_view *w = &d->view[i];
+        uint64_t f[] = {P(w->pool), w->block_bytes, w->k_off, w->v_off, w->k_head, w->v_head, (uint64_t)w->k_enc,
+                        (uint64_t)w->v_enc};
+        for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) v[(*n)++] = f[k];
+    }
+    uint64_t f[] = {P(d->refs), P(d->blocks), P(d->row), P(d->pos), (uint64_t)d->T, (uint64_t)d->H, (uint64_t)d->D};
+    for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) v[(*n)++] = f[k];
+}
+
+/* Called by every op before each launch with the launch's parameters:
+   false when the op launches (no step graph, or the step is being
+   captured); true when it must not (a replay, where it checks them
+   against the capture's record, or a step that already broke or
+   diverged). */
+static bool g_skip(cuda_backend *c, const uint64_t *v, int n) {
+    if (c->gmode == G_OFF) return false;
+    if (c->g_broken || c->g_diverged) return true;
+    step_graph *g = c->gcur;
+    uint64_t h = sig_hash(v, n);
+    if (c->gmode == G_CAPTURE) {
+        if (g->n_sig == g->sig_cap) {
+            int cap = g->sig_cap ? 2 * g->sig_cap : 256;
+            uint64_t *s = ember_realloc(g->sig, (size_t)cap * sizeof *s);
+            if (!s) {
+                c->g_broken = true;
+                return true;
+            }
+            g->sig = s;
+            g->sig_cap = cap;
+        }
+        const int i = g->n_sig, k = c->g_nparts;
+        if (k + 1 < SEG_MAX && i - g->seg_start[k] >= (k == 0 ? SEG_FIRST : SEG_OPS)) {
+            /* this launch starts the next segment */
+            cudaGraph_t part = NULL;
+            cudaError_t e = cudaStreamEndCapture(c->stream, &part);
+            if (e == cudaSuccess) {
+                c->g_parts[c->g_nparts++] = part;
+                e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed);
+            }
+            if (e != cudaSuccess) {
+                cudaGetLastError();
+                c->g_err = e;
+                c->g_broken = true;
+                return true;
+            }
+            g->seg_start[k + 1] = i;
+        }
+        g->sig[g->n_sig++] = h;
+        return false;
+    }
+    if (c->g_sig >= g->n_sig || g->sig[c->g_sig] != h) {
+        c->g_diverged = true;
+        return true;
+    }
+    /* the first launch of segment k + 1 is packed: segment k's arguments are all there */
+    if (c->g_seg + 1 < g->n_seg && c->g_sig == g->seg_start[c->g_seg + 1]) {
+        cudaError_t e = seg_launch(c, g, c->g_seg);
+        c->g_seg++;
+        if (e != cudaSuccess) {
+            c->g_err = e;
+            c->g_diverged = true;
+            return true;
+        }
+    }
+    c->g_sig++;
+    return true;
+}
+
+/* upload_args inside a step (backend.h's step_begin): the sets go to the
+   arena, each to its own place, recorded at the capture and matched by a
+   replay. A broken or diverged step returns NULL places (its ops launch
+   nothing); a capture whose arena is too small breaks, noting the size it
+   needs for the next capture. */
+static int upload_graph(cuda_backend *c, int n, const void *const *part, const size_t *bytes, void **out,
+                        ember_error *err) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        out[i] = NULL;
+        size_t padded = (bytes[i] + ARG_ALIGN - 1) & ~(size_t)(ARG_ALIGN - 1);
+        if (padded < bytes[i] || !ember_add_ok(total, padded, &total))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "cuda: op arguments too large");
+    }
+    step_graph *g = c->gcur;
+    size_t off, cap;
+    if (c->g_diverged) return EMBER_OK;
+    if (c->gmode == G_CAPTURE) {
+        cap = ARG_ALIGN;
+        while (cap < total) {
+            if (cap > SIZE_MAX / 2) return ember_err(err, EMBER_ERR_INVALID_ARG, "cuda: op arguments too large");
+            cap *= 2;
+        }
+        off = c->g_arena;
+        if (!ember_add_ok(off, cap, &c->g_arena))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "cuda: op arguments too large");
+        if (c->g_arena > c->ga_need) c->ga_need = c->g_arena; /* counted on after a break: the whole step's need */
+        if (c->g_broken) return EMBER_OK;
+        if (c->g_arena > c->ga_cap) {
+            c->g_broken = true;
+            return EMBER_OK;
+        }
+        if (g->n_arg == g->arg_cap) {
+            int ac = g->arg_cap ? 2 * g->arg_cap : 256;
+            g_arg *a = ember_realloc(g->arg, (size_t)ac * sizeof *a);
+            if (!a) {
+                c->g_broken = true;
+                return EMBER_OK;
+            }
+            g->arg = a;
+            g->arg_cap = ac;
+        }
+        g->arg[g->n_arg++] = (g_arg){off, cap};
+    } else {
+        if (c->g_arg >= g->n_arg || total > g->arg[c->g_arg].cap) {
+            c->g_diverged = true;
+            return EMBER_OK;
+        }
+        off = g->arg[c->g_arg].off;
+        cap = g->arg[c->g_arg++].cap;
+        if (off + cap > c->g_arena) c->g_arena = off + cap; /* what step_end sends */
+    }
+    size_t o = off;
+    for (int i = 0; i < n; i++) {
+        size_t padded = (bytes[i] + ARG_ALIGN - 1) & ~(size_t)(ARG_ALIGN - 1);
+        if (bytes[i]) memcpy(c->ga_host + o, part[i], bytes[i]);
+        memset(c->ga_host + o + bytes[i], 0, padded - bytes[i]);
+        out[i] = (char *)c->ga_dev + o;
+        o += padded;
+    }
+    return EMBER_OK;
+}
+
+/* A device-to-host copy of n bytes inside a step: captured into the pinned
+   staging (a copy node of the graph), handed to dst by step_end. */
+static int graph_out(cuda_backend *c, void *dst, const void *src, size_t n, ember_error *err) {
+    size_t off = c->g_outpos, end;
+    if (!ember_add_ok(off, (n + ARG_ALIGN - 1) & ~(size_t)(ARG_ALIGN - 1), &end) || end < n)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "cuda: read too large");
+    c->g_outpos = end;
+    if (c->gmode == G_CAPTURE && end > c->go_need) c->go_need = end;
+    if (c->gmode == G_CAPTURE && !c->g_broken && end > c->go_cap) c->g_broken = true;
+    const uint64_t v[] = {100, P(src), n, off};
+    if (!g_skip(c, v, 4)) /* capturing */
+        CU_TRY(cudaMemcpyAsync(c->go_host + off, src, n, cudaMemcpyDeviceToHost, c->stream), "read");
+    if (c->g_broken || c->g_diverged) return EMBER_OK;
+    if (c->n_gouts == c->gouts_cap) {
+        int cap = c->gouts_cap ? 2 * c->gouts_cap : 16;
+        g_out *o = ember_realloc(c->gouts, (size_t)cap * sizeof *o);
+        if (!o) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+        c->gouts = o;
+        c->gouts_cap = cap;
+    }
+    c->gouts[c->n_gouts++] = (g_out){dst, off, n};
+    return EMBER_OK;
+}
+
+/* An op that needs a wait (scratch to grow) inside a step: a capture
+   breaks (the pass runs again plainly and grows it), a replay diverges
+   (the recording had it grown already, so this is another step). True
+   when the op must return at once. */
+static bool g_cannot(cuda_backend *c) {
+    if (c->gmode == G_OFF) return false;
+    if (c->gmode == G_CAPTURE) c->g_broken = true;
+    else c->g_diverged = true;
+    return true;
+}
+
+/* Frees and reallocates the pinned arena (host and device) or staging to
+   at least the sizes last needed; drops every graph (they point there).
+   Only between steps. */
+static int graph_grow(cuda_backend *c, ember_error *err) {
+    if (c->ga_need <= c->ga_cap && c->go_need <= c->go_cap && c->ga_host && c->go_host) return EMBER_OK;
+    CU_TRY(cudaStreamSynchronize(c->stream), "step graphs");
+    graphs_clear(c);
+    if (c->ga_need > c->ga_cap || !c->ga_host) {
+        size_t cap = c->ga_need + c->ga_need / 4;
+        if (cap < ((size_t)1 << 20)) cap = (size_t)1 << 20;
+        if (c->ga_host) cudaFreeHost(c->ga_host);
+        if (c->ga_dev) cudaFree(c->ga_dev);
+        c->ga_host = NULL;
+        c->ga_dev = NULL;
+        c->ga_cap = 0;
+        CU_TRY(cudaMallocHost((void **)&c->ga_host, cap), "allocating the step arena");
+        CU_TRY(cudaMalloc(&c->ga_dev, cap), "allocating the step arena");
+        c->ga_cap = cap;
+    }
+    if (c->go_need > c->go_cap || !c->go_host) {
+        size_t cap = c->go_need > 4096 ? c->go_need : 4096;
+        if (c->go_host) cudaFreeHost(c->go_host);
+        c->go_host = NULL;
+        c->go_cap = 0;
+        CU_TRY(cudaMallocHost((void **)&c->go_host, cap), "allocating the step staging");
+        c->go_cap = cap;
+    }
+    return EMBER_OK;
+}
+
+static bool key_eq(const ember_step_key *a, const ember_step_key *b) {
+    return a->n_tokens == b->n_tokens && a->n_out == b->n_out && a->argmax == b->argmax;
+}
+
+/* step_begin (backend.h): replays key's graph, captures the key when it
+   repeats the previous step's, else runs plainly. */
+static int cuda_step_begin(ember_backend *be, const ember_step_key *key, bool *graphed, ember_error *err) {
+    cuda_backend *c = cu(be);
+    *graphed = false;
+    if (c->gmode != G_OFF) return ember_err(err, EMBER_ERR_INTERNAL, "cuda: step_begin inside a step");
+    if (!c->graphs_on || c->prof) return EMBER_OK;
+    int rc = bind(c, err);
+    if (rc) return rc;
+    bool repeat = c->g_have_last && key_eq(&c->g_last, key);
+    c->g_last = *key;
+    c->g_have_last = true;
+    if (c->g_next_plain) {
+        c->g_next_plain = false;
+        return EMBER_OK;
+    }
+    step_graph *g = NULL, *old;
+    for (int i = 0; i < GRAPH_SLOTS && !g; i++)
+        if (c->graphs[i].valid && key_eq(&c->graphs[i].key, key)) g = &c->graphs[i];
+    c->g_sig = c->g_arg = 0;
+    c->g_arena = c->g_outpos = 0;
+    c->n_gouts = 0;
+    c->g_broken = c->g_diverged = false;
+    c->g_nparts = c->g_seg = 0;
+    c->g_sent = 0;
+    c->g_err = cudaSuccess;
+    if (g && g->n_seg) {
+        g->used = ++c->g_clock;
+        c->gcur = g;
+        c->gmode = G_REPLAY;
+        *graphed = true;
+        return EMBER_OK;
+    }
+    if ((g && g->fails >= 3) || !repeat) return EMBER_OK;
+    if ((rc = graph_grow(c, err))) return rc;
+    g = NULL; /* graph_grow may have cleared the slots: look again */
+    for (int i = 0; i < GRAPH_SLOTS && !g; i++)
+        if (c->graphs[i].valid && key_eq(&c->graphs[i].key, key)) g = &c->graphs[i];
+    if (!g) { /* a free slot, else the least recently used */
+        old = &c->graphs[0];
+        for (int i = 1; i < GRAPH_SLOTS && old->valid; i++)
+            if (!c->graphs[i].valid || c->graphs[i].used < old->used) old = &c->graphs[i];
+        graph_drop(old);
+        g = old;
+        g->key = *key;
+        g->valid = true;
+    }
+    g->n_sig = g->n_arg = 0;
+    g->seg_start[0] = 0;
+    g->replays = 0;
+    g->used = ++c->g_clock;
+    CU_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "beginning a step capture");
+    c->gcur = g;
+    c->gmode = G_CAPTURE;
+    *graphed = true;
+    return EMBER_OK;
+}
+
+/* step_end (backend.h): instantiates a capture, launches the step's graph
+   after its arguments, waits, hands the results over. */
+static int cuda_step_end(ember_backend *be, bool failed, bool *again, ember_error *err) {
+    cuda_backend *c = cu(be);
+    *again = false;
+    if (c->gmode == G_OFF) return EMBER_OK;
+    const int mode = c->gmode;
+    step_graph *g = c->gcur;
+    c->gmode = G_OFF;
+    c->gcur = NULL;
+    int rc = bind(c, err);
+    if (rc) return rc;
+    if (mode == G_CAPTURE) {
+        cudaGraph_t last = NULL;
+        cudaError_t e = cudaStreamEndCapture(c->stream, &last);
+        if (e == cudaSuccess && last) c->g_parts[c->g_nparts++] = last;
+        bool ok = !failed && e == cudaSuccess && !c->g_broken;
+        cudaError_t ie = cudaSuccess;
+        for (int i = 0; i < c->g_nparts; i++) { /* instantiate the segments */
+            if (ok && ie == cudaSuccess) {
+                ie = cudaGraphInstantiate(&g->seg[i], c->g_parts[i], 0);
+                if (ie == cudaSuccess) g->n_seg = i + 1;
+            }
+            cudaGraphDestroy(c->g_parts[i]);
+        }
+        c->g_nparts = 0;
+        cudaGetLastError();
+        if (!ok || ie != cudaSuccess) {
+            const int n_seg = g->n_seg;
+            for (int i = 0; i < n_seg; i++) cudaGraphExecDestroy(g->seg[i]);
+            g->n_seg = 0;
+            g->n_sig = g->n_arg = 0;
+            if (failed) return EMBER_OK;
+            g->fails = ie != cudaSuccess ? 3 : g->fails + 1; /* an instantiation failure: never again for this key */
+            c->n_again++;
+            c->g_next_plain = true;
+            *again = true;
+            if (ie != cudaSuccess)
+                ember_log(&c->base.log, EMBER_LOG_WARN, "cuda: a step graph could not be instantiated: %s",
+                          cudaGetErrorString(ie));
+            return EMBER_OK;
+        }
+        c->n_captured++;
+        c->g_seg = 0; /* nothing ran yet: every segment below */
+        c->g_sent = 0;
+    } else {
+        if (c->g_seg > 0) /* segments already launched: let them finish before anything else is enqueued */
+            CU_TRY(cudaStreamSynchronize(c->stream), "running a step graph");
+        if (c->g_err != cudaSuccess) return cuda_fail(err, c->g_err, "launching a step graph");
+        if (failed) return EMBER_OK;
+        if (c->g_diverged || c->g_sig != g->n_sig || c->g_arg != g->n_arg) {
+            /* another step's launches: capture this one anew (a graph that diverges right
+               after its capture counts as a failure of the key). Segments that ran
+               computed a prefix of this same step, which the next pass computes again
+               from its inputs, writing the same values. */
+            int fails = g->replays < 2 ? g->fails + 1 : 0;
+            ember_step_key k = g->key;
+            graph_drop(g);
+            g->key = k;
+            g->valid = true;
+            g->fails = fails;
+            g->used = ++c->g_clock;
+            c->n_again++;
+            *again = true;
+            return EMBER_OK;
+        }
+        g->replays++;
+        c->n_replayed++;
+    }
+    for (int k = c->g_seg; k < g->n_seg; k++) CU_TRY(seg_launch(c, g, k), "launching a step graph");
+    CU_TRY(cudaStreamSynchronize(c->stream), "running a step graph");
+    for (int i = 0; i < c->n_gouts; i++) memcpy(c->gouts[i].dst, c->go_host + c->gouts[i].off, c->gouts[i].n);
+    c->n_gouts = 0;
+    return EMBER_OK;
+}
+
+void ember_cuda_graph_stats(const ember_backend *be, long *captured, long *replayed, long *again) {
+    *captured = *replayed = *again = 0;
+    if (!be || be->ops != &k_cuda_ops) return;
+    const cuda_backend *c = be->impl;
+    *captured = c->n_captured;
+    *replayed = c->n_replayed;
+    *again = c->n_again;
+}
+
 
 /* Copies n host arrays (part[i], bytes[i]) to device memory on the stream;
    *out[i] receives where array i will be when the ops after this run.
@@ -343,6 +844,7 @@ static int cuda_read(ember_backend *be, const ember_tensor *src, size_t off, voi
    unchanged until that slot is taken again. */
 static int upload_args(cuda_backend *c, int n, const void *const *part, const size_t *bytes, void **out,
                        ember_error *err) {
+    if (c->gmode != G_OFF) return upload_graph(c, n, part, bytes, out, err);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         size_t padded = (bytes[i] + ARG_ALIGN - 1) & ~(size_t)(ARG_ALIGN - 1);
@@ -468,6 +970,8 @@ static int cuda_get_rows(ember_backend *be, ember_tensor *dst, const ember_tenso
     size_t bytes[1] = {(size_t)n * sizeof *ids};
     void *d_ids;
     if ((rc = upload_args(c, 1, part, bytes, &d_ids, err))) return rc;
+    const uint64_t sg[] = {1, P(dev(dst)), P(dev(src)), (uint64_t)dt, P(d_ids), (uint64_t)n, (uint64_t)D};
+    if (g_skip(c, sg, 7)) return EMBER_OK;
     return launched(c, ember_cu_get_rows(c->stream, dev(dst), dev(src), dt, d_ids, n, D), "get_rows", err);
 }
 
@@ -482,6 +986,9 @@ static int cuda_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tenso
     if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != ember_tensor_nelem(x) || D > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "rms_norm: shapes do not match");
     if ((rc = bind(c, err))) return rc;
+    const uint64_t sg[] = {2, P(dev(dst)), P(dev(x)), P(dev(w)), (uint64_t)ember_tensor_rows(x), (uint64_t)D, fbits(eps),
+                           plus_one};
+    if (g_skip(c, sg, 8)) return EMBER_OK;
     return launched(c, ember_cu_rms_norm(c->stream, dev(dst), dev(x), dev(w), ember_tensor_rows(x), D, eps, plus_one),
                     "rms_norm", err);
 }
@@ -536,7 +1043,18 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
                      dt == EMBER_CU_F32 ? "f32" : dt == EMBER_CU_F16 ? "f16" : "bf16", (long long)M, (long long)Nt,
                      (long long)K);
         }
-        if (a.n && (rc = launched(c, ember_cu_matmul(c->stream, &a), name, err))) return rc;
+        if (!a.n) continue;
+        uint64_t sg[6 + 4 * EMBER_CU_MAX_MM] = {3, P(a.x), (uint64_t)M, (uint64_t)K, (uint64_t)dt,
+                                                 (uint64_t)ember_cu_mm_cluster};
+        int ns = 6;
+        for (int i = 0; i < a.n; i++) {
+            sg[ns++] = P(a.p[i].w);
+            sg[ns++] = P(a.p[i].out);
+            sg[ns++] = P(a.p[i].bias);
+            sg[ns++] = (uint64_t)a.p[i].N;
+        }
+        if (g_skip(c, sg, ns)) continue;
+        if ((rc = launched(c, ember_cu_matmul(c->stream, &a), name, err))) return rc;
     }
     return EMBER_OK;
 }
@@ -568,6 +1086,9 @@ static int cuda_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, con
     size_t bytes[2] = {(size_t)T * sizeof *pos, (size_t)(r->n_rot / 2) * sizeof *r->inv_freq};
     void *d[2];
     if ((rc = upload_args(c, 2, part, bytes, d, err))) return rc;
+    const uint64_t sg[] = {4, P(dev(x)), P(d[0]), P(d[1]), (uint64_t)T, (uint64_t)H, (uint64_t)D, (uint64_t)r->n_rot,
+                           (uint64_t)r->mode, fbits(r->attn_factor)};
+    if (g_skip(c, sg, 10)) return EMBER_OK;
     return launched(c, ember_cu_rope(c->stream, dev(x), d[0], d[1], T, H, D, r->n_rot,
                                   r->mode == EMBER_ROPE_INTERLEAVED, r->attn_factor),
                     "rope", err);
@@ -586,6 +1107,9 @@ static int cuda_add_rms_norm(ember_backend *be, ember_tensor *dst, ember_tensor 
         (dst->buf == x->buf && dst->offset == x->offset))
         return ember_err(err, EMBER_ERR_INVALID_ARG, "add_rms_norm: shapes do not match (or dst is x)");
     if ((rc = bind(c, err))) return rc;
+    const uint64_t sg[] = {5, P(dev(dst)), P(dev(x)), P(dev(h)), P(dev(w)), (uint64_t)ember_tensor_rows(x), (uint64_t)D,
+                           fbits(eps), plus_one};
+    if (g_skip(c, sg, 9)) return EMBER_OK;
     return launched(c, ember_cu_add_rms_norm(c->stream, dev(dst), dev(x), dev(h), dev(w), ember_tensor_rows(x), D, eps,
                                              plus_one),
                     "add_rms_norm", err);
@@ -689,6 +1213,10 @@ static int cuda_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_te
     if ((rc = bind(c, err))) return rc;
     ember_cu_kv d;
     if ((rc = upload_map(c, map, T, H, D, op, &d, err))) return rc;
+    uint64_t sg[4 + 23] = {6, write, P(dev(k)), P(dev(v))};
+    int ns = 4;
+    sig_kv(sg, &ns, &d);
+    if (g_skip(c, sg, ns)) return EMBER_OK;
     return launched(c, ember_cu_kv_rw(c->stream, &d, dev(k), dev(v), write), op, err);
 }
 
@@ -714,7 +1242,9 @@ static int cuda_argmax_rows(ember_backend *be, const ember_tensor *x, int32_t *o
     if (n == 0) return EMBER_OK;
     if ((rc = bind(c, err))) return rc;
     /* ids [am_rows], counters [am_rows] (zero between launches), then the candidates */
+    if (((size_t)n > c->am_rows || V > c->am_V) && g_cannot(c)) return EMBER_OK;
     if ((size_t)n > c->am_rows || V > c->am_V) {
+        graphs_clear(c); /* they point at the old ids */
         size_t rows = (size_t)n > c->am_rows ? (size_t)n : c->am_rows;
         int64_t vv = V > c->am_V ? V : c->am_V;
         if (rows < 16) rows = 16;
@@ -729,10 +1259,13 @@ static int cuda_argmax_rows(ember_backend *be, const ember_tensor *x, int32_t *o
         c->am_rows = rows;
         c->am_V = vv;
     }
-    if ((rc = launched(c, ember_cu_argmax(c->stream, c->ids_dev, (int *)(c->ids_dev + c->am_rows),
+    const uint64_t sg[] = {7, P(c->ids_dev), c->am_rows, P(dev(x)), (uint64_t)n, (uint64_t)V};
+    if (!g_skip(c, sg, 6) &&
+        (rc = launched(c, ember_cu_argmax(c->stream, c->ids_dev, (int *)(c->ids_dev + c->am_rows),
                                           c->ids_dev + 2 * c->am_rows, dev(x), n, V),
                        "argmax_rows", err)))
         return rc;
+    if (c->gmode != G_OFF) return graph_out(c, out, c->ids_dev, (size_t)n * sizeof(int32_t), err);
     CU_TRY(cudaMemcpyAsync(out, c->ids_dev, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream),
            "argmax_rows");
     prof_mark(c, "read (argmax ids)");
@@ -762,6 +1295,11 @@ static int cuda_rope_kv_write(ember_backend *be, ember_tensor *q, ember_tensor *
     ember_cu_kv d;
     if ((rc = upload_args(c, 2, part, bytes, dp, err)) || (rc = upload_map(c, map, T, H, D, "rope_kv_write", &d, err)))
         return rc;
+    uint64_t sg[10 + 23] = {8, P(dev(q)), (uint64_t)Hq, P(dev(k)), P(dev(v)), P(dp[0]), P(dp[1]), (uint64_t)r->n_rot,
+                            (uint64_t)r->mode, fbits(r->attn_factor)};
+    int ns = 10;
+    sig_kv(sg, &ns, &d);
+    if (g_skip(c, sg, ns)) return EMBER_OK;
     return launched(c, ember_cu_rope_kv_write(c->stream, &d, dev(q), Hq, dev(k), dev(v), dp[0], dp[1], r->n_rot,
                                               r->mode == EMBER_ROPE_INTERLEAVED, r->attn_factor),
                     "rope_kv_write", err);
@@ -811,7 +1349,9 @@ static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tens
     int n_span = 0, mode = T <= STAGED_TOKENS ? EMBER_CU_ATTN_STAGED : EMBER_CU_ATTN_FUSED;
     size_t need = (size_t)units * (size_t)max_span * (size_t)(2 + D);
     if (T <= SPLIT_TOKENS && max_span > 1 && units <= 65535 && need <= SPLIT_MAX_FLOATS) {
+        if ((need > c->parts_cap || (size_t)units > c->count_cap) && g_cannot(c)) return EMBER_OK;
         if (need > c->parts_cap || (size_t)units > c->count_cap) {
+            graphs_clear(c); /* they point at the old scratch */
             size_t np = need > c->parts_cap ? need : c->parts_cap;
             size_t nc = (size_t)units > c->count_cap ? (size_t)units : c->count_cap;
             if (nc < 1024) nc = 1024;
@@ -832,6 +1372,12 @@ static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tens
     }
     ember_cu_kv d;
     if ((rc = upload_map(c, map, T, Hkv, D, "attention", &d, err))) return rc;
+    uint64_t sg[12 + 23] = {9, P(dev(out)), P(dev(q)), (uint64_t)Hq, fbits(a->scale), (uint64_t)a->window,
+                            fbits(a->softcap), (uint64_t)mode, (uint64_t)n_span, P(c->parts), P(c->count),
+                            (uint64_t)ember_cu_attn_group};
+    int ns = 12;
+    sig_kv(sg, &ns, &d);
+    if (g_skip(c, sg, ns)) return EMBER_OK;
     return launched(c, ember_cu_attention(c->stream, &d, dev(out), dev(q), Hq, a->scale, a->window, a->softcap, mode,
                                           n_span, c->parts, c->count),
                     mode == EMBER_CU_ATTN_SPLIT ? "attention (split)"
@@ -851,6 +1397,8 @@ static int cuda_copy(ember_backend *be, ember_tensor *dst, size_t doff, const em
     if ((d < s && d + n > s) || (s < d && s + n > d))
         return ember_err(err, EMBER_ERR_INVALID_ARG, "copy: ranges overlap");
     if ((rc = bind(c, err))) return rc;
+    const uint64_t sg[] = {10, P(d), P(s), n};
+    if (g_skip(c, sg, 4)) return EMBER_OK;
     CU_TRY(cudaMemcpyAsync((void *)d, s, n, cudaMemcpyDeviceToDevice, c->stream), "copy");
     prof_mark(c, "copy");
     return EMBER_OK;
@@ -867,6 +1415,8 @@ static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, c
     if (ember_tensor_nelem(a) != n || ember_tensor_nelem(b) != n)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: sizes differ", op);
     if ((rc = bind(c, err))) return rc;
+    const uint64_t sg[] = {11, (uint64_t)kind, P(dev(dst)), P(dev(a)), P(dev(b)), fbits(s), (uint64_t)n};
+    if (g_skip(c, sg, 7)) return EMBER_OK;
     return launched(c, ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), s, n), op, err);
 }
 
@@ -914,6 +1464,8 @@ static int cuda_add_rows_scaled(ember_backend *be, ember_tensor *dst, const embe
     size_t bytes[2] = {(size_t)n * sizeof *ids, (size_t)n * sizeof *w};
     void *d[2];
     if ((rc = upload_args(c, 2, part, bytes, d, err))) return rc;
+    const uint64_t sg[] = {12, P(dev(dst)), P(dev(src)), P(d[0]), P(d[1]), (uint64_t)n, (uint64_t)D};
+    if (g_skip(c, sg, 7)) return EMBER_OK;
     return launched(c, ember_cu_add_rows_scaled(c->stream, dev(dst), dev(src), d[0], d[1], n, D), "add_rows_scaled",
                     err);
 }
@@ -936,6 +1488,7 @@ static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tens
         (rc = need_f32(be, w->dt_bias, "delta_net", "dt_bias", err)))
         return rc;
     if ((rc = ember_delta_net_check(out, x, b, a_in, w, map, err))) return rc;
+    if (g_cannot(c)) return EMBER_OK; /* its host tables and scratch are not kept for step graphs */
     const ember_rec_layer *L = map->layer;
     const ember_rec_shape *s = &L->s;
     const int64_t T = ember_tensor_rows(x);
@@ -974,6 +1527,7 @@ static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tens
     size_t need = ((size_t)nT * (size_t)s->conv_dim + (size_t)nT * 2 * (size_t)s->n_v_heads) * sizeof(float);
     if ((rc = bind(c, err))) goto done;
     if (need > c->delta_cap) {
+        graphs_clear(c);
         if (c->delta_scratch) cudaFree(c->delta_scratch);
         c->delta_scratch = NULL;
         c->delta_cap = 0;
@@ -1009,6 +1563,7 @@ static int cuda_delta_replay(ember_backend *be, const ember_rec_layer *layers, i
     cuda_backend *c = cu(be);
     int rc = ember_delta_replay_check(layers, n_layers, src, dst, log, n, err);
     if (rc || (rc = bind(c, err))) return rc;
+    if (g_cannot(c)) return EMBER_OK;
     const size_t lf = ember_rec_layer_floats(&layers[0].s), logf = ember_rec_log_floats(&layers[0].s);
     const ember_rec_shape *s = &layers[0].s;
     ember_cu_replay a = {(float *)dev(layers[0].pool), dev(log), layers[0].slot_floats, lf, layers[0].log_stride, logf,
@@ -1031,8 +1586,18 @@ static void cuda_free(ember_backend *be) {
         if (c->count) cudaFree(c->count);
         if (c->ids_dev) cudaFree(c->ids_dev);
         if (c->delta_scratch) cudaFree(c->delta_scratch);
+        if (c->gmode == G_CAPTURE) {
+            cudaGraph_t g = NULL;
+            if (cudaStreamEndCapture(c->stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+        }
+        for (int i = 0; i < c->g_nparts; i++) cudaGraphDestroy(c->g_parts[i]);
+        graphs_clear(c);
+        if (c->ga_host) cudaFreeHost(c->ga_host);
+        if (c->ga_dev) cudaFree(c->ga_dev);
+        if (c->go_host) cudaFreeHost(c->go_host);
         cudaStreamDestroy(c->stream);
     }
+    free(c->gouts);
     for (int i = 0; i < ARG_SLOTS; i++) free(c->slots[i].host);
     free(c->refs_h);
     free(c->blocks_h);
@@ -1077,6 +1642,8 @@ static const ember_backend_ops k_cuda_ops = {
     .add_rms_norm = cuda_add_rms_norm,
     .rope_kv_write = cuda_rope_kv_write,
     .argmax_rows = cuda_argmax_rows,
+    .step_begin = cuda_step_begin,
+    .step_end = cuda_step_end,
     .weight_ok = cuda_weight_ok,
     .kv_ok = cuda_kv_ok,
 };
@@ -1139,6 +1706,8 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     if (pdl && *pdl) ember_cu_pdl = atoi(pdl) != 0;
     if (mmc && *mmc) ember_cu_mm_cluster = atoi(mmc) != 0;
     if (grp && *grp) ember_cu_attn_group = atoi(grp) != 0;
+    const char *gr = getenv("EMBER_CUDA_GRAPHS"); /* step graphs: on unless 0 */
+    c->graphs_on = !(gr && *gr && atoi(gr) == 0);
     *out = &c->base;
     return EMBER_OK;
 }

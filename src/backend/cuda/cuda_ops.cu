@@ -57,6 +57,23 @@ extern "C" cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const 
 
 /* ---- rms_norm -------------------------------------------------------------------------- */
 
+/* The block reduction of both norms: from each thread's partial sum of
+   squares ss, the warp's 32 sums by the butterfly 16, 8, 4, 2, 1, then the
+   blockDim.x / 32 warp sums in warp order; returns 1 / sqrt(sum / D + eps)
+   to every thread. Every thread of the block must call it (a barrier). */
+static __device__ __forceinline__ float norm_scale(float ss, int64_t D, float eps) {
+    __shared__ float part[NORM_THREADS / 32];
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) ss = ss + __shfl_xor_sync(0xffffffffu, ss, s);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float tot = part[0];
+    const int nw = (int)blockDim.x / 32;
+#pragma unroll
+    for (int i = 1; i < nw; i++) tot = tot + part[i];
+    return 1.0f / sqrtf(tot / (float)D + eps);
+}
+
 /* One block of n = norm_threads(D) threads per row. The sum of squares:
    thread t sums x[i]^2 for i = t, t + n, ... (fused multiply-add, in i
    order), the warp's 32 sums by the butterfly 16, 8, 4, 2, 1, then the n /
@@ -64,20 +81,12 @@ extern "C" cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const 
 static __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm_k(float *dst, const float *x, const float *w, int64_t D, float eps, int plus_one) {
     ember_pdl_enter();
-    __shared__ float part[NORM_THREADS / 32];
     const float *xr = x + (size_t)blockIdx.x * (size_t)D;
     float *yr = dst + (size_t)blockIdx.x * (size_t)D;
     float ss = 0.0f;
     const int n = (int)blockDim.x;
     for (int64_t i = threadIdx.x; i < D; i += n) ss = fmaf(xr[i], xr[i], ss);
-#pragma unroll
-    for (int s = 16; s >= 1; s >>= 1) ss = ss + __shfl_xor_sync(0xffffffffu, ss, s);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float tot = part[0];
-#pragma unroll
-    for (int i = 1; i < n / 32; i++) tot = tot + part[i];
-    const float r = 1.0f / sqrtf(tot / (float)D + eps);
+    const float r = norm_scale(ss, D, eps);
     for (int64_t i = threadIdx.x; i < D; i += n) {
         const float wv = plus_one ? 1.0f + w[i] : w[i];
         yr[i] = wv * (xr[i] * r);
@@ -108,7 +117,6 @@ extern "C" cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const 
 static __global__ void __launch_bounds__(NORM_THREADS)
     add_rms_norm_k(float *dst, float *x, const float *h, const float *w, int64_t D, float eps, int plus_one) {
     ember_pdl_enter();
-    __shared__ float part[NORM_THREADS / 32];
     float *xr = x + (size_t)blockIdx.x * (size_t)D;
     const float *hr = h + (size_t)blockIdx.x * (size_t)D;
     float *yr = dst + (size_t)blockIdx.x * (size_t)D;
@@ -135,14 +143,7 @@ static __global__ void __launch_bounds__(NORM_THREADS)
             ss = fmaf(v, v, ss);
         }
     }
-#pragma unroll
-    for (int s = 16; s >= 1; s >>= 1) ss = ss + __shfl_xor_sync(0xffffffffu, ss, s);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float tot = part[0];
-#pragma unroll
-    for (int i = 1; i < n / 32; i++) tot = tot + part[i];
-    const float r = 1.0f / sqrtf(tot / (float)D + eps);
+    const float r = norm_scale(ss, D, eps);
     if (hold) {
 #pragma unroll
         for (int k = 0; k < NORM_HOLD; k++) {

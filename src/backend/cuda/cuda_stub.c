@@ -36,3 +36,8 @@ void ember_backend_describe(const ember_backend *be, char *buf, size_t n) {
     (void)be;
     if (n) snprintf(buf, n, "cpu");
 }
+
+void ember_cuda_graph_stats(const ember_backend *be, long *captured, long *replayed, long *again) {
+    (void)be;
+    *captured = *replayed = *again = 0;
+}
