@@ -175,7 +175,7 @@ int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_
     m->be = be;
     m->rope_mode = EMBER_ROPE_NEOX;
     m->norm_plus_one = true; /* HF stores gemma's norms as w of x * (1 + w) */
-    ember_loader L = {m, w, NULL, w->primary, err, 0, NULL, 0};
+    ember_loader L = {m, w, NULL, w->primary, err, 0, NULL, 0, NULL};
     int rc = build(m, &L);
     free(L.claimed);
     if (rc) {
@@ -198,7 +198,7 @@ int ember_llm_from_gguf(ember_gguf *f, ember_backend *be, ember_model_config *cf
     m->gguf = f;
     int rc = ember_gguf_model_config(m->gguf, &m->cfg, &m->rope_mode, err);
     if (!rc) {
-        ember_loader L = {m, NULL, m->gguf, m->gguf->path, err, 0, NULL, 0};
+        ember_loader L = {m, NULL, m->gguf, m->gguf->path, err, 0, NULL, 0, NULL};
         rc = build(m, &L);
         free(L.claimed);
     }
