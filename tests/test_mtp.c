@@ -32,7 +32,8 @@
  *     a missing and an unread mtp.* tensor, mtp_num_hidden_layers 0 or 2),
  *     refused with one line naming the tensor or field, while the model
  *     itself still loads;
- *   - ember generate --spec mtp prints the plain output.
+ *   - ember generate --spec mtp prints the plain output, also on a hybrid
+ *     that ember mkmodel wrote with a random MTP head.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -468,7 +469,7 @@ static int table_for(const char *dir, const result *plain, float *M) {
     float *emb = tensor_of(dir, "model.embed_tokens.weight", &ne), *lm = tensor_of(dir, "lm_head.weight", &nl);
     CHECK(ne == (size_t)V * H && nl == (size_t)V * H);
     static double E[H * H], D[H * H];
-    int key[H], nk = 0;
+    int nk = 0;
     bool seen[V] = {false};
     double Ec[H][H], Dc[H][H];
     for (int i = 0; i < NREQ && nk < H; i++)
@@ -480,12 +481,11 @@ static int table_for(const char *dir, const result *plain, float *M) {
             for (int d = 0; d < H; d++) ss += (double)emb[(size_t)y * H + d] * emb[(size_t)y * H + d];
             const double r = 1.0 / sqrt(ss / H + 1e-6);
             for (int d = 0; d < H; d++) Ec[nk][d] = emb[(size_t)y * H + d] * r, Dc[nk][d] = lm[(size_t)nx * H + d];
-            key[nk++] = y;
+            nk++;
         }
     for (int d = 0; d < H; d++)
         for (int a = 0; a < nk; a++) E[d * nk + a] = Ec[a][d], D[d * nk + a] = Dc[a][d];
     CHECKF(nk > 8 && solve_table(E, D, H, nk, M), "%s: a table of %d keys", dir, nk);
-    (void)key;
     free(emb);
     free(lm);
     return nk;
@@ -609,6 +609,29 @@ static void cli(void) {
              EMBER_BIN, dir);
     CHECK(run_cmd(cmd, spec, sizeof spec) == 0);
     CHECKF(strstr(spec, plain) != NULL && strstr(spec, "speculative decoding (MTP head)") != NULL, "--spec mtp: %s", spec);
+    /* ember mkmodel writes a random MTP head for a hybrid config with mtp_num_hidden_layers 1 */
+    char cfgp[800], mdir[800];
+    snprintf(cfgp, sizeof cfgp, "%s/mtp_mk.json", EMBER_TEST_TMP);
+    snprintf(mdir, sizeof mdir, "%s/mtp_mk", EMBER_TEST_TMP);
+    FILE *f = fopen(cfgp, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("{\"model_type\": \"qwen3_5_text\", \"vocab_size\": 512, \"hidden_size\": 64, \"intermediate_size\": 128, "
+              "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 32, "
+              "\"max_position_embeddings\": 512, \"linear_key_head_dim\": 16, \"linear_value_head_dim\": 16, "
+              "\"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4, \"partial_rotary_factor\": 0.25, "
+              "\"tie_word_embeddings\": true, \"mtp_num_hidden_layers\": 1}\n", f);
+        fclose(f);
+    }
+    snprintf(cmd, sizeof cmd, "%s mkmodel --config %s --out %s --dtype f32 --std 0.2 2>&1", EMBER_BIN, cfgp, mdir);
+    CHECKF(run_cmd(cmd, err, sizeof err) == 0, "%s", err);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,5,9,33,7 -n 24 --ignore-eos --temp 0 2>/dev/null", EMBER_BIN, mdir);
+    CHECK(run_cmd(cmd, plain, sizeof plain) == 0 && strlen(plain) > 20);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,5,9,33,7 -n 24 --ignore-eos --temp 0 --spec mtp -v 2>&1",
+             EMBER_BIN, mdir);
+    CHECK(run_cmd(cmd, spec, sizeof spec) == 0);
+    CHECKF(strstr(spec, plain) != NULL && strstr(spec, "speculative decoding (MTP head)") != NULL, "mkmodel --spec mtp: %s",
+           spec);
     snprintf(cmd, sizeof cmd, "%s generate --model %s/fixtures/qwen3_next --ids 1,5 -n 4 --spec mtp 2>&1", EMBER_BIN,
              shared_dir());
     CHECKF(run_cmd(cmd, err, sizeof err) == 1 && strstr(err, "no MTP head") && strchr(err, '\n') == err + strlen(err) - 1,
