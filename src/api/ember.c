@@ -343,6 +343,8 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
         ember_backend_describe(m->be, where, sizeof where);
     ember_log(&m->log, EMBER_LOG_INFO, "loaded %s: %s, %d layers, hidden %d, vocab %d, %s weights, %s", path,
               m->cfg.model_type, m->cfg.n_layers, m->cfg.hidden_size, m->cfg.vocab_size, m->llm->weight_dtype, where);
+    if (m->weights && m->cfg.n_linear && m->cfg.mtp_layers != 0 && ember_weights_find(m->weights, "mtp.fc.weight", NULL))
+        ember_log(&m->log, EMBER_LOG_INFO, "the model carries an MTP head (mtp.*): --spec mtp drafts with it");
     *out = m;
     return EMBER_OK;
 fail:
