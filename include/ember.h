@@ -263,8 +263,11 @@ typedef enum ember_spec_mode {
                              from its own cache rows */
     EMBER_SPEC_EAGLE3 = 3, /* an EAGLE-3 draft model (ember_engine_params.draft_model, an EAGLE-3
                              directory) proposes greedily from the target's hidden taps */
-    EMBER_SPEC_DFLASH = 4  /* a DFlash draft model (ember_engine_params.draft_model, a DFlash
+    EMBER_SPEC_DFLASH = 4, /* a DFlash draft model (ember_engine_params.draft_model, a DFlash
                              directory) proposes a block of tokens per round from the target's taps */
+    EMBER_SPEC_MTP = 5     /* the model's own MTP head (Qwen3-Next / Qwen3.5 mtp.* weights; no
+                             draft_model) proposes greedily from the model's final hidden state;
+                             a model without one is refused by ember_engine_new */
 } ember_spec_mode;
 
 #define EMBER_MAX_DRAFT 64 /* the most draft tokens a row verifies in one step */

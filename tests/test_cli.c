@@ -397,7 +397,7 @@ int main(void) {
     expect_fail(args, "--seed expects a non-negative integer");
     expect_fail("generate --ids 1,2", "--model is required");
     snprintf(args, sizeof args, "generate --model %s --ids 1 --spec eagle", d);
-    expect_fail(args, "--spec expects ngram, draft, eagle3, dflash or none, got 'eagle'");
+    expect_fail(args, "--spec expects ngram, draft, eagle3, dflash, mtp or none, got 'eagle'");
     snprintf(args, sizeof args, "generate --model %s --ids 1 --spec draft", d);
     expect_fail(args, "--spec draft needs --draft-model PATH");
     snprintf(args, sizeof args, "generate --model %s --ids 1 --draft-model %s", d, d);
@@ -413,10 +413,10 @@ int main(void) {
     snprintf(args, sizeof args, "generate --model %s --ids 1 --spec ngram --draft-min 5 --draft-max 2", d);
     expect_fail(args, "--draft-min 5 is above --draft-max 2");
     snprintf(args, sizeof args, "generate --model %s --ids 1 --draft-max 4", d);
-    expect_fail(args, "--draft-max and --draft-min go with --spec ngram, draft, eagle3 or dflash");
+    expect_fail(args, "--draft-max and --draft-min go with --spec ngram, draft, eagle3, dflash or mtp");
     snprintf(args, sizeof args, "generate --model %s --ids 1 --ctx 4 -n 10 --spec ngram", d);
     expect_fail(args, "context holds 4");
-    expect_fail("serve --spec medusa", "--spec expects ngram, draft, eagle3, dflash or none, got 'medusa'");
+    expect_fail("serve --spec medusa", "--spec expects ngram, draft, eagle3, dflash, mtp or none, got 'medusa'");
     expect_fail("serve --spec ngram --draft-min 9", "--draft-min 9 is above --draft-max 8");
     snprintf(args, sizeof args, "generate --model %s", d);
     expect_fail(args, "exactly one of --ids and --prompt");

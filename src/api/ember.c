@@ -36,8 +36,10 @@ void ember_model_free(ember_model *m) {
     ember_llm_state_free(m->st);
     ember_kv_free(m->kv);
     ember_llm_free(m->llm);
-    ember_backend_free(m->be);
-    ember_weights_free(m->weights);
+    if (!m->borrowed) {
+        ember_backend_free(m->be);
+        ember_weights_free(m->weights);
+    }
     free(m);
 }
 
@@ -341,6 +343,8 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
         ember_backend_describe(m->be, where, sizeof where);
     ember_log(&m->log, EMBER_LOG_INFO, "loaded %s: %s, %d layers, hidden %d, vocab %d, %s weights, %s", path,
               m->cfg.model_type, m->cfg.n_layers, m->cfg.hidden_size, m->cfg.vocab_size, m->llm->weight_dtype, where);
+    if (m->weights && m->cfg.n_linear && m->cfg.mtp_layers != 0 && ember_weights_find(m->weights, "mtp.fc.weight", NULL))
+        ember_log(&m->log, EMBER_LOG_INFO, "the model carries an MTP head (mtp.*): --spec mtp drafts with it");
     *out = m;
     return EMBER_OK;
 fail:
@@ -375,4 +379,37 @@ void ember_model_get_info(const ember_model *m, ember_model_info *info) {
     ember_backend_describe(m->be, info->device, sizeof info->device);
     info->n_linear_layers = m->cfg.n_linear;
     info->state_bytes_per_row = ember_kv_state_bytes(m->kv);
+}
+
+int ember_model_mtp_new(ember_model *target, ember_model **out, ember_error *err) {
+    *out = NULL;
+    if (!target->weights)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED,
+                         "MTP heads load from a model directory's safetensors (a GGUF file's nextn blocks are not read)");
+    ember_model_config hc;
+    int rc = ember_mtp_config(&target->cfg, &hc, err);
+    if (rc) return rc;
+    if (!ember_weights_find(target->weights, "mtp.fc.weight", NULL))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "the model has no MTP head (no mtp.* tensors in its safetensors)");
+    ember_model *m = ember_calloc(1, sizeof *m);
+    if (!m) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    m->borrowed = true;
+    m->log = target->log;
+    m->cfg = hc;
+    m->weights = target->weights;
+    m->be = target->be;
+    memcpy(m->device, target->device, sizeof m->device);
+    ember_model_params p = target->params;
+    p.kv_budget = 0; /* full rows of its own (one layer): the target's budget is the target's */
+    p.device = m->device;
+    if ((rc = ember_llm_load(&m->cfg, m->weights, m->be, &m->llm, err)) || (rc = ember_mtp_bind(m->llm, target->llm, err)) ||
+        (rc = make_kv(m, &p, false, err)) || (rc = ember_llm_state_new(m->llm, p.max_batch_tokens, p.n_rows, &m->st, err))) {
+        ember_model_free(m);
+        return rc;
+    }
+    m->params = p;
+    m->params.kv_type = ember_kv_get_type(m->kv)->name;
+    m->fingerprint = target->fingerprint;
+    *out = m;
+    return EMBER_OK;
 }

@@ -60,7 +60,8 @@ typedef struct cli_spec_opts {
 #define CLI_SPEC_OPTS(so)                                                                                          \
     {"spec", 0, OPT_STR, &(so).mode, "MODE",                                                                       \
      "speculative decoding: ngram (drafts from the prompt and output so far), draft (a draft model, "             \
-     "--draft-model), eagle3 / dflash (an EAGLE-3 / DFlash draft model, --draft-model) or none (default)", 0, 0,  \
+     "--draft-model), eagle3 / dflash (an EAGLE-3 / DFlash draft model, --draft-model), mtp (the model's own "     \
+     "MTP head: Qwen3-Next / Qwen3.5 mtp.* weights) or none (default)", 0, 0,                                      \
      false},                                                                                                       \
     {"draft-model", 0, OPT_STR, &(so).draft_model, "PATH", "with --spec draft: a smaller model sharing this "      \
      "model's vocabulary (directory or GGUF), loaded with the same options; an EAGLE-3 draft model directory "     \

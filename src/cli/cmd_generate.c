@@ -124,6 +124,7 @@ static int generate_engine(ember_model *m, ember_request *r, const ember_engine_
                 : ep->spec == EMBER_SPEC_DRAFT  ? "draft model"
                 : ep->spec == EMBER_SPEC_EAGLE3 ? "EAGLE-3"
                 : ep->spec == EMBER_SPEC_DFLASH ? "DFlash"
+                : ep->spec == EMBER_SPEC_MTP    ? "MTP head"
                                                 : "none", (unsigned long long)st.spec_drafted_total,
                 (unsigned long long)st.spec_accepted_total,
                 st.spec_drafted_total ? 100.0 * (double)st.spec_accepted_total / (double)st.spec_drafted_total : 0.0,
@@ -203,7 +204,8 @@ int cmd_generate(int argc, char **argv) {
                    "Generate tokens after a prompt: ids in, ids out (one line, space-separated), or text in, text out.",
                    "--model DIR (--ids LIST | --prompt TEXT) [options]",
                    "Generation stops after -n tokens or at an end-of-sequence id (printed) unless --ignore-eos.\n"
-                   "--spec ngram (or --spec draft|eagle3|dflash --draft-model PATH) runs the request through the serving\n"
+                   "--spec ngram (or --spec draft|eagle3|dflash --draft-model PATH, or --spec mtp: the model's own MTP\n"
+                   "head, Qwen3-Next / Qwen3.5 mtp.* weights) runs the request through the serving\n"
                    "engine with speculative decoding\n"
                    "(greedy output unchanged, sampling keeps its distribution; --verbose reports drafts).\n"
                    "--grammar-file FILE: the output follows a GBNF grammar (docs/tool-calls.md).",

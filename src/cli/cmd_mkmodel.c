@@ -161,17 +161,18 @@ static int add_spec(tensor_spec *s, int *n, const char *name, int64_t d0, int64_
 }
 
 /* A hybrid's (model/qwen3_next.c) layer tensors in Qwen3.5's separate
-   layout, dense MLP; its norms scale by 1 + w (noise around 0) except the
-   DeltaNet's gated norm; A_log and dt_bias noise around 0. */
-static void hybrid_layer(const ember_model_config *c, int l, tensor_spec *s, int *n) {
+   layout, dense MLP, names "<prefix>.l.*"; its norms scale by 1 + w (noise
+   around 0) except the DeltaNet's gated norm; A_log and dt_bias noise
+   around 0. */
+static void hybrid_layer(const ember_model_config *c, const char *prefix, int l, bool linear, tensor_spec *s, int *n) {
     const int64_t H = c->hidden_size, D = c->head_dim, Q = (int64_t)c->n_heads * D, KV = (int64_t)c->n_kv_heads * D,
                   I = c->intermediate_size, Hv = c->lin_v_heads, Z = Hv * c->lin_v_dim,
                   C = 2 * (int64_t)c->lin_k_heads * c->lin_k_dim + Z;
     char nm[128];
-#define L(suffix) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), nm)
+#define L(suffix) (snprintf(nm, sizeof nm, "%s.%d.%s", prefix, l, suffix), nm)
     add_spec(s, n, L("input_layernorm.weight"), H, 0, false);
     add_spec(s, n, L("post_attention_layernorm.weight"), H, 0, false);
-    if (c->layer_linear[l]) {
+    if (linear) {
         add_spec(s, n, L("linear_attn.in_proj_qkv.weight"), C, H, false);
         add_spec(s, n, L("linear_attn.in_proj_z.weight"), Z, H, false);
         add_spec(s, n, L("linear_attn.in_proj_b.weight"), Hv, H, false);
@@ -198,15 +199,23 @@ static void hybrid_layer(const ember_model_config *c, int l, tensor_spec *s, int
 }
 
 /* The tensors the model loader reads for cfg (model/llama.c, model/gemma.c,
-   model/qwen3_next.c for dense hybrids). Gemma's norms scale by 1 + w, so
-   their weights are noise around 0. */
+   model/qwen3_next.c for dense hybrids, with the MTP head of model/mtp.c
+   when the config has mtp_num_hidden_layers 1). Gemma's norms scale by
+   1 + w, so their weights are noise around 0. */
 static int list_tensors(const ember_model_config *c, tensor_spec *s) {
     if (c->n_linear) {
         int n = 0;
         add_spec(s, &n, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, false);
-        for (int l = 0; l < c->n_layers; l++) hybrid_layer(c, l, s, &n);
+        for (int l = 0; l < c->n_layers; l++) hybrid_layer(c, "model.layers", l, c->layer_linear[l], s, &n);
         add_spec(s, &n, "model.norm.weight", c->hidden_size, 0, false);
         if (!c->tie_embeddings) add_spec(s, &n, "lm_head.weight", c->vocab_size, c->hidden_size, false);
+        if (c->mtp_layers == 1) { /* the MTP head: one full-attention layer after fc */
+            add_spec(s, &n, "mtp.fc.weight", c->hidden_size, 2 * (int64_t)c->hidden_size, false);
+            add_spec(s, &n, "mtp.pre_fc_norm_embedding.weight", c->hidden_size, 0, false);
+            add_spec(s, &n, "mtp.pre_fc_norm_hidden.weight", c->hidden_size, 0, false);
+            hybrid_layer(c, "mtp.layers", 0, false, s, &n);
+            add_spec(s, &n, "mtp.norm.weight", c->hidden_size, 0, false);
+        }
         return n;
     }
     int n = 0;
@@ -368,7 +377,8 @@ int cmd_mkmodel(int argc, char **argv) {
     };
     cli_cmd cmd = {"mkmodel", "Write a model directory with random weights (for demos, tests and benchmarks).",
                    "(--preset NAME | --config FILE) --out DIR [--dtype bf16] [--seed S]",
-                   "The output has no tokenizer: drive it with --ids.", opts, (int)(sizeof opts / sizeof opts[0])};
+                   "The output has no tokenizer: drive it with --ids. A hybrid config with mtp_num_hidden_layers 1\n"
+                   "gets a random MTP head (mtp.*, for --spec mtp).", opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc) return rc == 2 ? 0 : 1;
     if (list) {
@@ -399,6 +409,11 @@ int cmd_mkmodel(int argc, char **argv) {
         free(text);
         return cli_fail("mkmodel", "%s", err.msg);
     }
+    if (cfg.n_linear && cfg.mtp_layers > 1) {
+        free(text);
+        return cli_fail("mkmodel", "%s: mtp_num_hidden_layers %d (an MTP head of 1 layer is written)", cfg_name,
+                        cfg.mtp_layers);
+    }
     if (cfg.n_experts && (cfg.n_linear || ember_arch_is_gemma(cfg.model_type))) { /* list_tensors writes
                                                                                      qwen3_moe / glm4_moe experts */
         free(text);
@@ -408,7 +423,7 @@ int cmd_mkmodel(int argc, char **argv) {
         free(text);
         return cli_fail("mkmodel", "%s: cannot create directory: %s", out, strerror(errno));
     }
-    const size_t n_specs = (size_t)cfg.n_layers * (24 + 3 * (size_t)cfg.n_experts) + 4;
+    const size_t n_specs = (size_t)(cfg.n_layers + 1) * (24 + 3 * (size_t)cfg.n_experts) + 8; /* + an MTP head */
     tensor_spec *specs = calloc(n_specs, sizeof *specs);
     ember_st_out *outs = calloc(n_specs, sizeof *outs);
     char *st_path = ember_path_join(out, "model.safetensors");

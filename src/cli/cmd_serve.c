@@ -305,7 +305,7 @@ static int serve_parse(int argc, char **argv, serve_args *a) {
                    "them in one forward (same greedy output; a request opts out with \"speculative\": false);\n"
                    "--spec draft --draft-model PATH: a smaller model with the same vocabulary drafts them;\n"
                    "--spec eagle3|dflash --draft-model PATH: an EAGLE-3 / DFlash draft model drafts from this\n"
-                   "model's hidden states.\n"
+                   "model's hidden states; --spec mtp: the model's own MTP head (Qwen3-Next / Qwen3.5 mtp.*) does.\n"
                    "Tool calls (OpenAI tools / Anthropic tools): rendered through the chat template, parsed\n"
                    "out of the output in the format --tool-parser names; tool_choice required / named is\n"
                    "enforced with constrained decoding where the format allows it: see docs/tool-calls.md.\n"
@@ -419,6 +419,7 @@ int cmd_serve(int argc, char **argv) {
             : sp.spec == EMBER_SPEC_DRAFT ? ", draft-model speculation"
             : sp.spec == EMBER_SPEC_EAGLE3 ? ", EAGLE-3 speculation"
             : sp.spec == EMBER_SPEC_DFLASH ? ", DFlash speculation"
+            : sp.spec == EMBER_SPEC_MTP ? ", MTP speculation"
                                           : "",
             ember_tool_format_name(so.tool_format));
     if (a.verbose) {

@@ -73,10 +73,12 @@ int cli_spec_resolve(const char *verb, const cli_spec_opts *so, ember_engine_par
         ep->spec = EMBER_SPEC_EAGLE3;
     else if (so->mode && !strcmp(so->mode, "dflash"))
         ep->spec = EMBER_SPEC_DFLASH;
+    else if (so->mode && !strcmp(so->mode, "mtp"))
+        ep->spec = EMBER_SPEC_MTP;
     else if (so->mode && strcmp(so->mode, "none") != 0)
-        return cli_fail(verb, "--spec expects ngram, draft, eagle3, dflash or none, got '%s'", so->mode);
+        return cli_fail(verb, "--spec expects ngram, draft, eagle3, dflash, mtp or none, got '%s'", so->mode);
     if (ep->spec == EMBER_SPEC_NONE && (so->draft_max || so->draft_min))
-        return cli_fail(verb, "--draft-max and --draft-min go with --spec ngram, draft, eagle3 or dflash");
+        return cli_fail(verb, "--draft-max and --draft-min go with --spec ngram, draft, eagle3, dflash or mtp");
     const bool model = ep->spec == EMBER_SPEC_DRAFT || ep->spec == EMBER_SPEC_EAGLE3 || ep->spec == EMBER_SPEC_DFLASH;
     if (model && !so->draft_model) return cli_fail(verb, "--spec %s needs --draft-model PATH", so->mode);
     if (!model && so->draft_model) return cli_fail(verb, "--draft-model goes with --spec draft, eagle3 or dflash");

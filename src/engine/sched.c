@@ -1196,7 +1196,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     ember_engine_params ep = {0};
     if (p) ep = *p;
     if (ep.spec != EMBER_SPEC_NONE && ep.spec != EMBER_SPEC_NGRAM && ep.spec != EMBER_SPEC_DRAFT &&
-        ep.spec != EMBER_SPEC_EAGLE3 && ep.spec != EMBER_SPEC_DFLASH)
+        ep.spec != EMBER_SPEC_EAGLE3 && ep.spec != EMBER_SPEC_DFLASH && ep.spec != EMBER_SPEC_MTP)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "ember_engine_new: unknown speculative mode %d", (int)ep.spec);
     if (ep.draft_max <= 0) ep.draft_max = 8;
     if (ep.draft_min <= 0) ep.draft_min = 1;
@@ -1265,6 +1265,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     if (!rc && e->p.spec == EMBER_SPEC_DRAFT) rc = ember_draft_model_new(e->p.draft_model, m, e->n_rows, &e->src, err);
     if (!rc && e->p.spec == EMBER_SPEC_EAGLE3) rc = ember_draft_eagle3_new(e->p.draft_model, m, e->n_rows, &e->src, err);
     if (!rc && e->p.spec == EMBER_SPEC_DFLASH) rc = ember_draft_dflash_new(e->p.draft_model, m, e->n_rows, &e->src, err);
+    if (!rc && e->p.spec == EMBER_SPEC_MTP) rc = ember_draft_mtp_new(m, e->n_rows, &e->src, err);
     if (!rc && e->src && e->src->n_tap_layers > 0) { /* the taps of a whole batch, for the source */
         const size_t B = (size_t)m->params.max_batch_tokens, R = (size_t)e->n_rows;
         e->tap_idx = ember_malloc(B * sizeof *e->tap_idx);

@@ -133,4 +133,13 @@ int ember_draft_eagle3_new(ember_model *draft, ember_model *target, int n_slots,
  */
 int ember_draft_dflash_new(ember_model *draft, ember_model *target, int n_slots, ember_draft **out, ember_error *err);
 
+/*
+ * The model's own MTP head (spec_eagle3.c, model/mtp.c): built from the
+ * target's weights (ember_model_mtp_new) and owned by the source, it drafts
+ * greedily as the EAGLE-3 source does, from the target's hidden state after
+ * its final norm and its own cache rows. A target without an MTP head:
+ * EMBER_ERR_INVALID_ARG with one line; a wrong mtp.* tensor is named.
+ */
+int ember_draft_mtp_new(ember_model *target, int n_slots, ember_draft **out, ember_error *err);
+
 #endif

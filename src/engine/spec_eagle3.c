@@ -30,8 +30,16 @@
  * the history check. Output never depends on the draft: drafts are only
  * proposals, verified by the target (docs/speculative.md).
  *
- * Ownership: borrows the draft model (and through it the target's
- * embedding); owns the per-slot buffers. Threading: the engine thread.
+ * The same source runs a hybrid model's own MTP head (model/mtp.c, "mtp"):
+ * one tap, the target's state after its final norm, the same alignment
+ * (the head's position i pairs the target's state at t with token t + 1),
+ * the target's vocabulary (no d2t), and its own output fed back as the
+ * next step's hidden input; only the forward differs.
+ *
+ * Ownership: borrows the EAGLE-3 draft model (and through it the target's
+ * embedding); owns the MTP head's model (built from the target at
+ * ember_draft_mtp_new) and the per-slot buffers. Threading: the engine
+ * thread.
  */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -45,9 +53,16 @@
 #include "spec_taps.h"
 
 
+/* A draft forward: ember_eagle3_forward or ember_mtp_forward (model.h). */
+typedef int (*draft_fwd)(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, const float *taps,
+                         const int32_t *hid_src, const int32_t *hid_dst, float *logits, ember_error *err);
+
 typedef struct e3_src {
     ember_draft base;
-    ember_model *m; /* the draft model */
+    ember_model *m;      /* the draft model (EAGLE-3) or MTP head */
+    ember_model *own;    /* the MTP head, owned; NULL for EAGLE-3 */
+    draft_fwd fwd;
+    const int32_t *d2t;  /* draft id i is target id i + d2t[i]; NULL: the identity (MTP) */
     tap_slot *slot;
     int W, Vd, n_ctx, chunk;
     /* one feed's jobs (at most n_slots): slot, count, and whether its logits are wanted */
@@ -122,7 +137,7 @@ static void feed(e3_src *s, int n, const int32_t *const *hist, bool want) {
         ember_batch b = {.n = nt, .tok = s->tok, .pos = s->pos, .row = s->row, .n_out = nout, .out = s->outi};
         float *lg = s->logits + (size_t)(nout ? s->hdst[0] : 0) * s->Vd;
         ember_error err = {0};
-        int rc = ember_eagle3_forward(m->llm, m->st, m->kv, &b, s->tin, NULL, s->hdst, lg, &err);
+        int rc = s->fwd(m->llm, m->st, m->kv, &b, s->tin, NULL, s->hdst, lg, &err);
         if (!rc) /* each job's logits to its own row (they landed from row hdst[0] on) */
             for (int k = nout - 1; k >= 0; k--)
                 if (s->hdst[k] != s->hdst[0] + k)
@@ -194,7 +209,7 @@ static void e3_observe(ember_draft *d, int n, const int *slot, const int32_t *po
 static void draft_on(e3_src *s, int n, const int *slots, const int *n_hist, const int *want, int32_t *const *out,
                      int *n_out) {
     ember_model *m = s->m;
-    const int32_t *d2t = m->llm->e3_d2t;
+    const int32_t *d2t = s->d2t;
     for (;;) {
         int nt = 0;
         for (int j = 0; j < n; j++) {
@@ -210,13 +225,13 @@ static void draft_on(e3_src *s, int n, const int *slots, const int *n_hist, cons
         if (!nt) return;
         ember_batch b = {.n = nt, .tok = s->tok, .pos = s->pos, .row = s->row, .n_out = nt, .out = s->outi};
         ember_error err = {0};
-        if (ember_eagle3_forward(m->llm, m->st, m->kv, &b, NULL, s->hsrc, s->hdst, s->logits, &err)) {
+        if (s->fwd(m->llm, m->st, m->kv, &b, NULL, s->hsrc, s->hdst, s->logits, &err)) {
             for (int k = 0; k < nt; k++) reset(s, s->row[k], -1);
             return; /* the proposals so far stand: drafts are only proposals */
         }
         for (int k = 0; k < nt; k++) {
             int j = s->hdst[k], id = argmax(s->logits + (size_t)k * s->Vd, s->Vd);
-            out[j][n_out[j]++] = id + d2t[id];
+            out[j][n_out[j]++] = id + (d2t ? d2t[id] : 0);
         }
     }
 }
@@ -224,7 +239,7 @@ static void draft_on(e3_src *s, int n, const int *slots, const int *n_hist, cons
 static void e3_draft_many(ember_draft *d, int n, const int *slots, const int32_t *const *hist, const int *n_hist,
                           const int *n_max, int32_t *const *out, int *n_out) {
     e3_src *s = (e3_src *)d;
-    const int32_t *d2t = s->m->llm->e3_d2t;
+    const int32_t *d2t = s->d2t;
     int *want = s->want;
     for (int j = 0; j < n; j++) {
         n_out[j] = 0;
@@ -250,7 +265,7 @@ static void e3_draft_many(ember_draft *d, int n, const int *slots, const int32_t
             continue;
         }
         int id = argmax(s->logits + (size_t)j * s->Vd, s->Vd);
-        out[j][0] = id + d2t[id];
+        out[j][0] = id + (d2t ? d2t[id] : 0);
         n_out[j] = 1;
     }
     draft_on(s, n, slots, n_hist, want, out, n_out);
@@ -292,6 +307,7 @@ static void e3_destroy(ember_draft *d) {
     free(s->hsrc);
     free(s->hdst);
     free(s->tin);
+    ember_model_free(s->own);
     free(s);
 }
 
@@ -305,29 +321,34 @@ static const ember_draft_ops k_e3_ops = {
     .destroy = e3_destroy,
 };
 
-int ember_draft_eagle3_new(ember_model *draft, ember_model *target, int n_slots, ember_draft **out, ember_error *err) {
-    *out = NULL;
-    if (!draft) return ember_err(err, EMBER_ERR_INVALID_ARG, "speculative decoding with EAGLE-3: no draft model given");
-    if (draft == target)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "the EAGLE-3 draft model must be loaded apart from the target");
-    if (!draft->cfg.eagle3)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "the draft model is not an EAGLE-3 draft model (--spec draft runs it)");
-    if (draft->params.n_rows < n_slots || draft->params.n_ctx < target->params.n_ctx)
-        return ember_err(err, EMBER_ERR_INVALID_ARG,
-                         "the EAGLE-3 draft model holds %d rows of %d positions; the target needs %d of %d",
-                         draft->params.n_rows, draft->params.n_ctx, n_slots, target->params.n_ctx);
-    int32_t taps[8];
-    int n_taps = 0;
-    int rc = ember_eagle3_bind(draft->llm, target->llm, taps, &n_taps, err);
-    if (rc) return rc;
+static const ember_draft_ops k_mtp_ops = {
+    .name = "mtp",
+    .open = e3_open,
+    .draft = e3_draft,
+    .draft_many = e3_draft_many,
+    .observe = e3_observe,
+    .close = e3_close,
+    .destroy = e3_destroy,
+};
+
+/* The source over draft model `draft` (its cache rows are the slots):
+   taps[0, n_taps) of the target, W floats per token, logits over Vd ids.
+   `own` (freed with the source, also on failure) or NULL. */
+static int src_new(const ember_draft_ops *ops, ember_model *draft, ember_model *own, draft_fwd fwd, const int32_t *d2t,
+                   const int32_t *taps, int n_taps, int W, int Vd, int n_slots, ember_draft **out, ember_error *err) {
     e3_src *s = ember_calloc(1, sizeof *s);
-    if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
-    s->base = (ember_draft){.ops = &k_e3_ops, .n_slots = n_slots, .n_tap_layers = n_taps,
-                            .tap_width = n_taps * target->cfg.hidden_size};
+    if (!s) {
+        ember_model_free(own);
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
+    s->base = (ember_draft){.ops = ops, .n_slots = n_slots, .n_tap_layers = n_taps, .tap_width = W};
     memcpy(s->base.tap_layers, taps, (size_t)n_taps * sizeof *taps);
     s->m = draft;
-    s->W = s->base.tap_width;
-    s->Vd = draft->cfg.e3_draft_vocab;
+    s->own = own;
+    s->fwd = fwd;
+    s->d2t = d2t;
+    s->W = W;
+    s->Vd = Vd;
     s->n_ctx = draft->params.n_ctx;
     s->chunk = draft->params.max_batch_tokens;
     const size_t C = (size_t)s->chunk, S = (size_t)n_slots;
@@ -348,9 +369,43 @@ int ember_draft_eagle3_new(ember_model *draft, ember_model *target, int n_slots,
               s->outi && s->hsrc && s->hdst && s->tin;
     if (!ok) {
         e3_destroy(&s->base);
-        return ember_err(err, EMBER_ERR_NOMEM, "out of memory for the EAGLE-3 draft rows");
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory for the %s draft rows", ops->name);
     }
     for (int i = 0; i < n_slots; i++) reset(s, i, -1);
     *out = &s->base;
     return EMBER_OK;
+}
+
+int ember_draft_eagle3_new(ember_model *draft, ember_model *target, int n_slots, ember_draft **out, ember_error *err) {
+    *out = NULL;
+    if (!draft) return ember_err(err, EMBER_ERR_INVALID_ARG, "speculative decoding with EAGLE-3: no draft model given");
+    if (draft == target)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "the EAGLE-3 draft model must be loaded apart from the target");
+    if (!draft->cfg.eagle3)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "the draft model is not an EAGLE-3 draft model (--spec draft runs it)");
+    if (draft->params.n_rows < n_slots || draft->params.n_ctx < target->params.n_ctx)
+        return ember_err(err, EMBER_ERR_INVALID_ARG,
+                         "the EAGLE-3 draft model holds %d rows of %d positions; the target needs %d of %d",
+                         draft->params.n_rows, draft->params.n_ctx, n_slots, target->params.n_ctx);
+    int32_t taps[8];
+    int n_taps = 0;
+    int rc = ember_eagle3_bind(draft->llm, target->llm, taps, &n_taps, err);
+    if (rc) return rc;
+    return src_new(&k_e3_ops, draft, NULL, ember_eagle3_forward, draft->llm->e3_d2t, taps, n_taps,
+                   n_taps * target->cfg.hidden_size, draft->cfg.e3_draft_vocab, n_slots, out, err);
+}
+
+int ember_draft_mtp_new(ember_model *target, int n_slots, ember_draft **out, ember_error *err) {
+    *out = NULL;
+    ember_model *head = NULL;
+    int rc = ember_model_mtp_new(target, &head, err);
+    if (rc) return rc;
+    if (head->params.n_rows < n_slots) {
+        ember_model_free(head);
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "the MTP head holds %d rows; the engine needs %d",
+                         head->params.n_rows, n_slots);
+    }
+    const int32_t tap = EMBER_TAP_NORMED;
+    return src_new(&k_mtp_ops, head, head, ember_mtp_forward, NULL, &tap, 1, target->cfg.hidden_size,
+                   target->cfg.vocab_size, n_slots, out, err);
 }

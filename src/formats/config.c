@@ -387,7 +387,8 @@ void ember_config_hybrid_layers(ember_model_config *cfg) {
  * full_attention_interval: every interval-th layer full, default 4), the
  * DeltaNet head counts and sizes, the convolution width; the attention
  * layers have qk-norm and an output gate; the MoE variants a sigmoid-gated
- * shared expert of shared_expert_intermediate_size. Impossible values are
+ * shared expert of shared_expert_intermediate_size; mtp_num_hidden_layers
+ * (-1 when absent) for the MTP head (model/mtp.c). Impossible values are
  * refused naming the field.
  */
 static int parse_hybrid(const char *file, const json_t *root, ember_model_config *cfg, ember_error *err) {
@@ -397,7 +398,8 @@ static int parse_hybrid(const char *file, const json_t *root, ember_model_config
         (rc = get_int(file, root, "linear_value_head_dim", false, 128, 1, 4096, &cfg->lin_v_dim, err)) ||
         (rc = get_int(file, root, "linear_num_key_heads", false, 16, 1, 4096, &cfg->lin_k_heads, err)) ||
         (rc = get_int(file, root, "linear_num_value_heads", false, 32, 1, 4096, &cfg->lin_v_heads, err)) ||
-        (rc = get_int(file, root, "full_attention_interval", false, 4, 1, EMBER_MAX_LAYERS, &interval, err)))
+        (rc = get_int(file, root, "full_attention_interval", false, 4, 1, EMBER_MAX_LAYERS, &interval, err)) ||
+        (rc = get_int(file, root, "mtp_num_hidden_layers", false, -1, 0, 16, &cfg->mtp_layers, err)))
         return rc;
     if (cfg->lin_v_heads % cfg->lin_k_heads)
         return ember_err(err, EMBER_ERR_FORMAT,

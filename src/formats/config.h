@@ -117,6 +117,8 @@ typedef struct ember_model_config {
     int mrope_section[4], n_mrope;      /* rope_parameters.mrope_section (Qwen3.5; equal to plain RoPE for text) */
     bool attn_output_gate;              /* q_proj is 2x wide: per head, q then a sigmoid gate on the output */
     int shared_expert_size;             /* shared_expert_intermediate_size: a sigmoid-gated shared expert; 0: none */
+    int mtp_layers;                     /* mtp_num_hidden_layers (-1: absent): the MTP head's layers (mtp.*, model/mtp.c) */
+    bool mtp;                           /* this config is a hybrid's MTP head (model/mtp.c), not a model of its own */
     bool text_of_multimodal;            /* the text model of a multimodal checkpoint (its config's
                                            text_config; weights model.language_model.* or
                                            language_model.model.*, ember_weights_use_text_model) */

@@ -53,6 +53,11 @@ static bool find_weight(const ember_loader *L, const char *name, wview *v) {
     return true;
 }
 
+const char *ember_layer_name(const ember_loader *L, char *n, size_t cap, int i, const char *suffix) {
+    snprintf(n, cap, "%s.%d.%s", L->layers ? L->layers : "model.layers", i, suffix);
+    return n;
+}
+
 bool ember_load_has(const ember_loader *L, const char *name) {
     wview v;
     return find_weight(L, name, &v);
@@ -359,7 +364,7 @@ int ember_load_moe(ember_loader *L, int i) {
     if (E < 1 || c->n_experts_used < 1 || c->n_experts_used > E)
         return ember_err(L->err, EMBER_ERR_FORMAT, "%s: layer %d: %d experts with top-%d is not a mixture of experts",
                          L->primary, i, E, c->n_experts_used);
-    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", i);
+    ember_layer_name(L, n, sizeof n, i, "mlp.gate.weight");
     if ((rc = ember_load_tensor(L, &ly->router, n, 2, (const int64_t[]){E, H}, false, false))) return rc;
     ly->experts = ember_calloc((size_t)E * 3, sizeof *ly->experts);
     if (!ly->experts) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
@@ -371,16 +376,20 @@ int ember_load_moe(ember_loader *L, int i) {
             if ((rc = load_stacked(L, n, E, p < 2 ? Im : H, p < 2 ? H : Im, ly->experts + p, 3))) return rc;
         }
     }
-    snprintf(n, sizeof n, "model.layers.%d.mlp.switch_mlp.gate_proj.weight", i);
+    ember_layer_name(L, n, sizeof n, i, "mlp.switch_mlp.gate_proj.weight");
     const bool stacked = !L->gg && ember_load_has(L, n); /* mlx-lm's layout: mlp.switch_mlp.{gate,up,down}_proj */
     for (int p = 0; p < 3 && stacked; p++) {
-        snprintf(n, sizeof n, "model.layers.%d.mlp.switch_mlp.%s.weight", i, proj[p]);
+        char sfx[64];
+        snprintf(sfx, sizeof sfx, "mlp.switch_mlp.%s.weight", proj[p]);
+        ember_layer_name(L, n, sizeof n, i, sfx);
         if ((rc = load_stacked_st(L, n, E, p < 2 ? Im : H, p < 2 ? H : Im, ly->experts + p, 3))) return rc;
     }
     for (int e = 0; e < E && !L->gg && !stacked; e++)
         for (int p = 0; p < 3; p++) {
             const int64_t shape[2] = {p < 2 ? Im : H, p < 2 ? H : Im};
-            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", i, e, proj[p]);
+            char sfx[64];
+            snprintf(sfx, sizeof sfx, "mlp.experts.%d.%s.weight", e, proj[p]);
+            ember_layer_name(L, n, sizeof n, i, sfx);
             if ((rc = ember_load_tensor(L, &ly->experts[3 * e + p], n, 2, shape, false, false))) return rc;
         }
     count_active_experts(m, ly);
@@ -389,14 +398,16 @@ int ember_load_moe(ember_loader *L, int i) {
         ember_tensor *sh[3] = {&ly->sh_gate, &ly->sh_up, &ly->sh_down};
         for (int p = 0; p < 3; p++) {
             const int64_t shape[2] = {p < 2 ? Is : H, p < 2 ? H : Is};
-            snprintf(n, sizeof n, "model.layers.%d.mlp.shared_experts.%s.weight", i, proj[p]);
+            char sfx[64];
+            snprintf(sfx, sizeof sfx, "mlp.shared_experts.%s.weight", proj[p]);
+            ember_layer_name(L, n, sizeof n, i, sfx);
             if ((rc = ember_load_tensor(L, sh[p], n, 2, shape, false, false))) return rc;
         }
     }
     if (!c->router_sigmoid) return EMBER_OK;
     /* the selection bias, kept on the host where the top-k runs */
     ember_tensor bias;
-    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.e_score_correction_bias", i);
+    ember_layer_name(L, n, sizeof n, i, "mlp.gate.e_score_correction_bias");
     if ((rc = ember_load_tensor(L, &bias, n, 1, (const int64_t[]){E}, true, false))) return rc;
     ly->router_bias = ember_malloc((size_t)E * sizeof *ly->router_bias);
     if (!ly->router_bias) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");

@@ -33,7 +33,13 @@ typedef struct ember_loader {
     uint64_t dtype_seen;    /* bit mask of the large weights' dtypes */
     unsigned char *claimed; /* per tensor of the file(s), in order: 1 once the model used it */
     size_t n_tensors;
+    const char *layers;     /* the prefix of layer i's names, "<layers>.i.": "model.layers" when NULL
+                               (an MTP head's are "mtp.layers"; ember_load_moe and the hybrid layers
+                               read it) */
 } ember_loader;
+
+/* "<prefix>.i.suffix" into n (size cap), prefix L->layers or "model.layers"; returns n. */
+const char *ember_layer_name(const ember_loader *L, char *n, size_t cap, int i, const char *suffix);
 
 /* Whether the source holds a weight called name (a HuggingFace name). */
 bool ember_load_has(const ember_loader *L, const char *name);
@@ -88,6 +94,12 @@ int ember_load_regrouped(ember_loader *L, const char *name, int64_t rows, int64_
    projections, norms, biases and q/k norms its config has). */
 int ember_llama_load_layer(ember_loader *L, int i);
 
+/* Binds the input norm, the gated full attention (q_proj 2x wide: per head q then its
+   output gate, regrouped; q/k norms) and the MLP (the MoE block with its sigmoid-gated
+   shared expert where cfg.layer_moe[i], else dense) of a hybrid model's layer i, with the
+   names under L->layers (qwen3_next.c). The MTP head's layer is one (model/mtp.c). */
+int ember_hybrid_load_attn_layer(ember_loader *L, int i);
+
 /* Binds the embedding, the final norm and the output projection (the
    embedding when tied_embeddings), and counts the bytes a decode token reads. */
 int ember_load_io(ember_loader *L);
@@ -112,6 +124,7 @@ extern const ember_family ember_family_qwen3_next; /* qwen3_next.c: qwen3_next, 
 extern const ember_family ember_family_gemma4;    /* gemma4.c: gemma4_text */
 extern const ember_family ember_family_eagle3;    /* eagle3.c: EAGLE-3 draft models (cfg.eagle3) */
 extern const ember_family ember_family_dflash;    /* dflash.c: DFlash draft models (cfg.dflash) */
+extern const ember_family ember_family_mtp;       /* mtp.c: a hybrid model's MTP head (cfg.mtp) */
 
 /* ---- blocks of a forward pass -------------------------------------------------------- */
 

@@ -59,12 +59,14 @@ static int apply_freq_factors(ember_loader *L) {
 }
 
 /* Tensors a file may hold that no family reads: a multimodal checkpoint's
-   non-text parts, the MTP layers of the hybrids, transformers' rotary
+   non-text parts, the MTP layers of the hybrids (read by the MTP head alone,
+   whose own check is the reverse: every mtp.* tensor), transformers' rotary
    buffers, glm4_moe's num_nextn_predict_layers MTP layers (numbered after
    the decoder layers), and the output projection of a tied model (transformers ties it
    to the embedding, ignoring the stored copy). */
 static bool ignorable(const ember_llm *m, const ember_weights *w, const char *name) {
     size_t n = strlen(name);
+    if (m->cfg.mtp) return strncmp(name, "mtp.", 4) != 0; /* an MTP head reads mtp.* only, and all of it */
     if (!ember_weights_is_text(w, name)) return true; /* a multimodal checkpoint's vision / audio parts */
     if (strncmp(name, "mtp.", 4) == 0 && m->cfg.n_linear) return true; /* Qwen3-Next / 3.5 MTP (transformers skips it) */
     if (m->cfg.tie_embeddings && w->head_prefix && strncmp(name, w->head_prefix, strlen(w->head_prefix)) == 0)
@@ -108,6 +110,7 @@ static const ember_family *family_for(const ember_model_config *c) {
     const char *model_type = c->model_type;
     if (c->eagle3) return &ember_family_eagle3;
     if (c->dflash) return &ember_family_dflash;
+    if (c->mtp) return &ember_family_mtp;
     const ember_arch *row = ember_arch_find(model_type);
     if (row && row->family == EMBER_FAMILY_QWEN3_MOE) return &ember_family_qwen3_moe;
     if (row && row->family == EMBER_FAMILY_HYBRID) return &ember_family_qwen3_next;
@@ -175,7 +178,7 @@ int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_
     m->be = be;
     m->rope_mode = EMBER_ROPE_NEOX;
     m->norm_plus_one = true; /* HF stores gemma's norms as w of x * (1 + w) */
-    ember_loader L = {m, w, NULL, w->primary, err, 0, NULL, 0};
+    ember_loader L = {m, w, NULL, w->primary, err, 0, NULL, 0, NULL};
     int rc = build(m, &L);
     free(L.claimed);
     if (rc) {
@@ -198,7 +201,7 @@ int ember_llm_from_gguf(ember_gguf *f, ember_backend *be, ember_model_config *cf
     m->gguf = f;
     int rc = ember_gguf_model_config(m->gguf, &m->cfg, &m->rope_mode, err);
     if (!rc) {
-        ember_loader L = {m, NULL, m->gguf, m->gguf->path, err, 0, NULL, 0};
+        ember_loader L = {m, NULL, m->gguf, m->gguf->path, err, 0, NULL, 0, NULL};
         rc = build(m, &L);
         free(L.claimed);
     }
@@ -321,12 +324,12 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
         st->ple_ids = ember_malloc((size_t)T * sizeof *st->ple_ids);
         if (!rc && !st->ple_ids) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
-    if (!rc && (c->eagle3 || c->dflash)) { /* an EAGLE-3 / DFlash draft model's scratch (state in model.h) */
-        const int64_t n_aux = c->dflash ? (c->df_n_ids ? c->df_n_ids : c->n_layers) : c->e3_n_aux ? c->e3_n_aux : 3;
+    if (!rc && (c->eagle3 || c->dflash || c->mtp)) { /* an EAGLE-3 / DFlash draft model's or MTP head's scratch */
+        const int64_t n_aux = c->mtp ? 1 : c->dflash ? (c->df_n_ids ? c->df_n_ids : c->n_layers) : c->e3_n_aux ? c->e3_n_aux : 3;
         struct {
             ember_tensor *t;
             int64_t rows, cols;
-        } e3[] = {{&st->e3_tin, T, n_aux * (c->dflash ? H : c->e3_target_hidden)}, {&st->e3_s, 2 * T, H}, {&st->e3_c, 2 * T, H},
+        } e3[] = {{&st->e3_tin, T, n_aux * (c->dflash || c->mtp ? H : c->e3_target_hidden)}, {&st->e3_s, 2 * T, H}, {&st->e3_c, 2 * T, H},
                   {&st->e3_hid, T, H}};
         for (size_t i = 0; i < EMBER_ARRAY_LEN(e3) && !rc; i++)
             rc = ember_tensor_alloc(m->be, e3[i].t, &st->e3_bufs[i], EMBER_F32, 2, (const int64_t[]){e3[i].rows, e3[i].cols},

@@ -107,6 +107,8 @@ typedef struct ember_llm {
     ember_tensor e3_fc, e3_hidden_norm;
     int32_t *e3_d2t;             /* [draft vocab] host, owned: draft id i is target id i + e3_d2t[i] */
     bool e3_own_embed;           /* embed_tokens came with the drafter (else ember_eagle3_bind lends the target's) */
+    ember_tensor mtp_embed_norm; /* an MTP head (mtp.c): pre_fc_norm_embedding [H] (its pre_fc_norm_hidden is
+                                    e3_hidden_norm, its fc e3_fc [H, 2H]); buf NULL otherwise */
 } ember_llm;
 
 /* The KV cache layers of model m: fills heads[i], dims[i] and win[i] (room
@@ -280,5 +282,24 @@ int ember_dflash_context(ember_llm *m, ember_llm_state *st, ember_kv *kv, int n,
    The block's keys and values stay in the cache: the caller trims them. */
 int ember_dflash_block(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, const int32_t *att_pos,
                        float *logits, ember_error *err);
+
+/*
+ * The MTP head of a hybrid model (mtp.c). ember_mtp_config makes the head's
+ * config from its model's (one full-attention layer, cfg.mtp set; refused
+ * with one line when the model has none: not a hybrid, or
+ * mtp_num_hidden_layers 0; more than one layer is unsupported);
+ * ember_llm_load with it and the model's weight store reads the mtp.*
+ * tensors (every one, each checked and named when wrong). ember_mtp_bind
+ * lends it the model's embedding and lm_head (the model must outlive it).
+ */
+int ember_mtp_config(const ember_model_config *target, ember_model_config *out, ember_error *err);
+int ember_mtp_bind(ember_llm *head, const ember_llm *target, ember_error *err);
+
+/* One forward of an MTP head, the contract of ember_eagle3_forward: taps
+   (host [n, H]) the model's hidden states after its final norm at the
+   position before each token, or hid_src the head's own outputs kept in
+   the run state; logits over the model's vocabulary. */
+int ember_mtp_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, const float *taps,
+                      const int32_t *hid_src, const int32_t *hid_dst, float *logits, ember_error *err);
 
 #endif

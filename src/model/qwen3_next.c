@@ -47,7 +47,7 @@
 #include "core/alloc.h"
 #include "family.h"
 
-#define NAME(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix), n)
+#define NAME(suffix) ember_layer_name(L, n, sizeof n, i, suffix)
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 
 /* The DeltaNet tensors of layer i. */
@@ -178,6 +178,19 @@ static int load_mlp(ember_loader *L, int i) {
                                 false)))
         return rc;
     return EMBER_OK;
+}
+
+int ember_hybrid_load_attn_layer(ember_loader *L, int i) {
+    ember_llm *m = L->m;
+    const int64_t H = m->cfg.hidden_size;
+    char n[256];
+    int rc;
+    if ((rc = ember_load_tensor(L, &m->layers[i].attn_norm, NAME("input_layernorm.weight"), 1, SHAPE(H), true, false)) ||
+        (rc = ember_load_tensor(L, &m->layers[i].ffn_norm, NAME("post_attention_layernorm.weight"), 1, SHAPE(H), true,
+                                false)) ||
+        (rc = load_attention(L, i)))
+        return rc;
+    return load_mlp(L, i);
 }
 
 /* The family's loader (family.h). */
