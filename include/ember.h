@@ -307,10 +307,10 @@ typedef struct ember_engine_params {
                                  layers), else ember_engine_new refuses it naming the field */
     float prefill_pace; /* while rows decode, the prompt tokens of a step are capped so that the
                            step takes about this many times a step of decoding alone (estimated
-                           from the steps so far), at least 8 tokens: decoding keeps its pace
+                           from the steps so far), at least 16 tokens: decoding keeps its pace
                            while prompts prefill, at the cost of their first token. 0: 1.5;
                            < 0: no cap (prefill_chunk tokens whenever there are prompts).
-                           Values in (0, 1) act as 1 (the floor of 8 tokens) */
+                           Values in (0, 1) act as 1 (the floor of 16 tokens) */
 } ember_engine_params;
 
 typedef struct ember_logit_bias {
@@ -387,6 +387,9 @@ typedef struct ember_engine_stats {
     size_t kv_bytes_held;     /* bytes of KV blocks held in all (running requests
                                  and prompts kept for reuse) */
     size_t kv_bytes_total;    /* the KV budget */
+    size_t kv_bytes_touched;  /* bytes of KV blocks ever handed out (the pools' high-water
+                                 mark): the cache's resident memory grows with it up to the
+                                 budget as the load peaks, and stays */
     int kv_blocks_used;       /* blocks of 16 positions held */
     uint64_t preempted_total; /* requests paused (their KV dropped) for lack of KV memory */
     uint64_t requests_total, prompt_tokens_total, cached_tokens_total, generated_tokens_total;

@@ -8,7 +8,7 @@
 # for a bounded time. Warnings are errors in every pass (-DEMBER_WERROR=ON).
 # env:   JOBS=N (default: cores), SKIP_SANITIZE=1 / SKIP_FUZZ=1 / SKIP_CUDA=1 to leave a pass out,
 #        FUZZ_SECONDS=N per fuzz target (default 20; scripts/fuzz.sh runs them for hours),
-#        SOAK_SECONDS=N / ASAN_SOAK_SECONDS=N the soak's length in each pass (default 60 / 20;
+#        SOAK_SECONDS=N / ASAN_SOAK_SECONDS=N the soak's length in each pass (default 90 / 20;
 #        longer by hand: build/tests/soak build/ember MODEL_DIR SECONDS). docs/testing.md
 #        says where CI's time goes.
 set -euo pipefail
@@ -42,7 +42,7 @@ if [ -n "$NVCC" ] && [ "${SKIP_CUDA:-0}" != 1 ]; then
   export PATH=$PATH:$(dirname "$NVCC")
 fi
 echo "== release build${RELEASE_CUDA:+ with the CUDA backend ($NVCC)}"
-SOAK_SECONDS=${SOAK_SECONDS:-60} run_suite build -DCMAKE_BUILD_TYPE=Release "${RELEASE_CUDA[@]}"
+SOAK_SECONDS=${SOAK_SECONDS:-90} run_suite build -DCMAKE_BUILD_TYPE=Release "${RELEASE_CUDA[@]}"
 if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
   # ASan's quarantine grows RSS by design: the soak's RSS check is lifted here and

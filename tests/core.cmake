@@ -46,7 +46,7 @@ add_test(NAME check_rules COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/check_rules.s
 # The soak test: ember serve under mixed load for SOAK_SECONDS (default 240).
 add_executable(soak soak.c)
 target_include_directories(soak PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(soak PRIVATE PkgConfig::JANSSON Threads::Threads)
+target_link_libraries(soak PRIVATE PkgConfig::JANSSON Threads::Threads m)
 set(EMBER_SOAK_MODEL ${CMAKE_CURRENT_BINARY_DIR}/tmp/soak_demo)
 add_test(NAME soak_demo_model COMMAND ember mkmodel --preset demo --out ${EMBER_SOAK_MODEL})
 set_tests_properties(soak_demo_model PROPERTIES FIXTURES_SETUP soak_model)

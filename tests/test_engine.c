@@ -88,7 +88,7 @@ static void test_pace_default(const fixture *f) {
 
 /* Step pacing: a 200-token prompt arriving while a row decodes (400 tokens:
    it outlasts the prompt) is cut into
-   steps of PACE_MIN (8) prompt tokens with prefill_pace 1 (once the engine
+   steps of PACE_MIN (16) prompt tokens with prefill_pace 1 (once the engine
    has measured a decode-only step and a prompt token, which it has after
    the first request's prompt and first steps), each counted as paced; with
    pacing off it takes the full chunk of 64 and no step is paced. Either
@@ -135,7 +135,7 @@ static void test_pacing(const fixture *f, bool hybrid) {
     }
     /* a hybrid's prompt is cut at the delta rule's 64-position spans whatever the pace (sched.c:
        span_chunk), so its paced steps are fewer; its logprobs are bit for bit the same */
-    CHECKF(hybrid || paced[0] >= 200 / 8 - 1, "pace 1: %llu paced steps for a 200-token prompt",
+    CHECKF(hybrid || paced[0] >= 200 / 16 - 1, "pace 1: %llu paced steps for a 200-token prompt",
            (unsigned long long)paced[0]);
     CHECKF(paced[1] == 0, "pacing off: %llu paced steps", (unsigned long long)paced[1]);
     CHECKF(!memcmp(b[0].lp, b[1].lp, sizeof(float) * (size_t)b[0].n), "%s: pacing changed the logprobs",

@@ -380,6 +380,7 @@ static void run_kind(const char *kind, int group, int quant_start, double budget
     if (rc) return;
     ember_kv_rowstate *held[3] = {0};
     int n_nomem = 0, n_ok = 0;
+    size_t touched_max = 0;
     for (c->step = 0; c->step < steps; c->step++) {
         int op = (int)(rnd() % 100);
         if (op < 40) { /* append to some rows, sometimes failing */
@@ -499,6 +500,12 @@ static void run_kind(const char *kind, int group, int quant_start, double budget
             check_attention(c, (int)(rnd() % ROWS));
         }
         verify_all(c);
+        /* the pools' high-water mark: never below what is held, never falls */
+        size_t touched = ember_kv_touched_bytes(c->kv);
+        CHECKF(touched >= ember_kv_used_bytes(c->kv) && touched >= touched_max,
+               "%s: step %d: touched %zu bytes, held %zu, earlier mark %zu", name, c->step, touched,
+               ember_kv_used_bytes(c->kv), touched_max);
+        touched_max = touched;
         if (g_fail > 20) break;
     }
     for (int r = 0; r < ROWS; r++) check_attention(c, r);
@@ -509,6 +516,8 @@ static void run_kind(const char *kind, int group, int quant_start, double budget
     }
     CHECKF(ember_kv_used_bytes(c->kv) == 0 && ember_kv_blocks_used(c->kv) == 0, "%s: %zu bytes still held", name,
            ember_kv_used_bytes(c->kv));
+    CHECKF(touched_max > 0 && ember_kv_touched_bytes(c->kv) == touched_max, "%s: touched %zu after clearing, mark %zu",
+           name, ember_kv_touched_bytes(c->kv), touched_max);
     CHECKF(n_ok > steps / 40, "%s: only %d appends went through", name, n_ok);
     if (budget) CHECKF(n_nomem > 0, "%s: the small budget never filled", name);
     fprintf(stderr, "%-20s %d steps, %d appends, %d refused for memory\n", name, steps, n_ok, n_nomem);

@@ -370,6 +370,15 @@ static void protocol_checks(void) {
     CHECK(strstr(r.body, "ember_spec_drafted_total 0\n") && strstr(r.body, "ember_spec_accepted_total 0\n") &&
           strstr(r.body, "ember_spec_forwards_total 0\n") && strstr(r.body, "ember_decode_forwards_total ") &&
           strstr(r.body, "ember_decode_tokens_total "));
+    /* requests ran before: the pools' high-water mark is above zero and at
+       least what is held now */
+    const char *tk = strstr(r.body, "\nember_kv_cache_touched_bytes "), *hk = strstr(r.body, "\nember_kv_cache_held_bytes ");
+    CHECK(tk && hk);
+    if (tk && hk) {
+        double touched = strtod(tk + strlen("\nember_kv_cache_touched_bytes "), NULL);
+        double held = strtod(hk + strlen("\nember_kv_cache_held_bytes "), NULL);
+        CHECKF(touched > 0 && touched >= held, "touched %g, held %g", touched, held);
+    }
     http_resp_free(&r);
 }
 

@@ -743,12 +743,14 @@ static bool preempt_newest(ember_engine *e, int keep, uint64_t after) {
    decode-only step, less that step, over the cost of a prompt token, within
    [PACE_MIN, chunk]. Without estimates yet: PACE_FIRST (the first mixed
    steps measure). pace < 0: chunk. PACE_DEFAULT is what prefill_pace 0
-   means (ember_engine_new resolves it): at 16 streams of a 0.5B model on 2
-   cores, pace 1.5 with a floor of 8 kept the mixed-load ITL p99 at 0.7-1.3x
-   the decode-only p99 where pace 2 with a floor of 16 gave 1.7-3.6x; the
-   price is a later first token for the arriving prompts (bench/RESULTS.md,
-   "Step pacing default"). */
-#define PACE_MIN 8
+   means (ember_engine_new resolves it). At 16 streams of a 0.5B model on 2
+   cores (bench/RESULTS.md, "Step pacing: the default"), a step of 16 prompt
+   tokens kept the mixed-load ITL p99 at 1.2-2.0x the decode-only p99 with a
+   first token in 0.6-0.8 s; pace 2 (20-30 tokens there) let the p99 reach
+   1.7-3.6x; a floor of 8 or 4 brought it to 0.6-0.9x but the first token to
+   5-10 s and cost 20-40% of the throughput. Pace 1.5 asks for 11-16 tokens
+   there, so the floor holds it at 16. */
+#define PACE_MIN 16
 #define PACE_FIRST 64
 #define PACE_DEFAULT 1.5f
 static int prefill_budget(double pace, double t_dec, double t_tok, int chunk) {
@@ -1117,6 +1119,7 @@ static void publish_stats(ember_engine *e) {
     e->stats.running = running;
     e->stats.kv_bytes_used = used;
     e->stats.kv_bytes_held = ember_kv_used_bytes(e->m->kv);
+    e->stats.kv_bytes_touched = ember_kv_touched_bytes(e->m->kv);
     e->stats.kv_blocks_used = ember_kv_blocks_used(e->m->kv);
     /* the prefix cache's figures come from a scan of its entries: at most every
        0.1 s while requests run, and always once the engine is idle */

@@ -368,6 +368,13 @@ size_t ember_kv_bytes_per_token(const ember_kv *kv, bool before_conversion) {
 size_t ember_kv_used_bytes(const ember_kv *kv) {
     return kv->used;
 }
+size_t ember_kv_touched_bytes(const ember_kv *kv) {
+    size_t n = 0;
+    for (int g = 0; g < kv->n_groups; g++)
+        for (int i = 0; i < kv->g[g].n_pools; i++) n += (size_t)kv->g[g].pool[i].next * kv->g[g].pool[i].block_bytes;
+    if (kv->rec.n_layers) n += (size_t)kv->rec.pool.next * kv->rec.pool.block_bytes;
+    return n;
+}
 size_t ember_kv_capacity_bytes(const ember_kv *kv) {
     return kv->budget;
 }

@@ -123,6 +123,10 @@ size_t ember_kv_request_bytes(const ember_kv *kv, int n);
 size_t ember_kv_need_bytes(const ember_kv *kv, int r, int n);
 size_t ember_kv_used_bytes(const ember_kv *kv);     /* blocks held, in bytes */
 size_t ember_kv_capacity_bytes(const ember_kv *kv); /* the budget */
+/* Bytes of the pools' blocks ever handed out (their high-water mark; blocks
+   past it were never written): on the CPU, the part of the pools that is
+   resident, up to page rounding. Grows until the load peaks, never shrinks. */
+size_t ember_kv_touched_bytes(const ember_kv *kv);
 size_t ember_kv_free_bytes(const ember_kv *kv);
 int ember_kv_blocks_used(const ember_kv *kv);
 /* Bytes of the blocks row r refers to (shared blocks counted in full). */

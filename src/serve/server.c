@@ -2129,6 +2129,9 @@ static enum MHD_Result do_metrics(ember_server *s, struct MHD_Connection *c) {
     metric(&o, "ember_kv_cache_held_bytes", "gauge", "KV cache bytes held in all (running requests and cached prompts).",
            (double)st.kv_bytes_held);
     metric(&o, "ember_kv_cache_total_bytes", "gauge", "KV cache budget in bytes.", (double)st.kv_bytes_total);
+    metric(&o, "ember_kv_cache_touched_bytes", "gauge",
+           "KV cache bytes ever handed out (the high-water mark the cache's resident memory follows).",
+           (double)st.kv_bytes_touched);
     metric(&o, "ember_kv_cache_usage_ratio", "gauge", "Fraction of the KV cache budget held by running requests.",
            st.kv_bytes_total ? (double)st.kv_bytes_used / (double)st.kv_bytes_total : 0);
     metric(&o, "ember_kv_cache_blocks_used", "gauge", "KV cache blocks (16 positions each) held.", st.kv_blocks_used);
