@@ -199,14 +199,18 @@ static int e3_layer(ember_fwd *f, const ember_tensor *cat) {
     return EMBER_OK;
 }
 
-/* The wanted tokens' hidden states into st->e3_hid rows hid_dst, their logits into host memory. */
-static int e3_outputs(ember_fwd *f, const int32_t *hid_dst, float *logits) {
+/* The drafters' outputs (EAGLE-3 here, MTP heads in mtp.c): the wanted
+   tokens' rows of f->x into st->e3_hid rows hid_dst, and their logits over V
+   ids through m->lm_head into host memory (logits: n_out x V floats), the
+   rows first put through m->out_norm when norm is set. Returns an error code;
+   writes nothing it was not asked for. */
+int ember_draft_outputs(ember_fwd *f, const int32_t *hid_dst, float *logits, int V, bool norm) {
     ember_llm *m = f->m;
     ember_backend *be = m->be;
     const ember_backend_ops *ops = be->ops;
     ember_llm_state *st = f->st;
     const ember_batch *b = f->b;
-    const int H = m->cfg.hidden_size, Vd = m->cfg.e3_draft_vocab;
+    const int H = m->cfg.hidden_size;
     int rc;
     for (int j = 0; j < b->n_out; j++)
         if ((rc = ops->copy(be, &st->e3_hid, (size_t)hid_dst[j] * H * 4, &f->x, (size_t)b->out[j] * H * 4, (size_t)H * 4,
@@ -214,14 +218,31 @@ static int e3_outputs(ember_fwd *f, const int32_t *hid_dst, float *logits) {
             return rc;
     for (int o0 = 0; o0 < b->n_out; o0 += st->max_logit_rows) {
         int n = b->n_out - o0 < st->max_logit_rows ? b->n_out - o0 : st->max_logit_rows;
-        ember_tensor sel = view(&st->sel, 0, n, H), lg = view(&st->logits, 0, n, Vd);
+        ember_tensor sel = view(&st->sel, 0, n, H), lg = view(&st->logits, 0, n, V);
         ember_matmul head = {&lg, &m->lm_head, NULL};
         if ((rc = ops->get_rows(be, &sel, &f->x, b->out + o0, n, f->err)) ||
-            (rc = ops->rms_norm(be, &sel, &sel, &m->out_norm, m->cfg.rms_norm_eps, false, f->err)) ||
+            (norm && (rc = ops->rms_norm(be, &sel, &sel, &m->out_norm, m->cfg.rms_norm_eps, false, f->err))) ||
             (rc = ops->matmul(be, &sel, 1, &head, f->err)) ||
-            (rc = ops->read(be, &lg, 0, logits + (size_t)o0 * (size_t)Vd, (size_t)n * (size_t)Vd * 4, f->err)))
+            (rc = ops->read(be, &lg, 0, logits + (size_t)o0 * (size_t)V, (size_t)n * (size_t)V * 4, f->err)))
             return rc;
     }
+    return EMBER_OK;
+}
+
+/* The checks both drafters' forwards make of their arguments (what names
+   the forward in the messages): a batch of 1..st->max_tokens tokens with ids
+   in the vocabulary, taps or in-range hidden rows to read, outputs within the
+   batch and the hidden rows. Returns EMBER_OK or EMBER_ERR_INVALID_ARG. */
+int ember_draft_check(const ember_llm *m, const ember_llm_state *st, const ember_batch *b, const float *taps,
+                      const int32_t *hid_src, const int32_t *hid_dst, const char *what, ember_error *err) {
+    if (b->n < 1 || b->n > st->max_tokens || b->n_out < 0 || b->n_out > b->n || (!taps && !hid_src))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: a batch of %d tokens (1..%d)", what, b->n, st->max_tokens);
+    for (int i = 0; i < b->n; i++)
+        if (b->tok[i] < 0 || b->tok[i] >= m->cfg.vocab_size || (!taps && (hid_src[i] < 0 || hid_src[i] >= st->max_tokens)))
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: token %d: id or hidden row out of range", what, i);
+    for (int j = 0; j < b->n_out; j++)
+        if (b->out[j] < 0 || b->out[j] >= b->n || hid_dst[j] < 0 || hid_dst[j] >= st->max_tokens)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: output %d out of range", what, j);
     return EMBER_OK;
 }
 
@@ -229,21 +250,14 @@ int ember_eagle3_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const 
                          const int32_t *hid_src, const int32_t *hid_dst, float *logits, ember_error *err) {
     if (!m->cfg.eagle3 || !m->embed.buf)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "an EAGLE-3 draft model must be bound to its target first");
-    if (b->n < 1 || b->n > st->max_tokens || b->n_out < 0 || b->n_out > b->n || (!taps && !hid_src))
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "EAGLE-3 draft forward: a batch of %d tokens (1..%d)", b->n,
-                         st->max_tokens);
-    for (int i = 0; i < b->n; i++)
-        if (b->tok[i] < 0 || b->tok[i] >= m->cfg.vocab_size || (!taps && (hid_src[i] < 0 || hid_src[i] >= st->max_tokens)))
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "EAGLE-3 draft forward: token %d: id or hidden row out of range", i);
-    for (int j = 0; j < b->n_out; j++)
-        if (b->out[j] < 0 || b->out[j] >= b->n || hid_dst[j] < 0 || hid_dst[j] >= st->max_tokens)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "EAGLE-3 draft forward: output %d out of range", j);
-    int rc = ember_kv_begin(kv, b->row, b->pos, b->n, err);
+    int rc = ember_draft_check(m, st, b, taps, hid_src, hid_dst, "EAGLE-3 draft forward", err);
+    if (rc) return rc;
+    rc = ember_kv_begin(kv, b->row, b->pos, b->n, err);
     if (rc) return rc;
     ember_fwd f;
     ember_fwd_init(&f, m, st, kv, b, err);
     ember_tensor cat;
-    if (!(rc = e3_input(&f, taps, hid_src, &cat)) && !(rc = e3_layer(&f, &cat))) rc = e3_outputs(&f, hid_dst, logits);
+    if (!(rc = e3_input(&f, taps, hid_src, &cat)) && !(rc = e3_layer(&f, &cat))) rc = ember_draft_outputs(&f, hid_dst, logits, m->cfg.e3_draft_vocab, true);
     ember_kv_end(kv, rc == EMBER_OK);
     return rc;
 }

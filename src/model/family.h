@@ -201,6 +201,13 @@ int ember_blk_tap(ember_fwd *f, int l);
 /* f->x += f->h. */
 int ember_blk_residual(ember_fwd *f);
 
+/* The hidden-tap drafters' shared steps (eagle3.c; MTP heads use them too):
+   argument checks of a draft forward, and its outputs (hidden rows into
+   st->e3_hid, logits over V ids into host memory, normed first when norm). */
+int ember_draft_check(const ember_llm *m, const ember_llm_state *st, const ember_batch *b, const float *taps,
+                      const int32_t *hid_src, const int32_t *hid_dst, const char *what, ember_error *err);
+int ember_draft_outputs(ember_fwd *f, const int32_t *hid_dst, float *logits, int V, bool norm);
+
 /* f->x += f->h, then f->h = rms_norm(f->x) with weight w (plus_one as
    ember_blk_norm): the backend's fused add_rms_norm where it has one (the
    same bits), else the two ops. */

@@ -158,47 +158,18 @@ static int mtp_layer(ember_fwd *f) {
     return EMBER_OK;
 }
 
-/* The wanted tokens' outputs into st->e3_hid rows hid_dst, their logits into host memory. */
-static int mtp_outputs(ember_fwd *f, const int32_t *hid_dst, float *logits) {
-    ember_llm *m = f->m;
-    ember_backend *be = m->be;
-    const ember_backend_ops *ops = be->ops;
-    ember_llm_state *st = f->st;
-    const ember_batch *b = f->b;
-    const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-    int rc;
-    for (int j = 0; j < b->n_out; j++)
-        if ((rc = ops->copy(be, &st->e3_hid, (size_t)hid_dst[j] * H * 4, &f->x, (size_t)b->out[j] * H * 4, (size_t)H * 4,
-                            f->err)))
-            return rc;
-    for (int o0 = 0; o0 < b->n_out; o0 += st->max_logit_rows) {
-        int n = b->n_out - o0 < st->max_logit_rows ? b->n_out - o0 : st->max_logit_rows;
-        ember_tensor sel = view(&st->sel, 0, n, H), lg = view(&st->logits, 0, n, V);
-        ember_matmul head = {&lg, &m->lm_head, NULL};
-        if ((rc = ops->get_rows(be, &sel, &f->x, b->out + o0, n, f->err)) || (rc = ops->matmul(be, &sel, 1, &head, f->err)) ||
-            (rc = ops->read(be, &lg, 0, logits + (size_t)o0 * (size_t)V, (size_t)n * (size_t)V * 4, f->err)))
-            return rc;
-    }
-    return EMBER_OK;
-}
-
 int ember_mtp_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const ember_batch *b, const float *taps,
                       const int32_t *hid_src, const int32_t *hid_dst, float *logits, ember_error *err) {
     if (!m->cfg.mtp || !m->embed.buf || !m->lm_head.buf)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "an MTP head must be bound to its model first");
-    if (b->n < 1 || b->n > st->max_tokens || b->n_out < 0 || b->n_out > b->n || (!taps && !hid_src))
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "MTP forward: a batch of %d tokens (1..%d)", b->n, st->max_tokens);
-    for (int i = 0; i < b->n; i++)
-        if (b->tok[i] < 0 || b->tok[i] >= m->cfg.vocab_size || (!taps && (hid_src[i] < 0 || hid_src[i] >= st->max_tokens)))
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "MTP forward: token %d: id or hidden row out of range", i);
-    for (int j = 0; j < b->n_out; j++)
-        if (b->out[j] < 0 || b->out[j] >= b->n || hid_dst[j] < 0 || hid_dst[j] >= st->max_tokens)
-            return ember_err(err, EMBER_ERR_INVALID_ARG, "MTP forward: output %d out of range", j);
-    int rc = ember_kv_begin(kv, b->row, b->pos, b->n, err);
+    int rc = ember_draft_check(m, st, b, taps, hid_src, hid_dst, "MTP forward", err);
+    if (rc) return rc;
+    rc = ember_kv_begin(kv, b->row, b->pos, b->n, err);
     if (rc) return rc;
     ember_fwd f;
     ember_fwd_init(&f, m, st, kv, b, err);
-    if (!(rc = mtp_input(&f, taps, hid_src)) && !(rc = mtp_layer(&f))) rc = mtp_outputs(&f, hid_dst, logits);
+    if (!(rc = mtp_input(&f, taps, hid_src)) && !(rc = mtp_layer(&f)))
+        rc = ember_draft_outputs(&f, hid_dst, logits, m->cfg.vocab_size, false);
     ember_kv_end(kv, rc == EMBER_OK);
     return rc;
 }
