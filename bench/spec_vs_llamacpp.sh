@@ -9,10 +9,10 @@
 #   tokens of one sequence after DEPTH tokens of context (a verify window of
 #   T - 1 drafts), relative to T = 1 (one decode step). Ember:
 #   `spec_bench --window` (ember_bench_run_at, DEPTH prefilled untimed before
-#   every timed run, one warm-up run per T, then REPS rounds over T = 1..16,
-#   the median per T); llama.cpp: REPS runs of `llama-bench -p 1,2,..,WINDOW
-#   -n 0 -d DEPTH -r 1` (the same shape: DEPTH untimed, then a T-token batch,
-#   after its own warm-up run; the median per T). Both ask
+#   every timed run, one warm-up run per T, then REPS rounds over
+#   T = 1..WINDOW, the median per T); llama.cpp: REPS runs of `llama-bench
+#   -p 1,2,..,WINDOW -n 0 -d DEPTH -r 1` (the same shape: DEPTH untimed, then
+#   a T-token batch, after its own warm-up run; the median per T). Both ask
 #   the logits of the window's last position only, so the output head's cost
 #   for the other T - 1 positions (which a real verify window pays) is in
 #   neither.
@@ -22,8 +22,8 @@
 #   Ember: `spec_bench --ids IDS --streams 1` (the serving engine, plain and
 #   speculative alternating in one process, the best of REPS runs each, time
 #   from submit to the last token; the n-gram and the draft-model rows are
-#   two such runs, each with its own plain figure, the speedup against it). llama.cpp: `llama-server -np 1` started once per
-#   configuration (plain; --spec-type ngram-simple; --spec-type draft-simple
+#   two such runs, each with its own plain figure, the speedup against it).
+#   llama.cpp: `llama-server -np 1` started once per configuration (plain; --spec-type ngram-simple; --spec-type draft-simple
 #   -md DRAFT), REPS POST /completion requests with cache_prompt false, the
 #   best by prompt_ms + predicted_ms (the same span). Acceptance =
 #   accepted / drafted; tokens per target forward = decode tokens / target
@@ -33,7 +33,7 @@
 #   llama.cpp's ngram-simple a lookup of NGRAM tokens and a draft of up to
 #   DRAFT_MAX; the two copy rules differ (Ember continues a copy that runs
 #   into the end of the history, ngram-simple stops there), so drafted
-#   counts differ. Draft model: both draft greedily DRAFT_MAX tokens every
+#   counts may differ (on stories260K they agree). Draft model: both draft greedily DRAFT_MAX tokens every
 #   step (llama.cpp --spec-draft-p-min 0 --spec-draft-n-min 0).
 #   "same" columns: Ember plain = Ember speculative (spec_bench checks), and
 #   each llama.cpp run's tokens = Ember's plain tokens.
@@ -41,9 +41,8 @@
 # env: EMBER_BUILD (build), LLAMA_BIN (/tmp/llama.cpp/build/bin), THREADS (2),
 #   DEPTH (256), WINDOW (16), REPS (3), GEN (128), DRAFT_MAX (8), NGRAM (3),
 #   ISA (ember's kernels, auto), PORT (18093), LOCK (a file: every
-#   measurement runs under `flock LOCK`),
-#   NICE (its nice level, with LOCK; default -10). Tables go to stdout, raw
-#   lines to stderr.
+#   measurement runs under `flock LOCK`), NICE (its nice level, with LOCK;
+#   default -10). Tables go to stdout, raw lines to stderr.
 set -euo pipefail
 MODE=${1:?usage: spec_vs_llamacpp.sh window MODEL | e2e TARGET DRAFT IDS}
 EB=${EMBER_BUILD:-build} LB=${LLAMA_BIN:-/tmp/llama.cpp/build/bin}
