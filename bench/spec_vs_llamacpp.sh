@@ -23,8 +23,8 @@
 #   speculative alternating in one process, the best of REPS runs each, time
 #   from submit to the last token; the n-gram and the draft-model rows are
 #   two such runs, each with its own plain figure, the speedup against it).
-#   llama.cpp: `llama-server -np 1` started once per configuration (plain; --spec-type ngram-simple; --spec-type draft-simple
-#   -md DRAFT), REPS POST /completion requests with cache_prompt false, the
+#   llama.cpp: `llama-server -np 1` started once per configuration (plain;
+#   --spec-type ngram-simple; --spec-type draft-simple -md DRAFT), REPS POST /completion requests with cache_prompt false, the
 #   best by prompt_ms + predicted_ms (the same span). Acceptance =
 #   accepted / drafted; tokens per target forward = decode tokens / target
 #   forwards, for llama.cpp derived as (n - 1) / (n - 1 - accepted) (every
