@@ -24,8 +24,9 @@
 #   from submit to the last token; the n-gram and the draft-model rows are
 #   two such runs, each with its own plain figure, the speedup against it).
 #   llama.cpp: `llama-server -np 1` started once per configuration (plain;
-#   --spec-type ngram-simple; --spec-type draft-simple -md DRAFT), REPS POST /completion requests with cache_prompt false, the
-#   best by prompt_ms + predicted_ms (the same span). Acceptance =
+#   --spec-type ngram-simple; --spec-type draft-simple -md DRAFT), REPS POST
+#   /completion requests with cache_prompt false, the best by prompt_ms +
+#   predicted_ms (the same span). Acceptance =
 #   accepted / drafted; tokens per target forward = decode tokens / target
 #   forwards, for llama.cpp derived as (n - 1) / (n - 1 - accepted) (every
 #   forward after the prompt's yields one token plus its accepted drafts).
@@ -33,8 +34,9 @@
 #   llama.cpp's ngram-simple a lookup of NGRAM tokens and a draft of up to
 #   DRAFT_MAX; the two copy rules differ (Ember continues a copy that runs
 #   into the end of the history, ngram-simple stops there), so drafted
-#   counts may differ (on stories260K they agree). Draft model: both draft greedily DRAFT_MAX tokens every
-#   step (llama.cpp --spec-draft-p-min 0 --spec-draft-n-min 0).
+#   counts may differ (on stories260K they agree). Draft model: both draft
+#   greedily DRAFT_MAX tokens every step (llama.cpp --spec-draft-p-min 0
+#   --spec-draft-n-min 0).
 #   "same" columns: Ember plain = Ember speculative (spec_bench checks), and
 #   each llama.cpp run's tokens = Ember's plain tokens.
 #
