@@ -9,7 +9,7 @@
  * usage: spec_bench --model PATH [--streams 1,16] [--gen 256] [--draft-max 8]
  *                   [--draft-min 1] [--ngram-min 1] [--ngram-max 3]
  *                   [--prefix 8] [--reps 3] [--threads N] [--kv-type f32]
- *                   [--draft-model PATH]
+ *                   [--draft-model PATH] [--ids 1,2,3] [--isa auto]
  *        spec_bench --model PATH --window 16 [--depth 256] [--reps 5]
  *
  * --draft-model PATH drafts with that model (EMBER_SPEC_DRAFT, loaded with
@@ -18,13 +18,16 @@
  * --window W measures instead the ceiling on speedup: the time of one
  * forward of T = 1..W tokens of one row after --depth tokens of context
  * (a verify window of T - 1 drafts), relative to T = 1 (one decode step),
- * the median of --reps runs (ember_bench_run_at; it asks the logits of the
- * last position only, so the head's cost for the other T - 1 rows is not
- * in it).
+ * the median of --reps rounds over T = 1..W (ember_bench_run_at; it asks
+ * the logits of the last position only, so the head's cost for the other
+ * T - 1 rows is not in it).
  *
  * Prompts: BOS, then --prefix tokens sampled (temperature 1, seed = the
  * stream's index) from the model itself, so every stream tells its own
- * story; then --gen greedy tokens (EOS ignored). Each configuration runs
+ * story; or, with --ids, those token ids for every stream (so another
+ * engine can be given the very same prompt, bench/spec_vs_llamacpp.sh;
+ * stream 0's generated ids are then printed on a line "tokens 1,2,..");
+ * then --gen greedy tokens (EOS ignored). Each configuration runs
  * --reps times; the fastest run's time is reported.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -105,33 +108,49 @@ static int arg_int(int argc, char **argv, int *i, int lo, int hi) {
     return (int)v;
 }
 
+/* Parses s, comma-separated integers in [0, 2^31), into out (at most cap);
+   *n the count. Returns 0, or 1 when s is empty, malformed or too long. */
+static int parse_ids(const char *s, int32_t *out, int cap, int *n) {
+    *n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > 0x7fffffffL || *n >= cap || (*end && *end != ',')) return 1;
+        out[(*n)++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    return *n == 0;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-/* The --window mode (see the file comment). */
+/* The --window mode (see the file comment): a warm-up run per T, then
+   --reps rounds each timing T = 1..W once (so that a burst of load from
+   elsewhere lands on one round, not on every run of one T), the median
+   over rounds per T. */
 static int window_costs(ember_model *m, int window, int depth, int reps) {
     ember_error err = {0};
-    double base = 0, *t = calloc((size_t)reps, sizeof *t);
-    printf("%6s %12s %10s %16s\n", "tokens", "ms/forward", "x decode", "ms/token");
-    for (int T = 1; T <= window; T++) {
-        ember_bench_result res;
-        if (ember_bench_run_at(m, depth, T, 0, &res, &err)) { /* a warm-up */
-            fprintf(stderr, "spec_bench: %s\n", err.msg);
-            free(t);
-            return 1;
-        }
-        for (int r = 0; r < reps; r++) {
+    double *t = calloc((size_t)reps * (size_t)window, sizeof *t); /* [T - 1][round] */
+    if (!t) return 1;
+    ember_bench_result res;
+    for (int round = -1; round < reps; round++) /* round -1: the warm-ups */
+        for (int T = 1; T <= window; T++) {
             if (ember_bench_run_at(m, depth, T, 0, &res, &err)) {
                 fprintf(stderr, "spec_bench: %s\n", err.msg);
                 free(t);
                 return 1;
             }
-            t[r] = res.prefill_seconds;
+            if (round >= 0) t[(size_t)(T - 1) * (size_t)reps + (size_t)round] = res.prefill_seconds;
         }
-        qsort(t, (size_t)reps, sizeof *t, cmp_double);
-        double med = t[reps / 2];
+    printf("%6s %12s %10s %16s\n", "tokens", "ms/forward", "x decode", "ms/token");
+    double base = 0;
+    for (int T = 1; T <= window; T++) {
+        double *v = t + (size_t)(T - 1) * (size_t)reps;
+        qsort(v, (size_t)reps, sizeof *v, cmp_double);
+        double med = v[reps / 2];
         if (T == 1) base = med;
         printf("%6d %12.3f %9.2fx %16.3f\n", T, med * 1e3, med / base, med * 1e3 / T);
     }
@@ -145,6 +164,8 @@ int main(int argc, char **argv) {
     ember_engine_params spec = {0};
     spec.spec = EMBER_SPEC_NGRAM;
     const char *draft_path = NULL;
+    int32_t ids[256];
+    int n_ids = 0, isa = EMBER_ISA_AUTO;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model = argv[++i];
@@ -152,6 +173,22 @@ int main(int argc, char **argv) {
             draft_path = argv[++i];
         else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc)
             kv_type = argv[++i];
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            const char *name = argv[++i];
+            isa = -1;
+            for (int k = EMBER_ISA_AUTO; k <= EMBER_ISA_AMX; k++)
+                if (!strcmp(name, ember_isa_name((ember_isa)k))) isa = k;
+            if (isa < 0) {
+                fprintf(stderr, "spec_bench: --isa expects auto, scalar, avx2, avx512 or amx\n");
+                return 1;
+            }
+        }
+        else if (!strcmp(argv[i], "--ids") && i + 1 < argc) {
+            if (parse_ids(argv[++i], ids, 256, &n_ids)) {
+                fprintf(stderr, "spec_bench: --ids expects 1 to 256 comma-separated token ids >= 0\n");
+                return 1;
+            }
+        }
         else if (!strcmp(argv[i], "--streams") && i + 1 < argc) {
             n_streams = 0;
             for (char *p = argv[++i]; *p && n_streams < 8;) {
@@ -181,7 +218,9 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr, "usage: spec_bench --model PATH [--streams 1,16] [--gen 256] [--draft-max 8] "
                             "[--draft-min 1] [--ngram-min 1] [--ngram-max 3] [--prefix 8] [--reps 3] [--threads N] "
-                            "[--kv-type f32]\n");
+                            "[--kv-type f32] [--isa auto] [--draft-model PATH] [--ids 1,2,3]\n"
+                            "       spec_bench --model PATH --window 16 [--depth 256] [--reps 5] [--threads N] "
+                            "[--kv-type f32] [--isa auto]\n");
             return 1;
         }
     }
@@ -202,7 +241,8 @@ int main(int argc, char **argv) {
     mp.n_rows = max_streams;
     mp.n_threads = threads;
     mp.kv_type = kv_type;
-    mp.n_ctx = window ? depth + window + 1 : 1 + prefix + gen + 1;
+    mp.isa = (ember_isa)isa;
+    mp.n_ctx = window ? depth + window + 1 : (n_ids ? n_ids : 1 + prefix) + gen + 1;
     ember_model *m;
     ember_error err = {0};
     if (ember_model_load(model, &mp, &m, &err)) {
@@ -233,7 +273,19 @@ int main(int argc, char **argv) {
     int32_t **prompts = calloc((size_t)max_streams, sizeof *prompts);
     int *plen = calloc((size_t)max_streams, sizeof *plen);
     for (int i = 0; i < max_streams; i++) {
-        prompts[i] = calloc((size_t)(prefix + 1), sizeof **prompts);
+        prompts[i] = calloc((size_t)(n_ids ? n_ids : prefix + 1), sizeof **prompts);
+        if (n_ids) {
+            for (int j = 0; j < n_ids; j++) {
+                if (ids[j] >= info.vocab_size) {
+                    fprintf(stderr, "spec_bench: --ids: token %d is not below the vocabulary size %d\n", (int)ids[j],
+                            info.vocab_size);
+                    return 1;
+                }
+                prompts[i][j] = ids[j];
+            }
+            plen[i] = n_ids;
+            continue;
+        }
         prompts[i][0] = info.bos_id >= 0 ? info.bos_id : 1;
         plen[i] = 1;
         if (prefix > 0) {
@@ -254,10 +306,10 @@ int main(int argc, char **argv) {
             plen[i] = 1 + r.n_out;
         }
     }
-    printf("model %s (%s, %d layers, hidden %d), KV %s, %d threads, %s; gen %d, prefix %d, draft_max %d, "
+    printf("model %s (%s, %d layers, hidden %d), KV %s, %d threads, %s; gen %d, prompt %s %d, draft_max %d, "
            "draft_min %d, %s%s, best of %d\n",
            model, info.arch, info.n_layers, info.hidden_size, info.kv_type, info.n_threads, ember_isa_name(info.isa),
-           gen, prefix, spec.draft_max ? spec.draft_max : 8, spec.draft_min ? spec.draft_min : 1,
+           gen, n_ids ? "--ids" : "BOS + prefix", n_ids ? n_ids : prefix, spec.draft_max ? spec.draft_max : 8, spec.draft_min ? spec.draft_min : 1,
            draft_path ? "draft model " : "n-gram", draft_path ? draft_path : "", reps);
     printf("%8s %12s %12s %10s %10s %12s %14s %9s %6s\n", "streams", "plain tok/s", "spec tok/s", "speedup",
            "drafted", "accepted", "tok/forward", "forwards", "same");
@@ -288,13 +340,18 @@ int main(int argc, char **argv) {
             same = !memcmp(best[0].ids, best[1].ids, (size_t)S * (size_t)gen * sizeof(int32_t));
             const ember_engine_stats *a = &best[0].st, *b = &best[1].st;
             double tp0 = (double)S * gen / best[0].secs, tp1 = (double)S * gen / best[1].secs;
-            printf("%8d %12.0f %12.0f %9.2fx %10llu %6llu %4.1f%% %7.2f/%4.2f %9llu %6s\n", S, tp0, tp1, tp1 / tp0,
+            printf("%8d %12.1f %12.1f %9.2fx %10llu %6llu %4.1f%% %7.2f/%4.2f %9llu %6s\n", S, tp0, tp1, tp1 / tp0,
                    (unsigned long long)b->spec_drafted_total, (unsigned long long)b->spec_accepted_total,
                    b->spec_drafted_total ? 100.0 * (double)b->spec_accepted_total / (double)b->spec_drafted_total : 0,
                    b->decode_forwards_total ? (double)b->decode_tokens_total / (double)b->decode_forwards_total : 0,
                    a->decode_forwards_total ? (double)a->decode_tokens_total / (double)a->decode_forwards_total : 0,
                    (unsigned long long)b->steps_total, same ? "yes" : "NO");
             if (!same) rc = 1;
+            if (n_ids) { /* stream 0's tokens, to compare with another engine's */
+                printf("tokens");
+                for (int j = 0; j < gen; j++) printf("%c%d", j ? ',' : ' ', (int)best[0].ids[j]);
+                printf("\n");
+            }
         }
         free(best[0].ids);
         free(best[1].ids);

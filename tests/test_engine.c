@@ -7,6 +7,10 @@
  * they need, rows whose memory runs out are preempted and recomputed, and
  * every request still gets exactly its solo tokens, for every KV kind.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
+#include <stdatomic.h>
+#include <time.h>
+
 #include "ember.h"
 #include "fixture.h"
 
@@ -84,6 +88,111 @@ static void test_pace_default(const fixture *f) {
         ember_engine_free(e);
         ember_model_free(m);
     }
+}
+
+/* What the stats-at-the-end probe sees: run on the engine thread from A's
+   constrain_accept, i.e. while the engine walks a step's outputs. */
+typedef struct end_probe {
+    ember_engine *e;
+    ember_stream *b; /* request B: popped here, not by the test's thread */
+    int a_tokens, b_tokens, probes, a_first; /* a_first: A's tokens at the first probe */
+    bool b_done, ok;
+    uint64_t got, want;
+    atomic_int b_waiting, a_in; /* the gate on B's second token */
+    int b_accepted;
+} end_probe;
+
+static void probe_accept(void *user, int32_t token) {
+    (void)token;
+    end_probe *p = user;
+    p->a_tokens++;
+    ember_event ev;
+    while (!p->b_done && ember_stream_next(p->b, &ev, 0) == 1) {
+        if (ev.kind == EMBER_EV_TOKEN) p->b_tokens++;
+        else p->b_done = true;
+    }
+    if (!p->b_done) return;
+    /* B has ended: its counts, and those of every step before this one, are in
+       the stats. Both requests' first tokens come from their prompts' forwards;
+       A's token now is this step's, which may not be counted yet. */
+    ember_engine_stats st;
+    ember_engine_get_stats(p->e, &st);
+    uint64_t want = (uint64_t)(p->b_tokens - 1) + (uint64_t)(p->a_tokens >= 2 ? p->a_tokens - 2 : 0);
+    if (!p->probes++) p->a_first = p->a_tokens;
+    if (st.decode_tokens_total < want || st.decode_forwards_total < want) {
+        p->ok = false;
+        p->got = st.decode_tokens_total;
+        p->want = want;
+    }
+}
+
+/* B's constrain_accept: on B's second token the engine thread waits until
+   the test has submitted A, so A runs beside B's remaining tokens however
+   fast the steps are. */
+static void gate_accept(void *user, int32_t token) {
+    (void)token;
+    end_probe *p = user;
+    if (++p->b_accepted != 2) return;
+    atomic_store(&p->b_waiting, 1);
+    while (!atomic_load(&p->a_in)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* A request's counts are in ember_engine_stats when its end is visible: a
+   client that reads the stats on seeing EMBER_EV_DONE sees every token it was
+   given counted (the engine once added a step's counts after the loop that
+   had already ended its requests, so `ember generate -v` and spec_bench
+   could miss the last step: a target forward short now and then). Request
+   B (12 tokens, in row 0) shares steps with A (24 tokens, admitted while B
+   waits at its second token, in row 1), so B's outputs come first in a
+   step; A's constrain_accept, called on the engine thread while the engine
+   walks a step's outputs, pops B's events, and once B's end is there checks
+   the decode counts. */
+static void test_stats_at_done(const fixture *f) {
+    ember_model *m = load_batch(f->dir, 2, 64);
+    ember_engine_params ep;
+    memset(&ep, 0, sizeof ep);
+    ep.prefill_pace = -1.0f; /* A's prompt in one step */
+    ember_engine *e;
+    ember_error err = {0};
+    CHECKF(ember_engine_new(m, &ep, &e, &err) == EMBER_OK, "%s", err.msg);
+    end_probe p = {.e = e, .ok = true};
+    atomic_init(&p.b_waiting, 0);
+    atomic_init(&p.a_in, 0);
+    ember_gen_params gb = gp(f->p[0].ids, f->p[0].n, 12, 0.0f, 0);
+    gb.constrain_accept = gate_accept;
+    gb.constrain_user = &p;
+    CHECKF(ember_engine_submit(e, &gb, &p.b, &err) == EMBER_OK, "%s", err.msg);
+    while (!atomic_load(&p.b_waiting)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    ember_gen_params ga = gp(f->p[1].ids, f->p[1].n, 24, 0.0f, 0);
+    ga.constrain_accept = probe_accept;
+    ga.constrain_user = &p;
+    ember_stream *sa;
+    CHECKF(ember_engine_submit(e, &ga, &sa, &err) == EMBER_OK, "%s", err.msg);
+    atomic_store(&p.a_in, 1);
+    result ra;
+    drain(sa, &ra);
+    CHECK(ra.done.finish == EMBER_FINISH_LENGTH && ra.n == 24);
+    /* A decoded beside B: its first probe came in B's last step or the next */
+    CHECKF(p.b_done && p.b_tokens == 12 && p.probes > 0 && p.a_first >= 2 && p.a_first < 24,
+           "B: %d tokens, ended %d; A: %d tokens at the first of %d probes", p.b_tokens, (int)p.b_done, p.a_first,
+           p.probes);
+    CHECKF(p.ok, "a request's end was visible before its counts: %llu decode tokens in the stats, want >= %llu",
+           (unsigned long long)p.got, (unsigned long long)p.want);
+    ember_engine_stats st;
+    ember_engine_get_stats(e, &st);
+    CHECKF(st.decode_tokens_total == 11 + 23 && st.decode_forwards_total == 11 + 23,
+           "after both ends: %llu decode tokens, %llu forwards, want 34", (unsigned long long)st.decode_tokens_total,
+           (unsigned long long)st.decode_forwards_total);
+    ember_stream_free(sa);
+    ember_stream_free(p.b);
+    ember_engine_free(e);
+    ember_model_free(m);
 }
 
 /* Step pacing: a 200-token prompt arriving while a row decodes (400 tokens:
@@ -504,6 +613,7 @@ int main(void) {
         ember_model_free(m);
     }
     test_pace_default(&f);
+    test_stats_at_done(&f);
     test_pacing(&f, false);
     fixture_close(&f);
     fixture h; /* a hybrid model: its prompt's chunking must not depend on the pace either */

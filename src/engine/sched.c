@@ -661,12 +661,6 @@ static void end_request(ember_engine *e, row *r, ember_finish f) {
         release_row(e, r, f, 0, NULL);
 }
 
-/* Samples row r's next token from lg and reports it; may end the request. */
-static void take_token(ember_engine *e, row *r, float *lg, int32_t chosen) {
-    int32_t t = chosen;
-    end_request(e, r, emit_token(e, r, lg, -1, &t));
-}
-
 /* Does row r take the largest logit as it is (temperature 0; no bias,
    penalty, constraint, log-probabilities or drafts)? Then the forward may
    pick its token on the device (ember_batch.argmax): the same token as
@@ -685,8 +679,13 @@ static bool greedy_plain(const row *r) {
    token: a correction), after the last draft (the bonus token) or when the
    request ends. The row's speculative KV round then keeps the positions
    whose tokens stand (the fed last token and the accepted drafts). Adds
-   the accepted drafts to *accepted and the tokens produced to *produced. */
-static void verify_drafts(ember_engine *e, row *r, float *logits, uint64_t *accepted, uint64_t *produced) {
+   the accepted drafts to *accepted and the tokens produced to *produced,
+   and sets *fin to how the request ends (EMBER_FINISH_NONE: it goes on) for
+   the caller's end_request, once the row's counts are in the stats.
+   Returns false when the row was released here already (its KV round
+   could not commit; *fin is then unset). */
+static bool verify_drafts(ember_engine *e, row *r, float *logits, uint64_t *accepted, uint64_t *produced,
+                          ember_finish *fin) {
     ember_kv *kv = e->m->kv;
     const size_t V = (size_t)e->m->cfg.vocab_size;
     const int i = (int)(r - e->rows), d = r->n_draft;
@@ -708,9 +707,10 @@ static void verify_drafts(ember_engine *e, row *r, float *logits, uint64_t *acce
     if (ember_kv_spec_commit(kv, i, j + 1, &err) != EMBER_OK) { /* cannot happen: the round holds d + 1 */
         ember_kv_clear(kv, i);
         release_row(e, r, EMBER_FINISH_ERROR, EMBER_ERR_INTERNAL, err.msg);
-        return;
+        return false;
     }
-    end_request(e, r, f);
+    *fin = f;
+    return true;
 }
 
 /* Drops a running row's KV to free memory (the most recently admitted one
@@ -977,35 +977,41 @@ static void plan_drafts(ember_engine *e, int *nt_io, int *no_io, size_t spare) {
 }
 
 /* After a forward: each output's logits go to its row (a sampled token, or
-   the verification of its drafts), and the step's counts into e->stats. */
+   the verification of its drafts), and the step's counts into e->stats.
+   A row's counts go in before its request can end (end_request pushes the
+   final event), so a client that sees a request end and then reads the
+   stats finds every token it was given counted. */
 static void take_outputs(ember_engine *e, int no, bool chosen) {
     ember_model *m = e->m;
     const int V = m->cfg.vocab_size;
     int *out_row = e->out_row;
-    uint64_t drafted = 0, accepted = 0, spec_fw = 0, dec_fw = 0, dec_tok = 0;
+    pthread_mutex_lock(&e->mu);
+    e->stats.steps_total++;
+    pthread_mutex_unlock(&e->mu);
     for (int o = 0; o < no; o++) {
         row *r = &e->rows[out_row[o]];
         bool decoding = e->plan[out_row[o]];
         if (decoding && o != r->o_last) continue; /* a draft's logits: read by verify_drafts */
         if (r->phase == ROW_FREE) continue;
-        if (decoding) dec_fw++;
+        uint64_t drafted = 0, accepted = 0, produced = 0;
+        ember_finish f;
         if (r->n_draft > 0) {
-            drafted += (uint64_t)r->n_draft;
-            spec_fw++;
-            verify_drafts(e, r, m->logits, &accepted, &dec_tok);
+            drafted = (uint64_t)r->n_draft;
+            if (!verify_drafts(e, r, m->logits, &accepted, &produced, &f)) continue; /* released */
         } else {
-            dec_tok += decoding;
-            take_token(e, r, chosen ? NULL : m->logits + (size_t)o * (size_t)V, chosen ? e->ids[o] : 0);
+            produced = decoding;
+            int32_t t = chosen ? e->ids[o] : 0;
+            f = emit_token(e, r, chosen ? NULL : m->logits + (size_t)o * (size_t)V, -1, &t);
         }
+        pthread_mutex_lock(&e->mu);
+        e->stats.spec_drafted_total += drafted;
+        e->stats.spec_accepted_total += accepted;
+        e->stats.spec_forwards_total += drafted > 0;
+        e->stats.decode_forwards_total += decoding;
+        e->stats.decode_tokens_total += produced;
+        pthread_mutex_unlock(&e->mu);
+        end_request(e, r, f);
     }
-    pthread_mutex_lock(&e->mu);
-    e->stats.steps_total++;
-    e->stats.spec_drafted_total += drafted;
-    e->stats.spec_accepted_total += accepted;
-    e->stats.spec_forwards_total += spec_fw;
-    e->stats.decode_forwards_total += dec_fw;
-    e->stats.decode_tokens_total += dec_tok;
-    pthread_mutex_unlock(&e->mu);
 }
 
 /* A source reading the target's taps: the batch asks them for every token
