@@ -465,20 +465,27 @@ int main(void) {
             drain(ss[i], &solo[i]);
             ember_stream_free(ss[i]);
         }
-        for (int i = 0; i < NB; i++) {
-            ember_gen_params g = gp(prompts[i], plen[i], MAXT, 0, 0);
-            CHECKF(ember_engine_submit(e, &g, &ss[i], &err) == EMBER_OK, "%s", err.msg);
-        }
-        for (int i = 0; i < NB; i++) {
-            drain(ss[i], &batched[i]);
-            ember_stream_free(ss[i]);
-            CHECKF(batched[i].done.finish == EMBER_FINISH_LENGTH && batched[i].n == MAXT &&
-                       !memcmp(batched[i].ids, solo[i].ids, sizeof(int32_t) * MAXT),
-                   "KV %s request %d: tokens differ from its solo run under a tight budget (finish %d: %s)",
-                   kinds[ki], i, batched[i].done.finish, batched[i].done.error);
-        }
+        /* the burst, until it preempts: whether the rows admitted first
+           outgrow the budget depends on how the submissions interleave
+           with the steps (about 1 in 16 bursts never preempts), so a burst
+           that did not is run again, up to 4 times, every one checked */
         ember_engine_stats st;
-        ember_engine_get_stats(e, &st);
+        for (int attempt = 0; attempt < 4; attempt++) {
+            for (int i = 0; i < NB; i++) {
+                ember_gen_params g = gp(prompts[i], plen[i], MAXT, 0, 0);
+                CHECKF(ember_engine_submit(e, &g, &ss[i], &err) == EMBER_OK, "%s", err.msg);
+            }
+            for (int i = 0; i < NB; i++) {
+                drain(ss[i], &batched[i]);
+                ember_stream_free(ss[i]);
+                CHECKF(batched[i].done.finish == EMBER_FINISH_LENGTH && batched[i].n == MAXT &&
+                           !memcmp(batched[i].ids, solo[i].ids, sizeof(int32_t) * MAXT),
+                       "KV %s request %d: tokens differ from its solo run under a tight budget (finish %d: %s)",
+                       kinds[ki], i, batched[i].done.finish, batched[i].done.error);
+            }
+            ember_engine_get_stats(e, &st);
+            if (st.preempted_total > 0) break;
+        }
         CHECKF(st.preempted_total > 0, "KV %s: the budget never forced a preemption", kinds[ki]);
         CHECK(st.running == 0 && st.kv_bytes_used == 0 && st.kv_bytes_held <= st.kv_bytes_total);
         fprintf(stderr, "KV %s budget %zu: %llu preemptions, %zu bytes cached after\n", kinds[ki], st.kv_bytes_total,
