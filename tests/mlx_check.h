@@ -11,7 +11,9 @@
 #include "core/cpu.h"
 #include "fixture.h"
 
-static const ember_isa k_isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
+/* Every ISA tier; the absent ones are skipped. MLX weights run the AVX-512
+   (VNNI) kernels under AMX, whose tiles take GGUF types and bf16. */
+static const ember_isa k_isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
 #define N_ISAS ((int)(sizeof k_isas / sizeof k_isas[0]))
 
 static inline int total_rows(const fixture *f) {

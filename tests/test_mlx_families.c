@@ -2,7 +2,7 @@
  * test_mlx_families.c - the dense families of issue 11 (phi3 with its fused
  * qkv_proj / gate_up_proj, gemma2, gemma3_text) as MLX affine-quantized
  * directories written by `ember quantize`'s library call, checked on every
- * ISA this CPU has (scalar, AVX2, AVX-512) where test_mlx.c's KL table runs
+ * ISA this CPU has (scalar, AVX2, AVX-512, AMX) where test_mlx.c's KL table runs
  * the best ISA only:
  *   1. mean KL against transformers' logits over the three fixture prompts
  *      (ember's float logits match them within 1e-4 relative:

@@ -19,8 +19,10 @@
  *   2. logits of the three fixture prompts against transformers' (ember's
  *      unquantized logits match them within 1e-5 of the largest): mean KL
  *      below stated bounds on every ISA this CPU has (scalar, AVX2,
- *      AVX-512); mlx8's greedy ids equal the reference's up to the first
- *      step whose reference top-1 / top-2 margin is below 0.25;
+ *      AVX-512, AMX); mlx8's greedy ids equal the reference's up to the
+ *      first step whose reference top-1 / top-2 margin is below 0.25, and
+ *      teacher-forced along the reference's continuation its argmax is the
+ *      reference's at every step with a margin of at least 0.25;
  *   3. a PLE width of 32 (the fixture with its per-layer input tensors
  *      replaced by seeded random ones of that width, written here), so that
  *      per_layer_projection [64, 32] is quantized too: layout, and KL against
