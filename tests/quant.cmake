@@ -14,3 +14,7 @@ ember_test(test_backend_ops test_backend_ops.c)
 ember_test(test_bamx test_bamx.c)
 # MLX quantization of the mixture-of-experts families (mlx-lm's stacked experts).
 ember_test(test_mlx_moe test_mlx_moe.c)
+# MLX quantization of Gemma 4 with per-layer inputs (gemma4_text_ple).
+ember_test(test_mlx_ple test_mlx_ple.c)
+# MLX quantization of phi3, gemma2 and gemma3_text on every ISA: KL, greedy ids, batch invariance.
+ember_test(test_mlx_families test_mlx_families.c)

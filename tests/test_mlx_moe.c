@@ -28,8 +28,8 @@
  *      (6-bit stacked down projections on the recipe's layers, the router at
  *      the low width) and the mlx4 bound;
  *   6. the CLI writes the same bytes as the library call;
- *   7. gemma4_text without experts quantizes and runs within bounds; with
- *      per-layer inputs it is refused;
+ *   7. gemma4_text without experts quantizes and runs within bounds (with
+ *      per-layer inputs: test_mlx_ple.c);
  *   8. the mlx4 gemma4_text_moe laid out as mlx-lm writes the Gemma 4
  *      multimodal checkpoint (model_type gemma4 with text_config, tensors and
  *      quantization entries under language_model.model.*) gives the plain
@@ -530,8 +530,7 @@ static void check_wrapped(const fixture *f, const char *dir) {
 }
 
 /* gemma4_text without experts (its quantization came with the MoE variant's):
-   mlx8 / mlx4 within bounds (measured 4.2e-3 / 0.18); with per-layer inputs
-   it is refused naming the field. */
+   mlx8 / mlx4 within bounds (measured 4.2e-3 / 0.18). */
 static void check_gemma4_dense(void) {
     fixture f;
     fixture_open(&f, "gemma4_text");
@@ -542,14 +541,6 @@ static void check_gemma4_dense(void) {
     snprintf(dir, sizeof dir, "%s/moe-gemma4_text-mlx4", EMBER_TEST_TMP);
     if (CHECKV(quantize(f.dir, dir, 4, 32, false) == 0, "quantize gemma4_text mlx4"))
         check_logits("gemma4_text", &f, dir, "mlx4", 0.5, false);
-    fixture_close(&f);
-    fixture_open(&f, "gemma4_text_ple");
-    ember_mlx_qopts o = {4, 32, 0, EMBER_DTYPE_INVALID, false};
-    ember_error err = {0};
-    snprintf(dir, sizeof dir, "%s/moe-gemma4_ple-mlx4", EMBER_TEST_TMP);
-    CHECKF(ember_quantize_to_mlx(f.dir, dir, &o, &err) == EMBER_ERR_UNSUPPORTED &&
-               strstr(err.msg, "hidden_size_per_layer_input"),
-           "gemma4_text_ple: '%s'", err.msg);
     fixture_close(&f);
 }
 

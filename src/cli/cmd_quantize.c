@@ -44,8 +44,10 @@ int cmd_quantize(int argc, char **argv) {
                    "stacked into mlp.switch_mlp.{gate,up,down}_proj (gemma4: experts.switch_glu.*) of shape\n"
                    "[experts, rows, cols]; the router as mlx-lm has it: qwen3_moe's mlp.gate and gemma4's\n"
                    "router.proj at 8 bits, group 64 (the low width under mlx_mixed), glm4_moe's stays float.\n"
-                   "Not yet for the hybrids (qwen3_next, qwen3_5*), gemma4 with per-layer inputs, or\n"
-                   "multimodal checkpoints.",
+                   "gemma4 with per-layer inputs: embed_tokens_per_layer, per_layer_model_projection and each\n"
+                   "layer's per_layer_input_gate / per_layer_projection are quantized like any matrix (when\n"
+                   "their rows are whole groups), their norms stay float, as mlx-lm does.\n"
+                   "Not yet for the hybrids (qwen3_next, qwen3_5*) or multimodal checkpoints.",
                    opts, (int)(sizeof opts / sizeof opts[0])};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc) return rc == 2 ? 0 : 1;

@@ -632,10 +632,16 @@ static const char *const k_layer_modules[EMBER_QUANT_LAYER_MODULES] = {
     "self_attn.o_proj",           "mlp.gate_proj",            "mlp.up_proj",
     "mlp.down_proj",              "mlp.gate",                 "mlp.switch_mlp.gate_proj",
     "mlp.switch_mlp.up_proj",     "mlp.switch_mlp.down_proj", "mlp.shared_experts.gate_proj",
-    "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj"};
+    "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj", "per_layer_input_gate",
+    "per_layer_projection"};
 
-/* The override slot of a module path: 0 embed, 1 lm_head, 2 +
-   EMBER_QUANT_LAYER_MODULES * layer + module for layer matrices (phi3's
+/* Slots of the modules outside the layers: embed, lm_head, gemma4's
+   embed_tokens_per_layer and per_layer_model_projection; layer slots follow. */
+#define QUANT_GLOBAL_SLOTS 4
+
+/* The override slot of a module path: 0 embed, 1 lm_head, 2 gemma4's
+   embed_tokens_per_layer, 3 its per_layer_model_projection,
+   QUANT_GLOBAL_SLOTS + EMBER_QUANT_LAYER_MODULES * layer + module for layer matrices (phi3's
    qkv_proj and gate_up_proj share the q and gate slots, gemma4's router.proj
    and experts.switch_glu.* those of mlp.gate and mlp.switch_mlp.*, which
    gemma4 lacks); -1 for paths that are not such matrices.
@@ -657,6 +663,8 @@ static long quant_slot(int n_layers, const char *path, bool *bad_layer) {
     if (strcmp(path, "language_model.lm_head") == 0) return 1;
     if (strcmp(path, "model.embed_tokens") == 0) return 0;
     if (strcmp(path, "lm_head") == 0) return 1;
+    if (strcmp(path, "model.embed_tokens_per_layer") == 0) return 2;
+    if (strcmp(path, "model.per_layer_model_projection") == 0) return 3;
     static const char prefix[] = "model.layers.";
     if (strncmp(path, prefix, sizeof prefix - 1) != 0) return -1;
     const char *p = path + sizeof prefix - 1;
@@ -680,7 +688,7 @@ static long quant_slot(int n_layers, const char *path, bool *bad_layer) {
                 *bad_layer = true;
                 return -1;
             }
-            return 2 + EMBER_QUANT_LAYER_MODULES * layer + k_fused[i].slot;
+            return QUANT_GLOBAL_SLOTS + EMBER_QUANT_LAYER_MODULES * layer + k_fused[i].slot;
         }
     for (int i = 0; i < EMBER_QUANT_LAYER_MODULES; i++)
         if (strcmp(p + 1, k_layer_modules[i]) == 0) {
@@ -688,13 +696,22 @@ static long quant_slot(int n_layers, const char *path, bool *bad_layer) {
                 *bad_layer = true;
                 return -1;
             }
-            return 2 + EMBER_QUANT_LAYER_MODULES * layer + i;
+            return QUANT_GLOBAL_SLOTS + EMBER_QUANT_LAYER_MODULES * layer + i;
         }
     return -1;
 }
 
+/* The override of slot i (quant_slot), and a pointer to it to set. */
+static uint8_t slot_get(const ember_quant_config *q, long i) {
+    if (i < QUANT_GLOBAL_SLOTS) return i == 0 ? q->embed : i == 1 ? q->lm_head : i == 2 ? q->ple_embed : q->ple_proj;
+    i -= QUANT_GLOBAL_SLOTS;
+    return q->layer[i / EMBER_QUANT_LAYER_MODULES][i % EMBER_QUANT_LAYER_MODULES];
+}
+
 static uint8_t *slot_at(ember_quant_config *q, long i) {
-    return i == 0 ? &q->embed : i == 1 ? &q->lm_head : &q->layer[(i - 2) / EMBER_QUANT_LAYER_MODULES][(i - 2) % EMBER_QUANT_LAYER_MODULES];
+    if (i < QUANT_GLOBAL_SLOTS) return i == 0 ? &q->embed : i == 1 ? &q->lm_head : i == 2 ? &q->ple_embed : &q->ple_proj;
+    i -= QUANT_GLOBAL_SLOTS;
+    return &q->layer[i / EMBER_QUANT_LAYER_MODULES][i % EMBER_QUANT_LAYER_MODULES];
 }
 
 /* mode: absent, or "affine". */
@@ -786,8 +803,7 @@ ember_qmod_kind ember_config_quant_module(const ember_model_config *cfg, const c
     *group_size = q->group_size;
     bool bad;
     long i = q->bits ? quant_slot(cfg->n_layers, path, &bad) : -1;
-    uint8_t code = i < 0 ? 0 : i == 0 ? q->embed : i == 1 ? q->lm_head
-                                      : q->layer[(i - 2) / EMBER_QUANT_LAYER_MODULES][(i - 2) % EMBER_QUANT_LAYER_MODULES];
+    uint8_t code = i < 0 ? 0 : slot_get(q, i);
     if (code == 0) return EMBER_QMOD_DEFAULT;
     if (code == EMBER_QUANT_FLOAT) return EMBER_QMOD_FLOAT;
     *bits = code & 15;

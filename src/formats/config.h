@@ -44,14 +44,16 @@ typedef struct ember_rope_config {
 /* per layer: q (phi3: qkv), k, v, o, gate (phi3: gate_up), up, down projections; then the MoE block's
    modules in mlx-lm's names: the router (mlp.gate; gemma4 router.proj), the stacked experts
    (mlp.switch_mlp.{gate,up,down}_proj; gemma4 experts.switch_glu.*) and the shared expert
-   (mlp.shared_experts.{gate,up,down}_proj) */
-#define EMBER_QUANT_LAYER_MODULES 14
+   (mlp.shared_experts.{gate,up,down}_proj); then gemma4's per-layer input modules
+   (per_layer_input_gate, per_layer_projection) */
+#define EMBER_QUANT_LAYER_MODULES 16
 #define EMBER_QUANT_FLOAT 1         /* override code: the module stays float */
 
 typedef struct ember_quant_config {
     int bits, group_size; /* the defaults; bits 0: no quantization in config.json */
     /* per-module overrides: 0 none, EMBER_QUANT_FLOAT, or bits | (group_size / 32) << 4 */
     uint8_t embed, lm_head;
+    uint8_t ple_embed, ple_proj; /* gemma4: model.embed_tokens_per_layer, model.per_layer_model_projection */
     uint8_t layer[EMBER_MAX_LAYERS][EMBER_QUANT_LAYER_MODULES];
 } ember_quant_config;
 
@@ -193,7 +195,8 @@ int ember_generation_config_parse(const char *name, const char *text, size_t len
    "model.embed_tokens") is quantized; *bits and *group_size receive its
    parameters (the defaults for EMBER_QMOD_DEFAULT; 0 when the config has no
    quantization). Paths that are not the matrices of EMBER_QUANT_LAYER_MODULES
-   (or the embedding and lm_head) give DEFAULT. */
+   (or the embedding, lm_head, gemma4's model.embed_tokens_per_layer and
+   model.per_layer_model_projection) give DEFAULT. */
 ember_qmod_kind ember_config_quant_module(const ember_model_config *cfg, const char *path, int *bits, int *group_size);
 
 /* A hybrid model's fields that follow from cfg->layer_linear (set from

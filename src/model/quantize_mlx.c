@@ -490,13 +490,6 @@ int ember_quantize_to_mlx(const char *in_dir, const char *out_dir, const ember_m
         rc = ember_err(err, EMBER_ERR_INVALID_ARG, "%s: the model is already quantized", in_dir);
         goto done;
     }
-    const bool gemma4 = strcmp(cfg.model_type, "gemma4_text") == 0;
-    if (gemma4 && cfg.ple_dim) { /* its per-layer input tables are not planned */
-        rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
-                       "%s: MLX-quantizing %s with per-layer inputs (hidden_size_per_layer_input) is not supported yet",
-                       in_dir, cfg.model_type);
-        goto done;
-    }
     if ((rc = ember_weights_open(in_dir, &w, err))) goto done;
     if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
         rc = ember_err(err, EMBER_ERR_IO, "%s: cannot create: %s", out_dir, strerror(errno));

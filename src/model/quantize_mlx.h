@@ -52,8 +52,13 @@ bool ember_mlx_qtype_parse(const char *name, int *bits, int *high_bits);
  * 64, listed in config.json; under a mixed recipe, which replaces those
  * predicates in mlx-lm, the recipe's width; glm4_moe's router, not a Linear
  * in mlx-lm, stays float); glm4_moe's MTP layers and gemma4's KV-shared
- * layers' K / V weights are left out, as mlx-lm drops them. Refused: hybrid
- * linear-attention models, gemma4 with per-layer inputs, multimodal
+ * layers' K / V weights are left out, as mlx-lm drops them. gemma4's
+ * per-layer input modules are quantized like any other (mlx-lm has no rule
+ * for them): embed_tokens_per_layer (an Embedding, quantized along its rows
+ * of num_hidden_layers * hidden_size_per_layer_input), per_layer_model_projection
+ * and each layer's per_layer_input_gate and per_layer_projection (the
+ * latter only when hidden_size_per_layer_input is whole groups); their norms
+ * stay float. Refused: hybrid linear-attention models, multimodal
  * checkpoints, already quantized models.
  */
 int ember_quantize_to_mlx(const char *in_dir, const char *out_dir, const ember_mlx_qopts *opts, ember_error *err);
