@@ -444,7 +444,10 @@ static void hostile_runtime(void) {
         int allowed = ember_gmatch_mask_left(m, lg, N + 1, 64);
         double dt = ember_now() - t0;
         if (getenv("SHOW")) fprintf(stderr, "hostile mask %.4f s, %d allowed\n", dt, allowed);
-        CHECKF(dt < 1.0 && allowed >= 26, "an ambiguous grammar's mask: %.3f s, %d allowed", dt, allowed);
+        /* a guard against a blow-up (an exponential walk takes minutes), not a
+           speed check: 0.09 s here in a release build, and a loaded 2-core
+           machine once took 1.28 s, so the bound is far above both */
+        CHECKF(dt < 10.0 && allowed >= 26, "an ambiguous grammar's mask: %.3f s, %d allowed", dt, allowed);
         int bad = 0;
         for (int i = 0; i < N && bad < 3; i++)
             if (lg[i] != -INFINITY && !takes(g, gv, "", 0, i)) bad++;
