@@ -77,8 +77,8 @@ int ember_cu_tc_variant(int variant, int shape[8]);
 extern int ember_cu_mm_cluster;
 
 /* The block kernel (tc_blk, cuda_matmul.cu) for bf16 products from this
-   many rows on; 0: never (tc_cl / tc_mid and tc_big / tc_huge there, as
-   before; a measuring aid, set from EMBER_CUDA_MM_BLK). The same bits. */
+   many rows on; 0 (the default): never. A measuring aid, set from
+   EMBER_CUDA_MM_BLK; the same bits as every other bf16 kernel. */
 extern int ember_cu_mm_blk_min;
 
 /* out_i = x w_i^T (+ bias_i) for each product i. Picks the kernel: vector

@@ -42,6 +42,12 @@
  *   - then out = sum (+ bias[n]).
  *
  * Kernels (one launch per weight dtype; up to 8 products share the input):
+ *   tc_blk bf16, off by default (EMBER_CUDA_MM_BLK=N: from N rows on; a
+ *          variant of the benchmark). A block of 8 warps per 128 weight
+ *          rows x 128 (or 64) input rows, weights and split inputs staged
+ *          in shared memory, the parts walked in turn. Measured no faster
+ *          than tc_cl (docs/cuda.md: bound by the latency of its input
+ *          loads, one k-block ahead).
  *   tc_cl  bf16, M > 8 (the default; EMBER_CUDA_MM_CLUSTER=0 keeps tc for
  *          every M). A cluster of 8 blocks per tile of 128 weight rows x
  *          8 XT input rows, block r computing part r with 8 warps of 16
@@ -1065,8 +1071,9 @@ static const cl_kind k_cl[] = {
 #define N_CL_VAR ((int)(sizeof k_cl / sizeof k_cl[0]))
 static_assert(CL_WARPS == TC_P, "a cluster of TC_P blocks");
 
-/* The block kernels: {kernel, XT, S}. The first is the default from
-   ember_cu_mm_blk_min rows on, the rest variants for measuring. */
+/* The block kernels: {kernel, XT, S}. The first runs from
+   ember_cu_mm_blk_min rows on (off by default), all four are variants for
+   measuring. */
 typedef struct bk_kind {
     mm_kernel k;
     int XT, S;
@@ -1115,7 +1122,7 @@ extern "C" int ember_cu_tc_variant(int variant, int shape[8]) {
 extern "C" {
 int ember_cu_pdl = 1;
 int ember_cu_mm_cluster = 1;
-int ember_cu_mm_blk_min = 129;
+int ember_cu_mm_blk_min = 0; /* off: slower than tc_cl at every M measured (docs/cuda.md) */
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */
