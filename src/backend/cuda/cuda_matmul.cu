@@ -1171,16 +1171,13 @@ static cudaError_t launch_cl(cudaStream_t stream, ember_cu_mm *a, int ci) {
 
 /* A block kernel (k_bk[bi]): blocks of BK_ROWS weight rows per product,
    32 XT input rows per grid row, the shared memory of bk_smem (over the
-   default 48 KB: the kernel's limit is raised at its first launch). */
+   default 48 KB: the kernel's limit is raised on the current device before
+   every launch, a host-side call that keeps no state here). */
 static cudaError_t launch_bk(cudaStream_t stream, ember_cu_mm *a, int bi) {
-    static bool raised[N_BK_VAR];
     const bk_kind *b = &k_bk[bi];
     const size_t smem = (size_t)b->S * BK_ROWS * 4 * 16 + (size_t)2 * 2 * (32 * b->XT) * 4 * 16;
-    if (!raised[bi]) {
-        cudaError_t e = cudaFuncSetAttribute((const void *)b->k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return e;
-        raised[bi] = true;
-    }
+    cudaError_t e = cudaFuncSetAttribute((const void *)b->k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
     const int bm = 32 * b->XT, grid_y = (a->M + bm - 1) / bm;
     if (grid_y > 65535) return cudaErrorInvalidConfiguration;
     int blocks = 0;
@@ -1194,7 +1191,7 @@ static cudaError_t launch_bk(cudaStream_t stream, ember_cu_mm *a, int bi) {
     cudaLaunchAttribute at;
     ember_pdl_config(&cfg, &at, dim3((unsigned)blocks, (unsigned)grid_y, 1), dim3(BK_WARPS * LANES, 1, 1), smem,
                      stream);
-    cudaError_t e = cudaLaunchKernelExC(&cfg, (const void *)b->k, args);
+    e = cudaLaunchKernelExC(&cfg, (const void *)b->k, args);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
