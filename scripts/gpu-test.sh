@@ -26,7 +26,7 @@
 #        (seconds per sanitizer run / for the benchmark; 200 / 240)
 # Files written: results.md (machine, versions, outcome of each step, the
 # benchmark table), build.log, test.log, memcheck.log, racecheck.log,
-# initcheck.log, bench.txt. Exit status: 0 when every step passed.
+# initcheck.log, bench.txt, cublas.txt. Exit status: 0 when every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${1:-${OUT:-gpu-results}}
