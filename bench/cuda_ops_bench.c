@@ -11,7 +11,8 @@
  *      gate and up sharing the input; down) at M = 1; the bf16 rate at
  *      M = 64, 256, 2048 in TFLOP/s; 3. the bf16 kernels side by side (the
  *      tensor-core default, the CUDA-core kernels of before, every
- *      tensor-core shape, each checked for the default's bits).
+ *      tensor-core shape: per-warp, cluster and block kernels, each
+ *      checked for the default's bits).
  *
  * Method: weights are random (never zeros), several copies of each shape
  * rotate so that the 50 MB L2 cannot hold them; a pass over the copies is
@@ -284,7 +285,10 @@ static void bench_variants(int N, int K, int M) {
         CK(cudaMemcpy(v ? got : ref, dptr(&out[0].t), on * 4, cudaMemcpyDeviceToHost));
         double bytes = (double)wbytes + (double)M * K * 4 + (double)M * N * 4;
         char name[64];
-        if (v > 0 && sh[7])
+        if (v > 0 && sh[7] == 2)
+            snprintf(name, sizeof name, "block 128 x %d, XT %d S %d (2 x 4 warps, parts in turn)", 32 * sh[1], sh[1],
+                     sh[6]);
+        else if (v > 0 && sh[7])
             snprintf(name, sizeof name, "cluster XT %d XA %d S %d (8 warps x 16 rows, parts over 8 blocks)", sh[1],
                      sh[5], sh[6]);
         else if (v > 0)
@@ -359,6 +363,7 @@ int main(int argc, char **argv) {
     if (!quick) {
         bench_mm("4096x4096", EMBER_BF16, 64, 4096, 1, n4096);
         bench_mm("4096x4096", EMBER_BF16, 256, 4096, 1, n4096);
+        bench_mm("4096x4096", EMBER_BF16, 512, 4096, 1, n4096);
         bench_mm("4096x4096", EMBER_BF16, 2048, 4096, 1, n4096);
     }
     printf("\nbf16 kernels: default (tensor cores), legacy (CUDA cores, before), tensor-core shapes (WT x XT tiles of\n"
@@ -366,14 +371,16 @@ int main(int argc, char **argv) {
            "loaded ahead in registers, or S k-blocks ahead through shared memory):\n\n");
     printf("| weight | M | kernel | us (graph) | %% of copy | TFLOP/s | same bits as default |\n"
            "| --- | --- | --- | --- | --- | --- | --- |\n");
-    const int vm[] = {1, 8, 16, 32, 64, 256, 2048};
-    for (int i = 0; i < 7; i++) bench_variants(4096, 4096, vm[i]);
+    const int vm[] = {1, 8, 16, 32, 64, 128, 256, 512, 2048};
+    for (int i = 0; i < 9; i++) bench_variants(4096, 4096, vm[i]);
     bench_variants(28672, 4096, 64); /* the 8B gate and up at 64 rows (one weight of both) */
     bench_variants(4096, 14336, 64); /* the 8B down at 64 rows */
     if (!quick) {
         bench_variants(14336, 4096, 1);
         bench_variants(4096, 14336, 1);
         bench_variants(4096, 14336, 2048);
+        bench_variants(28672, 4096, 512); /* the 8B gate and up in a prefill chunk */
+        bench_variants(28672, 4096, 2048);
     }
     double lt = a.t + o.t + b.t + down.t, lb = a.bytes + o.bytes + b.bytes + down.bytes;
     double tok = 32 * lt + hd.t;

@@ -21,10 +21,12 @@
 #        EMBER_SHARED_DIR=DIR: the fixtures for the model test (a copy inside the
 #                         checkout when ../shared does not travel to the GPU machine)
 #        MODEL_BENCH="llama3.2-1b llama3.1-8b": whole-model ember bench on the GPU (mkmodel presets)
+#        SKIP_CUBLAS=1: no cuBLAS reference (bench/cublas_ref.c, built where the toolkit has cuBLAS:
+#                         its bf16 GEMM rate on the models' shapes, into cublas.txt)
 #        (seconds per sanitizer run / for the benchmark; 200 / 240)
 # Files written: results.md (machine, versions, outcome of each step, the
 # benchmark table), build.log, test.log, memcheck.log, racecheck.log,
-# initcheck.log, bench.txt. Exit status: 0 when every step passed.
+# initcheck.log, bench.txt, cublas.txt. Exit status: 0 when every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${1:-${OUT:-gpu-results}}
@@ -76,6 +78,11 @@ build() {
 if ! step "build (-DEMBER_CUDA=ON; test_cuda_ops, test_cuda_model, test_kv_rec, cuda_ops_bench, ember)" "$OUTDIR/build.log" build; then
   tail -30 "$OUTDIR/build.log"
   exit 1
+fi
+# the cuBLAS reference (measuring only; absent where the toolkit has no cuBLAS)
+if [ "${SKIP_CUBLAS:-0}" != 1 ]; then
+  cmake --build "$BUILD" -j"$JOBS" --target cublas_ref >>"$OUTDIR/build.log" 2>&1 ||
+    note "- cublas_ref: not built (no cuBLAS in the toolkit?)"
 fi
 # the kernels' registers and spills, from the compiler's report of the built object
 if command -v cuobjdump >/dev/null; then
@@ -129,6 +136,13 @@ if [ "${SKIP_OPS_BENCH:-0}" != 1 ]; then
   cat "$OUTDIR/bench.txt"
 fi
 note ""
+
+if [ "${SKIP_CUBLAS:-0}" != 1 ] && [ -x "$BUILD/bench/cublas_ref" ]; then
+  step "bench/cublas_ref (cuBLAS bf16 GEMM reference)" "$OUTDIR/cublas.txt" "${RUN_ENV[@]}" \
+    timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/cublas_ref"
+  cat "$OUTDIR/cublas.txt" | tee -a "$RES"
+  note ""
+fi
 
 # ensure_model PRESET: writes $MD/PRESET (ember mkmodel, bf16) unless it is there
 ensure_model() {

@@ -7,9 +7,9 @@
  *   - every output element written (outputs are poisoned with a NaN
  *     pattern before each run);
  *   - matmul batch invariance: a row's outputs are bit-identical for
- *     M = 1, 3, 9, 17, 40, 64, 100, 200, 600 (f32 / f16: the decode and tiled
- *     kernels; bf16: the small tensor-core shape, the cluster kernel of every
- *     input tile (9 to 128 rows), the big and huge shapes), for K = 200 (fewer
+ *     M = 1, 3, 9, 17, 40, 64, 100, 129, 200, 600 (f32 / f16: the decode and
+ *     tiled kernels; bf16: the small tensor-core shape, the cluster kernel of
+ *     every input tile (9 to 128 rows), the block kernel from 129), for K = 200 (fewer
  *     k-blocks than parts), for an unaligned copy of the input (the
  *     element-load kernels), and for a weight cut into row ranges;
  *   - paged KV over shuffled block tables (f32, f16, bf16; head sizes 64
@@ -377,7 +377,7 @@ static float *gpu_matmul(const float *x_rows, int M, int K, const ember_tensor *
 static void test_batch_invariance(void) {
     const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
     const int Ks[] = {4096, 1000, 200, 37};
-    const int Ms[] = {1, 3, 9, 17, 40, 64, 100, 200, 600};
+    const int Ms[] = {1, 3, 9, 17, 40, 64, 100, 129, 200, 600};
     const int nM = (int)(sizeof Ms / sizeof Ms[0]);
     ember_error err;
     for (int d = 0; d < 3; d++)

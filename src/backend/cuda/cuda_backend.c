@@ -1044,9 +1044,9 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
                      (long long)K);
         }
         if (!a.n) continue;
-        uint64_t sg[6 + 4 * EMBER_CU_MAX_MM] = {3, P(a.x), (uint64_t)M, (uint64_t)K, (uint64_t)dt,
-                                                 (uint64_t)ember_cu_mm_cluster};
-        int ns = 6;
+        uint64_t sg[7 + 4 * EMBER_CU_MAX_MM] = {3, P(a.x), (uint64_t)M, (uint64_t)K, (uint64_t)dt,
+                                                 (uint64_t)ember_cu_mm_cluster, (uint64_t)ember_cu_mm_blk_min};
+        int ns = 7;
         for (int i = 0; i < a.n; i++) {
             sg[ns++] = P(a.p[i].w);
             sg[ns++] = P(a.p[i].out);
@@ -1702,9 +1702,11 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     /* measuring aids (docs/cuda.md), each 0 for the kernels of before: plain launches (cuda_pdl.cuh),
        the per-warp tensor-core kernels for bf16 products at M > 8, attention split per query head */
     const char *pdl = getenv("EMBER_CUDA_PDL"), *mmc = getenv("EMBER_CUDA_MM_CLUSTER"),
-               *grp = getenv("EMBER_CUDA_ATTN_GROUP");
+               *grp = getenv("EMBER_CUDA_ATTN_GROUP"), *blk = getenv("EMBER_CUDA_MM_BLK");
     if (pdl && *pdl) ember_cu_pdl = atoi(pdl) != 0;
     if (mmc && *mmc) ember_cu_mm_cluster = atoi(mmc) != 0;
+    /* the block kernel for bf16 products from this many rows on (0: never) */
+    if (blk && *blk) ember_cu_mm_blk_min = atoi(blk) > 0 ? atoi(blk) : 0;
     if (grp && *grp) ember_cu_attn_group = atoi(grp) != 0;
     const char *gr = getenv("EMBER_CUDA_GRAPHS"); /* step graphs: on unless 0 */
     c->graphs_on = !(gr && *gr && atoi(gr) == 0);

@@ -76,6 +76,11 @@ int ember_cu_tc_variant(int variant, int shape[8]);
    cluster launch. */
 extern int ember_cu_mm_cluster;
 
+/* The block kernel (tc_blk, cuda_matmul.cu) for bf16 products from this
+   many rows on; 0 (the default): never. A measuring aid, set from
+   EMBER_CUDA_MM_BLK; the same bits as every other bf16 kernel. */
+extern int ember_cu_mm_blk_min;
+
 /* out_i = x w_i^T (+ bias_i) for each product i. Picks the kernel: vector
    loads when K % 8 == 0 and x and every w are 16-byte aligned, else element
    loads; bf16 on the tensor cores for every M; f32 / f16 a decode kernel for M <= 8,

@@ -42,6 +42,12 @@
  *   - then out = sum (+ bias[n]).
  *
  * Kernels (one launch per weight dtype; up to 8 products share the input):
+ *   tc_blk bf16, off by default (EMBER_CUDA_MM_BLK=N: from N rows on; a
+ *          variant of the benchmark). A block of 8 warps per 128 weight
+ *          rows x 128 (or 64) input rows, weights and split inputs staged
+ *          in shared memory, the parts walked in turn. Measured no faster
+ *          than tc_cl (docs/cuda.md: bound by the latency of its input
+ *          loads, one k-block ahead).
  *   tc_cl  bf16, M > 8 (the default; EMBER_CUDA_MM_CLUSTER=0 keeps tc for
  *          every M). A cluster of 8 blocks per tile of 128 weight rows x
  *          8 XT input rows, block r computing part r with 8 warps of 16
@@ -811,6 +817,193 @@ static __global__ void __cluster_dims__(1, 1, TC_P) __launch_bounds__(CL_WARPS *
     cluster.sync(); /* no block leaves while another reads its shared memory */
 }
 
+/* ---- tc_blk: large M, block tiles staged in shared memory -------------------------------- */
+
+/* Block (x, y): weight rows [128 x', 128 x' + 128) of its product (x'
+   counted from the product's first block) by input rows [BX y, BX y + BX),
+   BX = 32 XT. Its 8 warps are 2 (weight rows, 64 each) x 4 (input rows,
+   8 XT each); a warp owns 4 m16 weight tiles x XT n8 input tiles. Every
+   k-block's weights (128 rows x 64 bytes) come into a ring of S stages
+   by cp.async, shared by the block; its inputs (BX rows x 32 f32) are
+   loaded into registers two steps ahead, split into hi / lo (tc_split)
+   and stored one step ahead in a second pair of buffers. The block walks the k-blocks
+   part by part (part 0: k-blocks 0, 8, 16, ...; then part 1, ...), one
+   accumulator chain per part from +0, and adds each finished part to a
+   running sum: ((p0 + p1) + p2) + ... + p7, as tc_body's walking warps do.
+   Each lane reads its fragments as 16-byte words at row g (g + 8) and
+   bytes 16 q of a 64-byte shared-memory row, i.e. the elements 8q .. 8q + 7
+   that tc_ldw / tc_ldx give it: the same mma.sync calls on the same values
+   in the same order, so the bits of every other bf16 kernel. What changes:
+   each weight k-block is read once per BX input rows and each input
+   k-block once per 128 weight rows, both through shared memory. */
+#define BK_WARPS 8
+#define BK_ROWS 128 /* weight rows per block */
+
+template <int XT, int S> struct bk_smem {
+    uint4 w[S][BK_ROWS][4];          /* [stage][weight row][16-byte piece] */
+    uint4 x[2][2][4 * XT * 8][4];    /* [buffer][hi / lo][input row][16-byte piece] */
+};
+
+/* The k-block of step i of the part-by-part walk over KB k-blocks: parts
+   0 .. r - 1 (r = KB % 8) have KB / 8 + 1 k-blocks, the rest KB / 8. */
+static __device__ __forceinline__ int bk_kblock(int i, int KB) {
+    const int q = KB / TC_P, r = KB % TC_P;
+    if (i < r * (q + 1)) return i / (q + 1) + TC_P * (i % (q + 1));
+    i -= r * (q + 1);
+    return r + i / q + TC_P * (i % q);
+}
+/* The number of k-blocks of part pp. */
+static __device__ __forceinline__ int bk_nk(int pp, int KB) {
+    return pp < KB ? (KB - pp + TC_P - 1) / TC_P : 0;
+}
+
+/* This thread's 16 inputs of k-block b: row xrow (NULL: zeros), elements
+   32 b + 16 h .. + 15 (zeros past K). */
+static __device__ __forceinline__ void bk_ldx(const float *xrow, int b, int h, int K, float f[16]) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) f[j] = 0.0f;
+    const int k = b * TC_KB + 16 * h;
+    if (xrow && k < K) ld_xchunk(xrow + k, 0, f);
+    if (xrow && k + 8 < K) ld_xchunk(xrow + k + 8, 0, f + 8);
+}
+
+template <int XT, int S>
+static __global__ void __launch_bounds__(BK_WARPS *LANES, 1) tc_blk_k(const ember_cu_mm a) {
+    static_assert(XT >= 1 && XT <= 4 && S >= 2 && S <= 4, "block kernel shape");
+    constexpr int BX = 4 * XT * 8; /* input rows per block */
+    ember_pdl_enter();
+    extern __shared__ uint4 bk_dyn[];
+    bk_smem<XT, S> &sm = *reinterpret_cast<bk_smem<XT, S> *>(bk_dyn);
+    const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
+    const int tid = (int)threadIdx.x, warp = tid / LANES, lane = tid % LANES, g = lane / 4, q = lane % 4;
+    const int wn = warp % 2, wx = warp / 2;
+    const int nb = ((int)blockIdx.x - p.first_block) * BK_ROWS, m0 = (int)blockIdx.y * BX;
+    const int K = a.K, KB = (K + TC_KB - 1) / TC_KB;
+    /* weight pieces copied by this thread: pieces tid and tid + 256 of 512 (row c / 4, piece c % 4);
+       rows past N read row N - 1, never stored */
+    const unsigned short *wsrc[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int c = tid + j * BK_WARPS * LANES;
+        wsrc[j] = (const unsigned short *)p.w + (size_t)min(nb + c / 4, p.N - 1) * (size_t)K + 8 * (c % 4);
+    }
+    /* inputs loaded by this thread: row tid / 2 of the block's BX (when < BX), half tid % 2 of each k-block */
+    const int xr = tid / 2, xh = tid % 2, xm = m0 + xr;
+    const float *xrow = xr < BX && xm < a.M ? a.x + (size_t)xm * (size_t)K : NULL;
+    /* the prologue: weights of steps 0 .. S - 2, inputs of step 0 (split, stored) and 1 (registers) */
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < KB) {
+            const int b = bk_kblock(s, KB);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int c = tid + j * BK_WARPS * LANES, k = b * TC_KB + 8 * (c % 4);
+                cp16(&sm.w[s][c / 4][c % 4], k < K ? wsrc[j] + b * TC_KB : wsrc[j], k < K);
+            }
+        }
+        cp_commit();
+    }
+    float fx[16];
+    bk_ldx(xrow, bk_kblock(0, KB), xh, K, fx);
+    if (xr < BX) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            unsigned int hi[4], lo[4];
+            tc_split(fx + 8 * h, hi, lo);
+            sm.x[0][0][xr][2 * xh + h] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            sm.x[0][1][xr][2 * xh + h] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        }
+    }
+    bk_ldx(KB > 1 ? xrow : NULL, KB > 1 ? bk_kblock(1, KB) : 0, xh, K, fx);
+    float acc[4][XT][4], sum[4][XT][4];
+#pragma unroll
+    for (int wt = 0; wt < 4; wt++)
+#pragma unroll
+        for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[wt][xt][i] = sum[wt][xt][i] = 0.0f;
+    int pp = 0, j = 0, npp = bk_nk(0, KB);
+    for (int i = 0; i < KB; i++) {
+        const int buf = i & 1, st = i % S;
+        cp_wait(S - 2); /* this thread's copies of step i are done */
+        __syncthreads(); /* everyone's, and the inputs of step i; steps i - 1's buffers are free */
+        {   /* the weights of step i + S - 1 into the stage step i - 1 used */
+            const int in = i + S - 1;
+            if (in < KB) {
+                const int b = bk_kblock(in, KB);
+#pragma unroll
+                for (int jj = 0; jj < 2; jj++) {
+                    const int c = tid + jj * BK_WARPS * LANES, k = b * TC_KB + 8 * (c % 4);
+                    cp16(&sm.w[in % S][c / 4][c % 4], k < K ? wsrc[jj] + b * TC_KB : wsrc[jj], k < K);
+                }
+            }
+            cp_commit();
+        }
+        if (i + 1 < KB && xr < BX) { /* step i + 1's inputs into the other buffer (last read in step i - 1) */
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                unsigned int hi[4], lo[4];
+                tc_split(fx + 8 * h, hi, lo);
+                sm.x[buf ^ 1][0][xr][2 * xh + h] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+                sm.x[buf ^ 1][1][xr][2 * xh + h] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            }
+        }
+        /* the inputs of step i + 2, in flight while step i computes */
+        bk_ldx(i + 2 < KB ? xrow : NULL, i + 2 < KB ? bk_kblock(i + 2, KB) : 0, xh, K, fx);
+        uint4 bh[XT], bl[XT];
+#pragma unroll
+        for (int xt = 0; xt < XT; xt++) {
+            bh[xt] = sm.x[buf][0][wx * XT * 8 + xt * 8 + g][q];
+            bl[xt] = sm.x[buf][1][wx * XT * 8 + xt * 8 + g][q];
+        }
+#pragma unroll
+        for (int wt = 0; wt < 4; wt++) {
+            const uint4 w0 = sm.w[st][wn * 64 + wt * 16 + g][q], w8 = sm.w[st][wn * 64 + wt * 16 + 8 + g][q];
+#pragma unroll
+            for (int xt = 0; xt < XT; xt++) {
+                mma_bf16(acc[wt][xt], w0.x, w8.x, w0.y, w8.y, bh[xt].x, bh[xt].y);
+                mma_bf16(acc[wt][xt], w0.x, w8.x, w0.y, w8.y, bl[xt].x, bl[xt].y);
+                mma_bf16(acc[wt][xt], w0.z, w8.z, w0.w, w8.w, bh[xt].z, bh[xt].w);
+                mma_bf16(acc[wt][xt], w0.z, w8.z, w0.w, w8.w, bl[xt].z, bl[xt].w);
+            }
+        }
+        if (++j == npp) { /* part pp is complete: add it to the running sum */
+#pragma unroll
+            for (int wt = 0; wt < 4; wt++)
+#pragma unroll
+                for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        sum[wt][xt][e] = pp ? sum[wt][xt][e] + acc[wt][xt][e] : acc[wt][xt][e];
+                        acc[wt][xt][e] = 0.0f;
+                    }
+            pp++;
+            j = 0;
+            npp = bk_nk(pp, KB);
+        }
+    }
+    cp_wait(0);
+    /* parts with no k-block (K < 256) are chains of +0, added like the others */
+    for (; pp < TC_P; pp++)
+#pragma unroll
+        for (int wt = 0; wt < 4; wt++)
+#pragma unroll
+            for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sum[wt][xt][e] = sum[wt][xt][e] + 0.0f;
+    /* the accumulator layout of tc_body */
+#pragma unroll
+    for (int wt = 0; wt < 4; wt++)
+#pragma unroll
+        for (int xt = 0; xt < XT; xt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int n = nb + wn * 64 + wt * 16 + g + (e >= 2 ? 8 : 0);
+                const int m = m0 + wx * XT * 8 + xt * 8 + 2 * q + (e & 1);
+                if (m < a.M && n < p.N) store_out(p, m, n, sum[wt][xt][e]);
+            }
+}
+
 typedef struct tc_kind {
     mm_kernel k;
     int WT, XT, BW, BX, PS, U, S;
@@ -878,9 +1071,30 @@ static const cl_kind k_cl[] = {
 #define N_CL_VAR ((int)(sizeof k_cl / sizeof k_cl[0]))
 static_assert(CL_WARPS == TC_P, "a cluster of TC_P blocks");
 
+/* The block kernels: {kernel, XT, S}. The first runs from
+   ember_cu_mm_blk_min rows on (off by default), all four are variants for
+   measuring. */
+typedef struct bk_kind {
+    mm_kernel k;
+    int XT, S;
+} bk_kind;
+static const bk_kind k_bk[] = {{tc_blk_k<4, 4>, 4, 4}, {tc_blk_k<4, 3>, 4, 3}, {tc_blk_k<2, 4>, 2, 4},
+                               {tc_blk_k<4, 2>, 4, 2}};
+#define N_BK_VAR ((int)(sizeof k_bk / sizeof k_bk[0]))
+
 extern "C" int ember_cu_tc_variant(int variant, int shape[8]) {
-    if (variant < 0 || variant > N_TC_VAR + N_CL_VAR) return 0;
+    if (variant < 0 || variant > N_TC_VAR + N_CL_VAR + N_BK_VAR) return 0;
     for (int i = 0; i < 8; i++) shape[i] = 0;
+    if (variant > N_TC_VAR + N_CL_VAR) { /* a block kernel: 2 x 4 warps of 4 x XT tiles, parts walked in turn */
+        const bk_kind *b = &k_bk[variant - N_TC_VAR - N_CL_VAR - 1];
+        shape[0] = 4;
+        shape[1] = b->XT;
+        shape[2] = 2;
+        shape[3] = 4;
+        shape[6] = b->S;
+        shape[7] = 2;
+        return 1;
+    }
     if (variant > N_TC_VAR) { /* a cluster kernel: 8 warps of 16 weight rows, parts over the blocks */
         const cl_kind *c = &k_cl[variant - N_TC_VAR - 1];
         shape[0] = 1;
@@ -908,6 +1122,7 @@ extern "C" int ember_cu_tc_variant(int variant, int shape[8]) {
 extern "C" {
 int ember_cu_pdl = 1;
 int ember_cu_mm_cluster = 1;
+int ember_cu_mm_blk_min = 0; /* off: slower than tc_cl at every M measured (docs/cuda.md) */
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */
@@ -954,14 +1169,44 @@ static cudaError_t launch_cl(cudaStream_t stream, ember_cu_mm *a, int ci) {
     return cudaLaunchKernelExC(&cfg, (const void *)k_cl[ci].k, args);
 }
 
+/* A block kernel (k_bk[bi]): blocks of BK_ROWS weight rows per product,
+   32 XT input rows per grid row, the shared memory of bk_smem (over the
+   default 48 KB: the kernel's limit is raised on the current device before
+   every launch, a host-side call that keeps no state here). */
+static cudaError_t launch_bk(cudaStream_t stream, ember_cu_mm *a, int bi) {
+    const bk_kind *b = &k_bk[bi];
+    const size_t smem = (size_t)b->S * BK_ROWS * 4 * 16 + (size_t)2 * 2 * (32 * b->XT) * 4 * 16;
+    cudaError_t e = cudaFuncSetAttribute((const void *)b->k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const int bm = 32 * b->XT, grid_y = (a->M + bm - 1) / bm;
+    if (grid_y > 65535) return cudaErrorInvalidConfiguration;
+    int blocks = 0;
+    for (int i = 0; i < a->n; i++) {
+        a->p[i].first_block = blocks;
+        blocks += (a->p[i].N + BK_ROWS - 1) / BK_ROWS;
+    }
+    if (blocks < 1) return cudaSuccess;
+    void *args[] = {a};
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute at;
+    ember_pdl_config(&cfg, &at, dim3((unsigned)blocks, (unsigned)grid_y, 1), dim3(BK_WARPS * LANES, 1, 1), smem,
+                     stream);
+    e = cudaLaunchKernelExC(&cfg, (const void *)b->k, args);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
 extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
     if (a->M < 1 || a->n < 1) return cudaSuccess;
     if (a->n > EMBER_CU_MAX_MM || a->dtype < 0 || a->dtype > 2) return cudaErrorInvalidValue;
     bool vec = a->K % 8 == 0 && aligned16(a->x);
     for (int i = 0; i < a->n; i++) vec = vec && aligned16(a->p[i].w);
-    if (a->variant &&
-        (a->variant < 0 || a->variant > N_TC_VAR + N_CL_VAR || !vec || a->dtype != EMBER_CU_BF16 || a->legacy))
+    if (a->variant && (a->variant < 0 || a->variant > N_TC_VAR + N_CL_VAR + N_BK_VAR || !vec ||
+                       a->dtype != EMBER_CU_BF16 || a->legacy))
         return cudaErrorInvalidValue;
+    if (a->variant > N_TC_VAR + N_CL_VAR) return launch_bk(stream, a, a->variant - N_TC_VAR - N_CL_VAR - 1);
+    if (a->dtype == EMBER_CU_BF16 && !a->legacy && !a->variant && vec && ember_cu_mm_blk_min > 0 &&
+        a->M >= ember_cu_mm_blk_min)
+        return launch_bk(stream, a, 0);
     if (a->variant > N_TC_VAR) {
         cudaError_t e = launch_cl(stream, a, a->variant - N_TC_VAR - 1);
         return e != cudaSuccess ? e : cudaGetLastError();
