@@ -1,7 +1,10 @@
 /*
  * model.c - the life cycle every family shares: a model_type's family, the
  * RoPE tables (one per layer kind), the layers' windows, the family's
- * loader, the run state and the checks of a batch. The families themselves
+ * loader, the preparation step (each matrix handed once to the backend's
+ * prepare_weight: docs/backend.md), the run state and the checks of a
+ * batch. A safetensors store's loader gets MLX's matrix_source
+ * (mlx_load.h): the one place the generic loading names MLX. The families themselves
  * are llama.c and gemma.c (family.h).
  */
 #include <stdio.h>
