@@ -64,7 +64,9 @@ int ember_load_blocks(ember_loader *L, ember_tensor *t, const char *name, void *
  * Binds t to the weight called name (a HuggingFace name) with the expected
  * shape. as_f32: the tensor is small (norm, bias) and is converted to an f32
  * copy. Missing tensors are errors naming the tensor unless optional (then t
- * stays unbound, buf NULL).
+ * stays unbound, buf NULL). A matrix (ndim 2, or 3: a stack) not as_f32 is
+ * first offered to L->matrix_source, which may bind it from the store's own
+ * encoding (MLX's quantized layout); otherwise it is read as stored.
  */
 int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int ndim, const int64_t *shape, bool as_f32,
                       bool optional);
