@@ -201,6 +201,19 @@ int ember_blk_tap(ember_fwd *f, int l);
 /* f->x += f->h. */
 int ember_blk_residual(ember_fwd *f);
 
+/* A 2-D f32 view of rows [r0, r0 + rows) of t, each `cols` floats: t's
+   buffer, no copy (the drafters' scratch tensors reshaped per call). */
+static inline ember_tensor ember_f32_rows(const ember_tensor *t, int64_t r0, int64_t rows, int64_t cols) {
+    ember_tensor v = *t;
+    v.ndim = 2;
+    v.shape[0] = rows;
+    v.shape[1] = cols;
+    v.shape[2] = v.shape[3] = 0;
+    v.offset += (size_t)(r0 * cols) * 4;
+    v.nbytes = (size_t)(rows * cols) * 4;
+    return v;
+}
+
 /* The hidden-tap drafters' shared steps (eagle3.c; MTP heads use them too):
    argument checks of a draft forward, and its outputs (hidden rows into
    st->e3_hid, logits over V ids into host memory, normed first when norm). */
