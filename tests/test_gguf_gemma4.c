@@ -25,7 +25,8 @@
  *   5. refusals with one line naming the tensor or key: a tensor the
  *      architecture needs missing, an unknown tensor present, corrupt MoE
  *      metadata (expert count 0, top-k above it, a missing expert tensor),
- *      a bad rope_freqs, impossible per-layer values;
+ *      a bad rope_freqs, impossible per-layer values; `ember quantize`
+ *      refuses RoPE the layout cannot hold, naming the config entry;
  *   6. batch invariance of the q8_0 files, bit for bit: the three prompts
  *      alone vs batched vs in prefill chunks of 5 vs 1 thread, greedy.
  * Exits 77 when ../shared is absent.
@@ -678,6 +679,44 @@ static void test_refusals(void) {
         expect_load_refused(dst, "rope_freqs", "rope_freqs.weight[1] is 1: the rotated pairs");
 }
 
+/* `ember quantize` of fixture fam with the config text `from` replaced by
+   `to` fails naming needle (what llama.cpp's gemma4 layout cannot hold). */
+static void quantize_refused(const char *fam, const char *from, const char *to, const char *needle) {
+    fixture f;
+    fixture_open(&f, fam);
+    char path[800], dir[300];
+    snprintf(dir, sizeof dir, "%.280s/g4-edited", EMBER_TEST_TMP);
+    snprintf(path, sizeof path, "rm -rf %s && mkdir -p %s", dir, dir);
+    size_t nc = 0;
+    char *cfg = system(path) == 0 ? (snprintf(path, sizeof path, "%s/config.json", f.dir), fx_slurp(path, &nc)) : NULL;
+    char *hit = cfg ? strstr(cfg, from) : NULL;
+    char *edited = hit ? malloc(nc + strlen(to) + 1) : NULL;
+    if (CHECKV(edited, "%s: no '%s'", f.dir, from)) {
+        const int len = snprintf(edited, nc + strlen(to) + 1, "%.*s%s%s", (int)(hit - cfg), cfg, to, hit + strlen(from));
+        fx_put(dir, "config.json", edited, (size_t)len);
+        char cmd[2400], out[800];
+        snprintf(cmd, sizeof cmd, "ln -s %s/model.safetensors %s/model.safetensors", f.dir, dir);
+        CHECK(system(cmd) == 0);
+        snprintf(out, sizeof out, "%s/out.gguf", dir);
+        ember_error err = {0};
+        const int rc = ember_quantize_to_gguf(dir, out, EMBER_QSCHEME_Q8_0, &err);
+        CHECKF(rc == EMBER_ERR_UNSUPPORTED && strstr(err.msg, needle) && !strchr(err.msg, '\n'), "%s: rc %d '%s'", to,
+               rc, err.msg);
+        fprintf(stderr, "quantize refused: %s\n", err.msg);
+    }
+    free(edited);
+    free(cfg);
+    fixture_close(&f);
+}
+
+static void test_quantize_refusals(void) {
+    quantize_refused("gemma4_text", "\"rope_theta\": 10000.0,\n      \"rope_type\": \"default\"",
+                     "\"factor\": 2.0, \"rope_theta\": 10000.0, \"rope_type\": \"linear\"",
+                     "rope_parameters.sliding_attention");
+    quantize_refused("gemma4_text", "\"rope_type\": \"proportional\"", "\"rope_type\": \"linear\", \"factor\": 2.0",
+                     "rope_parameters.full_attention");
+}
+
 /* ---- 6: batch invariance ------------------------------------------------------------- */
 
 typedef struct run {
@@ -754,6 +793,7 @@ int main(void) {
     for (int i = 0; i < N_FAM; i++) check_layout(i);
     test_split_experts();
     test_refusals();
+    test_quantize_refusals();
     for (int i = 0; i < N_FAM; i++) test_batch_invariance(i);
     return test_done();
 }
