@@ -28,7 +28,9 @@
  *      a bad rope_freqs, impossible per-layer values; `ember quantize`
  *      refuses RoPE the layout cannot hold, naming the config entry;
  *   6. batch invariance of the q8_0 files, bit for bit: the three prompts
- *      alone vs batched vs in prefill chunks of 5 vs 1 thread, greedy.
+ *      alone vs batched vs in prefill chunks of 5 vs 1 thread, greedy;
+ *   7. randomly mutated headers of the PLE and MoE files load or are
+ *      refused with one line, never a crash.
  * Exits 77 when ../shared is absent.
  */
 #include <math.h>
@@ -44,6 +46,7 @@
 #include "formats/gguf_write.h"
 #include "formats/safetensors.h"
 #include "formats/weights.h"
+#include "backend/backend.h"
 #include "model/model.h"
 #include "model/quantize.h"
 
@@ -785,6 +788,60 @@ static void test_batch_invariance(int fi) {
     fixture_close(&f);
 }
 
+/* ---- 7: random corruption of the metadata and tensor infos ------------------------------ */
+
+/* Mutated copies of the gemma4_text_ple and gemma4_text_moe q8_0 files
+   (bytes flipped before the tensor data, sometimes truncated) load or are
+   refused with one line, never a crash (the sanitizer build checks the
+   memory accesses). */
+static void test_mutations(int fi) {
+    char path[700];
+    gguf_path(path, sizeof path, k_fams[fi], "q8_0");
+    size_t n = 0;
+    unsigned char *orig = (unsigned char *)fx_slurp(path, &n), *buf = orig ? malloc(n) : NULL;
+    ember_gguf *g0 = NULL;
+    ember_error err = {0};
+    if (!CHECKV(buf && ember_gguf_parse("g4.gguf", orig, n, &g0, &err) == EMBER_OK, "%s", err.msg)) {
+        free(orig);
+        free(buf);
+        return;
+    }
+    const size_t header = g0->data_offset;
+    ember_gguf_free(g0);
+    uint64_t rng = 4242 + (uint64_t)fi;
+    int loaded = 0, refused = 0;
+    for (int it = 0; it < 300; it++) {
+        memcpy(buf, orig, n);
+        for (int k = 0; k <= it % 3; k++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            buf[(size_t)(rng >> 33) % header] = (unsigned char)(rng >> 13);
+        }
+        const size_t len = it % 10 == 9 ? (size_t)(rng >> 40) % n : n;
+        ember_gguf *f = NULL;
+        if (ember_gguf_parse("mut.gguf", buf, len, &f, &err) != EMBER_OK) {
+            refused++;
+            continue;
+        }
+        ember_backend *be = NULL;
+        ember_cpu_params cp = {1, EMBER_ISA_AUTO, true, {0}};
+        CHECK(ember_backend_cpu_new(&cp, &be, &err) == EMBER_OK);
+        ember_model_config cfg;
+        ember_llm *m = NULL;
+        if (ember_llm_from_gguf(f, be, &cfg, &m, &err) == EMBER_OK) {
+            loaded++;
+        } else {
+            refused++;
+            CHECKF(err.msg[0] && !strchr(err.msg, '\n'), "bad message: %s", err.msg);
+        }
+        ember_llm_free(m);
+        ember_backend_free(be);
+    }
+    fprintf(stderr, "mutated %s q8_0: %d loaded, %d refused\n", k_fams[fi], loaded, refused);
+    CHECK(refused > 0);
+    free(orig);
+    free(buf);
+}
+
 int main(void) {
     shared_dir();
     shared_require("fixtures/gemma4_text");
@@ -795,5 +852,6 @@ int main(void) {
     test_refusals();
     test_quantize_refusals();
     for (int i = 0; i < N_FAM; i++) test_batch_invariance(i);
+    for (int i = 1; i < N_FAM; i++) test_mutations(i);
     return test_done();
 }

@@ -378,6 +378,20 @@ static int get_layer_ints(const ember_gguf *f, const char *key, int n_layers, in
     return EMBER_OK;
 }
 
+/* A u32 key, or where per_layer (gemma4) the first entry of an integer
+   array, its per-layer form (gemma4_config reads all of them). */
+static int get_u32_or_first(const ember_gguf *f, const char *key, bool per_layer, uint32_t *u, ember_error *err) {
+    const ember_gguf_kv *kv = ember_gguf_find_kv(f, key);
+    if (!per_layer || !kv || kv->type != EMBER_GGUF_ARRAY) return ember_gguf_get_u32(f, key, u, err);
+    int32_t *w = NULL;
+    size_t n = 0;
+    int rc = ember_gguf_get_i32s(f, key, &w, &n, err);
+    if (rc) return rc;
+    *u = n && w[0] > 0 ? (uint32_t)w[0] : 0;
+    free(w);
+    return EMBER_OK;
+}
+
 /* gemma4's RoPE (see the top of the file): proportional on the full
    layers, from rope_freqs.weight (llama.cpp's form: factor 1 on the
    rotated pairs, 1e30 or more on the pairs at rest, which must come
@@ -593,35 +607,15 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
     /* a MoE model needs no dense width: the experts' stands in when the key is absent */
     const bool ffn_from_experts = (hybrid || moe) && !ember_gguf_find_kv(f, KEY("feed_forward_length")) &&
                                   ember_gguf_find_kv(f, KEY("expert_count"));
-    if (g4) { /* gemma4: one width or one per layer (gemma4_config reads them all) */
-        u = 0;
-        const ember_gguf_kv *kv = ember_gguf_find_kv(f, KEY("feed_forward_length"));
-        int32_t *w = NULL;
-        size_t nw = 0;
-        if (kv && kv->type == EMBER_GGUF_ARRAY) {
-            if ((rc = ember_gguf_get_i32s(f, key, &w, &nw, err))) return rc;
-            u = nw && w[0] > 0 ? (uint32_t)w[0] : 0;
-            free(w);
-        } else if ((rc = ember_gguf_get_u32(f, key, &u, err))) {
-            return rc;
-        }
-    } else if ((rc = ember_gguf_get_u32(f, KEY(ffn_from_experts ? "expert_feed_forward_length" : "feed_forward_length"),
-                                        &u, err))) {
+    if ((rc = get_u32_or_first(f, KEY(ffn_from_experts ? "expert_feed_forward_length" : "feed_forward_length"), g4, &u,
+                               err)))
         return rc;
-    }
     cfg->intermediate_size = (int)(u > 1u << 22 ? 0 : u);
     if ((rc = ember_gguf_get_u32(f, KEY("attention.head_count"), &u, err))) return rc;
     cfg->n_heads = (int)(u > 4096 ? 0 : u);
     cfg->n_kv_heads = cfg->n_heads;
-    const ember_gguf_kv *hkv = ember_gguf_find_kv(f, KEY("attention.head_count_kv"));
-    if (g4 && hkv && hkv->type == EMBER_GGUF_ARRAY) { /* one per layer: gemma4_config reads them */
-        int32_t *w = NULL;
-        size_t nw = 0;
-        if ((rc = ember_gguf_get_i32s(f, key, &w, &nw, err))) return rc;
-        cfg->n_kv_heads = nw && w[0] > 0 && w[0] <= 4096 ? w[0] : 0;
-        free(w);
-    } else if (hkv) {
-        if ((rc = ember_gguf_get_u32(f, key, &u, err))) return rc;
+    if (ember_gguf_find_kv(f, KEY("attention.head_count_kv"))) {
+        if ((rc = get_u32_or_first(f, key, g4, &u, err))) return rc;
         cfg->n_kv_heads = (int)(u > 4096 ? 0 : u);
     }
     if (cfg->hidden_size < 1 || cfg->n_layers < 1 || cfg->intermediate_size < 1 || cfg->n_heads < 1 ||
