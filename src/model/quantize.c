@@ -1,6 +1,8 @@
 /*
  * quantize.c - see quantize.h. Reads every weight of a safetensors model,
- * converts it to f32, permutes llama Q/K rows, encodes each tensor in the
+ * converts it to f32, permutes llama Q/K rows (and applies the other
+ * families' converter transforms: gemma norms + 1, the hybrids', gemma4's
+ * keys and rope_freqs), encodes each tensor in the
  * type its scheme picks (formats/quant.h encoders, rows split over a
  * worker pool) and writes one GGUF file.
  *
