@@ -10,9 +10,9 @@
  *      fixtures' mark (1e-4 x max|logit|), p0's decode-step logits and the
  *      24 greedy ids of each prompt exactly; `ember quantize` on the command
  *      line writes the same bytes;
- *   2. bf16, f16, q8_0, q4_0 and q4_k_m files load and run: mean
- *      KL(reference || GGUF) over every prompt position below a bound per
- *      type; the bf16 and f16 files give bit for bit the logits of the
+ *   2. bf16, f16, q8_0, q4_0 and q4_k_m files load and run on every ISA:
+ *      mean KL(reference || GGUF) over every prompt position below a bound
+ *      per type; the bf16 and f16 files give bit for bit the logits of the
  *      safetensors directory holding the same rounded matrices (so what
  *      they lose is the weights' rounding, nothing of the layout);
  *   3. the F32 file read back with the GGUF reader: the keys and the tensor
@@ -52,6 +52,7 @@
 
 static const char *const k_fams[] = {"gemma4_text", "gemma4_text_ple", "gemma4_text_moe"};
 #define N_FAM 3
+static const ember_isa k_isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
 
 static void gguf_path(char *out, size_t n, const char *fam, const char *scheme) {
     snprintf(out, n, "%s/g4-%s-%s.gguf", EMBER_TEST_TMP, fam, scheme);
@@ -139,8 +140,8 @@ static void test_f32(int fi) {
     free(ref);
     free(got);
     /* the reference on every ISA */
-    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
     for (int a = 0; a < 4; a++) {
+        const ember_isa *isas = k_isas;
         if (!ember_isa_supported(isas[a])) continue;
         float *lg[3];
         int32_t ids[3][24];
@@ -249,6 +250,21 @@ static bool rounded_copy(const fixture *f, ember_dtype dt, const char *dir) {
     return ok;
 }
 
+/* The logits of f's three prompts (rows concatenated) from the model at path on isa. */
+static bool prompt_logits(const char *path, const fixture *f, ember_isa isa, float *out) {
+    ember_model *m = fx_load_model(path, isa, 2, 1);
+    if (!m) return false;
+    ember_error err = {0};
+    int rows = 0, rc = 0;
+    for (int i = 0; i < 3 && !rc; i++) {
+        rc = ember_logits(m, f->p[i].ids, f->p[i].n, out + (size_t)rows * f->vocab, &err);
+        rows += f->p[i].n;
+    }
+    if (rc) fprintf(stderr, "%s: %s\n", path, err.msg);
+    ember_model_free(m);
+    return rc == 0;
+}
+
 static void test_types(int fi) {
     const char *fam = k_fams[fi];
     fixture f;
@@ -261,43 +277,45 @@ static void test_types(int fi) {
     for (size_t t = 0; ref && flat && copy && t < N_TYPES; t++) {
         ember_qscheme qs;
         CHECK(ember_qscheme_parse(k_types[t].name, &qs));
-        char out[700];
+        char out[700], dir[700];
         gguf_path(out, sizeof out, fam, k_types[t].name);
         ember_error err = {0};
         if (!CHECKV(ember_quantize_to_gguf(f.dir, out, qs, &err) == EMBER_OK, "%s %s: %s", fam, k_types[t].name,
                     err.msg))
             continue;
+        /* the same rounded weights in the safetensors layout (bf16, f16) */
+        snprintf(dir, sizeof dir, "%s/g4-%s-%s-st", EMBER_TEST_TMP, fam, k_types[t].name);
+        const bool have_copy = k_types[t].dt != EMBER_DTYPE_INVALID && rounded_copy(&f, k_types[t].dt, dir);
+        /* the greedy ids and the worst logit error, on the best ISA */
         float *lg[3];
         int32_t ids[3][24];
-        int first[3];
+        int first[3] = {-1, -1, -1};
         float worst = 1;
         alloc_rows(&f, lg);
-        if (CHECKV(run_prompts(out, &f, EMBER_ISA_AUTO, lg, ids), "%s %s: does not run", fam, k_types[t].name)) {
+        if (CHECKV(run_prompts(out, &f, EMBER_ISA_AUTO, lg, ids), "%s %s: does not run", fam, k_types[t].name))
             compare(&f, lg, ids, &worst, first);
-            for (int i = 0, r = 0; i < 3; r += f.p[i].n, i++)
-                memcpy(flat + (size_t)r * f.vocab, lg[i], (size_t)f.p[i].n * (size_t)f.vocab * 4);
+        free_rows(lg);
+        fprintf(stderr, "%-16s %-7s relative logit error %.3g, greedy ids part at %d %d %d (-1: never)\n", fam,
+                k_types[t].name, worst, first[0], first[1], first[2]);
+        if (k_types[t].dt != EMBER_DTYPE_INVALID)
+            CHECKF(worst <= k_types[t].rel, "%s %s: relative logit error %g above %g", fam, k_types[t].name, worst,
+                   k_types[t].rel);
+        /* the KL on every ISA; bf16 / f16: bit for bit the safetensors copy's logits */
+        for (int a = 0; a < 4; a++) {
+            if (!ember_isa_supported(k_isas[a])) continue;
+            const char *isa = ember_isa_name(k_isas[a]);
+            if (!CHECKV(prompt_logits(out, &f, k_isas[a], flat), "%s %s %s: does not run", fam, k_types[t].name, isa))
+                continue;
             const double kl = mean_kl(ref, flat, rows, f.vocab);
-            fprintf(stderr, "%-16s %-7s relative logit error %.3g, mean KL %.3g (bound %g), greedy ids part at", fam,
-                    k_types[t].name, worst, kl, k_types[t].kl);
-            for (int i = 0; i < 3; i++) fprintf(stderr, " %d", first[i]);
-            fprintf(stderr, " (-1: never)\n");
-            CHECKF(kl < k_types[t].kl, "%s %s: mean KL %g above %g", fam, k_types[t].name, kl, k_types[t].kl);
-            if (k_types[t].dt != EMBER_DTYPE_INVALID) {
-                CHECKF(worst <= k_types[t].rel, "%s %s: relative logit error %g above %g", fam, k_types[t].name,
-                       worst, k_types[t].rel);
-                /* the same rounded weights in the safetensors layout: the same logits, bit for bit */
-                char dir[700];
-                snprintf(dir, sizeof dir, "%s/g4-%s-%s-st", EMBER_TEST_TMP, fam, k_types[t].name);
-                if (rounded_copy(&f, k_types[t].dt, dir) &&
-                    CHECKV(fx_prompt_logits(dir, &f, 3, copy) == 0, "%s does not run", dir)) {
-                    float d = 0;
-                    for (size_t k = 0; k < nl; k++) d = fmaxf(d, fabsf(copy[k] - flat[k]));
-                    CHECKF(!memcmp(copy, flat, nl * 4), "%s %s GGUF: logits differ from the %s safetensors (max %g)",
-                           fam, k_types[t].name, k_types[t].name, d);
-                }
+            fprintf(stderr, "%-16s %-7s %-6s mean KL %.3g (bound %g)\n", fam, k_types[t].name, isa, kl, k_types[t].kl);
+            CHECKF(kl < k_types[t].kl, "%s %s %s: mean KL %g above %g", fam, k_types[t].name, isa, kl, k_types[t].kl);
+            if (have_copy && CHECKV(prompt_logits(dir, &f, k_isas[a], copy), "%s does not run", dir)) {
+                float d = 0;
+                for (size_t k = 0; k < nl; k++) d = fmaxf(d, fabsf(copy[k] - flat[k]));
+                CHECKF(!memcmp(copy, flat, nl * 4), "%s %s GGUF %s: logits differ from the %s safetensors (max %g)",
+                       fam, k_types[t].name, isa, k_types[t].name, d);
             }
         }
-        free_rows(lg);
     }
     free(ref);
     free(flat);
