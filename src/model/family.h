@@ -51,8 +51,9 @@ void ember_load_claim(ember_loader *L, const char *name);
 /*
  * Binds t to the weight called name (a HuggingFace name) with the expected
  * shape. as_f32: the tensor is small (norm, bias) and is converted to an f32
- * copy. Missing tensors are errors naming the tensor unless optional (then t
- * stays unbound, buf NULL).
+ * copy. Missing tensors are errors naming the tensor (from GGUF by its
+ * llama.cpp name, then the HuggingFace one) unless optional (then t stays
+ * unbound, buf NULL).
  */
 int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int ndim, const int64_t *shape, bool as_f32,
                       bool optional);
@@ -240,7 +241,8 @@ int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, floa
    [E, H, Im] (no .weight suffix), or mlx-lm's split and stacked
    experts.switch_glu.{gate,up,down}_proj.weight (float or MLX-quantized),
    as per-expert row views in ly->experts (allocated here, freed by
-   ember_llm_free). */
+   ember_llm_free). From GGUF: llama.cpp's blk.i.ffn_gate_up_exps and
+   ffn_down_exps (the same layouts), or its ffn_{gate,up,down}_exps apart. */
 int ember_load_fused_experts(ember_loader *L, int i);
 
 /* Binds t to a new f32 vector of n ones (the weight of a norm without a
