@@ -5,7 +5,8 @@
  * microseconds per layer and the KV bytes read per second.
  *
  * usage: kv_attn_bench [DEPTH] [THREADS] [TOKENS] [KIND ...]
- * env:   ISA=scalar|avx2|avx512 (default: the best the CPU has),
+ * env:   ISA=scalar|avx2|avx512|amx (default: the best the CPU has),
+ *        (or amx, the AVX-512 kernels built with AMX tiles),
  *        REPS=N: exactly N timed calls (default: calls for at least 1 s),
  *        for instruction counts under valgrind
  */
@@ -68,7 +69,8 @@ int main(int argc, char **argv) {
         if (strcmp(isa_s, "scalar") == 0) isa = EMBER_ISA_SCALAR;
         else if (strcmp(isa_s, "avx2") == 0) isa = EMBER_ISA_AVX2;
         else if (strcmp(isa_s, "avx512") == 0) isa = EMBER_ISA_AVX512;
-        else return fprintf(stderr, "ISA: expected scalar, avx2 or avx512, got '%s'\n", isa_s), 2;
+        else if (strcmp(isa_s, "amx") == 0) isa = EMBER_ISA_AMX;
+        else return fprintf(stderr, "ISA: expected scalar, avx2, avx512 or amx, got '%s'\n", isa_s), 2;
     }
     ember_cpu_params cp = {threads, isa, false, {0}};
     if (ember_backend_cpu_new(&cp, &be, &err)) return fprintf(stderr, "%s\n", err.msg), 1;

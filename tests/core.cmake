@@ -56,6 +56,8 @@ ember_test(test_kv test_kv.c)
 # Recurrent state rows (hybrid models) under the cache contract (src/kv/kv_rec.c).
 ember_test(test_kv_rec test_kv_rec.c)
 ember_test(test_kv_codec test_kv_codec.c)
+# The KV kinds' quality goals on the trained stories260K (mean KL against f32).
+ember_test(test_kv_quality test_kv_quality.c)
 ember_test(test_kv_prefix test_kv_prefix.c)
 ember_test(test_kv_disk test_kv_disk.c)
 # Simulated failures: every allocation, file read and streamed write failed in

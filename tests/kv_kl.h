@@ -1,5 +1,5 @@
 /*
- * kv_kl.h - the KV-cache quality measure shared by tests/test_kv_models.c
+ * kv_kl.h - the KV-cache quality measure shared by tests/test_kv_quality.c
  * and bench/kv_quality.c: a model's own greedy text, then the mean
  * KL(p_f32 || p_kind) of the next-token distributions at every position,
  * with the logits of each KV kind computed by ember_logits (what `ember

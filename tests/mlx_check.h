@@ -1,6 +1,6 @@
 /*
  * mlx_check.h - checks shared by the MLX model tests (test_mlx_ple.c,
- * test_mlx_families.c): a quantized directory's logits on each ISA this CPU
+ * test_mlx_families.c, test_mlx_moe.c): a quantized directory's logits on each ISA this CPU
  * has and their mean KL against reference logits, greedy ids teacher-forced
  * along a fixture's reference continuation, and batch invariance (together,
  * alone, chunked prefill) on each ISA.
@@ -12,9 +12,18 @@
 #include "fixture.h"
 
 /* Every ISA tier; the absent ones are skipped. MLX weights run the AVX-512
-   (VNNI) kernels under AMX, whose tiles take GGUF types and bf16. */
-static const ember_isa k_isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
+   (VNNI) kernels under AMX, whose tiles take GGUF types and bf16. A test may
+   define MLX_CHECK_ISAS (the list) and MLX_CHECK_USE_ISA(a) (whether the
+   checks run on k_isas[a]: e.g. one ISA in turn under the sanitizers)
+   before including this header. */
+#ifndef MLX_CHECK_ISAS
+#define MLX_CHECK_ISAS EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX
+#endif
+static const ember_isa k_isas[] = {MLX_CHECK_ISAS};
 #define N_ISAS ((int)(sizeof k_isas / sizeof k_isas[0]))
+#ifndef MLX_CHECK_USE_ISA
+#define MLX_CHECK_USE_ISA(a) ember_isa_supported(k_isas[a])
+#endif
 
 static inline int total_rows(const fixture *f) {
     return f->p[0].n + f->p[1].n + f->p[2].n;
@@ -41,7 +50,7 @@ static inline void check_kl(const char *what, const fixture *f, const char *dir,
     const int rows = total_rows(f), V = f->vocab;
     float *q = malloc((size_t)rows * V * 4);
     for (int a = 0; a < N_ISAS; a++) {
-        if (!ember_isa_supported(k_isas[a]) || !isa_logits(dir, f, k_isas[a], q)) continue;
+        if (!MLX_CHECK_USE_ISA(a) || !isa_logits(dir, f, k_isas[a], q)) continue;
         const double kl = mean_kl(ref, q, rows, V);
         fprintf(stderr, "%-22s %-7s mean KL %.3g (bound %g)\n", what, ember_isa_name(k_isas[a]), kl, bound);
         CHECKF(kl < bound, "%s (%s): mean KL %g >= %g", dir, ember_isa_name(k_isas[a]), kl, bound);
@@ -118,10 +127,12 @@ static inline bool run_three(const char *dir, const fixture *f, ember_isa isa, i
     return ok;
 }
 
-/* On every ISA: together (2 threads), alone (1 thread), prefill chunks of 5. */
+/* On every ISA (MLX_CHECK_USE_ISA): together (2 threads, the grouped
+   path), alone (1 thread: decode takes the one-token path), prefill chunks
+   of 5. */
 static inline void check_batch(const char *what, const fixture *f, const char *dir) {
     for (int a = 0; a < N_ISAS; a++) {
-        if (!ember_isa_supported(k_isas[a])) continue;
+        if (!MLX_CHECK_USE_ISA(a)) continue;
         float *together[3], *alone[3], *chunked[3];
         for (int i = 0; i < 3; i++) {
             size_t n = (size_t)(f->p[i].n + 7) * f->vocab;

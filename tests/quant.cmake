@@ -21,3 +21,6 @@ ember_test(test_mlx_moe test_mlx_moe.c)
 ember_test(test_mlx_ple test_mlx_ple.c)
 # MLX quantization of phi3, gemma2 and gemma3_text on every ISA: KL, greedy ids, batch invariance.
 ember_test(test_mlx_families test_mlx_families.c)
+# Gemma 4 (gemma4_text, its PLE and MoE variants) through GGUF in llama.cpp's layout: every
+# `ember quantize` type, the reference on every ISA, the file's layout, refusals, batch invariance.
+ember_test(test_gguf_gemma4 test_gguf_gemma4.c)

@@ -83,8 +83,12 @@ static const fam k_fams[] = {
 #define MOE_TEST_SANITIZED 0
 #endif
 
-static const ember_isa k_isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
-#define N_ISAS ((int)(sizeof k_isas / sizeof k_isas[0]))
+/* MoE checks run without the AMX tier (MLX weights take its AVX-512 VNNI
+   kernels) and, sanitized, on one ISA in turn. */
+static bool use_isa(int a);
+#define MLX_CHECK_ISAS EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512
+#define MLX_CHECK_USE_ISA(a) use_isa(a)
+#include "mlx_check.h"
 
 /* Whether a check runs on ISA a (every supported one; one in turn when sanitized). */
 static bool use_isa(int a) {
@@ -238,26 +242,6 @@ static void check_layout(const fam *fm, const char *dir, const char *src_dir, in
 
 /* ---- 2: logits, ISAs, greedy ids ----------------------------------------------------- */
 
-static int total_rows(const fixture *f) {
-    return f->p[0].n + f->p[1].n + f->p[2].n;
-}
-
-/* The three prompts' logits on one ISA, 1 thread; false when it is absent. */
-static bool isa_logits(const char *dir, const fixture *f, ember_isa isa, float *out) {
-    ember_model *m = fx_load_model(dir, isa, 1, 1);
-    if (!CHECKV(m != NULL, "%s does not load", dir)) return false;
-    ember_error err = {0};
-    int rows = 0;
-    bool ok = true;
-    for (int i = 0; i < 3 && ok; i++) {
-        ok = CHECKV(ember_logits(m, f->p[i].ids, f->p[i].n, out + (size_t)rows * f->vocab, &err) == EMBER_OK, "%s: %s",
-                    dir, err.msg);
-        rows += f->p[i].n;
-    }
-    ember_model_free(m);
-    return ok;
-}
-
 /* Logits on every ISA within the KL bound; mlx8 (greedy): each prompt's 24
    greedy ids equal the reference's up to the first step that differs, and
    there the reference's top-1 / top-2 margin is below tau (a near tie the
@@ -310,71 +294,7 @@ static void check_logits(const char *name, const fixture *f, const char *dir, co
     free(q);
 }
 
-/* ---- 3: batch invariance -------------------------------------------------------------- */
-
-/* Prompt + 8 decode steps of logits for the three prompts, together or one by one. */
-static bool run_three(const char *dir, const fixture *f, ember_isa isa, int threads, int max_batch, bool together,
-                      float *out[3]) {
-    ember_model_params mp;
-    ember_model_params_init(&mp);
-    mp.isa = isa;
-    mp.n_threads = threads;
-    mp.n_rows = 3;
-    mp.max_batch_tokens = max_batch;
-    ember_model *m = fx_load_params(dir, &mp);
-    if (!CHECKV(m != NULL, "%s does not load", dir)) return false;
-    ember_request r[3];
-    memset(r, 0, sizeof r);
-    int32_t ids[3][8];
-    for (int i = 0; i < 3; i++) {
-        r[i].prompt = f->p[i].ids;
-        r[i].n_prompt = f->p[i].n;
-        r[i].max_new_tokens = 8;
-        r[i].ignore_eos = 1;
-        ember_sampling_init(&r[i].sampling);
-        r[i].out_ids = ids[i];
-        r[i].out_logits = out[i];
-    }
-    ember_error err = {0};
-    bool ok = true;
-    if (together)
-        ok = CHECKV(ember_generate(m, r, 3, &err) == EMBER_OK, "%s", err.msg);
-    else
-        for (int i = 0; i < 3 && ok; i++) ok = CHECKV(ember_generate(m, &r[i], 1, &err) == EMBER_OK, "%s", err.msg);
-    ember_model_free(m);
-    return ok;
-}
-
-/* On every ISA this CPU has: together (2 threads, the grouped path), alone
-   (1 thread: decode takes the one-token path) and in prefill chunks of 5. */
-static void check_batch(const char *name, const fixture *f, const char *dir) {
-    const ember_isa *isas = k_isas;
-    for (int a = 0; a < N_ISAS; a++) {
-        if (!use_isa(a)) continue;
-        float *together[3], *alone[3], *chunked[3];
-        for (int i = 0; i < 3; i++) {
-            size_t n = (size_t)(f->p[i].n + 7) * f->vocab;
-            together[i] = calloc(n, 4);
-            alone[i] = calloc(n, 4);
-            chunked[i] = calloc(n, 4);
-        }
-        if (run_three(dir, f, isas[a], 2, 512, true, together) && run_three(dir, f, isas[a], 1, 512, false, alone) &&
-            run_three(dir, f, isas[a], 2, 5, true, chunked))
-            for (int i = 0; i < 3; i++) {
-                size_t n = (size_t)(f->p[i].n + 7) * f->vocab * 4;
-                CHECKF(!memcmp(together[i], alone[i], n),
-                       "%s mlx4 %s p%d: batched (2 threads) and alone (1 thread) differ", name,
-                       ember_isa_name(isas[a]), i);
-                CHECKF(!memcmp(together[i], chunked[i], n), "%s mlx4 %s p%d: whole and chunked prefill differ", name,
-                       ember_isa_name(isas[a]), i);
-            }
-        for (int i = 0; i < 3; i++) {
-            free(together[i]);
-            free(alone[i]);
-            free(chunked[i]);
-        }
-    }
-}
+/* ---- 3: batch invariance: check_batch (mlx_check.h) ------------------------------------ */
 
 /* ---- 4: refusals ------------------------------------------------------------------------ */
 
@@ -567,7 +487,9 @@ int main(void) {
         if (CHECKV(quantize(f.dir, d4, 4, 32, false) == 0, "quantize mlx4")) {
             check_layout(fm, d4, f.dir, 4, 32, false);
             check_logits(fm->name, &f, d4, "mlx4", fm->kl4, false);
-            check_batch(fm->name, &f, d4);
+            char what[64];
+            snprintf(what, sizeof what, "%s mlx4", fm->name);
+            check_batch(what, &f, d4);
         }
         /* only the experts quantized: their error alone */
         if (CHECKV(quantize(f.dir, e8, 8, 32, true) == 0, "quantize mlx8 experts")) {

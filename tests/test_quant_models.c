@@ -9,7 +9,8 @@
  *      of the fixture prompts below 1e-3 (q8_0) and 5e-2 (4-bit); a random
  *      model whose rows are multiples of 256 (so Q4_K / Q6_K really run)
  *      likewise; every family written as an F32 GGUF gives the safetensors
- *      logits; the config of gemma2 / gemma3 / phi3 GGUF metadata (defaults,
+ *      logits (gemma4's three layouts too); the config of gemma2 / gemma3 /
+ *      gemma4 / phi3 GGUF metadata (defaults,
  *      stored keys) and the refusal of unknown architectures; files holding
  *      a tensor the architecture does not read are refused naming it;
  *   4. batch invariance of a quantized model: three prompts together equal
@@ -188,7 +189,9 @@ static void test_kl(void) {
    1e-5 relative for llama / mistral (Q/K rows permuted for interleaved
    RoPE, so q.k sums in another order). */
 static void test_gguf_f32(void) {
-    static const char *const fams[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"};
+    static const char *const fams[] = {"llama",       "mistral",         "qwen2",          "qwen3",
+                                       "phi3",        "gemma2",          "gemma3_text",    "gemma4_text",
+                                       "gemma4_text_ple", "gemma4_text_moe"};
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
         fixture f;
         fixture_open(&f, fams[i]);
@@ -339,14 +342,24 @@ static void test_gguf_config(void) {
     /* an unknown architecture: one line naming it and the supported ones */
     CHECK(gguf_cfg("mamba", 2, NULL, 0, &c, &err) == EMBER_ERR_UNSUPPORTED);
     CHECKF(strstr(err.msg, "'mamba'") && !strchr(err.msg, '\n'), "%s", err.msg);
-    static const char *const archs[] = {"llama",    "mistral", "qwen2",     "qwen3",  "phi3",     "gemma2",
-                                        "gemma3",   "qwen3moe", "glm4moe", "qwen3next", "qwen35", "qwen35moe"};
+    static const char *const archs[] = {"llama",    "mistral", "qwen2",     "qwen3",  "phi3",     "gemma2",   "gemma3",
+                                        "qwen3moe", "glm4moe", "qwen3next", "qwen35", "qwen35moe", "gemma4"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         CHECKF(strstr(err.msg, archs[i]), "'%s' missing from: %s", archs[i], err.msg);
-    /* gemma4 (a known family, HuggingFace directories only for now): refused as such */
-    CHECK(gguf_cfg("gemma4", 2, NULL, 0, &c, &err) == EMBER_ERR_UNSUPPORTED);
-    CHECKF(strstr(err.msg, "'gemma4'") && strstr(err.msg, "not supported from GGUF yet") && !strchr(err.msg, '\n'),
-           "%s", err.msg);
+    /* gemma4 (test_gguf_gemma4.c has the rest): the sliding flags are required; defaults: the sliding layers'
+       head size key_length, no KV sharing, per-layer inputs, experts or soft-capping; a full layer needs rope_freqs */
+    CHECK(gguf_cfg("gemma4", 2, NULL, 0, &c, &err) == EMBER_ERR_FORMAT &&
+          strstr(err.msg, "missing key 'gemma4.attention.sliding_window_pattern'") && !strchr(err.msg, '\n'));
+    const kvpair g4a[] = {{"attention.sliding_window", "8"}, {"attention.sliding_window_pattern", "[11]"},
+                          {"rope.freq_base_swa", "20000.0"}};
+    CHECKF(gguf_cfg("gemma4", 2, g4a, 3, &c, &err) == EMBER_OK, "%s", err.msg);
+    CHECK(strcmp(c.model_type, "gemma4_text") == 0 && c.act == EMBER_ACT_GELU_TANH && c.head_dim == 32 &&
+          c.n_kv_heads == 2 && c.intermediate_size == 128 && !c.double_wide_mlp && c.n_kv_shared == 0 &&
+          c.ple_dim == 0 && !c.moe_beside_mlp && c.final_softcap == 0 && c.qk_norm && c.rope_local.theta == 20000.0 &&
+          c.layer_window[0] == 8 && c.layer_window[1] == 8 && c.layer_sliding[1]);
+    const kvpair g4b[] = {{"attention.sliding_window", "8"}, {"attention.sliding_window_pattern", "[10]"}};
+    CHECK(gguf_cfg("gemma4", 2, g4b, 2, &c, &err) == EMBER_ERR_FORMAT &&
+          strstr(err.msg, "missing tensor 'rope_freqs.weight'"));
 }
 
 /* 3d: a file holding a tensor its architecture does not read is refused,

@@ -21,7 +21,7 @@ static const ember_arch k_archs[] = {
     {"qwen3_next", "qwen3next", NULL, EMBER_FAMILY_HYBRID, false},
     {"qwen3_5_text", "qwen35", NULL, EMBER_FAMILY_HYBRID, false},
     {"qwen3_5_moe_text", "qwen35moe", NULL, EMBER_FAMILY_HYBRID, false},
-    {"gemma4_text", "gemma4", NULL, EMBER_FAMILY_GEMMA4, false}, /* GGUF: refused for now (gguf_model.c) */
+    {"gemma4_text", "gemma4", NULL, EMBER_FAMILY_GEMMA4, false},
 };
 #define N_ARCHS (sizeof k_archs / sizeof k_archs[0])
 

@@ -19,7 +19,7 @@ typedef enum ember_arch_family {
     EMBER_FAMILY_GEMMA,     /* gemma2, gemma3_text */
     EMBER_FAMILY_QWEN3_MOE, /* qwen3_moe, glm4_moe (qwen3_moe.c) */
     EMBER_FAMILY_HYBRID,    /* qwen3_next, qwen3_5_text, qwen3_5_moe_text (qwen3_next.c) */
-    EMBER_FAMILY_GEMMA4     /* gemma4_text (gemma4.c; not read from or written to GGUF yet) */
+    EMBER_FAMILY_GEMMA4     /* gemma4_text (gemma4.c) */
 } ember_arch_family;
 
 typedef struct ember_arch {

@@ -152,6 +152,17 @@ int ember_load_blocks(ember_loader *L, ember_tensor *t, const char *name, void *
     return keep_buf(m, b, L->err);
 }
 
+/* A weight's name for messages, quoted: from GGUF llama.cpp's name, then
+   the HuggingFace one ("'blk.0.attn_q.weight' (model.layers.0...)"). */
+static const char *quoted_name(const ember_loader *L, const char *name, char *buf, size_t n) {
+    char gn[128];
+    if (L->gg && ember_gguf_tensor_name(L->m->cfg.model_type, name, gn, sizeof gn))
+        snprintf(buf, n, "'%s' (%s)", gn, name);
+    else
+        snprintf(buf, n, "'%s'", name);
+    return buf;
+}
+
 int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int ndim, const int64_t *shape, bool as_f32,
                 bool optional) {
     ember_llm *m = L->m;
@@ -162,9 +173,11 @@ int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int nd
         int rc = L->matrix_source(L, t, name, ndim, shape, &bound);
         if (rc || bound) return rc;
     }
+    char shown[400];
     if (!find_weight(L, name, &st)) {
         if (optional) return EMBER_OK;
-        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: missing tensor '%s'", L->primary, name);
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: missing tensor %s", L->primary,
+                         quoted_name(L, name, shown, sizeof shown));
     }
     ember_load_claim(L, name);
     const char *file = st.file;
@@ -179,8 +192,8 @@ int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int nd
         char got[128], want[128];
         shape_str(got, sizeof got, st.ndim, st.shape);
         shape_str(want, sizeof want, ndim, shape);
-        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected %s", file, name, got,
-                         want);
+        return ember_err(L->err, EMBER_ERR_FORMAT, "%s: tensor %s has shape %s, expected %s", file,
+                         quoted_name(L, name, shown, sizeof shown), got, want);
     }
     ember_buffer *b = NULL;
     int rc;
@@ -845,6 +858,21 @@ int ember_load_fused_experts(ember_loader *L, int i) {
         for (int p = 0; p < 3; p++) {
             snprintf(gn, sizeof gn, "model.layers.%d.experts.switch_glu.%s.weight", i, proj[p]);
             if ((rc = load_stacked_st(L, gn, E, p < 2 ? Im : H, p < 2 ? H : Im, ly->experts + p, 3))) return rc;
+        }
+        count_active_experts(m, ly);
+        return EMBER_OK;
+    }
+    char fused[96], gate[96];
+    snprintf(fused, sizeof fused, "blk.%d.ffn_gate_up_exps.weight", i);
+    snprintf(gate, sizeof gate, "blk.%d.ffn_gate_exps.weight", i);
+    if (L->gg && !ember_gguf_find_tensor(L->gg, fused) && ember_gguf_find_tensor(L->gg, gate)) {
+        /* llama.cpp's gemma4 also reads the gate and up experts apart: blk.i.ffn_{gate,up,down}_exps */
+        static const char *const gg[3] = {"gate", "up", "down"};
+        ly->experts = ember_calloc((size_t)E * 3, sizeof *ly->experts);
+        if (!ly->experts) return ember_err(L->err, EMBER_ERR_NOMEM, "out of memory");
+        for (int p = 0; p < 3; p++) {
+            snprintf(gn, sizeof gn, "blk.%d.ffn_%s_exps.weight", i, gg[p]);
+            if ((rc = load_stacked(L, gn, (int)E, p < 2 ? Im : H, p < 2 ? H : Im, ly->experts + p, 3))) return rc;
         }
         count_active_experts(m, ly);
         return EMBER_OK;

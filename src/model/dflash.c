@@ -90,17 +90,6 @@ int ember_dflash_bind(ember_llm *draft, const ember_llm *target, int32_t *taps, 
     return EMBER_OK;
 }
 
-/* rows [0, rows) of the f32 matrix t, as [rows, cols]. */
-static ember_tensor view(const ember_tensor *t, int64_t rows, int64_t cols) {
-    ember_tensor v = *t;
-    v.ndim = 2;
-    v.shape[0] = rows;
-    v.shape[1] = cols;
-    v.shape[2] = v.shape[3] = 0;
-    v.nbytes = (size_t)(rows * cols) * 4;
-    return v;
-}
-
 int ember_dflash_context(ember_llm *m, ember_llm_state *st, ember_kv *kv, int n, const int32_t *row, const int32_t *pos,
                          const float *taps, ember_error *err) {
     if (!m->cfg.dflash || !m->embed.buf || n < 1 || n > st->max_tokens)
@@ -115,7 +104,7 @@ int ember_dflash_context(ember_llm *m, ember_llm_state *st, ember_kv *kv, int n,
     ember_fwd f;
     ember_fwd_init(&f, m, st, kv, &b, err);
     const ember_rope rope = {m->inv_freq, m->n_rot, m->rope_mode, m->attn_factor};
-    ember_tensor tin = view(&st->e3_tin, n, W), ctx = view(&st->e3_hid, n, H);
+    ember_tensor tin = ember_f32_rows(&st->e3_tin, 0, n, W), ctx = ember_f32_rows(&st->e3_hid, 0, n, H);
     ember_matmul fc = {&ctx, &m->e3_fc, NULL};
     if (!(rc = ops->write(be, &tin, 0, taps, (size_t)n * (size_t)W * 4, err)) && !(rc = ops->matmul(be, &tin, 1, &fc, err)))
         rc = ops->rms_norm(be, &ctx, &ctx, &m->e3_hidden_norm, m->cfg.rms_norm_eps, false, err);

@@ -134,18 +134,6 @@ int ember_eagle3_bind(ember_llm *draft, const ember_llm *target, int32_t *taps, 
     return EMBER_OK;
 }
 
-/* rows [r0, r0 + rows) of the f32 matrix t, as [rows, cols]. */
-static ember_tensor view(const ember_tensor *t, int64_t r0, int64_t rows, int64_t cols) {
-    ember_tensor v = *t;
-    v.ndim = 2;
-    v.shape[0] = rows;
-    v.shape[1] = cols;
-    v.shape[2] = v.shape[3] = 0;
-    v.offset += (size_t)(r0 * cols) * 4;
-    v.nbytes = (size_t)(rows * cols) * 4;
-    return v;
-}
-
 /* x = the hidden input; the attention's input cat(norm(embed[tok]), norm(x)) into st->e3_c. */
 static int e3_input(ember_fwd *f, const float *taps, const int32_t *hid_src, ember_tensor *cat) {
     ember_llm *m = f->m;
@@ -157,22 +145,22 @@ static int e3_input(ember_fwd *f, const float *taps, const int32_t *hid_src, emb
     int rc;
     if (taps) {
         const int64_t W = st->e3_tin.shape[1];
-        ember_tensor tin = view(&st->e3_tin, 0, T, W);
+        ember_tensor tin = ember_f32_rows(&st->e3_tin, 0, T, W);
         ember_matmul fc = {&f->x, &m->e3_fc, NULL};
         if ((rc = ops->write(be, &tin, 0, taps, (size_t)T * (size_t)W * 4, f->err)) || (rc = ops->matmul(be, &tin, 1, &fc, f->err)))
             return rc;
     } else if ((rc = ops->get_rows(be, &f->x, &st->e3_hid, hid_src, T, f->err))) {
         return rc;
     }
-    ember_tensor e = view(&st->e3_s, 0, T, H), g = view(&st->e3_s, T, T, H), s = view(&st->e3_s, 0, 2 * T, H);
-    ember_tensor c2 = view(&st->e3_c, 0, 2 * T, H);
+    ember_tensor e = ember_f32_rows(&st->e3_s, 0, T, H), g = ember_f32_rows(&st->e3_s, T, T, H), s = ember_f32_rows(&st->e3_s, 0, 2 * T, H);
+    ember_tensor c2 = ember_f32_rows(&st->e3_c, 0, 2 * T, H);
     for (int i = 0; i < T; i++) st->e3_idx[2 * i] = i, st->e3_idx[2 * i + 1] = T + i;
     if ((rc = ops->get_rows(be, &e, &m->embed, f->b->tok, T, f->err)) ||
         (rc = ops->rms_norm(be, &e, &e, &m->layers[0].attn_norm, eps, false, f->err)) ||
         (rc = ops->rms_norm(be, &g, &f->x, &m->e3_hidden_norm, eps, false, f->err)) ||
         (rc = ops->get_rows(be, &c2, &s, st->e3_idx, 2 * T, f->err)))
         return rc;
-    *cat = view(&st->e3_c, 0, T, 2 * H);
+    *cat = ember_f32_rows(&st->e3_c, 0, T, 2 * H);
     return EMBER_OK;
 }
 
@@ -218,7 +206,7 @@ int ember_draft_outputs(ember_fwd *f, const int32_t *hid_dst, float *logits, int
             return rc;
     for (int o0 = 0; o0 < b->n_out; o0 += st->max_logit_rows) {
         int n = b->n_out - o0 < st->max_logit_rows ? b->n_out - o0 : st->max_logit_rows;
-        ember_tensor sel = view(&st->sel, 0, n, H), lg = view(&st->logits, 0, n, V);
+        ember_tensor sel = ember_f32_rows(&st->sel, 0, n, H), lg = ember_f32_rows(&st->logits, 0, n, V);
         ember_matmul head = {&lg, &m->lm_head, NULL};
         if ((rc = ops->get_rows(be, &sel, &f->x, b->out + o0, n, f->err)) ||
             (norm && (rc = ops->rms_norm(be, &sel, &sel, &m->out_norm, m->cfg.rms_norm_eps, false, f->err))) ||

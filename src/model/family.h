@@ -63,9 +63,10 @@ int ember_load_blocks(ember_loader *L, ember_tensor *t, const char *name, void *
 /*
  * Binds t to the weight called name (a HuggingFace name) with the expected
  * shape. as_f32: the tensor is small (norm, bias) and is converted to an f32
- * copy. Missing tensors are errors naming the tensor unless optional (then t
- * stays unbound, buf NULL). A matrix (ndim 2, or 3: a stack) not as_f32 is
- * first offered to L->matrix_source, which may bind it from the store's own
+ * copy. Missing tensors are errors naming the tensor (from GGUF by its
+ * llama.cpp name, then the HuggingFace one) unless optional (then t stays
+ * unbound, buf NULL). A matrix (ndim 2, or 3: a stack) not as_f32 is first
+ * offered to L->matrix_source, which may bind it from the store's own
  * encoding (MLX's quantized layout); otherwise it is read as stored.
  */
 int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int ndim, const int64_t *shape, bool as_f32,
@@ -215,6 +216,19 @@ int ember_blk_tap(ember_fwd *f, int l);
 /* f->x += f->h. */
 int ember_blk_residual(ember_fwd *f);
 
+/* A 2-D f32 view of rows [r0, r0 + rows) of t, each `cols` floats: t's
+   buffer, no copy (the drafters' scratch tensors reshaped per call). */
+static inline ember_tensor ember_f32_rows(const ember_tensor *t, int64_t r0, int64_t rows, int64_t cols) {
+    ember_tensor v = *t;
+    v.ndim = 2;
+    v.shape[0] = rows;
+    v.shape[1] = cols;
+    v.shape[2] = v.shape[3] = 0;
+    v.offset += (size_t)(r0 * cols) * 4;
+    v.nbytes = (size_t)(rows * cols) * 4;
+    return v;
+}
+
 /* The hidden-tap drafters' shared steps (eagle3.c; MTP heads use them too):
    argument checks of a draft forward, and its outputs (hidden rows into
    st->e3_hid, logits over V ids into host memory, normed first when norm). */
@@ -241,7 +255,8 @@ int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, floa
    [E, H, Im] (no .weight suffix), or mlx-lm's split and stacked
    experts.switch_glu.{gate,up,down}_proj.weight (float or MLX-quantized),
    as per-expert row views in ly->experts (allocated here, freed by
-   ember_llm_free). */
+   ember_llm_free). From GGUF: llama.cpp's blk.i.ffn_gate_up_exps and
+   ffn_down_exps (the same layouts), or its ffn_{gate,up,down}_exps apart. */
 int ember_load_fused_experts(ember_loader *L, int i);
 
 /* Binds t to a new f32 vector of n ones (the weight of a norm without a

@@ -1,9 +1,10 @@
 /*
  * gguf_model.c - GGUF files as llama.cpp's converter writes them
  * (architectures llama, mistral as llama, qwen2, qwen3, phi3, gemma2,
- * gemma3, qwen3moe, glm4moe, qwen3next, qwen35, qwen35moe) mapped onto the
- * same model config and tensor names as HuggingFace safetensors, so each
- * family's code (llama.c, gemma.c, qwen3_moe.c, qwen3_next.c) runs both.
+ * gemma3, gemma4, qwen3moe, glm4moe, qwen3next, qwen35, qwen35moe) mapped
+ * onto the same model config and tensor names as HuggingFace safetensors,
+ * so each family's code (llama.c, gemma.c, gemma4.c, qwen3_moe.c,
+ * qwen3_next.c) runs both.
  *
  * Metadata (ARCH = general.architecture):
  *   ARCH.embedding_length -> hidden_size, ARCH.block_count -> n_layers,
@@ -19,6 +20,38 @@
  *   ffn_gate.bias), qwen3's q/k norms (blk.0.attn_q_norm.weight) and tied
  *   embeddings (no output.weight). A rope_freqs.weight tensor (llama 3's
  *   per-dimension frequency divisors) is applied by llama.c.
+ *
+ * gemma4 (gemma4.c; llama.cpp's converter and loader for Gemma 4): norms
+ * stored as they are (plain x * w, no 1 added); attention scale 1;
+ * ARCH.attention.sliding_window_pattern (one flag per layer, required,
+ * true = sliding) with ARCH.attention.sliding_window; head sizes
+ * ARCH.attention.key_length (the full-attention layers') and
+ * .key_length_swa (the sliding layers', default key_length), value lengths
+ * equal to them; ARCH.attention.head_count_kv and ARCH.feed_forward_length
+ * one value or one integer per layer (the KV-shared layers may all be twice
+ * as wide: use_double_wide_mlp); ARCH.attention.shared_kv_layers (default
+ * 0; each shared layer reads the last earlier non-shared layer of its
+ * type); ARCH.embedding_length_per_layer_input (per-layer inputs, 0 or
+ * absent: none; the table per_layer_token_embd's rows are their vocabulary);
+ * ARCH.final_logit_softcapping (none when absent); ARCH.expert_count (at
+ * least 1) / expert_used_count (1 .. expert_count) /
+ * expert_feed_forward_length: the MoE block beside the dense MLP on every
+ * layer. RoPE: the full layers' is proportional, from rope_freqs.weight
+ * ([key_length / 2] f32: a positive divisor per rotated pair, then 1e30 on
+ * the pairs at rest; ARCH.rope.dimension_count must be key_length), base
+ * ARCH.rope.freq_base; the sliding layers' default RoPE over
+ * ARCH.rope.dimension_count_swa dimensions (default key_length_swa), base
+ * ARCH.rope.freq_base_swa (default freq_base, as llama.cpp). K = V full
+ * layers: the first full layer with K/V of its own has attn_k and no
+ * attn_v. Tensors (blk.N.): post_attention_norm, ffn_norm
+ * (pre_feedforward_layernorm), post_ffw_norm, pre_ffw_norm_2,
+ * post_ffw_norm_1, post_ffw_norm_2, layer_output_scale.weight
+ * (layer_scalar), ffn_gate_inp.weight / .scale (router.proj / router.scale),
+ * ffn_down_exps.scale (router.per_expert_scale), ffn_gate_up_exps [E, 2I, H]
+ * (gate rows, then up; or ffn_gate_exps and ffn_up_exps apart) and
+ * ffn_down_exps [E, H, I], inp_gate / proj / post_norm (the per-layer input
+ * gate, projection and norm); per_layer_token_embd, per_layer_model_proj,
+ * per_layer_proj_norm.
  *
  * gemma2 / gemma3: ARCH.attn_logit_softcapping and ARCH.final_logit_softcapping
  * (defaults 50 / 30 for gemma2, none for gemma3, as llama.cpp),
@@ -81,6 +114,7 @@
  *
  * Ownership: pure functions over a parsed, validated ember_gguf (gguf.h).
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,6 +338,240 @@ static int hybrid_config(const ember_gguf *f, const char *arch, int n_rot, ember
     return EMBER_OK;
 }
 
+/* gemma4's per-layer integers (see the top of the file): a u32 or bool
+   scalar (every layer), or an array of bools or integers of exactly
+   n_layers entries, each in [lo, hi], into out[0 .. n_layers); def for
+   every layer when the key is absent (def < 0: required). */
+static int get_layer_ints(const ember_gguf *f, const char *key, int n_layers, int def, int lo, int hi, int *out,
+                          ember_error *err) {
+    const ember_gguf_kv *kv = ember_gguf_find_kv(f, key);
+    if (!kv && def < 0) return ember_err(err, EMBER_ERR_FORMAT, "%s: missing key '%s'", f->path, key);
+    int rc;
+    if (!kv) {
+        for (int l = 0; l < n_layers; l++) out[l] = def;
+    } else if (kv->type == EMBER_GGUF_ARRAY && kv->arr_type == EMBER_GGUF_BOOL) {
+        if (kv->arr_len != (size_t)n_layers || kv->arr_bytes != kv->arr_len)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: %s has %zu entries for %d layers", f->path, key, kv->arr_len,
+                             n_layers);
+        for (int l = 0; l < n_layers; l++) out[l] = kv->arr_data[l] != 0;
+    } else if (kv->type == EMBER_GGUF_ARRAY) {
+        int32_t *v = NULL;
+        size_t n = 0;
+        if ((rc = ember_gguf_get_i32s(f, key, &v, &n, err))) return rc;
+        if (n != (size_t)n_layers) {
+            free(v);
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: %s has %zu entries for %d layers", f->path, key, n, n_layers);
+        }
+        for (int l = 0; l < n_layers; l++) out[l] = v[l];
+        free(v);
+    } else if (kv->type == EMBER_GGUF_BOOL) {
+        for (int l = 0; l < n_layers; l++) out[l] = kv->u64 != 0;
+    } else {
+        uint32_t u;
+        if ((rc = ember_gguf_get_u32(f, key, &u, err))) return rc;
+        for (int l = 0; l < n_layers; l++) out[l] = u > (uint32_t)INT32_MAX ? -1 : (int)u;
+    }
+    for (int l = 0; l < n_layers; l++)
+        if (out[l] < lo || out[l] > hi)
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: %s %d (layer %d) out of range [%d, %d]", f->path, key, out[l],
+                             l, lo, hi);
+    return EMBER_OK;
+}
+
+/* A u32 key, or where per_layer (gemma4) the first entry of an integer
+   array, its per-layer form (gemma4_config reads all of them). */
+static int get_u32_or_first(const ember_gguf *f, const char *key, bool per_layer, uint32_t *u, ember_error *err) {
+    const ember_gguf_kv *kv = ember_gguf_find_kv(f, key);
+    if (!per_layer || !kv || kv->type != EMBER_GGUF_ARRAY) return ember_gguf_get_u32(f, key, u, err);
+    int32_t *w = NULL;
+    size_t n = 0;
+    int rc = ember_gguf_get_i32s(f, key, &w, &n, err);
+    if (rc) return rc;
+    *u = n && w[0] > 0 ? (uint32_t)w[0] : 0;
+    free(w);
+    return EMBER_OK;
+}
+
+/* gemma4's RoPE (see the top of the file): proportional on the full
+   layers, from rope_freqs.weight (llama.cpp's form: factor 1 on the
+   rotated pairs, 1e30 or more on the pairs at rest, which must come
+   last); default on the sliding layers, partial by rope.dimension_count_swa,
+   base rope.freq_base_swa. Dg, Ds: the head sizes of the two kinds. */
+static int gemma4_rope(const ember_gguf *f, const char *arch, int n_rot, int Dg, int Ds, bool any_full,
+                       ember_model_config *cfg, ember_error *err) {
+    char key[160];
+    int rc;
+#define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
+    ember_rope_config *r = &cfg->rope, *l = &cfg->rope_local;
+    if (r->type != EMBER_ROPE_DEFAULT)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: %s.rope.scaling.type is not supported for gemma4", f->path,
+                         arch);
+    *l = *r;
+    if (ember_gguf_find_kv(f, KEY("rope.freq_base_swa"))) { /* llama.cpp's default: rope.freq_base */
+        float v;
+        if ((rc = ember_gguf_get_f32(f, key, &v, err))) return rc;
+        if (!(v > 1e-3f && v < 1e12f)) return ember_err(err, EMBER_ERR_FORMAT, "%s: %s out of range", f->path, key);
+        l->theta = v;
+    }
+    int rot_swa = Ds;
+    if ((rc = get_int_key(f, KEY("rope.dimension_count_swa"), false, Ds, 2, Ds, &rot_swa, err))) return rc;
+    if (rot_swa % 2) return ember_err(err, EMBER_ERR_FORMAT, "%s: %s %d is odd", f->path, key, rot_swa);
+    l->partial_rotary_factor = (double)rot_swa / Ds;
+    if (!any_full) return EMBER_OK;
+    if (n_rot != Dg) /* llama.cpp pairs dimension i with i + n_rot / 2: proportional RoPE needs the whole head */
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: %s.rope.dimension_count %d differs from the full layers' head "
+                         "size %d", f->path, arch, n_rot, Dg);
+    const ember_gguf_tensor *t = ember_gguf_find_tensor(f, "rope_freqs.weight");
+    if (!t) return ember_err(err, EMBER_ERR_FORMAT, "%s: missing tensor 'rope_freqs.weight'", f->path);
+    if (t->dtype != EMBER_F32 || t->ndim != 1 || t->nelem != (size_t)Dg / 2)
+        return ember_err(err, EMBER_ERR_FORMAT, "%s: rope_freqs.weight must be f32 [%d]", f->path, Dg / 2);
+    int angles = 0;
+    for (int i = 0; i < Dg / 2; i++) {
+        float v;
+        memcpy(&v, t->data + 4 * (size_t)i, 4);
+        const bool rest = v >= 1e30f;
+        if (!(v > 0) || (!rest && angles < i))
+            return ember_err(err, EMBER_ERR_FORMAT, "%s: rope_freqs.weight[%d] is %g: the rotated pairs (positive "
+                             "factors) must come first, the pairs at rest (1e30) last", f->path, i, (double)v);
+        if (!rest) angles = i + 1;
+    }
+    if (angles < 1) return ember_err(err, EMBER_ERR_FORMAT, "%s: rope_freqs.weight rotates no pair", f->path);
+    r->type = EMBER_ROPE_PROPORTIONAL;
+    r->factor = 1.0; /* model.c divides by the stored factors */
+    r->partial_rotary_factor = (angles + 0.5) / (Dg / 2.0); /* rope.c rotates floor(factor * Dg / 2) = angles pairs */
+#undef KEY
+    return EMBER_OK;
+}
+
+/* The gemma4 keys and layout (see the top of the file); cfg's common
+   dimensions are set (head_dim from key_length: the full layers'). */
+static int gemma4_config(const ember_gguf *f, const char *arch, int n_rot, int window, ember_model_config *cfg,
+                         ember_error *err) {
+    char key[160];
+    int rc;
+    const int L = cfg->n_layers;
+#define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
+    cfg->act = EMBER_ACT_GELU_TANH;
+    cfg->qk_norm = true;
+    cfg->attn_softcap = 0.0f;
+    cfg->query_pre_attn_scalar = 0.0f; /* unused: gemma4 scores are not scaled */
+    if (ember_gguf_find_kv(f, KEY("final_logit_softcapping"))) {
+        float v;
+        if ((rc = ember_gguf_get_f32(f, key, &v, err))) return rc;
+        if (!(v >= 0 && v < 1e6f)) return ember_err(err, EMBER_ERR_FORMAT, "%s: %s out of range", f->path, key);
+        cfg->final_softcap = v;
+    }
+    int *v = ember_malloc((size_t)L * sizeof *v);
+    if (!v) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    /* sliding layers: one flag per layer */
+    bool any_full = false, any_sliding = false;
+    if ((rc = get_layer_ints(f, KEY("attention.sliding_window_pattern"), L, -1, 0, 1, v, err))) goto done;
+    for (int l = 0; l < L; l++) {
+        cfg->layer_sliding[l] = v[l] != 0;
+        cfg->layer_window[l] = v[l] ? window : 0;
+        any_full |= !v[l];
+        any_sliding |= v[l] != 0;
+    }
+    if (any_sliding && window < 1) {
+        rc = ember_err(err, EMBER_ERR_FORMAT, "%s: missing key '%s.attention.sliding_window'", f->path, arch);
+        goto done;
+    }
+    /* head sizes: key_length the full layers', key_length_swa the sliding layers'; values as long */
+    const int Dg = cfg->head_dim;
+    int Ds = Dg, vl = Dg, vls;
+    if ((rc = get_int_key(f, KEY("attention.key_length_swa"), false, Dg, 2, 4096, &Ds, err)) ||
+        (rc = get_int_key(f, KEY("attention.value_length"), false, Dg, 1, 4096, &vl, err)) ||
+        (rc = get_int_key(f, KEY("attention.value_length_swa"), false, Ds, 1, 4096, &vls, err)))
+        goto done;
+    if (Ds % 2 || vl != Dg || vls != Ds) {
+        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: head sizes %d / %d (key) and %d / %d (value, full / sliding) "
+                       "are not supported (even, keys as long as values)", f->path, Dg, Ds, vl, vls);
+        goto done;
+    }
+    cfg->head_dim = Ds;
+    for (int l = 0; l < L; l++) cfg->layer_head_dim[l] = cfg->layer_sliding[l] ? Ds : Dg;
+    /* KV heads: one count or one per layer */
+    if ((rc = get_layer_ints(f, KEY("attention.head_count_kv"), L, cfg->n_heads, 1, 4096, v, err))) goto done;
+    cfg->n_kv_heads = v[0];
+    for (int l = 0; l < L; l++) {
+        if (cfg->n_heads % v[l]) {
+            rc = ember_err(err, EMBER_ERR_FORMAT, "%s: %s: layer %d has %d KV heads for %d heads", f->path, key, l, v[l],
+                           cfg->n_heads);
+            goto done;
+        }
+        cfg->layer_kv_heads[l] = v[l];
+    }
+    /* KV sharing: the last shared_kv_layers layers read the last earlier non-shared layer of their type */
+    if ((rc = get_int_key(f, KEY("attention.shared_kv_layers"), false, 0, 0, L - 1, &cfg->n_kv_shared, err))) goto done;
+    const int first = L - cfg->n_kv_shared;
+    for (int l = first; l < L; l++) {
+        int src = -1;
+        for (int j = first - 1; j >= 0 && src < 0; j--)
+            if (cfg->layer_sliding[j] == cfg->layer_sliding[l]) src = j;
+        if (src < 0 || cfg->layer_kv_heads[src] != cfg->layer_kv_heads[l]) {
+            rc = ember_err(err, EMBER_ERR_FORMAT, "%s: %s.attention.shared_kv_layers %d: layer %d (%s) has no earlier "
+                           "layer of its type with its KV heads to share K/V with", f->path, arch, cfg->n_kv_shared, l,
+                           cfg->layer_sliding[l] ? "sliding" : "full attention");
+            goto done;
+        }
+        cfg->layer_kv_src[l] = src;
+    }
+    /* MLP widths: one, or one per layer with the KV-shared layers twice as wide (use_double_wide_mlp) */
+    if ((rc = get_layer_ints(f, KEY("feed_forward_length"), L, -1, 1, 1 << 22, v, err))) goto done;
+    cfg->intermediate_size = v[0];
+    cfg->double_wide_mlp = first < L && v[first] == 2 * v[0];
+    for (int l = 0; l < L; l++)
+        if (v[l] != ember_cfg_intermediate(cfg, l)) {
+            rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: %s: layer %d is %d wide, layer 0 %d (only the KV-shared "
+                           "layers may differ, all of them twice as wide)", f->path, key, l, v[l], v[0]);
+            goto done;
+        }
+    /* K = V: the first full layer with K/V of its own has attn_k and no attn_v */
+    for (int l = 0; l < first; l++) {
+        if (cfg->layer_sliding[l]) continue;
+        char tk[64], tv[64];
+        snprintf(tk, sizeof tk, "blk.%d.attn_k.weight", l);
+        snprintf(tv, sizeof tv, "blk.%d.attn_v.weight", l);
+        cfg->attn_k_eq_v = ember_gguf_find_tensor(f, tk) && !ember_gguf_find_tensor(f, tv);
+        break;
+    }
+    /* per-layer inputs: the table's rows are the token ids it covers */
+    if ((rc = get_int_key(f, KEY("embedding_length_per_layer_input"), false, 0, 0, 1 << 16, &cfg->ple_dim, err)))
+        goto done;
+    if (cfg->ple_dim) {
+        const ember_gguf_tensor *t = ember_gguf_find_tensor(f, "per_layer_token_embd.weight");
+        if (!t || t->ndim != 2) {
+            rc = ember_err(err, EMBER_ERR_FORMAT, "%s: missing 2-D tensor 'per_layer_token_embd.weight' (%s %d)",
+                           f->path, key, cfg->ple_dim);
+            goto done;
+        }
+        if (t->shape[0] < cfg->vocab_size || t->shape[0] > (1 << 24)) {
+            rc = ember_err(err, EMBER_ERR_FORMAT, "%s: per_layer_token_embd.weight has %lld rows for %d tokens",
+                           f->path, (long long)t->shape[0], cfg->vocab_size);
+            goto done;
+        }
+        cfg->ple_vocab = (int)t->shape[0];
+    }
+    /* the MoE block beside the dense MLP, on every layer */
+    if (ember_gguf_find_kv(f, KEY("expert_count"))) {
+        if ((rc = get_int_key(f, key, true, 0, 1, 1 << 16, &cfg->n_experts, err)) ||
+            (rc = get_int_key(f, KEY("expert_used_count"), true, 0, 1, cfg->n_experts, &cfg->n_experts_used, err)) ||
+            (rc = get_int_key(f, KEY("expert_feed_forward_length"), true, 0, 1, 1 << 22, &cfg->moe_intermediate_size,
+                              err)))
+            goto done;
+        cfg->moe_beside_mlp = true;
+        cfg->norm_topk_prob = true; /* the router renormalises its top k */
+        cfg->n_group = cfg->topk_group = 1;
+        cfg->routed_scale = 1.0f;
+        for (int l = 0; l < L; l++) cfg->layer_moe[l] = true;
+    }
+    rc = gemma4_rope(f, arch, n_rot, Dg, Ds, any_full, cfg, err);
+done:
+#undef KEY
+    free(v);
+    return rc;
+}
+
 int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_rope_mode *mode, ember_error *err) {
     memset(cfg, 0, sizeof *cfg);
     cfg->bos_id = -1;
@@ -316,10 +584,7 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
         return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: architecture '%.32s' is not supported (supported: %s)",
                          f->path, arch, ember_arch_list(true, list, sizeof list));
     }
-    if (row->family == EMBER_FAMILY_GEMMA4) /* per-layer shapes, KV sharing and per-layer inputs have no GGUF keys here yet */
-        return ember_err(err, EMBER_ERR_UNSUPPORTED,
-                         "%s: architecture '%.32s' is not supported from GGUF yet; load the HuggingFace directory",
-                         f->path, arch);
+    const bool g4 = row->family == EMBER_FAMILY_GEMMA4;
     const bool hybrid = row->family == EMBER_FAMILY_HYBRID;
     const bool gemma = row->family == EMBER_FAMILY_GEMMA;
     const bool moe = row->family == EMBER_FAMILY_QWEN3_MOE;
@@ -342,15 +607,15 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
     /* a MoE model needs no dense width: the experts' stands in when the key is absent */
     const bool ffn_from_experts = (hybrid || moe) && !ember_gguf_find_kv(f, KEY("feed_forward_length")) &&
                                   ember_gguf_find_kv(f, KEY("expert_count"));
-    if ((rc = ember_gguf_get_u32(f, KEY(ffn_from_experts ? "expert_feed_forward_length" : "feed_forward_length"), &u,
-                                 err)))
+    if ((rc = get_u32_or_first(f, KEY(ffn_from_experts ? "expert_feed_forward_length" : "feed_forward_length"), g4, &u,
+                               err)))
         return rc;
     cfg->intermediate_size = (int)(u > 1u << 22 ? 0 : u);
     if ((rc = ember_gguf_get_u32(f, KEY("attention.head_count"), &u, err))) return rc;
     cfg->n_heads = (int)(u > 4096 ? 0 : u);
     cfg->n_kv_heads = cfg->n_heads;
     if (ember_gguf_find_kv(f, KEY("attention.head_count_kv"))) {
-        if ((rc = ember_gguf_get_u32(f, key, &u, err))) return rc;
+        if ((rc = get_u32_or_first(f, key, g4, &u, err))) return rc;
         cfg->n_kv_heads = (int)(u > 4096 ? 0 : u);
     }
     if (cfg->hidden_size < 1 || cfg->n_layers < 1 || cfg->intermediate_size < 1 || cfg->n_heads < 1 ||
@@ -438,6 +703,7 @@ int ember_gguf_model_config(const ember_gguf *f, ember_model_config *cfg, ember_
     cfg->qk_norm = ember_gguf_find_tensor(f, "blk.0.attn_q_norm.weight") != NULL;
     if (hybrid && (rc = hybrid_config(f, arch, n_rot, cfg, err))) return rc;
     if (moe && (rc = moe_config(f, arch, cfg, err))) return rc;
+    if (g4 && (rc = gemma4_config(f, arch, n_rot, window, cfg, err))) return rc;
     static const char *const k_special[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
                                             "tokenizer.ggml.eot_token_id"};
     for (int i = 0; i < 3; i++) {
@@ -461,13 +727,19 @@ const char *ember_gguf_arch_of(const char *model_type) {
 }
 
 bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, size_t n) {
+    const ember_arch *row = ember_arch_find(model_type);
+    const bool g4 = row && row->family == EMBER_FAMILY_GEMMA4;
     static const struct {
         const char *hf, *gg;
     } k_top[] = {{"model.embed_tokens.weight", "token_embd.weight"},
                  {"model.norm.weight", "output_norm.weight"},
-                 {"lm_head.weight", "output.weight"}};
+                 {"lm_head.weight", "output.weight"},
+                 /* gemma4's per-layer input tables (llama.cpp's gemma3n names) */
+                 {"model.embed_tokens_per_layer.weight", "per_layer_token_embd.weight"},
+                 {"model.per_layer_model_projection.weight", "per_layer_model_proj.weight"},
+                 {"model.per_layer_projection_norm.weight", "per_layer_proj_norm.weight"}};
     for (size_t i = 0; i < sizeof k_top / sizeof k_top[0]; i++)
-        if (strcmp(hf, k_top[i].hf) == 0) return (size_t)snprintf(out, n, "%s", k_top[i].gg) < n;
+        if (strcmp(hf, k_top[i].hf) == 0 && (i < 3 || g4)) return (size_t)snprintf(out, n, "%s", k_top[i].gg) < n;
     typedef struct {
         const char *hf, *gg;
     } pair;
@@ -513,6 +785,24 @@ bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, s
                                     {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
                                     {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
                                     {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"}};
+    /* gemma4 (llama.cpp's names; norms stored as they are, plain x * w): the
+       MoE block's norms, router and fused experts, layer_scalar, the
+       per-layer input gate and projection */
+    static const pair k_gemma4[] = {{"post_attention_layernorm.weight", "post_attention_norm.weight"},
+                                    {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+                                    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+                                    {"pre_feedforward_layernorm_2.weight", "pre_ffw_norm_2.weight"},
+                                    {"post_feedforward_layernorm_1.weight", "post_ffw_norm_1.weight"},
+                                    {"post_feedforward_layernorm_2.weight", "post_ffw_norm_2.weight"},
+                                    {"layer_scalar", "layer_output_scale.weight"},
+                                    {"router.proj.weight", "ffn_gate_inp.weight"},
+                                    {"router.scale", "ffn_gate_inp.scale"},
+                                    {"router.per_expert_scale", "ffn_down_exps.scale"},
+                                    {"experts.gate_up_proj", "ffn_gate_up_exps.weight"},
+                                    {"experts.down_proj", "ffn_down_exps.weight"},
+                                    {"per_layer_input_gate.weight", "inp_gate.weight"},
+                                    {"per_layer_projection.weight", "proj.weight"},
+                                    {"post_per_layer_input_norm.weight", "post_norm.weight"}};
     /* mixture of experts (the stacked experts are named in blocks.c and quantize.c) */
     static const pair k_qwen3_moe[] = {{"post_attention_layernorm.weight", "ffn_norm.weight"},
                                        {"mlp.gate.weight", "ffn_gate_inp.weight"}};
@@ -522,7 +812,6 @@ bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, s
                                       {"mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"},
                                       {"mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"},
                                       {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"}};
-    const ember_arch *row = ember_arch_find(model_type);
     const pair *fam = k_llama;
     size_t n_fam = sizeof k_llama / sizeof k_llama[0];
     if (strcmp(model_type, "qwen3_moe") == 0) {
@@ -534,6 +823,9 @@ bool ember_gguf_tensor_name(const char *model_type, const char *hf, char *out, s
     } else if (row && row->family == EMBER_FAMILY_HYBRID) {
         fam = k_hybrid;
         n_fam = sizeof k_hybrid / sizeof k_hybrid[0];
+    } else if (g4) {
+        fam = k_gemma4;
+        n_fam = sizeof k_gemma4 / sizeof k_gemma4[0];
     } else if (ember_arch_is_gemma(model_type)) {
         fam = k_gemma;
         n_fam = sizeof k_gemma / sizeof k_gemma[0];

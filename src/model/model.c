@@ -44,7 +44,9 @@ void ember_llm_free(ember_llm *m) {
     free(m);
 }
 
-/* Applies a GGUF rope_freqs.weight (per-dimension divisors, llama 3). */
+/* Applies a GGUF rope_freqs.weight (per-dimension divisors, llama 3; on
+   gemma4's full layers 1e30 or more marks the pairs proportional RoPE
+   leaves at rest, whose frequency is 0 already). */
 static int apply_freq_factors(ember_loader *L) {
     ember_llm *m = L->m;
     const ember_gguf_tensor *t = L->gg ? ember_gguf_find_tensor(L->gg, "rope_freqs.weight") : NULL;
@@ -54,6 +56,7 @@ static int apply_freq_factors(ember_loader *L) {
     for (int i = 0; i < m->n_rot / 2; i++) {
         float f;
         memcpy(&f, t->data + 4 * (size_t)i, 4);
+        if (f >= 1e30f && m->inv_freq[i] == 0.0f) continue; /* a pair at rest (gemma4) */
         if (!(f > 0 && f < 1e30f))
             return ember_err(L->err, EMBER_ERR_FORMAT, "%s: rope_freqs.weight[%d] is not a positive number", L->primary, i);
         m->inv_freq[i] = m->inv_freq[i] / f;

@@ -101,18 +101,6 @@ int ember_mtp_bind(ember_llm *head, const ember_llm *target, ember_error *err) {
     return EMBER_OK;
 }
 
-/* rows [r0, r0 + rows) of the f32 matrix t, as [rows, cols]. */
-static ember_tensor view(const ember_tensor *t, int64_t r0, int64_t rows, int64_t cols) {
-    ember_tensor v = *t;
-    v.ndim = 2;
-    v.shape[0] = rows;
-    v.shape[1] = cols;
-    v.shape[2] = v.shape[3] = 0;
-    v.offset += (size_t)(r0 * cols) * 4;
-    v.nbytes = (size_t)(rows * cols) * 4;
-    return v;
-}
-
 /* f->x = fc(cat(norm_e(embed[tok]), norm_h(g))), g the taps or the kept hidden rows hid_src. */
 static int mtp_input(ember_fwd *f, const float *taps, const int32_t *hid_src) {
     ember_llm *m = f->m;
@@ -122,15 +110,15 @@ static int mtp_input(ember_fwd *f, const float *taps, const int32_t *hid_src) {
     const int T = f->T, H = m->cfg.hidden_size;
     const float eps = m->cfg.rms_norm_eps;
     const bool p1 = m->norm_plus_one;
-    ember_tensor g = view(&st->e3_tin, 0, T, H);
+    ember_tensor g = ember_f32_rows(&st->e3_tin, 0, T, H);
     int rc;
     if (taps)
         rc = ops->write(be, &g, 0, taps, (size_t)T * (size_t)H * 4, f->err);
     else
         rc = ops->get_rows(be, &g, &st->e3_hid, hid_src, T, f->err);
     if (rc) return rc;
-    ember_tensor e = view(&st->e3_s, 0, T, H), gn = view(&st->e3_s, T, T, H), s = view(&st->e3_s, 0, 2 * T, H);
-    ember_tensor c2 = view(&st->e3_c, 0, 2 * T, H), cat = view(&st->e3_c, 0, T, 2 * H);
+    ember_tensor e = ember_f32_rows(&st->e3_s, 0, T, H), gn = ember_f32_rows(&st->e3_s, T, T, H), s = ember_f32_rows(&st->e3_s, 0, 2 * T, H);
+    ember_tensor c2 = ember_f32_rows(&st->e3_c, 0, 2 * T, H), cat = ember_f32_rows(&st->e3_c, 0, T, 2 * H);
     for (int i = 0; i < T; i++) st->e3_idx[2 * i] = i, st->e3_idx[2 * i + 1] = T + i;
     ember_matmul fc = {&f->x, &m->e3_fc, NULL};
     if ((rc = ops->get_rows(be, &e, &m->embed, f->b->tok, T, f->err)) ||

@@ -1,6 +1,8 @@
 /*
  * quantize.c - see quantize.h. Reads every weight of a safetensors model,
- * converts it to f32, permutes llama Q/K rows, encodes each tensor in the
+ * converts it to f32, permutes llama Q/K rows (and applies the other
+ * families' converter transforms: gemma norms + 1, the hybrids', gemma4's
+ * keys and rope_freqs), encodes each tensor in the
  * type its scheme picks (formats/quant.h encoders, rows split over a
  * worker pool) and writes one GGUF file.
  *
@@ -554,6 +556,100 @@ static int write_qkvz(ember_gguf_writer *g, ember_pool *pool, ember_qscheme s, c
     return rc;
 }
 
+/* The head size of gemma4's full-attention layers (kind false) or sliding
+   layers (kind true): the first such layer's, head_dim when there is none. */
+static int g4_head_dim(const ember_model_config *c, bool sliding) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_sliding[l] == sliding) return ember_cfg_head_dim(c, l);
+    return c->head_dim;
+}
+
+/* What llama.cpp's gemma4 cannot say about a gemma4_text model: refused
+   naming the field. */
+static int gemma4_check(const char *in_dir, const ember_model_config *c, ember_error *err) {
+    int window = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_sliding[l] && window && c->layer_window[l] != window)
+            return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: the sliding layers have several windows; GGUF holds one",
+                             in_dir);
+        if (c->layer_sliding[l]) window = c->layer_window[l];
+    }
+    const ember_rope_config *r = &c->rope, *lr = &c->rope_local;
+    if (!(r->type == EMBER_ROPE_PROPORTIONAL || (r->type == EMBER_ROPE_DEFAULT && r->partial_rotary_factor == 1.0)))
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: rope_parameters.full_attention: GGUF's gemma4 holds "
+                         "proportional RoPE (or default over the whole head) only", in_dir);
+    if (lr->type != EMBER_ROPE_DEFAULT)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: rope_parameters.sliding_attention: GGUF's gemma4 holds "
+                         "default RoPE only", in_dir);
+    if (c->attn_softcap != 0)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: attention soft-capping has no GGUF key for gemma4", in_dir);
+    return EMBER_OK;
+}
+
+/* The gemma4 keys as llama.cpp's converter writes them, read back by
+   gguf_model.c: one flag per layer for the sliding layers, the head sizes
+   of both kinds (key_length the full layers'), KV heads and MLP widths as
+   one value or one per layer, KV sharing, the per-layer inputs' width,
+   the RoPE of the sliding layers, soft-capping and the experts. */
+static int write_gemma4(ember_gguf_writer *g, const ember_model_config *c, const char *arch, ember_error *err) {
+    char k[128];
+    int rc, window = 0;
+    const int L = c->n_layers, Dg = g4_head_dim(c, false), Ds = g4_head_dim(c, true);
+    bool flags[EMBER_MAX_LAYERS], kv_same = true, ff_same = true;
+    int32_t kv[EMBER_MAX_LAYERS], ff[EMBER_MAX_LAYERS];
+    for (int l = 0; l < L; l++) {
+        flags[l] = c->layer_sliding[l];
+        if (flags[l]) window = c->layer_window[l];
+        kv[l] = ember_cfg_kv_heads(c, l);
+        ff[l] = ember_cfg_intermediate(c, l);
+        kv_same &= kv[l] == kv[0];
+        ff_same &= ff[l] == ff[0];
+    }
+    int rot_swa = (int)(Ds * c->rope_local.partial_rotary_factor);
+    rot_swa -= rot_swa % 2;
+#define KEY(x) (snprintf(k, sizeof k, "%s.%s", arch, x), k)
+    if ((rc = ember_gguf_set_bools(g, KEY("attention.sliding_window_pattern"), flags, (size_t)L, err)) ||
+        (window > 0 && (rc = ember_gguf_set_u32(g, KEY("attention.sliding_window"), (uint32_t)window, err))) ||
+        (rc = ember_gguf_set_u32(g, KEY("attention.key_length"), (uint32_t)Dg, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("attention.value_length"), (uint32_t)Dg, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("attention.key_length_swa"), (uint32_t)Ds, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("attention.value_length_swa"), (uint32_t)Ds, err)) ||
+        (rc = kv_same ? ember_gguf_set_u32(g, KEY("attention.head_count_kv"), (uint32_t)kv[0], err)
+                      : ember_gguf_set_i32s(g, KEY("attention.head_count_kv"), kv, (size_t)L, err)) ||
+        (rc = ff_same ? ember_gguf_set_u32(g, KEY("feed_forward_length"), (uint32_t)ff[0], err)
+                      : ember_gguf_set_i32s(g, KEY("feed_forward_length"), ff, (size_t)L, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("attention.shared_kv_layers"), (uint32_t)c->n_kv_shared, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("embedding_length_per_layer_input"), (uint32_t)c->ple_dim, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("rope.dimension_count"), (uint32_t)Dg, err)) ||
+        (rc = ember_gguf_set_u32(g, KEY("rope.dimension_count_swa"), (uint32_t)rot_swa, err)) ||
+        (rc = ember_gguf_set_f32(g, KEY("rope.freq_base_swa"), (float)c->rope_local.theta, err)))
+        return rc;
+    if (c->final_softcap > 0 &&
+        (rc = ember_gguf_set_f32(g, KEY("final_logit_softcapping"), c->final_softcap, err)))
+        return rc;
+    if (c->moe_beside_mlp &&
+        ((rc = ember_gguf_set_u32(g, KEY("expert_count"), (uint32_t)c->n_experts, err)) ||
+         (rc = ember_gguf_set_u32(g, KEY("expert_used_count"), (uint32_t)c->n_experts_used, err)) ||
+         (rc = ember_gguf_set_u32(g, KEY("expert_feed_forward_length"), (uint32_t)c->moe_intermediate_size, err))))
+        return rc;
+#undef KEY
+    return EMBER_OK;
+}
+
+/* gemma4's proportional RoPE as llama.cpp stores it (rope_freqs.weight,
+   read on the full-attention layers only): per pair of the full layers'
+   head, the divisor of its frequency, 1e30 for the pairs at rest. */
+static int add_rope_freqs_g4(ember_gguf_writer *g, const ember_model_config *c, ember_error *err) {
+    const int Dg = g4_head_dim(c, false), half = Dg / 2;
+    const ember_rope_config *r = &c->rope;
+    const int angles = r->type == EMBER_ROPE_PROPORTIONAL ? (int)floor(r->partial_rotary_factor * Dg / 2.0) : half;
+    const float factor = r->type == EMBER_ROPE_PROPORTIONAL ? (float)r->factor : 1.0f;
+    float *v = ember_malloc((size_t)half * sizeof *v + 1);
+    if (!v) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < half; i++) v[i] = i < angles ? factor : 1e30f;
+    return ember_gguf_add_tensor(g, "rope_freqs.weight", EMBER_F32, 1, (const int64_t[]){half}, v, err);
+}
+
 static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_model_config *c, const char *arch, ember_qscheme s,
                           ember_error *err) {
     char k[128];
@@ -563,6 +659,8 @@ static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_
     static const uint32_t k_ftype[] = {7, 2, 15, 0, 32, 1};
     int n_rot = (int)(c->head_dim * c->rope.partial_rotary_factor);
     n_rot -= n_rot % 2;
+    const ember_arch *row = ember_arch_find(c->model_type);
+    const bool g4 = row && row->family == EMBER_FAMILY_GEMMA4; /* per-layer shapes: write_gemma4 */
     if ((rc = ember_gguf_set_str(g, "general.architecture", arch, err)) ||
         (rc = ember_gguf_set_str(g, "general.name", "ember quantized model", err)) ||
         (rc = ember_gguf_set_u32(g, "general.file_type", k_ftype[s], err)) ||
@@ -570,15 +668,17 @@ static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_
         (rc = ember_gguf_set_u32(g, KEY("context_length"), (uint32_t)c->max_pos, err)) ||
         (rc = ember_gguf_set_u32(g, KEY("embedding_length"), (uint32_t)c->hidden_size, err)) ||
         (rc = ember_gguf_set_u32(g, KEY("block_count"), (uint32_t)c->n_layers, err)) ||
-        (rc = ember_gguf_set_u32(g, KEY("feed_forward_length"), (uint32_t)c->intermediate_size, err)) ||
         (rc = ember_gguf_set_u32(g, KEY("attention.head_count"), (uint32_t)c->n_heads, err)) ||
-        (rc = ember_gguf_set_u32(g, KEY("attention.head_count_kv"), (uint32_t)c->n_kv_heads, err)) ||
-        (rc = ember_gguf_set_u32(g, KEY("attention.key_length"), (uint32_t)c->head_dim, err)) ||
-        (rc = ember_gguf_set_u32(g, KEY("attention.value_length"), (uint32_t)c->head_dim, err)) ||
         (rc = ember_gguf_set_f32(g, KEY("attention.layer_norm_rms_epsilon"), c->rms_norm_eps, err)) ||
         (rc = ember_gguf_set_f32(g, KEY("rope.freq_base"), (float)c->rope.theta, err)) ||
-        (rc = ember_gguf_set_u32(g, KEY("rope.dimension_count"), (uint32_t)n_rot, err)) ||
         (rc = ember_gguf_set_u32(g, KEY("vocab_size"), (uint32_t)c->vocab_size, err)))
+        return rc;
+    if (!g4 &&
+        ((rc = ember_gguf_set_u32(g, KEY("feed_forward_length"), (uint32_t)c->intermediate_size, err)) ||
+         (rc = ember_gguf_set_u32(g, KEY("attention.head_count_kv"), (uint32_t)c->n_kv_heads, err)) ||
+         (rc = ember_gguf_set_u32(g, KEY("attention.key_length"), (uint32_t)c->head_dim, err)) ||
+         (rc = ember_gguf_set_u32(g, KEY("attention.value_length"), (uint32_t)c->head_dim, err)) ||
+         (rc = ember_gguf_set_u32(g, KEY("rope.dimension_count"), (uint32_t)n_rot, err))))
         return rc;
     if (c->rope.type == EMBER_ROPE_LINEAR || c->rope.type == EMBER_ROPE_YARN) {
         if ((rc = ember_gguf_set_str(g, KEY("rope.scaling.type"), c->rope.type == EMBER_ROPE_LINEAR ? "linear" : "yarn", err)) ||
@@ -587,8 +687,9 @@ static int write_metadata(ember_gguf_writer *g, const char *in_dir, const ember_
                                      err)))
             return rc;
     }
-    const ember_arch *row = ember_arch_find(c->model_type);
-    if (row && row->family == EMBER_FAMILY_HYBRID) {
+    if (g4) {
+        if ((rc = write_gemma4(g, c, arch, err))) return rc;
+    } else if (row && row->family == EMBER_FAMILY_HYBRID) {
         if ((rc = write_hybrid(g, c, arch, n_rot, err))) return rc;
     } else if (row && row->family == EMBER_FAMILY_QWEN3_MOE && (rc = write_moe(g, c, arch, err))) {
         return rc;
@@ -655,9 +756,8 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
         rc = ember_err(err, EMBER_ERR_UNSUPPORTED,
                        "%s: quantizing a multimodal checkpoint (%s inside text_config) is not supported yet", in_dir,
                        cfg.model_type);
-    if (!rc && strcmp(cfg.model_type, "gemma4_text") == 0) /* the GGUF reader refuses it too (gguf_model.c) */
-        rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: quantizing %s to GGUF is not supported yet", in_dir,
-                       cfg.model_type);
+    const bool g4 = row && row->family == EMBER_FAMILY_GEMMA4;
+    if (!rc && g4) rc = gemma4_check(in_dir, &cfg, err);
     if (!rc) rc = ember_weights_open(in_dir, &w, err);
     if (rc) goto done;
     g = ember_gguf_writer_new();
@@ -671,6 +771,9 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
     const char *arch = ember_gguf_arch_of(cfg.model_type);
     if ((rc = write_metadata(g, in_dir, &cfg, arch, s, err))) goto done;
     if (cfg.rope.type == EMBER_ROPE_LLAMA3 && (rc = add_rope_freqs(g, &cfg, err))) goto done;
+    bool any_full = false;
+    for (int l = 0; g4 && l < cfg.n_layers; l++) any_full |= !cfg.layer_sliding[l];
+    if (any_full && (rc = add_rope_freqs_g4(g, &cfg, err))) goto done;
     bool tied = cfg.tie_embeddings || !ember_weights_find(w, "lm_head.weight", NULL);
     for (int f = 0; f < w->n_files && !rc; f++) {
         for (int i = 0; i < w->files[f]->n_tensors && !rc; i++) {
@@ -695,12 +798,16 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
             if (tied && strcmp(gn, "output.weight") == 0) continue;
             /* conv1d [C, 1, K]: the converter squeezes it to [C, K] */
             const bool conv = hybrid && t->ndim == 3 && t->shape[1] == 1 && ends_with(gn, "ssm_conv1d.weight");
-            if ((!conv && (t->ndim < 1 || t->ndim > 2)) || !ember_can_dequantize(t->dtype)) {
+            /* gemma4's fused experts [E, rows, cols], stored as they are (ffn_gate_up_exps: gate rows, then up) */
+            const bool fused = g4 && t->ndim == 3 && (ends_with(gn, "ffn_gate_up_exps.weight") ||
+                                                      ends_with(gn, "ffn_down_exps.weight"));
+            if ((!conv && !fused && (t->ndim < 1 || t->ndim > 2)) || !ember_can_dequantize(t->dtype)) {
                 rc = ember_err(err, EMBER_ERR_UNSUPPORTED, "%s: tensor '%s' is not a 1-D or 2-D float tensor", in_dir,
                                t->name);
                 break;
             }
             int64_t rows = t->ndim >= 2 ? t->shape[0] : 1, K = t->shape[t->ndim - 1];
+            if (fused) rows *= t->shape[1];
             const int ndim = conv ? 2 : t->ndim;
             size_t n = (size_t)(rows * K);
             float *x = ember_malloc(n * sizeof *x + 1);
@@ -727,7 +834,7 @@ int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qsche
                 enc_job j = {qt, x, q, rows, K, bytes / (size_t)rows, 16};
                 ember_pool_run(pool, (int)((rows + 15) / 16), enc_task, &j);
                 int64_t shape[2] = {rows, K};
-                rc = ember_gguf_add_tensor(g, gn, qt, ndim, ndim == 2 ? shape : shape + 1, q, err);
+                rc = ember_gguf_add_tensor(g, gn, qt, ndim, fused ? t->shape : ndim == 2 ? shape : shape + 1, q, err);
             } else {
                 free(q);
             }

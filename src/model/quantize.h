@@ -1,7 +1,7 @@
 /*
  * quantize.h - writing a HuggingFace model (F32 / F16 / BF16 safetensors;
- * llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, qwen3_moe,
- * glm4_moe, qwen3_next, qwen3_5_text, qwen3_5_moe_text) as a quantized (or
+ * llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, gemma4_text,
+ * qwen3_moe, glm4_moe, qwen3_next, qwen3_5_text, qwen3_5_moe_text) as a quantized (or
  * plain F32) GGUF file that both Ember and llama.cpp load.
  */
 #ifndef EMBER_MODEL_QUANTIZE_H
@@ -57,11 +57,15 @@ ember_dtype ember_qscheme_type(ember_qscheme s, const char *gguf_name, int ndim,
    enough for llama-bench). Llama Q/K rows are permuted to the interleaved
    RoPE layout llama.cpp expects; llama 3 RoPE scaling is written as a
    rope_freqs.weight tensor; Gemma norm weights are stored as 1 + w, as
-   llama.cpp's converter does (gguf_model.c lists the gemma keys); experts
-   are stacked into ffn_{gate,up,down}_exps [E, rows, cols], and glm4_moe's
-   MTP layers are left out. A model llama.cpp's layout cannot hold (a
-   qwen3_moe with dense layers or without norm_topk_prob, glm4_moe expert
-   groups, the hybrids' cases in quantize.c) is refused naming the field. */
+   llama.cpp's converter does (gguf_model.c lists the gemma keys; Gemma 4's
+   plain norms stay as they are, its per-layer shapes go to gemma4 keys, its
+   fused experts to ffn_gate_up_exps / ffn_down_exps and its proportional
+   RoPE to rope_freqs.weight); experts are stacked into
+   ffn_{gate,up,down}_exps [E, rows, cols], and glm4_moe's MTP layers are
+   left out. A model llama.cpp's layout cannot hold (a qwen3_moe with dense
+   layers or without norm_topk_prob, glm4_moe expert groups, Gemma 4 RoPE
+   other than proportional / default, the hybrids' cases in quantize.c) is
+   refused naming the field. */
 int ember_quantize_to_gguf(const char *in_dir, const char *out_path, ember_qscheme s, ember_error *err);
 
 #endif
