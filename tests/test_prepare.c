@@ -20,8 +20,9 @@
  *      were; the next call succeeds and gives the same bits;
  *   5. models: GGUF Q8_0 files of the fixtures llama, phi3 (fused
  *      projections), gemma2, gemma3_text, qwen3_moe, glm4_moe (MoE),
- *      qwen3_next, qwen3_5_moe_text (hybrid; gemma4_text has no GGUF writer
- *      yet) loaded on each ISA with packed kernels run a prompt with
+ *      qwen3_next, qwen3_5_moe_text (hybrid), gemma4_text, gemma4_text_moe
+ *      and gemma4_text_ple (per-layer inputs) loaded on each ISA with packed
+ *      kernels run a prompt with
  *      every product on a prepared weight (ember_backend_cpu_unprepared
  *      stays 0), the tied embedding sharing the output head's handle, and
  *      give the logits of the same file computed from the mapped file
@@ -263,7 +264,7 @@ static bool model_logits(const char *path, const fixture *f, ember_isa isa, bool
 }
 
 static void test_models(void) {
-    static const char *const fams[] = {"llama", "phi3", "gemma2", "gemma3_text", "qwen3_moe", "glm4_moe", "qwen3_next", "qwen3_5_moe_text"};
+    static const char *const fams[] = {"llama", "phi3", "gemma2", "gemma3_text", "qwen3_moe", "glm4_moe", "qwen3_next", "qwen3_5_moe_text", "gemma4_text", "gemma4_text_moe", "gemma4_text_ple"};
     static const ember_isa isas[] = {EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
     for (size_t i = 0; i < EMBER_ARRAY_LEN(fams); i++) {
         fixture f;
