@@ -12,6 +12,9 @@ ember_test(test_backend_ops test_backend_ops.c)
 # bf16 weights on AMX-BF16 tiles (src/backend/cpu/kern_bamx.h): batch invariance,
 # precision, packing invisible; skipped without AMX.
 ember_test(test_bamx test_bamx.c)
+# Weights prepared once at load (backend.h prepare_weight): packed in place, invisible to
+# read / get_rows / write, out of memory while preparing, every model matrix prepared.
+ember_test(test_prepare test_prepare.c)
 # MLX quantization of the mixture-of-experts families (mlx-lm's stacked experts).
 ember_test(test_mlx_moe test_mlx_moe.c)
 # MLX quantization of Gemma 4 with per-layer inputs (gemma4_text_ple).

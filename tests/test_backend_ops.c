@@ -44,7 +44,8 @@ static bool make_mlx(ember_dtype t, int N, int cols, void *q) {
     return true;
 }
 
-/* A weight [N, cols] of type t with random values, in a buffer of be (*buf, caller frees). */
+/* A weight [N, cols] of type t with random values, in a buffer of be (*buf, caller frees),
+   prepared (backend.h prepare_weight). */
 static bool make_weight_cols(ember_backend *be, ember_dtype t, int N, int cols, ember_tensor *w, ember_buffer **buf) {
     ember_error err = {0};
     float *f = malloc((size_t)N * cols * sizeof(float));
@@ -61,6 +62,8 @@ static bool make_weight_cols(ember_backend *be, ember_dtype t, int N, int cols, 
     ok = ok && CHECKV(be->ops->buffer_from_host(be, q, bytes, buf, &err) == EMBER_OK, "buffer: %s", err.msg);
     int64_t shape[2] = {N, cols};
     ok = ok && CHECKV(ember_tensor_view(w, *buf, 0, t, 2, shape, &err) == EMBER_OK, "view: %s", err.msg);
+    /* prepared as the model loader prepares every matrix (packed where the ISA has a kernel) */
+    ok = ok && CHECKV(be->ops->prepare_weight(be, w, &err) == EMBER_OK, "prepare: %s", err.msg);
     free(f);
     free(q); /* buffer_from_host copies (zero_copy is off) */
     return ok;

@@ -11,8 +11,9 @@
  *   2. Precision: against a double-precision product of the bf16 weights
  *      and the f32 inputs, |error| <= 2^-14 * sum |w x| + tiny per output
  *      (the split of x into two bf16 keeps 16 significand bits).
- *   3. The packing is invisible: reading the weight back after the first
- *      matmul gives the original bytes; get_rows of a packed (tied)
+ *   3. The packing is invisible: reading the weight back after it is
+ *      prepared (backend.h prepare_weight: packed once, as the model loader
+ *      does for every matrix) and multiplied gives the original bytes; get_rows of a packed (tied)
  *      embedding gives the original rows; a weight whose K is not a
  *      multiple of 32 stays on the f32 kernels and is as precise.
  *   4. The AMX path is really taken: the AVX-512 table's results for the
@@ -45,13 +46,14 @@ static void case_free(mm_case *c) {
     memset(c, 0, sizeof *c);
 }
 
-/* Weight [N, K] bf16 from wbits, input [M, K] from x, output [M, N]. */
+/* Weight [N, K] bf16 from wbits (prepared), input [M, K] from x, output [M, N]. */
 static bool case_new(ember_backend *be, const uint16_t *wbits, int N, int K, const float *x, int M, mm_case *c) {
     ember_error err = {0};
     memset(c, 0, sizeof *c);
     int64_t ws[2] = {N, K}, xs[2] = {M, K}, os[2] = {M, N};
     bool ok = CHECKV(be->ops->buffer_from_host(be, wbits, (size_t)N * K * 2, &c->wb, &err) == EMBER_OK, "%s", err.msg) &&
               CHECKV(ember_tensor_view(&c->w, c->wb, 0, EMBER_BF16, 2, ws, &err) == EMBER_OK, "%s", err.msg) &&
+              CHECKV(be->ops->prepare_weight(be, &c->w, &err) == EMBER_OK, "prepare: %s", err.msg) &&
               CHECKV(ember_tensor_alloc(be, &c->x, &c->xb, EMBER_F32, 2, xs, &err) == EMBER_OK, "%s", err.msg) &&
               CHECKV(ember_tensor_alloc(be, &c->o, &c->ob, EMBER_F32, 2, os, &err) == EMBER_OK, "%s", err.msg) &&
               CHECKV(be->ops->write(be, &c->x, 0, x, (size_t)M * K * 4, &err) == EMBER_OK, "%s", err.msg);
@@ -148,8 +150,9 @@ static void test_packing(ember_backend *amx, ember_backend *avx) {
     }
     ember_buffer_free(rb);
     CHECKV(amx->ops->read(amx, &c.w, 0, back, sizeof back, &err) == EMBER_OK, "read: %s", err.msg);
-    CHECK(!memcmp(back, w, sizeof w)); /* read restores the row-major bytes */
-    CHECKV(amx->ops->matmul(amx, &c.x, 1, &mm, &err) == EMBER_OK, "matmul: %s", err.msg); /* packs again */
+    CHECK(!memcmp(back, w, sizeof w)); /* read gives the row-major bytes */
+    CHECK(c.w.prep != NULL);           /* K = 96: a multiple of 32, packed at preparation */
+    CHECKV(amx->ops->matmul(amx, &c.x, 1, &mm, &err) == EMBER_OK, "matmul: %s", err.msg); /* still packed */
     CHECK(amx->ops->read(amx, &c.o, 0, oa, sizeof oa, &err) == EMBER_OK);
     case_free(&c);
     if (run_mm(avx, w, N, K, x, M, ov)) {
@@ -167,8 +170,8 @@ static void test_packing(ember_backend *amx, ember_backend *avx) {
 }
 
 /* 5. Weights the backend does not own (zero_copy: the caller's memory,
-   never packed in place) are packed group by group on the fly: the same
-   bits. */
+   never packed in place: prepare_weight leaves them) are packed group by
+   group on the fly: the same bits. */
 static void test_zero_copy(ember_backend *owned, ember_backend *zc) {
     enum { N = 56, K = 160, M = 21 };
     static uint16_t w[N * K];

@@ -34,7 +34,7 @@ struct ember_buffer {
     size_t size;
     bool owned;  /* false: wraps memory the backend does not free */
     size_t map_len; /* backend-private: length of an owned mapping, 0 if none */
-    int n_packed;   /* backend-private: the CPU backend's packed weights in it */
+    ember_prepared *preps; /* backend-private: the weights prepared in it (prepare_weight), freed with it */
 };
 
 /* One matrix product of a multi-matmul: out[m, n] = sum_k x[m, k] w[n, k] + bias[n]. */
@@ -391,6 +391,24 @@ typedef struct ember_backend_ops {
     int (*step_begin)(ember_backend *be, const ember_step_key *key, bool *graphed, ember_error *err);
     int (*step_end)(ember_backend *be, bool failed, bool *again, ember_error *err);
 
+    /* Prepares the weight t for matmul and get_rows, once, after it is
+       loaded and before it is used (the model loader calls it for each
+       matrix). The backend may rewrite the bytes into a layout of its own
+       and sets t->prep, a handle the kernels then read directly: the CPU
+       backend permutes a quantized matrix in place into 16-row packed
+       groups where its ISA has a packed kernel for the dtype and it owns
+       the memory (docs/backend.md). Copies of t made afterwards share the
+       handle; a tensor viewing the same bytes (a tied embedding) is
+       prepared by calling this again with it, which shares the existing
+       handle. Preparing is invisible to every other op: read gives the
+       original bytes, write and any view of the bytes without the handle
+       first restore them (the weight then runs row-major, with the same
+       results, until prepared again). A weight the backend has nothing to
+       do for is left as it is: EMBER_OK. Errors (out of memory,
+       EMBER_ERR_NOMEM) leave t and its bytes as they were. Optional (NULL:
+       nothing to prepare). */
+    int (*prepare_weight)(ember_backend *be, ember_tensor *t, ember_error *err);
+
     /* What the backend supports, asked before loading (NULL: everything).
        weight_ok: matmul and get_rows take weights of this dtype; kv_ok: the
        paged KV ops take this codec. */
@@ -436,6 +454,11 @@ int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_
    backend). */
 ember_isa ember_backend_cpu_isa(const ember_backend *be);
 int ember_backend_cpu_threads(const ember_backend *be);
+/* Products a CPU backend ran on a weight it could have packed but that was
+   not prepared (prepare_weight): row-major, the same bits, slower. The
+   loader prepares every matrix, so 0 after any forward pass of a loaded
+   model; tests read it. */
+long ember_backend_cpu_unprepared(const ember_backend *be);
 
 /* The CUDA backend (src/backend/cuda, docs/cuda.md). Built with
    -DEMBER_CUDA=ON; without it every function below fails with

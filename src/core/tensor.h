@@ -17,6 +17,7 @@
 #define EMBER_MAX_DIMS 4
 
 typedef struct ember_buffer ember_buffer; /* defined by backend/backend.h */
+typedef struct ember_prepared ember_prepared; /* defined by each backend that prepares weights */
 
 typedef struct ember_tensor {
     ember_dtype dtype;
@@ -25,6 +26,10 @@ typedef struct ember_tensor {
     ember_buffer *buf; /* owned elsewhere; NULL for an unbound tensor */
     size_t offset;     /* bytes from the start of buf */
     size_t nbytes;
+    /* a weight the backend prepared once at load (backend.h prepare_weight):
+       its handle, owned by buf and read by the kernels with no lookup; NULL
+       for every other tensor (ember_tensor_view and ember_tensor_alloc clear it) */
+    ember_prepared *prep;
 } ember_tensor;
 
 /* Number of elements (1 for ndim 0). */

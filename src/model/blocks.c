@@ -3,8 +3,9 @@
  * family.h.
  *
  * Loading: large weights are zero-copy views of the mapped files where the
- * backend allows; norms and biases are converted to f32 and uploaded; MLX
- * group-quantized matrices are repacked (mlx_load.h). Every tensor is
+ * backend allows; norms and biases are converted to f32 and uploaded; a
+ * store with its own encoding of matrices (L->matrix_source: MLX's
+ * group-quantized safetensors) binds them itself. Every tensor is
  * checked for presence, dtype and shape, and errors name it.
  *
  * Forward blocks: each is a fixed sequence of backend ops on the run
@@ -19,7 +20,6 @@
 #include "core/util.h"
 #include "family.h"
 #include "formats/quant.h"
-#include "mlx_load.h"
 
 /* ---- loading ------------------------------------------------------------------- */
 
@@ -130,9 +130,8 @@ static int check_backend_dtype(ember_loader *L, const char *file, const char *na
                      name, ember_dtype_get(dt)->name, be->ops->name);
 }
 
-/* Binds t to a copy of repacked MLX blocks (mlx_load.h), which it frees. */
-static int load_blocks(ember_loader *L, ember_tensor *t, const char *name, void *blocks, size_t nbytes, ember_dtype dt,
-                       int ndim, const int64_t *shape) {
+int ember_load_blocks(ember_loader *L, ember_tensor *t, const char *name, void *blocks, size_t nbytes, ember_dtype dt,
+                      int ndim, const int64_t *shape) {
     ember_llm *m = L->m;
     ember_buffer *b = NULL;
     int rc = check_backend_dtype(L, L->primary, name, dt);
@@ -169,23 +168,10 @@ int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int nd
     ember_llm *m = L->m;
     wview st;
     memset(t, 0, sizeof *t);
-    if (L->w && !as_f32 && (ndim == 2 || ndim == 3)) { /* an MLX-quantized matrix (or stack of experts)? */
-        void *blocks;
-        size_t nb;
-        ember_dtype dt;
-        int rc = ember_mlx_load_weight(L->w, &m->cfg, name, ndim == 3 ? shape[0] : 0, shape[ndim - 2], shape[ndim - 1],
-                                       &blocks, &nb, &dt, L->err);
-        if (rc) return rc;
-        if (blocks) {
-            char part[216];
-            size_t len = strlen(name) - (sizeof ".weight" - 1); /* the MLX loader checked the suffix */
-            ember_load_claim(L, name);
-            snprintf(part, sizeof part, "%.*s.scales", (int)len, name);
-            ember_load_claim(L, part);
-            snprintf(part, sizeof part, "%.*s.biases", (int)len, name);
-            ember_load_claim(L, part);
-            return load_blocks(L, t, name, blocks, nb, dt, ndim, shape);
-        }
+    if (L->matrix_source && !as_f32 && (ndim == 2 || ndim == 3)) { /* the store's own encoding of a matrix (or a stack)? */
+        bool bound = false;
+        int rc = L->matrix_source(L, t, name, ndim, shape, &bound);
+        if (rc || bound) return rc;
     }
     char shown[400];
     if (!find_weight(L, name, &st)) {

@@ -36,6 +36,11 @@ typedef struct ember_loader {
     const char *layers;     /* the prefix of layer i's names, "<layers>.i.": "model.layers" when NULL
                                (an MTP head's are "mtp.layers"; ember_load_moe and the hybrid layers
                                read it) */
+    /* the weight store's own encoding of matrices, tried by ember_load_tensor
+       before it reads a matrix as stored (safetensors: mlx-community's
+       quantized layout, mlx_load.h); NULL: none (GGUF) */
+    int (*matrix_source)(struct ember_loader *L, ember_tensor *t, const char *name, int ndim, const int64_t *shape,
+                         bool *bound);
 } ember_loader;
 
 /* "<prefix>.i.suffix" into n (size cap), prefix L->layers or "model.layers"; returns n. */
@@ -48,12 +53,21 @@ bool ember_load_has(const ember_loader *L, const char *name);
    absent). ember_load_tensor and ember_load_split mark what they bind. */
 void ember_load_claim(ember_loader *L, const char *name);
 
+/* Binds t (ndim, shape) to a backend copy of the host bytes blocks (nbytes
+   of dtype dt, the weight `name` in a store's own encoding: a
+   matrix_source's), which it frees in every case; counts it as a large
+   weight. Errors: a dtype the backend cannot compute with, out of memory. */
+int ember_load_blocks(ember_loader *L, ember_tensor *t, const char *name, void *blocks, size_t nbytes, ember_dtype dt,
+                      int ndim, const int64_t *shape);
+
 /*
  * Binds t to the weight called name (a HuggingFace name) with the expected
  * shape. as_f32: the tensor is small (norm, bias) and is converted to an f32
  * copy. Missing tensors are errors naming the tensor (from GGUF by its
  * llama.cpp name, then the HuggingFace one) unless optional (then t stays
- * unbound, buf NULL).
+ * unbound, buf NULL). A matrix (ndim 2, or 3: a stack) not as_f32 is first
+ * offered to L->matrix_source, which may bind it from the store's own
+ * encoding (MLX's quantized layout); otherwise it is read as stored.
  */
 int ember_load_tensor(ember_loader *L, ember_tensor *t, const char *name, int ndim, const int64_t *shape, bool as_f32,
                       bool optional);

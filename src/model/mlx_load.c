@@ -3,7 +3,10 @@
  * entries and the tensors present whether a matrix is MLX-quantized (as
  * mlx-lm does: an explicit per-module entry wins, otherwise the presence
  * of "<module>.scales"), then hands the three tensors to
- * formats/mlx_quant.h to be checked and repacked.
+ * formats/mlx_quant.h to be checked and repacked. ember_mlx_matrix_source
+ * is how the generic loader (blocks.c) reaches this file: it is the
+ * safetensors loader's matrix_source, so MLX's names (".scales",
+ * ".biases") and rules stay here.
  *
  * Ownership: the returned block buffer belongs to the caller. No state.
  */
@@ -96,5 +99,27 @@ int ember_mlx_load_weight(const ember_weights *w, const ember_model_config *cfg,
     ember_mlx_part pw = {name, wfile, wt}, ps = {sname, sfile, st}, pb = {bname, bfile, bt};
     int rc = ember_mlx_repack(&pw, &ps, &pb, bits, G, N, K, blocks, nbytes, err);
     if (!rc) *dtype = ember_dtype_mlx(bits, G);
+    return rc;
+}
+
+int ember_mlx_matrix_source(ember_loader *L, ember_tensor *t, const char *name, int ndim, const int64_t *shape,
+                            bool *bound) {
+    *bound = false;
+    if (!L->w || (ndim != 2 && ndim != 3)) return EMBER_OK;
+    void *blocks;
+    size_t nb;
+    ember_dtype dt;
+    int rc = ember_mlx_load_weight(L->w, &L->m->cfg, name, ndim == 3 ? shape[0] : 0, shape[ndim - 2], shape[ndim - 1],
+                                   &blocks, &nb, &dt, L->err);
+    if (rc || !blocks) return rc;
+    char part[216];
+    size_t len = strlen(name) - (sizeof ".weight" - 1); /* ember_mlx_load_weight checked the suffix */
+    ember_load_claim(L, name);
+    snprintf(part, sizeof part, "%.*s.scales", (int)len, name);
+    ember_load_claim(L, part);
+    snprintf(part, sizeof part, "%.*s.biases", (int)len, name);
+    ember_load_claim(L, part);
+    rc = ember_load_blocks(L, t, name, blocks, nb, dt, ndim, shape);
+    *bound = rc == EMBER_OK;
     return rc;
 }

@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "family.h"
 #include "formats/config.h"
 #include "formats/weights.h"
 
@@ -32,5 +33,17 @@
  */
 int ember_mlx_load_weight(const ember_weights *w, const ember_model_config *cfg, const char *name, int64_t n_stack,
                           int64_t N, int64_t K, void **blocks, size_t *nbytes, ember_dtype *dtype, ember_error *err);
+
+/*
+ * The loader's matrix_source for a safetensors store (family.h): probes the
+ * weight `name` (ndim 2: a matrix [N, K]; 3: a stack [n_stack, N, K]) with
+ * ember_mlx_load_weight; when it is MLX-quantized, binds t to the repacked
+ * blocks (ember_load_blocks), claims "<module>.weight", ".scales" and
+ * ".biases", and sets *bound. A float matrix: *bound false, EMBER_OK (the
+ * loader reads it as stored). Errors as ember_mlx_load_weight's and
+ * ember_load_blocks's.
+ */
+int ember_mlx_matrix_source(ember_loader *L, ember_tensor *t, const char *name, int ndim, const int64_t *shape,
+                            bool *bound);
 
 #endif

@@ -1,7 +1,10 @@
 /*
  * model.c - the life cycle every family shares: a model_type's family, the
  * RoPE tables (one per layer kind), the layers' windows, the family's
- * loader, the run state and the checks of a batch. The families themselves
+ * loader, the preparation step (each matrix handed once to the backend's
+ * prepare_weight: docs/backend.md), the run state and the checks of a
+ * batch. A safetensors store's loader gets MLX's matrix_source
+ * (mlx_load.h): the one place the generic loading names MLX. The families themselves
  * are llama.c and gemma.c (family.h).
  */
 #include <stdio.h>
@@ -12,6 +15,7 @@
 #include "core/util.h"
 #include "formats/arch.h"
 #include "family.h"
+#include "mlx_load.h"
 #include "rope.h"
 
 /* Rows of logits computed (and read back) per output-head product: 16 in
@@ -133,6 +137,41 @@ static void rope_dims(const ember_model_config *c, int *global, int *local) {
     if (!*local) *local = c->head_dim;
 }
 
+/* Hands t to the backend's prepare_weight (backend.h) when it is bound. */
+static int prepare_one(ember_llm *m, ember_tensor *t, ember_error *err) {
+    return t->buf ? m->be->ops->prepare_weight(m->be, t, err) : EMBER_OK;
+}
+
+/* The preparation step of loading: every matrix a matmul reads goes to the
+   backend's prepare_weight once, now that the family has bound them all
+   (the CPU backend packs the quantized ones in place; docs/backend.md).
+   The embedding is prepared only when tied (it then views the output
+   head's bytes and shares its handle, which get_rows reads): an untied one
+   is only gathered from. A matrix missed here still computes the same
+   bits, row-major. Out of memory fails the load, which frees the model. */
+static int prepare_weights(ember_llm *m, ember_error *err) {
+    if (!m->be->ops->prepare_weight) return EMBER_OK;
+    int rc;
+    ember_tensor *top[] = {&m->lm_head, &m->ple_model_proj, &m->e3_fc};
+    for (size_t i = 0; i < EMBER_ARRAY_LEN(top); i++)
+        if ((rc = prepare_one(m, top[i], err))) return rc;
+    if (m->embed.buf == m->lm_head.buf && m->embed.offset == m->lm_head.offset &&
+        (rc = prepare_one(m, &m->embed, err)))
+        return rc;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        ember_llm_layer *ly = &m->layers[l];
+        ember_tensor *mats[] = {&ly->wq,      &ly->wk,     &ly->wv,      &ly->wo,      &ly->w_gate,  &ly->w_up,
+                                &ly->w_down,  &ly->router, &ly->sh_gate, &ly->sh_up,   &ly->sh_down, &ly->sh_expert_gate,
+                                &ly->wq_gate, &ly->lin_qkv, &ly->lin_z,  &ly->lin_b,   &ly->lin_a,   &ly->lin_out,
+                                &ly->ple_gate, &ly->ple_proj};
+        for (size_t i = 0; i < EMBER_ARRAY_LEN(mats); i++)
+            if ((rc = prepare_one(m, mats[i], err))) return rc;
+        for (int64_t e = 0; ly->experts && e < 3 * (int64_t)m->cfg.n_experts; e++)
+            if ((rc = prepare_one(m, &ly->experts[e], err))) return rc;
+    }
+    return EMBER_OK;
+}
+
 /* Everything but the file: RoPE tables, layers, then the family's tensors. */
 static int build(ember_llm *m, ember_loader *L) {
     const ember_model_config *cfg = &m->cfg;
@@ -164,7 +203,7 @@ static int build(ember_llm *m, ember_loader *L) {
         m->layers[i].window = cfg->layer_window[i];
         m->layers[i].local_rope = cfg->layer_sliding[i];
     }
-    if ((rc = m->family->load(L)) || (rc = check_unclaimed(L))) return rc;
+    if ((rc = m->family->load(L)) || (rc = check_unclaimed(L)) || (rc = prepare_weights(m, err))) return rc;
     uint64_t mask = L->dtype_seen;
     m->weight_dtype = "mixed";
     for (int t = 1; t < EMBER_DTYPE_COUNT; t++)
@@ -181,7 +220,8 @@ int ember_llm_load(const ember_model_config *cfg, const ember_weights *w, ember_
     m->be = be;
     m->rope_mode = EMBER_ROPE_NEOX;
     m->norm_plus_one = true; /* HF stores gemma's norms as w of x * (1 + w) */
-    ember_loader L = {m, w, NULL, w->primary, err, 0, NULL, 0, NULL};
+    /* a safetensors store may hold mlx-community's quantized matrices */
+    ember_loader L = {m, w, NULL, w->primary, err, 0, NULL, 0, NULL, ember_mlx_matrix_source};
     int rc = build(m, &L);
     free(L.claimed);
     if (rc) {
@@ -204,7 +244,7 @@ int ember_llm_from_gguf(ember_gguf *f, ember_backend *be, ember_model_config *cf
     m->gguf = f;
     int rc = ember_gguf_model_config(m->gguf, &m->cfg, &m->rope_mode, err);
     if (!rc) {
-        ember_loader L = {m, NULL, m->gguf, m->gguf->path, err, 0, NULL, 0, NULL};
+        ember_loader L = {m, NULL, m->gguf, m->gguf->path, err, 0, NULL, 0, NULL, NULL};
         rc = build(m, &L);
         free(L.claimed);
     }

@@ -17,13 +17,23 @@
  * tasks, so every output element is computed entirely by one task and the
  * thread count never changes a result.
  *
- * Packed weights: the first matmul with a quantized weight whose dtype has
- * a packed kernel for this ISA (qkern.h) permutes the weight's bytes in
- * place into 16-row groups, when the backend owns the memory (not with
- * zero_copy). A small registry (c->packed) remembers which tensor ranges
- * are packed; get_rows reads packed rows directly, and read, write and
- * buffer_free first restore (or forget) any packed range they touch, so
- * packing is invisible outside the matmul kernels.
+ * Prepared weights (backend.h prepare_weight): the model loader hands
+ * each matrix to cpu_prepare_weight once after loading. A quantized
+ * weight whose dtype has a packed kernel for this ISA (qkern.h) and whose
+ * memory the backend owns (not with zero_copy: the caller's mapped file is
+ * never written) has its whole 16-row groups permuted in place; the
+ * handle of that, an ember_prepared, is owned by the buffer (a list
+ * through buf->preps, freed with it) and the tensor points at it
+ * (t->prep). matmul and get_rows read t->prep directly: no lookup per
+ * product (a MoE model has thousands of expert matrices). Every weight
+ * without a handle runs row-major with the same bits (cpu_qmatmul packs
+ * group by group into scratch). Packing stays invisible: read un-permutes
+ * into the caller's memory without touching the weight; write, and a view
+ * without the handle that overlaps a packed range (an op reading the bytes
+ * as row-major), first restore the range and mark the handle unpacked, so
+ * the copies of the tensor that share it run row-major until
+ * prepare_weight packs it again. The layout depends on the dtype only, not
+ * on the ISA: a backend of another ISA has its own buffers anyway.
  */
 #define _DEFAULT_SOURCE
 #include <math.h>
@@ -68,30 +78,31 @@ typedef struct cpu_backend {
     size_t act_tiled_cap;
     unsigned char *qscratch; /* n_threads x qscratch_bytes: cpu_qmatmul and packing */
     size_t qscratch_bytes;
-    struct cpu_packed *packed; /* the weight ranges kept packed */
     float *attn_parts;         /* attention span states (split mode), grown on demand */
     void *delta_scratch;       /* delta_net's scratch (cpu_delta.c), grown on demand */
     size_t delta_cap;          /* its bytes */
     size_t attn_parts_cap;
-    int n_packed, cap_packed;
-    int *packed_ix;   /* open-addressed index of packed by (buf, off): entry + 1, 0 empty; NULL: scan */
-    int ix_cap;       /* its slots, a power of two above twice n_packed */
-    bool ix_stale;    /* an entry moved or left: rebuild before the next lookup */
+    long n_unprepared; /* products that ran a packable weight row-major: it had no handle */
 } cpu_backend;
 
-/* A weight tensor whose bytes are packed in place (qkern.h). */
-typedef struct cpu_packed {
-    const ember_buffer *buf;
+/* A prepared weight (see the top of the file): the whole 16-row groups of
+   the N x K matrix of dtype dt at bytes [off, off + nbytes) of buf are
+   packed in place while packed is set. Owned by buf (its preps list). */
+struct ember_prepared {
+    ember_buffer *buf;
     size_t off, nbytes;
     ember_dtype dt;
     int64_t N, K;
-} cpu_packed;
+    bool packed; /* false: restored to row-major (prepare_weight packs it again) */
+    ember_prepared *next;
+};
 
 static cpu_backend *cpu(ember_backend *be) {
     return (cpu_backend *)be->impl;
 }
 
-static void packed_release(cpu_backend *c, const ember_buffer *buf, size_t off, size_t n, bool restore);
+static void preps_restore(cpu_backend *c, ember_buffer *buf, size_t off, size_t n);
+static void preps_read(cpu_backend *c, const ember_buffer *buf, size_t off, size_t n, unsigned char *dst);
 
 static void *host(const ember_tensor *t) {
     return (char *)t->buf->data + t->offset;
@@ -176,7 +187,10 @@ static int cpu_buffer_from_host(ember_backend *be, const void *h, size_t size, e
 
 static void cpu_buffer_free(ember_buffer *b) {
     if (!b) return;
-    packed_release(cpu(b->be), b, 0, SIZE_MAX, false);
+    for (ember_prepared *p = b->preps, *next; p; p = next) {
+        next = p->next;
+        free(p);
+    }
     if (b->owned && b->map_len)
         munmap(b->data, b->map_len);
     else if (b->owned)
@@ -196,7 +210,7 @@ static int cpu_write(ember_backend *be, ember_tensor *dst, size_t off, const voi
                      ember_error *err) {
     int rc = check_range(dst, off, n, err);
     if (rc) return rc;
-    packed_release(cpu(be), dst->buf, dst->offset + off, n, true);
+    preps_restore(cpu(be), dst->buf, dst->offset + off, n);
     if (n) memcpy((char *)host(dst) + off, src, n);
     return EMBER_OK;
 }
@@ -205,8 +219,8 @@ static int cpu_read(ember_backend *be, const ember_tensor *src, size_t off, void
                     ember_error *err) {
     int rc = check_range(src, off, n, err);
     if (rc) return rc;
-    packed_release(cpu(be), src->buf, src->offset + off, n, true);
     if (n) memcpy(dst, (const char *)host(src) + off, n);
+    preps_read(cpu(be), src->buf, src->offset + off, n, dst);
     return EMBER_OK;
 }
 
@@ -294,113 +308,106 @@ static void pack_task(void *ctx, int task, int thread) {
         cpu_qunpack_group(j->dt, tmp, j->K, g, j->row, CPU_QP_ROWS);
 }
 
-/* Packs or unpacks the whole groups of entry e in place. The scratch must
-   hold a group (ensured when the entry was made). */
-static void pack_run(cpu_backend *c, const cpu_packed *e, bool pack) {
-    pack_job j = {c, e->dt, (unsigned char *)e->buf->data + e->off, cpu_row_bytes(e->dt, e->K), (int)e->K, pack};
-    ember_pool_run(c->pool, (int)(e->N / CPU_QP_ROWS), pack_task, &j);
+/* Packs or unpacks the whole groups of p in place. The scratch holds a
+   group (ensured when p was prepared). */
+static void pack_run(cpu_backend *c, ember_prepared *p, bool pack) {
+    pack_job j = {c, p->dt, (unsigned char *)p->buf->data + p->off, cpu_row_bytes(p->dt, p->K), (int)p->K, pack};
+    ember_pool_run(c->pool, (int)(p->N / CPU_QP_ROWS), pack_task, &j);
+    p->packed = pack;
 }
 
-/* Every packed range of buf overlapping [off, off + n): restored to the
-   original bytes (restore) or just forgotten (the buffer is going away). */
-static void packed_release(cpu_backend *c, const ember_buffer *buf, size_t off, size_t n, bool restore) {
-    if (!c || !buf || !buf->n_packed) return;
+/* Bytes of p's whole groups (the packed part). */
+static size_t prep_packed_bytes(const ember_prepared *p) {
+    return (size_t)(p->N / CPU_QP_ROWS) * CPU_QP_ROWS * cpu_row_bytes(p->dt, p->K);
+}
+
+static bool prep_overlaps(const ember_prepared *p, size_t off, size_t n) {
     size_t end = n > SIZE_MAX - off ? SIZE_MAX : off + n;
-    for (int i = 0; i < c->n_packed;) {
-        cpu_packed *e = &c->packed[i];
-        if (e->buf == buf && e->off < end && off < e->off + e->nbytes) {
-            if (restore) pack_run(c, e, false);
-            ((ember_buffer *)e->buf)->n_packed--; /* the registry keeps buffers const */
-            *e = c->packed[--c->n_packed];
-            c->ix_stale = true;
-        } else {
-            i++;
+    return p->packed && p->off < end && off < p->off + prep_packed_bytes(p);
+}
+
+/* Restores every packed weight of buf overlapping [off, off + n) to its
+   row-major bytes (their handles stay, marked unpacked). */
+static void preps_restore(cpu_backend *c, ember_buffer *buf, size_t off, size_t n) {
+    if (!buf) return;
+    for (ember_prepared *p = buf->preps; p; p = p->next)
+        if (prep_overlaps(p, off, n)) pack_run(c, p, false);
+}
+
+/* dst holds a copy of bytes [off, off + n) of buf: rewrites the parts of
+   it that are packed into their row-major bytes, group by group through
+   thread 0's scratch; the weight itself is untouched. */
+static void preps_read(cpu_backend *c, const ember_buffer *buf, size_t off, size_t n, unsigned char *dst) {
+    if (!buf) return;
+    const size_t end = off + n; /* check_range bounded it */
+    for (const ember_prepared *p = buf->preps; p; p = p->next) {
+        if (!prep_overlaps(p, off, n)) continue;
+        const size_t row = cpu_row_bytes(p->dt, p->K), gbytes = CPU_QP_ROWS * row;
+        const size_t lo = off > p->off ? off : p->off, pend = p->off + prep_packed_bytes(p);
+        const size_t hi = end < pend ? end : pend;
+        for (size_t g = (lo - p->off) / gbytes; p->off + g * gbytes < hi; g++) {
+            const size_t g0 = p->off + g * gbytes, a = lo > g0 ? lo : g0, b = hi < g0 + gbytes ? hi : g0 + gbytes;
+            cpu_qunpack_group(p->dt, (const unsigned char *)buf->data + g0, (int)p->K, c->qscratch, row, CPU_QP_ROWS);
+            memcpy(dst + (a - off), c->qscratch + (a - g0), b - a);
         }
     }
 }
 
-static bool packed_is(const cpu_packed *e, const ember_tensor *w) {
-    return e->buf == w->buf && e->off == w->offset && e->dt == w->dtype && e->N == w->shape[0] && e->K == w->shape[1];
+/* Whether the handle p describes the weight w (a copy of the prepared
+   tensor, not another view of its buffer). */
+static bool prep_is(const ember_prepared *p, const ember_tensor *w) {
+    return p->buf == w->buf && p->off == w->offset && p->dt == w->dtype && w->ndim == 2 && p->N == w->shape[0] &&
+           p->K == w->shape[1];
 }
 
-static size_t packed_slot(const ember_buffer *buf, size_t off, int cap) {
-    uint64_t h = ((uint64_t)(uintptr_t)buf ^ ((uint64_t)off * 0x9E3779B97F4A7C15u)) * 0xFF51AFD7ED558CCDu;
-    return (size_t)(h >> 32) & (size_t)(cap - 1);
+/* Whether matmul and get_rows read w as packed: its handle says so. A
+   view without one that overlaps packed bytes restores them first (so it
+   reads row-major bytes): the cost of a view the loader did not prepare,
+   never of a prepared weight. */
+static bool w_packed(cpu_backend *c, const ember_tensor *w) {
+    const ember_prepared *p = w->prep;
+    if (p && p->packed && prep_is(p, w)) return true;
+    if (w->buf->preps) preps_restore(c, w->buf, w->offset, w->nbytes);
+    return false;
 }
 
-/* Rebuilds the index of the registry (a MoE model packs thousands of expert
-   matrices, each looked up per matmul: a scan of them all cost more than the
-   products of one decode step's experts). On failure the index is dropped
-   and lookups scan. */
-static void packed_reindex(cpu_backend *c) {
-    int cap = 64;
-    while (cap < 2 * c->n_packed + 2 && cap < (1 << 28)) cap *= 2;
-    if (cap != c->ix_cap) {
-        free(c->packed_ix);
-        c->packed_ix = ember_calloc((size_t)cap, sizeof *c->packed_ix);
-        c->ix_cap = c->packed_ix ? cap : 0;
-    } else if (c->packed_ix) {
-        memset(c->packed_ix, 0, (size_t)cap * sizeof *c->packed_ix);
-    }
-    c->ix_stale = false;
-    if (!c->packed_ix) return;
-    for (int i = 0; i < c->n_packed; i++) {
-        size_t k = packed_slot(c->packed[i].buf, c->packed[i].off, cap);
-        while (c->packed_ix[k]) k = (k + 1) & (size_t)(cap - 1);
-        c->packed_ix[k] = i + 1;
-    }
-}
-
-/* The registry entry of w when w is packed, else -1. */
-static int packed_find(cpu_backend *c, const ember_tensor *w) {
-    if (c->ix_stale || 2 * c->n_packed + 2 > c->ix_cap) packed_reindex(c);
-    if (c->packed_ix) {
-        for (size_t k = packed_slot(w->buf, w->offset, c->ix_cap); c->packed_ix[k];
-             k = (k + 1) & (size_t)(c->ix_cap - 1))
-            if (packed_is(&c->packed[c->packed_ix[k] - 1], w)) return c->packed_ix[k] - 1;
-        return -1;
-    }
-    for (int i = 0; i < c->n_packed; i++)
-        if (packed_is(&c->packed[i], w)) return i;
-    return -1;
-}
-
-/* Whether matmul may read w as packed; packs it on first use when the ISA
-   has a packed kernel for its dtype and the backend owns its memory. Out of
-   memory for the registry only means w stays row-major. */
-static int packed_ensure(cpu_backend *c, const ember_tensor *w, bool *packed, ember_error *err) {
-    *packed = false;
-    if (!c->k->qgemm_packed[w->dtype] || !w->buf->owned || w->ndim != 2 || w->shape[1] > INT32_MAX ||
+/* Whether w can be packed on this backend: a 2-D matrix of a dtype with a
+   packed kernel in this ISA's table, at least one whole group of rows, in
+   memory the backend owns. */
+static bool packable(const cpu_backend *c, const ember_tensor *w) {
+    if (w->dtype <= EMBER_DTYPE_INVALID || w->dtype >= EMBER_DTYPE_COUNT || w->ndim != 2) return false;
+    if (!c->k->qgemm_packed[w->dtype] || !w->buf->owned || w->shape[1] > INT32_MAX ||
         mm_act_kind(c->k, w->dtype, w->shape[1]) == CPU_ACT_NONE)
-        return EMBER_OK;
-    if (packed_find(c, w) >= 0) {
-        *packed = true;
-        return EMBER_OK;
-    }
-    packed_release(c, w->buf, w->offset, w->nbytes, true);
+        return false;
     size_t row = cpu_row_bytes(w->dtype, w->shape[1]);
-    if (w->shape[0] < CPU_QP_ROWS || row == 0 || w->shape[0] / CPU_QP_ROWS > INT32_MAX) return EMBER_OK;
-    int rc = ensure_qscratch(c, CPU_QP_ROWS * row, err);
+    return w->shape[0] >= CPU_QP_ROWS && row != 0 && w->shape[0] / CPU_QP_ROWS <= INT32_MAX;
+}
+
+/* backend.h's prepare_weight: packs t in place when packable, sharing the
+   handle of an earlier preparation of the same bytes. Everything that can
+   fail (the scratch, the handle) comes before a byte moves. */
+static int cpu_prepare_weight(ember_backend *be, ember_tensor *t, ember_error *err) {
+    cpu_backend *c = cpu(be);
+    if (!t || !t->buf || t->buf->be != be)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "prepare_weight: not a bound tensor of this backend");
+    if (!packable(c, t)) return EMBER_OK;
+    ember_prepared *p = t->buf->preps;
+    while (p && !prep_is(p, t)) p = p->next;
+    if (p && p->packed) {
+        t->prep = p;
+        return EMBER_OK;
+    }
+    int rc = ensure_qscratch(c, CPU_QP_ROWS * cpu_row_bytes(t->dtype, t->shape[1]), err);
     if (rc) return rc;
-    if (c->n_packed == c->cap_packed) {
-        int cap = c->cap_packed ? 2 * c->cap_packed : 64;
-        cpu_packed *p = ember_realloc(c->packed, (size_t)cap * sizeof *p);
-        if (!p) return EMBER_OK;
-        c->packed = p;
-        c->cap_packed = cap;
+    if (!p) {
+        p = ember_calloc(1, sizeof *p);
+        if (!p) return ember_err(err, EMBER_ERR_NOMEM, "out of memory preparing a weight");
+        *p = (ember_prepared){t->buf, t->offset, t->nbytes, t->dtype, t->shape[0], t->shape[1], false, t->buf->preps};
+        t->buf->preps = p;
     }
-    cpu_packed *e = &c->packed[c->n_packed++];
-    *e = (cpu_packed){w->buf, w->offset, w->nbytes, w->dtype, w->shape[0], w->shape[1]};
-    w->buf->n_packed++;
-    if (!c->ix_stale && c->packed_ix && 2 * c->n_packed + 2 <= c->ix_cap) { /* one more slot, else a rebuild */
-        size_t k = packed_slot(w->buf, w->offset, c->ix_cap);
-        while (c->packed_ix[k]) k = (k + 1) & (size_t)(c->ix_cap - 1);
-        c->packed_ix[k] = c->n_packed;
-    } else {
-        c->ix_stale = true;
-    }
-    pack_run(c, e, true);
-    *packed = true;
+    preps_restore(c, t->buf, t->offset, t->nbytes); /* an overlapping view packed in its own groups */
+    pack_run(c, p, true);
+    t->prep = p;
     return EMBER_OK;
 }
 
@@ -424,9 +431,7 @@ static int cpu_get_rows(ember_backend *be, ember_tensor *dst, const ember_tensor
                              ids[i], (long long)R);
     /* a packed weight (an embedding tied to the output head): its whole
        groups are read in place, the rows after them are row-major */
-    int pk = packed_find(c, src);
-    if (pk < 0) packed_release(c, src->buf, src->offset, src->nbytes, true);
-    const int64_t packed_rows = pk >= 0 ? R / CPU_QP_ROWS * CPU_QP_ROWS : 0;
+    const int64_t packed_rows = w_packed(c, src) ? R / CPU_QP_ROWS * CPU_QP_ROWS : 0;
     for (int i = 0; i < n; i++) {
         const char *s = (const char *)host(src) + (size_t)ids[i] * row;
         float *d = (float *)host(dst) + (size_t)i * (size_t)D;
@@ -611,7 +616,7 @@ static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_k
 
 /* Checks n products (1 .. MAX_MM) on x for matmul (each false) or
    matmul_each (each: product i reads row i of x, which has n rows, and
-   writes one row), packs their weights on first use, and fills j (all but
+   writes one row), reads which weights are packed (w_packed), and fills j (all but
    the activations and qscratch) with its task split: about 8 tasks per
    thread (taken dynamically, so a thread slowed by other load takes
    fewer), in whole packed groups. need[kind]: the activation kinds the
@@ -659,7 +664,8 @@ static int mm_prepare(cpu_backend *c, const ember_tensor *x, int n, const ember_
         if (!c->k->qgemm_packed[dt]) continue;
         size_t b = cpu_qmatmul_scratch_bytes(dt, (int)K, (int)M);
         if (b > *qs) *qs = b;
-        if ((rc = packed_ensure(c, mm[i].w, &j->packed[i], err))) return rc;
+        j->packed[i] = w_packed(c, mm[i].w);
+        if (!j->packed[i] && packable(c, mm[i].w)) c->n_unprepared++;
     }
     int64_t want = total / ((int64_t)c->n_threads * 8);
     int block = (int)((want + CPU_QP_ROWS - 1) & ~(int64_t)(CPU_QP_ROWS - 1));
@@ -1320,8 +1326,6 @@ static void cpu_free(ember_backend *be) {
     ember_pool_free(c->pool);
     free(c->scratch);
     free(c->qscratch);
-    free(c->packed);
-    free(c->packed_ix);
     free(c->attn_parts);
     free(c->delta_scratch);
     for (int i = 0; i < CPU_ACT_COUNT; i++) free(c->act[i]), free(c->act_moe[i]);
@@ -1335,6 +1339,7 @@ static const ember_backend_ops k_cpu_ops = {
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_from_host = cpu_buffer_from_host,
     .buffer_free = cpu_buffer_free,
+    .prepare_weight = cpu_prepare_weight,
     .write = cpu_write,
     .read = cpu_read,
     .get_rows = cpu_get_rows,
@@ -1388,6 +1393,10 @@ int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_
 
 ember_isa ember_backend_cpu_isa(const ember_backend *be) {
     return ((const cpu_backend *)be->impl)->k->isa;
+}
+
+long ember_backend_cpu_unprepared(const ember_backend *be) {
+    return be->ops == &k_cpu_ops ? ((const cpu_backend *)be->impl)->n_unprepared : 0;
 }
 
 int ember_backend_cpu_threads(const ember_backend *be) {

@@ -51,8 +51,9 @@
  * kernels want CPU_QP_ROWS (16) rows side by side, one row per 32-bit lane,
  * so that one vector load feeds 16 outputs and no reduction across lanes is
  * ever needed. The CPU backend repacks a weight matrix in place (the bytes
- * of each group of 16 rows are permuted, the size is unchanged) the first
- * time it multiplies with it, for the dtypes whose ISA table has a packed
+ * of each group of 16 rows are permuted, the size is unchanged) once, when
+ * the model loader prepares it (backend.h prepare_weight, docs/backend.md),
+ * for the dtypes whose ISA table has a packed
  * kernel (cpu_kernels.qgemm_packed); rows past the last whole group stay in
  * row-major order. Repacking only moves bits: the canonical dot product of
  * a row is the same whatever the layout, and cpu_qpack_get_block recovers

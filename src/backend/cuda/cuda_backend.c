@@ -343,6 +343,15 @@ static int cuda_buffer_from_host(ember_backend *be, const void *h, size_t size, 
     return EMBER_OK;
 }
 
+/* backend.h's prepare_weight: the kernels read every weight in the layout
+   it was uploaded in (cuda_matmul.cu), so there is nothing to prepare;
+   checks the tensor is this backend's and leaves it as it is. */
+static int cuda_prepare_weight(ember_backend *be, ember_tensor *t, ember_error *err) {
+    if (!t || !t->buf || t->buf->be != be)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "prepare_weight: not a bound tensor of this backend");
+    return EMBER_OK;
+}
+
 /* Waits for work that may still use the memory, then frees it. A failure
    cannot be returned (the interface frees without a status): it goes to
    the backend's logger, and the next call that synchronises reports it. */
@@ -1620,6 +1629,7 @@ static const ember_backend_ops k_cuda_ops = {
     .buffer_alloc = cuda_buffer_alloc,
     .buffer_from_host = cuda_buffer_from_host,
     .buffer_free = cuda_buffer_free,
+    .prepare_weight = cuda_prepare_weight,
     .write = cuda_write,
     .read = cuda_read,
     .get_rows = cuda_get_rows,
