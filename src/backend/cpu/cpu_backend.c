@@ -1392,7 +1392,7 @@ int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_
 }
 
 ember_isa ember_backend_cpu_isa(const ember_backend *be) {
-    return ((const cpu_backend *)be->impl)->k->isa;
+    return be->ops == &k_cpu_ops ? ((const cpu_backend *)be->impl)->k->isa : EMBER_ISA_AUTO;
 }
 
 long ember_backend_cpu_unprepared(const ember_backend *be) {
@@ -1400,5 +1400,5 @@ long ember_backend_cpu_unprepared(const ember_backend *be) {
 }
 
 int ember_backend_cpu_threads(const ember_backend *be) {
-    return ((const cpu_backend *)be->impl)->n_threads;
+    return be->ops == &k_cpu_ops ? ((const cpu_backend *)be->impl)->n_threads : 0;
 }
