@@ -28,6 +28,8 @@
  *   - buffers (zeroed allocation, copies at offsets, bounds) and the
  *     errors: unsupported ops, dtypes and KV kinds, bad ids and
  *     positions, foreign tensors, a device index out of range.
+ * EMBER_CUDA_OPS_ONLY=NAME,NAME runs those groups of checks only (main()
+ * lists them; e.g. "matmul,kv_attention" under a sanitizer).
  * Where there is no CUDA device it prints "skipped: no CUDA device" and
  * exits 77.
  */
@@ -816,6 +818,8 @@ static void test_kv_attention(void) {
     check_attention_prefill(EMBER_KVE_BF16, "bf16", 2, 2, 64);
     check_attention_prefill(EMBER_KVE_BF16, "bf16", 1, 3, 32);
     check_attention_prefill(EMBER_KVE_BF16, "bf16", 1, 8, 16);
+    check_attention(EMBER_KVE_BF16, "bf16", 1, 20, 16); /* more than 16 query heads per KV head: a warp per 16 rows */
+    check_attention_prefill(EMBER_KVE_BF16, "bf16", 1, 20, 16);
     check_attention_prefill(EMBER_KVE_F16, "f16", 2, 4, 128); /* the span kernels */
     /* EMBER_CUDA_ATTN_TC=0: bf16 KV on the span kernels, invariant the same way */
     setenv("EMBER_CUDA_ATTN_TC", "0", 1);
@@ -1058,19 +1062,31 @@ int main(void) {
         fprintf(stderr, "cpu backend: %s\n", err.msg);
         return 1;
     }
-    test_buffers();
-    test_get_rows();
-    test_rms_norm();
-    test_matmul();
-    test_batch_invariance();
-    test_rope();
-    test_elementwise();
-    test_copy();
-    test_kv_attention();
-    test_add_rms_norm();
-    test_rope_kv_write();
-    test_argmax();
-    test_unsupported();
+    /* EMBER_CUDA_OPS_ONLY=name,name (e.g. "matmul,kv_attention" for a sanitizer run): those groups only */
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } groups[] = {{"buffers", test_buffers},         {"get_rows", test_get_rows},
+                  {"rms_norm", test_rms_norm},       {"matmul", test_matmul},
+                  {"batch_invariance", test_batch_invariance}, {"rope", test_rope},
+                  {"elementwise", test_elementwise}, {"copy", test_copy},
+                  {"kv_attention", test_kv_attention}, {"add_rms_norm", test_add_rms_norm},
+                  {"rope_kv_write", test_rope_kv_write}, {"argmax", test_argmax},
+                  {"unsupported", test_unsupported}};
+    const char *only = getenv("EMBER_CUDA_OPS_ONLY");
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+        if (only && *only) {
+            size_t n = strlen(groups[i].name);
+            const char *p = only;
+            bool hit = false;
+            while ((p = strstr(p, groups[i].name))) {
+                if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) hit = true;
+                p += n;
+            }
+            if (!hit) continue;
+        }
+        groups[i].fn();
+    }
     ember_backend_free(g_gpu);
     ember_backend_free(g_cpu);
     return test_done();

@@ -698,10 +698,15 @@ template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_group_k(a
 
 static_assert(SPAN == 128, "the tc kernels hold a span's scores in 16 n-tiles of 8 keys");
 
+/* The wide path's buffers: the scores, then p, of 16 rows ([16][SPAN + 4]
+   floats) and their m and l ([2][16]). */
+#define TCA_WIDE_BYTES ((size_t)16 * (SPAN + 4) * 4 + 2 * 16 * 4)
+
 /* Shared memory of a tc block for head size D, in bytes: q hi and lo
-   ([TCA_ROWS][D + 8] each), K ([D][TCA_KS]), V ([SPAN][D + 8]). */
+   ([TCA_ROWS][D + 8] each), K ([D][TCA_KS]), V ([SPAN][D + 8]), the wide
+   path's buffers. */
 static __host__ __device__ constexpr size_t tca_smem(int D) {
-    return (size_t)2 * TCA_ROWS * (D + 8) * 2 + (size_t)D * TCA_KS * 2 + (size_t)SPAN * (D + 8) * 2;
+    return (size_t)2 * TCA_ROWS * (D + 8) * 2 + (size_t)D * TCA_KS * 2 + (size_t)SPAN * (D + 8) * 2 + TCA_WIDE_BYTES;
 }
 
 /* The per-token data of a tc block (TCA_ROWS tokens at most). */
@@ -874,6 +879,126 @@ static __device__ __forceinline__ void tca_span(const attn_args *a, const unsign
     }
 }
 
+/* tca_span for a block whose rows are rows 0 .. 15 only (one token of a
+   decode step: its rep query heads), with the work spread over the four
+   warps and the same bits: warp w computes the scores of keys 32 w .. 32 w
+   + 31 (the same mma chain per score; n-tiles wholly outside [lo, hi] are
+   not computed, their scores are -inf either way) into ss; the lanes of
+   warps 0 and 1 then hold the rows as tca_span's quads do (thread 4 r + c:
+   row r, keys 8 n + 2 c + e) and compute m, p and l in tca_span's order;
+   warp w computes the dimensions of 16-column groups w and w + 4 of a = p v
+   (each output the same chain of mma over the keys). Rows r < nrows have
+   keys [lo, hi]; the others none. Out: every warp's m[2], l[2] (rows g, g +
+   8) and o[i][j][4]: n-tile 2 (w + 4 i) + j in tca_span's layout. Ends with
+   a barrier after the last read of ss (its caller may then restage). */
+template <int D>
+static __device__ __forceinline__ void tca_span_wide(const attn_args *a, const unsigned short *sqh,
+                                                     const unsigned short *sql, const unsigned short *sk,
+                                                     const unsigned short *sv, float *ss, float *ml, int s, int nrows,
+                                                     int lo, int hi, float m[2], float l[2], float o[2][2][4]) {
+    const int tid = threadIdx.x, lane = tid % 32, w = tid / 32, g = lane / 4, c = lane % 4;
+    const int s0 = s * SPAN;
+    constexpr int SS = SPAN + 4;
+    {
+        float sc[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            unsigned int qh[4], ql[4];
+            const int k0 = kk * 16 + 2 * c;
+            qh[0] = *(const unsigned int *)(sqh + g * (D + 8) + k0);
+            qh[1] = *(const unsigned int *)(sqh + (g + 8) * (D + 8) + k0);
+            qh[2] = *(const unsigned int *)(sqh + g * (D + 8) + k0 + 8);
+            qh[3] = *(const unsigned int *)(sqh + (g + 8) * (D + 8) + k0 + 8);
+            ql[0] = *(const unsigned int *)(sql + g * (D + 8) + k0);
+            ql[1] = *(const unsigned int *)(sql + (g + 8) * (D + 8) + k0);
+            ql[2] = *(const unsigned int *)(sql + g * (D + 8) + k0 + 8);
+            ql[3] = *(const unsigned int *)(sql + (g + 8) * (D + 8) + k0 + 8);
+            const int mi = lane / 8, mr = lane % 8;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int nn = 2 * w + i;
+                if (s0 + 16 * nn + 15 < lo || s0 + 16 * nn > hi) continue;
+                unsigned int b[4];
+                tca_ldsm_t(b, sk + (size_t)(kk * 16 + (mi & 1) * 8 + mr) * TCA_KS + nn * 16 + (mi >> 1) * 8);
+                tca_mma(sc[2 * i], qh, b[0], b[1]);
+                tca_mma(sc[2 * i], ql, b[0], b[1]);
+                tca_mma(sc[2 * i + 1], qh, b[2], b[3]);
+                tca_mma(sc[2 * i + 1], ql, b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int ln = 0; ln < 4; ln++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int r = g + 8 * h, n = 4 * w + ln, j = s0 + 8 * n + 2 * c + e;
+                    ss[r * SS + 8 * n + 2 * c + e] = score_of(a, sc[ln][2 * h + e], r < nrows && j >= lo && j <= hi);
+                }
+    }
+    __syncthreads();
+    if (tid < 64) { /* row tid / 4, quad lane tid % 4: tca_span's m, p and l */
+        float *row = ss + (tid / 4) * SS;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < SPAN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) mx = fmaxf(mx, row[8 * n + 2 * c + e]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < SPAN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float v = row[8 * n + 2 * c + e];
+                const float p = v == -INFINITY ? 0.0f : expf(v - mx);
+                row[8 * n + 2 * c + e] = p;
+                sum = sum + p;
+            }
+        sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (c == 0) {
+            ml[tid / 4] = mx;
+            ml[16 + tid / 4] = sum;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        m[h] = ml[g + 8 * h];
+        l[h] = ml[16 + g + 8 * h];
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < SPAN / 16; kk++) {
+        unsigned int ph[4], pl[4];
+        const float *r0 = ss + g * SS + kk * 16 + 2 * c, *r1 = r0 + 8 * SS;
+        tca_split2(r0[0], r0[1], &ph[0], &pl[0]);
+        tca_split2(r1[0], r1[1], &ph[1], &pl[1]);
+        tca_split2(r0[8], r0[9], &ph[2], &pl[2]);
+        tca_split2(r1[8], r1[9], &ph[3], &pl[3]);
+        const int mi = lane / 8, mr = lane % 8;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int nn = w + 4 * i;
+            if (nn >= D / 16) continue;
+            unsigned int b[4];
+            tca_ldsm_t(b, sv + (size_t)(kk * 16 + (mi & 1) * 8 + mr) * (D + 8) + nn * 16 + (mi >> 1) * 8);
+            tca_mma(o[i][0], ph, b[0], b[1]);
+            tca_mma(o[i][0], pl, b[0], b[1]);
+            tca_mma(o[i][1], ph, b[2], b[3]);
+            tca_mma(o[i][1], pl, b[2], b[3]);
+        }
+    }
+    __syncthreads(); /* ss and ml are free again */
+}
+
 /* (M, L, A) <- combine((M, L, A), (m, l, a)) for one row element: the
    arithmetic of combine() above. */
 static __device__ __forceinline__ float tca_scale(float M, float mn) {
@@ -904,13 +1029,17 @@ static __device__ void tca_load_q(const attn_args *a, const tca_tile *tl, unsign
 /* tc walk: block (x, hk) takes tokens t0 = x * tq .. t0 + tq - 1 (tq *
    rep <= TCA_ROWS) and KV head hk; in passes, one per KV row among those
    tokens, it stages each span of the pass's keys once and computes every
-   row's state, combining the spans of each row in increasing order. */
-template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) attn_tc_walk_k(attn_args a, int tq) {
+   row's state, combining the spans of each row in increasing order. WIDE
+   (tq = 1, rep <= 16: a decode step's token) through tca_span_wide, the
+   work of each span over the four warps; else a warp per 16 rows. */
+template <int D, int WIDE>
+static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) attn_tc_walk_k(attn_args a, int tq) {
     ember_pdl_enter();
     __shared__ tca_tile tl;
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned short *sqh = (unsigned short *)smem, *sql = sqh + TCA_ROWS * (D + 8);
     unsigned char *sk = (unsigned char *)(sql + TCA_ROWS * (D + 8)), *sv = sk + (size_t)D * TCA_KS * 2;
+    float *ss = (float *)(sv + (size_t)SPAN * (D + 8) * 2), *ml = ss + 16 * (SPAN + 4);
     const int hk = blockIdx.y, t0 = (int)blockIdx.x * tq, T = a.kv.T;
     const int ntok = T - t0 < tq ? T - t0 : tq;
     const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, c = lane % 4;
@@ -945,6 +1074,52 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) att
         const int row = tl.row, plo = tl.plo, phi = tl.phi;
         if (row < 0) break;
         tca_load_q<D>(&a, &tl, sqh, sql, t0, ntok, hk);
+        if (WIDE) { /* tq = 1, rep <= 16: one token, the wide path, every warp on each span */
+            float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f}, A[2][2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) A[i][j][0] = A[i][j][1] = A[i][j][2] = A[i][j][3] = 0.0f;
+            for (int s = plo / SPAN; s <= phi / SPAN; s++) {
+                __syncthreads(); /* every warp is done with the last span (and q is stored) */
+                tca_stage<D>(&a, &tl, sk, sv, row, hk, s, plo, phi);
+                float m[2], l[2], o[2][2][4];
+                tca_span_wide<D>(&a, sqh, sql, (const unsigned short *)sk, (const unsigned short *)sv, ss, ml, s, a.rep,
+                                 plo, phi, m, l, o);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    if (g + 8 * h >= a.rep) continue;
+                    const float mn = fmaxf(M[h], m[h]);
+                    const float ca = tca_scale(M[h], mn), cb = tca_scale(m[h], mn);
+                    L[h] = L[h] * ca + l[h] * cb;
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            A[i][j][2 * h] = A[i][j][2 * h] * ca + o[i][j][2 * h] * cb;
+                            A[i][j][2 * h + 1] = A[i][j][2 * h + 1] * ca + o[i][j][2 * h + 1] * cb;
+                        }
+                    M[h] = mn;
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (g + 8 * h >= a.rep) continue;
+                float *out = a.out + ((size_t)t0 * (size_t)a.Hq + (size_t)(hk * a.rep + g + 8 * h)) * D;
+                const float inv = L[h] > 0.0f ? 1.0f / L[h] : 0.0f;
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const int nn = w + 4 * i;
+                        if (nn >= D / 16) continue;
+                        out[8 * (2 * nn + j) + 2 * c] = A[i][j][2 * h] * inv;
+                        out[8 * (2 * nn + j) + 2 * c + 1] = A[i][j][2 * h + 1] * inv;
+                    }
+            }
+            __syncthreads(); /* tl is read before the next pass rewrites it */
+            continue;
+        }
         /* the lane's two rows */
         int lo[2], hi[2], tk[2];
         bool warp_live = false;
@@ -1011,6 +1186,7 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) att
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned short *sqh = (unsigned short *)smem, *sql = sqh + TCA_ROWS * (D + 8);
     unsigned char *sk = (unsigned char *)(sql + TCA_ROWS * (D + 8)), *sv = sk + (size_t)D * TCA_KS * 2;
+    float *ss = (float *)(sv + (size_t)SPAN * (D + 8) * 2), *ml = ss + 16 * (SPAN + 4);
     const int gi = blockIdx.y, t = gi / a.kv.H, hk = gi % a.kv.H;
     int tlo, thi;
     keys_of(&a, t, &tlo, &thi);
@@ -1025,7 +1201,31 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) att
     tca_load_q<D>(&a, &tl, sqh, sql, t, 1, hk);
     tca_stage<D>(&a, &tl, sk, sv, a.kv.row[t], hk, s, tlo, thi);
     const size_t stride = (size_t)(2 + D);
-    if (w * 16 < a.rep) {
+    if (a.rep <= 16) { /* the wide path: every warp on the span */
+        float m[2], l[2], o[2][2][4];
+        tca_span_wide<D>(&a, sqh, sql, (const unsigned short *)sk, (const unsigned short *)sv, ss, ml, s, a.rep, tlo,
+                         thi, m, l, o);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = g + 8 * h;
+            if (r >= a.rep) continue;
+            const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
+            float *part = a.parts + (u * (size_t)a.n_span + blockIdx.x) * stride;
+            if (w == 0 && c == 0) {
+                part[0] = m[h];
+                part[1] = l[h];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int nn = w + 4 * i;
+                    if (nn >= D / 16) continue;
+                    part[2 + 8 * (2 * nn + j) + 2 * c] = o[i][j][2 * h];
+                    part[2 + 8 * (2 * nn + j) + 2 * c + 1] = o[i][j][2 * h + 1];
+                }
+        }
+    } else if (w * 16 < a.rep) {
         int lo[2], hi[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -1091,7 +1291,10 @@ template <int D> static cudaError_t tca_launch(cudaStream_t stream, const attn_a
         return ember_launch(attn_tc_split_k<D>, dim3((unsigned)a->n_span, (unsigned)(a->kv.T * a->kv.H), 1),
                             dim3(TCA_WARPS * 32), smem, stream, *a);
     if (tq < 1 || tq * a->rep > TCA_ROWS) tq = TCA_ROWS / a->rep;
-    return ember_launch(attn_tc_walk_k<D>, dim3((unsigned)((a->kv.T + tq - 1) / tq), (unsigned)a->kv.H, 1),
+    if (tq == 1 && a->rep <= 16)
+        return ember_launch(attn_tc_walk_k<D, 1>, dim3((unsigned)a->kv.T, (unsigned)a->kv.H, 1), dim3(TCA_WARPS * 32),
+                            smem, stream, *a, tq);
+    return ember_launch(attn_tc_walk_k<D, 0>, dim3((unsigned)((a->kv.T + tq - 1) / tq), (unsigned)a->kv.H, 1),
                         dim3(TCA_WARPS * 32), smem, stream, *a, tq);
 }
 
@@ -1166,7 +1369,9 @@ template <int ENC> static cudaError_t attn_prepare_enc(void) {
 }
 
 template <int D> static cudaError_t tca_prepare(void) {
-    cudaError_t e = cudaFuncSetAttribute(attn_tc_walk_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tca_smem(D));
+    cudaError_t e = cudaFuncSetAttribute(attn_tc_walk_k<D, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tca_smem(D));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_tc_walk_k<D, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tca_smem(D));
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(attn_tc_split_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tca_smem(D));
     return e;
