@@ -36,6 +36,11 @@
  * token's output never depends on the batch around it or on which kernel
  * the host picked.
  *
+ * bf16 KV with head sizes 16 to 128 takes another order (the tc order:
+ * the same spans and combine, each span's state on the tensor cores), for
+ * every token count, unless EMBER_CUDA_ATTN_TC=0; its section below says
+ * it in full.
+ *
  * Ownership and threads: launchers run on the host thread that drives the
  * backend and only enqueue on its stream; every pointer is device memory
  * owned by the backend (pools, tensors, its argument area, its scratch).
@@ -999,8 +1004,9 @@ static __device__ __forceinline__ void tca_span_wide(const attn_args *a, const u
     __syncthreads(); /* ss and ml are free again */
 }
 
-/* (M, L, A) <- combine((M, L, A), (m, l, a)) for one row element: the
-   arithmetic of combine() above. */
+/* The factor of a state with maximum M in a combine whose new maximum is
+   mn: combine()'s ca / cb. The tc kernels combine each row element as
+   combine() does: L = L ca + l cb, A = A ca + a cb, M = mn. */
 static __device__ __forceinline__ float tca_scale(float M, float mn) {
     return M == -INFINITY ? 0.0f : expf(M - mn);
 }
