@@ -21,6 +21,8 @@
 #        EMBER_SHARED_DIR=DIR: the fixtures for the model test (a copy inside the
 #                         checkout when ../shared does not travel to the GPU machine)
 #        MODEL_BENCH="llama3.2-1b llama3.1-8b": whole-model ember bench on the GPU (mkmodel presets)
+#        MODEL_BENCH_ALSO="ENVS;ENVS": each MODEL_BENCH preset benched again once per item, with the
+#                         variables ENVS set (e.g. "EMBER_CUDA_ATTN_TC=0": the attention of before)
 #        SKIP_CUBLAS=1: no cuBLAS reference (bench/cublas_ref.c, built where the toolkit has cuBLAS:
 #                         its bf16 GEMM rate on the models' shapes, into cublas.txt)
 #        (seconds per sanitizer run / for the benchmark; 200 / 240)
@@ -163,6 +165,14 @@ if [ -n "${MODEL_BENCH:-}" ]; then
       ${MODEL_BENCH_ARGS:--p 512 -n 128 -r 3}
     { echo "$preset bf16, ember bench --device cuda:0 ${MODEL_BENCH_ARGS:--p 512 -n 128 -r 3}:"; cat "$OUTDIR/model-bench-$preset.txt"; echo; } |
       tee -a "$RES"
+    IFS=';' read -ra also <<<"${MODEL_BENCH_ALSO:-}"
+    for i in "${!also[@]}"; do
+      step "ember bench --device cuda:0 $preset (${also[$i]})" "$OUTDIR/model-bench-$preset-$i.txt" "${RUN_ENV[@]}" \
+        env ${also[$i]} timeout "${BENCH_TIMEOUT:-240}" "$BUILD/ember" bench --device cuda:0 --model "$MD/$preset" \
+        ${MODEL_BENCH_ARGS:--p 512 -n 128 -r 3}
+      { echo "$preset bf16, ${also[$i]} ember bench --device cuda:0 ${MODEL_BENCH_ARGS:--p 512 -n 128 -r 3}:";
+        cat "$OUTDIR/model-bench-$preset-$i.txt"; echo; } | tee -a "$RES"
+    done
   done
 fi
 # DECODE_ROWS="llama3.1-8b": aggregate decode (bench/decode_rows.c) on those presets,

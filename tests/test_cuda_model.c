@@ -14,7 +14,9 @@
  *     generated together (decode steps of 20 rows: the bf16 products'
  *     cluster kernel, attention split over spans and grouped by KV head)
  *     give the logits and ids each gets alone (llama_bf16 with f32 and bf16
- *     KV, gemma2);
+ *     KV, gemma2 with f32 and bf16, qwen3_5_text with bf16: bf16 KV runs
+ *     attention in the tc order, on the tensor cores); llama_bf16 and gemma2
+ *     with bf16 KV again under EMBER_CUDA_ATTN_TC=0 (the span kernels);
  *   - step graphs (docs/cuda.md): the same decode steps, rows leaving and one
  *     joining, positions crossing attention spans, with EMBER_CUDA_GRAPHS on
  *     and 0 give the same greedy ids and logits bits, in both ways a step
@@ -369,8 +371,18 @@ int main(void) {
     run_graphs("llama_bf16", "bf16");
     run_graphs("gemma2", "f32");
     run_long_batch("llama_bf16", "f32");
-    run_long_batch("llama_bf16", "bf16");
+    run_long_batch("llama_bf16", "bf16"); /* bf16 KV: attention in the tc order */
     run_long_batch("gemma2", "f32");
+    run_long_batch("gemma2", "bf16");
+    run_long_batch("qwen3_5_text", "bf16"); /* head size 32, gated attention beside DeltaNet */
+    /* EMBER_CUDA_ATTN_TC=0 (read when the backend is made): bf16 KV on the span kernels, invariant and
+       within the fixtures' mark the same way */
+    setenv("EMBER_CUDA_ATTN_TC", "0", 1);
+    fprintf(stderr, "EMBER_CUDA_ATTN_TC=0:\n");
+    run_long_batch("llama_bf16", "bf16");
+    run_family("llama_bf16", "bf16", 1e-2f);
+    run_family("gemma2", "bf16", 1e-2f);
+    unsetenv("EMBER_CUDA_ATTN_TC");
     for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++) run_family(k_families[k], "f32", 1e-4f);
     for (size_t k = 0; k < sizeof k_families / sizeof k_families[0]; k++) {
         run_family(k_families[k], "f16", 1e-3f);

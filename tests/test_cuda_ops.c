@@ -19,15 +19,24 @@
  *     and a token alone (the split kernels) and the first 64 and 200
  *     tokens as a batch (split, grouped by KV head where a span fits the
  *     stage) get the bits they got in a batch of 300 (the fused kernel);
+ *     bf16 KV in the tc order (tensor cores, the default) the same way, and
+ *     prefill-shaped batches (1000 tokens in runs of one row) against the
+ *     CPU, cut into chunks, token by token and as a two-row step, bit for
+ *     bit; and with EMBER_CUDA_ATTN_TC=0 (the span kernels) again;
  *   - the fused ops (add_rms_norm, rope_kv_write) give the bits of the ops
  *     they stand for, and argmax_rows the host's greedy ids (ties, NaNs);
  *   - buffers (zeroed allocation, copies at offsets, bounds) and the
  *     errors: unsupported ops, dtypes and KV kinds, bad ids and
  *     positions, foreign tensors, a device index out of range.
+ * EMBER_CUDA_OPS_ONLY=NAME,NAME runs those groups of checks only (main()
+ * lists them; e.g. "matmul,kv_attention" under a sanitizer).
  * Where there is no CUDA device it prints "skipped: no CUDA device" and
  * exits 77.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #define TEST_RNG_SEED 0x6a09e667f3bcc909ull
+#include <stdlib.h>
+
 #include "backend/backend.h"
 #include "backend/kv_codec.h"
 #include "core/dtype.h"
@@ -720,6 +729,81 @@ static void check_attention(ember_kv_enc enc, const char *name, int Hkv, int rep
     kv_free(&kp);
 }
 
+/* Prefill-shaped attention: all 700 positions of row 2, then all 300 of
+   row 1, in order (runs of one row: the tc walk kernel's tiles of several
+   tokens, one tile holding both rows), against the CPU; then the same
+   tokens cut into two chunks at 300, 513 and 700 (other tile boundaries),
+   single tokens (T = 1: split over spans) and two tokens of two rows (a
+   decode step) get the bits of the batch of 1000. */
+static void check_attention_prefill(ember_kv_enc enc, const char *name, int Hkv, int rep, int D) {
+    const int len[KV_ROWS] = {5, 300, 700, 400}, first[KV_ROWS] = {0, 0, 0, 0};
+    kv_pair kp;
+    kv_setup(&kp, enc, Hkv, D, len, first);
+    char what[96];
+    snprintf(what, sizeof what, "prefill %s Hkv %d rep %d D %d", name, Hkv, rep, D);
+    kv_fill(&kp, Hkv, D, what);
+    const int Hq = Hkv * rep;
+    enum { T = 1000 };
+    int32_t row[T], pos[T];
+    for (int t = 0; t < T; t++) {
+        row[t] = t < 700 ? 2 : 1;
+        pos[t] = t < 700 ? t : t - 700;
+    }
+    const size_t tok = (size_t)Hq * (size_t)D; /* floats per token */
+    const ember_attn cases[3] = {{0.125f, 0, 0}, {0.3f, 0, 20.0f}, {0.125f, 100, 0}};
+    for (int ci = 0; ci < 3; ci++) {
+        ember_attn a = cases[ci];
+        pair q, out;
+        int64_t sh[3] = {T, Hq, D};
+        pair_rand(&q, EMBER_F32, 3, sh);
+        pair_alloc(&out, EMBER_F32, 3, sh);
+        poison(g_gpu, &out.g);
+        ember_error err;
+        ember_kv_map gm = kv_map(&kp, true, row, pos), cm = kv_map(&kp, false, row, pos);
+        CHECKF(g_gpu->ops->attention(g_gpu, &out.g, &q.g, &gm, &a, &err) == EMBER_OK, "%s: %s", what, err.msg);
+        CHECK(g_cpu->ops->attention(g_cpu, &out.c, &q.c, &cm, &a, &err) == EMBER_OK);
+        char w2[160];
+        snprintf(w2, sizeof w2, "attention %s window %d softcap %g", what, a.window, (double)a.softcap);
+        compare(&out, w2);
+        float *all = read_f32(g_gpu, &out.g), *qh = read_f32(g_gpu, &q.g);
+        const int cuts[3] = {300, 513, 700};
+        for (int k = 0; k < 3; k++) {
+            const int c = cuts[k];
+            float *p0 = gpu_attention(&kp, qh, c, Hq, D, row, pos, &a);
+            float *p1 = gpu_attention(&kp, qh + (size_t)c * tok, T - c, Hq, D, row + c, pos + c, &a);
+            CHECKF(!memcmp(p0, all, sizeof(float) * (size_t)c * tok) &&
+                       !memcmp(p1, all + (size_t)c * tok, sizeof(float) * (size_t)(T - c) * tok),
+                   "%s: chunks cut at %d differ from the batch of %d", w2, c, T);
+            free(p0);
+            free(p1);
+        }
+        const int alone[11] = {0, 5, 127, 128, 299, 300, 511, 699, 700, 850, 999};
+        int same = 0;
+        for (int i = 0; i < 11; i++) {
+            const int t = alone[i];
+            float *one = gpu_attention(&kp, qh + (size_t)t * tok, 1, Hq, D, &row[t], &pos[t], &a);
+            same += !memcmp(one, all + (size_t)t * tok, sizeof(float) * tok);
+            free(one);
+        }
+        CHECKF(same == 11, "%s: %d of 11 tokens alone differ from the batch", w2, 11 - same);
+        /* a decode step of two rows: tokens 699 (row 2) and 999 (row 1) */
+        float *q2 = malloc(sizeof(float) * 2 * tok);
+        memcpy(q2, qh + 699 * tok, sizeof(float) * tok);
+        memcpy(q2 + tok, qh + 999 * tok, sizeof(float) * tok);
+        int32_t r2[2] = {2, 1}, p2[2] = {699, 299};
+        float *two = gpu_attention(&kp, q2, 2, Hq, D, r2, p2, &a);
+        CHECKF(!memcmp(two, all + 699 * tok, sizeof(float) * tok) && !memcmp(two + tok, all + 999 * tok, sizeof(float) * tok),
+               "%s: a step of two rows differs from the batch", w2);
+        free(two);
+        free(q2);
+        free(all);
+        free(qh);
+        pair_free(&q);
+        pair_free(&out);
+    }
+    kv_free(&kp);
+}
+
 static void test_kv_attention(void) {
     const ember_kv_enc encs[3] = {EMBER_KVE_F32, EMBER_KVE_F16, EMBER_KVE_BF16};
     const char *names[3] = {"f32", "f16", "bf16"};
@@ -727,6 +811,30 @@ static void test_kv_attention(void) {
     check_attention(EMBER_KVE_BF16, "bf16", 1, 4, 128);
     check_attention(EMBER_KVE_F16, "f16", 2, 1, 256);
     check_attention(EMBER_KVE_F32, "f32", 1, 3, 80); /* a head size off the powers of two */
+    /* bf16 KV runs in the tc order (tensor cores) by default: head sizes 16 to 128, one to
+       eight query heads per KV head (3: tiles of 21 tokens), prefill-shaped batches */
+    check_attention(EMBER_KVE_BF16, "bf16", 2, 3, 32);
+    check_attention_prefill(EMBER_KVE_BF16, "bf16", 2, 4, 128);
+    check_attention_prefill(EMBER_KVE_BF16, "bf16", 2, 2, 64);
+    check_attention_prefill(EMBER_KVE_BF16, "bf16", 1, 3, 32);
+    check_attention_prefill(EMBER_KVE_BF16, "bf16", 1, 8, 16);
+    check_attention(EMBER_KVE_BF16, "bf16", 1, 20, 16); /* more than 16 query heads per KV head: a warp per 16 rows */
+    check_attention_prefill(EMBER_KVE_BF16, "bf16", 1, 20, 16);
+    check_attention_prefill(EMBER_KVE_F16, "f16", 2, 4, 128); /* the span kernels */
+    /* EMBER_CUDA_ATTN_TC=0: bf16 KV on the span kernels, invariant the same way */
+    setenv("EMBER_CUDA_ATTN_TC", "0", 1);
+    ember_backend *tc_on = g_gpu, *tc_off = NULL;
+    ember_cuda_params gp = {.device = 0};
+    ember_error e0;
+    CHECKF(ember_backend_cuda_new(&gp, &tc_off, &e0) == EMBER_OK, "cuda backend: %s", e0.msg);
+    unsetenv("EMBER_CUDA_ATTN_TC");
+    if (tc_off) {
+        g_gpu = tc_off;
+        check_attention(EMBER_KVE_BF16, "bf16 (tc off)", 1, 4, 128);
+        check_attention_prefill(EMBER_KVE_BF16, "bf16 (tc off)", 2, 4, 128);
+        g_gpu = tc_on;
+        ember_backend_free(tc_off);
+    }
     /* a quantized KV kind: a one-line refusal */
     const int len[KV_ROWS] = {16, 16, 16, 16}, first[KV_ROWS] = {0, 0, 0, 0};
     kv_pair kp;
@@ -954,19 +1062,31 @@ int main(void) {
         fprintf(stderr, "cpu backend: %s\n", err.msg);
         return 1;
     }
-    test_buffers();
-    test_get_rows();
-    test_rms_norm();
-    test_matmul();
-    test_batch_invariance();
-    test_rope();
-    test_elementwise();
-    test_copy();
-    test_kv_attention();
-    test_add_rms_norm();
-    test_rope_kv_write();
-    test_argmax();
-    test_unsupported();
+    /* EMBER_CUDA_OPS_ONLY=name,name (e.g. "matmul,kv_attention" for a sanitizer run): those groups only */
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } groups[] = {{"buffers", test_buffers},         {"get_rows", test_get_rows},
+                  {"rms_norm", test_rms_norm},       {"matmul", test_matmul},
+                  {"batch_invariance", test_batch_invariance}, {"rope", test_rope},
+                  {"elementwise", test_elementwise}, {"copy", test_copy},
+                  {"kv_attention", test_kv_attention}, {"add_rms_norm", test_add_rms_norm},
+                  {"rope_kv_write", test_rope_kv_write}, {"argmax", test_argmax},
+                  {"unsupported", test_unsupported}};
+    const char *only = getenv("EMBER_CUDA_OPS_ONLY");
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+        if (only && *only) {
+            size_t n = strlen(groups[i].name);
+            const char *p = only;
+            bool hit = false;
+            while ((p = strstr(p, groups[i].name))) {
+                if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) hit = true;
+                p += n;
+            }
+            if (!hit) continue;
+        }
+        groups[i].fn();
+    }
     ember_backend_free(g_gpu);
     ember_backend_free(g_cpu);
     return test_done();

@@ -36,6 +36,11 @@
  * token's output never depends on the batch around it or on which kernel
  * the host picked.
  *
+ * bf16 KV with head sizes 16 to 128 takes another order (the tc order:
+ * the same spans and combine, each span's state on the tensor cores), for
+ * every token count, unless EMBER_CUDA_ATTN_TC=0; its section below says
+ * it in full.
+ *
  * Ownership and threads: launchers run on the host thread that drives the
  * backend and only enqueue on its stream; every pointer is device memory
  * owned by the backend (pools, tensors, its argument area, its scratch).
@@ -663,6 +668,652 @@ template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_group_k(a
     if (threadIdx.x == 0) a.count[g] = 0;
 }
 
+/* ---- attention on the tensor cores (bf16 KV): the tc order ------------------------------------ */
+
+/* The tc order, for bf16 K and V, head sizes 16, 32, 64 and 128 (the
+   layer's own properties: a layer always takes the same order). It keeps
+   the spans of SPAN keys of fixed absolute position and their combine in
+   increasing order (combine() above, the same arithmetic), and changes how
+   a span's state is computed, with mma.sync m16n8k16 (bf16 in, f32
+   accumulate) over 16 query rows (a row: one (token, query head)):
+   score of key j: q is split per element into bf16 hi = bf16(q) and
+     lo = bf16(q - hi) (as the bf16 matmul splits its input; k is bf16
+     already, so every product is exact); for each 16 dimensions in order,
+     one mma with hi, then one with lo, accumulating from +0; then times
+     scale, soft-capped; -inf outside the row's keys;
+   m: the largest score; lane (g, c) of the quad holding the row keeps
+     keys 8 n + 2 c + e (n = 0..15, e = 0, 1), so l = the sum of that
+     lane's p = exp(score - m) in (n, e) order, then the lanes c ^ 1, then
+     c ^ 2 added (a butterfly, the same for every row);
+   a[d]: p split like q (hi, lo); for each 16 keys of the span in order,
+     one mma with hi, then one with lo, from +0; keys outside the row's
+     range have p = 0 (their V is finite: the span's staged pieces, zero
+     where nothing was staged).
+   A row's result depends on its own q and keys only (the mma computes
+   each output from its own row), never on the other rows of the tile, so
+   a token gets the same bits in any batch, chunk or kernel below. Two
+   kernels: tc walk (a block per tile of tokens and KV head walks the
+   spans, combining as it goes: prefill) and tc split (a block per (span,
+   token, KV head) into parts, the last block combining them: decode over
+   long contexts). The query heads of a KV head are rows of the same
+   tile, so each K and V span is staged once per KV head. */
+#define TCA_WARPS 4
+#define TCA_ROWS (TCA_WARPS * 16) /* query rows per block */
+#define TCA_KS (SPAN + 8)         /* staged K: [d][SPAN keys], row stride in bf16 (272 bytes: no bank conflicts) */
+
+static_assert(SPAN == 128, "the tc kernels hold a span's scores in 16 n-tiles of 8 keys");
+
+/* The wide path's buffers: the scores, then p, of 16 rows ([16][SPAN + 4]
+   floats) and their m and l ([2][16]). */
+#define TCA_WIDE_BYTES ((size_t)16 * (SPAN + 4) * 4 + 2 * 16 * 4)
+
+/* Shared memory of a tc block for head size D, in bytes: q hi and lo
+   ([TCA_ROWS][D + 8] each), K ([D][TCA_KS]), V ([SPAN][D + 8]), the wide
+   path's buffers. */
+static __host__ __device__ constexpr size_t tca_smem(int D) {
+    return (size_t)2 * TCA_ROWS * (D + 8) * 2 + (size_t)D * TCA_KS * 2 + (size_t)SPAN * (D + 8) * 2 + TCA_WIDE_BYTES;
+}
+
+/* The per-token data of a tc block (TCA_ROWS tokens at most). */
+typedef struct tca_tile {
+    int lo[TCA_ROWS], hi[TCA_ROWS]; /* keys of each token of the tile; hi < 0: not in this pass */
+    const unsigned char *kb[SPAN / 16], *vb[SPAN / 16]; /* the span's pieces (NULL: nothing staged) */
+    int plo, phi; /* keys of the pass: [plo, phi] */
+    int row; /* the pass's KV row, -1: no more passes */
+    unsigned long long done;
+    int last;
+} tca_tile;
+
+static __device__ __forceinline__ void tca_mma(float c[4], const unsigned int a[4], unsigned int b0, unsigned int b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Four 8 x 8 b16 matrices from shared memory, transposed: lane i gives the
+   address of row i % 8 of matrix i / 8. */
+static __device__ __forceinline__ void tca_ldsm_t(unsigned int r[4], const void *p) {
+    const unsigned int sa = (unsigned int)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sa)
+                 : "memory");
+}
+
+/* The bf16 pair (x, y) (x in the low half) and the pair of remainders. */
+static __device__ __forceinline__ void tca_split2(float x, float y, unsigned int *hi, unsigned int *lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    const float2 hf = __bfloat1622float2(h);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+    *hi = *(const unsigned int *)&h;
+    *lo = *(const unsigned int *)&l;
+}
+
+/* Stages span s of KV head hk of kv row `row` for keys [klo, khi] (the
+   pieces holding them; the others zero) into sk and sv, every load in
+   flight at once. Ends with the stage complete and visible. */
+template <int D>
+static __device__ void tca_stage(const attn_args *a, tca_tile *tl, unsigned char *sk, unsigned char *sv, int row,
+                                 int hk, int s, int klo, int khi) {
+    const ember_cu_kv *kv = &a->kv;
+    const int tid = threadIdx.x, s0 = s * SPAN;
+    const int j0 = s0 > klo ? s0 : klo, j1 = s0 + SPAN - 1 < khi ? s0 + SPAN - 1 : khi;
+    if (tid < SPAN / 16) {
+        const ember_cu_kv_ref ref = kv->refs[row];
+        const ember_cu_kv_view *vw = &kv->view[ref.layer_set];
+        const int b = s0 + tid * 16;
+        const bool live = b + 15 >= j0 && b <= j1;
+        tl->kb[tid] = live ? piece(kv, &ref, vw, b, hk, 1) : NULL;
+        tl->vb[tid] = live ? piece(kv, &ref, vw, b, hk, 0) : NULL;
+    }
+    __syncthreads();
+    /* a piece: K [D][16] and V [16][D], each 2 D chunks of 16 bytes */
+    for (int i = tid; i < (SPAN / 16) * 2 * D; i += TCA_WARPS * 32) {
+        const int p = i / (2 * D), c = i % (2 * D);
+        unsigned char *dk = sk + ((size_t)(c >> 1) * TCA_KS + (size_t)(p * 16 + (c & 1) * 8)) * 2;
+        unsigned char *dv = sv + ((size_t)(p * 16 + c / (D / 8)) * (D + 8) + (size_t)(c % (D / 8)) * 8) * 2;
+        if (tl->kb[p]) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                             (unsigned int)__cvta_generic_to_shared(dk)),
+                         "l"(tl->kb[p] + (size_t)c * 16)
+                         : "memory");
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                             (unsigned int)__cvta_generic_to_shared(dv)),
+                         "l"(tl->vb[p] + (size_t)c * 16)
+                         : "memory");
+        } else {
+            *(uint4 *)dk = make_uint4(0, 0, 0, 0);
+            *(uint4 *)dv = make_uint4(0, 0, 0, 0);
+        }
+    }
+    stage_commit();
+    stage_wait<0>();
+    __syncthreads();
+}
+
+/* The state of the staged span s for the 16 rows of this warp (rows w * 16
+   .. w * 16 + 15 of sq; lane (g, c) holds rows g and g + 8). lo / hi: the
+   keys of the lane's two rows (hi < lo: none). Out: m[2], l[2] (every lane
+   of the quad), o[D / 8][4] (c0, c1: row g, dimensions 8 n + 2 c + 0, 1;
+   c2, c3: row g + 8). */
+template <int D>
+static __device__ __forceinline__ void tca_span(const attn_args *a, const unsigned short *sqh,
+                                                const unsigned short *sql, const unsigned short *sk,
+                                                const unsigned short *sv, int s, const int lo[2], const int hi[2],
+                                                float m[2], float l[2], float o[D / 8][4]) {
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, c = lane % 4;
+    const int s0 = s * SPAN;
+    float sc[SPAN / 8][4];
+#pragma unroll
+    for (int n = 0; n < SPAN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+    const int r0 = w * 16 + g, r1 = r0 + 8;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        unsigned int qh[4], ql[4];
+        const int k0 = kk * 16 + 2 * c;
+        qh[0] = *(const unsigned int *)(sqh + r0 * (D + 8) + k0);
+        qh[1] = *(const unsigned int *)(sqh + r1 * (D + 8) + k0);
+        qh[2] = *(const unsigned int *)(sqh + r0 * (D + 8) + k0 + 8);
+        qh[3] = *(const unsigned int *)(sqh + r1 * (D + 8) + k0 + 8);
+        ql[0] = *(const unsigned int *)(sql + r0 * (D + 8) + k0);
+        ql[1] = *(const unsigned int *)(sql + r1 * (D + 8) + k0);
+        ql[2] = *(const unsigned int *)(sql + r0 * (D + 8) + k0 + 8);
+        ql[3] = *(const unsigned int *)(sql + r1 * (D + 8) + k0 + 8);
+        const int mi = lane / 8, mr = lane % 8;
+#pragma unroll
+        for (int nn = 0; nn < SPAN / 16; nn++) {
+            unsigned int b[4];
+            tca_ldsm_t(b, sk + (size_t)(kk * 16 + (mi & 1) * 8 + mr) * TCA_KS + nn * 16 + (mi >> 1) * 8);
+            tca_mma(sc[2 * nn], qh, b[0], b[1]);
+            tca_mma(sc[2 * nn], ql, b[0], b[1]);
+            tca_mma(sc[2 * nn + 1], qh, b[2], b[3]);
+            tca_mma(sc[2 * nn + 1], ql, b[2], b[3]);
+        }
+    }
+    /* scores, the row maxima and sums */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < SPAN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int j = s0 + 8 * n + 2 * c + e;
+                const float v = score_of(a, sc[n][2 * h + e], j >= lo[h] && j <= hi[h]);
+                sc[n][2 * h + e] = v;
+                mx = fmaxf(mx, v);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < SPAN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float v = sc[n][2 * h + e];
+                const float p = v == -INFINITY ? 0.0f : expf(v - mx);
+                sc[n][2 * h + e] = p;
+                sum = sum + p;
+            }
+        sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
+        m[h] = mx;
+        l[h] = sum;
+    }
+    /* a = p v: keys in 16s as the k dimension */
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < SPAN / 16; kk++) {
+        unsigned int ph[4], pl[4];
+        tca_split2(sc[2 * kk][0], sc[2 * kk][1], &ph[0], &pl[0]);
+        tca_split2(sc[2 * kk][2], sc[2 * kk][3], &ph[1], &pl[1]);
+        tca_split2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &ph[2], &pl[2]);
+        tca_split2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], &ph[3], &pl[3]);
+        const int mi = lane / 8, mr = lane % 8;
+#pragma unroll
+        for (int nn = 0; nn < D / 16; nn++) {
+            unsigned int b[4];
+            tca_ldsm_t(b, sv + (size_t)(kk * 16 + (mi & 1) * 8 + mr) * (D + 8) + nn * 16 + (mi >> 1) * 8);
+            tca_mma(o[2 * nn], ph, b[0], b[1]);
+            tca_mma(o[2 * nn], pl, b[0], b[1]);
+            tca_mma(o[2 * nn + 1], ph, b[2], b[3]);
+            tca_mma(o[2 * nn + 1], pl, b[2], b[3]);
+        }
+    }
+}
+
+/* tca_span for a block whose rows are rows 0 .. 15 only (one token of a
+   decode step: its rep query heads), with the work spread over the four
+   warps and the same bits: warp w computes the scores of keys 32 w .. 32 w
+   + 31 (the same mma chain per score; n-tiles wholly outside [lo, hi] are
+   not computed, their scores are -inf either way) into ss; the lanes of
+   warps 0 and 1 then hold the rows as tca_span's quads do (thread 4 r + c:
+   row r, keys 8 n + 2 c + e) and compute m, p and l in tca_span's order;
+   warp w computes the dimensions of 16-column groups w and w + 4 of a = p v
+   (each output the same chain of mma over the keys). Rows r < nrows have
+   keys [lo, hi]; the others none. Out: every warp's m[2], l[2] (rows g, g +
+   8) and o[i][j][4]: n-tile 2 (w + 4 i) + j in tca_span's layout. Ends with
+   a barrier after the last read of ss (its caller may then restage). */
+template <int D>
+static __device__ __forceinline__ void tca_span_wide(const attn_args *a, const unsigned short *sqh,
+                                                     const unsigned short *sql, const unsigned short *sk,
+                                                     const unsigned short *sv, float *ss, float *ml, int s, int nrows,
+                                                     int lo, int hi, float m[2], float l[2], float o[2][2][4]) {
+    const int tid = threadIdx.x, lane = tid % 32, w = tid / 32, g = lane / 4, c = lane % 4;
+    const int s0 = s * SPAN;
+    constexpr int SS = SPAN + 4;
+    {
+        float sc[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            unsigned int qh[4], ql[4];
+            const int k0 = kk * 16 + 2 * c;
+            qh[0] = *(const unsigned int *)(sqh + g * (D + 8) + k0);
+            qh[1] = *(const unsigned int *)(sqh + (g + 8) * (D + 8) + k0);
+            qh[2] = *(const unsigned int *)(sqh + g * (D + 8) + k0 + 8);
+            qh[3] = *(const unsigned int *)(sqh + (g + 8) * (D + 8) + k0 + 8);
+            ql[0] = *(const unsigned int *)(sql + g * (D + 8) + k0);
+            ql[1] = *(const unsigned int *)(sql + (g + 8) * (D + 8) + k0);
+            ql[2] = *(const unsigned int *)(sql + g * (D + 8) + k0 + 8);
+            ql[3] = *(const unsigned int *)(sql + (g + 8) * (D + 8) + k0 + 8);
+            const int mi = lane / 8, mr = lane % 8;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int nn = 2 * w + i;
+                if (s0 + 16 * nn + 15 < lo || s0 + 16 * nn > hi) continue;
+                unsigned int b[4];
+                tca_ldsm_t(b, sk + (size_t)(kk * 16 + (mi & 1) * 8 + mr) * TCA_KS + nn * 16 + (mi >> 1) * 8);
+                tca_mma(sc[2 * i], qh, b[0], b[1]);
+                tca_mma(sc[2 * i], ql, b[0], b[1]);
+                tca_mma(sc[2 * i + 1], qh, b[2], b[3]);
+                tca_mma(sc[2 * i + 1], ql, b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int ln = 0; ln < 4; ln++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int r = g + 8 * h, n = 4 * w + ln, j = s0 + 8 * n + 2 * c + e;
+                    ss[r * SS + 8 * n + 2 * c + e] = score_of(a, sc[ln][2 * h + e], r < nrows && j >= lo && j <= hi);
+                }
+    }
+    __syncthreads();
+    if (tid < 64) { /* row tid / 4, quad lane tid % 4: tca_span's m, p and l */
+        float *row = ss + (tid / 4) * SS;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < SPAN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) mx = fmaxf(mx, row[8 * n + 2 * c + e]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < SPAN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float v = row[8 * n + 2 * c + e];
+                const float p = v == -INFINITY ? 0.0f : expf(v - mx);
+                row[8 * n + 2 * c + e] = p;
+                sum = sum + p;
+            }
+        sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (c == 0) {
+            ml[tid / 4] = mx;
+            ml[16 + tid / 4] = sum;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        m[h] = ml[g + 8 * h];
+        l[h] = ml[16 + g + 8 * h];
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < SPAN / 16; kk++) {
+        unsigned int ph[4], pl[4];
+        const float *r0 = ss + g * SS + kk * 16 + 2 * c, *r1 = r0 + 8 * SS;
+        tca_split2(r0[0], r0[1], &ph[0], &pl[0]);
+        tca_split2(r1[0], r1[1], &ph[1], &pl[1]);
+        tca_split2(r0[8], r0[9], &ph[2], &pl[2]);
+        tca_split2(r1[8], r1[9], &ph[3], &pl[3]);
+        const int mi = lane / 8, mr = lane % 8;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int nn = w + 4 * i;
+            if (nn >= D / 16) continue;
+            unsigned int b[4];
+            tca_ldsm_t(b, sv + (size_t)(kk * 16 + (mi & 1) * 8 + mr) * (D + 8) + nn * 16 + (mi >> 1) * 8);
+            tca_mma(o[i][0], ph, b[0], b[1]);
+            tca_mma(o[i][0], pl, b[0], b[1]);
+            tca_mma(o[i][1], ph, b[2], b[3]);
+            tca_mma(o[i][1], pl, b[2], b[3]);
+        }
+    }
+    __syncthreads(); /* ss and ml are free again */
+}
+
+/* The factor of a state with maximum M in a combine whose new maximum is
+   mn: combine()'s ca / cb. The tc kernels combine each row element as
+   combine() does: L = L ca + l cb, A = A ca + a cb, M = mn. */
+static __device__ __forceinline__ float tca_scale(float M, float mn) {
+    return M == -INFINITY ? 0.0f : expf(M - mn);
+}
+
+/* q rows of the tile into sqh / sql, split (rows whose token is not in the
+   pass: zero). Row i: token t0 + i / rep of the tile, query head hk * rep
+   + i % rep. */
+template <int D>
+static __device__ void tca_load_q(const attn_args *a, const tca_tile *tl, unsigned short *sqh, unsigned short *sql,
+                                  int t0, int ntok, int hk) {
+    for (int i = threadIdx.x; i < TCA_ROWS * (D / 2); i += TCA_WARPS * 32) {
+        const int r = i / (D / 2), d = (i % (D / 2)) * 2, tk = r / a->rep;
+        float x = 0.0f, y = 0.0f;
+        if (tk < ntok && tl->hi[tk] >= 0) {
+            const float *q = a->q + ((size_t)(t0 + tk) * (size_t)a->Hq + (size_t)(hk * a->rep + r % a->rep)) * D;
+            x = q[d];
+            y = q[d + 1];
+        }
+        unsigned int h, l;
+        tca_split2(x, y, &h, &l);
+        *(unsigned int *)(sqh + r * (D + 8) + d) = h;
+        *(unsigned int *)(sql + r * (D + 8) + d) = l;
+    }
+}
+
+/* tc walk: block (x, hk) takes tokens t0 = x * tq .. t0 + tq - 1 (tq *
+   rep <= TCA_ROWS) and KV head hk; in passes, one per KV row among those
+   tokens, it stages each span of the pass's keys once and computes every
+   row's state, combining the spans of each row in increasing order. WIDE
+   (tq = 1, rep <= 16: a decode step's token) through tca_span_wide, the
+   work of each span over the four warps; else a warp per 16 rows. */
+template <int D, int WIDE>
+static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) attn_tc_walk_k(attn_args a, int tq) {
+    ember_pdl_enter();
+    __shared__ tca_tile tl;
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned short *sqh = (unsigned short *)smem, *sql = sqh + TCA_ROWS * (D + 8);
+    unsigned char *sk = (unsigned char *)(sql + TCA_ROWS * (D + 8)), *sv = sk + (size_t)D * TCA_KS * 2;
+    float *ss = (float *)(sv + (size_t)SPAN * (D + 8) * 2), *ml = ss + 16 * (SPAN + 4);
+    const int hk = blockIdx.y, t0 = (int)blockIdx.x * tq, T = a.kv.T;
+    const int ntok = T - t0 < tq ? T - t0 : tq;
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, c = lane % 4;
+    if (threadIdx.x == 0) tl.done = 0;
+    __syncthreads();
+    for (;;) {
+        if (threadIdx.x == 0) { /* the next pass: the tokens of the first KV row not done */
+            int row = -1, plo = 0x7fffffff, phi = -1;
+            unsigned long long done = tl.done;
+            for (int k = 0; k < ntok; k++) {
+                const int r = a.kv.row[t0 + k];
+                if (row < 0 && !(done >> k & 1)) row = r;
+                int lo, hi;
+                keys_of(&a, t0 + k, &lo, &hi);
+                if (row >= 0 && r == row && !(done >> k & 1)) {
+                    done |= 1ull << k;
+                    tl.lo[k] = lo;
+                    tl.hi[k] = hi;
+                    plo = lo < plo ? lo : plo;
+                    phi = hi > phi ? hi : phi;
+                } else {
+                    tl.lo[k] = 0;
+                    tl.hi[k] = -1;
+                }
+            }
+            tl.done = done;
+            tl.row = row;
+            tl.plo = plo;
+            tl.phi = phi;
+        }
+        __syncthreads();
+        const int row = tl.row, plo = tl.plo, phi = tl.phi;
+        if (row < 0) break;
+        tca_load_q<D>(&a, &tl, sqh, sql, t0, ntok, hk);
+        if (WIDE) { /* tq = 1, rep <= 16: one token, the wide path, every warp on each span */
+            float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f}, A[2][2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) A[i][j][0] = A[i][j][1] = A[i][j][2] = A[i][j][3] = 0.0f;
+            for (int s = plo / SPAN; s <= phi / SPAN; s++) {
+                __syncthreads(); /* every warp is done with the last span (and q is stored) */
+                tca_stage<D>(&a, &tl, sk, sv, row, hk, s, plo, phi);
+                float m[2], l[2], o[2][2][4];
+                tca_span_wide<D>(&a, sqh, sql, (const unsigned short *)sk, (const unsigned short *)sv, ss, ml, s, a.rep,
+                                 plo, phi, m, l, o);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    if (g + 8 * h >= a.rep) continue;
+                    const float mn = fmaxf(M[h], m[h]);
+                    const float ca = tca_scale(M[h], mn), cb = tca_scale(m[h], mn);
+                    L[h] = L[h] * ca + l[h] * cb;
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            A[i][j][2 * h] = A[i][j][2 * h] * ca + o[i][j][2 * h] * cb;
+                            A[i][j][2 * h + 1] = A[i][j][2 * h + 1] * ca + o[i][j][2 * h + 1] * cb;
+                        }
+                    M[h] = mn;
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (g + 8 * h >= a.rep) continue;
+                float *out = a.out + ((size_t)t0 * (size_t)a.Hq + (size_t)(hk * a.rep + g + 8 * h)) * D;
+                const float inv = L[h] > 0.0f ? 1.0f / L[h] : 0.0f;
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const int nn = w + 4 * i;
+                        if (nn >= D / 16) continue;
+                        out[8 * (2 * nn + j) + 2 * c] = A[i][j][2 * h] * inv;
+                        out[8 * (2 * nn + j) + 2 * c + 1] = A[i][j][2 * h + 1] * inv;
+                    }
+            }
+            __syncthreads(); /* tl is read before the next pass rewrites it */
+            continue;
+        }
+        /* the lane's two rows */
+        int lo[2], hi[2], tk[2];
+        bool warp_live = false;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = w * 16 + g + 8 * h;
+            tk[h] = r / a.rep;
+            lo[h] = 0;
+            hi[h] = -1;
+            if (tk[h] < ntok && r < tq * a.rep) {
+                lo[h] = tl.lo[tk[h]];
+                hi[h] = tl.hi[tk[h]];
+            }
+        }
+        for (int r = w * 16; r < w * 16 + 16 && r < tq * a.rep; r++)
+            if (r / a.rep < ntok && tl.hi[r / a.rep] >= 0) warp_live = true;
+        float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f}, A[D / 8][4];
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) A[n][0] = A[n][1] = A[n][2] = A[n][3] = 0.0f;
+        for (int s = plo / SPAN; s <= phi / SPAN; s++) {
+            __syncthreads(); /* every warp is done with the last span (and q is stored) */
+            tca_stage<D>(&a, &tl, sk, sv, row, hk, s, plo, phi);
+            if (!warp_live) continue;
+            float m[2], l[2], o[D / 8][4];
+            tca_span<D>(&a, sqh, sql, (const unsigned short *)sk, (const unsigned short *)sv, s, lo, hi, m, l, o);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (hi[h] < lo[h] || s < lo[h] / SPAN || s > hi[h] / SPAN) continue; /* not a span of the row */
+                const float mn = fmaxf(M[h], m[h]);
+                const float ca = tca_scale(M[h], mn), cb = tca_scale(m[h], mn);
+                L[h] = L[h] * ca + l[h] * cb;
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) {
+                    A[n][2 * h] = A[n][2 * h] * ca + o[n][2 * h] * cb;
+                    A[n][2 * h + 1] = A[n][2 * h + 1] * ca + o[n][2 * h + 1] * cb;
+                }
+                M[h] = mn;
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (hi[h] < lo[h]) continue;
+            const int r = w * 16 + g + 8 * h;
+            float *out = a.out + ((size_t)(t0 + tk[h]) * (size_t)a.Hq + (size_t)(hk * a.rep + r % a.rep)) * D;
+            const float inv = L[h] > 0.0f ? 1.0f / L[h] : 0.0f;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                out[8 * n + 2 * c] = A[n][2 * h] * inv;
+                out[8 * n + 2 * c + 1] = A[n][2 * h + 1] * inv;
+            }
+        }
+        __syncthreads(); /* tl is read before the next pass rewrites it */
+    }
+}
+
+/* tc split: block (x, t * H + hk) computes span lo / SPAN + x of token t's
+   rows of KV head hk (its rep query heads) into parts, as attn_split_k
+   does per query head; the last block of (t, hk) to finish (a counter)
+   combines each head's spans in increasing order (combine()'s arithmetic,
+   the walk's sequence), and zeroes the counter. */
+template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) attn_tc_split_k(attn_args a) {
+    ember_pdl_enter();
+    __shared__ tca_tile tl;
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned short *sqh = (unsigned short *)smem, *sql = sqh + TCA_ROWS * (D + 8);
+    unsigned char *sk = (unsigned char *)(sql + TCA_ROWS * (D + 8)), *sv = sk + (size_t)D * TCA_KS * 2;
+    float *ss = (float *)(sv + (size_t)SPAN * (D + 8) * 2), *ml = ss + 16 * (SPAN + 4);
+    const int gi = blockIdx.y, t = gi / a.kv.H, hk = gi % a.kv.H;
+    int tlo, thi;
+    keys_of(&a, t, &tlo, &thi);
+    const int s = tlo / SPAN + (int)blockIdx.x, ns = thi / SPAN - tlo / SPAN + 1;
+    if (s > thi / SPAN) return;
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, c = lane % 4;
+    if (threadIdx.x == 0) {
+        tl.lo[0] = tlo;
+        tl.hi[0] = thi;
+    }
+    __syncthreads();
+    tca_load_q<D>(&a, &tl, sqh, sql, t, 1, hk);
+    tca_stage<D>(&a, &tl, sk, sv, a.kv.row[t], hk, s, tlo, thi);
+    const size_t stride = (size_t)(2 + D);
+    if (a.rep <= 16) { /* the wide path: every warp on the span */
+        float m[2], l[2], o[2][2][4];
+        tca_span_wide<D>(&a, sqh, sql, (const unsigned short *)sk, (const unsigned short *)sv, ss, ml, s, a.rep, tlo,
+                         thi, m, l, o);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = g + 8 * h;
+            if (r >= a.rep) continue;
+            const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
+            float *part = a.parts + (u * (size_t)a.n_span + blockIdx.x) * stride;
+            if (w == 0 && c == 0) {
+                part[0] = m[h];
+                part[1] = l[h];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int nn = w + 4 * i;
+                    if (nn >= D / 16) continue;
+                    part[2 + 8 * (2 * nn + j) + 2 * c] = o[i][j][2 * h];
+                    part[2 + 8 * (2 * nn + j) + 2 * c + 1] = o[i][j][2 * h + 1];
+                }
+        }
+    } else if (w * 16 < a.rep) {
+        int lo[2], hi[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const bool live = w * 16 + g + 8 * h < a.rep;
+            lo[h] = live ? tlo : 0;
+            hi[h] = live ? thi : -1;
+        }
+        float m[2], l[2], o[D / 8][4];
+        tca_span<D>(&a, sqh, sql, (const unsigned short *)sk, (const unsigned short *)sv, s, lo, hi, m, l, o);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = w * 16 + g + 8 * h;
+            if (r >= a.rep) continue;
+            const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
+            float *part = a.parts + (u * (size_t)a.n_span + blockIdx.x) * stride;
+            if (c == 0) {
+                part[0] = m[h];
+                part[1] = l[h];
+            }
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                part[2 + 8 * n + 2 * c] = o[n][2 * h];
+                part[2 + 8 * n + 2 * c + 1] = o[n][2 * h + 1];
+            }
+        }
+    }
+    __threadfence(); /* this block's parts are visible before the count says so */
+    __syncthreads();
+    if (threadIdx.x == 0) tl.last = atomicAdd(&a.count[gi], 1) == ns - 1;
+    __syncthreads();
+    if (!tl.last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < a.rep * D; i += TCA_WARPS * 32) {
+        const int r = i / D, d = i % D;
+        const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
+        float M = -INFINITY, L = 0.0f, A = 0.0f;
+        for (int x = 0; x < ns; x++) {
+            const float *px = a.parts + (u * (size_t)a.n_span + (size_t)x) * stride;
+            const float m = __ldcg(px), l = __ldcg(px + 1), o = __ldcg(px + 2 + d);
+            const float mn = fmaxf(M, m);
+            const float ca = tca_scale(M, mn), cb = tca_scale(m, mn);
+            L = L * ca + l * cb;
+            A = A * ca + o * cb;
+            M = mn;
+        }
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        a.out[u * D + d] = A * inv;
+    }
+    if (threadIdx.x == 0) a.count[gi] = 0;
+}
+
+/* Whether the tc kernels take this layer (bf16 K and V, head size 16, 32,
+   64 or 128, 16-byte aligned pieces, at most TCA_ROWS query heads per KV
+   head): properties of the layer, never of the batch. */
+static bool tca_takes(const attn_args *a, int enc) {
+    const int D = a->kv.D;
+    return enc == EMBER_CU_BF16 && a->vec16 && a->rep <= TCA_ROWS && (D == 16 || D == 32 || D == 64 || D == 128);
+}
+
+template <int D> static cudaError_t tca_launch(cudaStream_t stream, const attn_args *a, int mode, int tq) {
+    const size_t smem = tca_smem(D);
+    if (mode == EMBER_CU_ATTN_SPLIT)
+        return ember_launch(attn_tc_split_k<D>, dim3((unsigned)a->n_span, (unsigned)(a->kv.T * a->kv.H), 1),
+                            dim3(TCA_WARPS * 32), smem, stream, *a);
+    if (tq < 1 || tq * a->rep > TCA_ROWS) tq = TCA_ROWS / a->rep;
+    if (tq == 1 && a->rep <= 16)
+        return ember_launch(attn_tc_walk_k<D, 1>, dim3((unsigned)a->kv.T, (unsigned)a->kv.H, 1), dim3(TCA_WARPS * 32),
+                            smem, stream, *a, tq);
+    return ember_launch(attn_tc_walk_k<D, 0>, dim3((unsigned)((a->kv.T + tq - 1) / tq), (unsigned)a->kv.H, 1),
+                        dim3(TCA_WARPS * 32), smem, stream, *a, tq);
+}
+
+static cudaError_t tca_attention(cudaStream_t stream, const attn_args *a, int mode, int tq) {
+    switch (a->kv.D) {
+    case 16: return tca_launch<16>(stream, a, mode, tq);
+    case 32: return tca_launch<32>(stream, a, mode, tq);
+    case 64: return tca_launch<64>(stream, a, mode, tq);
+    case 128: return tca_launch<128>(stream, a, mode, tq);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
 /* Grouped split on (the default; 0: attn_split_k, a measuring aid set from
    EMBER_CUDA_ATTN_GROUP), where it makes at least GROUP_MIN_BLOCKS blocks. */
 #define GROUP_MIN_BLOCKS 512
@@ -680,11 +1331,6 @@ static cudaError_t attn_launch(cudaStream_t stream, const attn_args *a, int mode
        head keeps more of it busy (batch-1 decode measured 0.5 ms per 8B step slower grouped) */
     const bool group = mode == EMBER_CU_ATTN_SPLIT && ember_cu_attn_group && span_fits(a->kv.D, ENC) &&
                        a->rep > 1 && (long long)groups * a->n_span >= GROUP_MIN_BLOCKS;
-    cudaError_t e = mode == EMBER_CU_ATTN_STAGED
-                        ? cudaFuncSetAttribute(attn_fused_k<ENC, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES)
-                    : group ? cudaFuncSetAttribute(attn_group_k<ENC>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES)
-                            : cudaFuncSetAttribute(attn_split_k<ENC>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES);
-    if (e != cudaSuccess) return e;
     if (mode == EMBER_CU_ATTN_STAGED) return ember_launch(attn_fused_k<ENC, 1>, dim3(units), dim3(SPAN), STAGE_BYTES, stream, *a);
     if (group)
         return ember_launch(attn_group_k<ENC>, dim3((unsigned)a->n_span, groups, 1), dim3(SPAN), STAGE_BYTES, stream, *a);
@@ -693,7 +1339,7 @@ static cudaError_t attn_launch(cudaStream_t stream, const attn_args *a, int mode
 
 extern "C" cudaError_t ember_cu_attention(cudaStream_t stream, const ember_cu_kv *kv, float *out, const float *q,
                                           int Hq, float scale, int window, float softcap, int mode, int n_span,
-                                          float *parts, int *count) {
+                                          float *parts, int *count, int tc) {
     if (kv->T < 1 || Hq < 1) return cudaSuccess;
     if (kv->D < 1 || kv->D > EMBER_CU_ATTN_MAX_D || kv->H < 1 || Hq % kv->H || (int64_t)kv->T * Hq > 0x7fffffff)
         return cudaErrorInvalidValue;
@@ -708,10 +1354,42 @@ extern "C" cudaError_t ember_cu_attention(cudaStream_t stream, const ember_cu_kv
     attn_args a = {*kv, out, q, parts, count, Hq, Hq / kv->H, n_span, scale, softcap, window, vec16};
     const unsigned units = (unsigned)(kv->T * Hq);
     if (mode == EMBER_CU_ATTN_SPLIT && (n_span < 1 || units > 65535u)) return cudaErrorInvalidValue; /* grid y */
+    if (tc > 0 && tca_takes(&a, enc)) return tca_attention(stream, &a, mode, tc);
     switch (enc) {
     case EMBER_CU_F32: return attn_launch<EMBER_CU_F32>(stream, &a, mode, units);
     case EMBER_CU_F16: return attn_launch<EMBER_CU_F16>(stream, &a, mode, units);
     case EMBER_CU_BF16: return attn_launch<EMBER_CU_BF16>(stream, &a, mode, units);
     default: return cudaErrorInvalidValue;
     }
+}
+
+
+/* The dynamic shared-memory limit of each attention kernel over 48 KB. */
+template <int ENC> static cudaError_t attn_prepare_enc(void) {
+    cudaError_t e = cudaFuncSetAttribute(attn_fused_k<ENC, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_group_k<ENC>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_split_k<ENC>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGE_BYTES);
+    return e;
+}
+
+template <int D> static cudaError_t tca_prepare(void) {
+    cudaError_t e = cudaFuncSetAttribute(attn_tc_walk_k<D, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tca_smem(D));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_tc_walk_k<D, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tca_smem(D));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_tc_split_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tca_smem(D));
+    return e;
+}
+
+extern "C" cudaError_t ember_cu_attn_prepare(void) {
+    cudaError_t e = attn_prepare_enc<EMBER_CU_F32>();
+    if (e == cudaSuccess) e = attn_prepare_enc<EMBER_CU_F16>();
+    if (e == cudaSuccess) e = attn_prepare_enc<EMBER_CU_BF16>();
+    if (e == cudaSuccess) e = tca_prepare<16>();
+    if (e == cudaSuccess) e = tca_prepare<32>();
+    if (e == cudaSuccess) e = tca_prepare<64>();
+    if (e == cudaSuccess) e = tca_prepare<128>();
+    return e;
 }

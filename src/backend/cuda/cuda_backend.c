@@ -135,6 +135,7 @@ typedef struct cuda_backend {
     size_t parts_cap;  /* floats */
     int *count;        /* split attention's finished spans per (token, head), zero between launches */
     size_t count_cap;
+    int attn_tc;       /* attention in the tc order where a layer allows it (EMBER_CUDA_ATTN_TC; fixed for life) */
     int32_t *ids_dev; /* argmax_rows' ids [am_rows], counters [am_rows], candidates */
     size_t am_rows;   /* rows and row length the candidates have room for */
     int64_t am_V;
@@ -1379,16 +1380,24 @@ static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tens
         n_span = max_span;
         mode = EMBER_CU_ATTN_SPLIT;
     }
+    /* tc: tokens per tile of the walk kernel (speed only, the bits do not depend on it): whole tiles
+       where the tokens come in runs of one row (prefill), one token per block where they do not */
+    int tc = 0;
+    if (c->attn_tc) {
+        int runs = 0;
+        for (int t = 0; t < T; t++) runs += t == 0 || map->row[t] != map->row[t - 1];
+        tc = runs * 4 > T ? 1 : 64;
+    }
     ember_cu_kv d;
     if ((rc = upload_map(c, map, T, Hkv, D, "attention", &d, err))) return rc;
-    uint64_t sg[12 + 23] = {9, P(dev(out)), P(dev(q)), (uint64_t)Hq, fbits(a->scale), (uint64_t)a->window,
+    uint64_t sg[13 + 23] = {9, P(dev(out)), P(dev(q)), (uint64_t)Hq, fbits(a->scale), (uint64_t)a->window,
                             fbits(a->softcap), (uint64_t)mode, (uint64_t)n_span, P(c->parts), P(c->count),
-                            (uint64_t)ember_cu_attn_group};
-    int ns = 12;
+                            (uint64_t)ember_cu_attn_group, (uint64_t)tc};
+    int ns = 13;
     sig_kv(sg, &ns, &d);
     if (g_skip(c, sg, ns)) return EMBER_OK;
     return launched(c, ember_cu_attention(c->stream, &d, dev(out), dev(q), Hq, a->scale, a->window, a->softcap, mode,
-                                          n_span, c->parts, c->count),
+                                          n_span, c->parts, c->count, tc),
                     mode == EMBER_CU_ATTN_SPLIT ? "attention (split)"
                     : mode == EMBER_CU_ATTN_STAGED ? "attention (staged)"
                                                    : "attention",
@@ -1705,6 +1714,14 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
         free(c);
         return cuda_fail(err, e, "starting the device");
     }
+    /* the shared-memory limits of the kernels over 48 KB, once for this device */
+    e = ember_cu_attn_prepare();
+    if (e == cudaSuccess) e = ember_cu_mm_prepare();
+    if (e != cudaSuccess) {
+        cudaStreamDestroy(c->stream);
+        free(c);
+        return cuda_fail(err, e, "preparing the kernels");
+    }
     c->base.ops = &k_cuda_ops;
     c->base.impl = c;
     if (p) c->base.log = p->log;
@@ -1718,6 +1735,9 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     /* the block kernel for bf16 products from this many rows on (0: never) */
     if (blk && *blk) ember_cu_mm_blk_min = atoi(blk) > 0 ? atoi(blk) : 0;
     if (grp && *grp) ember_cu_attn_group = atoi(grp) != 0;
+    /* attention in the tc order (tensor cores) for the layers it takes: on unless 0 */
+    const char *atc = getenv("EMBER_CUDA_ATTN_TC");
+    c->attn_tc = !(atc && *atc && atoi(atc) == 0);
     const char *gr = getenv("EMBER_CUDA_GRAPHS"); /* step graphs: on unless 0 */
     c->graphs_on = !(gr && *gr && atoi(gr) == 0);
     *out = &c->base;

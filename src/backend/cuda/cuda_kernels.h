@@ -81,6 +81,10 @@ extern int ember_cu_mm_cluster;
    EMBER_CUDA_MM_BLK; the same bits as every other bf16 kernel. */
 extern int ember_cu_mm_blk_min;
 
+/* Raises tc_blk's dynamic shared-memory limit on the current device. Called
+   once per backend, when it is created. */
+cudaError_t ember_cu_mm_prepare(void);
+
 /* out_i = x w_i^T (+ bias_i) for each product i. Picks the kernel: vector
    loads when K % 8 == 0 and x and every w are 16-byte aligned, else element
    loads; bf16 on the tensor cores for every M; f32 / f16 a decode kernel for M <= 8,
@@ -175,10 +179,21 @@ cudaError_t ember_cu_rope_kv_write(cudaStream_t stream, const ember_cu_kv *kv, f
                                    int interleaved, float attn_factor);
 
 /* out [T, Hq, D] = attention of q [T, Hq, D] over the keys of each token
-   (cuda_attn.cu says the order of every sum) with the kernel of mode. */
+   (cuda_attn.cu says the order of every sum) with the kernel of mode.
+   tc > 0: layers that the tensor-core kernels take (bf16 K and V, head
+   size 16, 32, 64 or 128) run in the tc order (cuda_attn.cu), SPLIT
+   through tc split, the other modes through tc walk with tiles of up to tc
+   tokens (a choice of speed only: a token's bits do not depend on it);
+   tc = 0, or another layer: the span kernels. A backend must keep one tc
+   setting (on or off) for its life: the two orders give other bits. */
 cudaError_t ember_cu_attention(cudaStream_t stream, const ember_cu_kv *kv, float *out, const float *q, int Hq,
                                float scale, int window, float softcap, int mode, int n_span, float *parts,
-                               int *count);
+                               int *count, int tc);
+
+/* Raises the dynamic shared-memory limit of every attention kernel that
+   needs more than 48 KB, on the current device. Called once per backend,
+   when it is created (the limit is a property of the device's context). */
+cudaError_t ember_cu_attn_prepare(void);
 
 /* ---- gated DeltaNet (cuda_delta.cu) ---- */
 

@@ -1131,15 +1131,22 @@ static bool aligned16(const void *p) {
     return ((uintptr_t)p & 15u) == 0;
 }
 
-/* Block and grid of a tc kind; the per-product block counts go to a. */
-static cudaError_t launch(cudaStream_t stream, ember_cu_mm *a, mm_kernel k, int rows_per_block, int grid_y,
-                          int threads) {
-    if (grid_y > 65535) return cudaErrorInvalidConfiguration;
+/* Deals the blocks of a launch to its products, rows_per_block weight
+   rows each: sets every product's first_block and returns the total. */
+static int assign_blocks(ember_cu_mm *a, int rows_per_block) {
     int blocks = 0;
     for (int i = 0; i < a->n; i++) {
         a->p[i].first_block = blocks;
         blocks += (a->p[i].N + rows_per_block - 1) / rows_per_block;
     }
+    return blocks;
+}
+
+/* Block and grid of a tc kind; the per-product block counts go to a. */
+static cudaError_t launch(cudaStream_t stream, ember_cu_mm *a, mm_kernel k, int rows_per_block, int grid_y,
+                          int threads) {
+    if (grid_y > 65535) return cudaErrorInvalidConfiguration;
+    const int blocks = assign_blocks(a, rows_per_block);
     if (blocks < 1) return cudaSuccess;
     void *args[] = {a};
     cudaLaunchConfig_t cfg;
@@ -1155,11 +1162,7 @@ static cudaError_t launch(cudaStream_t stream, ember_cu_mm *a, mm_kernel k, int 
 static cudaError_t launch_cl(cudaStream_t stream, ember_cu_mm *a, int ci) {
     const int bm = 8 * k_cl[ci].XT, grid_y = (a->M + bm - 1) / bm;
     if (grid_y > 65535) return cudaErrorInvalidConfiguration;
-    int blocks = 0;
-    for (int i = 0; i < a->n; i++) {
-        a->p[i].first_block = blocks;
-        blocks += (a->p[i].N + CL_ROWS - 1) / CL_ROWS;
-    }
+    const int blocks = assign_blocks(a, CL_ROWS);
     if (blocks < 1) return cudaSuccess;
     void *args[] = {a};
     cudaLaunchConfig_t cfg;
@@ -1169,29 +1172,37 @@ static cudaError_t launch_cl(cudaStream_t stream, ember_cu_mm *a, int ci) {
     return cudaLaunchKernelExC(&cfg, (const void *)k_cl[ci].k, args);
 }
 
+/* The shared memory of block kernel b: its weight ring and two input buffers
+   (over the default 48 KB: ember_cu_mm_prepare raises the limit). */
+static size_t bk_bytes(const bk_kind *b) {
+    return (size_t)b->S * BK_ROWS * 4 * 16 + (size_t)2 * 2 * (32 * b->XT) * 4 * 16;
+}
+
+extern "C" cudaError_t ember_cu_mm_prepare(void) {
+    for (int i = 0; i < N_BK_VAR; i++) {
+        cudaError_t e =
+            cudaFuncSetAttribute((const void *)k_bk[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bk_bytes(&k_bk[i]));
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
 /* A block kernel (k_bk[bi]): blocks of BK_ROWS weight rows per product,
-   32 XT input rows per grid row, the shared memory of bk_smem (over the
-   default 48 KB: the kernel's limit is raised on the current device before
-   every launch, a host-side call that keeps no state here). */
+   32 XT input rows per grid row, the shared memory of bk_bytes (its limit
+   raised once per backend by ember_cu_mm_prepare). */
 static cudaError_t launch_bk(cudaStream_t stream, ember_cu_mm *a, int bi) {
     const bk_kind *b = &k_bk[bi];
-    const size_t smem = (size_t)b->S * BK_ROWS * 4 * 16 + (size_t)2 * 2 * (32 * b->XT) * 4 * 16;
-    cudaError_t e = cudaFuncSetAttribute((const void *)b->k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
+    const size_t smem = bk_bytes(b);
     const int bm = 32 * b->XT, grid_y = (a->M + bm - 1) / bm;
     if (grid_y > 65535) return cudaErrorInvalidConfiguration;
-    int blocks = 0;
-    for (int i = 0; i < a->n; i++) {
-        a->p[i].first_block = blocks;
-        blocks += (a->p[i].N + BK_ROWS - 1) / BK_ROWS;
-    }
+    const int blocks = assign_blocks(a, BK_ROWS);
     if (blocks < 1) return cudaSuccess;
     void *args[] = {a};
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute at;
     ember_pdl_config(&cfg, &at, dim3((unsigned)blocks, (unsigned)grid_y, 1), dim3(BK_WARPS * LANES, 1, 1), smem,
                      stream);
-    e = cudaLaunchKernelExC(&cfg, (const void *)b->k, args);
+    cudaError_t e = cudaLaunchKernelExC(&cfg, (const void *)b->k, args);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
