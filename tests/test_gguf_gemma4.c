@@ -813,51 +813,10 @@ static void test_batch_invariance(int fi) {
    refused with one line, never a crash (the sanitizer build checks the
    memory accesses). */
 static void test_mutations(int fi) {
-    char path[700];
+    char path[700], what[64];
     gguf_path(path, sizeof path, k_fams[fi], "q8_0");
-    size_t n = 0;
-    unsigned char *orig = (unsigned char *)fx_slurp(path, &n), *buf = orig ? malloc(n) : NULL;
-    ember_gguf *g0 = NULL;
-    ember_error err = {0};
-    if (!CHECKV(buf && ember_gguf_parse("g4.gguf", orig, n, &g0, &err) == EMBER_OK, "%s", err.msg)) {
-        free(orig);
-        free(buf);
-        return;
-    }
-    const size_t header = g0->data_offset;
-    ember_gguf_free(g0);
-    uint64_t rng = 4242 + (uint64_t)fi;
-    int loaded = 0, refused = 0;
-    for (int it = 0; it < 300; it++) {
-        memcpy(buf, orig, n);
-        for (int k = 0; k <= it % 3; k++) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            buf[(size_t)(rng >> 33) % header] = (unsigned char)(rng >> 13);
-        }
-        const size_t len = it % 10 == 9 ? (size_t)(rng >> 40) % n : n;
-        ember_gguf *f = NULL;
-        if (ember_gguf_parse("mut.gguf", buf, len, &f, &err) != EMBER_OK) {
-            refused++;
-            continue;
-        }
-        ember_backend *be = NULL;
-        ember_cpu_params cp = {1, EMBER_ISA_AUTO, true, {0}};
-        CHECK(ember_backend_cpu_new(&cp, &be, &err) == EMBER_OK);
-        ember_model_config cfg;
-        ember_llm *m = NULL;
-        if (ember_llm_from_gguf(f, be, &cfg, &m, &err) == EMBER_OK) {
-            loaded++;
-        } else {
-            refused++;
-            CHECKF(err.msg[0] && !strchr(err.msg, '\n'), "bad message: %s", err.msg);
-        }
-        ember_llm_free(m);
-        ember_backend_free(be);
-    }
-    fprintf(stderr, "mutated %s q8_0: %d loaded, %d refused\n", k_fams[fi], loaded, refused);
-    CHECK(refused > 0);
-    free(orig);
-    free(buf);
+    snprintf(what, sizeof what, "%s q8_0", k_fams[fi]);
+    gx_mutations(path, what, 4242 + (uint64_t)fi, 300, 3);
 }
 
 int main(void) {

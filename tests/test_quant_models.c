@@ -21,6 +21,7 @@
 
 #include "ember.h"
 #include "fixture.h"
+#include "gguf_check.h"
 #include "core/cpu.h"
 #include "model/model.h"
 #include "formats/gguf.h"
@@ -501,55 +502,7 @@ static void test_batch_invariance(void) {
 static void test_corrupt(void) {
     char path[600];
     snprintf(path, sizeof path, "%s/testdata/models/stories260K/stories260K.gguf", shared_dir());
-    FILE *fp = fopen(path, "rb");
-    CHECK(fp != NULL);
-    if (!fp) return;
-    fseek(fp, 0, SEEK_END);
-    size_t n = (size_t)ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    unsigned char *orig = malloc(n), *buf = malloc(n);
-    CHECK(fread(orig, 1, n, fp) == n);
-    fclose(fp);
-    const ember_gguf_tensor *first = NULL;
-    ember_gguf *g0 = NULL;
-    ember_error err = {0};
-    CHECK(ember_gguf_parse("x.gguf", orig, n, &g0, &err) == EMBER_OK);
-    size_t header = g0 ? g0->data_offset : 4096; /* mutate metadata and tensor infos */
-    (void)first;
-    ember_gguf_free(g0);
-    uint64_t rng = 12345;
-    int loaded = 0, failed = 0;
-    for (int it = 0; it < 400; it++) {
-        memcpy(buf, orig, n);
-        int flips = 1 + it % 4;
-        for (int k = 0; k < flips; k++) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            size_t at = (size_t)(rng >> 33) % header;
-            buf[at] = (unsigned char)(rng >> 13);
-        }
-        size_t len = it % 10 == 9 ? (size_t)(rng >> 40) % n : n;
-        ember_gguf *f = NULL;
-        if (ember_gguf_parse("mut.gguf", buf, len, &f, &err) != EMBER_OK) {
-            failed++;
-            continue;
-        }
-        ember_backend *be = NULL;
-        ember_cpu_params cp = {1, EMBER_ISA_AUTO, true, {0}};
-        CHECK(ember_backend_cpu_new(&cp, &be, &err) == EMBER_OK);
-        ember_model_config cfg;
-        ember_llm *m = NULL;
-        if (ember_llm_from_gguf(f, be, &cfg, &m, &err) == EMBER_OK) loaded++;
-        else {
-            failed++;
-            CHECKF(err.msg[0] && !strchr(err.msg, '\n'), "bad message: %s", err.msg);
-        }
-        ember_llm_free(m);
-        ember_backend_free(be);
-    }
-    fprintf(stderr, "mutated stories260K: %d loaded, %d refused\n", loaded, failed);
-    CHECK(failed > 0);
-    free(orig);
-    free(buf);
+    gx_mutations(path, "stories260K", 12345, 400, 4);
 }
 
 int main(void) {
