@@ -146,6 +146,58 @@ static inline float max_abs(const float *x, size_t n) {
     return m;
 }
 
+/* Runs f's three prompts one at a time through m, 24 greedy steps each
+   (EOS ignored): ids[i] gets prompt i's greedy ids; when lg is not NULL,
+   lg[i] (the caller's, (n_i + 23) x vocab floats) gets the logits of the
+   prompt's positions and then of its 23 decode steps. Returns false, with
+   a line naming `what` on stderr, when a generate fails or stops short. */
+static inline bool fx_generate3(ember_model *m, const fixture *f, const char *what, int32_t ids[3][24],
+                                float *const *lg) {
+    for (int i = 0; i < 3; i++) {
+        ember_request r;
+        memset(&r, 0, sizeof r);
+        r.prompt = f->p[i].ids;
+        r.n_prompt = f->p[i].n;
+        r.max_new_tokens = 24;
+        r.ignore_eos = 1;
+        ember_sampling_init(&r.sampling);
+        r.out_ids = ids[i];
+        r.out_logits = lg ? lg[i] : NULL;
+        ember_error err = {0};
+        if (ember_generate(m, &r, 1, &err) != EMBER_OK || r.n_out != 24) {
+            fprintf(stderr, "%s p%d: %s (%d of 24 ids)\n", what, i, err.msg, r.n_out);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The first of the 24 steps at which ids part from prompt i's reference
+   greedy ids; 24 when they never do. */
+static inline int fx_agree(const fixture *f, int i, const int32_t ids[24]) {
+    int k = 0;
+    while (k < 24 && ids[k] == f->p[i].greedy[k]) k++;
+    return k;
+}
+
+/* The largest |dlogit| of lg (prompt i's rows from fx_generate3) against
+   the reference, relative to the largest |logit| of the prompt's reference:
+   over the prompt's positions and, for prompt 0 (the only one with
+   reference decode logits), its decode steps 0..agree (row n - 1 + s
+   predicts greedy[s]; up to and including the step where the ids part,
+   the inputs are still the reference's). */
+static inline float fx_logit_err(const fixture *f, int i, const float *lg, int agree) {
+    const fixture_prompt *p = &f->p[i];
+    const size_t V = (size_t)f->vocab, n = (size_t)p->n * V;
+    const float mx = max_abs(p->logits, n);
+    float d = 0;
+    for (size_t k = 0; k < n; k++) d = fmaxf(d, fabsf(lg[k] - p->logits[k]));
+    for (int s = 0; i == 0 && s <= agree && s < 24; s++)
+        for (size_t v = 0; v < V; v++)
+            d = fmaxf(d, fabsf(lg[(size_t)(p->n - 1 + s) * V + v] - f->p0_gen_logits[(size_t)s * V + v]));
+    return d / mx;
+}
+
 /* Reads file path whole into a malloc'd buffer (NUL-terminated, *n bytes);
    NULL on failure. The caller frees it. */
 static inline char *fx_slurp(const char *path, size_t *n) {

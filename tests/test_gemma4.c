@@ -45,47 +45,25 @@ static void parity(const char *family, ember_isa isa, const char *kv_type, float
         fixture_close(&f);
         return;
     }
-    const int V = f.vocab;
+    float *lg[3];
+    int32_t ids[3][24];
+    for (int i = 0; i < 3; i++) lg[i] = malloc((size_t)(f.p[i].n + 23) * (size_t)f.vocab * sizeof(float));
     float worst = 0;
-    for (int i = 0; i < 3; i++) {
-        fixture_prompt *p = &f.p[i];
-        float *lg = malloc((size_t)(p->n + 23) * (size_t)V * sizeof *lg);
-        int32_t out[24];
-        ember_request r = {0};
-        r.prompt = p->ids;
-        r.n_prompt = p->n;
-        r.max_new_tokens = 24;
-        r.ignore_eos = 1;
-        ember_sampling_init(&r.sampling);
-        r.out_ids = out;
-        r.out_logits = lg;
-        ember_error err = {0};
-        CHECKF(ember_generate(m, &r, 1, &err) == EMBER_OK, "%s p%d: %s", family, i, err.msg);
-        CHECK(r.n_out == 24);
-        const float ref_max = max_abs(p->logits, (size_t)p->n * (size_t)V);
-        float d = 0;
-        for (size_t k = 0; k < (size_t)p->n * (size_t)V; k++) d = fmaxf(d, fabsf(lg[k] - p->logits[k]));
-        CHECKF(d / ref_max <= tol, "%s/%s/%s p%d: max|dlogit| %g (rel %g)", family, ember_isa_name(isa), kv_type, i, d,
-               d / ref_max);
-        worst = fmaxf(worst, d / ref_max);
-        int first_diff = -1;
-        for (int s = 0; s < 24 && first_diff < 0; s++)
-            if (out[s] != p->greedy[s]) first_diff = s;
-        /* f32: identical ids; f16 may part only where the reference's margin is within its error */
-        CHECKF(first_diff < 0 || (tol > 1e-4f && p->margin[first_diff] <= 2 * tol * ref_max),
-               "%s/%s/%s p%d: greedy ids differ from step %d (margin %g)", family, ember_isa_name(isa), kv_type, i,
-               first_diff, first_diff >= 0 ? p->margin[first_diff] : 0.0);
-        if (i == 0) { /* decode-step logits: row n - 1 + s predicts greedy[s] */
-            const int agree = first_diff < 0 ? 24 : first_diff;
-            float dg = 0;
-            for (int s = 0; s < agree; s++)
-                for (int v = 0; v < V; v++)
-                    dg = fmaxf(dg, fabsf(lg[(size_t)(p->n - 1 + s) * V + v] - f.p0_gen_logits[(size_t)s * V + v]));
-            CHECKF(dg / ref_max <= tol, "%s/%s p0 decode logits: max diff %g", family, kv_type, dg);
-            worst = fmaxf(worst, dg / ref_max);
+    if (CHECKV(lg[0] && lg[1] && lg[2] && fx_generate3(m, &f, family, ids, lg), "%s/%s: the prompts do not run",
+               family, kv_type))
+        for (int i = 0; i < 3; i++) {
+            const fixture_prompt *p = &f.p[i];
+            /* f32: identical ids; f16 may part only where the reference's margin is within its error */
+            const int agree = fx_agree(&f, i, ids[i]);
+            const float ref_max = max_abs(p->logits, (size_t)p->n * (size_t)f.vocab);
+            CHECKF(agree == 24 || (tol > 1e-4f && p->margin[agree] <= 2 * tol * ref_max),
+                   "%s/%s/%s p%d: greedy ids differ from step %d (margin %g)", family, ember_isa_name(isa), kv_type, i,
+                   agree, agree < 24 ? p->margin[agree] : 0.0);
+            const float e = fx_logit_err(&f, i, lg[i], agree);
+            CHECKF(e <= tol, "%s/%s/%s p%d: max|dlogit| relative %g", family, ember_isa_name(isa), kv_type, i, e);
+            worst = fmaxf(worst, e);
         }
-        free(lg);
-    }
+    for (int i = 0; i < 3; i++) free(lg[i]);
     fprintf(stderr, "%-16s %-6s %-4s worst relative logit error %.3g\n", family, ember_isa_name(isa), kv_type, worst);
     ember_model_free(m);
     fixture_close(&f);

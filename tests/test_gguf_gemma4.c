@@ -59,50 +59,23 @@ static void gguf_path(char *out, size_t n, const char *fam, const char *scheme) 
 }
 
 /* The logits of every position of f's prompts and the 24 greedy ids of
-   each (f32 KV) from the model at path on the given ISA: rows of prompt i
-   then its 23 decode steps, into lg[i] ((n_i + 23) x V). */
+   each (f32 KV) from the model at path on the given ISA (fx_generate3). */
 static bool run_prompts(const char *path, const fixture *f, ember_isa isa, float *lg[3], int32_t ids[3][24]) {
     ember_model *m = fx_load_model(path, isa, 2, 1);
-    if (!m) return false;
-    bool ok = true;
-    for (int i = 0; i < 3 && ok; i++) {
-        ember_request r = {0};
-        r.prompt = f->p[i].ids;
-        r.n_prompt = f->p[i].n;
-        r.max_new_tokens = 24;
-        r.ignore_eos = 1;
-        ember_sampling_init(&r.sampling);
-        r.out_ids = ids[i];
-        r.out_logits = lg[i];
-        ember_error err = {0};
-        ok = ember_generate(m, &r, 1, &err) == EMBER_OK && r.n_out == 24;
-        if (!ok) fprintf(stderr, "%s: %s\n", path, err.msg);
-    }
+    const bool ok = m && fx_generate3(m, f, path, ids, lg);
     ember_model_free(m);
     return ok;
 }
 
-/* Compares a run with f's reference: *worst the largest |dlogit| over the
-   prompt positions and p0's decode steps (while the ids agree), relative to
-   max|logit|; the first step where the greedy ids part (-1: none) per
-   prompt into first[]. */
+/* Compares a run with f's reference: *worst the largest relative |dlogit|
+   of the three prompts (fx_logit_err); the first step where the greedy ids
+   part (-1: none) per prompt into first[]. */
 static void compare(const fixture *f, float *lg[3], int32_t ids[3][24], float *worst, int first[3]) {
-    const int V = f->vocab;
     *worst = 0;
     for (int i = 0; i < 3; i++) {
-        const fixture_prompt *p = &f->p[i];
-        const size_t n = (size_t)p->n * (size_t)V;
-        const float mx = max_abs(p->logits, n);
-        for (size_t k = 0; k < n; k++) *worst = fmaxf(*worst, fabsf(lg[i][k] - p->logits[k]) / mx);
-        first[i] = -1;
-        for (int s = 0; s < 24 && first[i] < 0; s++)
-            if (ids[i][s] != p->greedy[s]) first[i] = s;
-        if (i) continue;
-        const int agree = first[i] < 0 ? 24 : first[i]; /* row n - 1 + s predicts greedy[s] */
-        for (int s = 0; s < agree; s++)
-            for (int v = 0; v < V; v++)
-                *worst = fmaxf(*worst, fabsf(lg[i][(size_t)(p->n - 1 + s) * V + v] - f->p0_gen_logits[(size_t)s * V + v]) /
-                                           mx);
+        const int agree = fx_agree(f, i, ids[i]);
+        first[i] = agree < 24 ? agree : -1;
+        *worst = fmaxf(*worst, fx_logit_err(f, i, lg[i], agree));
     }
 }
 

@@ -56,20 +56,7 @@ static void gguf_path(char *out, size_t n, const char *fam, const char *scheme) 
 /* The 24 greedy ids of each of f's prompts from the model at path (f32 KV). */
 static bool greedy_ids(const char *path, const fixture *f, int32_t out[3][24]) {
     ember_model *m = fx_load_model(path, EMBER_ISA_AUTO, 2, 1);
-    if (!m) return false;
-    bool ok = true;
-    for (int i = 0; i < 3 && ok; i++) {
-        ember_request r = {0};
-        r.prompt = f->p[i].ids;
-        r.n_prompt = f->p[i].n;
-        r.max_new_tokens = 24;
-        r.ignore_eos = 1;
-        ember_sampling_init(&r.sampling);
-        r.out_ids = out[i];
-        ember_error err = {0};
-        ok = ember_generate(m, &r, 1, &err) == EMBER_OK && r.n_out == 24;
-        if (!ok) fprintf(stderr, "%s: %s\n", path, err.msg);
-    }
+    const bool ok = m && fx_generate3(m, f, path, out, NULL);
     ember_model_free(m);
     return ok;
 }

@@ -269,26 +269,16 @@ static void check_logits(const char *name, const fixture *f, const char *dir, co
     }
     ember_model *m = greedy ? fx_load_model(dir, EMBER_ISA_AUTO, 2, 1) : NULL;
     const float tau = 0.25f;
-    for (int i = 0; m && i < 3; i++) {
-        ember_request r;
-        memset(&r, 0, sizeof r);
-        int32_t ids[24];
-        r.prompt = f->p[i].ids;
-        r.n_prompt = f->p[i].n;
-        r.max_new_tokens = 24;
-        r.ignore_eos = 1;
-        ember_sampling_init(&r.sampling);
-        r.out_ids = ids;
-        ember_error err = {0};
-        if (!CHECKV(ember_generate(m, &r, 1, &err) == EMBER_OK, "%s", err.msg)) break;
-        int k = 0;
-        while (k < 24 && ids[k] == f->p[i].greedy[k]) k++;
-        fprintf(stderr, "%-16s %-16s p%d: greedy ids equal for %d of 24 steps%s\n", name, what, i, k,
-                k < 24 ? "" : " (all)");
-        if (k < 24)
-            CHECKF(f->p[i].margin[k] < tau, "%s p%d: greedy step %d differs where the reference margin is %g (>= %g)",
-                   dir, i, k, f->p[i].margin[k], tau);
-    }
+    int32_t ids[3][24];
+    if (m && CHECKV(fx_generate3(m, f, dir, ids, NULL), "%s: the prompts do not run", dir))
+        for (int i = 0; i < 3; i++) {
+            const int k = fx_agree(f, i, ids[i]);
+            fprintf(stderr, "%-16s %-16s p%d: greedy ids equal for %d of 24 steps%s\n", name, what, i, k,
+                    k < 24 ? "" : " (all)");
+            if (k < 24)
+                CHECKF(f->p[i].margin[k] < tau, "%s p%d: greedy step %d differs where the reference margin is %g (>= %g)",
+                       dir, i, k, f->p[i].margin[k], tau);
+        }
     ember_model_free(m);
     free(ref);
     free(q);
