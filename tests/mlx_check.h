@@ -8,6 +8,9 @@
 #ifndef EMBER_TEST_MLX_CHECK_H
 #define EMBER_TEST_MLX_CHECK_H
 
+#include <jansson.h>
+#include <sys/stat.h>
+
 #include "core/cpu.h"
 #include "fixture.h"
 
@@ -27,6 +30,83 @@ static const ember_isa k_isas[] = {MLX_CHECK_ISAS};
 
 static inline int total_rows(const fixture *f) {
     return f->p[0].n + f->p[1].n + f->p[2].n;
+}
+
+/* ember_st_write's fill for mc_check_wrapped: tensor `index` of the source file, as it is. */
+static inline int mc_wrap_fill(void *user, int index, size_t first, size_t n, void *dst, ember_error *err) {
+    (void)err;
+    const ember_st_tensor *t = &((const ember_st_file *)user)->tensors[index];
+    const size_t es = ember_dtype_get(t->dtype)->block_bytes;
+    memcpy(dst, t->data + first * es, n * es);
+    return 0;
+}
+
+/* Writes dir (an MLX Gemma 4 text checkpoint) to out as mlx-lm writes the
+   Gemma 4 multimodal checkpoint (the hub's E2B / E4B / MoE checkpoints are
+   multimodal): config {"model_type": "gemma4", "text_config": ...} with the
+   quantization entries keyed by the wrapper's module paths
+   (language_model.model.layers.N...), tensors under language_model.model.*,
+   and checks that out gives dir's logits bit for bit. Returns the config
+   written (the caller decrefs it; its "quantization" object is the one to
+   change for a variant of out), or NULL when a step failed (checked). */
+static inline json_t *mc_check_wrapped(const fixture *f, const char *dir, const char *out) {
+    char path[800];
+    mkdir(out, 0755);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *tc = json_load_file(path, 0, &je), *root = json_object(), *q = json_object();
+    json_t *oq = tc ? json_object_get(tc, "quantization") : NULL;
+    const char *key;
+    json_t *v;
+    bool ok = CHECKV(oq != NULL, "%s: no quantization", path);
+    json_object_foreach(oq, key, v) {
+        char k2[300];
+        snprintf(k2, sizeof k2, "%s%s", strncmp(key, "model.", 6) == 0 ? "language_model." : "", key);
+        json_object_set(q, k2, v);
+    }
+    if (ok) {
+        json_object_del(tc, "quantization");
+        json_object_del(tc, "quantization_config");
+        json_object_set_new(root, "model_type", json_string("gemma4"));
+        json_object_set(root, "text_config", tc);
+        json_object_set(root, "quantization", q);
+        json_object_set(root, "quantization_config", q);
+        snprintf(path, sizeof path, "%s/config.json", out);
+        ok = CHECKV(json_dump_file(root, path, 0) == 0, "cannot write %s", path);
+    }
+    json_decref(tc);
+    json_decref(q);
+    ember_st_file *sf = NULL;
+    ember_error err = {0};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ok = ok && CHECKV(ember_st_open(path, &sf, &err) == EMBER_OK, "%s", err.msg);
+    ember_st_out *outs = ok ? calloc((size_t)sf->n_tensors, sizeof *outs) : NULL;
+    char(*names)[300] = ok ? calloc((size_t)sf->n_tensors, sizeof *names) : NULL;
+    ok = ok && CHECKV(outs && names, "out of memory");
+    for (int i = 0; ok && i < sf->n_tensors; i++) {
+        const ember_st_tensor *t = &sf->tensors[i];
+        snprintf(names[i], sizeof names[i], "%s%s", strncmp(t->name, "model.", 6) == 0 ? "language_model." : "",
+                 t->name);
+        outs[i] = (ember_st_out){names[i], t->dtype, t->ndim, {0}};
+        memcpy(outs[i].shape, t->shape, sizeof outs[i].shape);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    ok = ok && CHECKV(ember_st_write(path, outs, sf->n_tensors, mc_wrap_fill, sf, &err) == EMBER_OK, "%s", err.msg);
+    free(outs);
+    free(names);
+    ember_st_free(sf);
+    const int rows = total_rows(f);
+    float *a = malloc((size_t)rows * f->vocab * 4), *b = malloc((size_t)rows * f->vocab * 4);
+    ok = ok && CHECKV(a && b && fx_prompt_logits(dir, f, 3, a) == 0 && fx_prompt_logits(out, f, 3, b) == 0,
+                      "%s does not run", out) &&
+         CHECKV(!memcmp(a, b, (size_t)rows * f->vocab * 4), "%s: logits differ from the plain directory's", out);
+    free(a);
+    free(b);
+    if (!ok) {
+        json_decref(root);
+        return NULL;
+    }
+    return root;
 }
 
 /* The three prompts' logits on one ISA, 1 thread. */

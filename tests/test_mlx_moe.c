@@ -365,78 +365,12 @@ static void check_cli(const fixture *f, const char *lib_dir) {
 
 /* ---- 8: an mlx-lm multimodal checkpoint's text model ----------------------------------- */
 
-typedef struct wrap_copy {
-    const ember_st_file *src;
-} wrap_copy;
-
-static int wrap_fill(void *user, int index, size_t first, size_t n, void *dst, ember_error *err) {
-    (void)err;
-    const ember_st_tensor *t = &((const wrap_copy *)user)->src->tensors[index];
-    const size_t es = ember_dtype_get(t->dtype)->block_bytes;
-    memcpy(dst, t->data + first * es, n * es);
-    return 0;
-}
-
 /* dir (an MLX gemma4_text_moe) as mlx-lm writes the Gemma 4 multimodal
-   checkpoint: config {"model_type": "gemma4", "text_config": ...} with the
-   quantization entries keyed by the wrapper's module paths
-   (language_model.model.layers.N.router.proj), tensors under
-   language_model.model.*. Loads and gives dir's logits bit for bit. */
+   checkpoint (mc_check_wrapped): loads and gives dir's logits bit for bit. */
 static void check_wrapped(const fixture *f, const char *dir) {
-    char path[800], out[700];
+    char out[700];
     snprintf(out, sizeof out, "%s/moe-gemma4-wrapped", EMBER_TEST_TMP);
-    mkdir(out, 0755);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_error_t je;
-    json_t *tc = json_load_file(path, 0, &je), *root = json_object(), *q = json_object();
-    json_t *oq = tc ? json_object_get(tc, "quantization") : NULL;
-    const char *key;
-    json_t *v;
-    bool ok = CHECKV(oq != NULL, "%s: no quantization", path);
-    json_object_foreach(oq, key, v) {
-        char k2[300];
-        if (strncmp(key, "model.", 6) == 0) snprintf(k2, sizeof k2, "language_model.%s", key);
-        else snprintf(k2, sizeof k2, "%s", key);
-        json_object_set(q, k2, v);
-    }
-    if (ok) {
-        json_object_del(tc, "quantization");
-        json_object_del(tc, "quantization_config");
-        json_object_set_new(root, "model_type", json_string("gemma4"));
-        json_object_set(root, "text_config", tc);
-        json_object_set(root, "quantization", q);
-        json_object_set(root, "quantization_config", q);
-        snprintf(path, sizeof path, "%s/config.json", out);
-        ok = CHECKV(json_dump_file(root, path, 0) == 0, "cannot write %s", path);
-    }
-    json_decref(tc);
-    json_decref(root);
-    json_decref(q);
-    ember_st_file *sf = NULL;
-    ember_error err = {0};
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    ok = ok && CHECKV(ember_st_open(path, &sf, &err) == EMBER_OK, "%s", err.msg);
-    ember_st_out *outs = ok ? calloc((size_t)sf->n_tensors, sizeof *outs) : NULL;
-    char(*names)[300] = ok ? calloc((size_t)sf->n_tensors, sizeof *names) : NULL;
-    for (int i = 0; ok && i < sf->n_tensors; i++) {
-        const ember_st_tensor *t = &sf->tensors[i];
-        snprintf(names[i], sizeof names[i], "%s%s", strncmp(t->name, "model.", 6) == 0 ? "language_model." : "",
-                 t->name);
-        outs[i] = (ember_st_out){names[i], t->dtype, t->ndim, {0}};
-        memcpy(outs[i].shape, t->shape, sizeof outs[i].shape);
-    }
-    wrap_copy wc = {sf};
-    snprintf(path, sizeof path, "%s/model.safetensors", out);
-    ok = ok && CHECKV(ember_st_write(path, outs, sf->n_tensors, wrap_fill, &wc, &err) == EMBER_OK, "%s", err.msg);
-    free(outs);
-    free(names);
-    ember_st_free(sf);
-    const int rows = total_rows(f);
-    float *a = malloc((size_t)rows * f->vocab * 4), *b = malloc((size_t)rows * f->vocab * 4);
-    if (ok && CHECKV(fx_prompt_logits(dir, f, 3, a) == 0 && fx_prompt_logits(out, f, 3, b) == 0, "%s does not run", out))
-        CHECKF(!memcmp(a, b, (size_t)rows * f->vocab * 4), "%s: logits differ from the plain directory's", out);
-    free(a);
-    free(b);
+    json_decref(mc_check_wrapped(f, dir, out));
 }
 
 /* gemma4_text without experts (its quantization came with the MoE variant's):

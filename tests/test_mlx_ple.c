@@ -389,85 +389,21 @@ static void check_refusals(const char *q4) {
 
 /* ---- 6: the multimodal checkpoint's layout ------------------------------------------------- */
 
-typedef struct wrap_copy {
-    const ember_st_file *src;
-} wrap_copy;
-
-static int wrap_fill(void *user, int index, size_t first, size_t n, void *dst, ember_error *err) {
-    (void)err;
-    const ember_st_tensor *t = &((const wrap_copy *)user)->src->tensors[index];
-    const size_t es = ember_dtype_get(t->dtype)->block_bytes;
-    memcpy(dst, t->data + first * es, n * es);
-    return 0;
-}
-
 /* dir (an MLX gemma4_text_ple) laid out as mlx-lm writes the Gemma 4
-   multimodal checkpoint (the E2B / E4B hub checkpoints are multimodal):
-   config {"model_type": "gemma4", "text_config": ...} with the quantization
-   entries keyed by the wrapper's paths (language_model.model.*), tensors
-   under language_model.model.*. Gives dir's logits bit for bit; an entry
-   marking the wrapped per-layer table float is refused, so those keys are
-   read. */
+   multimodal checkpoint (mc_check_wrapped: dir's logits bit for bit); an
+   entry marking the wrapped per-layer table float is refused, so those keys
+   are read. */
 static void check_wrapped(const fixture *f, const char *dir) {
     char path[800], out[700];
     snprintf(out, sizeof out, "%s/ple-gemma4-wrapped", EMBER_TEST_TMP);
-    mkdir(out, 0755);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_error_t je;
-    json_t *tc = json_load_file(path, 0, &je), *root = json_object(), *q = json_object();
-    json_t *oq = tc ? json_object_get(tc, "quantization") : NULL;
-    const char *key;
-    json_t *v;
-    bool ok = CHECKV(oq != NULL, "%s: no quantization", path);
-    json_object_foreach(oq, key, v) {
-        char k2[300];
-        snprintf(k2, sizeof k2, "%s%s", strncmp(key, "model.", 6) == 0 ? "language_model." : "", key);
-        json_object_set(q, k2, v);
-    }
-    if (ok) {
-        json_object_del(tc, "quantization");
-        json_object_del(tc, "quantization_config");
-        json_object_set_new(root, "model_type", json_string("gemma4"));
-        json_object_set(root, "text_config", tc);
-        json_object_set(root, "quantization", q);
-        json_object_set(root, "quantization_config", q);
-        snprintf(path, sizeof path, "%s/config.json", out);
-        ok = CHECKV(json_dump_file(root, path, 0) == 0, "cannot write %s", path);
-    }
-    ember_st_file *sf = NULL;
-    ember_error err = {0};
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    ok = ok && CHECKV(ember_st_open(path, &sf, &err) == EMBER_OK, "%s", err.msg);
-    ember_st_out *outs = ok ? calloc((size_t)sf->n_tensors, sizeof *outs) : NULL;
-    char(*names)[300] = ok ? calloc((size_t)sf->n_tensors, sizeof *names) : NULL;
-    for (int i = 0; ok && i < sf->n_tensors; i++) {
-        const ember_st_tensor *t = &sf->tensors[i];
-        snprintf(names[i], sizeof names[i], "%s%s", strncmp(t->name, "model.", 6) == 0 ? "language_model." : "",
-                 t->name);
-        outs[i] = (ember_st_out){names[i], t->dtype, t->ndim, {0}};
-        memcpy(outs[i].shape, t->shape, sizeof outs[i].shape);
-    }
-    wrap_copy wc = {sf};
-    snprintf(path, sizeof path, "%s/model.safetensors", out);
-    ok = ok && CHECKV(ember_st_write(path, outs, sf->n_tensors, wrap_fill, &wc, &err) == EMBER_OK, "%s", err.msg);
-    free(outs);
-    free(names);
-    ember_st_free(sf);
-    const int rows = total_rows(f);
-    float *a = malloc((size_t)rows * f->vocab * 4), *b = malloc((size_t)rows * f->vocab * 4);
-    if (ok && CHECKV(fx_prompt_logits(dir, f, 3, a) == 0 && fx_prompt_logits(out, f, 3, b) == 0, "%s does not run", out))
-        CHECKF(!memcmp(a, b, (size_t)rows * f->vocab * 4), "%s: logits differ from the plain directory's", out);
-    free(a);
-    free(b);
-    if (ok) { /* the wrapped key of the per-layer table marked float: refused */
-        json_object_set_new(q, "language_model.model.embed_tokens_per_layer", json_false());
-        snprintf(path, sizeof path, "%s/config.json", out);
-        if (CHECKV(json_dump_file(root, path, 0) == 0, "cannot write %s", path))
-            expect_refused(out, "embed_tokens_per_layer.scales");
-    }
-    json_decref(tc);
+    json_t *root = mc_check_wrapped(f, dir, out);
+    if (!root) return;
+    json_object_set_new(json_object_get(root, "quantization"), "language_model.model.embed_tokens_per_layer",
+                        json_false());
+    snprintf(path, sizeof path, "%s/config.json", out);
+    if (CHECKV(json_dump_file(root, path, 0) == 0, "cannot write %s", path))
+        expect_refused(out, "embed_tokens_per_layer.scales");
     json_decref(root);
-    json_decref(q);
 }
 
 /* ---- 7: the CLI --------------------------------------------------------------------------- */
