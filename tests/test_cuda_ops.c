@@ -12,6 +12,10 @@
  *     every input tile (9 to 128 rows), the block kernel from 129), for K = 200 (fewer
  *     k-blocks than parts), for an unaligned copy of the input (the
  *     element-load kernels), and for a weight cut into row ranges;
+ *   - the warpgroup kernel (cuda_wgmma.cu, Hopper): each kind forced from
+ *     one row on against the CPU, then a row's bits against the row alone
+ *     (the per-warp kernel) for every kind and the launcher's pick, at M =
+ *     64 to 700 and in grids the pick takes, and with EMBER_CUDA_MM_WG=0;
  *   - paged KV over shuffled block tables (f32, f16, bf16; head sizes 64
  *     to 256, grouped queries): kv_write stores the CPU's bytes exactly,
  *     kv_read gives its values exactly, attention (windows, soft-capping,

@@ -42,6 +42,9 @@
  *   - then out = sum (+ bias[n]).
  *
  * Kernels (one launch per weight dtype; up to 8 products share the input):
+ *   wg     bf16, M >= 128 on a GPU of compute capability 9.0, where the grid
+ *          of its 128-row blocks fills its waves (cuda_wgmma.cu: Hopper's
+ *          wgmma, the same order and bits; EMBER_CUDA_MM_WG=0: never).
  *   tc_blk bf16, off by default (EMBER_CUDA_MM_BLK=N: from N rows on; a
  *          variant of the benchmark). A block of 8 warps per 128 weight
  *          rows x 128 (or 64) input rows, weights and split inputs staged

@@ -26,8 +26,18 @@
  *   memory: the block writes the split inputs there with slot s of step st
  *   holding the element tc puts in that slot, so the k slots match too.
  *   A wgmma m64nNk16 computes each output from its own row of A, column of
- *   B and accumulator, as an mma does (the tests compare the bits with tc
- *   at M = 1 for every M and K they try).
+ *   B and accumulator, as an mma does. That its k16 step rounds exactly as
+ *   mma.m16n8k16's does on the same slots is not written in the PTX ISA
+ *   (which leaves the tensor cores' internal sum unspecified): it is
+ *   measured, by test_cuda_ops (matmul_wg: rows against the row alone on
+ *   tc, every kind, several K and M) and cuda_ops_bench (every shape
+ *   against the cluster kernel). A GPU where it failed would need
+ *   EMBER_CUDA_MM_WG=0.
+ *   Why not the copy engine (TMA) and swizzled descriptors for both
+ *   operands: tc's k slots permute a k-block's elements in pairs (4
+ *   bytes), which no descriptor layout expresses; the weights would need a
+ *   pass through registers anyway, so they are the register operand, and
+ *   only the inputs, split in shared memory in any case, use a descriptor.
  *
  *   Tile: a block of WGS warpgroups (128 threads each) owns 64 WGS weight
  *   rows (64 per warpgroup: 16 per warp) by NI input rows (wgmma's N), for
@@ -41,31 +51,41 @@
  *   rows x 64 bytes) and of the f32 inputs (NI rows x 128 bytes, the 16-byte
  *   pieces of a row rotated by row % 8 so that the reads below miss bank
  *   conflicts) of step i + S - 1 into stage (i + S - 1) % S, S stages deep.
- *   At step i, after the copy of step i is in and a barrier: each thread
- *   splits its (input row, step) pieces into hi / lo and writes them into
- *   B buffer i % 2 (the core-matrix layout of wgmma without swizzle: 8 rows
- *   x 16 bytes per core matrix; the 4 k-chunks of 8 of a k-block lie NI x 16
- *   bytes apart, the 8-row groups 128 bytes apart), each lane reads its 2 x
- *   16 bytes of weights, a proxy fence and a barrier; then each warpgroup
- *   issues its four wgmma (step 0 hi, lo, step 1 hi, lo) and waits for the
- *   group of step i - 1 only, so the tensor cores work on step i while the
- *   threads prepare step i + 1. At the end of a part: wait for all, then
- *   sum = part ? sum + acc : acc, acc = 0. Nothing in the walk depends on M
- *   or on the grid; rows past M read zeros, weight rows past N repeat row
- *   N - 1, neither is stored.
+ *   Step i: wait for its copies and a barrier; each thread splits its
+ *   (input row, step) pieces into hi / lo and writes them into B buffer
+ *   i % 2 (the core-matrix layout of wgmma without swizzle: 8 rows x 16
+ *   bytes per core matrix; the 4 k-chunks of 8 of a k-block lie NI x 16
+ *   bytes apart, the 8-row groups 128 bytes apart), each lane reads its
+ *   2 x 16 bytes of weights into registers, a proxy fence and a barrier;
+ *   each warpgroup issues its four wgmma (step 0 hi, lo, step 1 hi, lo),
+ *   every thread issues the copies of step i + S - 1, and each warpgroup
+ *   waits for the group of step i - 1 only, so the tensor cores work on
+ *   step i while the threads prepare step i + 1. At the end of a part: wait
+ *   for all, then sum = part ? sum + acc : acc, acc = 0. Nothing in the walk
+ *   depends on M or on the grid; rows past M read zeros, weight rows past N
+ *   repeat row N - 1, neither is stored.
  *
- *   Buffer reuse: stage (i - 1) % S is refilled at step i after the first
- *   barrier of step i (its reads, ld.shared of step i - 1, are before it);
- *   B buffer i % 2 was read by the wgmma group of step i - 2, which every
- *   warp waited for (wait_group 1 at the end of step i - 1) before that
- *   barrier.
+ *   Buffer reuse: stage (i - 1) % S is refilled in step i after its first
+ *   barrier (its reads, in step i - 1, are before it); B buffer i % 2 was
+ *   read by the wgmma group of step i - 2, which every warp waited for
+ *   (wait_group 1 in step i - 1) before that barrier. The weight registers
+ *   of a group are read by the tensor cores until that group is waited for:
+ *   steps alternate between two register sets, and each step keeps the
+ *   other set (the step before's) live until its own wait_group 1 has seen
+ *   that group finish, so the compiler cannot give those registers to
+ *   anything else meanwhile (without that, run 1 of bench/RESULTS.md's
+ *   section: garbage in the 128-row kinds, where a group runs longest).
  *
- * Kinds (wg_kinds): {WGS, NI, S} = {2, 128, 5} for M > 64, {1, 64, 6} for
- * M <= 64 (more blocks where the input tiles are few); the launcher
- * (ember_cu_mm_wg) takes M >= ember_cu_mm_wg_min (EMBER_CUDA_MM_WG) and
- * K % 8 == 0 with 16-byte aligned tensors, and only on a GPU of compute
- * capability 9.0 (ember_cu_mm_wg_prepare finds out once); everything else
- * stays on cuda_matmul.cu's kernels, with the same bits.
+ * Kinds (k_wg): {WGS, NI, S} = {2, 128, 5}, {1, 64, 6}, {1, 128, 4},
+ * {2, 64, 6}, {3, 128, 4}; every kind gives the same bits. One block of
+ * the 128-row kinds fills a multiprocessor (shared memory), so a grid whose
+ * last wave is far from full leaves the GPU idle: the launcher's pick
+ * (ember_cu_mm_wg) is the first of kinds 4 and 0 whose grid fills at
+ * least 85% of its waves, else it declines and cuda_matmul.cu's kernels
+ * run the product (the same bits). The launcher of cuda_matmul.cu asks it
+ * from M >= ember_cu_mm_wg_min (128; EMBER_CUDA_MM_WG, 0: never), K % 8 ==
+ * 0 and 16-byte aligned tensors, and only on a GPU of compute capability
+ * 9.0 (ember_cu_mm_wg_prepare finds out once per backend).
  *
  * Ownership and threads: the launcher runs on the backend's host thread and
  * only enqueues; the kernel reads x, w, bias and writes out (device memory
