@@ -12,7 +12,9 @@
  *      M = 64, 256, 2048 in TFLOP/s; 3. the bf16 kernels side by side (the
  *      tensor-core default, the CUDA-core kernels of before, every
  *      tensor-core shape: per-warp, cluster and block kernels, each
- *      checked for the default's bits).
+ *      checked for the default's bits); 4. the bf16 products of Llama-3.2-1B
+ *      and Llama-3.1-8B at M = 64, 512, 2048 on the cluster kernel, the
+ *      default and each warpgroup kind (cuda_wgmma.cu), with their bits.
  *
  * Method: weights are random (never zeros), several copies of each shape
  * rotate so that the 50 MB L2 cannot hold them; a pass over the copies is
@@ -310,6 +312,64 @@ static void bench_variants(int N, int K, int M) {
     drop(&x);
 }
 
+/* The bf16 products of prefill and batched decode on an N x K weight at M
+   rows: the cluster kernel (the default before the warpgroup kernel;
+   ember_cu_mm_wg_min = 0), the launcher's pick, and every warpgroup kind
+   (cuda_wgmma.cu): time, TFLOP/s (2 M N K, useful work) and whether the
+   bits equal the cluster kernel's. */
+static void bench_wg(const char *what, int N, int K, int M) {
+    size_t wbytes = (size_t)N * (size_t)K * 2;
+    int copies = (int)((400u << 20) / wbytes) + 1;
+    if (copies > MAX_COPIES) copies = MAX_COPIES;
+    tens w[MAX_COPIES], out[MAX_COPIES], x;
+    int64_t xs[2] = {M, K};
+    EK(ember_tensor_alloc(g_be, &x.t, &x.b, EMBER_F32, 2, xs, &err_));
+    float *h = malloc((size_t)M * (size_t)K * 4);
+    for (size_t i = 0; i < (size_t)M * (size_t)K; i++) h[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f + 1e-4f;
+    EK(g_be->ops->write(g_be, &x.t, 0, h, (size_t)M * (size_t)K * 4, &err_));
+    free(h);
+    for (int r = 0; r < copies; r++) {
+        w[r] = make(EMBER_BF16, N, K);
+        int64_t os[2] = {M, N};
+        EK(ember_tensor_alloc(g_be, &out[r].t, &out[r].b, EMBER_F32, 2, os, &err_));
+    }
+    size_t on = (size_t)M * (size_t)N;
+    float *ref = malloc(on * 4), *got = malloc(on * 4);
+    static var_ctx c;
+    const int wg_min = ember_cu_mm_wg_min;
+    for (int v = -2;; v++) { /* -2: the cluster kernel, -1: the launcher's pick, >= 0: a warpgroup kind */
+        int sh[3] = {0, 0, 0};
+        if (v >= 0 && (!ember_cu_mm_wg_ready() || !ember_cu_mm_wg_kinds(v, sh))) break;
+        ember_cu_mm_wg_min = v == -2 ? 0 : v == -1 ? wg_min : 1;
+        ember_cu_mm_wg_kind = v >= 0 ? v : -1;
+        c.n_copies = copies;
+        for (int r = 0; r < copies; r++)
+            c.a[r] = (ember_cu_mm){.x = dptr(&x.t), .M = M, .K = K, .dtype = EMBER_CU_BF16, .n = 1,
+                                   .p = {{.w = dptr(&w[r].t), .out = dptr(&out[r].t), .N = N}}};
+        double t = time_pass(var_pass, &c, 1) / copies;
+        CK(cudaMemcpy(v > -2 ? got : ref, dptr(&out[0].t), on * 4, cudaMemcpyDeviceToHost));
+        char name[64];
+        if (v == -2)
+            snprintf(name, sizeof name, "cluster / per-warp (EMBER_CUDA_MM_WG=0)");
+        else if (v == -1)
+            snprintf(name, sizeof name, "default (launcher's pick%s)", ember_cu_mm_wg_ready() ? "" : ", no warpgroup kernel");
+        else
+            snprintf(name, sizeof name, "warpgroup %d: %d x %d rows, %d stages", v, 64 * sh[0], sh[1], sh[2]);
+        printf("| %s | %dx%d | %d | %s | %.1f | %.1f | %s |\n", what, N, K, M, name, t * 1e6,
+               2.0 * M * (double)N * K / t / 1e12, v > -2 ? (memcmp(ref, got, on * 4) ? "DIFFER" : "yes") : "-");
+        fflush(stdout);
+    }
+    ember_cu_mm_wg_min = wg_min;
+    ember_cu_mm_wg_kind = -1;
+    free(ref);
+    free(got);
+    for (int r = 0; r < copies; r++) {
+        drop(&w[r]);
+        drop(&out[r]);
+    }
+    drop(&x);
+}
+
 int main(int argc, char **argv) {
     int device = 0, quick = 0;
     for (int i = 1; i < argc; i++) {
@@ -382,6 +442,18 @@ int main(int argc, char **argv) {
         bench_variants(28672, 4096, 512); /* the 8B gate and up in a prefill chunk */
         bench_variants(28672, 4096, 2048);
     }
+    printf("\nbf16 products of prefill (M = 512, 2048) and batched decode (M = 64) on the model shapes: the cluster\n"
+           "kernel, the default and each warpgroup kind (64 x WGS weight rows x NI input rows per block):\n\n");
+    printf("| model | weight | M | kernel | us (graph) | TFLOP/s | same bits as cluster |\n"
+           "| --- | --- | --- | --- | --- | --- | --- |\n");
+    static const struct {
+        const char *what;
+        int N, K;
+    } wgs[] = {{"1B q,k,v", 3072, 2048}, {"1B o", 2048, 2048}, {"1B gate,up", 16384, 2048}, {"1B down", 2048, 8192},
+               {"8B q,k,v", 6144, 4096}, {"8B o", 4096, 4096}, {"8B gate,up", 28672, 4096}, {"8B down", 4096, 14336}};
+    const int wm[] = {64, 512, 2048};
+    for (int mi = 0; mi < (quick ? 2 : 3); mi++)
+        for (int i = 0; i < 8; i++) bench_wg(wgs[i].what, wgs[i].N, wgs[i].K, wm[mi]);
     double lt = a.t + o.t + b.t + down.t, lb = a.bytes + o.bytes + b.bytes + down.bytes;
     double tok = 32 * lt + hd.t;
     printf("\n8B layer products at M = 1 (q,k,v + o + gate,up + down): %.1f us, %.0f GB/s, %.1f%% of copy bandwidth\n",

@@ -12,6 +12,10 @@
  *     every input tile (9 to 128 rows), the block kernel from 129), for K = 200 (fewer
  *     k-blocks than parts), for an unaligned copy of the input (the
  *     element-load kernels), and for a weight cut into row ranges;
+ *   - the warpgroup kernel (cuda_wgmma.cu, Hopper): each kind forced from
+ *     one row on against the CPU, then a row's bits against the row alone
+ *     (the per-warp kernel) for every kind and the launcher's pick, at M =
+ *     64 to 700 and in grids the pick takes, and with EMBER_CUDA_MM_WG=0;
  *   - paged KV over shuffled block tables (f32, f16, bf16; head sizes 64
  *     to 256, grouped queries): kv_write stores the CPU's bytes exactly,
  *     kv_read gives its values exactly, attention (windows, soft-capping,
@@ -432,6 +436,111 @@ static void test_batch_invariance(void) {
             free(target);
             pair_free(&w);
         }
+}
+
+/* ---- the warpgroup kernel (cuda_wgmma.cu) ---------------------------------------------------- */
+
+/* The backend's measuring aids for the warpgroup kernel (cuda_kernels.h,
+   which needs the CUDA headers): its kind (-1: the launcher's pick), the
+   first M it takes, whether it runs on this GPU, and the kinds there are. */
+extern int ember_cu_mm_wg_kind, ember_cu_mm_wg_min;
+int ember_cu_mm_wg_ready(void);
+int ember_cu_mm_wg_kinds(int kind, int shape[3]);
+
+/* The warpgroup kernel (where the GPU has it), each kind forced from one
+   row on: against the CPU with several products sharing the input (ragged
+   N, bias, K past the eight parts with a ragged last k-block, K under one
+   k-block per part, rows past M in the last input tile); then a row's bits
+   against the row alone (M = 1: the per-warp tensor-core kernel) for the
+   launcher's pick and every kind, at several M and positions in the batch,
+   and with the kernel off (EMBER_CUDA_MM_WG=0: the cluster kernels). */
+static void test_matmul_wg(void) {
+    printf("# warpgroup kernel: %s\n", ember_cu_mm_wg_ready() ? "on (compute capability 9.0)"
+                                                               : "not on this GPU (the other kernels run the checks)");
+    const ember_dtype bf[3] = {EMBER_BF16, EMBER_BF16, EMBER_BF16};
+    const int Ns[3] = {300, 64, 129};
+    const bool bias[3] = {true, false, true};
+    const int nk_max = 8, wg_min0 = ember_cu_mm_wg_min;
+    int nkinds = 0, sh[3];
+    while (nkinds < nk_max && ember_cu_mm_wg_kinds(nkinds, sh)) nkinds++;
+    CHECK(nkinds >= 2);
+    /* every kind from one row on (the launcher's pick declines grids this small) */
+    ember_cu_mm_wg_min = 1;
+    const int Ks[3] = {1000, 2056, 200}, Ms[3] = {1, 65, 200};
+    for (int kind = 0; kind < nkinds; kind++) {
+        ember_cu_mm_wg_kind = kind;
+        for (int k = 0; k < 3; k++)
+            for (int m = 0; m < 3; m++) check_matmul(Ms[m], Ks[k], 3, bf, Ns, bias);
+    }
+    ember_cu_mm_wg_kind = 0;
+    check_matmul(513, 4096, 3, bf, Ns, bias);
+    ember_cu_mm_wg_kind = -1;
+    ember_error err;
+    const int bK[3] = {2056, 1000, 200}, bM[4] = {64, 130, 300, 700}, N = 300;
+    for (int ki = 0; ki < 3; ki++) {
+        const int K = bK[ki];
+        pair w;
+        int64_t ws[2] = {N, K};
+        pair_rand(&w, EMBER_BF16, 2, ws);
+        float *target = malloc((size_t)K * 4);
+        for (int i = 0; i < K; i++) target[i] = frnd();
+        float *ref = gpu_matmul(target, 1, K, &w.g, 0);
+        for (int kind = -1; kind < nkinds; kind++) {
+            ember_cu_mm_wg_kind = kind;
+            ember_cu_mm_wg_min = kind < 0 ? wg_min0 : 1;
+            for (int mi = 0; mi < 4; mi++) {
+                const int M = bM[mi], at = (mi * 37 + kind * 11 + 64) % M;
+                float *xr = malloc((size_t)M * (size_t)K * 4);
+                for (size_t i = 0; i < (size_t)M * (size_t)K; i++) xr[i] = frnd();
+                memcpy(xr + (size_t)at * K, target, (size_t)K * 4);
+                float *o = gpu_matmul(xr, M, K, &w.g, 0);
+                CHECKF(!memcmp(ref, o + (size_t)at * N, (size_t)N * 4),
+                       "warpgroup kernel K%d kind %d: row %d of M=%d differs from the row alone", K, kind, at, M);
+                free(o);
+                free(xr);
+            }
+        }
+        ember_cu_mm_wg_kind = -1;
+        ember_cu_mm_wg_min = wg_min0;
+        /* EMBER_CUDA_MM_WG=0 (read when a backend is made; like the other matmul switches it is
+           one setting for the process): the cluster kernels, the same bits */
+        setenv("EMBER_CUDA_MM_WG", "0", 1);
+        ember_backend *off = NULL;
+        ember_cuda_params gp = {.device = 0};
+        CHECKF(ember_backend_cuda_new(&gp, &off, &err) == EMBER_OK, "cuda backend: %s", err.msg);
+        unsetenv("EMBER_CUDA_MM_WG");
+        ember_backend_free(off);
+        CHECK(ember_cu_mm_wg_min == 0);
+        const int M = 200, at = 77;
+        float *xr = malloc((size_t)M * (size_t)K * 4);
+        for (size_t i = 0; i < (size_t)M * (size_t)K; i++) xr[i] = frnd();
+        memcpy(xr + (size_t)at * K, target, (size_t)K * 4);
+        float *o = gpu_matmul(xr, M, K, &w.g, 0);
+        CHECKF(!memcmp(ref, o + (size_t)at * N, (size_t)N * 4), "K%d: EMBER_CUDA_MM_WG=0 gives other bits", K);
+        free(o);
+        ember_cu_mm_wg_min = wg_min0; /* the default again */
+        free(xr);
+        free(ref);
+        free(target);
+        pair_free(&w);
+    }
+    /* grids the launcher's pick takes at M = 512 (128 blocks of 128 x 128 for 4096 weight rows, of
+       192 x 128 for 6144), a row against the row alone */
+    for (int nb = 0; nb < 2; nb++) {
+        const int K = 520, M = 512, NB = nb ? 6144 : 4096, at = 300;
+        pair w;
+        int64_t ws[2] = {NB, K};
+        pair_rand(&w, EMBER_BF16, 2, ws);
+        float *xr = malloc((size_t)M * (size_t)K * 4);
+        for (size_t i = 0; i < (size_t)M * (size_t)K; i++) xr[i] = frnd();
+        float *ref = gpu_matmul(xr + (size_t)at * K, 1, K, &w.g, 0), *o = gpu_matmul(xr, M, K, &w.g, 0);
+        CHECKF(!memcmp(ref, o + (size_t)at * NB, (size_t)NB * 4), "warpgroup kernel (launcher's pick) M=%d N=%d: row %d differs",
+               M, NB, at);
+        free(o);
+        free(ref);
+        free(xr);
+        pair_free(&w);
+    }
 }
 
 /* ---- rope ------------------------------------------------------------------------------------ */
@@ -1068,7 +1177,8 @@ int main(void) {
         void (*fn)(void);
     } groups[] = {{"buffers", test_buffers},         {"get_rows", test_get_rows},
                   {"rms_norm", test_rms_norm},       {"matmul", test_matmul},
-                  {"batch_invariance", test_batch_invariance}, {"rope", test_rope},
+                  {"batch_invariance", test_batch_invariance}, {"matmul_wg", test_matmul_wg},
+                  {"rope", test_rope},
                   {"elementwise", test_elementwise}, {"copy", test_copy},
                   {"kv_attention", test_kv_attention}, {"add_rms_norm", test_add_rms_norm},
                   {"rope_kv_write", test_rope_kv_write}, {"argmax", test_argmax},

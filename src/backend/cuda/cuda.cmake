@@ -18,7 +18,7 @@ if(EMBER_CUDA)
   find_package(CUDAToolkit REQUIRED)
   add_library(ember_cuda OBJECT
     src/backend/cuda/cuda_backend.c src/backend/cuda/cuda_matmul.cu src/backend/cuda/cuda_ops.cu
-    src/backend/cuda/cuda_attn.cu src/backend/cuda/cuda_delta.cu)
+    src/backend/cuda/cuda_attn.cu src/backend/cuda/cuda_delta.cu src/backend/cuda/cuda_wgmma.cu)
   # --fmad=false: no multiply-add contraction (the C side builds with
   # -ffp-contract=off); the matmul kernels call fmaf explicitly.
   set(EMBER_CUDA_NVCC_FLAGS "-gencode=arch=compute_90,code=[sm_90,compute_90]" --fmad=false -lineinfo
@@ -29,6 +29,12 @@ if(EMBER_CUDA)
   set_source_files_properties(src/backend/cuda/cuda_matmul.cu src/backend/cuda/cuda_ops.cu src/backend/cuda/cuda_attn.cu
     src/backend/cuda/cuda_delta.cu
     PROPERTIES COMPILE_OPTIONS "${EMBER_CUDA_NVCC_FLAGS}")
+  # cuda_wgmma.cu: Hopper's wgmma needs the sm_90a machine code (no PTX: it
+  # would not run elsewhere); the launcher uses it on compute capability 9.0
+  # alone and the kernels above everywhere else.
+  string(REPLACE "-gencode=arch=compute_90,code=[sm_90,compute_90]" "-gencode=arch=compute_90a,code=sm_90a"
+    EMBER_CUDA_WG_FLAGS "${EMBER_CUDA_NVCC_FLAGS}")
+  set_source_files_properties(src/backend/cuda/cuda_wgmma.cu PROPERTIES COMPILE_OPTIONS "${EMBER_CUDA_WG_FLAGS}")
   set_source_files_properties(src/backend/cuda/cuda_backend.c PROPERTIES COMPILE_OPTIONS "${EMBER_CUDA_C_FLAGS}")
   # the CUDA headers are system headers: no warnings from them
   target_include_directories(ember_cuda SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})

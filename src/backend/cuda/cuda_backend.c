@@ -1054,9 +1054,10 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
                      (long long)K);
         }
         if (!a.n) continue;
-        uint64_t sg[7 + 4 * EMBER_CU_MAX_MM] = {3, P(a.x), (uint64_t)M, (uint64_t)K, (uint64_t)dt,
-                                                 (uint64_t)ember_cu_mm_cluster, (uint64_t)ember_cu_mm_blk_min};
-        int ns = 7;
+        uint64_t sg[8 + 4 * EMBER_CU_MAX_MM] = {3, P(a.x), (uint64_t)M, (uint64_t)K, (uint64_t)dt,
+                                                 (uint64_t)ember_cu_mm_cluster, (uint64_t)ember_cu_mm_blk_min,
+                                                 (uint64_t)ember_cu_mm_wg_min};
+        int ns = 8;
         for (int i = 0; i < a.n; i++) {
             sg[ns++] = P(a.p[i].w);
             sg[ns++] = P(a.p[i].out);
@@ -1734,6 +1735,9 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     if (mmc && *mmc) ember_cu_mm_cluster = atoi(mmc) != 0;
     /* the block kernel for bf16 products from this many rows on (0: never) */
     if (blk && *blk) ember_cu_mm_blk_min = atoi(blk) > 0 ? atoi(blk) : 0;
+    /* the warpgroup kernel (Hopper) for bf16 products from this many rows on (0: never; default 128) */
+    const char *wg = getenv("EMBER_CUDA_MM_WG");
+    if (wg && *wg) ember_cu_mm_wg_min = atoi(wg) > 0 ? atoi(wg) : 0;
     if (grp && *grp) ember_cu_attn_group = atoi(grp) != 0;
     /* attention in the tc order (tensor cores) for the layers it takes: on unless 0 */
     const char *atc = getenv("EMBER_CUDA_ATTN_TC");

@@ -81,8 +81,39 @@ extern int ember_cu_mm_cluster;
    EMBER_CUDA_MM_BLK; the same bits as every other bf16 kernel. */
 extern int ember_cu_mm_blk_min;
 
-/* Raises tc_blk's dynamic shared-memory limit on the current device. Called
-   once per backend, when it is created. */
+/* The warpgroup kernel (cuda_wgmma.cu, Hopper's wgmma; sm_90a machine
+   code, so compute capability 9.0 only) for bf16 products from this many
+   rows on; 0: never. Default 128; set from EMBER_CUDA_MM_WG. The same bits
+   as every other bf16 kernel. */
+extern int ember_cu_mm_wg_min;
+
+/* Measuring aid: the warpgroup kernel's shape for every M (an index for
+   ember_cu_mm_wg_kinds), or -1 (the default): the launcher's pick. */
+extern int ember_cu_mm_wg_kind;
+
+/* shape = {WGS, NI, S} of warpgroup kind `kind` (warpgroups per block,
+   input rows per block, pipeline stages); returns 0 past the last kind. */
+int ember_cu_mm_wg_kinds(int kind, int shape[3]);
+
+/* Finds out once per device whether the warpgroup kernel runs here (a GPU
+   of compute capability 9.0 with its machine code) and raises its
+   shared-memory limit. Never fails: where it cannot run, ember_cu_mm_wg_ready
+   answers 0 and the other kernels take every product. */
+cudaError_t ember_cu_mm_wg_prepare(void);
+
+/* 1 when ember_cu_mm_wg_prepare found the warpgroup kernel usable. */
+int ember_cu_mm_wg_ready(void);
+
+/* The bf16 products of a on the warpgroup kernel (any M; K % 8 == 0 and
+   16-byte aligned x and weights: the caller checks). Sets first_block of
+   each product. cudaErrorNotSupported (nothing enqueued) when the kernel is
+   not ready, or when it declines the shape: with ember_cu_mm_wg_kind < 0,
+   a grid that fills less than 85% of its waves of one block per
+   multiprocessor (the other kernels give the same bits). */
+cudaError_t ember_cu_mm_wg(cudaStream_t stream, ember_cu_mm *a);
+
+/* Raises tc_blk's (and the warpgroup kernel's) dynamic shared-memory limit
+   on the current device. Called once per backend, when it is created. */
 cudaError_t ember_cu_mm_prepare(void);
 
 /* out_i = x w_i^T (+ bias_i) for each product i. Picks the kernel: vector

@@ -42,6 +42,9 @@
  *   - then out = sum (+ bias[n]).
  *
  * Kernels (one launch per weight dtype; up to 8 products share the input):
+ *   wg     bf16, M >= 128 on a GPU of compute capability 9.0, where the grid
+ *          of its 128-row blocks fills its waves (cuda_wgmma.cu: Hopper's
+ *          wgmma, the same order and bits; EMBER_CUDA_MM_WG=0: never).
  *   tc_blk bf16, off by default (EMBER_CUDA_MM_BLK=N: from N rows on; a
  *          variant of the benchmark). A block of 8 warps per 128 weight
  *          rows x 128 (or 64) input rows, weights and split inputs staged
@@ -1184,7 +1187,7 @@ extern "C" cudaError_t ember_cu_mm_prepare(void) {
             cudaFuncSetAttribute((const void *)k_bk[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bk_bytes(&k_bk[i]));
         if (e != cudaSuccess) return e;
     }
-    return cudaSuccess;
+    return ember_cu_mm_wg_prepare();
 }
 
 /* A block kernel (k_bk[bi]): blocks of BK_ROWS weight rows per product,
@@ -1218,6 +1221,12 @@ extern "C" cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a) {
     if (a->dtype == EMBER_CU_BF16 && !a->legacy && !a->variant && vec && ember_cu_mm_blk_min > 0 &&
         a->M >= ember_cu_mm_blk_min)
         return launch_bk(stream, a, 0);
+    if (a->dtype == EMBER_CU_BF16 && !a->legacy && !a->variant && vec && ember_cu_mm_wg_min > 0 &&
+        a->M >= ember_cu_mm_wg_min && ember_cu_mm_wg_ready()) {
+        cudaError_t e = ember_cu_mm_wg(stream, a);
+        if (e == cudaSuccess) return e;
+        if (e != cudaErrorNotSupported) cudaGetLastError(); /* a launch refused: the kernels below, the same bits */
+    }
     if (a->variant > N_TC_VAR) {
         cudaError_t e = launch_cl(stream, a, a->variant - N_TC_VAR - 1);
         return e != cudaSuccess ? e : cudaGetLastError();
