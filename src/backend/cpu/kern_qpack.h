@@ -205,12 +205,17 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
         for (int k = 0; k < 3; k++) D[k] = qv_load(p + 64 + 64 * k + QP_DW(h));
         qv S1[QP_NX], S2[QP_NX];
 #pragma GCC unroll 8
-        for (int c = 0; c < NX; c++) S1[c] = qv_zero();
+        for (int c = 0; c < NX; c++) S1[c] = S2[c] = qv_zero();
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             qv sc, mn;
             qpk_scale_min(D, j, &sc, &mn);
-            (void)mn;
+            /* S2 = sum_j min_j * bs32[j] as min_j * (bsums[2j] + bsums[2j+1]):
+               one 16-bit pair product per sub-block and row */
+            const qv mn16 = qv_pair16(mn, mn);
+#pragma GCC unroll 8
+            for (int c = 0; c < NX; c++)
+                S2[c] = qv_dot2(S2[c], mn16, qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, bsums) + 4 * j));
 #ifdef QP_MAD16
             /* the scale as a 16-bit pair: the one madd that widens a row's
                16-bit sums also multiplies them by it (no 32-bit multiply) */
@@ -288,20 +293,6 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
 #endif
                 }
             }
-        }
-        /* S2 = sum_j min_j * bs32[j] as min_j * (bsums[2j] + bsums[2j+1]):
-           one 16-bit pair product per sub-block and row */
-#pragma GCC unroll 8
-        for (int c = 0; c < NX; c++) S2[c] = qv_zero();
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            qv sc, mn;
-            qpk_scale_min(D, j, &sc, &mn);
-            (void)sc;
-            const qv mn16 = qv_pair16(mn, mn);
-#pragma GCC unroll 8
-            for (int c = 0; c < NX; c++)
-                S2[c] = qv_dot2(S2[c], mn16, qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, bsums) + 4 * j));
         }
         const fv d = fv_load_h(p + QP_HF(h)), dm = fv_load_h(p + 32 + QP_HF(h));
 #pragma GCC unroll 8
