@@ -32,6 +32,13 @@
  * 16-bit sums stay exact: a byte pair is at most 2 * L * 127 for levels <=
  * L, so 8 pairs of Q4 (30,480), 4 of Q5 (31,496) or 2 of Q6 (32,004) fit
  * below 2^15. The integer result, and so every output, is the same.
+ * For the K types that widening madd also multiplies by the sub-block's
+ * scale (qv_dot2 against the pair (sc, sc), |sc| <= 128: no vpmulld per
+ * sub-block and row), and with or without VNNI the K types' other terms
+ * are 16-bit pair products against the activation's int16 bsums: Q4_K /
+ * Q5_K min_j * (bsums[2j] + bsums[2j+1]), Q6_K's level offset -32 sc_j *
+ * bsums[j] two sub-blocks at a time (|-32 sc| <= 4,096, |bsums| <= 2,032).
+ * All exact in 32 bits, so the sums are the canonical ones.
  * With QL = 8 a group is processed as two halves (rows 0-7, 8-15).
  *
  * Every output is one lane of one f32 accumulator that takes exactly the
