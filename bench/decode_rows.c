@@ -4,7 +4,7 @@
  *
  * usage: decode_rows --model PATH [--device cpu|cuda:N] [--rows 1,8,64,256]
  *                    [--depth 1024] [--steps 32] [--kv-type bf16] [--threads N]
- *                    [--argmax 0|1]
+ *                    [--argmax 0|1] [--isa auto|scalar|avx2|avx512|amx]
  *
  * Row 0 is prefilled with --depth synthetic tokens; its KV row is then
  * serialized and loaded into every other row (real copies: no row shares a
@@ -53,6 +53,7 @@ static int fail(const char *what, const ember_error *err) {
 int main(int argc, char **argv) {
     const char *model = NULL, *device = "cpu", *kv = "bf16", *rows_s = "1,8,64,256";
     int depth = 1024, steps = 32, threads = 0, use_argmax = 0;
+    ember_isa isa = EMBER_ISA_AUTO;
     for (int i = 1; i < argc; i += 2) { /* --name value pairs */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -67,9 +68,19 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) steps = atoi(v);
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--argmax")) use_argmax = atoi(v) != 0;
-        else {
+        else if (!strcmp(a, "--isa")) {
+            const ember_isa all[] = {EMBER_ISA_AUTO, EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
+            isa = (ember_isa)-1;
+            for (int k = 0; k < 5; k++)
+                if (!strcmp(v, ember_isa_name(all[k]))) isa = all[k];
+            if ((int)isa < 0) {
+                fprintf(stderr, "decode_rows: unknown --isa '%s'\n", v);
+                return 2;
+            }
+        } else {
             fprintf(stderr, "usage: decode_rows --model PATH [--device cpu|cuda:N] [--rows 1,8,64,256] "
-                            "[--depth 1024] [--steps 32] [--kv-type bf16] [--threads N] [--argmax 0|1]\n");
+                            "[--depth 1024] [--steps 32] [--kv-type bf16] [--threads N] [--argmax 0|1] "
+                            "[--isa auto|scalar|avx2|avx512|amx]\n");
             return 2;
         }
     }
@@ -98,6 +109,7 @@ int main(int argc, char **argv) {
     mp.n_ctx = depth + steps + 16;
     mp.max_batch_tokens = max_rows > 512 ? max_rows : 512;
     mp.n_threads = threads;
+    mp.isa = isa;
     ember_model *m = NULL;
     ember_error err = {0};
     if (ember_model_load(model, &mp, &m, &err)) return fail("load", &err);
@@ -132,9 +144,9 @@ int main(int argc, char **argv) {
     double t2 = now();
     ember_model_info info;
     ember_model_get_info(m, &info);
-    printf("decode_rows: %s, %s weights, KV %s, device %s; depth %d, %d timed steps; %s; prefill %.2f s, copies "
+    printf("decode_rows: %s, %s weights, KV %s, device %s (isa %s); depth %d, %d timed steps; %s; prefill %.2f s, copies "
            "%.2f s\n",
-           model, info.weight_dtype, info.kv_type, info.device, depth, steps,
+           model, info.weight_dtype, info.kv_type, info.device, ember_isa_name(info.isa), depth, steps,
            use_argmax ? "greedy ids from the forward (--argmax 1)" : "every row's logits read back", t1 - t0, t2 - t1);
     printf("| rows | ms / step | tokens/s (all rows) | tokens/s per row | ms in the forward | ms of host argmax |\n");
     printf("|------|-----------|---------------------|------------------|-------------------|-------------------|\n");

@@ -169,9 +169,13 @@ static void quant_acts(cpu_act_kind kind, const float *x, int M, int K, unsigned
 }
 
 /* The largest integer sums a kernel can meet: every weight at its largest
-   unsigned level (Q8_0: -127), the scales and minimums as quantized, so
-   that 16-bit partial sums (kern_qpack.h's QP_MAD16) sit at their bound.
-   Returns false for types without such a layout here. */
+   unsigned level (Q8_0: -127), so that 16-bit partial sums (kern_qpack.h's
+   QP_MAD16) sit at their bound; and the K types' scales at their extremes,
+   so that the 16-bit pair products of kern_qpack.h (a sum times its scale,
+   a minimum times bsums, Q6_K's -32 * scale times bsums) do too: Q4_K /
+   Q5_K every 6-bit scale and minimum 63, Q6_K every scale -128 in even
+   blocks and 127 in odd ones. Returns false for types without such a layout
+   here. */
 static bool saturate_levels(ember_dtype t, unsigned char *w, size_t nbytes) {
     size_t bb = ember_dtype_get(t)->block_bytes, lo, hi, lo2 = 0, hi2 = 0;
     int byte = 0xFF;
@@ -187,6 +191,8 @@ static bool saturate_levels(ember_dtype t, unsigned char *w, size_t nbytes) {
     for (size_t b = 0; b + bb <= nbytes; b += bb) {
         memset(w + b + lo, byte, hi - lo);
         if (hi2) memset(w + b + lo2, byte, hi2 - lo2);
+        if (t == EMBER_Q4_K || t == EMBER_Q5_K) memset(w + b + 4, 0xFF, 12); /* scales and mins */
+        if (t == EMBER_Q6_K) memset(w + b + 192, b / bb % 2 ? 0x7F : 0x80, 16); /* scales */
     }
     return true;
 }

@@ -33,6 +33,9 @@ static inline qv qv_and(qv a, qv b) {
 static inline qv qv_add(qv a, qv b) {
     return _mm256_add_epi32(a, b);
 }
+static inline qv qv_sub(qv a, qv b) {
+    return _mm256_sub_epi32(a, b);
+}
 static inline qv qv_mullo(qv a, qv b) {
     return _mm256_mullo_epi32(a, b);
 }
@@ -56,7 +59,13 @@ static inline qv qv_or_and(qv a, qv b, qv m) {
 static inline qv qv_cvt_s8(const void *p) {
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
+static inline qv qv_pair16(qv a, qv b) {
+    return _mm256_blend_epi16(a, _mm256_slli_epi32(b, 16), 0xAA);
+}
 #ifdef EMBER_VNNI
+static inline qv qv_dot2(qv acc, qv a, qv b) {
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+}
 static inline qv qv_dot4(qv acc, qv w, qv y) {
     return _mm256_dpbusd_avx_epi32(acc, w, y);
 }
@@ -67,6 +76,9 @@ static inline qv qv_dot4_q8(qv acc, qv w, qv y) {
 #else
 static inline qv qv_dot4(qv acc, qv w, qv y) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), _mm256_set1_epi16(1)));
+}
+static inline qv qv_dot2(qv acc, qv a, qv b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 }
 #define Q8_INIT 0
 static inline qv qv_dot4_q8(qv acc, qv w, qv y) {

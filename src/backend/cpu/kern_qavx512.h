@@ -32,6 +32,9 @@ static inline qv qv_and(qv a, qv b) {
 static inline qv qv_add(qv a, qv b) {
     return _mm512_add_epi32(a, b);
 }
+static inline qv qv_sub(qv a, qv b) {
+    return _mm512_sub_epi32(a, b);
+}
 static inline qv qv_mullo(qv a, qv b) {
     return _mm512_mullo_epi32(a, b);
 }
@@ -55,7 +58,13 @@ static inline qv qv_or_and(qv a, qv b, qv m) {
 static inline qv qv_cvt_s8(const void *p) {
     return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
 }
+static inline qv qv_pair16(qv a, qv b) {
+    return _mm512_mask_blend_epi16(0xAAAAAAAAu, a, _mm512_slli_epi32(b, 16));
+}
 #ifdef EMBER_VNNI
+static inline qv qv_dot2(qv acc, qv a, qv b) {
+    return _mm512_dpwssd_epi32(acc, a, b);
+}
 static inline qv qv_dot4(qv acc, qv w, qv y) {
     return _mm512_dpbusd_epi32(acc, w, y);
 }
@@ -66,6 +75,9 @@ static inline qv qv_dot4_q8(qv acc, qv w, qv y) {
 #else
 static inline qv qv_dot4(qv acc, qv w, qv y) {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, y), _mm512_set1_epi16(1)));
+}
+static inline qv qv_dot2(qv acc, qv a, qv b) {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
 }
 #define Q8_INIT 0
 static inline qv qv_dot4_q8(qv acc, qv w, qv y) {

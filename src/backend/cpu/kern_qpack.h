@@ -4,13 +4,17 @@
  * ISA. Included by kern_avx2.c and kern_avx512.c (twice: with and without
  * VNNI) after they define, for vectors of QL 32-bit lanes (8 or 16):
  *   qv, fv                      integer and f32 vectors
- *   qv_zero, qv_load(p), qv_and, qv_add (i32), qv_mullo (i32), qv_set1 (i32),
+ *   qv_zero, qv_load(p), qv_and, qv_add, qv_sub (i32), qv_mullo (i32), qv_set1 (i32),
  *   qv_set8 (i8), qv_bcast(p)   (the dword at p in every lane),
  *   qv_srl16(v, n), qv_sll32(v, n), qv_srl32(v, n),
  *   qv_or_and(a, b, m)          a | (b & m),
  *   qv_cvt_s8(p)                QL int8 at p sign-extended to i32 lanes,
  *   qv_dot4(acc, w, y)          acc + per lane sum of the four products of
  *                               unsigned bytes w (<= 63) and signed bytes y,
+ *   qv_dot2(acc, a, b)          acc + per lane a.lo16 * b.lo16 + a.hi16 * b.hi16
+ *                               (signed 16-bit halves; vpmaddwd + add, or
+ *                               one vpdpwssd with VNNI),
+ *   qv_pair16(a, b)             per lane the low 16 bits of a, then of b,
  *   qv_dot4_q8(acc, w, y)       the same for Q8_0's stored bytes w = level ^
  *                               0x80; Q8_INIT * sum(y) is the start value
  *                               that makes the result sum(level * y) exact,
@@ -28,6 +32,13 @@
  * 16-bit sums stay exact: a byte pair is at most 2 * L * 127 for levels <=
  * L, so 8 pairs of Q4 (30,480), 4 of Q5 (31,496) or 2 of Q6 (32,004) fit
  * below 2^15. The integer result, and so every output, is the same.
+ * For the K types that widening madd also multiplies by the sub-block's
+ * scale (qv_dot2 against the pair (sc, sc), |sc| <= 128: no vpmulld per
+ * sub-block and row), and with or without VNNI the K types' other terms
+ * are 16-bit pair products against the activation's int16 bsums: Q4_K /
+ * Q5_K min_j * (bsums[2j] + bsums[2j+1]), Q6_K's level offset -32 sc_j *
+ * bsums[j] two sub-blocks at a time (|-32 sc| <= 4,096, |bsums| <= 2,032).
+ * All exact in 32 bits, so the sums are the canonical ones.
  * With QL = 8 a group is processed as two halves (rows 0-7, 8-15).
  *
  * Every output is one lane of one f32 accumulator that takes exactly the
@@ -206,11 +217,17 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
         for (int j = 0; j < 8; j++) {
             qv sc, mn;
             qpk_scale_min(D, j, &sc, &mn);
-            qv P[QP_NX][2];
+            /* S2 = sum_j min_j * bs32[j] as min_j * (bsums[2j] + bsums[2j+1]):
+               one 16-bit pair product per sub-block and row */
+            const qv mn16 = qv_pair16(mn, mn);
 #pragma GCC unroll 8
-            for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
+            for (int c = 0; c < NX; c++)
+                S2[c] = qv_dot2(S2[c], mn16, qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, bsums) + 4 * j));
 #ifdef QP_MAD16
-            /* (one Q5_K row: the per-element chains below measured faster) */
+            /* the scale as a 16-bit pair: the one madd that widens a row's
+               16-bit sums also multiplies them by it (no 32-bit multiply) */
+            const qv sc16 = qv_pair16(sc, sc);
+            (void)sc16;
             if (T == EMBER_Q4_K || NX > 1) {
                 qv w[8];
 #pragma GCC unroll 8
@@ -229,7 +246,7 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
                     if (T == EMBER_Q5_K) {
                         h0 = qv_add16(h0, qv_mad16(w[2], qv_bcast(yt + 8)));
                         h1 = qv_add16(h1, qv_mad16(w[3], qv_bcast(yt + 12)));
-                        P[c][0] = qv_wide16(P[c][0], qv_add16(h0, h1));
+                        S1[c] = qv_dot2(S1[c], qv_add16(h0, h1), sc16);
                         h0 = qv_mad16(w[4], qv_bcast(yt + 16));
                         h1 = qv_mad16(w[5], qv_bcast(yt + 20));
                         h0 = qv_add16(h0, qv_mad16(w[6], qv_bcast(yt + 24)));
@@ -241,12 +258,16 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
                             h1 = qv_add16(h1, qv_mad16(w[t + 1], qv_bcast(yt + 4 * t + 4)));
                         }
                     }
-                    P[c][1] = qv_wide16(P[c][1], qv_add16(h0, h1));
+                    S1[c] = qv_dot2(S1[c], qv_add16(h0, h1), sc16);
                 }
-            } else
+                continue;
+            }
 #endif
             {
                 const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row */
+                qv P[QP_NX][2];
+#pragma GCC unroll 8
+                for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
 #ifdef QP_MAD16
                 qv H[QP_NX];
 #endif
@@ -262,20 +283,22 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
 #ifdef QP_MAD16 /* groups of 4 maddubs in 16 bits (4 x 7,874 fits) */
                         qv m = qv_mad16(w, qv_bcast(yt));
                         H[c] = t & 3 ? qv_add16(H[c], m) : m;
-                        if ((t & 3) == 3) P[c][t / 4 & (NS - 1)] = qv_wide16(P[c][t / 4 & (NS - 1)], H[c]);
+                        if ((t & 3) == 3) P[c][t / 4 & (NS - 1)] = qv_dot2(P[c][t / 4 & (NS - 1)], H[c], sc16);
 #else
                         qv *pc = &P[c][NS == 2 ? t & 1 : 0];
                         *pc = qv_dot4(*pc, w, qv_bcast(yt));
 #endif
                     }
                 }
-            }
 #pragma GCC unroll 8
-            for (int c = 0; c < NX; c++) {
-                const unsigned char *y = yb + (size_t)c * x_row;
-                qv pj = qv_add(P[c][0], P[c][1]);
-                S1[c] = qv_add(S1[c], qv_mullo(pj, sc));
-                S2[c] = qv_add(S2[c], qv_mullo(mn, qv_bcast(y + offsetof(cpu_act256, bs32) + 4 * j)));
+                for (int c = 0; c < NX; c++) {
+                    qv pj = qv_add(P[c][0], P[c][1]);
+#ifdef QP_MAD16
+                    S1[c] = qv_add(S1[c], pj); /* already times the scale */
+#else
+                    S1[c] = qv_add(S1[c], qv_mullo(pj, sc));
+#endif
+                }
             }
         }
         const fv d = fv_load_h(p + QP_HF(h)), dm = fv_load_h(p + 32 + QP_HF(h));
@@ -292,10 +315,15 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
 
 /* ---- Q6_K ------------------------------------------------------------------------ */
 
+/* S1 = sum_j sc_j * (sum_e q_e y_e) - 32 * sum_j sc_j * bsums[j]: the level
+   offset of -32 becomes one 16-bit pair product per two sub-blocks and row
+   (the pair (-32 sc_j, -32 sc_j+1) against the dword (bsums[j], bsums[j+1]),
+   |-32 sc| <= 4,096, |bsums| <= 2,032); all exact in 32 bits. */
 ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned char *x, size_t x_row, float *out,
                              size_t ldo, const int NX, const int T, const int h) {
     (void)T;
-    const int NS = NX <= 2 ? 2 : 1;
+    const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row (dot4) */
+    (void)NS;
     const qv m4 = qv_set8(0x0F), m48 = qv_set8(0x30);
     fv acc[QP_NX];
 #pragma GCC unroll 8
@@ -310,19 +338,27 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
         for (int n = 0; n < 2; n++) {
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
+                qv scu[2];
 #pragma GCC unroll 2
                 for (int u = 0; u < 2; u++) {
                     const int j = 8 * n + 2 * k + u; /* sub-block: elements 16j .. 16j+15 */
+                    const qv sc = qv_cvt_s8(p + 32 + 16 * j + QP_B8(h));
+                    scu[u] = sc;
+#ifdef QP_MAD16
+                    /* 16-bit sums of 2 maddubs (6-bit levels), widened times the
+                       scale; one row (measured faster so): widened into two
+                       chains that start at -32 * bs16[j], then one vpmulld */
+                    const qv sc16 = qv_pair16(sc, sc);
+                    qv H[QP_NX], P1[2] = {qv_zero(), qv_zero()};
+                    if (NX == 1) {
+                        int32_t bs;
+                        memcpy(&bs, yb + offsetof(cpu_act256, bs16) + 4 * (size_t)j, 4);
+                        P1[0] = qv_set1(-32 * bs);
+                    }
+#else
                     qv P[QP_NX][2];
 #pragma GCC unroll 8
-                    for (int c = 0; c < NX; c++) {
-                        int32_t bs;
-                        memcpy(&bs, yb + (size_t)c * x_row + offsetof(cpu_act256, bs16) + 4 * (size_t)j, 4);
-                        P[c][0] = qv_set1(-32 * bs);
-                        P[c][1] = qv_zero();
-                    }
-#ifdef QP_MAD16
-                    qv H[QP_NX]; /* 16-bit sums of 2 maddubs (6-bit levels) */
+                    for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
 #endif
 #pragma GCC unroll 4
                     for (int t = 4 * u; t < 4 * u + 4; t++) {
@@ -336,23 +372,37 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
                                 yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 128 * n + 32 * k + 4 * t;
 #ifdef QP_MAD16
                             qv m = qv_mad16(w, qv_bcast(yt));
-                            if (t & 1)
-                                P[c][NS == 2 ? t >> 1 & 1 : 0] = qv_wide16(P[c][NS == 2 ? t >> 1 & 1 : 0], qv_add16(H[c], m));
-                            else
+                            if (!(t & 1))
                                 H[c] = m;
+                            else if (NX == 1)
+                                P1[t >> 1 & 1] = qv_wide16(P1[t >> 1 & 1], qv_add16(H[c], m));
+                            else
+                                S1[c] = qv_dot2(S1[c], qv_add16(H[c], m), sc16);
 #else
                             qv *pc = &P[c][NS == 2 ? t & 1 : 0];
                             *pc = qv_dot4(*pc, w, qv_bcast(yt));
 #endif
                         }
                     }
-                    const qv sc = qv_cvt_s8(p + 32 + 16 * j + QP_B8(h));
+#ifdef QP_MAD16
+                    if (NX == 1) S1[0] = qv_add(S1[0], qv_mullo(qv_add(P1[0], P1[1]), sc));
+#else
 #pragma GCC unroll 8
                     for (int c = 0; c < NX; c++) {
                         qv pj = NS == 2 ? qv_add(P[c][0], P[c][1]) : P[c][0];
                         S1[c] = qv_add(S1[c], qv_mullo(pj, sc));
                     }
+#endif
                 }
+#ifdef QP_MAD16
+                if (NX == 1) continue; /* the offset is in P1 */
+#endif
+                /* the offset of sub-blocks 8n + 2k and 8n + 2k + 1 */
+                const qv off = qv_pair16(qv_sub(qv_zero(), qv_sll32(scu[0], 5)), qv_sub(qv_zero(), qv_sll32(scu[1], 5)));
+#pragma GCC unroll 8
+                for (int c = 0; c < NX; c++)
+                    S1[c] = qv_dot2(S1[c], off,
+                                    qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, bsums) + 2 * (8 * n + 2 * k)));
             }
         }
         const fv d = fv_load_h(p + QP_HF(h));
