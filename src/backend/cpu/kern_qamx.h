@@ -16,34 +16,30 @@
  *
  * Layout: a packed block group's level dwords are already AMX's B layout
  * (row k of the tile = 16 weight rows x 4 consecutive elements). The
- * kernel turns AMX_CHUNK blocks of a pair of groups at a time into
- * "panels" on the stack: per block, the 16 scales as f32 and the 512 level
- * bytes as signed int8 (Q8_0: stored byte ^ 0x80; Q4_0: nibble - 8; Q5_0:
- * nibble + 16 * high bit - 16), then sweeps the pairs of 16-row tiles of
- * activations over them (an A32 tile's block is 16 rows x 32 bytes, stride
- * 32, and its 16 scales). Rows past the last are zero in the tiles and
- * never stored.
+ * kernel turns AMX_CHUNK blocks of one group at a time into a "panel" on
+ * the stack: per block, the 16 scales as f32 and the 512 level bytes as
+ * signed int8 (Q8_0: stored byte ^ 0x80; Q4_0: nibble - 8; Q5_0: nibble +
+ * 16 * high bit - 16), then sweeps every 16-row tile of activations over
+ * it (an A32 tile's block is 16 rows x 32 bytes, stride 32, and its 16
+ * scales). Rows past the last are zero in the tiles and never stored.
+ * Between chunks the accumulators rest in out (f32 stored and reloaded
+ * exactly).
  *
- * Blocking (issue 18): the per-block f32 step forces every block's 16 x 16
- * sums through memory (a tile store, then AVX-512 loads), so the kernel
- * works in units of 2 x 2 output tiles (two row tiles by two groups) and
- * AMX_CHUNK blocks: per block, two A and two B tile loads feed four
- * TDPBSSD (each loaded tile feeds two), and the four results are stored to
- * a sum buffer; then each output tile's 16 accumulators (registers) take
- * the unit's blocks in order. Units are software-pipelined: the tile work
- * of the next unit is issued before the vector work of this one (two sum
- * buffers in turn), so the tile unit and the vector units overlap and a
- * sum is read long after it was stored. An odd last row tile or group
- * makes a narrower unit (1 x 2, 2 x 1, 1 x 1). Between chunks the
- * accumulators rest in out (f32 stored and reloaded exactly); the loop
- * order (m-blocks of row tiles that keep their activations near 1 MB,
- * then pairs of groups, then chunks, then pairs of row tiles) keeps the
- * out rows of a pair of groups and the m-block's activations in cache.
- * None of this changes an output's chain of fused multiply-adds.
+ * Loop order (issue 18): m-blocks of AMX_MBLK row tiles, then chunks, then
+ * groups, then the m-block's tiles. The activations a panel is swept by
+ * (4 tiles x 16 blocks x 576 bytes) and the panel stay in L1 across all
+ * the groups, and the out rows an m-block revisits per chunk (64 rows) in
+ * L2; sweeping every tile of a long prompt instead (M = 512: 295 KB of
+ * activations per panel and the whole 10 MB out per chunk) ran at half the
+ * speed. Panels are made once per m-block (a few percent of the work),
+ * and the weights are read once per m-block, so a call whose out fits L2
+ * (AMX_MBLK_OUT: fewer rows, fewer weight rows per thread, N = 896 at M =
+ * 512) sweeps all its tiles as one m-block, which measured faster there.
+ * The order never changes an output's chain of fused multiply-adds.
  *
- * Tiles: 0-3 the int32 results (16 x 16) of the unit's four products; 4,
- * 5 activations (16 rows x 32 bytes); 6, 7 weights (8 rows x 64 bytes).
- * Each call loads this
+ * Tiles: 0-3 the int32 results (16 x 16), so that four blocks are in
+ * flight; 4, 5 activations (16 rows x 32 bytes); 6, 7 weights (8 rows x 64
+ * bytes). Each call loads this
  * configuration and releases the tiles before it returns, so a worker
  * thread carries no tile state between calls. The process must have been
  * granted the tile state (ember_cpu_amx_ready) before the first call.
@@ -51,8 +47,11 @@
  */
 
 #define AMX_MIN_M 32 /* fewer activation rows: the VNNI kernels (faster below ~32 rows on a 16-core Xeon) */
-#ifndef AMX_CHUNK
-#define AMX_CHUNK 4 /* blocks per unit: 4.5 KB of panels and 34 KB of sums (two buffers) on the stack */
+#define AMX_MBLK 4   /* row tiles per m-block: their chunk of activations (36 KB) and the panel (9 KB) fit L1 */
+#define AMX_MBLK_OUT (2u << 20) /* m-blocks only when a call's out exceeds this many bytes (about L2) */
+#define AMX_CHUNK 16 /* blocks per panel: 9 KB on the stack */
+#ifndef AMX_AHEAD
+#define AMX_AHEAD 3 /* blocks the tile unit runs ahead of the post-processing (1..3) */
 #endif
 
 typedef struct amx_blk {
@@ -77,7 +76,7 @@ static void amx_load_cfg(const uint8_t rows[8], const uint16_t colsb[8]) {
     _tile_loadconfig(&c);
 }
 
-/* Tiles 0-3 the sums (16 x 16 int32) of a unit, 4, 5 activations (16 x 32 bytes), 6, 7 weights (8 x 64 bytes). */
+/* Tiles 0-3 the sums (16 x 16 int32), 4, 5 activations (16 x 32 bytes), 6, 7 weights (8 x 64 bytes). */
 static void amx_configure(void) {
     static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 8, 8};
     static const uint16_t colsb[8] = {64, 64, 64, 64, 32, 32, 64, 64};
@@ -119,62 +118,43 @@ ALWAYS_INLINE void amx_panel_blk(const unsigned char *p, amx_blk *o, const int T
 #define AMX_ROW(acc, r) acc = _mm512_fmadd_ps(_mm512_mul_ps(w, _mm512_set1_ps(yd[r])), \
                                               _mm512_cvtepi32_ps(_mm512_load_si512(C + 16 * (r))), acc)
 
-/* int32s from one block's sums to the next in the sum buffer: 1 KB and a
-   line of padding, so that consecutive blocks do not alias at 4 KB */
-#define AMX_CST (256 + 16)
-
-/* The sum buffer of one unit: [output tile q][block b] at C + (q * AMX_CHUNK
-   + b) * AMX_CST. */
-#define AMX_CB(C, q, b) ((C) + ((size_t)(q) * AMX_CHUNK + (size_t)(b)) * AMX_CST)
-
-/* The tile work of one unit: for each of its nbc blocks, the activation
-   tiles of NM (1, 2) row tiles x0, x1 times the weight tiles of NG (1, 2)
-   panels p0, p1: NM * NG results (tile 0: x0 p0, 1: x0 p1, 2: x1 p0, 3:
-   x1 p1), each stored to its place in C (output tile q = 2 i + j). Each
-   loaded A and B tile feeds NG and NM products. */
-ALWAYS_INLINE void amx_unit_tiles(const amx_blk *p0, const amx_blk *p1, const cpu_act32_tile *x0,
-                                  const cpu_act32_tile *x1, int nbc, int32_t *C, const int NM, const int NG) {
-    for (int b = 0; b < nbc; b++) {
-        _tile_loadd(4, x0[b].q, 32);
-        _tile_loadd(6, p0[b].q, 64);
-        _tile_zero(0);
-        _tile_dpbssd(0, 4, 6);
-        if (NG == 2) {
-            _tile_loadd(7, p1[b].q, 64);
-            _tile_zero(1);
-            _tile_dpbssd(1, 4, 7);
-        }
-        if (NM == 2) {
-            _tile_loadd(5, x1[b].q, 32);
-            _tile_zero(2);
-            _tile_dpbssd(2, 5, 6);
-            if (NG == 2) {
-                _tile_zero(3);
-                _tile_dpbssd(3, 5, 7);
-            }
-        }
-        _tile_stored(0, AMX_CB(C, 0, b), 64);
-        if (NG == 2) _tile_stored(1, AMX_CB(C, 1, b), 64);
-        if (NM == 2) _tile_stored(2, AMX_CB(C, 2, b), 64);
-        if (NM == 2 && NG == 2) _tile_stored(3, AMX_CB(C, 3, b), 64);
+/* Block b's sums into C (16 x 16 int32) through result tile b & 3, with
+   operand tiles 4 + (b & 1) and 6 + (b & 1): four blocks in flight. */
+#define AMX_CHAIN(c, a, w)                                                                                         \
+    do {                                                                                                           \
+        _tile_zero(c);                                                                                             \
+        _tile_loadd(a, xt[b].q, 32);                                                                               \
+        _tile_loadd(w, pan[b].q, 64);                                                                              \
+        _tile_dpbssd(c, a, w);                                                                                     \
+        _tile_stored(c, C, 64);                                                                                    \
+    } while (0)
+ALWAYS_INLINE void amx_block(const amx_blk *pan, const cpu_act32_tile *xt, int b, int32_t *C) {
+    switch (b & 3) {
+    case 0: AMX_CHAIN(0, 4, 6); break;
+    case 1: AMX_CHAIN(1, 5, 7); break;
+    case 2: AMX_CHAIN(2, 4, 6); break;
+    default: AMX_CHAIN(3, 5, 7); break;
     }
 }
 
-/* The vector work of one output tile (16 activation rows x 16 weight
-   rows) over a unit's nbc blocks: the stored sums Cq (block b at Cq + b *
-   AMX_CST), the panel pan, the activation tile xt (its first block of the
-   unit). Rows [0, mr) of out (16 columns, rows ldo apart) are read first
-   unless first, and written; the padded rows past mr start at 0 and are
-   never written. */
-ALWAYS_INLINE void amx_post(const amx_blk *pan, const cpu_act32_tile *xt, int nbc, const int32_t *Cq, float *out,
-                            size_t ldo, int mr, bool first) {
+/* One tile of 16 activation rows (xt: its first block of the chunk)
+   against the panel's nbc blocks; rows [0, mr) of out (16 columns, rows
+   ldo apart) are read first unless first, and written. The tile unit runs
+   AMX_AHEAD blocks ahead of the vector post-processing (a ring of four
+   result buffers), so a block's stored sums have landed before they are
+   read. */
+static void amx_tile16(const amx_blk *pan, int nbc, const cpu_act32_tile *xt, float *out, size_t ldo, int mr,
+                       bool first) {
+    _Alignas(64) int32_t Cb[4][256];
     __m512 a[16];
     for (int r = 0; r < 16; r++)
         a[r] = first || r >= mr ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * ldo);
     __m512 a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], a4 = a[4], a5 = a[5], a6 = a[6], a7 = a[7], a8 = a[8],
            a9 = a[9], a10 = a[10], a11 = a[11], a12 = a[12], a13 = a[13], a14 = a[14], a15 = a[15];
+    for (int b = 0; b < AMX_AHEAD && b < nbc; b++) amx_block(pan, xt, b, Cb[b]);
     for (int b = 0; b < nbc; b++) {
-        const int32_t *C = Cq + (size_t)b * AMX_CST;
+        if (b + AMX_AHEAD < nbc) amx_block(pan, xt, b + AMX_AHEAD, Cb[(b + AMX_AHEAD) & 3]);
+        const int32_t *C = Cb[b & 3];
         const float *yd = xt[b].d;
         const __m512 w = _mm512_load_ps(pan[b].d);
         AMX_ROW(a0, 0), AMX_ROW(a1, 1), AMX_ROW(a2, 2), AMX_ROW(a3, 3), AMX_ROW(a4, 4), AMX_ROW(a5, 5);
@@ -186,96 +166,30 @@ ALWAYS_INLINE void amx_post(const amx_blk *pan, const cpu_act32_tile *xt, int nb
     for (int r = 0; r < mr; r++) _mm512_storeu_ps(out + (size_t)r * ldo, a[r]);
 }
 
-/* The vector work of one unit: NM row tiles (x0, x1: their first block of
-   the chunk; mr0, mr1 real rows) by NG groups (panels p0, p1) over nbc
-   blocks, from the sums that amx_unit_tiles stored at C; out points at row
-   0, column 0 of output tile (0, 0). */
-ALWAYS_INLINE void amx_unit_post(const amx_blk *p0, const amx_blk *p1, const cpu_act32_tile *x0,
-                                 const cpu_act32_tile *x1, int nbc, const int32_t *C, float *out, size_t ldo, int mr0,
-                                 int mr1, bool first, const int NM, const int NG) {
-    amx_post(p0, x0, nbc, AMX_CB(C, 0, 0), out, ldo, mr0, first);
-    if (NG == 2) amx_post(p1, x0, nbc, AMX_CB(C, 1, 0), out + 16, ldo, mr0, first);
-    if (NM == 2) {
-        float *o1 = out + 16 * ldo;
-        amx_post(p0, x1, nbc, AMX_CB(C, 2, 0), o1, ldo, mr1, first);
-        if (NG == 2) amx_post(p1, x1, nbc, AMX_CB(C, 3, 0), o1 + 16, ldo, mr1, first);
-    }
-}
-
-/* The units of one chunk of one pair of groups (ng of them, panels p0,
-   p1): the pairs of row tiles [tm0, tm1), software-pipelined: the tile
-   work of a unit is issued before the vector work of the unit before it
-   (sum buffers C0 and C1 in turn), so that the tile unit and the vector
-   units overlap and sums are read long after they were stored. */
-ALWAYS_INLINE void amx_chunk(const amx_blk *p0, const amx_blk *p1, const cpu_act32_tile *x, int nb, int b0, int nbc,
-                             int tm0, int tm1, int mm, float *out, size_t ldo, int32_t *C0, int32_t *C1,
-                             const int NG) {
-    const bool first = b0 == 0;
-    int pt = -1; /* the pending unit's first row tile */
-    for (int t = tm0;; t += 2) {
-        int32_t *Cn = ((t - tm0) / 2) & 1 ? C1 : C0;
-        if (t < tm1) {
-            const cpu_act32_tile *x0 = x + (size_t)t * (size_t)nb + (size_t)b0;
-            if (tm1 - t >= 2)
-                amx_unit_tiles(p0, p1, x0, x0 + nb, nbc, Cn, 2, NG);
-            else
-                amx_unit_tiles(p0, p1, x0, x0, nbc, Cn, 1, NG);
-        }
-        if (pt >= 0) {
-            const int32_t *Cp = Cn == C0 ? C1 : C0;
-            const cpu_act32_tile *x0 = x + (size_t)pt * (size_t)nb + (size_t)b0;
-            float *o = out + (size_t)(16 * pt) * ldo;
-            const int mr0 = mm - 16 * pt < 16 ? mm - 16 * pt : 16;
-            if (tm1 - pt >= 2) {
-                const int mr1 = mm - 16 * (pt + 1) < 16 ? mm - 16 * (pt + 1) : 16;
-                amx_unit_post(p0, p1, x0, x0 + nb, nbc, Cp, o, ldo, mr0, mr1, first, 2, NG);
-            } else {
-                amx_unit_post(p0, p1, x0, x0, nbc, Cp, o, ldo, mr0, 0, first, 1, NG);
-            }
-        }
-        if (t >= tm1) break;
-        pt = t;
-    }
-}
-
-/* Row tiles per m-block: as many as keep the m-block's activations (nb *
-   576 bytes a tile) near 1 MB (L2), an even number, at least 2. */
-static int amx_mblock(int nb) {
-    int mt = (int)((1u << 20) / ((unsigned)nb * sizeof(cpu_act32_tile)));
-    return mt < 2 ? 2 : mt & ~1;
-}
-
-/* Loop order: m-blocks of row tiles (activations kept in L2); in each,
-   pairs of groups; for each pair, chunks of AMX_CHUNK blocks, whose panels
-   are made once and swept by every pair of row tiles of the m-block (a
-   unit of 2 x 2 output tiles; a last odd tile or group makes a narrower
-   unit). Between chunks the accumulators rest in out (f32 stored and
-   reloaded exactly); the out rows of a pair of groups stay in cache. */
+/* M-block by m-block of AMX_MBLK row tiles, and in each chunk by chunk of
+   AMX_CHUNK blocks: each group's panel is made once per m-block and swept
+   by the m-block's tiles, whose chunk of activations (16 x 576 bytes per
+   block and tile) stays in L1 across the groups. */
 ALWAYS_INLINE void amx_drive(const void *wp, int ngroups, const void *xt, int mm, int K, float *out, size_t ldo,
                              const int T) {
     const size_t bb = T == EMBER_Q8_0 ? 34 : T == EMBER_Q4_0 ? 18 : 22;
-    const int nb = K / 32, ntiles = (mm + 15) / 16, mblk = amx_mblock(nb);
+    const int nb = K / 32, ntiles = (mm + 15) / 16;
     const size_t gbytes = 16 * bb * (size_t)nb;
     const cpu_act32_tile *x = xt;
-    _Alignas(64) amx_blk pan[2][AMX_CHUNK];
-    _Alignas(64) int32_t C[2 * 4 * AMX_CHUNK * AMX_CST];
+    const int mblk = (size_t)mm * (size_t)ngroups * 64 > AMX_MBLK_OUT ? AMX_MBLK : ntiles;
+    _Alignas(64) amx_blk pan[AMX_CHUNK];
     amx_configure();
     for (int tm0 = 0; tm0 < ntiles; tm0 += mblk) {
         const int tm1 = ntiles - tm0 < mblk ? ntiles : tm0 + mblk;
-        for (int g = 0; g < ngroups; g += 2) {
-            const int ng = ngroups - g < 2 ? 1 : 2;
-            for (int b0 = 0; b0 < nb; b0 += AMX_CHUNK) {
-                const int nbc = nb - b0 < AMX_CHUNK ? nb - b0 : AMX_CHUNK;
-                for (int j = 0; j < ng; j++) {
-                    const unsigned char *wg =
-                        (const unsigned char *)wp + (size_t)(g + j) * gbytes + (size_t)b0 * 16 * bb;
-                    for (int b = 0; b < nbc; b++) amx_panel_blk(wg + (size_t)b * 16 * bb, &pan[j][b], T);
-                }
-                float *o = out + 16 * (size_t)g;
-                if (ng == 2)
-                    amx_chunk(pan[0], pan[1], x, nb, b0, nbc, tm0, tm1, mm, o, ldo, C, C + 4 * AMX_CHUNK * AMX_CST, 2);
-                else
-                    amx_chunk(pan[0], pan[0], x, nb, b0, nbc, tm0, tm1, mm, o, ldo, C, C + 4 * AMX_CHUNK * AMX_CST, 1);
+        for (int b0 = 0; b0 < nb; b0 += AMX_CHUNK) {
+            const int nbc = nb - b0 < AMX_CHUNK ? nb - b0 : AMX_CHUNK;
+            for (int g = 0; g < ngroups; g++) {
+                const unsigned char *wg = (const unsigned char *)wp + (size_t)g * gbytes + (size_t)b0 * 16 * bb;
+                for (int b = 0; b < nbc; b++) amx_panel_blk(wg + (size_t)b * 16 * bb, &pan[b], T);
+                for (int t = tm0; t < tm1; t++)
+                    amx_tile16(pan, nbc, x + (size_t)t * (size_t)nb + (size_t)b0,
+                               out + (size_t)(16 * t) * ldo + 16 * g, ldo, mm - 16 * t < 16 ? mm - 16 * t : 16,
+                               b0 == 0);
             }
         }
     }
