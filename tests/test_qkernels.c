@@ -324,8 +324,16 @@ int main(void) {
         test_gemm(k_types[k], 32, kq ? 256 : 1056, 16); /* AMX: one whole tile, chunks of 16 + 16 + 1 blocks */
         test_gemm(k_types[k], 20, kq ? 512 : 544, 33);  /* AMX: two tiles and a padded row */
         test_gemm(k_types[k], 16, kq ? 256 : 64, 8);    /* AMX: tiles of 8 rows, half padded */
+        /* AMX (kern_qamx.h): 6 tiles (the last padded), three groups and a
+           tail, 13 blocks; 4 whole tiles; and an out past AMX_MBLK_OUT (256
+           groups x 130 rows x 64 bytes > 2 MB: m-blocks of 4 + 4 + 1 tiles,
+           the last padded) with a tail of 4 rows */
+        test_gemm(k_types[k], 50, kq ? 512 : 416, 87);
+        test_gemm(k_types[k], 64, kq ? 256 : 96, 64);
+        test_gemm(k_types[k], 4100, kq ? 256 : 64, 130);
         test_gemm_x(k_types[k], 35, kq ? 768 : 992, 9, true); /* every tile shape at the 16-bit bound */
         test_gemm_x(k_types[k], 16, kq ? 256 : 64, 1, true);
+        test_gemm_x(k_types[k], 48, kq ? 512 : 416, 75, true); /* AMX: 5 tiles at the bound */
     }
     return test_done();
 }
