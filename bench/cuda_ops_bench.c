@@ -252,40 +252,78 @@ static void *dptr(const ember_tensor *t) {
     return (char *)t->buf->data + t->offset;
 }
 
+/* The data of one kernel comparison on an N x K bf16 weight at M rows:
+   rotating weight copies (enough to pass 400 MB, so that L2 holds a small
+   part) with an f32 output each, one random f32 input, and host buffers
+   for the reference and the compared outputs (M x N floats each). Owned
+   by the caller, freed by kcmp_free. */
+typedef struct kcmp {
+    tens w[MAX_COPIES], out[MAX_COPIES], x;
+    int copies;
+    size_t on;       /* M x N */
+    float *ref, *got;
+} kcmp;
+
+static void kcmp_init(kcmp *k, int N, int K, int M) {
+    size_t wbytes = (size_t)N * (size_t)K * 2;
+    k->copies = (int)((400u << 20) / wbytes) + 1;
+    if (k->copies > MAX_COPIES) k->copies = MAX_COPIES;
+    int64_t xs[2] = {M, K};
+    EK(ember_tensor_alloc(g_be, &k->x.t, &k->x.b, EMBER_F32, 2, xs, &err_));
+    float *h = malloc((size_t)M * (size_t)K * 4);
+    if (!h) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < (size_t)M * (size_t)K; i++) h[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f + 1e-4f;
+    EK(g_be->ops->write(g_be, &k->x.t, 0, h, (size_t)M * (size_t)K * 4, &err_));
+    free(h);
+    for (int r = 0; r < k->copies; r++) {
+        k->w[r] = make(EMBER_BF16, N, K);
+        int64_t os[2] = {M, N};
+        EK(ember_tensor_alloc(g_be, &k->out[r].t, &k->out[r].b, EMBER_F32, 2, os, &err_));
+    }
+    k->on = (size_t)M * (size_t)N;
+    k->ref = malloc(k->on * 4);
+    k->got = malloc(k->on * 4);
+    if (!k->ref || !k->got) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+}
+
+static void kcmp_free(kcmp *k) {
+    free(k->ref);
+    free(k->got);
+    for (int r = 0; r < k->copies; r++) {
+        drop(&k->w[r]);
+        drop(&k->out[r]);
+    }
+    drop(&k->x);
+}
+
 /* The bf16 kernels on an N x K weight at M rows: the default (tensor
    cores), the CUDA-core kernels of before (legacy, another order) and every
    tensor-core shape (ember_cu_tc_variant): time, rate, and whether the
    bits equal the default's. */
 static void bench_variants(int N, int K, int M) {
-    size_t wbytes = (size_t)N * (size_t)K * 2;
-    int copies = (int)((400u << 20) / wbytes) + 1;
-    if (copies > MAX_COPIES) copies = MAX_COPIES;
-    tens w[MAX_COPIES], out[MAX_COPIES], x;
-    int64_t xs[2] = {M, K};
-    EK(ember_tensor_alloc(g_be, &x.t, &x.b, EMBER_F32, 2, xs, &err_));
-    float *h = malloc((size_t)M * (size_t)K * 4);
-    for (size_t i = 0; i < (size_t)M * (size_t)K; i++) h[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f + 1e-4f;
-    EK(g_be->ops->write(g_be, &x.t, 0, h, (size_t)M * (size_t)K * 4, &err_));
-    free(h);
-    for (int r = 0; r < copies; r++) {
-        w[r] = make(EMBER_BF16, N, K);
-        int64_t os[2] = {M, N};
-        EK(ember_tensor_alloc(g_be, &out[r].t, &out[r].b, EMBER_F32, 2, os, &err_));
-    }
-    size_t on = (size_t)M * (size_t)N;
-    float *ref = malloc(on * 4), *got = malloc(on * 4);
+    static kcmp k;
+    kcmp_init(&k, N, K, M);
+    const int copies = k.copies;
+    const size_t on = k.on;
+    float *ref = k.ref, *got = k.got;
     static var_ctx c;
     for (int v = -1;; v++) { /* -1: legacy, 0: default, > 0: variants */
         int sh[8];
         if (v >= 0 && !ember_cu_tc_variant(v, sh)) break;
         c.n_copies = copies;
         for (int r = 0; r < copies; r++)
-            c.a[r] = (ember_cu_mm){.x = dptr(&x.t), .M = M, .K = K, .dtype = EMBER_CU_BF16, .n = 1,
+            c.a[r] = (ember_cu_mm){.x = dptr(&k.x.t), .M = M, .K = K, .dtype = EMBER_CU_BF16, .n = 1,
                                    .variant = v > 0 ? v : 0, .legacy = v < 0,
-                                   .p = {{.w = dptr(&w[r].t), .out = dptr(&out[r].t), .N = N}}};
+                                   .p = {{.w = dptr(&k.w[r].t), .out = dptr(&k.out[r].t), .N = N}}};
         double t = time_pass(var_pass, &c, 1) / copies;
-        CK(cudaMemcpy(v ? got : ref, dptr(&out[0].t), on * 4, cudaMemcpyDeviceToHost));
-        double bytes = (double)wbytes + (double)M * K * 4 + (double)M * N * 4;
+        CK(cudaMemcpy(v ? got : ref, dptr(&k.out[0].t), on * 4, cudaMemcpyDeviceToHost));
+        double bytes = (double)N * (double)K * 2 + (double)M * K * 4 + (double)M * N * 4;
         char name[64];
         if (v > 0 && sh[7] == 2)
             snprintf(name, sizeof name, "block 128 x %d, XT %d S %d (2 x 4 warps, parts in turn)", 32 * sh[1], sh[1],
@@ -303,13 +341,7 @@ static void bench_variants(int N, int K, int M) {
                v > 0 ? (memcmp(ref, got, on * 4) ? "DIFFER" : "yes") : "-");
         fflush(stdout);
     }
-    free(ref);
-    free(got);
-    for (int r = 0; r < copies; r++) {
-        drop(&w[r]);
-        drop(&out[r]);
-    }
-    drop(&x);
+    kcmp_free(&k);
 }
 
 /* The bf16 products of prefill and batched decode on an N x K weight at M
@@ -318,23 +350,11 @@ static void bench_variants(int N, int K, int M) {
    (cuda_wgmma.cu): time, TFLOP/s (2 M N K, useful work) and whether the
    bits equal the cluster kernel's. */
 static void bench_wg(const char *what, int N, int K, int M) {
-    size_t wbytes = (size_t)N * (size_t)K * 2;
-    int copies = (int)((400u << 20) / wbytes) + 1;
-    if (copies > MAX_COPIES) copies = MAX_COPIES;
-    tens w[MAX_COPIES], out[MAX_COPIES], x;
-    int64_t xs[2] = {M, K};
-    EK(ember_tensor_alloc(g_be, &x.t, &x.b, EMBER_F32, 2, xs, &err_));
-    float *h = malloc((size_t)M * (size_t)K * 4);
-    for (size_t i = 0; i < (size_t)M * (size_t)K; i++) h[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f + 1e-4f;
-    EK(g_be->ops->write(g_be, &x.t, 0, h, (size_t)M * (size_t)K * 4, &err_));
-    free(h);
-    for (int r = 0; r < copies; r++) {
-        w[r] = make(EMBER_BF16, N, K);
-        int64_t os[2] = {M, N};
-        EK(ember_tensor_alloc(g_be, &out[r].t, &out[r].b, EMBER_F32, 2, os, &err_));
-    }
-    size_t on = (size_t)M * (size_t)N;
-    float *ref = malloc(on * 4), *got = malloc(on * 4);
+    static kcmp k;
+    kcmp_init(&k, N, K, M);
+    const int copies = k.copies;
+    const size_t on = k.on;
+    float *ref = k.ref, *got = k.got;
     static var_ctx c;
     const int wg_min = ember_cu_mm_wg_min;
     for (int v = -2;; v++) { /* -2: the cluster kernel, -1: the launcher's pick, >= 0: a warpgroup kind */
@@ -344,10 +364,10 @@ static void bench_wg(const char *what, int N, int K, int M) {
         ember_cu_mm_wg_kind = v >= 0 ? v : -1;
         c.n_copies = copies;
         for (int r = 0; r < copies; r++)
-            c.a[r] = (ember_cu_mm){.x = dptr(&x.t), .M = M, .K = K, .dtype = EMBER_CU_BF16, .n = 1,
-                                   .p = {{.w = dptr(&w[r].t), .out = dptr(&out[r].t), .N = N}}};
+            c.a[r] = (ember_cu_mm){.x = dptr(&k.x.t), .M = M, .K = K, .dtype = EMBER_CU_BF16, .n = 1,
+                                   .p = {{.w = dptr(&k.w[r].t), .out = dptr(&k.out[r].t), .N = N}}};
         double t = time_pass(var_pass, &c, 1) / copies;
-        CK(cudaMemcpy(v > -2 ? got : ref, dptr(&out[0].t), on * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(v > -2 ? got : ref, dptr(&k.out[0].t), on * 4, cudaMemcpyDeviceToHost));
         char name[64];
         if (v == -2)
             snprintf(name, sizeof name, "cluster / per-warp (EMBER_CUDA_MM_WG=0)");
@@ -361,13 +381,7 @@ static void bench_wg(const char *what, int N, int K, int M) {
     }
     ember_cu_mm_wg_min = wg_min;
     ember_cu_mm_wg_kind = -1;
-    free(ref);
-    free(got);
-    for (int r = 0; r < copies; r++) {
-        drop(&w[r]);
-        drop(&out[r]);
-    }
-    drop(&x);
+    kcmp_free(&k);
 }
 
 int main(int argc, char **argv) {

@@ -26,7 +26,9 @@
  *     bf16 KV in the tc order (tensor cores, the default) the same way, and
  *     prefill-shaped batches (1000 tokens in runs of one row) against the
  *     CPU, cut into chunks, token by token and as a two-row step, bit for
- *     bit; and with EMBER_CUDA_ATTN_TC=0 (the span kernels) again;
+ *     bit; and with EMBER_CUDA_ATTN_TC=0 (the span kernels) again, and
+ *     with EMBER_CUDA_ATTN_PIPE=2, 3, 8 (every split launch of the tc
+ *     order through the pipelined split kernel);
  *   - the fused ops (add_rms_norm, rope_kv_write) give the bits of the ops
  *     they stand for, and argmax_rows the host's greedy ids (ties, NaNs);
  *   - buffers (zeroed allocation, copies at offsets, bounds) and the
@@ -944,6 +946,33 @@ static void test_kv_attention(void) {
         g_gpu = tc_on;
         ember_backend_free(tc_off);
     }
+    /* EMBER_CUDA_ATTN_PIPE=N: every split launch of the tc order (a token alone over several
+       spans, the first 64 and 200 tokens as a batch, a two-row step) through the pipelined split
+       kernel with N spans per block (3: blocks of 3 and fewer; 8: one block per token and head),
+       against the CPU and bit for bit against the walk's batch as above. The process keeps the
+       last backend's setting, so the default (1) is set again at the end. */
+    static const char *const pipes[3] = {"2", "3", "8"};
+    for (int pi = 0; pi < 3; pi++) {
+        ember_backend *pb = NULL;
+        setenv("EMBER_CUDA_ATTN_PIPE", pipes[pi], 1);
+        CHECKF(ember_backend_cuda_new(&gp, &pb, &e0) == EMBER_OK, "cuda backend: %s", e0.msg);
+        unsetenv("EMBER_CUDA_ATTN_PIPE");
+        if (!pb) continue;
+        char nm[48];
+        snprintf(nm, sizeof nm, "bf16 (pipe %s)", pipes[pi]);
+        g_gpu = pb;
+        check_attention(EMBER_KVE_BF16, nm, 1, 4, 128);
+        check_attention(EMBER_KVE_BF16, nm, 2, 3, 32);
+        check_attention_prefill(EMBER_KVE_BF16, nm, 2, 4, 128);
+        check_attention_prefill(EMBER_KVE_BF16, nm, 1, 8, 16);
+        g_gpu = tc_on;
+        ember_backend_free(pb);
+    }
+    setenv("EMBER_CUDA_ATTN_PIPE", "1", 1);
+    ember_backend *pd = NULL;
+    CHECKF(ember_backend_cuda_new(&gp, &pd, &e0) == EMBER_OK, "cuda backend: %s", e0.msg);
+    unsetenv("EMBER_CUDA_ATTN_PIPE");
+    if (pd) ember_backend_free(pd);
     /* a quantized KV kind: a one-line refusal */
     const int len[KV_ROWS] = {16, 16, 16, 16}, first[KV_ROWS] = {0, 0, 0, 0};
     kv_pair kp;

@@ -1283,6 +1283,153 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) att
     if (threadIdx.x == 0) a.count[gi] = 0;
 }
 
+/* tc split, pipelined (decode over long contexts with many tokens: the
+   split mode's cases where rep <= 16 and the grid stays full with several
+   spans per block). Block (x, t * H + hk) takes spans x * spb .. x * spb +
+   spb - 1 of token t's spans (counted from its first) for KV head hk, each
+   span computed exactly as attn_tc_split_k's wide path computes it
+   (tca_span_wide on the same staged values, q rows split the same way),
+   its state written to the same place of the split scratch; the last block
+   of (t, hk) combines every span in increasing order with the same
+   arithmetic, so the bits of attn_tc_split_k. What changes is only the
+   schedule: the span pieces of all the block's spans are looked up once,
+   and span j + 1 is copied (cp.async) into a second stage while span j is
+   computed, so the loads of a block run under its computation; the
+   per-block costs (q, the lookups, the counter) are paid once per spb
+   spans. One block per SM at D = 128 (two stages of K and V: 156 KB). */
+#define TCP_MAX_SPB 8
+template <int D> static __host__ __device__ constexpr size_t tcp_smem(void) {
+    return (size_t)2 * 16 * (D + 8) * 2 + (size_t)2 * ((size_t)D * TCA_KS * 2 + (size_t)SPAN * (D + 8) * 2) +
+           TCA_WIDE_BYTES;
+}
+
+/* Queues the copy of the 8 pieces of one span (pk / pv: their K and V
+   starts, NULL: not staged, zero) into sk / sv in tca_stage's layout. */
+template <int D>
+static __device__ __forceinline__ void tcp_issue(unsigned char *sk, unsigned char *sv,
+                                                 const unsigned char *const *pk, const unsigned char *const *pv) {
+    for (int i = threadIdx.x; i < (SPAN / 16) * 2 * D; i += TCA_WARPS * 32) {
+        const int p = i / (2 * D), c = i % (2 * D);
+        unsigned char *dk = sk + ((size_t)(c >> 1) * TCA_KS + (size_t)(p * 16 + (c & 1) * 8)) * 2;
+        unsigned char *dv = sv + ((size_t)(p * 16 + c / (D / 8)) * (D + 8) + (size_t)(c % (D / 8)) * 8) * 2;
+        if (pk[p]) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                             (unsigned int)__cvta_generic_to_shared(dk)),
+                         "l"(pk[p] + (size_t)c * 16)
+                         : "memory");
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                             (unsigned int)__cvta_generic_to_shared(dv)),
+                         "l"(pv[p] + (size_t)c * 16)
+                         : "memory");
+        } else {
+            *(uint4 *)dk = make_uint4(0, 0, 0, 0);
+            *(uint4 *)dv = make_uint4(0, 0, 0, 0);
+        }
+    }
+    stage_commit();
+}
+
+template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 1) attn_tc_pipe_k(attn_args a, int spb) {
+    ember_pdl_enter();
+    __shared__ const unsigned char *pk[TCP_MAX_SPB * (SPAN / 16)], *pv[TCP_MAX_SPB * (SPAN / 16)];
+    __shared__ int last;
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned short *sqh = (unsigned short *)smem, *sql = sqh + 16 * (D + 8);
+    unsigned char *st = (unsigned char *)(sql + 16 * (D + 8)); /* stage b: K at st + b * SB, V after it */
+    constexpr size_t SKB = (size_t)D * TCA_KS * 2, SB = SKB + (size_t)SPAN * (D + 8) * 2;
+    float *ss = (float *)(st + 2 * SB), *ml = ss + 16 * (SPAN + 4);
+    const int gi = blockIdx.y, t = gi / a.kv.H, hk = gi % a.kv.H, tid = threadIdx.x;
+    int tlo, thi;
+    keys_of(&a, t, &tlo, &thi);
+    const int sf = tlo / SPAN, ns = thi / SPAN - sf + 1, x0 = (int)blockIdx.x * spb;
+    if (x0 >= ns) return;
+    const int n = ns - x0 < spb ? ns - x0 : spb, nblk = (ns + spb - 1) / spb;
+    const int lane = tid % 32, w = tid / 32, g = lane / 4, c = lane % 4;
+    if (tid < n * (SPAN / 16)) { /* the pieces of every span of the block (tca_stage's choice) */
+        const ember_cu_kv *kv = &a.kv;
+        const ember_cu_kv_ref ref = kv->refs[kv->row[t]];
+        const ember_cu_kv_view *vw = &kv->view[ref.layer_set];
+        const int b = (sf + x0 + tid / (SPAN / 16)) * SPAN + (tid % (SPAN / 16)) * 16;
+        const bool live = b + 15 >= tlo && b <= thi;
+        pk[tid] = live ? piece(kv, &ref, vw, b, hk, 1) : NULL;
+        pv[tid] = live ? piece(kv, &ref, vw, b, hk, 0) : NULL;
+    }
+    __syncthreads();
+    tcp_issue<D>(st, st + SKB, pk, pv);
+    for (int i = tid; i < 16 * (D / 2); i += TCA_WARPS * 32) { /* q rows as tca_load_q gives them (one token) */
+        const int r = i / (D / 2), d = (i % (D / 2)) * 2;
+        float qx = 0.0f, qy = 0.0f;
+        if (r < a.rep) {
+            const float *q = a.q + ((size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r)) * D;
+            qx = q[d];
+            qy = q[d + 1];
+        }
+        unsigned int h, l;
+        tca_split2(qx, qy, &h, &l);
+        *(unsigned int *)(sqh + r * (D + 8) + d) = h;
+        *(unsigned int *)(sql + r * (D + 8) + d) = l;
+    }
+    const size_t stride = (size_t)(2 + D);
+    for (int j = 0; j < n; j++) {
+        unsigned char *sk = st + (size_t)(j & 1) * SB;
+        if (j + 1 < n) { /* the next span into the other stage (free: its span ended with a barrier) */
+            unsigned char *nk = st + (size_t)((j + 1) & 1) * SB;
+            tcp_issue<D>(nk, nk + SKB, pk + (j + 1) * (SPAN / 16), pv + (j + 1) * (SPAN / 16));
+            stage_wait<1>();
+        } else {
+            stage_wait<0>();
+        }
+        __syncthreads(); /* span j's stage (and q) complete and visible */
+        const int s = sf + x0 + j;
+        float m[2], l[2], o[2][2][4];
+        tca_span_wide<D>(&a, sqh, sql, (const unsigned short *)sk, (const unsigned short *)(sk + SKB), ss, ml, s,
+                         a.rep, tlo, thi, m, l, o);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = g + 8 * h;
+            if (r >= a.rep) continue;
+            const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
+            float *part = a.parts + (u * (size_t)a.n_span + (size_t)(x0 + j)) * stride;
+            if (w == 0 && c == 0) {
+                part[0] = m[h];
+                part[1] = l[h];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int jj = 0; jj < 2; jj++) {
+                    const int nn = w + 4 * i;
+                    if (nn >= D / 16) continue;
+                    part[2 + 8 * (2 * nn + jj) + 2 * c] = o[i][jj][2 * h];
+                    part[2 + 8 * (2 * nn + jj) + 2 * c + 1] = o[i][jj][2 * h + 1];
+                }
+        }
+    }
+    __threadfence(); /* this block's parts are visible before the count says so */
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&a.count[gi], 1) == nblk - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = tid; i < a.rep * D; i += TCA_WARPS * 32) { /* attn_tc_split_k's combine */
+        const int r = i / D, d = i % D;
+        const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
+        float M = -INFINITY, L = 0.0f, A = 0.0f;
+        for (int x = 0; x < ns; x++) {
+            const float *px = a.parts + (u * (size_t)a.n_span + (size_t)x) * stride;
+            const float m = __ldcg(px), l = __ldcg(px + 1), o = __ldcg(px + 2 + d);
+            const float mn = fmaxf(M, m);
+            const float ca = tca_scale(M, mn), cb = tca_scale(m, mn);
+            L = L * ca + l * cb;
+            A = A * ca + o * cb;
+            M = mn;
+        }
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        a.out[u * D + d] = A * inv;
+    }
+    if (tid == 0) a.count[gi] = 0;
+}
+
 /* Whether the tc kernels take this layer (bf16 K and V, head size 16, 32,
    64 or 128, 16-byte aligned pieces, at most TCA_ROWS query heads per KV
    head): properties of the layer, never of the batch. */
@@ -1291,8 +1438,39 @@ static bool tca_takes(const attn_args *a, int enc) {
     return enc == EMBER_CU_BF16 && a->vec16 && a->rep <= TCA_ROWS && (D == 16 || D == 32 || D == 64 || D == 128);
 }
 
+/* Pipelined tc split (attn_tc_pipe_k; the same bits as attn_tc_split_k) where
+   spans go several to a block: 1 (the default) picks the spans per block,
+   the largest power of two up to TCP_MAX_SPB that keeps at least
+   TCP_MIN_WAVES blocks per multiprocessor; N >= 2 asks for N; 0 never
+   (EMBER_CUDA_ATTN_PIPE; a measuring aid). */
+#define TCP_MIN_WAVES 4
+extern "C" {
+int ember_cu_attn_pipe = 1;
+}
+static int g_attn_sms = 132; /* multiprocessors of the device (ember_cu_attn_prepare) */
+
+/* Spans per block of the pipelined split for T tokens, H KV heads, n_span
+   spans (1: the plain split kernel). */
+static int tcp_spans_per_block(int T, int H, int n_span) {
+    if (ember_cu_attn_pipe <= 0) return 1;
+    const long long units = (long long)T * H;
+    if (ember_cu_attn_pipe >= 2) {
+        int spb = ember_cu_attn_pipe < TCP_MAX_SPB ? ember_cu_attn_pipe : TCP_MAX_SPB;
+        return spb < n_span ? spb : n_span;
+    }
+    int spb = 1;
+    while (spb * 2 <= TCP_MAX_SPB && spb * 2 <= n_span &&
+           (long long)((n_span + spb * 2 - 1) / (spb * 2)) * units >= (long long)TCP_MIN_WAVES * g_attn_sms)
+        spb *= 2;
+    return spb;
+}
+
 template <int D> static cudaError_t tca_launch(cudaStream_t stream, const attn_args *a, int mode, int tq) {
     const size_t smem = tca_smem(D);
+    const int spb = mode == EMBER_CU_ATTN_SPLIT && a->rep <= 16 ? tcp_spans_per_block(a->kv.T, a->kv.H, a->n_span) : 1;
+    if (spb >= 2)
+        return ember_launch(attn_tc_pipe_k<D>, dim3((unsigned)((a->n_span + spb - 1) / spb), (unsigned)(a->kv.T * a->kv.H), 1),
+                            dim3(TCA_WARPS * 32), tcp_smem<D>(), stream, *a, spb);
     if (mode == EMBER_CU_ATTN_SPLIT)
         return ember_launch(attn_tc_split_k<D>, dim3((unsigned)a->n_span, (unsigned)(a->kv.T * a->kv.H), 1),
                             dim3(TCA_WARPS * 32), smem, stream, *a);
@@ -1380,10 +1558,16 @@ template <int D> static cudaError_t tca_prepare(void) {
         e = cudaFuncSetAttribute(attn_tc_walk_k<D, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tca_smem(D));
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(attn_tc_split_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tca_smem(D));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_tc_pipe_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tcp_smem<D>());
     return e;
 }
 
 extern "C" cudaError_t ember_cu_attn_prepare(void) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0)
+        g_attn_sms = sms;
     cudaError_t e = attn_prepare_enc<EMBER_CU_F32>();
     if (e == cudaSuccess) e = attn_prepare_enc<EMBER_CU_F16>();
     if (e == cudaSuccess) e = attn_prepare_enc<EMBER_CU_BF16>();

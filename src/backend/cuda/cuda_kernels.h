@@ -202,6 +202,13 @@ enum { EMBER_CU_ATTN_FUSED = 0, EMBER_CU_ATTN_STAGED = 1, EMBER_CU_ATTN_SPLIT = 
    EMBER_CUDA_ATTN_GROUP). */
 extern int ember_cu_attn_group;
 
+/* SPLIT in the tc order (bf16 KV) with several spans per block, the next
+   span's copy under the current one's computation (cuda_attn.cu,
+   attn_tc_pipe_k; the same bits): 1 (the default: the spans per block
+   picked from the grid), N >= 2 (N spans per block, at most 8) or 0 (one
+   span per block; a measuring aid, set from EMBER_CUDA_ATTN_PIPE). */
+extern int ember_cu_attn_pipe;
+
 /* rope (as ember_cu_rope) of q [T, Hq, D] and k [T, kv->H, D] in place
    with positions pos and inv_freq [n_rot / 2], then kv_write of k and v
    ([T, kv->H, D]) through kv: the bits of the three launches. */

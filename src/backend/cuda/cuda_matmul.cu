@@ -94,6 +94,7 @@
 #include <cooperative_groups.h>
 
 #include "cuda_kernels.h"
+#include "cuda_mm.cuh"
 #include "cuda_pdl.cuh"
 
 namespace cg = cooperative_groups;
@@ -183,17 +184,6 @@ static __device__ __forceinline__ float lane_sum(float v) {
     return v;
 }
 
-/* The product that block `blk` works on (blocks are laid out product after
-   product); copied field by field with constant indices so the parameter
-   struct stays in parameter space. */
-static __device__ __forceinline__ ember_cu_mm_prod pick_prod(const ember_cu_mm &a, int blk) {
-    ember_cu_mm_prod p = a.p[0];
-#pragma unroll
-    for (int i = 1; i < EMBER_CU_MAX_MM; i++)
-        if (i < a.n && blk >= a.p[i].first_block) p = a.p[i];
-    return p;
-}
-
 static __device__ __forceinline__ void store_out(const ember_cu_mm_prod &p, int m, int n, float v) {
     p.out[(size_t)m * (size_t)p.N + (size_t)n] = p.bias ? v + p.bias[n] : v;
 }
@@ -206,7 +196,7 @@ static __device__ __forceinline__ void store_out(const ember_cu_mm_prod &p, int 
 static __device__ __forceinline__ void gemv_body(const ember_cu_mm &a, const int dt, const int M, const int R,
                                                  const int U) {
     ember_pdl_enter();
-    const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.x);
     const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES;
     const int n0 = ((int)blockIdx.x - p.first_block) * (WARPS * R) + warp * R;
     if (n0 >= p.N) return; /* the whole warp leaves together */
@@ -311,7 +301,7 @@ static const gemv_kind k_gemv[3][8] = {GEMV_ROW(EMBER_CU_F32, f32), GEMV_ROW(EMB
 
 static __device__ __forceinline__ void tiled_body(const ember_cu_mm &a, const int dt) {
     ember_pdl_enter();
-    const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.x);
     const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES;
     const int wm = warp / TILE_WN, wn = warp % TILE_WN;
     const int m0 = (int)blockIdx.y * (TILE_M * TILE_WM) + wm * TILE_M;
@@ -372,7 +362,7 @@ static const mm_kernel k_tiled[3] = {tiled_f32, tiled_f16, tiled_bf16};
 /* One warp per weight row, every input row in turn (blockIdx.y strides M). */
 static __device__ __forceinline__ void elem_body(const ember_cu_mm &a, const int dt) {
     ember_pdl_enter();
-    const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.x);
     const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES;
     const int n = ((int)blockIdx.x - p.first_block) * WARPS + warp;
     if (n >= p.N) return;
@@ -602,7 +592,7 @@ static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red,
                                                const int WT, const int XT, const int BW, const int BX, const bool PS,
                                                const int U, const int S) {
     ember_pdl_enter();
-    const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.x);
     const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES, g = lane / 4, q = lane % 4;
     const int tile = PS ? warp / TC_P : warp, part = PS ? warp % TC_P : 0;
     const int tw = tile % BW, tx = tile / BW;
@@ -725,7 +715,7 @@ static __global__ void __cluster_dims__(1, 1, TC_P) __launch_bounds__(CL_WARPS *
     __shared__ cl_smem<XT, S> sm;
     cg::cluster_group cluster = cg::this_cluster();
     const int part = (int)cluster.block_rank(); /* the cluster spans z: rank = blockIdx.z */
-    const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.x);
     const int tid = (int)threadIdx.x, warp = tid / LANES, lane = tid % LANES, g = lane / 4, q = lane % 4;
     const int nb = ((int)blockIdx.x - p.first_block) * CL_ROWS, n0 = nb + warp * 16;
     const int m0 = (int)blockIdx.y * XT * 8;
@@ -877,7 +867,7 @@ static __global__ void __launch_bounds__(BK_WARPS *LANES, 1) tc_blk_k(const embe
     ember_pdl_enter();
     extern __shared__ uint4 bk_dyn[];
     bk_smem<XT, S> &sm = *reinterpret_cast<bk_smem<XT, S> *>(bk_dyn);
-    const ember_cu_mm_prod p = pick_prod(a, (int)blockIdx.x);
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.x);
     const int tid = (int)threadIdx.x, warp = tid / LANES, lane = tid % LANES, g = lane / 4, q = lane % 4;
     const int wn = warp % 2, wx = warp / 2;
     const int nb = ((int)blockIdx.x - p.first_block) * BK_ROWS, m0 = (int)blockIdx.y * BX;

@@ -97,6 +97,7 @@
 #include <stdint.h>
 
 #include "cuda_kernels.h"
+#include "cuda_mm.cuh"
 #include "cuda_pdl.cuh"
 
 #define WG_KB 32 /* elements of a k-block (TC_KB) */
@@ -114,15 +115,6 @@ static int g_wg_sms = 132; /* multiprocessors of the device (ember_cu_mm_wg_prep
 #else
 #define WG_HAVE 0
 #endif
-
-/* The product that block `blk` works on (cuda_matmul.cu's pick_prod). */
-static __device__ __forceinline__ ember_cu_mm_prod wg_prod(const ember_cu_mm &a, int blk) {
-    ember_cu_mm_prod p = a.p[0];
-#pragma unroll
-    for (int i = 1; i < EMBER_CU_MAX_MM; i++)
-        if (i < a.n && blk >= a.p[i].first_block) p = a.p[i];
-    return p;
-}
 
 /* The k-block of step i of the part-by-part walk over KB k-blocks: parts
    0 .. r - 1 (r = KB % 8) have KB / 8 + 1 k-blocks, the rest KB / 8. */
@@ -243,7 +235,7 @@ static __global__ void __launch_bounds__(128 * WGS, 1) wg_k(const ember_cu_mm a)
     const unsigned int base = ((unsigned int)__cvta_generic_to_shared(wg_raw) + 127u) & ~127u;
     unsigned char *const gbase = wg_raw + (base - (unsigned int)__cvta_generic_to_shared(wg_raw));
     ember_pdl_enter();
-    const ember_cu_mm_prod p = wg_prod(a, (int)blockIdx.x);
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.x);
     const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
     const int n0 = ((int)blockIdx.x - p.first_block) * L::ROWS, m0 = (int)blockIdx.y * NI;
     const int K = a.K, M = a.M, N = p.N, KB = (K + WG_KB - 1) / WG_KB;

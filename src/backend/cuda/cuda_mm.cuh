@@ -1,0 +1,27 @@
+/*
+ * cuda_mm.cuh - device helpers shared by the matrix-product kernels of
+ * cuda_matmul.cu and cuda_wgmma.cu (CUDA sources only; internal to the
+ * backend).
+ *
+ * A matmul launch (ember_cu_mm, cuda_kernels.h) carries up to
+ * EMBER_CU_MAX_MM products sharing one input, their blocks laid out
+ * product after product in the grid; ember_cu_pick_prod finds the product
+ * of a block. One definition, so the two files cannot drift apart.
+ */
+#ifndef EMBER_CUDA_MM_CUH
+#define EMBER_CUDA_MM_CUH
+
+#include "cuda_kernels.h"
+
+/* The product that block `blk` works on (the last product whose
+   first_block is at most blk); copied field by field with constant indices
+   so the parameter struct stays in parameter space. */
+static __device__ __forceinline__ ember_cu_mm_prod ember_cu_pick_prod(const ember_cu_mm &a, int blk) {
+    ember_cu_mm_prod p = a.p[0];
+#pragma unroll
+    for (int i = 1; i < EMBER_CU_MAX_MM; i++)
+        if (i < a.n && blk >= a.p[i].first_block) p = a.p[i];
+    return p;
+}
+
+#endif
