@@ -27,8 +27,8 @@
  *     prefill-shaped batches (1000 tokens in runs of one row) against the
  *     CPU, cut into chunks, token by token and as a two-row step, bit for
  *     bit; and with EMBER_CUDA_ATTN_TC=0 (the span kernels) again, and
- *     with EMBER_CUDA_ATTN_PIPE=2, 3, 8 (every split launch of the tc
- *     order through the pipelined split kernel);
+ *     with EMBER_CUDA_ATTN_PIPE=2, 3, 8 (the pipelined split kernel) and
+ *     EMBER_CUDA_ATTN_LEAN=0 (the split kernel before the lean one);
  *   - the fused ops (add_rms_norm, rope_kv_write) give the bits of the ops
  *     they stand for, and argmax_rows the host's greedy ids (ties, NaNs);
  *   - buffers (zeroed allocation, copies at offsets, bounds) and the
@@ -946,32 +946,38 @@ static void test_kv_attention(void) {
         g_gpu = tc_on;
         ember_backend_free(tc_off);
     }
-    /* EMBER_CUDA_ATTN_PIPE=N: every split launch of the tc order (a token alone over several
-       spans, the first 64 and 200 tokens as a batch, a two-row step) through the pipelined split
-       kernel with N spans per block (3: blocks of 3 and fewer; 8: one block per token and head),
-       against the CPU and bit for bit against the walk's batch as above. The process keeps the
-       last backend's setting, so the default (1) is set again at the end. */
-    static const char *const pipes[3] = {"2", "3", "8"};
-    for (int pi = 0; pi < 3; pi++) {
-        ember_backend *pb = NULL;
-        setenv("EMBER_CUDA_ATTN_PIPE", pipes[pi], 1);
-        CHECKF(ember_backend_cuda_new(&gp, &pb, &e0) == EMBER_OK, "cuda backend: %s", e0.msg);
-        unsetenv("EMBER_CUDA_ATTN_PIPE");
-        if (!pb) continue;
-        char nm[48];
-        snprintf(nm, sizeof nm, "bf16 (pipe %s)", pipes[pi]);
-        g_gpu = pb;
+    /* The split launches of the tc order (a token alone over several spans, the first 64 and 200
+       tokens as a batch, a two-row step) through each kernel that can take them, against the CPU
+       and bit for bit against the walk's batch as above: EMBER_CUDA_ATTN_PIPE=N, the pipelined
+       kernel with N spans per block (3: blocks of 3 and fewer; 8: one block per token and head);
+       EMBER_CUDA_ATTN_LEAN=0, the split kernel of before (the default, the lean kernel, ran
+       above). The process keeps the last backend's settings, so the defaults are set again. */
+    static const char *const venv[4][2] = {{"EMBER_CUDA_ATTN_PIPE", "2"},
+                                           {"EMBER_CUDA_ATTN_PIPE", "3"},
+                                           {"EMBER_CUDA_ATTN_PIPE", "8"},
+                                           {"EMBER_CUDA_ATTN_LEAN", "0"}};
+    for (int vi = 0; vi < 4; vi++) {
+        ember_backend *vb = NULL;
+        setenv(venv[vi][0], venv[vi][1], 1);
+        CHECKF(ember_backend_cuda_new(&gp, &vb, &e0) == EMBER_OK, "cuda backend: %s", e0.msg);
+        unsetenv(venv[vi][0]);
+        if (!vb) continue;
+        char nm[64];
+        snprintf(nm, sizeof nm, "bf16 (%s=%s)", venv[vi][0] + 16, venv[vi][1]);
+        g_gpu = vb;
         check_attention(EMBER_KVE_BF16, nm, 1, 4, 128);
         check_attention(EMBER_KVE_BF16, nm, 2, 3, 32);
         check_attention_prefill(EMBER_KVE_BF16, nm, 2, 4, 128);
         check_attention_prefill(EMBER_KVE_BF16, nm, 1, 8, 16);
         g_gpu = tc_on;
-        ember_backend_free(pb);
+        ember_backend_free(vb);
     }
-    setenv("EMBER_CUDA_ATTN_PIPE", "1", 1);
+    setenv("EMBER_CUDA_ATTN_PIPE", "0", 1);
+    setenv("EMBER_CUDA_ATTN_LEAN", "1", 1);
     ember_backend *pd = NULL;
     CHECKF(ember_backend_cuda_new(&gp, &pd, &e0) == EMBER_OK, "cuda backend: %s", e0.msg);
     unsetenv("EMBER_CUDA_ATTN_PIPE");
+    unsetenv("EMBER_CUDA_ATTN_LEAN");
     if (pd) ember_backend_free(pd);
     /* a quantized KV kind: a one-line refusal */
     const int len[KV_ROWS] = {16, 16, 16, 16}, first[KV_ROWS] = {0, 0, 0, 0};

@@ -895,12 +895,20 @@ static __device__ __forceinline__ void tca_span(const attn_args *a, const unsign
    (each output the same chain of mma over the keys). Rows r < nrows have
    keys [lo, hi]; the others none. Out: every warp's m[2], l[2] (rows g, g +
    8) and o[i][j][4]: n-tile 2 (w + 4 i) + j in tca_span's layout. Ends with
-   a barrier after the last read of ss (its caller may then restage). */
-template <int D>
+   a barrier after the last read of ss (its caller may then restage).
+   LEAN (attn_tc_lean_k): the lane's q fragments come from registers (qrh /
+   qrl [kk]: what the lane would read from sqh / sql for k-step kk), ss may
+   lie over sk (a barrier after the last read of sk, before the scores are
+   written), and V may still be in flight when it starts (the thread waits
+   for all its copies before the barrier after the scores). The same
+   values into the same instructions, so the same bits. */
+template <int D, int LEAN = 0>
 static __device__ __forceinline__ void tca_span_wide(const attn_args *a, const unsigned short *sqh,
                                                      const unsigned short *sql, const unsigned short *sk,
                                                      const unsigned short *sv, float *ss, float *ml, int s, int nrows,
-                                                     int lo, int hi, float m[2], float l[2], float o[2][2][4]) {
+                                                     int lo, int hi, float m[2], float l[2], float o[2][2][4],
+                                                     const unsigned int (*qrh)[4] = nullptr,
+                                                     const unsigned int (*qrl)[4] = nullptr) {
     const int tid = threadIdx.x, lane = tid % 32, w = tid / 32, g = lane / 4, c = lane % 4;
     const int s0 = s * SPAN;
     constexpr int SS = SPAN + 4;
@@ -911,15 +919,23 @@ static __device__ __forceinline__ void tca_span_wide(const attn_args *a, const u
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             unsigned int qh[4], ql[4];
-            const int k0 = kk * 16 + 2 * c;
-            qh[0] = *(const unsigned int *)(sqh + g * (D + 8) + k0);
-            qh[1] = *(const unsigned int *)(sqh + (g + 8) * (D + 8) + k0);
-            qh[2] = *(const unsigned int *)(sqh + g * (D + 8) + k0 + 8);
-            qh[3] = *(const unsigned int *)(sqh + (g + 8) * (D + 8) + k0 + 8);
-            ql[0] = *(const unsigned int *)(sql + g * (D + 8) + k0);
-            ql[1] = *(const unsigned int *)(sql + (g + 8) * (D + 8) + k0);
-            ql[2] = *(const unsigned int *)(sql + g * (D + 8) + k0 + 8);
-            ql[3] = *(const unsigned int *)(sql + (g + 8) * (D + 8) + k0 + 8);
+            if (LEAN) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    qh[e] = qrh[kk][e];
+                    ql[e] = qrl[kk][e];
+                }
+            } else {
+                const int k0 = kk * 16 + 2 * c;
+                qh[0] = *(const unsigned int *)(sqh + g * (D + 8) + k0);
+                qh[1] = *(const unsigned int *)(sqh + (g + 8) * (D + 8) + k0);
+                qh[2] = *(const unsigned int *)(sqh + g * (D + 8) + k0 + 8);
+                qh[3] = *(const unsigned int *)(sqh + (g + 8) * (D + 8) + k0 + 8);
+                ql[0] = *(const unsigned int *)(sql + g * (D + 8) + k0);
+                ql[1] = *(const unsigned int *)(sql + (g + 8) * (D + 8) + k0);
+                ql[2] = *(const unsigned int *)(sql + g * (D + 8) + k0 + 8);
+                ql[3] = *(const unsigned int *)(sql + (g + 8) * (D + 8) + k0 + 8);
+            }
             const int mi = lane / 8, mr = lane % 8;
 #pragma unroll
             for (int i = 0; i < 2; i++) {
@@ -933,6 +949,7 @@ static __device__ __forceinline__ void tca_span_wide(const attn_args *a, const u
                 tca_mma(sc[2 * i + 1], ql, b[2], b[3]);
             }
         }
+        if (LEAN) __syncthreads(); /* every read of sk done: ss lies over it */
 #pragma unroll
         for (int ln = 0; ln < 4; ln++)
 #pragma unroll
@@ -943,6 +960,7 @@ static __device__ __forceinline__ void tca_span_wide(const attn_args *a, const u
                     ss[r * SS + 8 * n + 2 * c + e] = score_of(a, sc[ln][2 * h + e], r < nrows && j >= lo && j <= hi);
                 }
     }
+    if (LEAN) stage_wait<0>(); /* this thread's V copies; the barrier makes everyone's visible */
     __syncthreads();
     if (tid < 64) { /* row tid / 4, quad lane tid % 4: tca_span's m, p and l */
         float *row = ss + (tid / 4) * SS;
@@ -1283,6 +1301,31 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) att
     if (threadIdx.x == 0) a.count[gi] = 0;
 }
 
+/* The last block of (t, hk) to finish: every query head's spans 0 .. ns - 1
+   of the split scratch combined in increasing order (combine()'s
+   arithmetic, attn_tc_split_k's loop), out written, the counter zeroed. */
+static __device__ void tca_combine_parts(const attn_args *a, int t, int hk, int gi, int ns) {
+    const size_t stride = (size_t)(2 + a->kv.D);
+    const int D = a->kv.D;
+    for (int i = threadIdx.x; i < a->rep * D; i += TCA_WARPS * 32) {
+        const int r = i / D, d = i % D;
+        const size_t u = (size_t)t * (size_t)a->Hq + (size_t)(hk * a->rep + r);
+        float M = -INFINITY, L = 0.0f, A = 0.0f;
+        for (int x = 0; x < ns; x++) {
+            const float *px = a->parts + (u * (size_t)a->n_span + (size_t)x) * stride;
+            const float m = __ldcg(px), l = __ldcg(px + 1), o = __ldcg(px + 2 + d);
+            const float mn = fmaxf(M, m);
+            const float ca = tca_scale(M, mn), cb = tca_scale(m, mn);
+            L = L * ca + l * cb;
+            A = A * ca + o * cb;
+            M = mn;
+        }
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        a->out[u * D + d] = A * inv;
+    }
+    if (threadIdx.x == 0) a->count[gi] = 0;
+}
+
 /* tc split, pipelined (decode over long contexts with many tokens: the
    split mode's cases where rep <= 16 and the grid stays full with several
    spans per block). Block (x, t * H + hk) takes spans x * spb .. x * spb +
@@ -1296,7 +1339,9 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) att
    and span j + 1 is copied (cp.async) into a second stage while span j is
    computed, so the loads of a block run under its computation; the
    per-block costs (q, the lookups, the counter) are paid once per spb
-   spans. One block per SM at D = 128 (two stages of K and V: 156 KB). */
+   spans. One block per SM at D = 128 (two stages of K and V: 156 KB);
+   measured slower than attn_tc_split_k and the lean kernel (two and three
+   blocks per SM), so off unless EMBER_CUDA_ATTN_PIPE asks for it. */
 #define TCP_MAX_SPB 8
 template <int D> static __host__ __device__ constexpr size_t tcp_smem(void) {
     return (size_t)2 * 16 * (D + 8) * 2 + (size_t)2 * ((size_t)D * TCA_KS * 2 + (size_t)SPAN * (D + 8) * 2) +
@@ -1411,23 +1456,113 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 1) att
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int i = tid; i < a.rep * D; i += TCA_WARPS * 32) { /* attn_tc_split_k's combine */
-        const int r = i / D, d = i % D;
-        const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
-        float M = -INFINITY, L = 0.0f, A = 0.0f;
-        for (int x = 0; x < ns; x++) {
-            const float *px = a.parts + (u * (size_t)a.n_span + (size_t)x) * stride;
-            const float m = __ldcg(px), l = __ldcg(px + 1), o = __ldcg(px + 2 + d);
-            const float mn = fmaxf(M, m);
-            const float ca = tca_scale(M, mn), cb = tca_scale(m, mn);
-            L = L * ca + l * cb;
-            A = A * ca + o * cb;
-            M = mn;
+    tca_combine_parts(&a, t, hk, gi, ns);
+}
+
+/* tc split, lean (the split mode's cases with rep <= 16, the default): the
+   blocks of attn_tc_split_k's wide path, each span's state computed the
+   same way into the same place of the scratch and combined by the last
+   block the same way, so its bits; in less shared memory, so that three
+   blocks share a multiprocessor at D = 128 (attn_tc_split_k: two): q's
+   fragments live in registers (each lane splits the values tca_load_q
+   would have put where it reads them), the scores lie over the staged K
+   once its last read is done, and only 16 q rows are kept. V is copied as
+   a second group, still landing while the scores are computed. */
+static __host__ __device__ constexpr bool tcl_ss_over_k(int D) {
+    return (size_t)D * TCA_KS * 2 >= TCA_WIDE_BYTES;
+}
+template <int D> static __host__ __device__ constexpr size_t tcl_smem(void) {
+    return (size_t)D * TCA_KS * 2 + (size_t)SPAN * (D + 8) * 2 + (tcl_ss_over_k(D) ? 0 : TCA_WIDE_BYTES);
+}
+
+template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 3) attn_tc_lean_k(attn_args a) {
+    ember_pdl_enter();
+    __shared__ const unsigned char *pk[SPAN / 16], *pv[SPAN / 16];
+    __shared__ int last;
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char *sk = smem, *sv = sk + (size_t)D * TCA_KS * 2;
+    float *ss = tcl_ss_over_k(D) ? (float *)sk : (float *)(sv + (size_t)SPAN * (D + 8) * 2);
+    float *ml = ss + 16 * (SPAN + 4);
+    const int gi = blockIdx.y, t = gi / a.kv.H, hk = gi % a.kv.H, tid = threadIdx.x;
+    int tlo, thi;
+    keys_of(&a, t, &tlo, &thi);
+    const int s = tlo / SPAN + (int)blockIdx.x, ns = thi / SPAN - tlo / SPAN + 1;
+    if (s > thi / SPAN) return;
+    const int lane = tid % 32, w = tid / 32, g = lane / 4, c = lane % 4;
+    /* q: lane (g, c) holds rows g and g + 8, elements kk * 16 + 2 c + {0, 1, 8, 9} */
+    unsigned int qh[D / 16][4], ql[D / 16][4];
+    {
+        const float *q0 = g < a.rep ? a.q + ((size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + g)) * D : nullptr;
+        const float *q1 = g + 8 < a.rep ? a.q + ((size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + g + 8)) * D : nullptr;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const int k0 = kk * 16 + 2 * c;
+            tca_split2(q0 ? q0[k0] : 0.0f, q0 ? q0[k0 + 1] : 0.0f, &qh[kk][0], &ql[kk][0]);
+            tca_split2(q1 ? q1[k0] : 0.0f, q1 ? q1[k0 + 1] : 0.0f, &qh[kk][1], &ql[kk][1]);
+            tca_split2(q0 ? q0[k0 + 8] : 0.0f, q0 ? q0[k0 + 9] : 0.0f, &qh[kk][2], &ql[kk][2]);
+            tca_split2(q1 ? q1[k0 + 8] : 0.0f, q1 ? q1[k0 + 9] : 0.0f, &qh[kk][3], &ql[kk][3]);
         }
-        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-        a.out[u * D + d] = A * inv;
     }
-    if (tid == 0) a.count[gi] = 0;
+    if (tid < SPAN / 16) { /* tca_stage's pieces */
+        const ember_cu_kv *kv = &a.kv;
+        const ember_cu_kv_ref ref = kv->refs[kv->row[t]];
+        const ember_cu_kv_view *vw = &kv->view[ref.layer_set];
+        const int b = s * SPAN + tid * 16;
+        const bool live = b + 15 >= tlo && b <= thi;
+        pk[tid] = live ? piece(kv, &ref, vw, b, hk, 1) : NULL;
+        pv[tid] = live ? piece(kv, &ref, vw, b, hk, 0) : NULL;
+    }
+    __syncthreads();
+    for (int kv2 = 0; kv2 < 2; kv2++) { /* K, then V: two groups, tca_stage's layout */
+        for (int i = tid; i < (SPAN / 16) * 2 * D; i += TCA_WARPS * 32) {
+            const int p = i / (2 * D), cc = i % (2 * D);
+            unsigned char *dst =
+                kv2 == 0 ? sk + ((size_t)(cc >> 1) * TCA_KS + (size_t)(p * 16 + (cc & 1) * 8)) * 2
+                         : sv + ((size_t)(p * 16 + cc / (D / 8)) * (D + 8) + (size_t)(cc % (D / 8)) * 8) * 2;
+            const unsigned char *src = kv2 == 0 ? pk[p] : pv[p];
+            if (src)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                                 (unsigned int)__cvta_generic_to_shared(dst)),
+                             "l"(src + (size_t)cc * 16)
+                             : "memory");
+            else
+                *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+        }
+        stage_commit();
+    }
+    stage_wait<1>(); /* K */
+    __syncthreads();
+    float m[2], l[2], o[2][2][4];
+    tca_span_wide<D, 1>(&a, nullptr, nullptr, (const unsigned short *)sk, (const unsigned short *)sv, ss, ml, s, a.rep,
+                        tlo, thi, m, l, o, qh, ql);
+    const size_t stride = (size_t)(2 + D);
+#pragma unroll
+    for (int h = 0; h < 2; h++) { /* attn_tc_split_k's wide path */
+        const int r = g + 8 * h;
+        if (r >= a.rep) continue;
+        const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
+        float *part = a.parts + (u * (size_t)a.n_span + blockIdx.x) * stride;
+        if (w == 0 && c == 0) {
+            part[0] = m[h];
+            part[1] = l[h];
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int nn = w + 4 * i;
+                if (nn >= D / 16) continue;
+                part[2 + 8 * (2 * nn + j) + 2 * c] = o[i][j][2 * h];
+                part[2 + 8 * (2 * nn + j) + 2 * c + 1] = o[i][j][2 * h + 1];
+            }
+    }
+    __threadfence(); /* this block's parts are visible before the count says so */
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&a.count[gi], 1) == ns - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    tca_combine_parts(&a, t, hk, gi, ns);
 }
 
 /* Whether the tc kernels take this layer (bf16 K and V, head size 16, 32,
@@ -1438,14 +1573,16 @@ static bool tca_takes(const attn_args *a, int enc) {
     return enc == EMBER_CU_BF16 && a->vec16 && a->rep <= TCA_ROWS && (D == 16 || D == 32 || D == 64 || D == 128);
 }
 
-/* Pipelined tc split (attn_tc_pipe_k; the same bits as attn_tc_split_k) where
-   spans go several to a block: 1 (the default) picks the spans per block,
-   the largest power of two up to TCP_MAX_SPB that keeps at least
-   TCP_MIN_WAVES blocks per multiprocessor; N >= 2 asks for N; 0 never
-   (EMBER_CUDA_ATTN_PIPE; a measuring aid). */
+/* Pipelined tc split (attn_tc_pipe_k; the same bits as attn_tc_split_k),
+   from EMBER_CUDA_ATTN_PIPE (a measuring aid): 0 (the default) never; 1
+   picks the spans per block, the largest power of two up to TCP_MAX_SPB
+   that keeps at least TCP_MIN_WAVES blocks per multiprocessor; N >= 2 asks
+   for N. Measured slower than the lean kernel at 64 and 256 rows (one block
+   per SM: bench/RESULTS.md), so off. */
 #define TCP_MIN_WAVES 4
 extern "C" {
-int ember_cu_attn_pipe = 1;
+int ember_cu_attn_pipe = 0;
+int ember_cu_attn_lean = 1;
 }
 static int g_attn_sms = 132; /* multiprocessors of the device (ember_cu_attn_prepare) */
 
@@ -1471,6 +1608,9 @@ template <int D> static cudaError_t tca_launch(cudaStream_t stream, const attn_a
     if (spb >= 2)
         return ember_launch(attn_tc_pipe_k<D>, dim3((unsigned)((a->n_span + spb - 1) / spb), (unsigned)(a->kv.T * a->kv.H), 1),
                             dim3(TCA_WARPS * 32), tcp_smem<D>(), stream, *a, spb);
+    if (mode == EMBER_CU_ATTN_SPLIT && a->rep <= 16 && ember_cu_attn_lean)
+        return ember_launch(attn_tc_lean_k<D>, dim3((unsigned)a->n_span, (unsigned)(a->kv.T * a->kv.H), 1),
+                            dim3(TCA_WARPS * 32), tcl_smem<D>(), stream, *a);
     if (mode == EMBER_CU_ATTN_SPLIT)
         return ember_launch(attn_tc_split_k<D>, dim3((unsigned)a->n_span, (unsigned)(a->kv.T * a->kv.H), 1),
                             dim3(TCA_WARPS * 32), smem, stream, *a);
@@ -1560,6 +1700,8 @@ template <int D> static cudaError_t tca_prepare(void) {
         e = cudaFuncSetAttribute(attn_tc_split_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tca_smem(D));
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(attn_tc_pipe_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tcp_smem<D>());
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_tc_lean_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tcl_smem<D>());
     return e;
 }
 

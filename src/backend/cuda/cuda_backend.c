@@ -1391,10 +1391,11 @@ static int cuda_attention(ember_backend *be, ember_tensor *out, const ember_tens
     }
     ember_cu_kv d;
     if ((rc = upload_map(c, map, T, Hkv, D, "attention", &d, err))) return rc;
-    uint64_t sg[14 + 23] = {9, P(dev(out)), P(dev(q)), (uint64_t)Hq, fbits(a->scale), (uint64_t)a->window,
+    uint64_t sg[15 + 23] = {9, P(dev(out)), P(dev(q)), (uint64_t)Hq, fbits(a->scale), (uint64_t)a->window,
                             fbits(a->softcap), (uint64_t)mode, (uint64_t)n_span, P(c->parts), P(c->count),
-                            (uint64_t)ember_cu_attn_group, (uint64_t)tc, (uint64_t)ember_cu_attn_pipe};
-    int ns = 14;
+                            (uint64_t)ember_cu_attn_group, (uint64_t)tc, (uint64_t)ember_cu_attn_pipe,
+                            (uint64_t)ember_cu_attn_lean};
+    int ns = 15;
     sig_kv(sg, &ns, &d);
     if (g_skip(c, sg, ns)) return EMBER_OK;
     return launched(c, ember_cu_attention(c->stream, &d, dev(out), dev(q), Hq, a->scale, a->window, a->softcap, mode,
@@ -1739,9 +1740,12 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     const char *wg = getenv("EMBER_CUDA_MM_WG");
     if (wg && *wg) ember_cu_mm_wg_min = atoi(wg) > 0 ? atoi(wg) : 0;
     if (grp && *grp) ember_cu_attn_group = atoi(grp) != 0;
-    /* the pipelined tc split: spans per block (1: picked, the default; 0: one, the kernel of before) */
+    /* the pipelined tc split: spans per block (0: off, the default; 1: picked; N: N) */
     const char *pipe = getenv("EMBER_CUDA_ATTN_PIPE");
     if (pipe && *pipe) ember_cu_attn_pipe = atoi(pipe) > 0 ? atoi(pipe) : 0;
+    /* the lean tc split (three blocks per SM at head size 128; 0: the split kernel of before) */
+    const char *lean = getenv("EMBER_CUDA_ATTN_LEAN");
+    if (lean && *lean) ember_cu_attn_lean = atoi(lean) != 0;
     /* attention in the tc order (tensor cores) for the layers it takes: on unless 0 */
     const char *atc = getenv("EMBER_CUDA_ATTN_TC");
     c->attn_tc = !(atc && *atc && atoi(atc) == 0);

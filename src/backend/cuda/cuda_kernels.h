@@ -204,10 +204,17 @@ extern int ember_cu_attn_group;
 
 /* SPLIT in the tc order (bf16 KV) with several spans per block, the next
    span's copy under the current one's computation (cuda_attn.cu,
-   attn_tc_pipe_k; the same bits): 1 (the default: the spans per block
-   picked from the grid), N >= 2 (N spans per block, at most 8) or 0 (one
-   span per block; a measuring aid, set from EMBER_CUDA_ATTN_PIPE). */
+   attn_tc_pipe_k; the same bits; measured slower than the lean kernel):
+   0 (the default: off), 1 (the spans per block picked from the grid) or
+   N >= 2 (N spans per block, at most 8); set from EMBER_CUDA_ATTN_PIPE, a
+   measuring aid. */
 extern int ember_cu_attn_pipe;
+
+/* SPLIT in the tc order with at most 16 query heads per KV head through
+   the lean kernel (attn_tc_lean_k: less shared memory, three blocks per
+   SM at head size 128; the same bits): 1 (the default) or 0 (the split
+   kernel of before; a measuring aid, set from EMBER_CUDA_ATTN_LEAN). */
+extern int ember_cu_attn_lean;
 
 /* rope (as ember_cu_rope) of q [T, Hq, D] and k [T, kv->H, D] in place
    with positions pos and inv_freq [n_rot / 2], then kv_write of k and v
