@@ -384,8 +384,106 @@ static void bench_wg(const char *what, int N, int K, int M) {
     kcmp_free(&k);
 }
 
+/* ---- batched decode attention ------------------------------------------------------------ */
+
+typedef struct attn_ctx {
+    ember_tensor *out, *q;
+    ember_kv_map map;
+    ember_attn a;
+} attn_ctx;
+
+static void attn_pass(void *p) {
+    attn_ctx *c = p;
+    EK(g_be->ops->attention(g_be, c->out, c->q, &c->map, &c->a, &err_));
+}
+
+/* One decode step's attention of an 8B layer (rows tokens, each its own row
+   over ctx keys before it: 32 query heads, 8 KV heads of 128, bf16 KV in a
+   shuffled pool over 4x L2 and more) through each kernel of the tc order's
+   split mode: the lean kernel (the default), the split kernel of before
+   (ember_cu_attn_lean = 0) and the pipelined one at 2, 4, 8 spans per
+   block; time (median of plain launches: the op uploads its block tables),
+   KV bytes read per second and whether the output has the default's bits. */
+static void bench_attention(int rows, int ctx) {
+    enum { H = 8, HQ = 32, D = 128 };
+    const int nb = (ctx + 1 + EMBER_KV_BLOCK - 1) / EMBER_KV_BLOCK; /* blocks per row */
+    const size_t hb = (size_t)D * EMBER_KV_BLOCK * 2, bb = (size_t)H * 2 * hb;
+    tens pool;
+    int64_t ps[1] = {(int64_t)(bb * (size_t)nb * (size_t)rows)};
+    EK(ember_tensor_alloc(g_be, &pool.t, &pool.b, EMBER_U8, 1, ps, &err_));
+    for (size_t done = 0; done < (size_t)ps[0];) { /* random bf16 values everywhere */
+        size_t start = rnd32() % (RAND_HALVES / 2), len = (size_t)ps[0] - done;
+        if (len > RAND_HALVES) len = RAND_HALVES;
+        EK(g_be->ops->write(g_be, &pool.t, done, g_rand + start, len, &err_));
+        done += len;
+    }
+    ember_kv_codec kc = {.enc = EMBER_KVE_BF16, .head_bytes = hb};
+    ember_kv_layer view = {&pool.t, bb, 0, (size_t)H * hb, H, D, kc, kc};
+    int32_t *blocks = malloc(sizeof(int32_t) * (size_t)nb * (size_t)rows), *row = malloc(sizeof(int32_t) * (size_t)rows),
+            *pos = malloc(sizeof(int32_t) * (size_t)rows);
+    ember_kv_rowref *refs = malloc(sizeof(ember_kv_rowref) * (size_t)rows);
+    if (!blocks || !row || !pos || !refs) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    const int nall = nb * rows;
+    for (int i = 0; i < nall; i++) blocks[i] = i;
+    for (int i = nall - 1; i > 0; i--) { /* shuffled, as a pool in use is */
+        int j = (int)(rnd32() % (uint32_t)(i + 1)), t = blocks[i];
+        blocks[i] = blocks[j];
+        blocks[j] = t;
+    }
+    for (int r = 0; r < rows; r++) {
+        refs[r] = (ember_kv_rowref){blocks + (size_t)r * (size_t)nb, 0, nb, 0};
+        row[r] = r;
+        pos[r] = ctx;
+    }
+    tens q, out;
+    int64_t qs[3] = {rows, HQ, D};
+    EK(ember_tensor_alloc(g_be, &q.t, &q.b, EMBER_F32, 3, qs, &err_));
+    EK(ember_tensor_alloc(g_be, &out.t, &out.b, EMBER_F32, 3, qs, &err_));
+    const size_t on = (size_t)rows * HQ * D;
+    float *h = malloc(on * 4), *ref = malloc(on * 4), *got = malloc(on * 4);
+    if (!h || !ref || !got) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < on; i++) h[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+    EK(g_be->ops->write(g_be, &q.t, 0, h, on * 4, &err_));
+    attn_ctx c = {&out.t, &q.t, {&view, 1, refs, rows, row, pos}, {0.08838835f, 0, 0}};
+    const int lean0 = ember_cu_attn_lean, pipe0 = ember_cu_attn_pipe;
+    static const struct {
+        const char *name;
+        int lean, pipe;
+    } v[5] = {{"lean (default)", 1, 0}, {"split of before (EMBER_CUDA_ATTN_LEAN=0)", 0, 0},
+              {"pipelined, 2 spans per block", 1, 2}, {"pipelined, 4", 1, 4}, {"pipelined, 8", 1, 8}};
+    const double kvb = (double)rows * (double)(ctx + 1) * H * D * 2 * 2;
+    for (int i = 0; i < 5; i++) {
+        ember_cu_attn_lean = v[i].lean;
+        ember_cu_attn_pipe = v[i].pipe;
+        double t = time_pass(attn_pass, &c, 0);
+        CK(cudaStreamSynchronize(g_stream));
+        EK(g_be->ops->read(g_be, &out.t, 0, i ? got : ref, on * 4, &err_));
+        printf("| %d | %d | %s | %.1f | %.0f | %.1f | %s |\n", rows, ctx + 1, v[i].name, t * 1e6, kvb / t / 1e9,
+               100.0 * kvb / t / g_copy_bw * 2, i ? (memcmp(ref, got, on * 4) ? "DIFFER" : "yes") : "-");
+        fflush(stdout);
+    }
+    ember_cu_attn_lean = lean0;
+    ember_cu_attn_pipe = pipe0;
+    free(h);
+    free(ref);
+    free(got);
+    free(blocks);
+    free(row);
+    free(pos);
+    free(refs);
+    drop(&q);
+    drop(&out);
+    drop(&pool);
+}
+
 int main(int argc, char **argv) {
-    int device = 0, quick = 0;
+    int device = 0, quick = 0, attn_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = atoi(argv[++i]);
@@ -393,8 +491,10 @@ int main(int argc, char **argv) {
             g_reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--attn"))
+            attn_only = 1;
         else {
-            fprintf(stderr, "usage: cuda_ops_bench [--device N] [--reps N] [--quick]\n");
+            fprintf(stderr, "usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn]\n");
             return 2;
         }
     }
@@ -417,6 +517,22 @@ int main(int argc, char **argv) {
     printf("| what | dtype | M | us (graph) | GB/s | %% of copy | TFLOP/s | us (launches) |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     bench_copy();
+    printf("\nbatched decode attention, Llama-3.1-8B layer (32 query heads, 8 KV heads of 128, bf16 KV), each row over\n"
+           "its own context, the tc order's split mode by kernel (GB/s: KV bytes read; %% of copy: of the copy's\n"
+           "read bandwidth, half the read + write figure):\n\n");
+    printf("| rows | keys | kernel | us (launches) | GB/s | %% of copy | same bits as default |\n"
+           "| --- | --- | --- | --- | --- | --- | --- |\n");
+    bench_attention(64, 1024);
+    bench_attention(256, 1024);
+    bench_attention(8, 1024);
+    bench_attention(1, 4096);
+    if (attn_only) {
+        free(g_rand);
+        ember_backend_free(g_be);
+        return 0;
+    }
+    printf("\n| what | dtype | M | us (graph) | GB/s | %% of copy | TFLOP/s | us (launches) |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     const int n4096[1] = {4096}, n14336[1] = {14336}, head[1] = {128256};
     const int qkv[3] = {4096, 1024, 1024}, gu[2] = {14336, 14336};
     const int Ms[] = {1, 2, 4, 8};
