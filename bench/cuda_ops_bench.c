@@ -4,6 +4,9 @@
  *
  *   1. device-to-device copy bandwidth: a 2 GiB cudaMemcpy, counting bytes
  *      read plus bytes written (the ceiling a decode step can approach);
+ *      then one Llama-3.1-8B layer's attention of a decode step (1 to 256
+ *      rows, each over its own bf16 context) through each kernel of the tc
+ *      split mode (lean, the split kernel of before, pipelined), with bits;
  *   2. the backend's matmul on Llama-3.1-8B-shaped bf16 weights (4096 x
  *      4096, 14336 x 4096, 4096 x 14336, the 128256 x 4096 output head)
  *      for M = 1, 2, 4, 8 rows, as bytes moved per second and as a share
@@ -26,7 +29,8 @@
  * Ownership: the program owns everything it allocates and frees it; one
  * thread. Prints a Markdown table on stdout; exits non-zero on any error.
  *
- * usage: cuda_ops_bench [--device N] [--reps N] [--quick]
+ * usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn]
+ *        (--attn: the copy and the attention table only)
  */
 #include <stdio.h>
 #include <stdlib.h>

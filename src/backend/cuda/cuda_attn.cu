@@ -695,8 +695,11 @@ template <int ENC> static __global__ void __launch_bounds__(SPAN) attn_group_k(a
    kernels: tc walk (a block per tile of tokens and KV head walks the
    spans, combining as it goes: prefill) and tc split (a block per (span,
    token, KV head) into parts, the last block combining them: decode over
-   long contexts). The query heads of a KV head are rows of the same
-   tile, so each K and V span is staged once per KV head. */
+   long contexts; with at most 16 query heads per KV head by default its
+   lean form, attn_tc_lean_k, in less shared memory; attn_tc_pipe_k, several
+   spans per block, is a measured alternative, off). The query heads of a
+   KV head are rows of the same tile, so each K and V span is staged once
+   per KV head. */
 #define TCA_WARPS 4
 #define TCA_ROWS (TCA_WARPS * 16) /* query rows per block */
 #define TCA_KS (SPAN + 8)         /* staged K: [d][SPAN keys], row stride in bf16 (272 bytes: no bank conflicts) */
