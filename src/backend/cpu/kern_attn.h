@@ -128,6 +128,18 @@ static void v_rows(const ember_kv_codec *c, int D, int Dp, const unsigned char *
     }
 }
 
+/* Blocks ahead whose K (V) piece is asked for while one block is worked on:
+   a row's blocks are scattered over the pool (each a layer-and-head piece
+   of a block holding every layer), so the hardware prefetchers see no
+   stride, and each block would otherwise start with a miss to memory. */
+#define ATTN_PREFETCH 2
+
+/* Asks for the n bytes at p (n > 0) in the cache, a line at a time. */
+static inline void prefetch_piece(const unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i += 64) __builtin_prefetch(p + i);
+    __builtin_prefetch(p + n - 1);
+}
+
 /* The channel statistics of a normalizing K piece: mu and sigma (0 read as 1). */
 static inline void k_norm(const unsigned char *norm, int D, float *mu, float *sg) {
     int d = 0;
@@ -336,8 +348,11 @@ static void CAT(KPREFIX, attn_part)(const cpu_attn_part *a, int j0, int j1, floa
     const bool tq_k = kc->enc == EMBER_KVE_TQ;
     const size_t knorm_off = ember_kv_norm_offset(kc, D);
     /* 1. scores: sc[h][k] for key b0 * 16 + k */
+    const size_t kbytes = ember_kv_head_bytes(kc, D, true), vbytes = ember_kv_head_bytes(vc, D, false);
     for (int b = b0; b <= b1; b++) {
         const unsigned char *kp = a->pool + (size_t)a->blocks[b - a->first] * a->block_bytes + a->k_off;
+        if (b + ATTN_PREFETCH <= b1) /* a row's blocks lie anywhere in the pool: no stride for the hardware */
+            prefetch_piece(a->pool + (size_t)a->blocks[b + ATTN_PREFETCH - a->first] * a->block_bytes + a->k_off, kbytes);
         const float *qb = a->q;
         if (knorm_off) k_norm(kp + knorm_off, D, kmu, ksg);
         if (tq_k) { /* q . (sigma R^T y + mu) = R (q sigma) . y + q . mu, per block */
@@ -416,6 +431,8 @@ static void CAT(KPREFIX, attn_part)(const cpu_attn_part *a, int j0, int j1, floa
         for (int k = 0; k < rep * ng * 16; k++) bsum[k] = 0;
     for (int b = b0; b <= b1; b++) {
         const unsigned char *vp = a->pool + (size_t)a->blocks[b - a->first] * a->block_bytes + a->v_off;
+        if (b + ATTN_PREFETCH <= b1)
+            prefetch_piece(a->pool + (size_t)a->blocks[b + ATTN_PREFETCH - a->first] * a->block_bytes + a->v_off, vbytes);
         int i0 = b == b0 ? lo : 0, i1 = b == b1 ? hi - (b1 - b0) * 16 : 16;
         const float *pk = sc + (size_t)(b - b0) * 16;
         if (!direct) { /* decoded rows, as f32 Dp apart; the scores are the weights */
