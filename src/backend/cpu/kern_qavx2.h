@@ -125,6 +125,7 @@ static inline void fv_store(float *p, fv v) {
 }
 
 #define QP_NX 4
+#define QP_NX32 8 /* 32-element types: see kern_qpack.h */
 #include "kern_qpack.h"
 
 /* ---- activation quantizers (kern_qact.h) ----------------------------------- */
