@@ -1,9 +1,11 @@
 /*
  * kern_qavx2.h - AVX2 quantized kernels: the vector primitives that
  * kern_qpack.h's packed-weight gemm is written in (a 16-row group as two
- * halves of 8 rows, one per ymm), and the activation quantizers. Included
- * by kern_avx2.c (built with -mavx2 -mfma -mf16c) and only called after
- * runtime detection. Bit-identical to qkern.h's canonical arithmetic.
+ * halves of 8 rows, one per ymm; activation rows in register tiles of 4
+ * for Q8_0 / Q4_0 and the K types, 8 for Q5_0), and the activation
+ * quantizers. Included by kern_avx2.c (built with -mavx2 -mfma -mf16c) and
+ * only called after runtime detection. Bit-identical to qkern.h's
+ * canonical arithmetic.
  *
  * dot4 is maddubs + madd: unsigned weight levels (<= 63) times signed
  * activations, or for Q8_0 |level| times the activation with the level's
@@ -125,6 +127,7 @@ static inline void fv_store(float *p, fv v) {
 }
 
 #define QP_NX 4
+#define QP_NX32 8 /* 32-element types: see kern_qpack.h */
 #include "kern_qpack.h"
 
 /* ---- activation quantizers (kern_qact.h) ----------------------------------- */

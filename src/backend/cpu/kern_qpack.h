@@ -22,6 +22,11 @@
  *   fv_mul, fv_fma(a, b, c) = a * b + c, fv_fnma(a, b, c) = -(a * b) + c
  *   (one rounding each), fv_cvt (i32 -> f32), fv_store(p, v),
  *   QP_NX                       activation rows per register tile (4 or 8),
+ *   QP_NX32 (optional)          the same for Q5_0 (default QP_NX; AVX2
+ *                               takes 8: the weights of a block are
+ *                               unpacked once per tile, and Q5_0's high
+ *                               bits cost 3 operations per vector, so a
+ *                               wider tile halves that work per row),
  *   KPREFIX                     the name prefix,
  * and, where dot4 is maddubs + madd (no VNNI), QP_MAD16 with
  *   qv_mad16(w, y)              maddubs alone: 16-bit sums of byte pairs,
@@ -48,7 +53,7 @@
  * bit-identical across ISAs, tiles and batches.
  *
  * Loop order: for each group and half, activation rows in tiles of QP_NX
- * (then 4, 2, 1 for the rest), and for each tile the blocks in order. The
+ * (QP_NX32; then 4, 2, 1 for the rest), and for each tile the blocks in order. The
  * weights of a group (at most 139 KB, Q8_0 with K = 8192) stay in L2 while
  * the activation tiles sweep them; decode (one row) streams each group once.
  * No state; a call writes only its own outputs.
@@ -73,6 +78,11 @@
     } while (0)
 
 /* ---- 32-element types ------------------------------------------------------ */
+
+#ifndef QP_NX32
+#define QP_NX32 QP_NX
+#endif
+#define QP_NXM (QP_NX32 > QP_NX ? QP_NX32 : QP_NX)
 
 /* Dword groups 4q .. 4q+3 of block group p as unsigned levels (Q4_0: the
    nibble, Q5_0: nibble + 16 * high bit, Q8_0: the stored byte). */
@@ -103,13 +113,13 @@ ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned cha
     const size_t BG = 16 * (size_t)(T == EMBER_Q8_0 ? 34 : T == EMBER_Q4_0 ? 18 : 22);
     const int init = T == EMBER_Q8_0 ? Q8_INIT : T == EMBER_Q4_0 ? -8 : -16;
     const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row */
-    fv acc[QP_NX];
+    fv acc[QP_NXM];
 #pragma GCC unroll 8
     for (int j = 0; j < NX; j++) acc[j] = fv_zero();
     for (int b = 0; b < nb; b++) {
         const unsigned char *p = wg + (size_t)b * BG;
         if (NX == 1 && T != EMBER_Q8_0) QP_PREFETCH(p, BG, 8 * BG); /* Q8_0: no gain seen in a noisy A/B */
-        qv s[QP_NX][2];
+        qv s[QP_NXM][2];
 #pragma GCC unroll 8
         for (int j = 0; j < NX; j++) {
             int32_t ys;
@@ -147,7 +157,8 @@ ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned cha
                                               offsetof(cpu_act32, q) + 16 * (size_t)q;
                     qv h0 = qv_add16(qv_mad16(w[0], qv_bcast(yq)), qv_mad16(w[2], qv_bcast(yq + 8)));
                     qv h1 = qv_add16(qv_mad16(w[1], qv_bcast(yq + 4)), qv_mad16(w[3], qv_bcast(yq + 12)));
-                    s[j][q] = qv_wide16(s[j][q], qv_add16(h0, h1));
+                    qv *sq = &s[j][NX > 2 ? 0 : q]; /* one chain per row in a wide tile (registers) */
+                    *sq = qv_wide16(*sq, qv_add16(h0, h1));
                 }
             }
         } else
@@ -224,11 +235,10 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
             for (int c = 0; c < NX; c++)
                 S2[c] = qv_dot2(S2[c], mn16, qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, bsums) + 4 * j));
 #ifdef QP_MAD16
-            /* the scale as a 16-bit pair: the one madd that widens a row's
-               16-bit sums also multiplies them by it (no 32-bit multiply) */
-            const qv sc16 = qv_pair16(sc, sc);
-            (void)sc16;
             if (T == EMBER_Q4_K || NX > 1) {
+                /* the scale as a 16-bit pair: the one madd that widens a row's
+                   16-bit sums also multiplies them by it (no 32-bit multiply) */
+                const qv sc16 = qv_pair16(sc, sc);
                 qv w[8];
 #pragma GCC unroll 8
                 for (int t = 0; t < 8; t++) {
@@ -269,6 +279,7 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
 #pragma GCC unroll 8
                 for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
 #ifdef QP_MAD16
+                const qv sc16 = qv_pair16(sc, sc); /* as above */
                 qv H[QP_NX];
 #endif
 #pragma GCC unroll 8
@@ -322,8 +333,6 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
 ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned char *x, size_t x_row, float *out,
                              size_t ldo, const int NX, const int T, const int h) {
     (void)T;
-    const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row (dot4) */
-    (void)NS;
     const qv m4 = qv_set8(0x0F), m48 = qv_set8(0x30);
     fv acc[QP_NX];
 #pragma GCC unroll 8
@@ -356,6 +365,7 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
                         P1[0] = qv_set1(-32 * bs);
                     }
 #else
+                    const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row (dot4) */
                     qv P[QP_NX][2];
 #pragma GCC unroll 8
                     for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
@@ -434,6 +444,10 @@ ALWAYS_INLINE void qp_call(const unsigned char *wg, int nb, const unsigned char 
 ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t xa_row, int mm, int K, float *out,
                             size_t ldo, const int T) {
     const int kq = QP_TILE(T) != 0;
+    /* activation rows per tile: the wide tiles only for Q5_0, the one type
+       they were measured faster for (AVX2 Q8_0 measured level, and slower
+       once with VNNI at 512 rows; Q4_0 not measured) */
+    const int NXT = kq || T != EMBER_Q5_0 ? QP_NX : QP_NX32;
     const int nb = kq ? K / 256 : K / 32;
     const size_t bb = T == EMBER_Q8_0   ? 34
                       : T == EMBER_Q4_0 ? 18
@@ -448,14 +462,12 @@ ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t 
         float *og = out + 16 * (size_t)g;
         for (int h = 0; h < 16 / QL; h++) {
             int m = 0;
-            for (; m + QP_NX <= mm; m += QP_NX)
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, QP_NX, T, h);
-#if QP_NX > 4
-            if (m + 4 <= mm) {
+            for (; m + NXT <= mm; m += NXT)
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, NXT, T, h);
+            if (NXT > 4 && m + 4 <= mm) {
                 qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 4, T, h);
                 m += 4;
             }
-#endif
             if (m + 2 <= mm) {
                 qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 2, T, h);
                 m += 2;
