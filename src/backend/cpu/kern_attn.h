@@ -134,10 +134,10 @@ static void v_rows(const ember_kv_codec *c, int D, int Dp, const unsigned char *
    stride, and each block would otherwise start with a miss to memory. */
 #define ATTN_PREFETCH 2
 
-/* Asks for the n bytes at p (n > 0) in the cache, a line at a time. */
+/* Asks for the n bytes at p in the cache, a line at a time. */
 static inline void prefetch_piece(const unsigned char *p, size_t n) {
     for (size_t i = 0; i < n; i += 64) __builtin_prefetch(p + i);
-    __builtin_prefetch(p + n - 1);
+    if (n) __builtin_prefetch(p + n - 1);
 }
 
 /* The channel statistics of a normalizing K piece: mu and sigma (0 read as 1). */

@@ -1202,6 +1202,37 @@ static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) attn_tc_walk_k(attn_
     }
 }
 
+/* Writes the wide path's state of span `span` of (t, hk) to the split
+   scratch (2 + D floats a query row: m, l, then the output): for the lane's
+   query rows r = g + 8 h (< rep), m and l from lane c = 0 of warp 0, and
+   the lane's output fragments o (tca_span_wide's layout). */
+template <int D>
+static __device__ __forceinline__ void tca_store_wide(const attn_args *a, int t, int hk, size_t span, int g, int w,
+                                                      int c, const float m[2], const float l[2],
+                                                      const float o[2][2][4]) {
+    const size_t stride = (size_t)(2 + D);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        if (r >= a->rep) continue;
+        const size_t u = (size_t)t * (size_t)a->Hq + (size_t)(hk * a->rep + r);
+        float *part = a->parts + (u * (size_t)a->n_span + span) * stride;
+        if (w == 0 && c == 0) {
+            part[0] = m[h];
+            part[1] = l[h];
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int nn = w + 4 * i;
+                if (nn >= D / 16) continue;
+                part[2 + 8 * (2 * nn + j) + 2 * c] = o[i][j][2 * h];
+                part[2 + 8 * (2 * nn + j) + 2 * c + 1] = o[i][j][2 * h + 1];
+            }
+    }
+}
+
 /* tc split: block (x, t * H + hk) computes span lo / SPAN + x of token t's
    rows of KV head hk (its rep query heads) into parts, as attn_split_k
    does per query head; the last block of (t, hk) to finish (a counter)
@@ -1232,26 +1263,7 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) att
         float m[2], l[2], o[2][2][4];
         tca_span_wide<D>(&a, sqh, sql, (const unsigned short *)sk, (const unsigned short *)sv, ss, ml, s, a.rep, tlo,
                          thi, m, l, o);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = g + 8 * h;
-            if (r >= a.rep) continue;
-            const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
-            float *part = a.parts + (u * (size_t)a.n_span + blockIdx.x) * stride;
-            if (w == 0 && c == 0) {
-                part[0] = m[h];
-                part[1] = l[h];
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int nn = w + 4 * i;
-                    if (nn >= D / 16) continue;
-                    part[2 + 8 * (2 * nn + j) + 2 * c] = o[i][j][2 * h];
-                    part[2 + 8 * (2 * nn + j) + 2 * c + 1] = o[i][j][2 * h + 1];
-                }
-        }
+        tca_store_wide<D>(&a, t, hk, blockIdx.x, g, w, c, m, l, o);
     } else if (w * 16 < a.rep) {
         int lo[2], hi[2];
 #pragma unroll
@@ -1417,7 +1429,6 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 1) att
         *(unsigned int *)(sqh + r * (D + 8) + d) = h;
         *(unsigned int *)(sql + r * (D + 8) + d) = l;
     }
-    const size_t stride = (size_t)(2 + D);
     for (int j = 0; j < n; j++) {
         unsigned char *sk = st + (size_t)(j & 1) * SB;
         if (j + 1 < n) { /* the next span into the other stage (free: its span ended with a barrier) */
@@ -1432,26 +1443,7 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 1) att
         float m[2], l[2], o[2][2][4];
         tca_span_wide<D>(&a, sqh, sql, (const unsigned short *)sk, (const unsigned short *)(sk + SKB), ss, ml, s,
                          a.rep, tlo, thi, m, l, o);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = g + 8 * h;
-            if (r >= a.rep) continue;
-            const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
-            float *part = a.parts + (u * (size_t)a.n_span + (size_t)(x0 + j)) * stride;
-            if (w == 0 && c == 0) {
-                part[0] = m[h];
-                part[1] = l[h];
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int jj = 0; jj < 2; jj++) {
-                    const int nn = w + 4 * i;
-                    if (nn >= D / 16) continue;
-                    part[2 + 8 * (2 * nn + jj) + 2 * c] = o[i][jj][2 * h];
-                    part[2 + 8 * (2 * nn + jj) + 2 * c + 1] = o[i][jj][2 * h + 1];
-                }
-        }
+        tca_store_wide<D>(&a, t, hk, (size_t)(x0 + j), g, w, c, m, l, o);
     }
     __threadfence(); /* this block's parts are visible before the count says so */
     __syncthreads();
@@ -1538,27 +1530,7 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 3) att
     float m[2], l[2], o[2][2][4];
     tca_span_wide<D, 1>(&a, nullptr, nullptr, (const unsigned short *)sk, (const unsigned short *)sv, ss, ml, s, a.rep,
                         tlo, thi, m, l, o, qh, ql);
-    const size_t stride = (size_t)(2 + D);
-#pragma unroll
-    for (int h = 0; h < 2; h++) { /* attn_tc_split_k's wide path */
-        const int r = g + 8 * h;
-        if (r >= a.rep) continue;
-        const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
-        float *part = a.parts + (u * (size_t)a.n_span + blockIdx.x) * stride;
-        if (w == 0 && c == 0) {
-            part[0] = m[h];
-            part[1] = l[h];
-        }
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int nn = w + 4 * i;
-                if (nn >= D / 16) continue;
-                part[2 + 8 * (2 * nn + j) + 2 * c] = o[i][j][2 * h];
-                part[2 + 8 * (2 * nn + j) + 2 * c + 1] = o[i][j][2 * h + 1];
-            }
-    }
+    tca_store_wide<D>(&a, t, hk, blockIdx.x, g, w, c, m, l, o);
     __threadfence(); /* this block's parts are visible before the count says so */
     __syncthreads();
     if (tid == 0) last = atomicAdd(&a.count[gi], 1) == ns - 1;
