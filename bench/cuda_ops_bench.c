@@ -12,7 +12,10 @@
  *      for M = 1, 2, 4, 8 rows, as bytes moved per second and as a share
  *      of (1); one whole layer's products (q, k, v sharing the input; o;
  *      gate and up sharing the input; down) at M = 1; the bf16 rate at
- *      M = 64, 256, 2048 in TFLOP/s; 3. the bf16 kernels side by side (the
+ *      M = 64, 256, 2048 in TFLOP/s; the quantized products (Q4_0, Q4_K,
+ *      Q6_K, Q8_0, Q5_0) of one 8B layer at M = 1 .. 8 and 64, and the
+ *      products of a whole decode step per type;
+ *      3. the bf16 kernels side by side (the
  *      tensor-core default, the CUDA-core kernels of before, every
  *      tensor-core shape: per-warp, cluster and block kernels, each
  *      checked for the default's bits); 4. the bf16 products of Llama-3.2-1B
@@ -29,8 +32,9 @@
  * Ownership: the program owns everything it allocates and frees it; one
  * thread. Prints a Markdown table on stdout; exits non-zero on any error.
  *
- * usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn]
- *        (--attn: the copy and the attention table only)
+ * usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn] [--quant]
+ *        (--attn: the copy and the attention table only; --quant: the copy and the
+ *        quantized products of an 8B layer only)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,7 +207,8 @@ static mm_res bench_mm(const char *what, ember_dtype dt, int M, int K, int n, co
     static mm_ctx c;
     memset(&c, 0, sizeof c);
     size_t wbytes = 0;
-    for (int i = 0; i < n; i++) wbytes += (size_t)N[i] * (size_t)K * ember_dtype_get(dt)->block_bytes;
+    const ember_dtype_info *di = ember_dtype_get(dt);
+    for (int i = 0; i < n; i++) wbytes += (size_t)N[i] * (size_t)(K / (int)di->block_elems) * di->block_bytes;
     /* enough copies to pass 400 MB, so that L2 (50 MB) holds a small part */
     int copies = (int)((400u << 20) / wbytes) + 1;
     if (copies > MAX_COPIES) copies = MAX_COPIES;
@@ -223,6 +228,8 @@ static mm_res bench_mm(const char *what, ember_dtype dt, int M, int K, int n, co
             EK(ember_tensor_alloc(g_be, &c.out[r][i].t, &c.out[r][i].b, EMBER_F32, 2, os, &err_));
             c.mm[r][i] = (ember_matmul){&c.out[r][i].t, &c.w[r][i].t, NULL};
         }
+    mm_pass(&c); /* once plainly first: scratch the backend grows (quantized inputs) cannot grow inside a capture */
+    CK(cudaStreamSynchronize(g_stream));
     double tg = time_pass(mm_pass, &c, 1) / copies, td = time_pass(mm_pass, &c, 0) / copies;
     size_t outn = 0;
     for (int i = 0; i < n; i++) outn += (size_t)N[i];
@@ -238,6 +245,29 @@ static mm_res bench_mm(const char *what, ember_dtype dt, int M, int K, int n, co
         }
     drop(&c.x[0]);
     return (mm_res){tg, bytes};
+}
+
+/* Quantized products (cuda_qmm.cu) on the Llama-3.1-8B layer's shapes at M = 1 .. 8 (and 64), per type,
+   and what the products of a decode step would take (32 layers, the head in the same type). The weights
+   hold random bytes (bf16 halves): the speed does not depend on the values. */
+static void bench_quant(int quick) {
+    static const ember_dtype qt[] = {EMBER_Q4_0, EMBER_Q4_K, EMBER_Q6_K, EMBER_Q8_0, EMBER_Q5_0};
+    const int n4096[1] = {4096}, head[1] = {128256}, qkv[3] = {4096, 1024, 1024}, gu[2] = {14336, 14336};
+    const int Ms[] = {1, 2, 4, 8, 64};
+    for (int t = 0; t < (int)(sizeof qt / sizeof qt[0]); t++)
+        for (int m = 0; m < (quick ? 1 : 5); m++) {
+            mm_res a = bench_mm("8B q,k,v (one launch)", qt[t], Ms[m], 4096, 3, qkv);
+            mm_res o = bench_mm("8B o", qt[t], Ms[m], 4096, 1, n4096);
+            mm_res b = bench_mm("8B gate,up (one launch)", qt[t], Ms[m], 4096, 2, gu);
+            mm_res d = bench_mm("8B down", qt[t], Ms[m], 14336, 1, n4096);
+            if (Ms[m] > 1) continue;
+            mm_res h = bench_mm("head 128256x4096", qt[t], 1, 4096, 1, head);
+            double lt = a.t + o.t + b.t + d.t, lb = a.bytes + o.bytes + b.bytes + d.bytes;
+            double tok = 32 * lt + h.t;
+            printf("8B %s decode, matrix products only (32 layers + head): %.2f ms per token, at most %.0f tokens/s, "
+                   "%.1f%% of copy bandwidth\n",
+                   ember_dtype_get(qt[t])->name, tok * 1e3, 1.0 / tok, 100.0 * (32 * lb + h.bytes) / tok / g_copy_bw);
+        }
 }
 
 /* ---- decode-kernel shapes ------------------------------------------------------------------ */
@@ -487,7 +517,7 @@ static void bench_attention(int rows, int ctx) {
 }
 
 int main(int argc, char **argv) {
-    int device = 0, quick = 0, attn_only = 0;
+    int device = 0, quick = 0, attn_only = 0, quant_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = atoi(argv[++i]);
@@ -497,8 +527,10 @@ int main(int argc, char **argv) {
             quick = 1;
         else if (!strcmp(argv[i], "--attn"))
             attn_only = 1;
+        else if (!strcmp(argv[i], "--quant"))
+            quant_only = 1;
         else {
-            fprintf(stderr, "usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn]\n");
+            fprintf(stderr, "usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn] [--quant]\n");
             return 2;
         }
     }
@@ -521,6 +553,12 @@ int main(int argc, char **argv) {
     printf("| what | dtype | M | us (graph) | GB/s | %% of copy | TFLOP/s | us (launches) |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     bench_copy();
+    if (quant_only) { /* the quantized products alone */
+        bench_quant(quick);
+        free(g_rand);
+        ember_backend_free(g_be);
+        return 0;
+    }
     printf("\nbatched decode attention, Llama-3.1-8B layer (32 query heads, 8 KV heads of 128, bf16 KV), each row over\n"
            "its own context, the tc order's split mode by kernel (GB/s: KV bytes read; %% of copy: of the copy's\n"
            "read bandwidth, half the read + write figure):\n\n");
@@ -548,6 +586,12 @@ int main(int argc, char **argv) {
         r = bench_mm("4096x14336", EMBER_BF16, Ms[m], 14336, 1, n4096);
         if (m == 0) down = r;
     }
+    printf("\nquantized weights (cuda_qmm.cu; GB/s of the weight bytes, input and output):\n\n");
+    printf("| what | dtype | M | us (graph) | GB/s | %% of copy | TFLOP/s | us (launches) |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    bench_quant(quick);
+    printf("\n| what | dtype | M | us (graph) | GB/s | %% of copy | TFLOP/s | us (launches) |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     bench_mm("4096x4096", EMBER_F16, 1, 4096, 1, n4096);
     bench_mm("4096x4096", EMBER_F32, 1, 4096, 1, n4096);
     mm_res hd = bench_mm("head 128256x4096", EMBER_BF16, 1, 4096, 1, head);

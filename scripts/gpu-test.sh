@@ -21,6 +21,8 @@
 #        EMBER_SHARED_DIR=DIR: the fixtures for the model test (a copy inside the
 #                         checkout when ../shared does not travel to the GPU machine)
 #        MODEL_BENCH="llama3.2-1b llama3.1-8b": whole-model ember bench on the GPU (mkmodel presets)
+#        MODEL_QUANT="q4_0 q4_k_m": each MODEL_BENCH preset also quantized (ember quantize) to these
+#                         GGUF types and benched the same way
 #        MODEL_BENCH_ALSO="ENVS;ENVS": each MODEL_BENCH preset benched again once per item, with the
 #                         variables ENVS set (e.g. "EMBER_CUDA_ATTN_TC=0": the attention of before)
 #        SKIP_CUBLAS=1: no cuBLAS reference (bench/cublas_ref.c, built where the toolkit has cuBLAS:
@@ -172,6 +174,17 @@ if [ -n "${MODEL_BENCH:-}" ]; then
         ${MODEL_BENCH_ARGS:--p 512 -n 128 -r 3}
       { echo "$preset bf16, ${also[$i]} ember bench --device cuda:0 ${MODEL_BENCH_ARGS:--p 512 -n 128 -r 3}:";
         cat "$OUTDIR/model-bench-$preset-$i.txt"; echo; } | tee -a "$RES"
+    done
+    # MODEL_QUANT="q4_0 q4_k_m q8_0": the preset quantized by ember quantize, benched the same way
+    for qt in ${MODEL_QUANT:-}; do
+      qf="$MD/$preset-$qt.gguf"
+      [ -f "$qf" ] || step "quantize $preset $qt" "$OUTDIR/quantize-$preset-$qt.log" "${RUN_ENV[@]}" \
+        "$BUILD/ember" quantize --model "$MD/$preset" --type "$qt" --out "$qf"
+      step "ember bench --device cuda:0 $preset $qt" "$OUTDIR/model-bench-$preset-$qt.txt" "${RUN_ENV[@]}" \
+        timeout "${BENCH_TIMEOUT:-240}" "$BUILD/ember" bench --device cuda:0 --model "$qf" \
+        ${MODEL_BENCH_ARGS:--p 512 -n 128 -r 3}
+      { echo "$preset $qt, ember bench --device cuda:0 ${MODEL_BENCH_ARGS:--p 512 -n 128 -r 3}:";
+        cat "$OUTDIR/model-bench-$preset-$qt.txt"; echo; } | tee -a "$RES"
     done
   done
 fi

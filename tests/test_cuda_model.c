@@ -23,6 +23,11 @@
  *     can end (logits read back; greedy ids from the forward), and the
  *     graphs were really captured and replayed (llama_bf16 f32 and bf16 KV,
  *     gemma2; quick: llama);
+ *   - quantized models (`ember quantize` to q8_0, q4_0, q4_k_m of the fixtures,
+ *     and of a random llama with rows of 256 so Q4_K / Q6_K run): greedy ids
+ *     the CPU's, logits within 3e-2 (8-bit input levels can round apart),
+ *     batch invariant
+ *     (EMBER_CUDA_MODEL_QUANT=1: these alone);
  *   - the refusals: a quantized KV kind, and a device index past the last.
  *   - gemma4_text and gemma4_text_ple the same way (f16 at 1e-2, as
  *     test_gemma4.c), and gemma4_text_moe.
@@ -38,6 +43,7 @@
 #include "engine/engine.h"
 #include "fixture.h"
 #include "model/model.h"
+#include "model/quantize.h"
 
 static const char *const k_families[] = {"llama",     "llama_bf16", "qwen2",      "qwen3",        "mistral",
                                          "phi3",      "gemma2",     "gemma3_text", "qwen3_moe",   "glm4_moe",
@@ -323,6 +329,124 @@ static void run_graphs(const char *family, const char *kv) {
     fixture_close(&f);
 }
 
+/* The largest value of x [n] minus the second largest. */
+static float top2_margin(const float *x, int n) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (x[i] > a) {
+            b = a;
+            a = x[i];
+        } else if (x[i] > b) {
+            b = x[i];
+        }
+    }
+    return a - b;
+}
+
+/* Quantized models' mark for GPU against CPU logits, relative to the
+   largest: the matrix products give the CPU's bits for the same input, but
+   attention, norms and RoPE differ in the last bits, and a difference that
+   moves an input across a rounding boundary of its 8-bit quantization moves
+   a level by one (about 1/127 of the block's largest value); on a random
+   model with rows of 256 such moves reached 0.9% of the largest logit. */
+#define QTOL 3e-2f
+
+/* A quantized model on the GPU against the same file on the CPU: the
+   fixture family (or, with cfg, a random model of that config whose rows
+   are multiples of 256, so the K types run) written by `ember quantize`'s
+   library call as scheme. Each prompt alone: every logit within QTOL of the
+   largest CPU logit, the 24 greedy ids the CPU's (up to a step where the
+   CPU's top two were closer than twice the largest difference); the three
+   prompts together give the bits of each alone on the GPU. */
+static void run_quant(const char *family, const char *scheme, const char *cfg) {
+    fixture f;
+    fixture_open(&f, family);
+    char src[700], out[800];
+    snprintf(src, sizeof src, "%s", f.dir);
+    if (cfg) {
+        char cpath[700], cmd[2400];
+        snprintf(cpath, sizeof cpath, "%s/cuda-q-%s.json", EMBER_TEST_TMP, family);
+        snprintf(src, sizeof src, "%s/cuda-q-%s", EMBER_TEST_TMP, family);
+        FILE *fp = fopen(cpath, "w");
+        CHECK(fp != NULL);
+        if (!fp) {
+            fixture_close(&f);
+            return;
+        }
+        fputs(cfg, fp);
+        fclose(fp);
+        snprintf(cmd, sizeof cmd, "%s mkmodel --config %s --out %s --dtype f32 --std 0.02 --seed 7 >/dev/null",
+                 EMBER_BIN, cpath, src);
+        CHECK(system(cmd) == 0);
+    }
+    snprintf(out, sizeof out, "%s/cuda-%s-%s%s.gguf", EMBER_TEST_TMP, family, scheme, cfg ? "-256" : "");
+    ember_qscheme qs;
+    CHECK(ember_qscheme_parse(scheme, &qs));
+    ember_error err = {0};
+    int rc = ember_quantize_to_gguf(src, out, qs, &err);
+    CHECKF(rc == EMBER_OK, "quantize %s %s: %s", family, scheme, err.msg);
+    ember_model *mg = rc ? NULL : load_gpu(out, "f32", 3, 512);
+    ember_model *mc = rc ? NULL : fx_load_model(out, EMBER_ISA_AUTO, 2, 3);
+    CHECKF(mg && mc, "%s %s: loading failed", family, scheme);
+    if (!mg || !mc) {
+        ember_model_free(mg);
+        ember_model_free(mc);
+        fixture_close(&f);
+        return;
+    }
+    ember_model_info info;
+    ember_model_get_info(mg, &info);
+    const int V = info.vocab_size;
+    float *lg[3], *lc[3], *lt[3];
+    int32_t ig[3][GEN], ic[3][GEN], it[3][GEN];
+    size_t sz[3];
+    float worst = 0;
+    for (int i = 0; i < 3; i++) {
+        sz[i] = (size_t)(f.p[i].n + GEN - 1) * (size_t)V;
+        lg[i] = malloc(sz[i] * sizeof(float));
+        lc[i] = malloc(sz[i] * sizeof(float));
+        lt[i] = malloc(sz[i] * sizeof(float));
+        if (gen(mg, &f, &i, 1, &lg[i], &ig[i]) || gen(mc, &f, &i, 1, &lc[i], &ic[i])) continue;
+        float ref = max_abs(lc[i], sz[i]), d = 0;
+        for (size_t k = 0; k < sz[i]; k++) d = fmaxf(d, fabsf(lg[i][k] - lc[i][k]));
+        CHECKF(d <= QTOL * ref, "%s %s p%d: max |gpu - cpu| logit %g (rel %g)", family, scheme, i, d, d / ref);
+        worst = fmaxf(worst, d / ref);
+        int s = 0; /* the first step whose id differs: only where the CPU's top two were within the difference */
+        while (s < GEN && ig[i][s] == ic[i][s]) s++;
+        CHECKF(s == GEN || top2_margin(lc[i] + (size_t)(f.p[i].n - 1 + s) * V, V) <= 2 * d,
+               "%s %s p%d: greedy ids differ from the CPU's from step %d", family, scheme, i, s);
+    }
+    const int all[3] = {0, 1, 2};
+    if (!gen(mg, &f, all, 3, lt, it))
+        for (int i = 0; i < 3; i++)
+            CHECKF(!memcmp(lg[i], lt[i], sz[i] * sizeof(float)) && !memcmp(ig[i], it[i], sizeof ig[i]),
+                   "%s %s p%d: logits in a batch of three differ from alone", family, scheme, i);
+    fprintf(stderr, "%-12s cuda:0 %-7s%s greedy ids the CPU's, worst relative logit difference %.3g; batch invariant\n",
+            family, scheme, cfg ? " (rows of 256)" : "", worst);
+    for (int i = 0; i < 3; i++) {
+        free(lg[i]);
+        free(lc[i]);
+        free(lt[i]);
+    }
+    ember_model_free(mg);
+    ember_model_free(mc);
+    fixture_close(&f);
+}
+
+/* quantized models: the 32-element types on the fixtures' shapes, the K types on rows of 256 */
+static void test_quant(void) {
+    static const char *const k256 =
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 512,"
+        " \"hidden_size\": 256, \"intermediate_size\": 512, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
+        " \"num_key_value_heads\": 2, \"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-05,"
+        " \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
+    run_quant("llama", "q8_0", NULL);
+    run_quant("llama", "q4_0", NULL);
+    run_quant("qwen2", "q4_k_m", NULL);
+    run_quant("llama", "q4_k_m", k256);
+    run_quant("llama", "q8_0", k256);
+}
+
 static void test_refusals(void) {
     fixture f;
     fixture_open(&f, "llama");
@@ -356,6 +480,10 @@ int main(void) {
     }
     shared_dir();
     test_refusals();
+    if (getenv("EMBER_CUDA_MODEL_QUANT")) { /* the quantized models alone */
+        test_quant();
+        return test_done();
+    }
     if (getenv("EMBER_CUDA_MODEL_QUICK")) { /* under compute-sanitizer: three families, f32 */
         run_family("llama", "f32", 1e-4f);
         run_graphs("llama", "f32");
@@ -388,6 +516,7 @@ int main(void) {
         run_family(k_families[k], "f16", 1e-3f);
         run_family(k_families[k], "bf16", 1e-2f);
     }
+    test_quant();
     /* Gemma 4 (gemma4.c): every layout, MoE included; f16 at test_gemma4.c's mark (scores unscaled) */
     static const char *const g4[] = {"gemma4_text", "gemma4_text_ple", "gemma4_text_moe"};
     for (size_t k = 0; k < sizeof g4 / sizeof g4[0]; k++) {

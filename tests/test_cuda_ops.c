@@ -16,6 +16,14 @@
  *     one row on against the CPU, then a row's bits against the row alone
  *     (the per-warp kernel) for every kind and the launcher's pick, at M =
  *     64 to 700 and in grids the pick takes, and with EMBER_CUDA_MM_WG=0;
+ *   - quantized weights (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K; cuda_qmm.cu):
+ *     every output bit-identical to the CPU's canonical dot products, for M
+ *     = 1 to 600 (the dp4a kernel to 8 rows, the int8 tensor-core kernel of
+ *     the 32-element types from 9 with 1 and 2 slices a warp), K from
+ *     one block to many, ragged N, bias, inputs with a
+ *     zero row, a NaN and a huge element, tiny rows; mixed types and a bf16
+ *     product in one call; get_rows the CPU's bits; too many output rows
+ *     refused;
  *   - paged KV over shuffled block tables (f32, f16, bf16; head sizes 64
  *     to 256, grouped queries): kv_write stores the CPU's bytes exactly,
  *     kv_read gives its values exactly, attention (windows, soft-capping,
@@ -234,11 +242,11 @@ static void test_get_rows(void) {
             pair_free(&src);
             pair_free(&dst);
         }
-    /* quantized rows: not yet */
+    /* quantized rows of a type without kernels (test_qmatmul has the others) */
     ember_tensor q, dst;
     ember_buffer *qb, *db;
     int64_t qs[2] = {4, 64}, ds[2] = {1, 64};
-    CHECK(ember_tensor_alloc(g_gpu, &q, &qb, EMBER_Q8_0, 2, qs, &err) == EMBER_OK);
+    CHECK(ember_tensor_alloc(g_gpu, &q, &qb, EMBER_Q4_1, 2, qs, &err) == EMBER_OK);
     CHECK(ember_tensor_alloc(g_gpu, &dst, &db, EMBER_F32, 2, ds, &err) == EMBER_OK);
     int32_t id = 1;
     CHECK(g_gpu->ops->get_rows(g_gpu, &dst, &q, &id, 1, &err) == EMBER_ERR_UNSUPPORTED);
@@ -351,10 +359,10 @@ static void test_matmul(void) {
     pair_alloc(&o, EMBER_F32, 2, os);
     ember_tensor q;
     ember_buffer *qb;
-    CHECK(ember_tensor_alloc(g_gpu, &q, &qb, EMBER_Q8_0, 2, qs, &err) == EMBER_OK);
+    CHECK(ember_tensor_alloc(g_gpu, &q, &qb, EMBER_Q4_1, 2, qs, &err) == EMBER_OK);
     ember_matmul mm = {&o.g, &q, NULL};
     CHECK(g_gpu->ops->matmul(g_gpu, &x.g, 1, &mm, &err) == EMBER_ERR_UNSUPPORTED);
-    CHECKF(strstr(err.msg, "q8_0") && strstr(err.msg, "not supported yet"), "%s", err.msg);
+    CHECKF(strstr(err.msg, "q4_1") && strstr(err.msg, "not supported yet"), "%s", err.msg);
     ember_matmul nine[9];
     for (int i = 0; i < 9; i++) nine[i] = mm;
     CHECK(g_gpu->ops->matmul(g_gpu, &x.g, 9, nine, &err) == EMBER_ERR_INVALID_ARG);
@@ -363,6 +371,165 @@ static void test_matmul(void) {
     ember_buffer_free(qb);
     pair_free(&x);
     pair_free(&o);
+}
+
+/* ---- quantized weights (cuda_qmm.cu) --------------------------------------------------------- */
+
+static const ember_dtype k_qtypes[] = {EMBER_Q8_0, EMBER_Q4_0, EMBER_Q5_0, EMBER_Q4_K, EMBER_Q5_K, EMBER_Q6_K};
+#define N_QTYPES ((int)(sizeof k_qtypes / sizeof k_qtypes[0]))
+
+/* A [N, K] weight of quantized type dt with the same random blocks on both
+   backends: random bytes, the f16 scales (d, and dmin of Q4_K / Q5_K) set
+   to finite values, one block in 16 with d = 0. */
+static void q_rand(pair *p, ember_dtype dt, int64_t N, int64_t K) {
+    int64_t ws[2] = {N, K};
+    pair_alloc(p, dt, 2, ws);
+    const ember_dtype_info *di = ember_dtype_get(dt);
+    unsigned char *h = malloc(p->g.nbytes + 1);
+    for (size_t i = 0; i < p->g.nbytes; i++) h[i] = (unsigned char)(rnd() >> 3);
+    size_t nb = p->g.nbytes / di->block_bytes, doff = dt == EMBER_Q6_K ? 208 : 0;
+    for (size_t b = 0; b < nb; b++) {
+        unsigned char *blk = h + b * di->block_bytes;
+        uint16_t d = ember_f32_to_f16(rnd() % 16 == 0 ? 0.0f : frnd() * 0.05f);
+        memcpy(blk + doff, &d, 2);
+        if (dt == EMBER_Q4_K || dt == EMBER_Q5_K) {
+            uint16_t m = ember_f32_to_f16(frnd() * 0.05f);
+            memcpy(blk + 2, &m, 2);
+        }
+    }
+    ember_error err;
+    CHECKF(g_gpu->ops->write(g_gpu, &p->g, 0, h, p->g.nbytes, &err) == EMBER_OK, "write: %s", err.msg);
+    CHECKF(g_cpu->ops->write(g_cpu, &p->c, 0, h, p->c.nbytes, &err) == EMBER_OK, "write: %s", err.msg);
+    free(h);
+}
+
+/* Products of one input [M, K] with n weights (quantized types, or float
+   ones compared within TOL), against the CPU backend: every quantized output
+   bit-identical. xkind 1: row 0 all zeros, row 1 (when M > 1) with a NaN
+   element and one of 1e30 (so its other levels are 0), the last row scaled
+   by 1e-30. */
+static void check_qmatmul(int M, int K, int n, const ember_dtype *dts, const int *N, const bool *bias, int xkind) {
+    ember_error err;
+    pair x, w[8], b[8], o[8];
+    int64_t xs[2] = {M, K};
+    pair_alloc(&x, EMBER_F32, 2, xs);
+    float *xh = malloc((size_t)M * (size_t)K * 4);
+    for (size_t i = 0; i < (size_t)M * (size_t)K; i++) xh[i] = frnd();
+    if (xkind == 1) {
+        memset(xh, 0, (size_t)K * 4);
+        if (M > 1) {
+            xh[(size_t)K + 3] = NAN;
+            xh[(size_t)K + (size_t)K / 2] = 1e30f;
+        }
+        if (M > 2)
+            for (int k = 0; k < K; k++) xh[(size_t)(M - 1) * K + k] *= 1e-30f;
+    }
+    CHECK(g_gpu->ops->write(g_gpu, &x.g, 0, xh, x.g.nbytes, &err) == EMBER_OK);
+    CHECK(g_cpu->ops->write(g_cpu, &x.c, 0, xh, x.c.nbytes, &err) == EMBER_OK);
+    free(xh);
+    ember_matmul mg[8], mc[8];
+    for (int i = 0; i < n; i++) {
+        int64_t ws[2] = {N[i], K}, bs[1] = {N[i]}, os[2] = {M, N[i]};
+        if (ember_dtype_get(dts[i])->block_elems > 1)
+            q_rand(&w[i], dts[i], N[i], K);
+        else
+            pair_rand(&w[i], dts[i], 2, ws);
+        if (bias[i]) pair_rand(&b[i], EMBER_F32, 1, bs);
+        pair_alloc(&o[i], EMBER_F32, 2, os);
+        poison(g_gpu, &o[i].g);
+        mg[i] = (ember_matmul){&o[i].g, &w[i].g, bias[i] ? &b[i].g : NULL};
+        mc[i] = (ember_matmul){&o[i].c, &w[i].c, bias[i] ? &b[i].c : NULL};
+    }
+    int rg = g_gpu->ops->matmul(g_gpu, &x.g, n, mg, &err);
+    CHECKF(rg == EMBER_OK, "gpu matmul: %s", err.msg);
+    int rc = g_cpu->ops->matmul(g_cpu, &x.c, n, mc, &err);
+    CHECKF(rc == EMBER_OK, "cpu matmul: %s", err.msg);
+    for (int i = 0; i < n; i++) {
+        char what[112];
+        snprintf(what, sizeof what, "matmul %s M%d K%d N%d bias%d x%d (product %d of %d)",
+                 ember_dtype_get(dts[i])->name, M, K, N[i], bias[i], xkind, i, n);
+        if (ember_dtype_get(dts[i])->block_elems > 1 && !rg && !rc) {
+            float *g = read_f32(g_gpu, &o[i].g), *c = read_f32(g_cpu, &o[i].c);
+            size_t cnt = (size_t)M * (size_t)N[i], diff = 0, first = 0;
+            for (size_t k = 0; k < cnt; k++)
+                if (memcmp(&g[k], &c[k], 4) && diff++ == 0) first = k;
+            CHECKF(diff == 0, "%s: %zu of %zu outputs differ from the CPU's bits (first [%zu][%zu]: %.9g vs %.9g)",
+                   what, diff, cnt, first / (size_t)N[i], first % (size_t)N[i], g[first], c[first]);
+            free(g);
+            free(c);
+        } else if (!rg && !rc) {
+            compare(&o[i], what);
+        }
+        pair_free(&w[i]);
+        pair_free(&o[i]);
+        if (bias[i]) pair_free(&b[i]);
+    }
+    pair_free(&x);
+}
+
+static void test_qmatmul(void) {
+    const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 64};
+    const int K32[] = {32, 96, 1024, 4128}, K256[] = {256, 768, 4096};
+    for (int t = 0; t < N_QTYPES; t++) {
+        const bool k256 = ember_dtype_get(k_qtypes[t])->block_elems == 256;
+        const int nk = k256 ? 3 : 4;
+        for (int k = 0; k < nk; k++)
+            for (int m = 0; m < (int)(sizeof Ms / sizeof Ms[0]); m++) {
+                const int N = 67;
+                const bool bias = (m + k) % 2;
+                check_qmatmul(Ms[m], k256 ? K256[k] : K32[k], 1, &k_qtypes[t], &N, &bias, (m + k) % 3 == 1);
+            }
+        /* decode-sized: one row, many blocks and rows */
+        const int bigN = 4099;
+        const bool nob = false;
+        check_qmatmul(1, 4096, 1, &k_qtypes[t], &bigN, &nob, 0);
+        check_qmatmul(8, 4096, 1, &k_qtypes[t], &bigN, &nob, 0);
+        check_qmatmul(64, 4096, 1, &k_qtypes[t], &bigN, &nob, 1); /* tensor cores: 2 slices a warp */
+        if (!k256) { /* the tensor-core kernel over many slices, 2 a warp at 600 rows (its grid passes 4,096 warps) */
+            const int n2048 = 2048, n2000 = 2000;
+            check_qmatmul(256, 96, 1, &k_qtypes[t], &n2048, &nob, 0);
+            check_qmatmul(600, 96, 1, &k_qtypes[t], &n2000, &nob, 1);
+        }
+    }
+    /* products of mixed types sharing the input (quantized launches after the float ones) */
+    const ember_dtype mix[6] = {EMBER_Q4_K, EMBER_Q8_0, EMBER_BF16, EMBER_Q6_K, EMBER_Q4_0, EMBER_Q4_K};
+    const int Ns[6] = {130, 1, 33, 300, 17, 9};
+    const bool bias[6] = {true, false, false, true, false, true};
+    check_qmatmul(1, 512, 6, mix, Ns, bias, 0);
+    check_qmatmul(7, 512, 6, mix, Ns, bias, 0); /* (x kind 1's NaN would reach the bf16 product's outputs) */
+    check_qmatmul(40, 512, 6, mix, Ns, bias, 0);
+    /* get_rows: exact dequantization, the CPU's bits */
+    ember_error err;
+    for (int t = 0; t < N_QTYPES; t++) {
+        const int64_t R = 40, D = ember_dtype_get(k_qtypes[t])->block_elems == 256 ? 768 : 96;
+        pair src, dst;
+        int64_t ds[2] = {5, D};
+        q_rand(&src, k_qtypes[t], R, D);
+        pair_alloc(&dst, EMBER_F32, 2, ds);
+        poison(g_gpu, &dst.g);
+        int32_t ids[5] = {0, 39, 7, 7, 20};
+        CHECK(g_gpu->ops->get_rows(g_gpu, &dst.g, &src.g, ids, 5, &err) == EMBER_OK);
+        CHECK(g_cpu->ops->get_rows(g_cpu, &dst.c, &src.c, ids, 5, &err) == EMBER_OK);
+        float *g = read_f32(g_gpu, &dst.g), *c = read_f32(g_cpu, &dst.c);
+        CHECKF(!memcmp(g, c, dst.g.nbytes), "get_rows %s: not the CPU's bits", ember_dtype_get(k_qtypes[t])->name);
+        free(g);
+        free(c);
+        pair_free(&src);
+        pair_free(&dst);
+    }
+    /* more output rows than one launch takes: an error, nothing launched */
+    pair q;
+    int64_t big[2] = {8 * 65536, 32}, bxs[2] = {1, 32}, bos[2] = {1, 8 * 65536};
+    q_rand(&q, EMBER_Q8_0, big[0], big[1]);
+    pair bx, bo;
+    pair_rand(&bx, EMBER_F32, 2, bxs);
+    pair_alloc(&bo, EMBER_F32, 2, bos);
+    ember_matmul bm = {&bo.g, &q.g, NULL};
+    CHECK(g_gpu->ops->matmul(g_gpu, &bx.g, 1, &bm, &err) == EMBER_ERR_INVALID_ARG);
+    CHECKF(strstr(err.msg, "quantized output rows"), "%s", err.msg);
+    pair_free(&q);
+    pair_free(&bx);
+    pair_free(&bo);
 }
 
 /* ---- batch invariance ------------------------------------------------------------------------ */
@@ -995,7 +1162,7 @@ static void test_kv_attention(void) {
     CHECK(g_gpu->ops->kv_write(g_gpu, &gm, &k.g, &k.g, &err) == EMBER_ERR_UNSUPPORTED);
     CHECKF(strstr(err.msg, "q8 KV kind is not supported yet") && !strchr(err.msg, '\n'), "%s", err.msg);
     CHECK(!g_gpu->ops->kv_ok(EMBER_KVE_Q8) && g_gpu->ops->kv_ok(EMBER_KVE_BF16));
-    CHECK(!g_gpu->ops->weight_ok(EMBER_Q4_K) && g_gpu->ops->weight_ok(EMBER_BF16));
+    CHECK(!g_gpu->ops->weight_ok(EMBER_Q4_1) && g_gpu->ops->weight_ok(EMBER_Q4_K) && g_gpu->ops->weight_ok(EMBER_BF16));
     /* a position outside the row's blocks */
     pos = 40;
     gm = kv_map(&kp, true, &row, &pos);
@@ -1213,6 +1380,7 @@ int main(void) {
     } groups[] = {{"buffers", test_buffers},         {"get_rows", test_get_rows},
                   {"rms_norm", test_rms_norm},       {"matmul", test_matmul},
                   {"batch_invariance", test_batch_invariance}, {"matmul_wg", test_matmul_wg},
+                  {"qmatmul", test_qmatmul},
                   {"rope", test_rope},
                   {"elementwise", test_elementwise}, {"copy", test_copy},
                   {"kv_attention", test_kv_attention}, {"add_rms_norm", test_add_rms_norm},

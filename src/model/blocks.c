@@ -126,7 +126,7 @@ static int check_backend_dtype(ember_loader *L, const char *file, const char *na
     const ember_backend *be = L->m->be;
     if (!be->ops->weight_ok || be->ops->weight_ok(dt)) return EMBER_OK;
     return ember_err(L->err, EMBER_ERR_UNSUPPORTED,
-                     "%s: tensor '%s' is %s, which the %s backend does not support yet (f32, f16 and bf16 are)", file,
+                     "%s: tensor '%s' is %s, which the %s backend does not support yet", file,
                      name, ember_dtype_get(dt)->name, be->ops->name);
 }
 

@@ -38,8 +38,14 @@
  * launches into a CUDA graph and replay it while the step's launches stay
  * the same (the section "step graphs"; EMBER_CUDA_GRAPHS=0 turns them off).
  *
- * Not here yet: the quantized KV codecs (Q8, Q4, TQ) and quantized weights
- * (EMBER_ERR_UNSUPPORTED, refused at load through weight_ok / kv_ok).
+ * Quantized weights (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K; cuda_qmm.cu): a
+ * matmul quantizes its input once per activation kind into device scratch
+ * the backend owns (grown on demand, like the attention scratch), then runs
+ * one launch per weight type; the results are the CPU backend's bits.
+ *
+ * Not here yet: the quantized KV codecs (Q8, Q4, TQ) and the other weight
+ * types (Q4_1, Q5_1, the other K types, MLX; EMBER_ERR_UNSUPPORTED, refused at
+ * load through weight_ok / kv_ok).
  */
 #include <math.h>
 #include <stdint.h>
@@ -139,6 +145,8 @@ typedef struct cuda_backend {
     int32_t *ids_dev; /* argmax_rows' ids [am_rows], counters [am_rows], candidates */
     size_t am_rows;   /* rows and row length the candidates have room for */
     int64_t am_V;
+    void *qact;          /* device scratch of quantized matmuls: the input quantized (cuda_qmm.cu) */
+    size_t qact_cap;     /* bytes */
     float *delta_scratch; /* device scratch of delta_net, grown on demand */
     size_t delta_cap;     /* bytes */
     ember_cu_kv_ref *refs_h; /* host staging of a KV map's tables */
@@ -309,8 +317,14 @@ static int cuda_buffer_alloc(ember_backend *be, size_t size, ember_buffer **out,
     if (rc) return rc;
     ember_buffer *b = ember_calloc(1, sizeof *b);
     if (!b) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    if (size > SIZE_MAX - 16) {
+        free(b);
+        return ember_err(err, EMBER_ERR_NOMEM, "cuda: cannot allocate %zu bytes", size);
+    }
     void *d = NULL;
-    cudaError_t e = cudaMalloc(&d, size ? size : 1);
+    /* 16 bytes past the end: the quantized kernels read whole aligned words,
+       up to 4 bytes past a block that ends a buffer (cuda_qmm.cu) */
+    cudaError_t e = cudaMalloc(&d, size + 16);
     if (e == cudaSuccess) e = cudaMemsetAsync(d, 0, size, c->stream);
     if (e != cudaSuccess) {
         if (d) cudaFree(d);
@@ -940,11 +954,25 @@ static int cu_dtype(ember_dtype d) {
     return d == EMBER_F32 ? EMBER_CU_F32 : d == EMBER_F16 ? EMBER_CU_F16 : d == EMBER_BF16 ? EMBER_CU_BF16 : -1;
 }
 
+/* EMBER_CU_Q* for a quantized dtype the kernels take, -1 otherwise. */
+static int cu_qtype(ember_dtype d) {
+    switch (d) {
+    case EMBER_Q8_0: return EMBER_CU_Q8_0;
+    case EMBER_Q4_0: return EMBER_CU_Q4_0;
+    case EMBER_Q5_0: return EMBER_CU_Q5_0;
+    case EMBER_Q4_K: return EMBER_CU_Q4_K;
+    case EMBER_Q5_K: return EMBER_CU_Q5_K;
+    case EMBER_Q6_K: return EMBER_CU_Q6_K;
+    default: return -1;
+    }
+}
+
 /* The error for a weight dtype this backend has no kernels for yet. */
 static int unsupported_weight(ember_dtype d, const char *op, ember_error *err) {
     return ember_err(err, EMBER_ERR_UNSUPPORTED,
-                     "%s on CUDA: %s weights are not supported yet (f32, f16 and bf16 are)", op,
-                     ember_dtype_get(d)->name);
+                     "%s on CUDA: %s weights are not supported yet (f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q5_k "
+                     "and q6_k are)",
+                     op, ember_dtype_get(d)->name);
 }
 
 /* ---- ops --------------------------------------------------------------------------------- */
@@ -962,12 +990,15 @@ static int cuda_get_rows(ember_backend *be, ember_tensor *dst, const ember_tenso
     if ((rc = need_f32(be, dst, "get_rows", "dst", err)) || (rc = check_tensor(be, src, "get_rows", "src", err)))
         return rc;
     if (src->ndim != 2) return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: src must be a 2-D tensor");
-    int dt = cu_dtype(src->dtype);
-    if (dt < 0) return unsupported_weight(src->dtype, "get_rows", err);
+    int dt = cu_dtype(src->dtype), qt = cu_qtype(src->dtype);
+    if (dt < 0 && qt < 0) return unsupported_weight(src->dtype, "get_rows", err);
     int64_t D = src->shape[1], R = src->shape[0];
     if (n < 0 || ember_tensor_row_len(dst) != D || ember_tensor_rows(dst) < n)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: dst shape does not fit %d rows of %lld", n,
                          (long long)D);
+    if (qt >= 0 && D % (int64_t)ember_dtype_get(src->dtype)->block_elems)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: rows of %lld are not whole %s blocks", (long long)D,
+                         ember_dtype_get(src->dtype)->name);
     if ((uintptr_t)dev(src) % (dt == EMBER_CU_F32 ? 4u : 2u))
         return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: src is not aligned to its element size");
     for (int i = 0; i < n; i++)
@@ -980,8 +1011,14 @@ static int cuda_get_rows(ember_backend *be, ember_tensor *dst, const ember_tenso
     size_t bytes[1] = {(size_t)n * sizeof *ids};
     void *d_ids;
     if ((rc = upload_args(c, 1, part, bytes, &d_ids, err))) return rc;
-    const uint64_t sg[] = {1, P(dev(dst)), P(dev(src)), (uint64_t)dt, P(d_ids), (uint64_t)n, (uint64_t)D};
+    const uint64_t sg[] = {1, P(dev(dst)), P(dev(src)), (uint64_t)(qt >= 0 ? qt : dt), P(d_ids), (uint64_t)n,
+                           (uint64_t)D};
     if (g_skip(c, sg, 7)) return EMBER_OK;
+    if (qt >= 0) {
+        size_t row = (size_t)(D / (int64_t)ember_dtype_get(src->dtype)->block_elems) *
+                     ember_dtype_get(src->dtype)->block_bytes;
+        return launched(c, ember_cu_qget_rows(c->stream, dev(dst), dev(src), qt, row, d_ids, n, D), "get_rows", err);
+    }
     return launched(c, ember_cu_get_rows(c->stream, dev(dst), dev(src), dt, d_ids, n, D), "get_rows", err);
 }
 
@@ -1003,6 +1040,92 @@ static int cuda_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tenso
                     "rms_norm", err);
 }
 
+/* The quantized products of a checked matmul (cuda_matmul): one launch per
+   weight type, products in order inside it, after the input is quantized
+   once per activation kind (the 32-element types share one, the K types
+   another) into c->qact. */
+static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_matmul *mm, ember_error *err) {
+    const int M = (int)ember_tensor_rows(x), K = (int)ember_tensor_row_len(x);
+    size_t need = 0, off256 = 0;
+    bool any32 = false, any256 = false;
+    int64_t rows[EMBER_CU_Q6_K + 1] = {0}, prods[EMBER_CU_Q6_K + 1] = {0};
+    for (int i = 0; i < n; i++) {
+        int qt = cu_qtype(mm[i].w->dtype);
+        if (qt < 0) continue;
+        bool k256 = qt == EMBER_CU_Q4_K || qt == EMBER_CU_Q5_K || qt == EMBER_CU_Q6_K;
+        any256 |= k256;
+        any32 |= !k256;
+        rows[qt] += mm[i].w->shape[0];
+        prods[qt]++;
+    }
+    if (!any32 && !any256) return EMBER_OK;
+    for (int qt = EMBER_CU_Q8_0; qt <= EMBER_CU_Q6_K; qt++) /* a launch's blocks of 8 rows (or 16) fit its grid */
+        if ((rows[qt] + 7) / 8 + prods[qt] > 65535)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: %lld quantized output rows of one type (at most %lld)",
+                             (long long)rows[qt], (long long)(8 * (65535 - prods[qt])));
+    if (any32) need = (ember_cu_qact_bytes(EMBER_CU_Q8_0, M, K) + 255) & ~(size_t)255;
+    off256 = need;
+    if (any256) need += ember_cu_qact_bytes(EMBER_CU_Q4_K, M, K);
+    if (need > c->qact_cap) {
+        if (g_cannot(c)) return EMBER_OK;
+        graphs_clear(c); /* they point at the old scratch */
+        CU_TRY(cudaStreamSynchronize(c->stream), "quantized matmul scratch"); /* queued kernels may use it */
+        if (c->qact) CU_TRY(cudaFree(c->qact), "quantized matmul scratch");
+        c->qact = NULL;
+        c->qact_cap = 0;
+        size_t cap = need + need / 4;
+        cudaError_t e = cudaMalloc(&c->qact, cap);
+        if (e != cudaSuccess) {
+            cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+            c->qact = NULL;
+            return cuda_fail(err, e, "allocating quantized matmul scratch");
+        }
+        c->qact_cap = cap;
+    }
+    int rc;
+    for (int kind = 0; kind < 2; kind++) {
+        if (!(kind ? any256 : any32)) continue;
+        const int qa = kind ? EMBER_CU_Q4_K : EMBER_CU_Q8_0;
+        void *act = (char *)c->qact + (kind ? off256 : 0);
+        const uint64_t sa[] = {20, P(dev(x)), P(act), (uint64_t)M, (uint64_t)K, (uint64_t)kind};
+        if (!g_skip(c, sa, 6) &&
+            (rc = launched(c, ember_cu_qact(c->stream, qa, dev(x), act, M, K), "matmul: quantize input", err)))
+            return rc;
+        for (int qt = EMBER_CU_Q8_0; qt <= EMBER_CU_Q6_K; qt++) {
+            bool k256 = qt == EMBER_CU_Q4_K || qt == EMBER_CU_Q5_K || qt == EMBER_CU_Q6_K;
+            if (k256 != (kind == 1)) continue;
+            ember_cu_qmm a = {.act = act, .M = M, .K = K, .qtype = qt, .n = 0};
+            int64_t Nt = 0;
+            ember_dtype qd = EMBER_F32;
+            for (int i = 0; i < n; i++) {
+                if (cu_qtype(mm[i].w->dtype) != qt) continue;
+                qd = mm[i].w->dtype;
+                a.p[a.n++] = (ember_cu_mm_prod){.w = dev(mm[i].w),
+                                                .out = dev(mm[i].out),
+                                                .bias = mm[i].bias ? dev(mm[i].bias) : NULL,
+                                                .N = (int)mm[i].w->shape[0]};
+                Nt += mm[i].w->shape[0];
+            }
+            if (!a.n) continue;
+            char name[64] = "matmul";
+            if (c->prof)
+                snprintf(name, sizeof name, "matmul %s M=%d N=%lld K=%d", ember_dtype_get(qd)->name, M,
+                         (long long)Nt, K);
+            uint64_t sg[5 + 4 * EMBER_CU_MAX_MM] = {21, P(act), (uint64_t)M, (uint64_t)K, (uint64_t)qt};
+            int ns = 5;
+            for (int i = 0; i < a.n; i++) {
+                sg[ns++] = P(a.p[i].w);
+                sg[ns++] = P(a.p[i].out);
+                sg[ns++] = P(a.p[i].bias);
+                sg[ns++] = (uint64_t)a.p[i].N;
+            }
+            if (g_skip(c, sg, ns)) continue;
+            if ((rc = launched(c, ember_cu_qmatmul(c->stream, &a), name, err))) return rc;
+        }
+    }
+    return EMBER_OK;
+}
+
 static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm, ember_error *err) {
     cuda_backend *c = cu(be);
     int rc = need_f32(be, x, "matmul", "x", err);
@@ -1020,8 +1143,11 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
         if (m->w->ndim != 2 || m->w->shape[1] != K)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: weight must be a 2-D [N, %lld] tensor",
                              (long long)K);
-        int dt = cu_dtype(m->w->dtype);
-        if (dt < 0) return unsupported_weight(m->w->dtype, "matmul", err);
+        int dt = cu_dtype(m->w->dtype), qt = cu_qtype(m->w->dtype);
+        if (dt < 0 && qt < 0) return unsupported_weight(m->w->dtype, "matmul", err);
+        if (qt >= 0 && K % (int64_t)ember_dtype_get(m->w->dtype)->block_elems)
+            return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: K = %lld is not a whole number of %s blocks",
+                             (long long)K, ember_dtype_get(m->w->dtype)->name);
         if ((uintptr_t)dev(m->w) % (dt == EMBER_CU_F32 ? 4u : 2u))
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: weight is not aligned to its element size");
         int64_t N = m->w->shape[0];
@@ -1067,7 +1193,7 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
         if (g_skip(c, sg, ns)) continue;
         if ((rc = launched(c, ember_cu_matmul(c->stream, &a), name, err))) return rc;
     }
-    return EMBER_OK;
+    return qmatmul(c, x, n, mm, err);
 }
 
 /* The checks of rope's x (f32 [T, H, D]) and r; *T, *H, *D on success. */
@@ -1606,6 +1732,7 @@ static void cuda_free(ember_backend *be) {
         if (c->count) cudaFree(c->count);
         if (c->ids_dev) cudaFree(c->ids_dev);
         if (c->delta_scratch) cudaFree(c->delta_scratch);
+        if (c->qact) cudaFree(c->qact);
         if (c->gmode == G_CAPTURE) {
             cudaGraph_t g = NULL;
             if (cudaStreamEndCapture(c->stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
@@ -1625,9 +1752,10 @@ static void cuda_free(ember_backend *be) {
     free(c);
 }
 
-/* What the kernels multiply and gather: float weights only, for now. */
+/* What the kernels multiply and gather: float weights and the quantized
+   types of cuda_qmm.cu. */
 static bool cuda_weight_ok(ember_dtype d) {
-    return cu_dtype(d) >= 0;
+    return cu_dtype(d) >= 0 || cu_qtype(d) >= 0;
 }
 
 static bool cuda_kv_ok(ember_kv_enc e) {

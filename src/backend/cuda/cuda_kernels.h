@@ -19,6 +19,7 @@
 #ifndef EMBER_CUDA_KERNELS_H
 #define EMBER_CUDA_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cuda_runtime_api.h>
@@ -121,6 +122,38 @@ cudaError_t ember_cu_mm_prepare(void);
    loads; bf16 on the tensor cores for every M; f32 / f16 a decode kernel for M <= 8,
    a tiled one above. Every kernel of a dtype gives the same bits. */
 cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a);
+
+/* ---- quantized weights (cuda_qmm.cu) ---- */
+
+/* Block types of quantized weights, as the kernels see them (consecutive). */
+enum { EMBER_CU_Q8_0 = 16, EMBER_CU_Q4_0, EMBER_CU_Q5_0, EMBER_CU_Q4_K, EMBER_CU_Q5_K, EMBER_CU_Q6_K };
+
+/* Products of one input with weights of one quantized type: the CPU's
+   canonical dot products (src/backend/cpu/qkern.h), bit for bit. act holds
+   the input quantized by ember_cu_qact (the same qtype, M and K). */
+typedef struct ember_cu_qmm {
+    const void *act; /* ember_cu_qact_bytes(qtype, M, K) bytes */
+    int M, K;        /* K a multiple of the type's block (32 or 256) */
+    int qtype;       /* EMBER_CU_Q* */
+    int n;           /* products, 1 .. EMBER_CU_MAX_MM */
+    ember_cu_mm_prod p[EMBER_CU_MAX_MM]; /* w: [N, K] row-major blocks, 2-byte aligned */
+} ember_cu_qmm;
+
+/* Bytes of the quantized activations of M rows of K for weights of qtype. */
+size_t ember_cu_qact_bytes(int qtype, int M, int K);
+
+/* act = x [M, K] quantized per row for weights of qtype (the CPU's
+   quantizer: blocks of 32, or of 256 for the K types). */
+cudaError_t ember_cu_qact(cudaStream_t stream, int qtype, const float *x, void *act, int M, int K);
+
+/* out_i = dot(act rows, w_i rows) (+ bias_i) for each product i; sets
+   first_block. cudaErrorInvalidValue for more than 65535 blocks of 8 rows. */
+cudaError_t ember_cu_qmatmul(cudaStream_t stream, ember_cu_qmm *a);
+
+/* dst[i, :] = src[ids[i], :] dequantized exactly (cpu_dequant_row); rows of
+   D elements, row_bytes apart. */
+cudaError_t ember_cu_qget_rows(cudaStream_t stream, float *dst, const void *src, int qtype, size_t row_bytes,
+                               const int32_t *ids, int n, int64_t D);
 
 /* dst[i, :] = src[ids[i], :] as f32; ids is device memory holding n ids,
    each already checked to be in range. */

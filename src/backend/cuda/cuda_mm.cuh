@@ -15,8 +15,9 @@
 
 /* The product that block `blk` works on (the last product whose
    first_block is at most blk); copied field by field with constant indices
-   so the parameter struct stays in parameter space. */
-static __device__ __forceinline__ ember_cu_mm_prod ember_cu_pick_prod(const ember_cu_mm &a, int blk) {
+   so the parameter struct stays in parameter space. A: ember_cu_mm or
+   ember_cu_qmm (cuda_qmm.cu). */
+template <typename A> static __device__ __forceinline__ ember_cu_mm_prod ember_cu_pick_prod(const A &a, int blk) {
     ember_cu_mm_prod p = a.p[0];
 #pragma unroll
     for (int i = 1; i < EMBER_CU_MAX_MM; i++)

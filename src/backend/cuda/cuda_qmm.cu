@@ -1,0 +1,749 @@
+/*
+ * cuda_qmm.cu - quantized weights on the GPU: the activation quantizers,
+ * the matrix products and get_rows for Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and
+ * Q6_K weights, read in the layout the GGUF file holds (row-major blocks,
+ * uploaded as they are; nothing is repacked).
+ *
+ * The numbers are the CPU's, bit for bit. A product is defined once, by
+ * the canonical dot product of src/backend/cpu/qkern.h: each input row is
+ * quantized on its own (blocks of 32 or 256 elements, d = amax / 127,
+ * levels round(x * 127 / amax)), each weight block meets it in an exact
+ * integer sum, and each output is one chain of f32 fused multiply-adds,
+ * block by block in order:
+ *   acc = fmaf(f32(w.d) * y.d, (float)S, acc)                    32-element types, Q6_K
+ *   acc = fmaf(f32(w.d) * y.d, (float)S1, acc);
+ *   acc = fmaf(-(f32(w.dmin) * y.d), (float)S2, acc)             Q4_K, Q5_K
+ * Integer sums are exact in any order, so the GPU may split them among
+ * threads as it likes; the float chain is kept whole. The quantizers
+ * evaluate the CPU's f32 operations (IEEE division, round to nearest even;
+ * nvcc --fmad=false keeps them apart). So a row's outputs never depend on
+ * the rows beside it (batch invariance), and tests/test_cuda_ops.c
+ * compares them with the CPU backend's bit for bit.
+ *
+ * Activations go to a device scratch the backend owns (ember_cu_qact_bytes;
+ * this file's layout, not the CPU's structs): per row, per block of 32
+ * elements { i8 q[32]; f32 d; i32 s; pad } (48 bytes; s = sum of q), and
+ * per block of 256 { i8 q[256]; i32 bs16[16]; f32 d; pad } (336 bytes;
+ * bs16[j] = sum of q[16j .. 16j + 15]).
+ *
+ * The product kernel (qmm_k): a block of 256 threads owns QR = 8 weight rows
+ * (one per warp) and up to MT input rows (1, 2, 4 or 8; more rows take more
+ * blocks along grid x, which reread the weights from L2). K is walked in
+ * chunks: each lane computes the integer sums of UPT units of its warp's row
+ * (a unit: a 32-element block; 64 elements of a Q4_K / Q5_K super-block;
+ * 128 of a Q6_K one) against each input row, and stores them in shared
+ * memory with each block's f32(w.d) * y.d; then QR x MT threads, one per
+ * output, run the chunk's part of the float chain from there. Two sets
+ * alternate, so one barrier a chunk suffices.
+ *
+ * From QTC_MIN_M rows on, the 32-element types run on the tensor cores
+ * (qmm_tc_k): one int8 mma.m16n8k32 is one block of 16 weight rows against 8
+ * input rows, exact, and each lane runs the chain of its 4 outputs (per 8
+ * input rows a warp takes); the loads of TC_AHEAD blocks go out together; the
+ * input is quantized into the mma fragments' order (A32T below).
+ *
+ * Weight bytes are read as aligned 32-bit words (blocks of 18, 22, 34 and 210
+ * bytes start at any even address): ld_words shifts each pair of words by
+ * 0 or 16 bits. The caller checks that weights are 2-byte aligned.
+ *
+ * Ownership: every pointer is device memory owned by the caller; launchers
+ * enqueue and return (cuda_kernels.h).
+ */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda_kernels.h"
+#include "cuda_mm.cuh"
+#include "cuda_pdl.cuh"
+
+/* ---- the types --------------------------------------------------------------------------- */
+
+/* Bytes and elements of one block, the activation kind, and the unit a
+   lane computes (elements; units per block = QEL / UEL). */
+template <int QT> struct qt_info;
+template <> struct qt_info<EMBER_CU_Q8_0> {
+    enum { QB = 34, QEL = 32, UEL = 32, A256 = 0 };
+};
+template <> struct qt_info<EMBER_CU_Q4_0> {
+    enum { QB = 18, QEL = 32, UEL = 32, A256 = 0 };
+};
+template <> struct qt_info<EMBER_CU_Q5_0> {
+    enum { QB = 22, QEL = 32, UEL = 32, A256 = 0 };
+};
+template <> struct qt_info<EMBER_CU_Q4_K> {
+    enum { QB = 144, QEL = 256, UEL = 64, A256 = 1 };
+};
+template <> struct qt_info<EMBER_CU_Q5_K> {
+    enum { QB = 176, QEL = 256, UEL = 64, A256 = 1 };
+};
+template <> struct qt_info<EMBER_CU_Q6_K> {
+    enum { QB = 210, QEL = 256, UEL = 128, A256 = 1 };
+};
+
+#define A32_BYTES 48
+#define A256_BYTES 336
+
+/* The tensor-core kernel's input layout (A32 tiles): for block b and slice s
+   of 8 input rows, at (b * slices + s) * A32T_BYTES: the B fragments of
+   mma.m16n8k32 by lane (lane 4g + t: words t and 4 + t of row 8s + g's 32
+   levels, 256 bytes), then for t = 0..3 {d of row 8s + 2t, d of row 8s +
+   2t + 1, s of those two} (64 bytes). Rows past M are zero. */
+#define A32T_BYTES 320
+
+static bool qt_k256(int qtype) {
+    return qtype == EMBER_CU_Q4_K || qtype == EMBER_CU_Q5_K || qtype == EMBER_CU_Q6_K;
+}
+
+/* The tensor-core kernel takes these types from this many rows on. */
+#define QTC_MIN_M 9
+
+static bool qt_tc(int qtype, int M) {
+    return !qt_k256(qtype) && M >= QTC_MIN_M;
+}
+
+extern "C" size_t ember_cu_qact_bytes(int qtype, int M, int K) {
+    if (qt_k256(qtype)) return (size_t)M * (size_t)(K / 256) * A256_BYTES;
+    if (qt_tc(qtype, M)) return (size_t)((M + 7) / 8) * (size_t)(K / 32) * A32T_BYTES;
+    return (size_t)M * (size_t)(K / 32) * A32_BYTES;
+}
+
+/* ---- activation quantizers ------------------------------------------------------------- */
+
+/* The CPU's q127: clamp to [-127, 127] (NaN -> -127), round to nearest even. */
+static __device__ __forceinline__ int q127(float v) {
+    v = fmaxf(v, -127.0f);
+    v = fminf(v, 127.0f);
+    return (int)rintf(v);
+}
+
+/* One warp per 32-element block: lane l quantizes element l. The largest
+   magnitude and the sum are exact in any order (fmaxf skips NaN as the CPU's
+   loop does). */
+static __global__ void __launch_bounds__(256) qact32_k(const float *x, unsigned char *act, int M, int K) {
+    ember_pdl_enter();
+    const int nb = K / 32;
+    const long long blk = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (blk >= (long long)M * nb) return;
+    const int lane = threadIdx.x & 31;
+    const long long m = blk / nb, b = blk % nb;
+    const float v = x[m * (long long)K + b * 32 + lane];
+    float a = fabsf(v);
+    for (int s = 16; s >= 1; s >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, s));
+    const float d = a / 127.0f, id = a > 0.0f ? 127.0f / a : 0.0f;
+    const int q = q127(__fmul_rn(v, id));
+    int s = q;
+    for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    unsigned char *p = act + blk * A32_BYTES;
+    p[lane] = (unsigned char)(signed char)q;
+    if (lane == 0) {
+        *(float *)(p + 32) = d;
+        *(int *)(p + 36) = s;
+    }
+}
+
+/* qact32_k into the A32 tiles of the tensor-core kernel (the same levels,
+   d and s); one warp per (row, block) of the padded rows (rows past M zero). */
+static __global__ void __launch_bounds__(256) qact32t_k(const float *x, unsigned char *act, int M, int K) {
+    ember_pdl_enter();
+    const int nb = K / 32, S = (M + 7) / 8;
+    const long long blk = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (blk >= (long long)S * 8 * nb) return;
+    const int lane = threadIdx.x & 31;
+    const int m = (int)(blk / nb), b = (int)(blk % nb);
+    const float v = m < M ? x[(long long)m * K + (long long)b * 32 + lane] : 0.0f;
+    float a = fabsf(v);
+    for (int o = 16; o >= 1; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    const float d = a / 127.0f, id = a > 0.0f ? 127.0f / a : 0.0f;
+    const int q = q127(__fmul_rn(v, id));
+    int s = q;
+    for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    unsigned char *rec = act + ((size_t)b * (size_t)S + (size_t)(m / 8)) * A32T_BYTES;
+    const int g = m % 8, w = lane / 4; /* level `lane` is byte lane % 4 of word w */
+    rec[8 * (4 * g + w % 4) + 4 * (w / 4) + lane % 4] = (unsigned char)(signed char)q;
+    if (lane == 0) {
+        *(float *)(rec + 256 + 16 * (g / 2) + 4 * (g % 2)) = d;
+        *(int *)(rec + 256 + 16 * (g / 2) + 8 + 4 * (g % 2)) = s;
+    }
+}
+
+/* One warp per 256-element block: lane l quantizes elements 8l .. 8l + 7;
+   lanes 2j and 2j + 1 hold sub-block j of 16. */
+static __global__ void __launch_bounds__(256) qact256_k(const float *x, unsigned char *act, int M, int K) {
+    ember_pdl_enter();
+    const int nb = K / 256;
+    const long long blk = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (blk >= (long long)M * nb) return;
+    const int lane = threadIdx.x & 31;
+    const long long m = blk / nb, b = blk % nb;
+    const float *xs = x + m * (long long)K + b * 256 + 8 * lane;
+    float v[8], a = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        v[e] = xs[e];
+        a = fmaxf(a, fabsf(v[e]));
+    }
+    for (int s = 16; s >= 1; s >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, s));
+    const float id = a > 0.0f ? 127.0f / a : 0.0f;
+    unsigned char *p = act + blk * A256_BYTES;
+    unsigned int lo = 0, hi = 0;
+    int s = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        const int q = q127(__fmul_rn(v[e], id));
+        s += q;
+        const unsigned int byte = (unsigned int)(q & 255);
+        if (e < 4)
+            lo |= byte << (8 * e);
+        else
+            hi |= byte << (8 * (e - 4));
+    }
+    *(uint2 *)(p + 8 * lane) = make_uint2(lo, hi);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if ((lane & 1) == 0) *(int *)(p + 256 + 4 * (lane >> 1)) = s;
+    if (lane == 0) *(float *)(p + 320) = a / 127.0f;
+}
+
+extern "C" cudaError_t ember_cu_qact(cudaStream_t stream, int qtype, const float *x, void *act, int M, int K) {
+    if (M < 1 || K < 1) return cudaSuccess;
+    const bool k256 = qt_k256(qtype), tc = qt_tc(qtype, M);
+    const long long rows = tc ? (long long)(M + 7) / 8 * 8 : M;
+    const long long grid = (rows * (K / (k256 ? 256 : 32)) + 7) / 8;
+    if (grid > 0x7fffffffLL) return cudaErrorInvalidValue;
+    unsigned char *o = (unsigned char *)act;
+    if (k256) return ember_launch(qact256_k, dim3((unsigned)grid), dim3(256), 0, stream, x, o, M, K);
+    if (tc) return ember_launch(qact32t_k, dim3((unsigned)grid), dim3(256), 0, stream, x, o, M, K);
+    return ember_launch(qact32_k, dim3((unsigned)grid), dim3(256), 0, stream, x, o, M, K);
+}
+
+/* ---- loads ----------------------------------------------------------------------------- */
+
+/* N little-endian 32-bit words starting at p (2-byte aligned): N + 1
+   aligned loads and a funnel shift by 0 or 16 bits (no branch, so lanes
+   whose blocks sit at different alignments stay together). Reads up to 4
+   bytes past the last word and 2 before the first; neither changes the
+   result, and both stay inside the buffer (buffers start 256-byte aligned
+   and have 16 spare bytes at the end: cuda_backend.c). */
+template <int N> static __device__ __forceinline__ void ld_words(const unsigned char *p, unsigned int *o) {
+    const unsigned int *a = (const unsigned int *)((uintptr_t)p & ~(uintptr_t)3);
+    const unsigned int sh = (unsigned int)((uintptr_t)p & 2) * 8u;
+    unsigned int w[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++) w[i] = __ldg(a + i);
+#pragma unroll
+    for (int i = 0; i < N; i++) o[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
+static __device__ __forceinline__ float ld_h2f(const unsigned char *p) {
+    return __half2float(__ushort_as_half(__ldg((const unsigned short *)p)));
+}
+
+/* Byte k (0..11) of the three words sc, without indexing a register array
+   at run time (that would put it in local memory). */
+static __device__ __forceinline__ int sc_byte(const unsigned int *sc, int k) {
+    const unsigned int w = k < 4 ? sc[0] : k < 8 ? sc[1] : sc[2];
+    return (int)((w >> (8 * (k & 3))) & 255u);
+}
+
+/* Q4_K / Q5_K scale and min of sub-block j from the 12 scale bytes (sc as
+   three words), as cpu_k4_scale_min. */
+static __device__ __forceinline__ void k4_scale_min(const unsigned int *sc, int j, int *s, int *m) {
+    if (j < 4) {
+        *s = sc_byte(sc, j) & 63;
+        *m = sc_byte(sc, j + 4) & 63;
+    } else {
+        *s = (sc_byte(sc, j + 4) & 15) | ((sc_byte(sc, j - 4) >> 6) << 4);
+        *m = (sc_byte(sc, j + 4) >> 4) | ((sc_byte(sc, j) >> 6) << 4);
+    }
+}
+
+/* Bits 0..3 of h as bit 4 of each of four bytes. */
+static __device__ __forceinline__ unsigned int spread4(unsigned int h) {
+    return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+
+/* ---- the integer sums of one unit -------------------------------------------------------- */
+
+/* s1[m] (and s2[m] for Q4_K / Q5_K) of unit u of the weight row wr against
+   input rows m < mt of the activations ya (row stride yrow bytes): the
+   unit's whole contribution to the block's S (S1, S2). Exact. */
+template <int QT, int MT>
+static __device__ __forceinline__ void unit_sums(const unsigned char *wr, int u, const unsigned char *ya, size_t yrow,
+                                                 int mt, int *s1, int *s2) {
+    typedef qt_info<QT> I;
+    if (!I::A256) {
+        const unsigned char *blk = wr + (size_t)u * I::QB;
+        const unsigned char *y0 = ya + (size_t)u * A32_BYTES;
+        unsigned int w[8];
+        unsigned int qh = 0;
+        if (QT == EMBER_CU_Q8_0) {
+            ld_words<8>(blk + 2, w);
+        } else if (QT == EMBER_CU_Q4_0) {
+            unsigned int v[4];
+            ld_words<4>(blk + 2, v);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                w[i] = v[i] & 0x0f0f0f0fu;
+                w[4 + i] = (v[i] >> 4) & 0x0f0f0f0fu;
+            }
+        } else { /* Q5_0: qh then 16 bytes of nibbles */
+            unsigned int v[5];
+            ld_words<5>(blk + 2, v);
+            qh = v[0];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                w[i] = (v[1 + i] & 0x0f0f0f0fu) | spread4(qh >> (4 * i));
+                w[4 + i] = ((v[1 + i] >> 4) & 0x0f0f0f0fu) | spread4(qh >> (16 + 4 * i));
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (m >= mt) break;
+            const unsigned char *y = y0 + (size_t)m * yrow;
+            const uint4 ya4 = __ldg((const uint4 *)y), yb4 = __ldg((const uint4 *)(y + 16));
+            const int ys = __ldg((const int *)(y + 36));
+            int s = 0;
+            s = __dp4a((int)w[0], (int)ya4.x, s);
+            s = __dp4a((int)w[1], (int)ya4.y, s);
+            s = __dp4a((int)w[2], (int)ya4.z, s);
+            s = __dp4a((int)w[3], (int)ya4.w, s);
+            s = __dp4a((int)w[4], (int)yb4.x, s);
+            s = __dp4a((int)w[5], (int)yb4.y, s);
+            s = __dp4a((int)w[6], (int)yb4.z, s);
+            s = __dp4a((int)w[7], (int)yb4.w, s);
+            if (QT == EMBER_CU_Q4_0) s -= 8 * ys;
+            if (QT == EMBER_CU_Q5_0) s -= 16 * ys;
+            s1[m] = s;
+            s2[m] = 0;
+        }
+    } else if (QT == EMBER_CU_Q4_K || QT == EMBER_CU_Q5_K) {
+        const int sb = u >> 2, p = u & 3; /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
+        const unsigned char *blk = wr + (size_t)sb * I::QB;
+        unsigned int sc[3], q[8], lo[8], hi[8];
+        ld_words<3>(blk + 4, sc);
+        ld_words<8>(blk + (QT == EMBER_CU_Q4_K ? 16 : 48) + 32 * p, q);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            lo[i] = q[i] & 0x0f0f0f0fu;
+            hi[i] = (q[i] >> 4) & 0x0f0f0f0fu;
+        }
+        if (QT == EMBER_CU_Q5_K) {
+            unsigned int h[8];
+            ld_words<8>(blk + 16, h);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                lo[i] |= ((h[i] >> (2 * p)) & 0x01010101u) << 4;
+                hi[i] |= ((h[i] >> (2 * p + 1)) & 0x01010101u) << 4;
+            }
+        }
+        int sca, mna, scb, mnb;
+        k4_scale_min(sc, 2 * p, &sca, &mna);
+        k4_scale_min(sc, 2 * p + 1, &scb, &mnb);
+        const unsigned char *y0 = ya + (size_t)sb * A256_BYTES;
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (m >= mt) break;
+            const unsigned char *y = y0 + (size_t)m * yrow;
+            const uint4 *yq = (const uint4 *)(y + 64 * p);
+            int sa = 0, sbv = 0;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const uint4 t = __ldg(yq + i), v = __ldg(yq + 2 + i);
+                sa = __dp4a((int)lo[4 * i + 0], (int)t.x, sa);
+                sa = __dp4a((int)lo[4 * i + 1], (int)t.y, sa);
+                sa = __dp4a((int)lo[4 * i + 2], (int)t.z, sa);
+                sa = __dp4a((int)lo[4 * i + 3], (int)t.w, sa);
+                sbv = __dp4a((int)hi[4 * i + 0], (int)v.x, sbv);
+                sbv = __dp4a((int)hi[4 * i + 1], (int)v.y, sbv);
+                sbv = __dp4a((int)hi[4 * i + 2], (int)v.z, sbv);
+                sbv = __dp4a((int)hi[4 * i + 3], (int)v.w, sbv);
+            }
+            const int4 bs = __ldg((const int4 *)(y + 256 + 16 * p)); /* bs16[4p .. 4p + 3] */
+            s1[m] = sca * sa + scb * sbv;
+            s2[m] = mna * (bs.x + bs.y) + mnb * (bs.z + bs.w);
+        }
+    } else { /* Q6_K: unit = half n of the super-block (128 elements, sub-blocks 8n .. 8n + 7) */
+        const int sb = u >> 1, n = u & 1;
+        const unsigned char *blk = wr + (size_t)sb * I::QB;
+        unsigned int L[16], H[8], S[2];
+        ld_words<16>(blk + 64 * n, L);
+        ld_words<8>(blk + 128 + 32 * n, H);
+        ld_words<2>(blk + 192 + 8 * n, S);
+        const signed char *sc = (const signed char *)S;
+        const unsigned char *y0 = ya + (size_t)sb * A256_BYTES;
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (m >= mt) break;
+            const unsigned char *y = y0 + (size_t)m * yrow;
+            const uint4 *yq = (const uint4 *)(y + 128 * n);
+            const int4 bsa = __ldg((const int4 *)(y + 256 + 32 * n)), bsb = __ldg((const int4 *)(y + 256 + 32 * n + 16));
+            const int bs[8] = {bsa.x, bsa.y, bsa.z, bsa.w, bsb.x, bsb.y, bsb.z, bsb.w};
+            int tot = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) { /* quarter k: elements 32k .. 32k + 31, sub-blocks 2k, 2k + 1 */
+                int part[2] = {0, 0};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint4 t = __ldg(yq + 2 * k + h);
+                    const unsigned int yv[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+                    for (int gg = 0; gg < 4; gg++) {
+                        const int g = 4 * h + gg;
+                        const unsigned int l = L[g + 8 * (k & 1)];
+                        const unsigned int nib = k < 2 ? (l & 0x0f0f0f0fu) : ((l >> 4) & 0x0f0f0f0fu);
+                        const unsigned int lv = nib | (((H[g] >> (2 * k)) & 0x03030303u) << 4);
+                        part[h] = __dp4a((int)lv, (int)yv[gg], part[h]);
+                    }
+                }
+                tot += (int)sc[2 * k] * (part[0] - 32 * bs[2 * k]) + (int)sc[2 * k + 1] * (part[1] - 32 * bs[2 * k + 1]);
+            }
+            s1[m] = tot;
+            s2[m] = 0;
+        }
+    }
+}
+
+/* ---- the product kernel -------------------------------------------------------------------- */
+
+#define QR 8 /* weight rows per block: one per warp */
+
+template <int QT, int MT, int UPT>
+static __global__ void __launch_bounds__(256) qmm_k(const ember_cu_qmm a) {
+    typedef qt_info<QT> I;
+    constexpr int U = I::QEL / I::UEL;  /* units per block */
+    constexpr int UCH = 32 * UPT;       /* units per row per chunk */
+    constexpr int BCH = UCH / U;        /* blocks per row per chunk */
+    constexpr int TWO = QT == EMBER_CU_Q4_K || QT == EMBER_CU_Q5_K;
+    constexpr int AB = I::A256 ? A256_BYTES : A32_BYTES, YD = I::A256 ? 320 : 32;
+    constexpr int WD = QT == EMBER_CU_Q6_K ? 208 : 0;
+    /* per chunk: the units' exact sums (as float already where a block is one unit: exact below 2^24,
+       else the conversion the chain would make), and each block's f32(w.d) * y.d (and -(dmin * y.d)) */
+    __shared__ int part[2][QR][MT][UCH];
+    __shared__ int part2[TWO ? 2 : 1][TWO ? QR : 1][TWO ? MT : 1][TWO ? UCH : 1];
+    __shared__ float dd[2][QR][MT][BCH];
+    __shared__ float dd2[TWO ? 2 : 1][TWO ? QR : 1][TWO ? MT : 1][TWO ? BCH : 1];
+    ember_pdl_enter();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.y);
+    const int n0 = ((int)blockIdx.y - p.first_block) * QR, m0 = (int)blockIdx.x * MT;
+    const int mt = a.M - m0 < MT ? a.M - m0 : MT;
+    const int nblk = a.K / I::QEL, nunits = nblk * U;
+    const size_t rowb = (size_t)nblk * I::QB;
+    const size_t yrow = (size_t)nblk * AB;
+    const unsigned char *ya = (const unsigned char *)a.act + (size_t)m0 * yrow;
+    const int row = n0 + warp;
+    const bool rv = row < p.N;
+    const unsigned char *wr = (const unsigned char *)p.w + (size_t)(rv ? row : 0) * rowb;
+    /* the output this thread chains, if any */
+    const int cr = tid / MT, cm = tid % MT;
+    const bool chain = tid < QR * MT && n0 + cr < p.N && cm < mt;
+    float acc = 0.0f;
+    int buf = 0;
+    for (int c0 = 0; c0 < nunits; c0 += UCH, buf ^= 1) {
+#pragma unroll
+        for (int i = 0; i < UPT; i++) {
+            const int slot = lane + 32 * i, u = c0 + slot;
+            const bool uv = rv && u < nunits;
+            int s1[MT], s2[MT];
+#pragma unroll
+            for (int m = 0; m < MT; m++) s1[m] = s2[m] = 0;
+            if (uv) unit_sums<QT, MT>(wr, u, ya, yrow, mt, s1, s2);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                if (U == 1)
+                    part[buf][warp][m][slot] = __float_as_int(__int2float_rn(s1[m]));
+                else
+                    part[buf][warp][m][slot] = s1[m];
+                if (TWO) part2[buf][warp][m][slot] = s2[m];
+            }
+            if (slot % U == 0) { /* the first unit of a block: its scales */
+                const int b = u / U;
+                float wd = 0.0f, wm = 0.0f;
+                if (uv) {
+                    wd = ld_h2f(wr + (size_t)b * I::QB + WD);
+                    if (TWO) wm = ld_h2f(wr + (size_t)b * I::QB + 2);
+                }
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    const float yd = uv && m < mt ? __ldg((const float *)(ya + (size_t)m * yrow + (size_t)b * AB + YD))
+                                                  : 0.0f;
+                    dd[buf][warp][m][slot / U] = __fmul_rn(wd, yd);
+                    if (TWO) dd2[buf][warp][m][slot / U] = -__fmul_rn(wm, yd);
+                }
+            }
+        }
+        __syncthreads();
+        if (chain) {
+            const int nb = (nunits - c0 < UCH ? nunits - c0 : UCH) / U;
+#pragma unroll 8
+            for (int c = 0; c < nb; c++) {
+                if (U == 1) {
+                    acc = fmaf(dd[buf][cr][cm][c], __int_as_float(part[buf][cr][cm][c]), acc);
+                } else {
+                    int S1 = 0, S2 = 0;
+#pragma unroll
+                    for (int k = 0; k < U; k++) {
+                        S1 += part[buf][cr][cm][c * U + k];
+                        if (TWO) S2 += part2[buf][cr][cm][c * U + k];
+                    }
+                    acc = fmaf(dd[buf][cr][cm][c], __int2float_rn(S1), acc);
+                    if (TWO) acc = fmaf(dd2[buf][cr][cm][c], __int2float_rn(S2), acc);
+                }
+            }
+        }
+    }
+    if (chain) {
+        const int n = n0 + cr;
+        float o = acc;
+        if (p.bias) o = o + p.bias[n];
+        p.out[(size_t)(m0 + cm) * (size_t)p.N + (size_t)n] = o;
+    }
+}
+
+/* ---- the tensor-core kernel (M >= QTC_MIN_M, 32-element types) ------------------------------ */
+
+/* d = a b + c: one mma.sync m16n8k32, s8 in, s32 accumulate (PTX ISA,
+   "mma.m16n8k32"): a: rows g and g + 8, levels 4t .. 4t + 3 and 16 + 4t ..;
+   b: input row g, levels 4t .. and 16 + 4t ..; d: rows g, g + 8 x inputs 2t,
+   2t + 1 (lane = 4g + t). Exact. */
+static __device__ __forceinline__ void mma_s8(int d[4], const unsigned int a[4], uint2 b) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %11, %12, %13};\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+/* (float)v exactly for |v| < 2^22, without a conversion instruction (a
+   quarter-rate one): the bits of 1.5 x 2^23 + v, minus 1.5 x 2^23. Block sums
+   of the 32-element types stay under 32 x 128 x 127 < 2^19. */
+static __device__ __forceinline__ float small_i2f(int v) {
+    return __fsub_rn(__int_as_float(v + 0x4b400000), 12582912.0f);
+}
+
+/* This lane's A fragment of block b for weight rows r0 = 16 tile + g and r0 + 8
+   (zero rows past N), and their scales. */
+template <int QT>
+static __device__ __forceinline__ void tc_afrag(const unsigned char *w, size_t rowb, int N, int r0, int t, int b,
+                                                unsigned int a[4], float wd[2]) {
+    typedef qt_info<QT> I;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = r0 + 8 * h;
+        if (r >= N) {
+            a[h] = a[2 + h] = 0;
+            wd[h] = 0.0f;
+            continue;
+        }
+        const unsigned char *blk = w + (size_t)r * rowb + (size_t)b * I::QB;
+        wd[h] = ld_h2f(blk);
+        if (QT == EMBER_CU_Q8_0) {
+            unsigned int v[1], u[1];
+            ld_words<1>(blk + 2 + 4 * t, v);
+            ld_words<1>(blk + 18 + 4 * t, u);
+            a[h] = v[0];
+            a[2 + h] = u[0];
+        } else if (QT == EMBER_CU_Q4_0) {
+            unsigned int v[1];
+            ld_words<1>(blk + 2 + 4 * t, v);
+            a[h] = v[0] & 0x0f0f0f0fu;
+            a[2 + h] = (v[0] >> 4) & 0x0f0f0f0fu;
+        } else { /* Q5_0 */
+            unsigned int qh[1], v[1];
+            ld_words<1>(blk + 2, qh);
+            ld_words<1>(blk + 6 + 4 * t, v);
+            a[h] = (v[0] & 0x0f0f0f0fu) | spread4(qh[0] >> (4 * t));
+            a[2 + h] = ((v[0] >> 4) & 0x0f0f0f0fu) | spread4(qh[0] >> (16 + 4 * t));
+        }
+    }
+}
+
+#define TC_AHEAD 4 /* blocks whose loads a warp issues together */
+
+/* One warp per block of 32 threads: 16 weight rows x SPW slices of 8 input
+   rows (grid x: slice groups, y: row tiles over the products). Blocks go in
+   groups of TC_AHEAD, all their loads issued first; then for each block in
+   order one mma per slice gives the exact block sums of the warp's 16 x 8
+   SPW outputs, and each lane runs the chain step of its 4 SPW outputs (the
+   canonical order: acc = fmaf(f32(w.d) * y.d, (float)S, acc)). */
+template <int QT, int SPW>
+static __global__ void __launch_bounds__(32) qmm_tc_k(const ember_cu_qmm a, int slices) {
+    typedef qt_info<QT> I;
+    ember_pdl_enter();
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.y);
+    const int r0 = ((int)blockIdx.y - p.first_block) * 16 + g, s0 = (int)blockIdx.x * SPW;
+    const int nb = a.K / 32;
+    const size_t rowb = (size_t)nb * I::QB;
+    const unsigned char *w = (const unsigned char *)p.w;
+    const unsigned char *act = (const unsigned char *)a.act;
+    float acc[SPW][4];
+#pragma unroll
+    for (int j = 0; j < SPW; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int b0 = 0; b0 < nb; b0 += TC_AHEAD) {
+        unsigned int af[TC_AHEAD][4];
+        float wd[TC_AHEAD][2];
+        uint2 bf[TC_AHEAD][SPW];
+        float4 sc[TC_AHEAD][SPW];
+#pragma unroll
+        for (int k = 0; k < TC_AHEAD; k++) {
+            const int b = b0 + k;
+            if (b < nb) tc_afrag<QT>(w, rowb, p.N, r0, t, b, af[k], wd[k]);
+            const unsigned char *rec = act + ((size_t)(b < nb ? b : 0) * (size_t)slices + (size_t)s0) * A32T_BYTES;
+#pragma unroll
+            for (int j = 0; j < SPW; j++) {
+                if (b < nb && s0 + j < slices) {
+                    bf[k][j] = __ldg((const uint2 *)(rec + (size_t)j * A32T_BYTES + 8 * lane));
+                    sc[k][j] = __ldg((const float4 *)(rec + (size_t)j * A32T_BYTES + 256 + 16 * t)); /* d0 d1 s0 s1 */
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < TC_AHEAD; k++) {
+            if (b0 + k >= nb) break;
+#pragma unroll
+            for (int j = 0; j < SPW; j++) {
+                if (s0 + j >= slices) break;
+                int d[4];
+                mma_s8(d, af[k], bf[k][j]);
+                if (QT != EMBER_CU_Q8_0) { /* Q4_0 / Q5_0 levels unsigned: minus 8 (16) times the input's level sum */
+                    const int m = QT == EMBER_CU_Q4_0 ? 8 : 16;
+                    const int k0 = m * __float_as_int(sc[k][j].z), k1 = m * __float_as_int(sc[k][j].w);
+                    d[0] -= k0;
+                    d[1] -= k1;
+                    d[2] -= k0;
+                    d[3] -= k1;
+                }
+                acc[j][0] = fmaf(__fmul_rn(wd[k][0], sc[k][j].x), small_i2f(d[0]), acc[j][0]);
+                acc[j][1] = fmaf(__fmul_rn(wd[k][0], sc[k][j].y), small_i2f(d[1]), acc[j][1]);
+                acc[j][2] = fmaf(__fmul_rn(wd[k][1], sc[k][j].x), small_i2f(d[2]), acc[j][2]);
+                acc[j][3] = fmaf(__fmul_rn(wd[k][1], sc[k][j].y), small_i2f(d[3]), acc[j][3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < SPW; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int n = r0 + 8 * (i >> 1), m = 8 * (s0 + j) + 2 * t + (i & 1);
+            if (n >= p.N || m >= a.M) continue;
+            float o = acc[j][i];
+            if (p.bias) o = o + p.bias[n];
+            p.out[(size_t)m * (size_t)p.N + (size_t)n] = o;
+        }
+    }
+}
+
+template <int QT> static cudaError_t qmm_tc(cudaStream_t stream, const ember_cu_qmm *a, int tiles) {
+    const int S = (a->M + 7) / 8;
+    /* two slices a warp where the grid still has 4,096 warps (about 31 a multiprocessor), else one */
+    const int spw = (long long)((S + 1) / 2) * tiles >= 4096 ? 2 : 1;
+    const dim3 grid((unsigned)((S + spw - 1) / spw), (unsigned)tiles);
+    if (spw == 2) return ember_launch(qmm_tc_k<QT, 2>, grid, dim3(32), 0, stream, *a, S);
+    return ember_launch(qmm_tc_k<QT, 1>, grid, dim3(32), 0, stream, *a, S);
+}
+
+template <int QT, int MT>
+static cudaError_t qmm_launch(cudaStream_t stream, const ember_cu_qmm *a, int blocks) {
+    /* shared memory: 2 x QR x MT x 32 UPT sums (twice for Q4_K / Q5_K) and the scales, under 48 KB */
+    constexpr int UPT = qt_info<QT>::A256 ? (MT <= 4 ? 2 : 1) : (MT <= 2 ? 4 : MT == 4 ? 2 : 1);
+    const int gx = (a->M + MT - 1) / MT;
+    return ember_launch(qmm_k<QT, MT, UPT>, dim3((unsigned)gx, (unsigned)blocks), dim3(256), 0, stream, *a);
+}
+
+template <int QT> static cudaError_t qmm_type(cudaStream_t stream, const ember_cu_qmm *a, int blocks) {
+    if (a->M == 1) return qmm_launch<QT, 1>(stream, a, blocks);
+    if (a->M == 2) return qmm_launch<QT, 2>(stream, a, blocks);
+    if (a->M <= 4) return qmm_launch<QT, 4>(stream, a, blocks);
+    return qmm_launch<QT, 8>(stream, a, blocks);
+}
+
+extern "C" cudaError_t ember_cu_qmatmul(cudaStream_t stream, ember_cu_qmm *a) {
+    if (a->M < 1 || a->n < 1 || a->n > EMBER_CU_MAX_MM) return a->M < 1 ? cudaSuccess : cudaErrorInvalidValue;
+    const bool tc = qt_tc(a->qtype, a->M);
+    const int rows = tc ? 16 : QR; /* weight rows per block */
+    int blocks = 0;
+    for (int i = 0; i < a->n; i++) {
+        a->p[i].first_block = blocks;
+        blocks += (a->p[i].N + rows - 1) / rows;
+    }
+    if (blocks > 65535) return cudaErrorInvalidValue;
+    if (tc) switch (a->qtype) {
+        case EMBER_CU_Q8_0: return qmm_tc<EMBER_CU_Q8_0>(stream, a, blocks);
+        case EMBER_CU_Q4_0: return qmm_tc<EMBER_CU_Q4_0>(stream, a, blocks);
+        default: return qmm_tc<EMBER_CU_Q5_0>(stream, a, blocks);
+        }
+    switch (a->qtype) {
+    case EMBER_CU_Q8_0: return qmm_type<EMBER_CU_Q8_0>(stream, a, blocks);
+    case EMBER_CU_Q4_0: return qmm_type<EMBER_CU_Q4_0>(stream, a, blocks);
+    case EMBER_CU_Q5_0: return qmm_type<EMBER_CU_Q5_0>(stream, a, blocks);
+    case EMBER_CU_Q4_K: return qmm_type<EMBER_CU_Q4_K>(stream, a, blocks);
+    case EMBER_CU_Q5_K: return qmm_type<EMBER_CU_Q5_K>(stream, a, blocks);
+    case EMBER_CU_Q6_K: return qmm_type<EMBER_CU_Q6_K>(stream, a, blocks);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+/* ---- get_rows: exact dequantization (cpu_dequant_row) ---------------------------------------- */
+
+/* Element e (< D) of the block row at p (row-major blocks of qtype). */
+static __device__ float deq(int qtype, const unsigned char *p, long long e) {
+    switch (qtype) {
+    case EMBER_CU_Q8_0: {
+        const unsigned char *b = p + (e / 32) * 34;
+        return (float)(signed char)b[2 + e % 32] * ld_h2f(b);
+    }
+    case EMBER_CU_Q4_0:
+    case EMBER_CU_Q5_0: {
+        const int i = (int)(e % 32);
+        const bool q5 = qtype == EMBER_CU_Q5_0;
+        const unsigned char *b = p + (e / 32) * (q5 ? 22 : 18), *qs = b + (q5 ? 6 : 2);
+        int q = i < 16 ? (qs[i] & 15) : (qs[i - 16] >> 4);
+        if (q5) q = (q | (((b[2 + i / 8] >> (i % 8)) & 1) << 4)) - 16;
+        else q -= 8;
+        return (float)q * ld_h2f(b);
+    }
+    case EMBER_CU_Q4_K:
+    case EMBER_CU_Q5_K: {
+        const bool q5 = qtype == EMBER_CU_Q5_K;
+        const unsigned char *b = p + (e / 256) * (q5 ? 176 : 144);
+        const int i = (int)(e % 256), j = i / 32;
+        unsigned int sc[3];
+        for (int k = 0; k < 3; k++)
+            sc[k] = (unsigned int)b[4 + 4 * k] | (unsigned int)b[5 + 4 * k] << 8 | (unsigned int)b[6 + 4 * k] << 16 |
+                    (unsigned int)b[7 + 4 * k] << 24;
+        int s, m;
+        k4_scale_min(sc, j, &s, &m);
+        const float d1 = __fmul_rn(ld_h2f(b), (float)s), m1 = __fmul_rn(ld_h2f(b + 2), (float)m);
+        const unsigned char byte = b[(q5 ? 48 : 16) + 32 * (j / 2) + i % 32];
+        int q = (j % 2) ? (byte >> 4) : (byte & 15);
+        if (q5) q += ((b[16 + i % 32] >> j) & 1) << 4;
+        return __fsub_rn(__fmul_rn(d1, (float)q), m1);
+    }
+    default: { /* Q6_K */
+        const unsigned char *b = p + (e / 256) * 210;
+        const int i = (int)(e % 256), n = i / 128, r = i % 128, k = r / 32, l = r % 32;
+        const unsigned char lb = b[64 * n + l + 32 * (k % 2)];
+        const int low = k < 2 ? (lb & 15) : (lb >> 4);
+        const int q = low | (((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4);
+        const float ds = __fmul_rn(ld_h2f(b + 208), (float)(signed char)b[192 + i / 16]);
+        return __fmul_rn(ds, (float)(q - 32));
+    }
+    }
+}
+
+static __global__ void __launch_bounds__(256)
+    qget_rows_k(float *dst, const unsigned char *src, int qtype, size_t row_bytes, const int32_t *ids, int64_t D) {
+    ember_pdl_enter();
+    const long long e = (long long)blockIdx.y * 256 + threadIdx.x;
+    if (e >= D) return;
+    dst[(size_t)blockIdx.x * (size_t)D + (size_t)e] = deq(qtype, src + (size_t)ids[blockIdx.x] * row_bytes, e);
+}
+
+extern "C" cudaError_t ember_cu_qget_rows(cudaStream_t stream, float *dst, const void *src, int qtype,
+                                          size_t row_bytes, const int32_t *ids, int n, int64_t D) {
+    if (n < 1 || D < 1) return cudaSuccess;
+    const int64_t gy = (D + 255) / 256;
+    if (gy > 65535 || qtype < EMBER_CU_Q8_0 || qtype > EMBER_CU_Q6_K) return cudaErrorInvalidValue;
+    return ember_launch(qget_rows_k, dim3((unsigned)n, (unsigned)gy, 1), dim3(256), 0, stream, dst,
+                        (const unsigned char *)src, qtype, row_bytes, ids, D);
+}
