@@ -55,7 +55,9 @@
  * Loop order: for each group and half, activation rows in tiles of QP_NX
  * (QP_NX32; then 4, 2, 1 for the rest), and for each tile the blocks in order. The
  * weights of a group (at most 139 KB, Q8_0 with K = 8192) stay in L2 while
- * the activation tiles sweep them; decode (one row) streams each group once.
+ * the activation tiles sweep them; decode (one row) streams each group once,
+ * and with QL = 8 a 32-element type takes both halves in that one pass (NH
+ * = 2: each block's cache lines feed all 16 rows while they are in L1).
  * No state; a call writes only its own outputs.
  */
 
@@ -108,87 +110,101 @@ ALWAYS_INLINE void qp32_quad(const unsigned char *p, int q, qv w[4], const int T
     }
 }
 
+/* NH (1 or 2) halves of the group from half h0 on in one pass over the
+   blocks: with QL = 8, decode (NX = 1) takes both halves together, so each
+   block's cache lines, fetched from memory once, feed all 16 rows at once
+   (two passes of one half each read the group twice, the first pass waiting
+   on memory with half the work to hide it). Per output nothing changes. */
 ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned char *x, size_t x_row, float *out,
-                             size_t ldo, const int NX, const int T, const int h) {
+                             size_t ldo, const int NX, const int T, const int h0, const int NH) {
     const size_t BG = 16 * (size_t)(T == EMBER_Q8_0 ? 34 : T == EMBER_Q4_0 ? 18 : 22);
     const int init = T == EMBER_Q8_0 ? Q8_INIT : T == EMBER_Q4_0 ? -8 : -16;
     const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row */
-    fv acc[QP_NXM];
+    fv acc[2][QP_NXM];
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
 #pragma GCC unroll 8
-    for (int j = 0; j < NX; j++) acc[j] = fv_zero();
+        for (int j = 0; j < NX; j++) acc[hh][j] = fv_zero();
     for (int b = 0; b < nb; b++) {
         const unsigned char *p = wg + (size_t)b * BG;
         if (NX == 1 && T != EMBER_Q8_0) QP_PREFETCH(p, BG, 8 * BG); /* Q8_0: no gain seen in a noisy A/B */
-        qv s[QP_NXM][2];
-#pragma GCC unroll 8
-        for (int j = 0; j < NX; j++) {
-            int32_t ys;
-            memcpy(&ys, x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) + offsetof(cpu_act32, s), 4);
-            s[j][0] = qv_set1(init * ys);
-            s[j][1] = qv_zero();
-        }
-#ifdef QP_MAD16
-        if (T == EMBER_Q4_0) {
-            /* the block's 8 weight vectors once, then per row all 8 maddubs
-               summed in 16 bits (8 x 3,810 fits) and widened once */
-            qv w[8];
-            qp32_quad(p, 0, w, T, h);
-            qp32_quad(p, 1, w + 4, T, h);
+#pragma GCC unroll 2
+        for (int hh = 0; hh < NH; hh++) {
+            const int h = h0 + hh;
+            qv s[QP_NXM][2];
 #pragma GCC unroll 8
             for (int j = 0; j < NX; j++) {
-                const unsigned char *yq = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) + offsetof(cpu_act32, q);
-                qv h0 = qv_mad16(w[0], qv_bcast(yq)), h1 = qv_mad16(w[1], qv_bcast(yq + 4));
-#pragma GCC unroll 3
-                for (int k = 1; k < 4; k++) {
-                    h0 = qv_add16(h0, qv_mad16(w[2 * k], qv_bcast(yq + 8 * k)));
-                    h1 = qv_add16(h1, qv_mad16(w[2 * k + 1], qv_bcast(yq + 8 * k + 4)));
-                }
-                s[j][1] = qv_wide16(s[j][1], qv_add16(h0, h1));
+                int32_t ys;
+                memcpy(&ys, x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) + offsetof(cpu_act32, s), 4);
+                s[j][0] = qv_set1(init * ys);
+                s[j][1] = qv_zero();
             }
-        } else if (T == EMBER_Q5_0) {
-            /* per quad: 4 maddubs in 16 bits (4 x 7,874 fits) */
-#pragma GCC unroll 2
-            for (int q = 0; q < 2; q++) {
-                qv w[4];
-                qp32_quad(p, q, w, T, h);
+#ifdef QP_MAD16
+            if (T == EMBER_Q4_0) {
+                /* the block's 8 weight vectors once, then per row all 8 maddubs
+                   summed in 16 bits (8 x 3,810 fits) and widened once */
+                qv w[8];
+                qp32_quad(p, 0, w, T, h);
+                qp32_quad(p, 1, w + 4, T, h);
 #pragma GCC unroll 8
                 for (int j = 0; j < NX; j++) {
-                    const unsigned char *yq = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) +
-                                              offsetof(cpu_act32, q) + 16 * (size_t)q;
-                    qv h0 = qv_add16(qv_mad16(w[0], qv_bcast(yq)), qv_mad16(w[2], qv_bcast(yq + 8)));
-                    qv h1 = qv_add16(qv_mad16(w[1], qv_bcast(yq + 4)), qv_mad16(w[3], qv_bcast(yq + 12)));
-                    qv *sq = &s[j][NX > 2 ? 0 : q]; /* one chain per row in a wide tile (registers) */
-                    *sq = qv_wide16(*sq, qv_add16(h0, h1));
+                    const unsigned char *yq =
+                        x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) + offsetof(cpu_act32, q);
+                    qv h0v = qv_mad16(w[0], qv_bcast(yq)), h1v = qv_mad16(w[1], qv_bcast(yq + 4));
+#pragma GCC unroll 3
+                    for (int k = 1; k < 4; k++) {
+                        h0v = qv_add16(h0v, qv_mad16(w[2 * k], qv_bcast(yq + 8 * k)));
+                        h1v = qv_add16(h1v, qv_mad16(w[2 * k + 1], qv_bcast(yq + 8 * k + 4)));
+                    }
+                    s[j][1] = qv_wide16(s[j][1], qv_add16(h0v, h1v));
                 }
-            }
-        } else
+            } else if (T == EMBER_Q5_0) {
+                /* per quad: 4 maddubs in 16 bits (4 x 7,874 fits) */
+#pragma GCC unroll 2
+                for (int q = 0; q < 2; q++) {
+                    qv w[4];
+                    qp32_quad(p, q, w, T, h);
+#pragma GCC unroll 8
+                    for (int j = 0; j < NX; j++) {
+                        const unsigned char *yq = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) +
+                                                  offsetof(cpu_act32, q) + 16 * (size_t)q;
+                        qv h0v = qv_add16(qv_mad16(w[0], qv_bcast(yq)), qv_mad16(w[2], qv_bcast(yq + 8)));
+                        qv h1v = qv_add16(qv_mad16(w[1], qv_bcast(yq + 4)), qv_mad16(w[3], qv_bcast(yq + 12)));
+                        qv *sq = &s[j][NX > 2 ? 0 : q]; /* one chain per row in a wide tile (registers) */
+                        *sq = qv_wide16(*sq, qv_add16(h0v, h1v));
+                    }
+                }
+            } else
 #endif
 #pragma GCC unroll 2
-        for (int q = 0; q < 2; q++) {
-            qv w[4];
-            qp32_quad(p, q, w, T, h);
+                for (int q = 0; q < 2; q++) {
+                    qv w[4];
+                    qp32_quad(p, q, w, T, h);
+#pragma GCC unroll 8
+                    for (int j = 0; j < NX; j++) {
+                        const unsigned char *yq = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) +
+                                                  offsetof(cpu_act32, q) + 16 * (size_t)q;
+#pragma GCC unroll 4
+                        for (int k = 0; k < 4; k++) {
+                            qv *sk = &s[j][NS == 2 ? k & 1 : 0];
+                            *sk = T == EMBER_Q8_0 ? qv_dot4_q8(*sk, w[k], qv_bcast(yq + 4 * k))
+                                                  : qv_dot4(*sk, w[k], qv_bcast(yq + 4 * k));
+                        }
+                    }
+                }
+            const fv dw = fv_load_h(p + QP_HF(h));
 #pragma GCC unroll 8
             for (int j = 0; j < NX; j++) {
-                const unsigned char *yq = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32) +
-                                          offsetof(cpu_act32, q) + 16 * (size_t)q;
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    qv *sk = &s[j][NS == 2 ? k & 1 : 0];
-                    *sk = T == EMBER_Q8_0 ? qv_dot4_q8(*sk, w[k], qv_bcast(yq + 4 * k))
-                                          : qv_dot4(*sk, w[k], qv_bcast(yq + 4 * k));
-                }
+                const unsigned char *y = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32);
+                qv t = qv_add(s[j][0], s[j][1]);
+                acc[hh][j] = fv_fma(fv_mul(dw, fv_bcast(y + offsetof(cpu_act32, d))), fv_cvt(t), acc[hh][j]);
             }
         }
-        const fv dw = fv_load_h(p + QP_HF(h));
-#pragma GCC unroll 8
-        for (int j = 0; j < NX; j++) {
-            const unsigned char *y = x + (size_t)j * x_row + (size_t)b * sizeof(cpu_act32);
-            qv t = qv_add(s[j][0], s[j][1]);
-            acc[j] = fv_fma(fv_mul(dw, fv_bcast(y + offsetof(cpu_act32, d))), fv_cvt(t), acc[j]);
-        }
     }
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
 #pragma GCC unroll 8
-    for (int j = 0; j < NX; j++) fv_store(out + (size_t)j * ldo + QL * (size_t)h, acc[j]);
+        for (int j = 0; j < NX; j++) fv_store(out + (size_t)j * ldo + QL * (size_t)(h0 + hh), acc[hh][j]);
 }
 
 /* ---- Q4_K, Q5_K -------------------------------------------------------------------- */
@@ -432,13 +448,13 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
     ((T) == EMBER_Q4_K || (T) == EMBER_Q5_K ? 1 : (T) == EMBER_Q6_K ? 2 : 0)
 
 ALWAYS_INLINE void qp_call(const unsigned char *wg, int nb, const unsigned char *x, size_t x_row, float *out,
-                           size_t ldo, const int NX, const int T, const int h) {
+                           size_t ldo, const int NX, const int T, const int h, const int NH) {
     if (QP_TILE(T) == 1)
         qpk4_tile(wg, nb, x, x_row, out, ldo, NX, T, h);
     else if (QP_TILE(T) == 2)
         qpk6_tile(wg, nb, x, x_row, out, ldo, NX, T, h);
     else
-        qp32_tile(wg, nb, x, x_row, out, ldo, NX, T, h);
+        qp32_tile(wg, nb, x, x_row, out, ldo, NX, T, h, NH);
 }
 
 ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t xa_row, int mm, int K, float *out,
@@ -457,23 +473,31 @@ ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t 
                                         : 210;
     const size_t gbytes = 16 * bb * (size_t)nb;
     const unsigned char *x = xa;
+    /* with two halves, the last single row of a 32-element type takes both
+       in one pass (qp32_tile; the K types measured slower so) */
+    const int H1 = QL == 8 && QP_TILE(T) == 0 ? 2 : 1;
     for (int g = 0; g < ngroups; g++) {
         const unsigned char *wg = (const unsigned char *)wp + (size_t)g * gbytes;
         float *og = out + 16 * (size_t)g;
+        int m1 = 0;
         for (int h = 0; h < 16 / QL; h++) {
             int m = 0;
             for (; m + NXT <= mm; m += NXT)
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, NXT, T, h);
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, NXT, T, h, 1);
             if (NXT > 4 && m + 4 <= mm) {
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 4, T, h);
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 4, T, h, 1);
                 m += 4;
             }
             if (m + 2 <= mm) {
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 2, T, h);
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 2, T, h, 1);
                 m += 2;
             }
-            if (m < mm) qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 1, T, h);
+            m1 = m;
+            if (m < mm && H1 == 1)
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 1, T, h, 1);
         }
+        if (m1 < mm && H1 == 2)
+            qp_call(wg, nb, x + (size_t)m1 * xa_row, xa_row, og + (size_t)m1 * ldo, ldo, 1, T, 0, 2);
     }
 }
 
