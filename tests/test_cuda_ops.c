@@ -298,82 +298,7 @@ static void test_rms_norm(void) {
 
 /* n products sharing x [M, K]: weight dtypes dts[i], N[i] rows, bias when
    bias[i]; compares each output with the CPU. */
-static void check_matmul(int M, int K, int n, const ember_dtype *dts, const int *N, const bool *bias) {
-    ember_error err;
-    pair x, w[8], b[8], o[8];
-    int64_t xs[2] = {M, K};
-    pair_rand(&x, EMBER_F32, 2, xs);
-    ember_matmul mg[8], mc[8];
-    for (int i = 0; i < n; i++) {
-        int64_t ws[2] = {N[i], K}, bs[1] = {N[i]}, os[2] = {M, N[i]};
-        pair_rand(&w[i], dts[i], 2, ws);
-        if (bias[i]) pair_rand(&b[i], EMBER_F32, 1, bs);
-        pair_alloc(&o[i], EMBER_F32, 2, os);
-        poison(g_gpu, &o[i].g);
-        mg[i] = (ember_matmul){&o[i].g, &w[i].g, bias[i] ? &b[i].g : NULL};
-        mc[i] = (ember_matmul){&o[i].c, &w[i].c, bias[i] ? &b[i].c : NULL};
-    }
-    int rg = g_gpu->ops->matmul(g_gpu, &x.g, n, mg, &err);
-    CHECKF(rg == EMBER_OK, "gpu matmul: %s", err.msg);
-    CHECK(g_cpu->ops->matmul(g_cpu, &x.c, n, mc, &err) == EMBER_OK);
-    for (int i = 0; i < n; i++) {
-        char what[96];
-        snprintf(what, sizeof what, "matmul %s M%d K%d N%d bias%d (product %d of %d)", ember_dtype_get(dts[i])->name,
-                 M, K, N[i], bias[i], i, n);
-        compare(&o[i], what);
-        pair_free(&w[i]);
-        pair_free(&o[i]);
-        if (bias[i]) pair_free(&b[i]);
-    }
-    pair_free(&x);
-}
-
-static void test_matmul(void) {
-    const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
-    const int Ks[] = {37, 200, 1000, 4096};
-    const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 17, 64, 100};
-    for (int d = 0; d < 3; d++)
-        for (int k = 0; k < 4; k++)
-            for (int m = 0; m < 12; m++) {
-                int N = 67;
-                bool bias = (m + k) % 2;
-                check_matmul(Ms[m], Ks[k], 1, &dts[d], &N, &bias);
-            }
-    /* several products sharing the input, of mixed dtypes */
-    const ember_dtype mix[4] = {EMBER_BF16, EMBER_F32, EMBER_BF16, EMBER_F16};
-    const int Ns[4] = {130, 1, 33, 300};
-    const bool bias[4] = {true, false, false, true};
-    check_matmul(1, 512, 4, mix, Ns, bias);
-    check_matmul(3, 512, 4, mix, Ns, bias);
-    check_matmul(40, 512, 4, mix, Ns, bias);
-    /* a decode-sized product over many blocks */
-    const int bigN = 2048;
-    const bool nob = false;
-    check_matmul(1, 4096, 1, &mix[0], &bigN, &nob);
-    check_matmul(8, 4096, 1, &mix[0], &bigN, &nob);
-    /* errors: quantized weights, too many products, wrong shapes */
-    ember_error err;
-    pair x, o;
-    int64_t xs[2] = {2, 64}, os[2] = {2, 4}, qs[2] = {4, 64};
-    pair_rand(&x, EMBER_F32, 2, xs);
-    pair_alloc(&o, EMBER_F32, 2, os);
-    ember_tensor q;
-    ember_buffer *qb;
-    CHECK(ember_tensor_alloc(g_gpu, &q, &qb, EMBER_Q4_1, 2, qs, &err) == EMBER_OK);
-    ember_matmul mm = {&o.g, &q, NULL};
-    CHECK(g_gpu->ops->matmul(g_gpu, &x.g, 1, &mm, &err) == EMBER_ERR_UNSUPPORTED);
-    CHECKF(strstr(err.msg, "q4_1") && strstr(err.msg, "not supported yet"), "%s", err.msg);
-    ember_matmul nine[9];
-    for (int i = 0; i < 9; i++) nine[i] = mm;
-    CHECK(g_gpu->ops->matmul(g_gpu, &x.g, 9, nine, &err) == EMBER_ERR_INVALID_ARG);
-    mm.w = &x.g; /* [2, 64] as a weight: output must be [2, 2] */
-    CHECK(g_gpu->ops->matmul(g_gpu, &x.g, 1, &mm, &err) == EMBER_ERR_INVALID_ARG);
-    ember_buffer_free(qb);
-    pair_free(&x);
-    pair_free(&o);
-}
-
-/* ---- quantized weights (cuda_qmm.cu) --------------------------------------------------------- */
+/* ---- products against the CPU: float and quantized weights (cuda_matmul.cu, cuda_qmm.cu) ---- */
 
 static const ember_dtype k_qtypes[] = {EMBER_Q8_0, EMBER_Q4_0, EMBER_Q5_0, EMBER_Q4_K, EMBER_Q5_K, EMBER_Q6_K};
 #define N_QTYPES ((int)(sizeof k_qtypes / sizeof k_qtypes[0]))
@@ -466,6 +391,58 @@ static void check_qmatmul(int M, int K, int n, const ember_dtype *dts, const int
     }
     pair_free(&x);
 }
+
+/* Products of one input with float weights against the CPU, within TOL. */
+static void check_matmul(int M, int K, int n, const ember_dtype *dts, const int *N, const bool *bias) {
+    check_qmatmul(M, K, n, dts, N, bias, 0);
+}
+
+static void test_matmul(void) {
+    const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
+    const int Ks[] = {37, 200, 1000, 4096};
+    const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 17, 64, 100};
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < 4; k++)
+            for (int m = 0; m < 12; m++) {
+                int N = 67;
+                bool bias = (m + k) % 2;
+                check_matmul(Ms[m], Ks[k], 1, &dts[d], &N, &bias);
+            }
+    /* several products sharing the input, of mixed dtypes */
+    const ember_dtype mix[4] = {EMBER_BF16, EMBER_F32, EMBER_BF16, EMBER_F16};
+    const int Ns[4] = {130, 1, 33, 300};
+    const bool bias[4] = {true, false, false, true};
+    check_matmul(1, 512, 4, mix, Ns, bias);
+    check_matmul(3, 512, 4, mix, Ns, bias);
+    check_matmul(40, 512, 4, mix, Ns, bias);
+    /* a decode-sized product over many blocks */
+    const int bigN = 2048;
+    const bool nob = false;
+    check_matmul(1, 4096, 1, &mix[0], &bigN, &nob);
+    check_matmul(8, 4096, 1, &mix[0], &bigN, &nob);
+    /* errors: quantized weights, too many products, wrong shapes */
+    ember_error err;
+    pair x, o;
+    int64_t xs[2] = {2, 64}, os[2] = {2, 4}, qs[2] = {4, 64};
+    pair_rand(&x, EMBER_F32, 2, xs);
+    pair_alloc(&o, EMBER_F32, 2, os);
+    ember_tensor q;
+    ember_buffer *qb;
+    CHECK(ember_tensor_alloc(g_gpu, &q, &qb, EMBER_Q4_1, 2, qs, &err) == EMBER_OK);
+    ember_matmul mm = {&o.g, &q, NULL};
+    CHECK(g_gpu->ops->matmul(g_gpu, &x.g, 1, &mm, &err) == EMBER_ERR_UNSUPPORTED);
+    CHECKF(strstr(err.msg, "q4_1") && strstr(err.msg, "not supported yet"), "%s", err.msg);
+    ember_matmul nine[9];
+    for (int i = 0; i < 9; i++) nine[i] = mm;
+    CHECK(g_gpu->ops->matmul(g_gpu, &x.g, 9, nine, &err) == EMBER_ERR_INVALID_ARG);
+    mm.w = &x.g; /* [2, 64] as a weight: output must be [2, 2] */
+    CHECK(g_gpu->ops->matmul(g_gpu, &x.g, 1, &mm, &err) == EMBER_ERR_INVALID_ARG);
+    ember_buffer_free(qb);
+    pair_free(&x);
+    pair_free(&o);
+}
+
+/* ---- quantized weights (cuda_qmm.cu) ---------------------------------------------------------- */
 
 static void test_qmatmul(void) {
     const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 64};

@@ -1040,6 +1040,22 @@ static int cuda_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tenso
                     "rms_norm", err);
 }
 
+/* The launch form of a checked product. */
+static ember_cu_mm_prod cu_prod(const ember_matmul *m) {
+    return (ember_cu_mm_prod){.w = dev(m->w), .out = dev(m->out), .bias = m->bias ? dev(m->bias) : NULL,
+                              .N = (int)m->w->shape[0]};
+}
+
+/* Appends the n products' launch parameters to a step-graph signature at sg + *ns. */
+static void sig_prods(uint64_t *sg, int *ns, const ember_cu_mm_prod *p, int n) {
+    for (int i = 0; i < n; i++) {
+        sg[(*ns)++] = P(p[i].w);
+        sg[(*ns)++] = P(p[i].out);
+        sg[(*ns)++] = P(p[i].bias);
+        sg[(*ns)++] = (uint64_t)p[i].N;
+    }
+}
+
 /* The quantized products of a checked matmul (cuda_matmul): one launch per
    weight type, products in order inside it, after the input is quantized
    once per activation kind (the 32-element types share one, the K types
@@ -1052,7 +1068,7 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
     for (int i = 0; i < n; i++) {
         int qt = cu_qtype(mm[i].w->dtype);
         if (qt < 0) continue;
-        bool k256 = qt == EMBER_CU_Q4_K || qt == EMBER_CU_Q5_K || qt == EMBER_CU_Q6_K;
+        bool k256 = ember_cu_q256(qt);
         any256 |= k256;
         any32 |= !k256;
         rows[qt] += mm[i].w->shape[0];
@@ -1092,7 +1108,7 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
             (rc = launched(c, ember_cu_qact(c->stream, qa, dev(x), act, M, K), "matmul: quantize input", err)))
             return rc;
         for (int qt = EMBER_CU_Q8_0; qt <= EMBER_CU_Q6_K; qt++) {
-            bool k256 = qt == EMBER_CU_Q4_K || qt == EMBER_CU_Q5_K || qt == EMBER_CU_Q6_K;
+            bool k256 = ember_cu_q256(qt);
             if (k256 != (kind == 1)) continue;
             ember_cu_qmm a = {.act = act, .M = M, .K = K, .qtype = qt, .n = 0};
             int64_t Nt = 0;
@@ -1100,10 +1116,7 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
             for (int i = 0; i < n; i++) {
                 if (cu_qtype(mm[i].w->dtype) != qt) continue;
                 qd = mm[i].w->dtype;
-                a.p[a.n++] = (ember_cu_mm_prod){.w = dev(mm[i].w),
-                                                .out = dev(mm[i].out),
-                                                .bias = mm[i].bias ? dev(mm[i].bias) : NULL,
-                                                .N = (int)mm[i].w->shape[0]};
+                a.p[a.n++] = cu_prod(&mm[i]);
                 Nt += mm[i].w->shape[0];
             }
             if (!a.n) continue;
@@ -1113,12 +1126,7 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
                          (long long)Nt, K);
             uint64_t sg[5 + 4 * EMBER_CU_MAX_MM] = {21, P(act), (uint64_t)M, (uint64_t)K, (uint64_t)qt};
             int ns = 5;
-            for (int i = 0; i < a.n; i++) {
-                sg[ns++] = P(a.p[i].w);
-                sg[ns++] = P(a.p[i].out);
-                sg[ns++] = P(a.p[i].bias);
-                sg[ns++] = (uint64_t)a.p[i].N;
-            }
+            sig_prods(sg, &ns, a.p, a.n);
             if (g_skip(c, sg, ns)) continue;
             if ((rc = launched(c, ember_cu_qmatmul(c->stream, &a), name, err))) return rc;
         }
@@ -1166,10 +1174,7 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
         ember_cu_mm a = {.x = dev(x), .M = (int)M, .K = (int)K, .dtype = dt, .n = 0};
         for (int i = 0; i < n; i++) {
             if (cu_dtype(mm[i].w->dtype) != dt) continue;
-            a.p[a.n++] = (ember_cu_mm_prod){.w = dev(mm[i].w),
-                                            .out = dev(mm[i].out),
-                                            .bias = mm[i].bias ? dev(mm[i].bias) : NULL,
-                                            .N = (int)mm[i].w->shape[0]};
+            a.p[a.n++] = cu_prod(&mm[i]);
         }
         char name[64] = "matmul";
         if (c->prof) {
@@ -1184,12 +1189,7 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
                                                  (uint64_t)ember_cu_mm_cluster, (uint64_t)ember_cu_mm_blk_min,
                                                  (uint64_t)ember_cu_mm_wg_min};
         int ns = 8;
-        for (int i = 0; i < a.n; i++) {
-            sg[ns++] = P(a.p[i].w);
-            sg[ns++] = P(a.p[i].out);
-            sg[ns++] = P(a.p[i].bias);
-            sg[ns++] = (uint64_t)a.p[i].N;
-        }
+        sig_prods(sg, &ns, a.p, a.n);
         if (g_skip(c, sg, ns)) continue;
         if ((rc = launched(c, ember_cu_matmul(c->stream, &a), name, err))) return rc;
     }

@@ -128,6 +128,11 @@ cudaError_t ember_cu_matmul(cudaStream_t stream, ember_cu_mm *a);
 /* Block types of quantized weights, as the kernels see them (consecutive). */
 enum { EMBER_CU_Q8_0 = 16, EMBER_CU_Q4_0, EMBER_CU_Q5_0, EMBER_CU_Q4_K, EMBER_CU_Q5_K, EMBER_CU_Q6_K };
 
+/* 1 for the types of 256-element blocks (their inputs are quantized in blocks of 256). */
+static inline int ember_cu_q256(int qtype) {
+    return qtype == EMBER_CU_Q4_K || qtype == EMBER_CU_Q5_K || qtype == EMBER_CU_Q6_K;
+}
+
 /* Products of one input with weights of one quantized type: the CPU's
    canonical dot products (src/backend/cpu/qkern.h), bit for bit. act holds
    the input quantized by ember_cu_qact (the same qtype, M and K). */

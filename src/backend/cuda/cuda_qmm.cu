@@ -91,19 +91,15 @@ template <> struct qt_info<EMBER_CU_Q6_K> {
    2t + 1, s of those two} (64 bytes). Rows past M are zero. */
 #define A32T_BYTES 320
 
-static bool qt_k256(int qtype) {
-    return qtype == EMBER_CU_Q4_K || qtype == EMBER_CU_Q5_K || qtype == EMBER_CU_Q6_K;
-}
-
 /* The tensor-core kernel takes these types from this many rows on. */
 #define QTC_MIN_M 9
 
 static bool qt_tc(int qtype, int M) {
-    return !qt_k256(qtype) && M >= QTC_MIN_M;
+    return !ember_cu_q256(qtype) && M >= QTC_MIN_M;
 }
 
 extern "C" size_t ember_cu_qact_bytes(int qtype, int M, int K) {
-    if (qt_k256(qtype)) return (size_t)M * (size_t)(K / 256) * A256_BYTES;
+    if (ember_cu_q256(qtype)) return (size_t)M * (size_t)(K / 256) * A256_BYTES;
     if (qt_tc(qtype, M)) return (size_t)((M + 7) / 8) * (size_t)(K / 32) * A32T_BYTES;
     return (size_t)M * (size_t)(K / 32) * A32_BYTES;
 }
@@ -206,7 +202,7 @@ static __global__ void __launch_bounds__(256) qact256_k(const float *x, unsigned
 
 extern "C" cudaError_t ember_cu_qact(cudaStream_t stream, int qtype, const float *x, void *act, int M, int K) {
     if (M < 1 || K < 1) return cudaSuccess;
-    const bool k256 = qt_k256(qtype), tc = qt_tc(qtype, M);
+    const bool k256 = ember_cu_q256(qtype), tc = qt_tc(qtype, M);
     const long long rows = tc ? (long long)(M + 7) / 8 * 8 : M;
     const long long grid = (rows * (K / (k256 ? 256 : 32)) + 7) / 8;
     if (grid > 0x7fffffffLL) return cudaErrorInvalidValue;
