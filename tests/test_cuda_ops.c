@@ -1218,6 +1218,162 @@ static void test_add_rms_norm(void) {
     pair_free(&w);
 }
 
+/* ---- quantized inputs written by the op that produces them (cuda_backend.c) ---------------- */
+
+#define QFUSE_MAX_M 8 /* EMBER_CU_QFUSE_MAX_M (cuda_kernels.h), asked for by EMBER_CUDA_QFUSE in main */
+
+/* The GPU products of y with the n weights into o (allocated and poisoned
+   beforehand: an allocation or a write between the op that produced y and
+   the matmul would rightly cost the matmul its quantized input), read back
+   (malloc'd, the caller frees). */
+static void qf_products(const ember_tensor *y, int n, const pair *w, ember_tensor *o, float **out) {
+    ember_error err;
+    ember_matmul mm[4];
+    for (int i = 0; i < n; i++) mm[i] = (ember_matmul){&o[i], &w[i].g, NULL};
+    CHECKF(g_gpu->ops->matmul(g_gpu, y, n, mm, &err) == EMBER_OK, "matmul: %s", err.msg);
+    for (int i = 0; i < n; i++) out[i] = read_f32(g_gpu, &o[i]);
+}
+
+static void qf_poison(int n, ember_tensor *o) {
+    for (int i = 0; i < n; i++) poison(g_gpu, &o[i]);
+}
+
+/* a and b (n products of M rows) hold the same bits; frees a. */
+static void qf_same(float **a, float **b, int n, int M, const pair *w, const char *what) {
+    for (int i = 0; i < n; i++) {
+        size_t cnt = (size_t)M * (size_t)w[i].g.shape[0];
+        CHECKF(!memcmp(a[i], b[i], cnt * 4), "%s: product %d (%s) differs from the unfused one", what, i,
+               ember_dtype_get(w[i].g.dtype)->name);
+        free(a[i]);
+    }
+}
+
+/* Op `op` (0 rms_norm, 1 add_rms_norm, 2 swiglu, 3 geglu) writes y [M, K],
+   then a matmul of y with n weights of types dts: the products must be the
+   bits of the same matmul of a copy of y (quantized by the matmul itself);
+   with M <= QFUSE_MAX_M rows the matmul must have found y quantized
+   (ember_cuda_qfuse_count), and a second matmul of y too; a write or an
+   op that changes y in between must be seen. */
+static void check_qfuse(int op, int M, int K, int n, const ember_dtype *dts) {
+    static const char *const names[] = {"rms_norm", "add_rms_norm", "swiglu", "geglu"};
+    ember_error err;
+    int64_t xs[2] = {M, K}, ws[1] = {K};
+    const size_t nel = (size_t)M * (size_t)K;
+    float *ha = malloc(nel * 4), *hb = malloc(nel * 4), *hz = malloc(nel * 4), *hw = malloc((size_t)K * 4);
+    for (size_t i = 0; i < nel; i++) ha[i] = 2.0f * frnd(), hb[i] = frnd(), hz[i] = frnd();
+    for (int k = 0; k < K; k++) hw[k] = frnd();
+    ember_tensor a, b, y, y2, nw;
+    ember_buffer *ba = gpu_copy(&a, 2, xs, ha), *bb = gpu_copy(&b, 2, xs, hb), *by = gpu_copy(&y, 2, xs, hz),
+                 *by2 = gpu_copy(&y2, 2, xs, hz), *bw = gpu_copy(&nw, 1, ws, hw);
+    pair w[4];
+    unsigned kinds = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t wsh[2] = {64 + 16 * i, K};
+        if (ember_dtype_get(dts[i])->block_elems > 1) {
+            q_rand(&w[i], dts[i], wsh[0], K);
+            kinds |= ember_dtype_get(dts[i])->block_elems == 256 ? 2u : 1u;
+        } else {
+            pair_rand(&w[i], dts[i], 2, wsh);
+        }
+    }
+    const int nk = (kinds & 1) + (kinds >> 1);
+    ember_tensor o[4];
+    ember_buffer *ob[4];
+    for (int i = 0; i < n; i++) {
+        int64_t os[2] = {M, w[i].g.shape[0]};
+        CHECKF(ember_tensor_alloc(g_gpu, &o[i], &ob[i], EMBER_F32, 2, os, &err) == EMBER_OK, "alloc: %s", err.msg);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "qfuse %s M%d K%d %s..%s", names[op], M, K, ember_dtype_get(dts[0])->name,
+             ember_dtype_get(dts[n - 1])->name);
+    /* the op, from the same inputs each time (add_rms_norm adds into a) */
+#define QF_PRODUCE()                                                                                          \
+    do {                                                                                                      \
+        int rc_;                                                                                              \
+        if (op == 0) rc_ = g_gpu->ops->rms_norm(g_gpu, &y, &a, &nw, 1e-6f, false, &err);                       \
+        else if (op == 1) {                                                                                   \
+            CHECK(g_gpu->ops->write(g_gpu, &a, 0, ha, nel * 4, &err) == EMBER_OK);                            \
+            rc_ = g_gpu->ops->add_rms_norm(g_gpu, &y, &a, &b, &nw, 1e-6f, true, &err);                        \
+        } else if (op == 2) rc_ = g_gpu->ops->swiglu(g_gpu, &y, &a, &b, &err);                               \
+        else rc_ = g_gpu->ops->geglu(g_gpu, &y, &a, &b, &err);                                                \
+        CHECKF(rc_ == EMBER_OK, "%s: %s", what, err.msg);                                                     \
+    } while (0)
+    float *ref[4], *got[4];
+    /* the first pass shows the backend which kinds products of K take */
+    qf_poison(n, o);
+    QF_PRODUCE();
+    qf_products(&y, n, w, o, got);
+    for (int i = 0; i < n; i++) free(got[i]);
+    /* the reference: a copy of y, quantized by the matmul */
+    CHECK(g_gpu->ops->copy(g_gpu, &y2, 0, &y, 0, nel * 4, &err) == EMBER_OK);
+    qf_poison(n, o);
+    qf_products(&y2, n, w, o, ref);
+    /* the op's own quantized form; then a second matmul of y reuses it */
+    qf_poison(n, o);
+    QF_PRODUCE();
+    long c0 = ember_cuda_qfuse_count(g_gpu);
+    qf_products(&y, n, w, o, got);
+    long c1 = ember_cuda_qfuse_count(g_gpu);
+    CHECKF(c1 - c0 == (M <= QFUSE_MAX_M ? nk : 0), "%s: %ld kinds found quantized, %d expected", what, c1 - c0,
+           M <= QFUSE_MAX_M ? nk : 0);
+    qf_same(got, ref, n, M, w, what);
+    qf_products(&y, n, w, o, got); /* reads y only: no poison between (a write would count) */
+    CHECKF(ember_cuda_qfuse_count(g_gpu) - c1 == nk, "%s: the second matmul of y quantized it again", what);
+    qf_same(got, ref, n, M, w, what);
+    /* y rewritten from the host after the op: the matmul quantizes the new values */
+    qf_poison(n, o);
+    QF_PRODUCE();
+    CHECK(g_gpu->ops->write(g_gpu, &y, 0, hz, nel * 4, &err) == EMBER_OK);
+    c0 = ember_cuda_qfuse_count(g_gpu);
+    qf_products(&y, n, w, o, got);
+    CHECKF(ember_cuda_qfuse_count(g_gpu) == c0, "%s: a write to y went unseen", what);
+    for (int i = 0; i < n; i++) free(ref[i]);
+    CHECK(g_gpu->ops->write(g_gpu, &y2, 0, hz, nel * 4, &err) == EMBER_OK);
+    qf_poison(n, o);
+    qf_products(&y2, n, w, o, ref);
+    qf_same(got, ref, n, M, w, what);
+    for (int i = 0; i < n; i++) free(ref[i]);
+    /* y scaled in place after the op: likewise */
+    qf_poison(n, o);
+    QF_PRODUCE();
+    CHECK(g_gpu->ops->scale(g_gpu, &y, &y, 2.0f, &err) == EMBER_OK);
+    c0 = ember_cuda_qfuse_count(g_gpu);
+    qf_products(&y, n, w, o, got);
+    CHECKF(ember_cuda_qfuse_count(g_gpu) == c0, "%s: scale of y went unseen", what);
+    CHECK(g_gpu->ops->copy(g_gpu, &y2, 0, &y, 0, nel * 4, &err) == EMBER_OK);
+    qf_poison(n, o);
+    qf_products(&y2, n, w, o, ref);
+    qf_same(got, ref, n, M, w, what);
+    for (int i = 0; i < n; i++) free(ref[i]);
+#undef QF_PRODUCE
+    for (int i = 0; i < n; i++) {
+        pair_free(&w[i]);
+        ember_buffer_free(ob[i]);
+    }
+    ember_buffer_free(ba);
+    ember_buffer_free(bb);
+    ember_buffer_free(by);
+    ember_buffer_free(by2);
+    ember_buffer_free(bw);
+    free(ha);
+    free(hb);
+    free(hz);
+    free(hw);
+}
+
+static void test_qfuse(void) {
+    static const ember_dtype sets[][2] = {{EMBER_Q4_0, EMBER_Q4_0}, {EMBER_Q4_K, EMBER_Q6_K},
+                                          {EMBER_Q8_0, EMBER_Q5_K}, {EMBER_BF16, EMBER_Q5_0}};
+    static const int ns[] = {1, 2, 2, 2};
+    static const int Ms[] = {1, 3, 8, 9};
+    for (int op = 0; op < 4; op++)
+        for (int m = 0; m < 4; m++) {
+            for (int st = 0; st < 4; st++) check_qfuse(op, Ms[m], 512, ns[st], sets[st]);
+            check_qfuse(op, Ms[m], 96, ns[0], sets[0]); /* rows of 96: the 32-element kind only */
+            check_qfuse(op, Ms[m], 96, ns[3], sets[3]);
+        }
+}
+
 /* rope_kv_write: the bits of rope, rope, kv_write on the GPU (q, k and the
    pool's bytes), and q within the tolerance of the CPU's rope. */
 static void check_rope_kv(ember_kv_enc enc, int Hkv, int rep, int D, int n_rot, int mode) {
@@ -1340,6 +1496,8 @@ int main(void) {
         fprintf(stderr, "skipped: no CUDA device\n");
         return 77;
     }
+    /* the producing ops' quantized inputs for up to QFUSE_MAX_M rows (default 1; read when the backend is made) */
+    setenv("EMBER_CUDA_QFUSE", "8", 1);
     ember_cuda_params gp = {.device = 0};
     if (ember_backend_cuda_new(&gp, &g_gpu, &err)) {
         fprintf(stderr, "cuda backend: %s\n", err.msg);
@@ -1362,6 +1520,7 @@ int main(void) {
                   {"elementwise", test_elementwise}, {"copy", test_copy},
                   {"kv_attention", test_kv_attention}, {"add_rms_norm", test_add_rms_norm},
                   {"rope_kv_write", test_rope_kv_write}, {"argmax", test_argmax},
+                  {"qfuse", test_qfuse},
                   {"unsupported", test_unsupported}};
     const char *only = getenv("EMBER_CUDA_OPS_ONLY");
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {

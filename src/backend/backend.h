@@ -487,5 +487,9 @@ void *ember_backend_cuda_stream(const ember_backend *be);
    steps replayed, passes that had to run again (a replay that did not
    match, a capture that could not finish); all 0 for another backend. */
 void ember_cuda_graph_stats(const ember_backend *be, long *captured, long *replayed, long *again);
+/* How many times a CUDA backend's quantized matmul found its input already
+   quantized (by the op that produced it, or an earlier matmul of it) and
+   launched no quantizer; 0 for another backend. */
+long ember_cuda_qfuse_count(const ember_backend *be);
 
 #endif

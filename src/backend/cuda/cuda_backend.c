@@ -41,7 +41,10 @@
  * Quantized weights (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K; cuda_qmm.cu): a
  * matmul quantizes its input once per activation kind into device scratch
  * the backend owns (grown on demand, like the attention scratch), then runs
- * one launch per weight type; the results are the CPU backend's bits.
+ * one launch per weight type; the results are the CPU backend's bits. In
+ * decode, the op that produced the input (a norm, swiglu) has usually
+ * written the quantized form already, and the matmul skips its quantizer
+ * launch (the section "quantized inputs").
  *
  * Not here yet: the quantized KV codecs (Q8, Q4, TQ) and the other weight
  * types (Q4_1, Q5_1, the other K types, MLX; EMBER_ERR_UNSUPPORTED, refused at
@@ -147,6 +150,20 @@ typedef struct cuda_backend {
     int64_t am_V;
     void *qact;          /* device scratch of quantized matmuls: the input quantized (cuda_qmm.cu) */
     size_t qact_cap;     /* bytes */
+    /* fused input quantization (section "quantized inputs"): what qact holds, the launches so far */
+    struct {
+        const void *src;  /* the f32 input whose quantized form qact holds, NULL: nothing */
+        int M, K;
+        unsigned kinds;   /* QK_32 (the 32-element types' layout for M), QK_256 */
+        uint64_t seq;     /* valid while c->seq still equals it */
+    } qf;
+    uint64_t seq;         /* launches and writes so far (g_skip, write, the ops without graphs) */
+    int qfuse;            /* the producing ops write the quantized form for inputs of at most this many rows
+                             (EMBER_CUDA_QFUSE, default 1, at most EMBER_CU_QFUSE_MAX_M; 0: never) */
+    struct {
+        int K;
+        unsigned kinds;
+    } qseen[8];           /* the activation kinds the quantized products of each row length K took (newest first) */
     float *delta_scratch; /* device scratch of delta_net, grown on demand */
     size_t delta_cap;     /* bytes */
     ember_cu_kv_ref *refs_h; /* host staging of a KV map's tables */
@@ -179,6 +196,7 @@ typedef struct cuda_backend {
     int n_gouts, gouts_cap;
     unsigned long long g_clock;
     long n_captured, n_replayed, n_again;
+    long n_qfused; /* quantizer launches a quantized matmul did not need (ember_cuda_qfuse_count) */
 } cuda_backend;
 
 static const ember_backend_ops k_cuda_ops;
@@ -315,6 +333,7 @@ static int cuda_buffer_alloc(ember_backend *be, size_t size, ember_buffer **out,
         return ember_err(err, EMBER_ERR_INTERNAL, "cuda: buffer_alloc inside a step (backend.h: step_begin)");
     int rc = bind(c, err);
     if (rc) return rc;
+    c->seq++; /* new memory, maybe where a freed input was (quantized inputs) */
     ember_buffer *b = ember_calloc(1, sizeof *b);
     if (!b) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if (size > SIZE_MAX - 16) {
@@ -410,6 +429,7 @@ static int cuda_write(ember_backend *be, ember_tensor *dst, size_t off, const vo
     if (rc || !n) return rc;
     if ((rc = bind(c, err))) return rc;
     if (c->gmode != G_OFF) return ember_err(err, EMBER_ERR_INTERNAL, "cuda: write inside a step (backend.h: step_begin)");
+    c->seq++; /* memory changes (quantized inputs) */
     CU_TRY(cudaMemcpyAsync((char *)dev(dst) + off, src, n, cudaMemcpyHostToDevice, c->stream), "write");
     CU_TRY(cudaStreamSynchronize(c->stream), "write");
     return EMBER_OK;
@@ -527,6 +547,7 @@ static void sig_kv(uint64_t *v, int *n, const ember_cu_kv *d) {
    against the capture's record, or a step that already broke or
    diverged). */
 static bool g_skip(cuda_backend *c, const uint64_t *v, int n) {
+    c->seq++; /* a launch: memory may change (quantized inputs) */
     if (c->gmode == G_OFF) return false;
     if (c->g_broken || c->g_diverged) return true;
     step_graph *g = c->gcur;
@@ -855,6 +876,11 @@ void ember_cuda_graph_stats(const ember_backend *be, long *captured, long *repla
     *again = c->n_again;
 }
 
+long ember_cuda_qfuse_count(const ember_backend *be) {
+    if (!be || be->ops != &k_cuda_ops) return 0;
+    return ((const cuda_backend *)be->impl)->n_qfused;
+}
+
 
 /* Copies n host arrays (part[i], bytes[i]) to device memory on the stream;
    *out[i] receives where array i will be when the ops after this run.
@@ -1022,6 +1048,100 @@ static int cuda_get_rows(ember_backend *be, ember_tensor *dst, const ember_tenso
     return launched(c, ember_cu_get_rows(c->stream, dev(dst), dev(src), dt, d_ids, n, D), "get_rows", err);
 }
 
+/* ---- quantized inputs ----------------------------------------------------------------------
+ *
+ * A quantized product reads its input quantized (cuda_qact.cuh) from the
+ * scratch c->qact: the 32-element types' layout at 0, the 256-element
+ * types' at the offset qact_need gives. The matmul quantizes the input there
+ * with launches of its own, unless c->qf says the scratch already holds it:
+ * written beside the input by the op that produced it (rms_norm,
+ * add_rms_norm, swiglu, geglu; inputs of at most c->qfuse rows, 1 unless
+ * EMBER_CUDA_QFUSE=N says N <= EMBER_CU_QFUSE_MAX_M: on an H200 it measured
+ * 1-3% faster at one row, and at 8 rows 2.5-5% faster for Llama-3.2-1B but
+ * 5% slower for Llama-3.1-8B q4_0, not understood yet;
+ * in the kinds the quantized products of that row length took before,
+ * c->qseen), or by an earlier matmul of the same input. c->qf holds only
+ * while nothing else has launched or written since (c->seq counts every
+ * launch, write and allocation). The host decides this the same way when a
+ * step is captured and when it is replayed (g_skip counts in both), so a
+ * replay launches what its capture did. The bytes are the same either way:
+ * the same device functions on the same f32 values. EMBER_CUDA_QFUSE=0 (a
+ * measuring aid) keeps the matmul's own launches, one per matmul.
+ */
+enum { QK_32 = 1, QK_256 = 2 };
+
+/* Bytes of the scratch for M rows of K (both layouts where K allows them);
+   *off256: where the 256-element layout starts. */
+static size_t qact_need(int M, int K, size_t *off256) {
+    const size_t b32 = K % 32 == 0 ? ember_cu_qact_bytes(EMBER_CU_Q8_0, M, K) : 0;
+    *off256 = (b32 + 255) & ~(size_t)255;
+    return *off256 + (K % 256 == 0 ? ember_cu_qact_bytes(EMBER_CU_Q4_K, M, K) : 0);
+}
+
+/* The kinds the quantized products of row length K took (0: none yet). */
+static unsigned qseen_get(const cuda_backend *c, int K) {
+    for (int i = 0; i < 8; i++)
+        if (c->qseen[i].kinds && c->qseen[i].K == K) return c->qseen[i].kinds;
+    return 0;
+}
+
+/* Adds kinds to row length K's, which becomes the newest (the oldest of 8 drops). */
+static void qseen_add(cuda_backend *c, int K, unsigned kinds) {
+    int i = 0;
+    while (i < 7 && !(c->qseen[i].kinds && c->qseen[i].K == K)) i++;
+    const unsigned old = c->qseen[i].kinds && c->qseen[i].K == K ? c->qseen[i].kinds : 0;
+    memmove(&c->qseen[1], &c->qseen[0], (size_t)i * sizeof c->qseen[0]);
+    c->qseen[0].K = K;
+    c->qseen[0].kinds = old | kinds;
+}
+
+/* The quantized form an op writing M rows of D at dst adds (q; *kinds), or
+   false: none (not wanted, too many rows, or the scratch too small: the
+   matmul grows it and quantizes itself). */
+static bool qfuse_plan(cuda_backend *c, int64_t M, int64_t D, ember_cu_qout *q, unsigned *kinds) {
+    q->act32 = q->act256 = NULL;
+    *kinds = 0;
+    if (M < 1 || M > c->qfuse || M > EMBER_CU_QFUSE_MAX_M || D < 1 || D > INT32_MAX) return false;
+    unsigned k = qseen_get(c, (int)D);
+    if (D % 32) k &= ~(unsigned)QK_32;
+    if (D % 256) k &= ~(unsigned)QK_256;
+    size_t off256;
+    if (!k || !c->qact || qact_need((int)M, (int)D, &off256) > c->qact_cap) return false;
+    if (k & QK_32) q->act32 = c->qact;
+    if (k & QK_256) q->act256 = (char *)c->qact + off256;
+    *kinds = k;
+    return true;
+}
+
+/* After an op launched (or, in a replay, skipped) the launch that left x
+   [M, K] quantized in the scratch in these kinds: the next matmul of x may
+   use them. */
+static void qf_set(cuda_backend *c, const void *x, int64_t M, int64_t K, unsigned kinds) {
+    c->qf.src = kinds && c->qfuse ? x : NULL;
+    c->qf.M = (int)M;
+    c->qf.K = (int)K;
+    c->qf.kinds = kinds;
+    c->qf.seq = c->seq;
+}
+
+/* The kinds the scratch holds x in, now (0: none). */
+static unsigned qf_have(const cuda_backend *c, const ember_tensor *x) {
+    return c->qf.src && c->qf.src == dev(x) && c->qf.seq == c->seq && c->qf.M == ember_tensor_rows(x) &&
+                   c->qf.K == ember_tensor_row_len(x)
+               ? c->qf.kinds
+               : 0;
+}
+
+/* Whether an output of the n products overlaps x's bytes. */
+static bool outs_touch(const ember_tensor *x, int n, const ember_matmul *mm) {
+    const char *x0 = dev(x), *x1 = x0 + (size_t)ember_tensor_nelem(x) * sizeof(float);
+    for (int i = 0; i < n; i++) {
+        const char *o0 = dev(mm[i].out), *o1 = o0 + (size_t)ember_tensor_nelem(mm[i].out) * sizeof(float);
+        if (o0 < x1 && x0 < o1) return true;
+    }
+    return false;
+}
+
 static int cuda_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor *x, const ember_tensor *w,
                          float eps, bool plus_one, ember_error *err) {
     cuda_backend *c = cu(be);
@@ -1033,11 +1153,20 @@ static int cuda_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tenso
     if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != ember_tensor_nelem(x) || D > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "rms_norm: shapes do not match");
     if ((rc = bind(c, err))) return rc;
-    const uint64_t sg[] = {2, P(dev(dst)), P(dev(x)), P(dev(w)), (uint64_t)ember_tensor_rows(x), (uint64_t)D, fbits(eps),
-                           plus_one};
-    if (g_skip(c, sg, 8)) return EMBER_OK;
-    return launched(c, ember_cu_rms_norm(c->stream, dev(dst), dev(x), dev(w), ember_tensor_rows(x), D, eps, plus_one),
-                    "rms_norm", err);
+    const int64_t M = ember_tensor_rows(x);
+    ember_cu_qout q;
+    unsigned qk;
+    const bool fz = qfuse_plan(c, M, D, &q, &qk);
+    const uint64_t sg[] = {2, P(dev(dst)), P(dev(x)), P(dev(w)), (uint64_t)M, (uint64_t)D, fbits(eps), plus_one,
+                           P(q.act32), P(q.act256)};
+    if (g_skip(c, sg, 10)) {
+        qf_set(c, dev(dst), M, D, qk);
+        return EMBER_OK;
+    }
+    rc = launched(c, ember_cu_rms_norm(c->stream, dev(dst), dev(x), dev(w), M, D, eps, plus_one, fz ? &q : NULL),
+                  "rms_norm", err);
+    if (!rc) qf_set(c, dev(dst), M, D, qk);
+    return rc;
 }
 
 /* The launch form of a checked product. */
@@ -1075,14 +1204,17 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
         prods[qt]++;
     }
     if (!any32 && !any256) return EMBER_OK;
+    const unsigned want = (any32 ? QK_32 : 0) | (any256 ? QK_256 : 0);
+    unsigned have = qf_have(c, x);
+    qseen_add(c, K, want);
     for (int qt = EMBER_CU_Q8_0; qt <= EMBER_CU_Q6_K; qt++) /* a launch's blocks of 8 rows (or 16) fit its grid */
         if ((rows[qt] + 7) / 8 + prods[qt] > 65535)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: %lld quantized output rows of one type (at most %lld)",
                              (long long)rows[qt], (long long)(8 * (65535 - prods[qt])));
-    if (any32) need = (ember_cu_qact_bytes(EMBER_CU_Q8_0, M, K) + 255) & ~(size_t)255;
-    off256 = need;
-    if (any256) need += ember_cu_qact_bytes(EMBER_CU_Q4_K, M, K);
+    need = qact_need(M, K, &off256);
     if (need > c->qact_cap) {
+        have = 0;
+        c->qf.src = NULL; /* the scratch is replaced */
         if (g_cannot(c)) return EMBER_OK;
         graphs_clear(c); /* they point at the old scratch */
         CU_TRY(cudaStreamSynchronize(c->stream), "quantized matmul scratch"); /* queued kernels may use it */
@@ -1104,9 +1236,12 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
         const int qa = kind ? EMBER_CU_Q4_K : EMBER_CU_Q8_0;
         void *act = (char *)c->qact + (kind ? off256 : 0);
         const uint64_t sa[] = {20, P(dev(x)), P(act), (uint64_t)M, (uint64_t)K, (uint64_t)kind};
-        if (!g_skip(c, sa, 6) &&
-            (rc = launched(c, ember_cu_qact(c->stream, qa, dev(x), act, M, K), "matmul: quantize input", err)))
+        if (have & (kind ? QK_256 : QK_32)) c->n_qfused++;
+        else if (!g_skip(c, sa, 6) &&
+            (rc = launched(c, ember_cu_qact(c->stream, qa, dev(x), act, M, K), "matmul: quantize input", err))) {
+            c->qf.src = NULL;
             return rc;
+        }
         for (int qt = EMBER_CU_Q8_0; qt <= EMBER_CU_Q6_K; qt++) {
             bool k256 = ember_cu_q256(qt);
             if (k256 != (kind == 1)) continue;
@@ -1128,9 +1263,15 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
             int ns = 5;
             sig_prods(sg, &ns, a.p, a.n);
             if (g_skip(c, sg, ns)) continue;
-            if ((rc = launched(c, ember_cu_qmatmul(c->stream, &a), name, err))) return rc;
+            if ((rc = launched(c, ember_cu_qmatmul(c->stream, &a), name, err))) {
+                c->qf.src = NULL;
+                return rc;
+            }
         }
     }
+    /* the scratch holds x quantized in these kinds, for a next matmul of x */
+    if (outs_touch(x, n, mm)) c->qf.src = NULL;
+    else qf_set(c, dev(x), M, K, have | want);
     return EMBER_OK;
 }
 
@@ -1169,6 +1310,8 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
     if (total > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: output too large");
     if (M == 0) return EMBER_OK;
     if ((rc = bind(c, err))) return rc;
+    /* the float launches below leave a quantized x in the scratch as it is (section "quantized inputs") */
+    const bool keep = qf_have(c, x) && !outs_touch(x, n, mm);
     /* one launch per weight dtype; products keep their order inside it */
     for (int dt = EMBER_CU_F32; dt <= EMBER_CU_BF16; dt++) {
         ember_cu_mm a = {.x = dev(x), .M = (int)M, .K = (int)K, .dtype = dt, .n = 0};
@@ -1193,6 +1336,7 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
         if (g_skip(c, sg, ns)) continue;
         if ((rc = launched(c, ember_cu_matmul(c->stream, &a), name, err))) return rc;
     }
+    if (keep) c->qf.seq = c->seq;
     return qmatmul(c, x, n, mm, err);
 }
 
@@ -1244,12 +1388,21 @@ static int cuda_add_rms_norm(ember_backend *be, ember_tensor *dst, ember_tensor 
         (dst->buf == x->buf && dst->offset == x->offset))
         return ember_err(err, EMBER_ERR_INVALID_ARG, "add_rms_norm: shapes do not match (or dst is x)");
     if ((rc = bind(c, err))) return rc;
-    const uint64_t sg[] = {5, P(dev(dst)), P(dev(x)), P(dev(h)), P(dev(w)), (uint64_t)ember_tensor_rows(x), (uint64_t)D,
-                           fbits(eps), plus_one};
-    if (g_skip(c, sg, 9)) return EMBER_OK;
-    return launched(c, ember_cu_add_rms_norm(c->stream, dev(dst), dev(x), dev(h), dev(w), ember_tensor_rows(x), D, eps,
-                                             plus_one),
-                    "add_rms_norm", err);
+    const int64_t M = ember_tensor_rows(x);
+    ember_cu_qout q;
+    unsigned qk;
+    const bool fz = qfuse_plan(c, M, D, &q, &qk);
+    const uint64_t sg[] = {5, P(dev(dst)), P(dev(x)), P(dev(h)), P(dev(w)), (uint64_t)M, (uint64_t)D, fbits(eps), plus_one,
+                           P(q.act32), P(q.act256)};
+    if (g_skip(c, sg, 11)) {
+        qf_set(c, dev(dst), M, D, qk);
+        return EMBER_OK;
+    }
+    rc = launched(c, ember_cu_add_rms_norm(c->stream, dev(dst), dev(x), dev(h), dev(w), M, D, eps, plus_one,
+                                           fz ? &q : NULL),
+                  "add_rms_norm", err);
+    if (!rc) qf_set(c, dev(dst), M, D, qk);
+    return rc;
 }
 
 /* ---- paged KV ---------------------------------------------------------------------------- */
@@ -1561,9 +1714,21 @@ static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, c
     if (ember_tensor_nelem(a) != n || ember_tensor_nelem(b) != n)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: sizes differ", op);
     if ((rc = bind(c, err))) return rc;
-    const uint64_t sg[] = {11, (uint64_t)kind, P(dev(dst)), P(dev(a)), P(dev(b)), fbits(s), (uint64_t)n};
-    if (g_skip(c, sg, 7)) return EMBER_OK;
-    return launched(c, ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), s, n), op, err);
+    /* swiglu and geglu may add the quantized form of dst (section "quantized inputs") */
+    ember_cu_qout q = {NULL, NULL};
+    unsigned qk = 0;
+    const bool fz = (kind == 0 || kind == 2) && qfuse_plan(c, ember_tensor_rows(dst), ember_tensor_row_len(dst), &q, &qk);
+    const uint64_t sg[] = {11, (uint64_t)kind, P(dev(dst)), P(dev(a)), P(dev(b)), fbits(s), (uint64_t)n, P(q.act32),
+                           P(q.act256)};
+    if (g_skip(c, sg, 9)) {
+        qf_set(c, dev(dst), ember_tensor_rows(dst), ember_tensor_row_len(dst), qk);
+        return EMBER_OK;
+    }
+    rc = launched(c, fz ? ember_cu_glu_q(c->stream, kind, dev(dst), dev(a), dev(b), n, &q)
+                        : ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), s, n),
+                  op, err);
+    if (!rc) qf_set(c, dev(dst), ember_tensor_rows(dst), ember_tensor_row_len(dst), qk);
+    return rc;
 }
 
 static int cuda_swiglu(ember_backend *be, ember_tensor *dst, const ember_tensor *gate, const ember_tensor *up,
@@ -1634,6 +1799,7 @@ static int cuda_delta_net(ember_backend *be, ember_tensor *out, const ember_tens
         (rc = need_f32(be, w->dt_bias, "delta_net", "dt_bias", err)))
         return rc;
     if ((rc = ember_delta_net_check(out, x, b, a_in, w, map, err))) return rc;
+    c->seq++; /* launches without g_skip: memory changes (quantized inputs) */
     if (g_cannot(c)) return EMBER_OK; /* its host tables and scratch are not kept for step graphs */
     const ember_rec_layer *L = map->layer;
     const ember_rec_shape *s = &L->s;
@@ -1709,6 +1875,7 @@ static int cuda_delta_replay(ember_backend *be, const ember_rec_layer *layers, i
     cuda_backend *c = cu(be);
     int rc = ember_delta_replay_check(layers, n_layers, src, dst, log, n, err);
     if (rc || (rc = bind(c, err))) return rc;
+    c->seq++; /* as delta_net */
     if (g_cannot(c)) return EMBER_OK;
     const size_t lf = ember_rec_layer_floats(&layers[0].s), logf = ember_rec_log_floats(&layers[0].s);
     const ember_rec_shape *s = &layers[0].s;
@@ -1862,6 +2029,10 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
                *grp = getenv("EMBER_CUDA_ATTN_GROUP"), *blk = getenv("EMBER_CUDA_MM_BLK");
     if (pdl && *pdl) ember_cu_pdl = atoi(pdl) != 0;
     if (mmc && *mmc) ember_cu_mm_cluster = atoi(mmc) != 0;
+    /* the producers' quantized inputs up to this many rows (0: the matmul's own launches; section "quantized inputs") */
+    const char *qfz = getenv("EMBER_CUDA_QFUSE");
+    c->qfuse = 1;
+    if (qfz && *qfz) c->qfuse = atoi(qfz) < 0 ? 0 : atoi(qfz) > EMBER_CU_QFUSE_MAX_M ? EMBER_CU_QFUSE_MAX_M : atoi(qfz);
     /* the block kernel for bf16 products from this many rows on (0: never) */
     if (blk && *blk) ember_cu_mm_blk_min = atoi(blk) > 0 ? atoi(blk) : 0;
     /* the warpgroup kernel (Hopper) for bf16 products from this many rows on (0: never; default 128) */

@@ -165,14 +165,32 @@ cudaError_t ember_cu_qget_rows(cudaStream_t stream, float *dst, const void *src,
 cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const void *src, int dtype,
                               const int32_t *ids, int n, int64_t D);
 
-/* dst = x * rsqrt(mean(x^2) + eps) * (w or 1 + w), rows of D; dst may be x. */
+/* The quantized form of an op's f32 output for the quantized product that
+   reads it (cuda_qact.cuh): its rows quantized as ember_cu_qact would for
+   a 32-element weight type into act32 and for a 256-element one into
+   act256 (either NULL: not written), in the row-major layouts, so for at
+   most EMBER_CU_QFUSE_MAX_M rows. Device memory of the backend's
+   quantized-input scratch. */
+#define EMBER_CU_QFUSE_MAX_M 8
+typedef struct ember_cu_qout {
+    void *act32, *act256;
+} ember_cu_qout;
+
+/* dst = x * rsqrt(mean(x^2) + eps) * (w or 1 + w), rows of D; dst may be x.
+   q (or NULL): also the quantized form of dst (D a multiple of its blocks). */
 cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const float *x, const float *w,
-                              int64_t rows, int64_t D, float eps, int plus_one);
+                              int64_t rows, int64_t D, float eps, int plus_one, const ember_cu_qout *q);
 
 /* x = x + h, then dst = rms_norm(x) as ember_cu_rms_norm (same bits as
-   the two launches); dst may be h, not x. */
+   the two launches); dst may be h, not x. q as for ember_cu_rms_norm. */
 cudaError_t ember_cu_add_rms_norm(cudaStream_t stream, float *dst, float *x, const float *h, const float *w,
-                                  int64_t rows, int64_t D, float eps, int plus_one);
+                                  int64_t rows, int64_t D, float eps, int plus_one, const ember_cu_qout *q);
+
+/* swiglu (kind 0) or geglu (kind 2) as ember_cu_elementwise, n elements
+   (rows of a multiple of 32, of 256 for q->act256), with the quantized
+   form of dst in q (not NULL). */
+cudaError_t ember_cu_glu_q(cudaStream_t stream, int kind, float *dst, const float *gate, const float *up, int64_t n,
+                           const ember_cu_qout *q);
 
 /* out[r] (device, [rows]) = the first index of the largest value of row r
    of x [rows, V], NaNs skipped, 0 when all are NaN; rows <= 65535. count:

@@ -23,6 +23,7 @@
 
 #include "cuda_kernels.h"
 #include "cuda_pdl.cuh"
+#include "cuda_qact.cuh"
 
 #define THREADS 256
 #define NORM_THREADS 1024 /* rms_norm: the most threads per row */
@@ -79,7 +80,8 @@ static __device__ __forceinline__ float norm_scale(float ss, int64_t D, float ep
    order), the warp's 32 sums by the butterfly 16, 8, 4, 2, 1, then the n /
    32 warp sums in warp order. n depends on the row length alone. */
 static __global__ void __launch_bounds__(NORM_THREADS)
-    rms_norm_k(float *dst, const float *x, const float *w, int64_t D, float eps, int plus_one) {
+    rms_norm_k(float *dst, const float *x, const float *w, int64_t D, float eps, int plus_one, unsigned char *act32,
+               unsigned char *act256) {
     ember_pdl_enter();
     const float *xr = x + (size_t)blockIdx.x * (size_t)D;
     float *yr = dst + (size_t)blockIdx.x * (size_t)D;
@@ -89,7 +91,13 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     const float r = norm_scale(ss, D, eps);
     for (int64_t i = threadIdx.x; i < D; i += n) {
         const float wv = plus_one ? 1.0f + w[i] : w[i];
-        yr[i] = wv * (xr[i] * r);
+        const float y = wv * (xr[i] * r);
+        yr[i] = y;
+        if (act32) qact32_at(y, i, D, act32); /* a warp's i are one 32-element block (n, D multiples of 32) */
+    }
+    if (act256) { /* the quantized form for the product that reads dst (cuda_qact.cuh) */
+        __syncthreads();
+        qact_row(yr, (int)blockIdx.x, (int)D, nullptr, act256);
     }
 }
 
@@ -101,11 +109,12 @@ static int norm_threads(int64_t D) {
 }
 
 extern "C" cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const float *x, const float *w,
-                                         int64_t rows, int64_t D, float eps, int plus_one) {
+                                         int64_t rows, int64_t D, float eps, int plus_one, const ember_cu_qout *q) {
     if (rows < 1 || D < 1) return cudaSuccess;
-    if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+    if (rows > 0x7fffffff || (q && (D > 0x7fffffff || (q->act32 && D % 32) || (q->act256 && D % 256))))
+        return cudaErrorInvalidValue;
     return ember_launch(rms_norm_k, dim3((unsigned)rows), dim3((unsigned)norm_threads(D)), 0, stream, dst, x, w, D, eps,
-                        plus_one);
+                        plus_one, q ? (unsigned char *)q->act32 : nullptr, q ? (unsigned char *)q->act256 : nullptr);
 }
 
 /* add_rms_norm: x = x + h, then rms_norm as rms_norm_k (the same thread
@@ -115,7 +124,8 @@ extern "C" cudaError_t ember_cu_rms_norm(cudaStream_t stream, float *dst, const 
    weights load beside x and h instead of after the sum. */
 #define NORM_HOLD 8
 static __global__ void __launch_bounds__(NORM_THREADS)
-    add_rms_norm_k(float *dst, float *x, const float *h, const float *w, int64_t D, float eps, int plus_one) {
+    add_rms_norm_k(float *dst, float *x, const float *h, const float *w, int64_t D, float eps, int plus_one,
+                   unsigned char *act32, unsigned char *act256) {
     ember_pdl_enter();
     float *xr = x + (size_t)blockIdx.x * (size_t)D;
     const float *hr = h + (size_t)blockIdx.x * (size_t)D;
@@ -148,22 +158,34 @@ static __global__ void __launch_bounds__(NORM_THREADS)
 #pragma unroll
         for (int k = 0; k < NORM_HOLD; k++) {
             const int64_t i = threadIdx.x + (int64_t)k * n;
-            if (i < D) yr[i] = (plus_one ? 1.0f + wv[k] : wv[k]) * (xv[k] * r);
+            if (i < D) {
+                const float y = (plus_one ? 1.0f + wv[k] : wv[k]) * (xv[k] * r);
+                yr[i] = y;
+                if (act32) qact32_at(y, i, D, act32);
+            }
         }
-        return;
+    } else {
+        for (int64_t i = threadIdx.x; i < D; i += n) {
+            const float wq = plus_one ? 1.0f + w[i] : w[i];
+            const float y = wq * (xr[i] * r);
+            yr[i] = y;
+            if (act32) qact32_at(y, i, D, act32);
+        }
     }
-    for (int64_t i = threadIdx.x; i < D; i += n) {
-        const float wq = plus_one ? 1.0f + w[i] : w[i];
-        yr[i] = wq * (xr[i] * r);
+    if (act256) { /* as rms_norm_k */
+        __syncthreads();
+        qact_row(yr, (int)blockIdx.x, (int)D, nullptr, act256);
     }
 }
 
 extern "C" cudaError_t ember_cu_add_rms_norm(cudaStream_t stream, float *dst, float *x, const float *h, const float *w,
-                                             int64_t rows, int64_t D, float eps, int plus_one) {
+                                             int64_t rows, int64_t D, float eps, int plus_one, const ember_cu_qout *q) {
     if (rows < 1 || D < 1) return cudaSuccess;
-    if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+    if (rows > 0x7fffffff || (q && (D > 0x7fffffff || (q->act32 && D % 32) || (q->act256 && D % 256))))
+        return cudaErrorInvalidValue;
     return ember_launch(add_rms_norm_k, dim3((unsigned)rows), dim3((unsigned)norm_threads(D)), 0, stream, dst, x, h, w,
-                        D, eps, plus_one);
+                        D, eps, plus_one, q ? (unsigned char *)q->act32 : nullptr,
+                        q ? (unsigned char *)q->act256 : nullptr);
 }
 
 /* ---- rope ------------------------------------------------------------------------------- */
@@ -206,19 +228,22 @@ extern "C" cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_
 
 /* ---- swiglu, add -------------------------------------------------------------------------- */
 
+/* swiglu (kind 0) and geglu (kind 2) of gate g and up u: every kernel's arithmetic for them. */
+static __device__ __forceinline__ float glu(int kind, float g, float u) {
+    if (kind == 0) return (g / (1.0f + expf(-g))) * u;
+    const float inner = 0.7978845608028654f * (g + 0.044715f * (g * g * g));
+    return 0.5f * g * (1.0f + tanhf(inner)) * u;
+}
+
 static __global__ void __launch_bounds__(THREADS)
     elementwise_k(int kind, float *dst, const float *a, const float *b, float s, int64_t n) {
     ember_pdl_enter();
     const int64_t stride = (int64_t)gridDim.x * THREADS;
     for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += stride) {
-        if (kind == 0) {
-            const float g = a[i];
-            dst[i] = (g / (1.0f + expf(-g))) * b[i];
+        if (kind == 0 || kind == 2) {
+            dst[i] = glu(kind, a[i], b[i]);
         } else if (kind == 1) {
             dst[i] = a[i] + b[i];
-        } else if (kind == 2) {
-            const float g = a[i], inner = 0.7978845608028654f * (g + 0.044715f * (g * g * g));
-            dst[i] = 0.5f * g * (1.0f + tanhf(inner)) * b[i];
         } else if (kind == 3) {
             dst[i] = a[i] * s;
         } else if (kind == 4) {
@@ -235,6 +260,44 @@ extern "C" cudaError_t ember_cu_elementwise(cudaStream_t stream, int kind, float
     int64_t blocks = (n + THREADS - 1) / THREADS;
     if (blocks > 132 * 16) blocks = 132 * 16; /* a grid-stride loop past a few waves */
     return ember_launch(elementwise_k, dim3((unsigned)blocks), dim3(THREADS), 0, stream, kind, dst, a, b, s, n);
+}
+
+/* swiglu / geglu with the quantized form of the result (rows of K, a
+   multiple of 32; of 256 for act256): block i computes elements
+   [256 i, 256 i + 256) as elementwise_k does, then its warps quantize the
+   32-element blocks of them (warp w the w-th), and warp 0 the 256-element
+   block (cuda_qact.cuh). n is a multiple of the blocks quantized, so no
+   block of either kind straddles two blocks of threads. */
+static __global__ void __launch_bounds__(THREADS) glu_q_k(int kind, float *dst, const float *a, const float *b,
+                                                          int64_t n, unsigned char *act32, unsigned char *act256) {
+    ember_pdl_enter();
+    __shared__ __align__(16) float ys[THREADS];
+    const int64_t i0 = (int64_t)blockIdx.x * THREADS, i = i0 + threadIdx.x;
+    float y = 0.0f;
+    if (i < n) {
+        y = glu(kind, a[i], b[i]);
+        dst[i] = y;
+    }
+    ys[threadIdx.x] = y;
+    __syncthreads();
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    if (act32 && i0 + 32 * warp < n) qact32_store(ys[32 * warp + lane], act32 + (size_t)(i0 / 32 + warp) * A32_BYTES, lane);
+    if (act256 && warp == 0 && i0 < n) {
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = ys[8 * lane + e];
+        qact256_store(v, act256 + (size_t)(i0 / 256) * A256_BYTES, lane);
+    }
+}
+
+extern "C" cudaError_t ember_cu_glu_q(cudaStream_t stream, int kind, float *dst, const float *gate, const float *up,
+                                      int64_t n, const ember_cu_qout *q) {
+    if (n < 1) return cudaSuccess;
+    static_assert(THREADS == 256, "one 256-element block per block of threads");
+    if ((kind != 0 && kind != 2) || (q->act32 && n % 32) || (q->act256 && n % 256) || (n + THREADS - 1) / THREADS > 0x7fffffff)
+        return cudaErrorInvalidValue;
+    return ember_launch(glu_q_k, dim3((unsigned)((n + THREADS - 1) / THREADS)), dim3(THREADS), 0, stream, kind, dst, gate,
+                        up, n, (unsigned char *)q->act32, (unsigned char *)q->act256);
 }
 
 /* ---- argmax (greedy sampling on the GPU) ------------------------------------------------ */

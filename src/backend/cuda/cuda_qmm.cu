@@ -56,6 +56,7 @@
 #include "cuda_kernels.h"
 #include "cuda_mm.cuh"
 #include "cuda_pdl.cuh"
+#include "cuda_qact.cuh"
 
 /* ---- the types --------------------------------------------------------------------------- */
 
@@ -81,18 +82,15 @@ template <> struct qt_info<EMBER_CU_Q6_K> {
     enum { QB = 210, QEL = 256, UEL = 128, A256 = 1 };
 };
 
-#define A32_BYTES 48
-#define A256_BYTES 336
-
 /* The tensor-core kernel's input layout (A32 tiles): for block b and slice s
    of 8 input rows, at (b * slices + s) * A32T_BYTES: the B fragments of
    mma.m16n8k32 by lane (lane 4g + t: words t and 4 + t of row 8s + g's 32
    levels, 256 bytes), then for t = 0..3 {d of row 8s + 2t, d of row 8s +
    2t + 1, s of those two} (64 bytes). Rows past M are zero. */
-#define A32T_BYTES 320
 
 /* The tensor-core kernel takes these types from this many rows on. */
 #define QTC_MIN_M 9
+static_assert(QTC_MIN_M > EMBER_CU_QFUSE_MAX_M, "the producers' fused quantization writes the row-major layout");
 
 static bool qt_tc(int qtype, int M) {
     return !ember_cu_q256(qtype) && M >= QTC_MIN_M;
@@ -106,16 +104,7 @@ extern "C" size_t ember_cu_qact_bytes(int qtype, int M, int K) {
 
 /* ---- activation quantizers ------------------------------------------------------------- */
 
-/* The CPU's q127: clamp to [-127, 127] (NaN -> -127), round to nearest even. */
-static __device__ __forceinline__ int q127(float v) {
-    v = fmaxf(v, -127.0f);
-    v = fminf(v, 127.0f);
-    return (int)rintf(v);
-}
-
-/* One warp per 32-element block: lane l quantizes element l. The largest
-   magnitude and the sum are exact in any order (fmaxf skips NaN as the CPU's
-   loop does). */
+/* One warp per 32-element block: lane l quantizes element l (cuda_qact.cuh). */
 static __global__ void __launch_bounds__(256) qact32_k(const float *x, unsigned char *act, int M, int K) {
     ember_pdl_enter();
     const int nb = K / 32;
@@ -123,19 +112,7 @@ static __global__ void __launch_bounds__(256) qact32_k(const float *x, unsigned 
     if (blk >= (long long)M * nb) return;
     const int lane = threadIdx.x & 31;
     const long long m = blk / nb, b = blk % nb;
-    const float v = x[m * (long long)K + b * 32 + lane];
-    float a = fabsf(v);
-    for (int s = 16; s >= 1; s >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, s));
-    const float d = a / 127.0f, id = a > 0.0f ? 127.0f / a : 0.0f;
-    const int q = q127(__fmul_rn(v, id));
-    int s = q;
-    for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    unsigned char *p = act + blk * A32_BYTES;
-    p[lane] = (unsigned char)(signed char)q;
-    if (lane == 0) {
-        *(float *)(p + 32) = d;
-        *(int *)(p + 36) = s;
-    }
+    qact32_store(x[m * (long long)K + b * 32 + lane], act + blk * A32_BYTES, lane);
 }
 
 /* qact32_k into the A32 tiles of the tensor-core kernel (the same levels,
@@ -147,13 +124,9 @@ static __global__ void __launch_bounds__(256) qact32t_k(const float *x, unsigned
     if (blk >= (long long)S * 8 * nb) return;
     const int lane = threadIdx.x & 31;
     const int m = (int)(blk / nb), b = (int)(blk % nb);
-    const float v = m < M ? x[(long long)m * K + (long long)b * 32 + lane] : 0.0f;
-    float a = fabsf(v);
-    for (int o = 16; o >= 1; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    const float d = a / 127.0f, id = a > 0.0f ? 127.0f / a : 0.0f;
-    const int q = q127(__fmul_rn(v, id));
-    int s = q;
-    for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    float d;
+    int s;
+    const int q = qact32_warp(m < M ? x[(long long)m * K + (long long)b * 32 + lane] : 0.0f, &d, &s);
     unsigned char *rec = act + ((size_t)b * (size_t)S + (size_t)(m / 8)) * A32T_BYTES;
     const int g = m % 8, w = lane / 4; /* level `lane` is byte lane % 4 of word w */
     rec[8 * (4 * g + w % 4) + 4 * (w / 4) + lane % 4] = (unsigned char)(signed char)q;
@@ -163,8 +136,8 @@ static __global__ void __launch_bounds__(256) qact32t_k(const float *x, unsigned
     }
 }
 
-/* One warp per 256-element block: lane l quantizes elements 8l .. 8l + 7;
-   lanes 2j and 2j + 1 hold sub-block j of 16. */
+/* One warp per 256-element block: lane l quantizes elements 8l .. 8l + 7
+   (cuda_qact.cuh). */
 static __global__ void __launch_bounds__(256) qact256_k(const float *x, unsigned char *act, int M, int K) {
     ember_pdl_enter();
     const int nb = K / 256;
@@ -173,31 +146,10 @@ static __global__ void __launch_bounds__(256) qact256_k(const float *x, unsigned
     const int lane = threadIdx.x & 31;
     const long long m = blk / nb, b = blk % nb;
     const float *xs = x + m * (long long)K + b * 256 + 8 * lane;
-    float v[8], a = 0.0f;
+    float v[8];
 #pragma unroll
-    for (int e = 0; e < 8; e++) {
-        v[e] = xs[e];
-        a = fmaxf(a, fabsf(v[e]));
-    }
-    for (int s = 16; s >= 1; s >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, s));
-    const float id = a > 0.0f ? 127.0f / a : 0.0f;
-    unsigned char *p = act + blk * A256_BYTES;
-    unsigned int lo = 0, hi = 0;
-    int s = 0;
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-        const int q = q127(__fmul_rn(v[e], id));
-        s += q;
-        const unsigned int byte = (unsigned int)(q & 255);
-        if (e < 4)
-            lo |= byte << (8 * e);
-        else
-            hi |= byte << (8 * (e - 4));
-    }
-    *(uint2 *)(p + 8 * lane) = make_uint2(lo, hi);
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if ((lane & 1) == 0) *(int *)(p + 256 + 4 * (lane >> 1)) = s;
-    if (lane == 0) *(float *)(p + 320) = a / 127.0f;
+    for (int e = 0; e < 8; e++) v[e] = xs[e];
+    qact256_store(v, act + blk * A256_BYTES, lane);
 }
 
 extern "C" cudaError_t ember_cu_qact(cudaStream_t stream, int qtype, const float *x, void *act, int M, int K) {
