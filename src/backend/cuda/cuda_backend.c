@@ -1095,22 +1095,20 @@ static void qseen_add(cuda_backend *c, int K, unsigned kinds) {
     c->qseen[0].kinds = old | kinds;
 }
 
-/* The quantized form an op writing M rows of D at dst adds (q; *kinds), or
-   false: none (not wanted, too many rows, or the scratch too small: the
+/* The kinds of quantized form an op writing M rows of D adds, and where (q),
+   or 0: none (not wanted, too many rows, or the scratch too small: the
    matmul grows it and quantizes itself). */
-static bool qfuse_plan(cuda_backend *c, int64_t M, int64_t D, ember_cu_qout *q, unsigned *kinds) {
+static unsigned qfuse_plan(cuda_backend *c, int64_t M, int64_t D, ember_cu_qout *q) {
     q->act32 = q->act256 = NULL;
-    *kinds = 0;
-    if (M < 1 || M > c->qfuse || M > EMBER_CU_QFUSE_MAX_M || D < 1 || D > INT32_MAX) return false;
+    if (M < 1 || M > c->qfuse || M > EMBER_CU_QFUSE_MAX_M || D < 1 || D > INT32_MAX) return 0;
     unsigned k = qseen_get(c, (int)D);
     if (D % 32) k &= ~(unsigned)QK_32;
     if (D % 256) k &= ~(unsigned)QK_256;
     size_t off256;
-    if (!k || !c->qact || qact_need((int)M, (int)D, &off256) > c->qact_cap) return false;
+    if (!k || !c->qact || qact_need((int)M, (int)D, &off256) > c->qact_cap) return 0;
     if (k & QK_32) q->act32 = c->qact;
     if (k & QK_256) q->act256 = (char *)c->qact + off256;
-    *kinds = k;
-    return true;
+    return k;
 }
 
 /* After an op launched (or, in a replay, skipped) the launch that left x
@@ -1155,18 +1153,15 @@ static int cuda_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tenso
     if ((rc = bind(c, err))) return rc;
     const int64_t M = ember_tensor_rows(x);
     ember_cu_qout q;
-    unsigned qk;
-    const bool fz = qfuse_plan(c, M, D, &q, &qk);
+    const unsigned qk = qfuse_plan(c, M, D, &q);
     const uint64_t sg[] = {2, P(dev(dst)), P(dev(x)), P(dev(w)), (uint64_t)M, (uint64_t)D, fbits(eps), plus_one,
                            P(q.act32), P(q.act256)};
-    if (g_skip(c, sg, 10)) {
-        qf_set(c, dev(dst), M, D, qk);
-        return EMBER_OK;
-    }
-    rc = launched(c, ember_cu_rms_norm(c->stream, dev(dst), dev(x), dev(w), M, D, eps, plus_one, fz ? &q : NULL),
-                  "rms_norm", err);
-    if (!rc) qf_set(c, dev(dst), M, D, qk);
-    return rc;
+    if (!g_skip(c, sg, 10) &&
+        (rc = launched(c, ember_cu_rms_norm(c->stream, dev(dst), dev(x), dev(w), M, D, eps, plus_one, qk ? &q : NULL),
+                       "rms_norm", err)))
+        return rc;
+    qf_set(c, dev(dst), M, D, qk);
+    return EMBER_OK;
 }
 
 /* The launch form of a checked product. */
@@ -1390,19 +1385,16 @@ static int cuda_add_rms_norm(ember_backend *be, ember_tensor *dst, ember_tensor 
     if ((rc = bind(c, err))) return rc;
     const int64_t M = ember_tensor_rows(x);
     ember_cu_qout q;
-    unsigned qk;
-    const bool fz = qfuse_plan(c, M, D, &q, &qk);
+    const unsigned qk = qfuse_plan(c, M, D, &q);
     const uint64_t sg[] = {5, P(dev(dst)), P(dev(x)), P(dev(h)), P(dev(w)), (uint64_t)M, (uint64_t)D, fbits(eps), plus_one,
                            P(q.act32), P(q.act256)};
-    if (g_skip(c, sg, 11)) {
-        qf_set(c, dev(dst), M, D, qk);
-        return EMBER_OK;
-    }
-    rc = launched(c, ember_cu_add_rms_norm(c->stream, dev(dst), dev(x), dev(h), dev(w), M, D, eps, plus_one,
-                                           fz ? &q : NULL),
-                  "add_rms_norm", err);
-    if (!rc) qf_set(c, dev(dst), M, D, qk);
-    return rc;
+    if (!g_skip(c, sg, 11) &&
+        (rc = launched(c, ember_cu_add_rms_norm(c->stream, dev(dst), dev(x), dev(h), dev(w), M, D, eps, plus_one,
+                                                qk ? &q : NULL),
+                       "add_rms_norm", err)))
+        return rc;
+    qf_set(c, dev(dst), M, D, qk);
+    return EMBER_OK;
 }
 
 /* ---- paged KV ---------------------------------------------------------------------------- */
@@ -1715,20 +1707,18 @@ static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, c
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: sizes differ", op);
     if ((rc = bind(c, err))) return rc;
     /* swiglu and geglu may add the quantized form of dst (section "quantized inputs") */
+    const int64_t M = ember_tensor_rows(dst), D = ember_tensor_row_len(dst);
     ember_cu_qout q = {NULL, NULL};
-    unsigned qk = 0;
-    const bool fz = (kind == 0 || kind == 2) && qfuse_plan(c, ember_tensor_rows(dst), ember_tensor_row_len(dst), &q, &qk);
+    const unsigned qk = kind == 0 || kind == 2 ? qfuse_plan(c, M, D, &q) : 0;
     const uint64_t sg[] = {11, (uint64_t)kind, P(dev(dst)), P(dev(a)), P(dev(b)), fbits(s), (uint64_t)n, P(q.act32),
                            P(q.act256)};
-    if (g_skip(c, sg, 9)) {
-        qf_set(c, dev(dst), ember_tensor_rows(dst), ember_tensor_row_len(dst), qk);
-        return EMBER_OK;
-    }
-    rc = launched(c, fz ? ember_cu_glu_q(c->stream, kind, dev(dst), dev(a), dev(b), n, &q)
-                        : ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), s, n),
-                  op, err);
-    if (!rc) qf_set(c, dev(dst), ember_tensor_rows(dst), ember_tensor_row_len(dst), qk);
-    return rc;
+    if (!g_skip(c, sg, 9) &&
+        (rc = launched(c, qk ? ember_cu_glu_q(c->stream, kind, dev(dst), dev(a), dev(b), n, &q)
+                             : ember_cu_elementwise(c->stream, kind, dev(dst), dev(a), dev(b), s, n),
+                       op, err)))
+        return rc;
+    qf_set(c, dev(dst), M, D, qk);
+    return EMBER_OK;
 }
 
 static int cuda_swiglu(ember_backend *be, ember_tensor *dst, const ember_tensor *gate, const ember_tensor *up,

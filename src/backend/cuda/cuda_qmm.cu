@@ -63,24 +63,17 @@
 /* Bytes and elements of one block, the activation kind, and the unit a
    lane computes (elements; units per block = QEL / UEL). */
 template <int QT> struct qt_info;
-template <> struct qt_info<EMBER_CU_Q8_0> {
-    enum { QB = 34, QEL = 32, UEL = 32, A256 = 0 };
-};
-template <> struct qt_info<EMBER_CU_Q4_0> {
-    enum { QB = 18, QEL = 32, UEL = 32, A256 = 0 };
-};
-template <> struct qt_info<EMBER_CU_Q5_0> {
-    enum { QB = 22, QEL = 32, UEL = 32, A256 = 0 };
-};
-template <> struct qt_info<EMBER_CU_Q4_K> {
-    enum { QB = 144, QEL = 256, UEL = 64, A256 = 1 };
-};
-template <> struct qt_info<EMBER_CU_Q5_K> {
-    enum { QB = 176, QEL = 256, UEL = 64, A256 = 1 };
-};
-template <> struct qt_info<EMBER_CU_Q6_K> {
-    enum { QB = 210, QEL = 256, UEL = 128, A256 = 1 };
-};
+#define QT_INFO(T, BYTES, ELEMS, UNIT)                                               \
+    template <> struct qt_info<T> {                                                  \
+        enum { QB = (BYTES), QEL = (ELEMS), UEL = (UNIT), A256 = (ELEMS) == 256 }; \
+    };
+QT_INFO(EMBER_CU_Q8_0, 34, 32, 32)
+QT_INFO(EMBER_CU_Q4_0, 18, 32, 32)
+QT_INFO(EMBER_CU_Q5_0, 22, 32, 32)
+QT_INFO(EMBER_CU_Q4_K, 144, 256, 64)
+QT_INFO(EMBER_CU_Q5_K, 176, 256, 64)
+QT_INFO(EMBER_CU_Q6_K, 210, 256, 128)
+#undef QT_INFO
 
 /* The tensor-core kernel's input layout (A32 tiles): for block b and slice s
    of 8 input rows, at (b * slices + s) * A32T_BYTES: the B fragments of
