@@ -462,6 +462,14 @@ static void test_qmatmul(void) {
         check_qmatmul(1, 4096, 1, &k_qtypes[t], &bigN, &nob, 0);
         check_qmatmul(8, 4096, 1, &k_qtypes[t], &bigN, &nob, 0);
         check_qmatmul(64, 4096, 1, &k_qtypes[t], &bigN, &nob, 1); /* tensor cores: 2 slices a warp */
+        { /* one row (qmv_k for the K types, qmm_k for the others): a partial chunk alone (K 768) and after
+             whole ones (K 2304), the 8B down's K, a long row (K 44032), three products sharing a launch, rows
+             past a block of 8 */
+            const int K1[4] = {768, 2304, 14336, 44032}, N3[3] = {40, 1, 97};
+            const bool b3[3] = {true, false, true};
+            const ember_dtype d3[3] = {k_qtypes[t], k_qtypes[t], k_qtypes[t]};
+            for (int k = 0; k < 4; k++) check_qmatmul(1, K1[k], k == 3 ? 1 : 3, d3, N3, b3, k == 1);
+        }
         if (!k256) { /* the tensor-core kernel over many slices, 2 a warp at 600 rows (its grid passes 4,096 warps) */
             const int n2048 = 2048, n2000 = 2000;
             check_qmatmul(256, 96, 1, &k_qtypes[t], &n2048, &nob, 0);

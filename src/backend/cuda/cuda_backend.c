@@ -1254,8 +1254,9 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
             if (c->prof)
                 snprintf(name, sizeof name, "matmul %s M=%d N=%lld K=%d", ember_dtype_get(qd)->name, M,
                          (long long)Nt, K);
-            uint64_t sg[5 + 4 * EMBER_CU_MAX_MM] = {21, P(act), (uint64_t)M, (uint64_t)K, (uint64_t)qt};
-            int ns = 5;
+            uint64_t sg[6 + 4 * EMBER_CU_MAX_MM] = {21, P(act), (uint64_t)M, (uint64_t)K, (uint64_t)qt,
+                                                    (uint64_t)ember_cu_qmv};
+            int ns = 6;
             sig_prods(sg, &ns, a.p, a.n);
             if (g_skip(c, sg, ns)) continue;
             if ((rc = launched(c, ember_cu_qmatmul(c->stream, &a), name, err))) {
@@ -2004,6 +2005,7 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     /* the shared-memory limits of the kernels over 48 KB, once for this device */
     e = ember_cu_attn_prepare();
     if (e == cudaSuccess) e = ember_cu_mm_prepare();
+    if (e == cudaSuccess) e = ember_cu_qmm_prepare();
     if (e != cudaSuccess) {
         cudaStreamDestroy(c->stream);
         free(c);
@@ -2019,6 +2021,9 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
                *grp = getenv("EMBER_CUDA_ATTN_GROUP"), *blk = getenv("EMBER_CUDA_MM_BLK");
     if (pdl && *pdl) ember_cu_pdl = atoi(pdl) != 0;
     if (mmc && *mmc) ember_cu_mm_cluster = atoi(mmc) != 0;
+    /* the one-row kernel for Q8_0 / Q4_0 / Q5_0 products (0: the kernel of before) */
+    const char *qmv = getenv("EMBER_CUDA_QMV");
+    if (qmv && *qmv) ember_cu_qmv = atoi(qmv) != 0;
     /* the producers' quantized inputs up to this many rows (0: the matmul's own launches; section "quantized inputs") */
     const char *qfz = getenv("EMBER_CUDA_QFUSE");
     c->qfuse = 1;

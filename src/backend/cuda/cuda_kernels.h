@@ -155,6 +155,15 @@ cudaError_t ember_cu_qact(cudaStream_t stream, int qtype, const float *x, void *
    first_block. cudaErrorInvalidValue for more than 65535 blocks of 8 rows. */
 cudaError_t ember_cu_qmatmul(cudaStream_t stream, ember_cu_qmm *a);
 
+/* One input row against Q4_K / Q5_K / Q6_K weights through the one-row
+   kernel (cuda_qmm.cu, qmv_k: the same bits): 1 (the default) or 0 (qmm_k,
+   the kernel of before; a measuring aid, set from EMBER_CUDA_QMV). */
+extern int ember_cu_qmv;
+
+/* Raises the dynamic shared-memory limit of the quantized kernels that need
+   more than 48 KB, on the current device; once per backend. */
+cudaError_t ember_cu_qmm_prepare(void);
+
 /* dst[i, :] = src[ids[i], :] dequantized exactly (cpu_dequant_row); rows of
    D elements, row_bytes apart. */
 cudaError_t ember_cu_qget_rows(cudaStream_t stream, float *dst, const void *src, int qtype, size_t row_bytes,

@@ -25,4 +25,22 @@ template <typename A> static __device__ __forceinline__ ember_cu_mm_prod ember_c
     return p;
 }
 
+/* cp.async (sm_80 on): 16 bytes from global src to shared dst, both
+   16-byte aligned, queued in the thread's current group; commit closes the
+   group; wait<N> returns once at most N of the thread's groups are pending
+   (the copies of the others are then in shared memory, visible to other
+   threads after a barrier). */
+static __device__ __forceinline__ void ember_cp16(void *dst, const void *src) {
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+static __device__ __forceinline__ void ember_cp_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> static __device__ __forceinline__ void ember_cp_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 #endif

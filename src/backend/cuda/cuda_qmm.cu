@@ -36,6 +36,10 @@
  * output, run the chunk's part of the float chain from there. Two sets
  * alternate, so one barrier a chunk suffices.
  *
+ * One input row against the K types takes qmv_k instead: qmm_k's sums and
+ * chain, with the input row staged in shared memory once per block and each
+ * warp running its own row's chain (its section says why).
+ *
  * From QTC_MIN_M rows on, the 32-element types run on the tensor cores
  * (qmm_tc_k): one int8 mma.m16n8k32 is one block of 16 weight rows against 8
  * input rows, exact, and each lane runs the chain of its 4 outputs (per 8
@@ -203,58 +207,85 @@ static __device__ __forceinline__ unsigned int spread4(unsigned int h) {
     return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
 }
 
+/* ---- one 32-element block ----------------------------------------------------------------- */
+
+/* The 8 level words of a 32-element block (word i: levels 4i .. 4i + 3, as
+   the input's A32 record) from its words after d: Q8_0 its 8 words of
+   levels; Q4_0 its 4 words of nibbles (low nibbles levels 0..15, high ones
+   16..31); Q5_0 qh, then 4 words of nibbles. Q4_0 / Q5_0 levels keep their
+   offset (8, 16): blk32_sum takes it out. */
+template <int QT> static __device__ __forceinline__ void blk32_levels(const unsigned int *v, unsigned int *w) {
+    if (QT == EMBER_CU_Q8_0) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = v[i];
+    } else if (QT == EMBER_CU_Q4_0) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[i] = v[i] & 0x0f0f0f0fu;
+            w[4 + i] = (v[i] >> 4) & 0x0f0f0f0fu;
+        }
+    } else {
+        const unsigned int qh = v[0];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[i] = (v[1 + i] & 0x0f0f0f0fu) | spread4(qh >> (4 * i));
+            w[4 + i] = ((v[1 + i] >> 4) & 0x0f0f0f0fu) | spread4(qh >> (16 + 4 * i));
+        }
+    }
+}
+
+/* The exact sum S of a block: level words w (blk32_levels) against the
+   input's levels ya (0..15), yb (16..31) and their sum ys. */
+template <int QT> static __device__ __forceinline__ int blk32_sum(const unsigned int *w, uint4 ya, uint4 yb, int ys) {
+    int s = 0;
+    s = __dp4a((int)w[0], (int)ya.x, s);
+    s = __dp4a((int)w[1], (int)ya.y, s);
+    s = __dp4a((int)w[2], (int)ya.z, s);
+    s = __dp4a((int)w[3], (int)ya.w, s);
+    s = __dp4a((int)w[4], (int)yb.x, s);
+    s = __dp4a((int)w[5], (int)yb.y, s);
+    s = __dp4a((int)w[6], (int)yb.z, s);
+    s = __dp4a((int)w[7], (int)yb.w, s);
+    if (QT == EMBER_CU_Q4_0) s -= 8 * ys;
+    if (QT == EMBER_CU_Q5_0) s -= 16 * ys;
+    return s;
+}
+
+/* (float)v exactly for |v| < 2^22, without a conversion instruction (a
+   quarter-rate one): the bits of 1.5 x 2^23 + v, minus 1.5 x 2^23. Block sums
+   of the 32-element types stay under 32 x 128 x 127 < 2^19. */
+static __device__ __forceinline__ float small_i2f(int v) {
+    return __fsub_rn(__int_as_float(v + 0x4b400000), 12582912.0f);
+}
+
+/* An input load: from shared memory (SH) or through the read-only cache. */
+template <bool SH, typename T> static __device__ __forceinline__ T ldy(const T *p) {
+    if (SH) return *p;
+    return __ldg(p);
+}
+
 /* ---- the integer sums of one unit -------------------------------------------------------- */
 
 /* s1[m] (and s2[m] for Q4_K / Q5_K) of unit u of the weight row wr against
-   input rows m < mt of the activations ya (row stride yrow bytes): the
-   unit's whole contribution to the block's S (S1, S2). Exact. */
-template <int QT, int MT>
+   input rows m < mt of the activations ya (row stride yrow bytes; in shared
+   memory if SH): the unit's whole contribution to the block's S (S1, S2).
+   Exact. */
+template <int QT, int MT, bool SH = false>
 static __device__ __forceinline__ void unit_sums(const unsigned char *wr, int u, const unsigned char *ya, size_t yrow,
                                                  int mt, int *s1, int *s2) {
     typedef qt_info<QT> I;
     if (!I::A256) {
         const unsigned char *blk = wr + (size_t)u * I::QB;
         const unsigned char *y0 = ya + (size_t)u * A32_BYTES;
-        unsigned int w[8];
-        unsigned int qh = 0;
-        if (QT == EMBER_CU_Q8_0) {
-            ld_words<8>(blk + 2, w);
-        } else if (QT == EMBER_CU_Q4_0) {
-            unsigned int v[4];
-            ld_words<4>(blk + 2, v);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                w[i] = v[i] & 0x0f0f0f0fu;
-                w[4 + i] = (v[i] >> 4) & 0x0f0f0f0fu;
-            }
-        } else { /* Q5_0: qh then 16 bytes of nibbles */
-            unsigned int v[5];
-            ld_words<5>(blk + 2, v);
-            qh = v[0];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                w[i] = (v[1 + i] & 0x0f0f0f0fu) | spread4(qh >> (4 * i));
-                w[4 + i] = ((v[1 + i] >> 4) & 0x0f0f0f0fu) | spread4(qh >> (16 + 4 * i));
-            }
-        }
+        unsigned int v[8], w[8];
+        ld_words<QT == EMBER_CU_Q8_0 ? 8 : QT == EMBER_CU_Q4_0 ? 4 : 5>(blk + 2, v);
+        blk32_levels<QT>(v, w);
 #pragma unroll
         for (int m = 0; m < MT; m++) {
             if (m >= mt) break;
             const unsigned char *y = y0 + (size_t)m * yrow;
-            const uint4 ya4 = __ldg((const uint4 *)y), yb4 = __ldg((const uint4 *)(y + 16));
-            const int ys = __ldg((const int *)(y + 36));
-            int s = 0;
-            s = __dp4a((int)w[0], (int)ya4.x, s);
-            s = __dp4a((int)w[1], (int)ya4.y, s);
-            s = __dp4a((int)w[2], (int)ya4.z, s);
-            s = __dp4a((int)w[3], (int)ya4.w, s);
-            s = __dp4a((int)w[4], (int)yb4.x, s);
-            s = __dp4a((int)w[5], (int)yb4.y, s);
-            s = __dp4a((int)w[6], (int)yb4.z, s);
-            s = __dp4a((int)w[7], (int)yb4.w, s);
-            if (QT == EMBER_CU_Q4_0) s -= 8 * ys;
-            if (QT == EMBER_CU_Q5_0) s -= 16 * ys;
-            s1[m] = s;
+            s1[m] = blk32_sum<QT>(w, ldy<SH>((const uint4 *)y), ldy<SH>((const uint4 *)(y + 16)),
+                                  ldy<SH>((const int *)(y + 36)));
             s2[m] = 0;
         }
     } else if (QT == EMBER_CU_Q4_K || QT == EMBER_CU_Q5_K) {
@@ -289,7 +320,7 @@ static __device__ __forceinline__ void unit_sums(const unsigned char *wr, int u,
             int sa = 0, sbv = 0;
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                const uint4 t = __ldg(yq + i), v = __ldg(yq + 2 + i);
+                const uint4 t = ldy<SH>(yq + i), v = ldy<SH>(yq + 2 + i);
                 sa = __dp4a((int)lo[4 * i + 0], (int)t.x, sa);
                 sa = __dp4a((int)lo[4 * i + 1], (int)t.y, sa);
                 sa = __dp4a((int)lo[4 * i + 2], (int)t.z, sa);
@@ -299,7 +330,7 @@ static __device__ __forceinline__ void unit_sums(const unsigned char *wr, int u,
                 sbv = __dp4a((int)hi[4 * i + 2], (int)v.z, sbv);
                 sbv = __dp4a((int)hi[4 * i + 3], (int)v.w, sbv);
             }
-            const int4 bs = __ldg((const int4 *)(y + 256 + 16 * p)); /* bs16[4p .. 4p + 3] */
+            const int4 bs = ldy<SH>((const int4 *)(y + 256 + 16 * p)); /* bs16[4p .. 4p + 3] */
             s1[m] = sca * sa + scb * sbv;
             s2[m] = mna * (bs.x + bs.y) + mnb * (bs.z + bs.w);
         }
@@ -317,7 +348,8 @@ static __device__ __forceinline__ void unit_sums(const unsigned char *wr, int u,
             if (m >= mt) break;
             const unsigned char *y = y0 + (size_t)m * yrow;
             const uint4 *yq = (const uint4 *)(y + 128 * n);
-            const int4 bsa = __ldg((const int4 *)(y + 256 + 32 * n)), bsb = __ldg((const int4 *)(y + 256 + 32 * n + 16));
+            const int4 bsa = ldy<SH>((const int4 *)(y + 256 + 32 * n)),
+                       bsb = ldy<SH>((const int4 *)(y + 256 + 32 * n + 16));
             const int bs[8] = {bsa.x, bsa.y, bsa.z, bsa.w, bsb.x, bsb.y, bsb.z, bsb.w};
             int tot = 0;
 #pragma unroll
@@ -325,7 +357,7 @@ static __device__ __forceinline__ void unit_sums(const unsigned char *wr, int u,
                 int part[2] = {0, 0};
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const uint4 t = __ldg(yq + 2 * k + h);
+                    const uint4 t = ldy<SH>(yq + 2 * k + h);
                     const unsigned int yv[4] = {t.x, t.y, t.z, t.w};
 #pragma unroll
                     for (int gg = 0; gg < 4; gg++) {
@@ -441,6 +473,127 @@ static __global__ void __launch_bounds__(256) qmm_k(const ember_cu_qmm a) {
     }
 }
 
+/* ---- the one-row kernel (M = 1) ---------------------------------------------------------- */
+
+/* qmv_k: one input row against Q4_K, Q5_K or Q6_K weights. As qmm_k at
+   MT = 1 (a warp per weight row, each lane the integer sums of UPT units a
+   chunk), with two changes:
+   - the input row is copied into shared memory once per block (cp.async),
+     where qmm_k's eight warps each read it through the L1 cache;
+   - each warp runs its own row's chain (lane 0, from the warp's part of
+     shared memory) right after its sums, so no warp waits at a block
+     barrier for another's chain, and a block's warps finish independently.
+   The sums, the scales and the chain are qmm_k's: the same bits. Measured
+   on the H200 (bench/RESULTS.md): the Q6_K products of an 8B decode step
+   11% faster, Q4_K 3%; the 32-element types 10-20% slower (ncu: the L1
+   stays busy with their weights' unaligned word loads, and the chain on
+   one lane a warp costs more than it saves), so they stay on qmm_k. */
+#define QV_ACT_MAX (64 * 1024) /* the largest input row staged (bytes of its quantized form) */
+
+template <int QT, int UPT> static __global__ void __launch_bounds__(256) qmv_k(const ember_cu_qmm a) {
+    typedef qt_info<QT> I;
+    constexpr int U = I::QEL / I::UEL; /* units per block */
+    constexpr int UCH = 32 * UPT;      /* units per row per chunk */
+    constexpr int BCH = UCH / U;       /* blocks per row per chunk */
+    constexpr int TWO = QT == EMBER_CU_Q4_K || QT == EMBER_CU_Q5_K;
+    constexpr int AB = I::A256 ? A256_BYTES : A32_BYTES, YD = I::A256 ? 320 : 32;
+    constexpr int WD = QT == EMBER_CU_Q6_K ? 208 : 0;
+    extern __shared__ __align__(16) unsigned char qv_act[]; /* the input row, nblk x AB bytes */
+    __shared__ int part[QR][UCH];
+    __shared__ int part2[TWO ? QR : 1][TWO ? UCH : 1];
+    __shared__ float dd[QR][BCH];
+    __shared__ float dd2[TWO ? QR : 1][TWO ? BCH : 1];
+    ember_pdl_enter();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nblk = a.K / I::QEL, nunits = nblk * U;
+    for (int i = threadIdx.x; i < nblk * AB / 16; i += 256)
+        ember_cp16(qv_act + 16 * i, (const unsigned char *)a.act + 16 * (size_t)i);
+    ember_cp_commit();
+    ember_cp_wait<0>();
+    __syncthreads(); /* the only block barrier */
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.y);
+    const int row = ((int)blockIdx.y - p.first_block) * QR + warp;
+    if (row >= p.N) return;
+    const unsigned char *wr = (const unsigned char *)p.w + (size_t)row * (size_t)nblk * I::QB;
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < nunits; c0 += UCH) {
+#pragma unroll
+        for (int i = 0; i < UPT; i++) {
+            const int slot = lane + 32 * i, u = c0 + slot;
+            const bool uv = u < nunits;
+            int s1[1] = {0}, s2[1] = {0};
+            if (uv) unit_sums<QT, 1, true>(wr, u, qv_act, 0, 1, s1, s2);
+            part[warp][slot] = U == 1 ? __float_as_int(__int2float_rn(s1[0])) : s1[0];
+            if (TWO) part2[warp][slot] = s2[0];
+            if (slot % U == 0) { /* the first unit of a block: its scales */
+                const int b = u / U;
+                float wd = 0.0f, wm = 0.0f, yd = 0.0f;
+                if (uv) {
+                    wd = ld_h2f(wr + (size_t)b * I::QB + WD);
+                    if (TWO) wm = ld_h2f(wr + (size_t)b * I::QB + 2);
+                    yd = *(const float *)(qv_act + (size_t)b * AB + YD);
+                }
+                dd[warp][slot / U] = __fmul_rn(wd, yd);
+                if (TWO) dd2[warp][slot / U] = -__fmul_rn(wm, yd);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) {
+            const int nb = (nunits - c0 < UCH ? nunits - c0 : UCH) / U;
+#pragma unroll 8
+            for (int c = 0; c < nb; c++) {
+                if (U == 1) {
+                    acc = fmaf(dd[warp][c], __int_as_float(part[warp][c]), acc);
+                } else {
+                    int S1 = 0, S2 = 0;
+#pragma unroll
+                    for (int k = 0; k < U; k++) {
+                        S1 += part[warp][c * U + k];
+                        if (TWO) S2 += part2[warp][c * U + k];
+                    }
+                    acc = fmaf(dd[warp][c], __int2float_rn(S1), acc);
+                    if (TWO) acc = fmaf(dd2[warp][c], __int2float_rn(S2), acc);
+                }
+            }
+        }
+        __syncwarp(); /* the chain has read this chunk's sums */
+    }
+    if (lane == 0) {
+        float o = acc;
+        if (p.bias) o = o + p.bias[row];
+        p.out[row] = o;
+    }
+}
+
+/* Whether qmv_k takes this launch: ember_cu_qmv on, one row, a K type (the
+   32-element types measured slower through it than through qmm_k: the
+   weights' own loads keep the L1 busy there; bench/RESULTS.md), an input
+   row of at most QV_ACT_MAX bytes, 16-byte aligned. */
+extern "C" {
+int ember_cu_qmv = 1;
+}
+static bool qmv_takes(const ember_cu_qmm *a) {
+    return ember_cu_qmv && a->M == 1 && ember_cu_q256(a->qtype) && !((uintptr_t)a->act & 15u) &&
+           ember_cu_qact_bytes(a->qtype, 1, a->K) <= QV_ACT_MAX;
+}
+
+template <int QT> static cudaError_t qmv_launch(cudaStream_t stream, const ember_cu_qmm *a, int blocks) {
+    return ember_launch(qmv_k<QT, 2>, dim3(1, (unsigned)blocks), dim3(256), ember_cu_qact_bytes(QT, 1, a->K), stream,
+                        *a);
+}
+
+#define QV_PREP(T)                                                                                            \
+    if (e == cudaSuccess)                                                                                     \
+        e = cudaFuncSetAttribute(qmv_k<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, QV_ACT_MAX);
+extern "C" cudaError_t ember_cu_qmm_prepare(void) {
+    cudaError_t e = cudaSuccess;
+    QV_PREP(EMBER_CU_Q4_K)
+    QV_PREP(EMBER_CU_Q5_K)
+    QV_PREP(EMBER_CU_Q6_K)
+    return e;
+}
+#undef QV_PREP
+
 /* ---- the tensor-core kernel (M >= QTC_MIN_M, 32-element types) ------------------------------ */
 
 /* d = a b + c: one mma.sync m16n8k32, s8 in, s32 accumulate (PTX ISA,
@@ -452,13 +605,6 @@ static __device__ __forceinline__ void mma_s8(int d[4], const unsigned int a[4],
                  "{%10, %11, %12, %13};\n"
                  : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(0), "r"(0), "r"(0), "r"(0));
-}
-
-/* (float)v exactly for |v| < 2^22, without a conversion instruction (a
-   quarter-rate one): the bits of 1.5 x 2^23 + v, minus 1.5 x 2^23. Block sums
-   of the 32-element types stay under 32 x 128 x 127 < 2^19. */
-static __device__ __forceinline__ float small_i2f(int v) {
-    return __fsub_rn(__int_as_float(v + 0x4b400000), 12582912.0f);
 }
 
 /* This lane's A fragment of block b for weight rows r0 = 16 tile + g and r0 + 8
@@ -612,6 +758,11 @@ extern "C" cudaError_t ember_cu_qmatmul(cudaStream_t stream, ember_cu_qmm *a) {
         case EMBER_CU_Q8_0: return qmm_tc<EMBER_CU_Q8_0>(stream, a, blocks);
         case EMBER_CU_Q4_0: return qmm_tc<EMBER_CU_Q4_0>(stream, a, blocks);
         default: return qmm_tc<EMBER_CU_Q5_0>(stream, a, blocks);
+        }
+    if (qmv_takes(a)) switch (a->qtype) {
+        case EMBER_CU_Q4_K: return qmv_launch<EMBER_CU_Q4_K>(stream, a, blocks);
+        case EMBER_CU_Q5_K: return qmv_launch<EMBER_CU_Q5_K>(stream, a, blocks);
+        default: return qmv_launch<EMBER_CU_Q6_K>(stream, a, blocks);
         }
     switch (a->qtype) {
     case EMBER_CU_Q8_0: return qmm_type<EMBER_CU_Q8_0>(stream, a, blocks);
