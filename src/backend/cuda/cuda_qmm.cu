@@ -380,15 +380,27 @@ static __device__ __forceinline__ void unit_sums(const unsigned char *wr, int u,
 
 #define QR 8 /* weight rows per block: one per warp */
 
+/* The constants of a chunk of qmm_k / qmv_k for type QT with UPT units a
+   lane: units per block U, units UCH and blocks BCH per row per chunk,
+   TWO (Q4_K / Q5_K: a second chain term for the mins), the input record's
+   bytes AB and its d's offset YD, the weight block's d offset WD. */
+template <int QT, int UPT> struct qchunk {
+    enum {
+        U = qt_info<QT>::QEL / qt_info<QT>::UEL,
+        UCH = 32 * UPT,
+        BCH = UCH / U,
+        TWO = QT == EMBER_CU_Q4_K || QT == EMBER_CU_Q5_K,
+        AB = qt_info<QT>::A256 ? A256_BYTES : A32_BYTES,
+        YD = qt_info<QT>::A256 ? 320 : 32,
+        WD = QT == EMBER_CU_Q6_K ? 208 : 0
+    };
+};
+
 template <int QT, int MT, int UPT>
 static __global__ void __launch_bounds__(256) qmm_k(const ember_cu_qmm a) {
     typedef qt_info<QT> I;
-    constexpr int U = I::QEL / I::UEL;  /* units per block */
-    constexpr int UCH = 32 * UPT;       /* units per row per chunk */
-    constexpr int BCH = UCH / U;        /* blocks per row per chunk */
-    constexpr int TWO = QT == EMBER_CU_Q4_K || QT == EMBER_CU_Q5_K;
-    constexpr int AB = I::A256 ? A256_BYTES : A32_BYTES, YD = I::A256 ? 320 : 32;
-    constexpr int WD = QT == EMBER_CU_Q6_K ? 208 : 0;
+    typedef qchunk<QT, UPT> C;
+    constexpr int U = C::U, UCH = C::UCH, BCH = C::BCH, TWO = C::TWO, AB = C::AB, YD = C::YD, WD = C::WD;
     /* per chunk: the units' exact sums (as float already where a block is one unit: exact below 2^24,
        else the conversion the chain would make), and each block's f32(w.d) * y.d (and -(dmin * y.d)) */
     __shared__ int part[2][QR][MT][UCH];
@@ -492,12 +504,8 @@ static __global__ void __launch_bounds__(256) qmm_k(const ember_cu_qmm a) {
 
 template <int QT, int UPT> static __global__ void __launch_bounds__(256) qmv_k(const ember_cu_qmm a) {
     typedef qt_info<QT> I;
-    constexpr int U = I::QEL / I::UEL; /* units per block */
-    constexpr int UCH = 32 * UPT;      /* units per row per chunk */
-    constexpr int BCH = UCH / U;       /* blocks per row per chunk */
-    constexpr int TWO = QT == EMBER_CU_Q4_K || QT == EMBER_CU_Q5_K;
-    constexpr int AB = I::A256 ? A256_BYTES : A32_BYTES, YD = I::A256 ? 320 : 32;
-    constexpr int WD = QT == EMBER_CU_Q6_K ? 208 : 0;
+    typedef qchunk<QT, UPT> C;
+    constexpr int U = C::U, UCH = C::UCH, BCH = C::BCH, TWO = C::TWO, AB = C::AB, YD = C::YD, WD = C::WD;
     extern __shared__ __align__(16) unsigned char qv_act[]; /* the input row, nblk x AB bytes */
     __shared__ int part[QR][UCH];
     __shared__ int part2[TWO ? QR : 1][TWO ? UCH : 1];
