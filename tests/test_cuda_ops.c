@@ -462,9 +462,9 @@ static void test_qmatmul(void) {
         check_qmatmul(1, 4096, 1, &k_qtypes[t], &bigN, &nob, 0);
         check_qmatmul(8, 4096, 1, &k_qtypes[t], &bigN, &nob, 0);
         check_qmatmul(64, 4096, 1, &k_qtypes[t], &bigN, &nob, 1); /* tensor cores: 2 slices a warp */
-        { /* one row (qmv_k for the K types, qmm_k for the others): a partial chunk alone (K 768) and after
-             whole ones (K 2304), the 8B down's K, a long row (K 44032), three products sharing a launch, rows
-             past a block of 8 */
+        { /* one row (qmv_k for the K types, qmm_k for the others): rows shorter than a chunk (K 768, 2304),
+             whole chunks then a partial one (K 14336, the 8B down's; K 44032, a long row), three products
+             sharing a launch, rows past a block of 8 */
             const int K1[4] = {768, 2304, 14336, 44032}, N3[3] = {40, 1, 97};
             const bool b3[3] = {true, false, true};
             const ember_dtype d3[3] = {k_qtypes[t], k_qtypes[t], k_qtypes[t]};
