@@ -525,19 +525,16 @@ static __device__ __forceinline__ void cp16(uint4 *dst, const void *src, bool fu
     const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(full ? 16 : 0) : "memory");
 }
-static __device__ __forceinline__ void cp_commit(void) {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-/* Waits until at most n of this thread's copy groups are pending. */
+/* Waits until at most n of this thread's copy groups are pending (ember_cp_wait, cuda_mm.cuh). */
 static __device__ __forceinline__ void cp_wait(const int n) {
     if (n <= 0)
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        ember_cp_wait<0>();
     else if (n == 1)
-        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        ember_cp_wait<1>();
     else if (n == 2)
-        asm volatile("cp.async.wait_group 2;" ::: "memory");
+        ember_cp_wait<2>();
     else
-        asm volatile("cp.async.wait_group 3;" ::: "memory");
+        ember_cp_wait<3>();
 }
 
 /* tc_part with the weights of the next S k-blocks in flight through
@@ -560,7 +557,7 @@ static __device__ __forceinline__ void tc_part_ring(float acc[][4][4], uint4 *ri
         const int k = (part + TC_P * s) * TC_KB + 8 * q;
 #pragma unroll
         for (int i = 0; i < 2 * WT; i++) cp16(&ring[(s * 2 * WT + i) * LANES + lane], k < K ? wr[i] + k : wr[i], k < K);
-        cp_commit();
+        ember_cp_commit();
     }
     int slot = 0;
     for (int b = part; b < KB; b += TC_P) {
@@ -575,7 +572,7 @@ static __device__ __forceinline__ void tc_part_ring(float acc[][4][4], uint4 *ri
 #pragma unroll
         for (int i = 0; i < 2 * WT; i++)
             cp16(&ring[(slot * 2 * WT + i) * LANES + lane], kn < K ? wr[i] + kn : wr[i], kn < K);
-        cp_commit();
+        ember_cp_commit();
         tc_kblock(acc, w, xr, b * TC_KB + 8 * q, K, true, WT, XT);
         slot = slot + 1 == S ? 0 : slot + 1;
     }
@@ -738,7 +735,7 @@ static __global__ void __cluster_dims__(1, 1, TC_P) __launch_bounds__(CL_WARPS *
         const int k = (part + TC_P * s) * TC_KB + 8 * q;
 #pragma unroll
         for (int h = 0; h < 2; h++) cp16(&ring[(s * 2 + h) * LANES + lane], k < K ? wr[h] + k : wr[h], k < K);
-        cp_commit();
+        ember_cp_commit();
     }
     /* fx[j]: the inputs of k-block i + 1 + j while k-block i computes */
     float f0[8], fx[XA][8];
@@ -763,7 +760,7 @@ static __global__ void __cluster_dims__(1, 1, TC_P) __launch_bounds__(CL_WARPS *
         const int kn = (b + TC_P * S) * TC_KB + 8 * q;
 #pragma unroll
         for (int h = 0; h < 2; h++) cp16(&ring[(slot * 2 + h) * LANES + lane], kn < K ? wr[h] + kn : wr[h], kn < K);
-        cp_commit();
+        ember_cp_commit();
 #pragma unroll
         for (int xt = 0; xt < XT; xt++) {
             const uint4 hi = sm.u.s.xs[buf][xt][0][lane], lo = sm.u.s.xs[buf][xt][1][lane];
@@ -894,7 +891,7 @@ static __global__ void __launch_bounds__(BK_WARPS *LANES, 1) tc_blk_k(const embe
                 cp16(&sm.w[s][c / 4][c % 4], k < K ? wsrc[j] + b * TC_KB : wsrc[j], k < K);
             }
         }
-        cp_commit();
+        ember_cp_commit();
     }
     float fx[16];
     bk_ldx(xrow, bk_kblock(0, KB), xh, K, fx);
@@ -930,7 +927,7 @@ static __global__ void __launch_bounds__(BK_WARPS *LANES, 1) tc_blk_k(const embe
                     cp16(&sm.w[in % S][c / 4][c % 4], k < K ? wsrc[jj] + b * TC_KB : wsrc[jj], k < K);
                 }
             }
-            cp_commit();
+            ember_cp_commit();
         }
         if (i + 1 < KB && xr < BX) { /* step i + 1's inputs into the other buffer (last read in step i - 1) */
 #pragma unroll

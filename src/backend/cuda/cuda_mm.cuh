@@ -1,12 +1,13 @@
 /*
  * cuda_mm.cuh - device helpers shared by the matrix-product kernels of
- * cuda_matmul.cu and cuda_wgmma.cu (CUDA sources only; internal to the
- * backend).
+ * cuda_matmul.cu, cuda_wgmma.cu and cuda_qmm.cu (CUDA sources only;
+ * internal to the backend).
  *
  * A matmul launch (ember_cu_mm, cuda_kernels.h) carries up to
  * EMBER_CU_MAX_MM products sharing one input, their blocks laid out
  * product after product in the grid; ember_cu_pick_prod finds the product
- * of a block. One definition, so the two files cannot drift apart.
+ * of a block. One definition, so the files cannot drift apart; likewise
+ * the cp.async group helpers.
  */
 #ifndef EMBER_CUDA_MM_CUH
 #define EMBER_CUDA_MM_CUH

@@ -506,6 +506,7 @@ template <int QT, int UPT> static __global__ void __launch_bounds__(256) qmv_k(c
     typedef qt_info<QT> I;
     typedef qchunk<QT, UPT> C;
     constexpr int U = C::U, UCH = C::UCH, BCH = C::BCH, TWO = C::TWO, AB = C::AB, YD = C::YD, WD = C::WD;
+    static_assert(U > 1, "the K types only: a block is several units");
     extern __shared__ __align__(16) unsigned char qv_act[]; /* the input row, nblk x AB bytes */
     __shared__ int part[QR][UCH];
     __shared__ int part2[TWO ? QR : 1][TWO ? UCH : 1];
@@ -531,7 +532,7 @@ template <int QT, int UPT> static __global__ void __launch_bounds__(256) qmv_k(c
             const bool uv = u < nunits;
             int s1[1] = {0}, s2[1] = {0};
             if (uv) unit_sums<QT, 1, true>(wr, u, qv_act, 0, 1, s1, s2);
-            part[warp][slot] = U == 1 ? __float_as_int(__int2float_rn(s1[0])) : s1[0];
+            part[warp][slot] = s1[0];
             if (TWO) part2[warp][slot] = s2[0];
             if (slot % U == 0) { /* the first unit of a block: its scales */
                 const int b = u / U;
@@ -550,18 +551,14 @@ template <int QT, int UPT> static __global__ void __launch_bounds__(256) qmv_k(c
             const int nb = (nunits - c0 < UCH ? nunits - c0 : UCH) / U;
 #pragma unroll 8
             for (int c = 0; c < nb; c++) {
-                if (U == 1) {
-                    acc = fmaf(dd[warp][c], __int_as_float(part[warp][c]), acc);
-                } else {
-                    int S1 = 0, S2 = 0;
+                int S1 = 0, S2 = 0;
 #pragma unroll
-                    for (int k = 0; k < U; k++) {
-                        S1 += part[warp][c * U + k];
-                        if (TWO) S2 += part2[warp][c * U + k];
-                    }
-                    acc = fmaf(dd[warp][c], __int2float_rn(S1), acc);
-                    if (TWO) acc = fmaf(dd2[warp][c], __int2float_rn(S2), acc);
+                for (int k = 0; k < U; k++) {
+                    S1 += part[warp][c * U + k];
+                    if (TWO) S2 += part2[warp][c * U + k];
                 }
+                acc = fmaf(dd[warp][c], __int2float_rn(S1), acc);
+                if (TWO) acc = fmaf(dd2[warp][c], __int2float_rn(S2), acc);
             }
         }
         __syncwarp(); /* the chain has read this chunk's sums */
