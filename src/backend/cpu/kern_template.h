@@ -27,6 +27,14 @@
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 
+/* Tiles are at most 8 weight rows x 6 input rows: the kernels' arrays are sized so (unrolled,
+   only a tile's own entries are ever touched) and tile() has a case for each input-row count. */
+#define TW_MAX 8
+#define TX_MAX 6
+#if TILE_W > TW_MAX || TILE_X > TX_MAX
+#error "a register tile is larger than TW_MAX x TX_MAX"
+#endif
+
 /* The m-block: input rows kept hot in L2 while a tile of weights sweeps them. */
 #define M_BLOCK 64
 
@@ -43,36 +51,37 @@ ALWAYS_INLINE float w_scalar(const void *p, size_t idx, int wt) {
     return wt == W_F16 ? ember_f16_to_f32(h) : ember_bf16_to_f32(h);
 }
 
-/* out[j * ldo + i] = dot(w row i, x row j) for i < NW, j < NX. */
+/* out[j * ldo + i] = dot(w row i, x row j) for i < NW <= TILE_W, j < NX <= TILE_X. */
 ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int K, float *out,
                       size_t ldo, const int NW, const int NX, const int wt) {
-    vec16 acc[4][4];
-#pragma GCC unroll 4
+    vec16 acc[TW_MAX][TX_MAX];
+#pragma GCC unroll 8
     for (int i = 0; i < NW; i++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < NX; j++) acc[i][j] = v_zero();
     int k = 0;
     const size_t es = wt == W_F32 ? 4 : 2;
     for (; k + EMBER_LANES <= K; k += EMBER_LANES) {
-        vec16 wv[4], xv[4];
+        vec16 wv[TW_MAX];
         /* decode streams 16-bit weights once: ask for the next tile's rows at
            this k (bf16 decode: +12-17% at one thread on a quiet machine, more on
            a busy one; f32 was slower with it in a noisy A/B, so not f32) */
         if (NX == 1 && wt != W_F32)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int i = 0; i < NW; i++)
                 __builtin_prefetch((const void *)((uintptr_t)w + ((size_t)(NW + i) * ldw + (size_t)k) * es), 0, 2);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < NW; i++) wv[i] = ld_w(w, (size_t)i * ldw + (size_t)k, wt);
-#pragma GCC unroll 4
-        for (int j = 0; j < NX; j++) xv[j] = v_load_f32(x + (size_t)j * ldx + (size_t)k);
-#pragma GCC unroll 4
-        for (int i = 0; i < NW; i++)
-#pragma GCC unroll 4
-            for (int j = 0; j < NX; j++) acc[i][j] = v_fma(acc[i][j], wv[i], xv[j]);
+        /* one input row at a time: TILE_W x TILE_X accumulators + TILE_W weights + 1 */
+#pragma GCC unroll 8
+        for (int j = 0; j < NX; j++) {
+            vec16 xv = v_load_f32(x + (size_t)j * ldx + (size_t)k);
+#pragma GCC unroll 8
+            for (int i = 0; i < NW; i++) acc[i][j] = v_fma(acc[i][j], wv[i], xv);
+        }
     }
     if (k < K) { /* the last, partial chunk, zero-padded */
-        float tw[4][EMBER_LANES] = {{0}}, tx[4][EMBER_LANES] = {{0}};
+        float tw[TW_MAX][EMBER_LANES] = {{0}}, tx[TX_MAX][EMBER_LANES] = {{0}};
         int r = K - k;
         for (int i = 0; i < NW; i++)
             for (int l = 0; l < r; l++) tw[i][l] = w_scalar(w, (size_t)i * ldw + (size_t)(k + l), wt);
@@ -82,12 +91,34 @@ ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int
             for (int j = 0; j < NX; j++)
                 acc[i][j] = v_fma(acc[i][j], v_load_f32(tw[i]), v_load_f32(tx[j]));
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < NW; i++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < NX; j++) out[(size_t)j * ldo + (size_t)i] = v_hsum(acc[i][j]);
 }
 
+/* NW weight rows against R (1 <= R <= TILE_X) input rows as one tile: the main tile, or the rows
+   an m-block leaves over; each R its own unrolled instance. */
+#define TILE_CASE(n)                                                                          \
+    case n:                                                                                   \
+        if (n <= TILE_X) mk(w, ldw, x, ldx, K, out, ldo, NW, n, wt);                          \
+        break;
+ALWAYS_INLINE void tile(const void *w, size_t ldw, const float *x, size_t ldx, int K, float *out,
+                        size_t ldo, const int NW, int R, const int wt) {
+    switch (R) {
+        TILE_CASE(6)
+        TILE_CASE(5)
+        TILE_CASE(4)
+        TILE_CASE(3)
+        TILE_CASE(2)
+        TILE_CASE(1)
+    default: break;
+    }
+}
+#undef TILE_CASE
+
+/* out[m * ldo + n] = dot(w row n, x row m): tiles of TILE_W weight rows x TILE_X input rows,
+   over m-blocks of M_BLOCK input rows. */
 ALWAYS_INLINE void gemm_t(const void *w, size_t ldw, int nn, const float *x, size_t ldx, int mm,
                           int K, float *out, size_t ldo, int wt) {
     const size_t es = wt == W_F32 ? 4 : 2;
@@ -97,22 +128,15 @@ ALWAYS_INLINE void gemm_t(const void *w, size_t ldw, int nn, const float *x, siz
         int n = 0;
         for (; n + TILE_W <= nn; n += TILE_W) {
             const void *wn = wb + (size_t)n * ldw * es;
-            int m = m0;
-            for (; m + TILE_X <= m1; m += TILE_X)
-                mk(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, TILE_W,
-                   TILE_X, wt);
-            for (; m < m1; m++)
-                mk(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, TILE_W, 1,
-                   wt);
+            for (int m = m0; m < m1; m += TILE_X)
+                tile(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, TILE_W,
+                     m1 - m < TILE_X ? m1 - m : TILE_X, wt);
         }
         for (; n < nn; n++) {
             const void *wn = wb + (size_t)n * ldw * es;
-            int m = m0;
-            for (; m + TILE_X <= m1; m += TILE_X)
-                mk(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, 1, TILE_X,
-                   wt);
-            for (; m < m1; m++)
-                mk(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, 1, 1, wt);
+            for (int m = m0; m < m1; m += TILE_X)
+                tile(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, 1,
+                     m1 - m < TILE_X ? m1 - m : TILE_X, wt);
         }
     }
 }
