@@ -31,11 +31,12 @@
    only a tile's own entries are ever touched) and tile() has a case for each input-row count. */
 #define TW_MAX 8
 #define TX_MAX 6
-#if TILE_W > TW_MAX || TILE_X > TX_MAX
+#if TILE_W > TW_MAX || TILE_X > TX_MAX || (defined(TILE_W1) && TILE_W1 > TW_MAX)
 #error "a register tile is larger than TW_MAX x TX_MAX"
 #endif
 
-/* The m-block: input rows kept hot in L2 while a tile of weights sweeps them. */
+/* The m-block: input rows kept hot in L2 while a tile of weights sweeps them. (Sizing it by K,
+   to keep it under 256 KB - 1 MB, measured level or slower on Zen 5 at K = 2,048 and 8,192.) */
 #define M_BLOCK 64
 
 ALWAYS_INLINE vec16 ld_w(const void *p, size_t idx, int wt) {
@@ -117,19 +118,19 @@ ALWAYS_INLINE void tile(const void *w, size_t ldw, const float *x, size_t ldx, i
 }
 #undef TILE_CASE
 
-/* out[m * ldo + n] = dot(w row n, x row m): tiles of TILE_W weight rows x TILE_X input rows,
-   over m-blocks of M_BLOCK input rows. */
-ALWAYS_INLINE void gemm_t(const void *w, size_t ldw, int nn, const float *x, size_t ldx, int mm,
-                          int K, float *out, size_t ldo, int wt) {
+/* out[m * ldo + n] = dot(w row n, x row m): tiles of TW weight rows x TILE_X input rows, over
+   m-blocks of M_BLOCK input rows. */
+ALWAYS_INLINE void gemm_rows(const void *w, size_t ldw, int nn, const float *x, size_t ldx, int mm,
+                             int K, float *out, size_t ldo, int wt, const int TW) {
     const size_t es = wt == W_F32 ? 4 : 2;
     const char *wb = w;
     for (int m0 = 0; m0 < mm; m0 += M_BLOCK) {
-        int m1 = mm < m0 + M_BLOCK ? mm : m0 + M_BLOCK;
+        int m1 = mm - m0 < M_BLOCK ? mm : m0 + M_BLOCK;
         int n = 0;
-        for (; n + TILE_W <= nn; n += TILE_W) {
+        for (; n + TW <= nn; n += TW) {
             const void *wn = wb + (size_t)n * ldw * es;
             for (int m = m0; m < m1; m += TILE_X)
-                tile(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, TILE_W,
+                tile(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, TW,
                      m1 - m < TILE_X ? m1 - m : TILE_X, wt);
         }
         for (; n < nn; n++) {
@@ -139,6 +140,19 @@ ALWAYS_INLINE void gemm_t(const void *w, size_t ldw, int nn, const float *x, siz
                      m1 - m < TILE_X ? m1 - m : TILE_X, wt);
         }
     }
+}
+
+/* One input row (decode) streams the weights once: its tile is TILE_W1 rows where the ISA sets
+   one, else TILE_W. */
+ALWAYS_INLINE void gemm_t(const void *w, size_t ldw, int nn, const float *x, size_t ldx, int mm,
+                          int K, float *out, size_t ldo, int wt) {
+#ifdef TILE_W1
+    if (mm == 1) {
+        gemm_rows(w, ldw, nn, x, ldx, mm, K, out, ldo, wt, TILE_W1);
+        return;
+    }
+#endif
+    gemm_rows(w, ldw, nn, x, ldx, mm, K, out, ldo, wt, TILE_W);
 }
 
 static void CAT(KPREFIX, gemm_f32)(const void *w, size_t ldw, int nn, const float *x, size_t ldx,
