@@ -44,7 +44,7 @@ static inline float v_hsum(vec16 a) {
 
 /* 2 weight rows x 3 input rows of two-register vectors: 12 accumulators, the weights' 4 and
    the input's loads folded into the FMAs (16 ymm). 2 x 2 was load-bound: bf16 1B pp512 at one
-   thread 32.0 -> 37.7 tok/s (Zen 5, --isa avx2, bench/RESULTS.md). */
+   thread 33.3 -> 37.2 tok/s (Zen 5, --isa avx2, bench/RESULTS.md). */
 #define TILE_W 2
 #define TILE_X 3
 #define KPREFIX avx2_

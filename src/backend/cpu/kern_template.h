@@ -10,6 +10,7 @@
  *   v_fma(acc, a, b)         acc + a * b per lane
  *   v_hsum(v)                the fixed tree sum described in kernels.h
  *   TILE_W, TILE_X           the main register tile (weight rows x input rows)
+ *   TILE_W1                  (optional) the weight rows of a tile for one input row
  *   KPREFIX                  a name prefix for this ISA
  * and the axpy kernel. Tiles change which dot products share loads, never
  * the order in which one is summed.
@@ -52,7 +53,7 @@ ALWAYS_INLINE float w_scalar(const void *p, size_t idx, int wt) {
     return wt == W_F16 ? ember_f16_to_f32(h) : ember_bf16_to_f32(h);
 }
 
-/* out[j * ldo + i] = dot(w row i, x row j) for i < NW <= TILE_W, j < NX <= TILE_X. */
+/* out[j * ldo + i] = dot(w row i, x row j) for i < NW <= TW_MAX, j < NX <= TX_MAX. */
 ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int K, float *out,
                       size_t ldo, const int NW, const int NX, const int wt) {
     vec16 acc[TW_MAX][TX_MAX];
@@ -73,7 +74,7 @@ ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int
                 __builtin_prefetch((const void *)((uintptr_t)w + ((size_t)(NW + i) * ldw + (size_t)k) * es), 0, 2);
 #pragma GCC unroll 8
         for (int i = 0; i < NW; i++) wv[i] = ld_w(w, (size_t)i * ldw + (size_t)k, wt);
-        /* one input row at a time: TILE_W x TILE_X accumulators + TILE_W weights + 1 */
+        /* one input row at a time: NW x NX accumulators + NW weights + 1 register */
 #pragma GCC unroll 8
         for (int j = 0; j < NX; j++) {
             vec16 xv = v_load_f32(x + (size_t)j * ldx + (size_t)k);
