@@ -1,13 +1,14 @@
 /*
- * qgemm_bench.c - one quantized matmul kernel alone, single thread: N
- * weight rows of K elements (packed, qkern.h) times M activation rows, for
- * every kernel table this CPU has (scalar skipped). Reports the fastest
- * call and its multiply-accumulates per second. Random data; the
- * outputs of the tables are compared (they must be bit-identical).
+ * qgemm_bench.c - one matmul kernel alone, single thread: N weight rows of
+ * K elements (quantized: packed, qkern.h; float: the gemm kernels of
+ * kern_template.h) times M activation rows, for every kernel table this CPU
+ * has (scalar skipped). Reports the fastest call and its multiply-accumulates
+ * per second. Random data; the outputs of the tables are compared (they
+ * must be bit-identical).
  *
  * usage: qgemm_bench [TYPE] [N] [K] [M] [SECONDS]
- *        TYPE q8_0 | q4_0 | q5_0 | q4_k | q5_k | q6_k (default q8_0),
- *        N 896, K 896, M 512, SECONDS 1 per table.
+ *        TYPE q8_0 | q4_0 | q5_0 | q4_k | q5_k | q6_k | f32 | f16 | bf16
+ *        (default q8_0), N 896, K 896, M 512, SECONDS 1 per table.
  * env:   ONLY=VARIANT runs that table alone (avx2, avx512-vnni, amx, ...).
  * Builds against the internal headers (src/); never run by the tests.
  */
@@ -35,11 +36,12 @@ int main(int argc, char **argv) {
     ember_dtype t = EMBER_DTYPE_INVALID;
     for (int i = 0; i < EMBER_DTYPE_COUNT; i++)
         if (!strcmp(ember_dtype_get((ember_dtype)i)->name, tn)) t = (ember_dtype)i;
-    if (t == EMBER_DTYPE_INVALID || !cpu_qpack_has(t) || N % 16 || N <= 0 || K <= 0 || M <= 0) {
-        fprintf(stderr, "usage: qgemm_bench [q8_0|q4_0|q5_0|q4_k|q5_k|q6_k] [N%%16==0] [K] [M] [SECONDS]\n");
+    const bool fl = t == EMBER_F32 || t == EMBER_F16 || t == EMBER_BF16; /* float weights */
+    if (t == EMBER_DTYPE_INVALID || !(fl || cpu_qpack_has(t)) || N % 16 || N <= 0 || K <= 0 || M <= 0) {
+        fprintf(stderr, "usage: qgemm_bench [q8_0|q4_0|q5_0|q4_k|q5_k|q6_k|f32|f16|bf16] [N%%16==0] [K] [M] [SECONDS]\n");
         return 2;
     }
-    cpu_act_kind ak = cpu_act_kind_for(t);
+    cpu_act_kind ak = fl ? CPU_ACT_32 : cpu_act_kind_for(t);
     size_t wr = cpu_row_bytes(t, K), xr = cpu_act_row_bytes(ak, K);
     if (!wr || !xr) return fprintf(stderr, "K=%d is not a whole number of blocks\n", K), 2;
     float *wf = malloc(sizeof(float) * (size_t)N * K), *x = malloc(sizeof(float) * (size_t)M * K);
@@ -56,10 +58,18 @@ int main(int argc, char **argv) {
         x[i] = (float)((int64_t)(s >> 40) - (1 << 23)) / (1 << 23);
     }
     ember_error err;
-    if (ember_quantize(t, wf, w, (size_t)N * K, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
-    for (int g = 0; g < N / 16; g++) cpu_qpack_group(t, w + (size_t)g * 16 * wr, wr, 16, K, wp + (size_t)g * 16 * wr);
-    for (int m = 0; m < M; m++)
-        (ak == CPU_ACT_32 ? cpu_quantize_act32 : cpu_quantize_act256)(x + (size_t)m * K, K, xa + (size_t)m * xr);
+    if (fl) { /* the weights in their own type; the kernels read x as f32 */
+        for (size_t i = 0; i < (size_t)N * K; i++) {
+            uint16_t h = t == EMBER_BF16 ? ember_f32_to_bf16(wf[i]) : ember_f32_to_f16(wf[i]);
+            if (t == EMBER_F32) memcpy(w + 4 * i, &wf[i], 4);
+            else memcpy(w + 2 * i, &h, 2);
+        }
+    } else {
+        if (ember_quantize(t, wf, w, (size_t)N * K, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+        for (int g = 0; g < N / 16; g++) cpu_qpack_group(t, w + (size_t)g * 16 * wr, wr, 16, K, wp + (size_t)g * 16 * wr);
+        for (int m = 0; m < M; m++)
+            (ak == CPU_ACT_32 ? cpu_quantize_act32 : cpu_quantize_act256)(x + (size_t)m * K, K, xa + (size_t)m * xr);
+    }
     const ember_isa isas[] = {EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
     const cpu_kernels *tabs[6];
     int nt = 0;
@@ -73,13 +83,17 @@ int main(int argc, char **argv) {
     const char *only = getenv("ONLY"); /* one table by its variant name, e.g. for perf stat */
     for (int a = 0; a < nt; a++) {
         if (only && strcmp(only, tabs[a]->variant)) continue;
-        cpu_qgemm_packed_fn f = tabs[a]->qgemm_packed[t];
-        cpu_qgemm_tiled_fn tf = M >= tabs[a]->tiled_min_m ? tabs[a]->qgemm_tiled[t] : NULL;
+        cpu_qgemm_packed_fn f = fl ? NULL : tabs[a]->qgemm_packed[t];
+        cpu_qgemm_tiled_fn tf = !fl && M >= tabs[a]->tiled_min_m ? tabs[a]->qgemm_tiled[t] : NULL;
+        cpu_gemm_fn gf = t == EMBER_F32 ? tabs[a]->gemm_f32 : t == EMBER_F16 ? tabs[a]->gemm_f16 : tabs[a]->gemm_bf16;
         if (tf) { /* the backend tiles the activations once per matmul, outside the kernel */
             for (int m = 0; m < M; m++) cpu_act32_tile_row(xa + (size_t)m * xr, K, m, xt);
             cpu_act32_tile_pad(xt, M, K);
         }
-#define CALL() (tf ? tf(wp, N / 16, xt, M, K, out, (size_t)N) : f(wp, N / 16, xa, xr, M, K, out, (size_t)N))
+#define CALL()                                                                                                \
+    (fl   ? gf(w, (size_t)K, N, x, (size_t)K, M, K, out, (size_t)N)                                          \
+     : tf ? tf(wp, N / 16, xt, M, K, out, (size_t)N)                                                        \
+          : f(wp, N / 16, xa, xr, M, K, out, (size_t)N))
         CALL();
         double t0 = now(), t1, per = 1e30;
         do { /* the fastest call: the machine may be shared */

@@ -33,8 +33,8 @@ static inline float v_hsum(vec16 a) {
 }
 
 /* batches: 6 weight rows x 4 input rows (24 accumulators + 6 weights + 1 input = 31 zmm): on Zen 5,
-   bf16 G multiply-adds a second at N 2,048, M 64, K 896 / 2,048 / 8,192: 87 / 80 / 62 with 4 x 4,
-   94 / 92 / 75 with this (bench/RESULTS.md); one row (decode): 4 rows a tile as before */
+   `qgemm_bench bf16 2048 K 64`, G multiply-adds a second at K 896 / 2,048 / 8,192: 85 / 80 / 60
+   with 4 x 4, 94 / 89 / 72 with this (bench/RESULTS.md); one row (decode): 4 rows a tile as before */
 #define TILE_W 6
 #define TILE_W1 4
 #define TILE_X 4

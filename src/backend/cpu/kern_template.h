@@ -36,8 +36,9 @@
 #error "a register tile is larger than TW_MAX x TX_MAX"
 #endif
 
-/* The m-block: input rows kept hot in L2 while a tile of weights sweeps them. (Sizing it by K,
-   to keep it under 256 KB - 1 MB, measured level or slower on Zen 5 at K = 2,048 and 8,192.) */
+/* The m-block: input rows kept hot in L2 while a tile of weights sweeps them. (An m-block sized
+   by K instead, 256 KB to 1 MB of input rows, measured level or slower on Zen 5 at K = 2,048 and
+   8,192: bench/RESULTS.md.) */
 #define M_BLOCK 64
 
 ALWAYS_INLINE vec16 ld_w(const void *p, size_t idx, int wt) {
