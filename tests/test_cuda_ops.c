@@ -517,6 +517,26 @@ static void test_qmatmul(void) {
     pair_free(&bo);
 }
 
+/* One input row through each kernel that takes it: qmv4_k (Q4_0) and qmv_k (the K types) with
+   EMBER_CUDA_QMV's default, qmm_k with it off; the CPU's bits either way (K from one block to past a
+   chunk, three products of 40, 1 and 97 rows in a launch, Q4_0 blocks at every offset of a 16-byte
+   word). */
+extern int ember_cu_qmv; /* cuda_kernels.h: a measuring aid */
+static void test_qmatmul_one_row(void) {
+    const int qmv0 = ember_cu_qmv;
+    const int K32[5] = {32, 96, 1024, 4128, 14336}, K256[3] = {256, 4096, 14336}, N3[3] = {40, 1, 97};
+    const bool b3[3] = {true, false, true};
+    for (int v = 0; v < 2; v++) {
+        ember_cu_qmv = v == 0;
+        for (int t = 0; t < N_QTYPES; t++) {
+            const bool k256 = ember_dtype_get(k_qtypes[t])->block_elems == 256;
+            const ember_dtype d3[3] = {k_qtypes[t], k_qtypes[t], k_qtypes[t]};
+            for (int k = 0; k < (k256 ? 3 : 5); k++) check_qmatmul(1, k256 ? K256[k] : K32[k], 3, d3, N3, b3, k == 1);
+        }
+    }
+    ember_cu_qmv = qmv0;
+}
+
 /* ---- batch invariance ------------------------------------------------------------------------ */
 
 /* out [M, N] of x [M, K] (GPU only), read back to the host. x_rows are
@@ -1523,7 +1543,7 @@ int main(void) {
     } groups[] = {{"buffers", test_buffers},         {"get_rows", test_get_rows},
                   {"rms_norm", test_rms_norm},       {"matmul", test_matmul},
                   {"batch_invariance", test_batch_invariance}, {"matmul_wg", test_matmul_wg},
-                  {"qmatmul", test_qmatmul},
+                  {"qmatmul", test_qmatmul},         {"qmatmul_one_row", test_qmatmul_one_row},
                   {"rope", test_rope},
                   {"elementwise", test_elementwise}, {"copy", test_copy},
                   {"kv_attention", test_kv_attention}, {"add_rms_norm", test_add_rms_norm},

@@ -2021,7 +2021,7 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
                *grp = getenv("EMBER_CUDA_ATTN_GROUP"), *blk = getenv("EMBER_CUDA_MM_BLK");
     if (pdl && *pdl) ember_cu_pdl = atoi(pdl) != 0;
     if (mmc && *mmc) ember_cu_mm_cluster = atoi(mmc) != 0;
-    /* the one-row kernel for Q4_K / Q5_K / Q6_K products (0: qmm_k, the kernel of before) */
+    /* the one-row kernels for Q4_0 / Q4_K / Q5_K / Q6_K products (0: qmm_k, the kernel of before) */
     const char *qmv = getenv("EMBER_CUDA_QMV");
     if (qmv && *qmv) ember_cu_qmv = atoi(qmv) != 0;
     /* the producers' quantized inputs up to this many rows (0: the matmul's own launches; section "quantized inputs") */

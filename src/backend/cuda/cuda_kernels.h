@@ -155,9 +155,10 @@ cudaError_t ember_cu_qact(cudaStream_t stream, int qtype, const float *x, void *
    first_block. cudaErrorInvalidValue for more than 65535 blocks of 8 rows. */
 cudaError_t ember_cu_qmatmul(cudaStream_t stream, ember_cu_qmm *a);
 
-/* One input row against Q4_K / Q5_K / Q6_K weights through the one-row
-   kernel (cuda_qmm.cu, qmv_k: the same bits): 1 (the default) or 0 (qmm_k,
-   the kernel of before; a measuring aid, set from EMBER_CUDA_QMV). */
+/* One input row against Q4_0, Q4_K, Q5_K or Q6_K weights through the
+   one-row kernels (cuda_qmm.cu, qmv4_k and qmv_k: the same bits): 1 (the
+   default) or 0 (qmm_k, the kernel of before; a measuring aid, set from
+   EMBER_CUDA_QMV). */
 extern int ember_cu_qmv;
 
 /* Raises the dynamic shared-memory limit of the quantized kernels that need

@@ -38,7 +38,9 @@
  *
  * One input row against the K types takes qmv_k instead: qmm_k's sums and
  * chain, with the input row staged in shared memory once per block and each
- * warp running its own row's chain (its section says why).
+ * warp running its own row's chain; against Q4_0, qmv4_k: qmm_k with each
+ * weight block read as two aligned 16-byte words and the input staged
+ * (their sections say why).
  *
  * From QTC_MIN_M rows on, the 32-element types run on the tensor cores
  * (qmm_tc_k): one int8 mma.m16n8k32 is one block of 16 weight rows against 8
@@ -380,6 +382,25 @@ static __device__ __forceinline__ void unit_sums(const unsigned char *wr, int u,
 
 #define QR 8 /* weight rows per block: one per warp */
 
+/* The shared-memory slot of entry c (< N, a power of two) of output o's row of N entries: c with
+   its low bits XORed by a key of o, such that the 32 outputs of a warp that read entry c together
+   (the chain threads) find it in 32 different banks, and the lanes that write one output's
+   consecutive entries still do. Unswizzled, a row of 32 UPT entries put every chain thread of a
+   warp in one bank: 8- to 32-way conflicts on each step of the chain (bench/RESULTS.md). */
+template <int N> static __device__ __forceinline__ int swz(int c, int o) {
+    return N >= 32 ? c ^ (o & 31) : c ^ ((o / (32 / N)) & (N - 1));
+}
+
+/* The slot of entry c of output o in a row of N (+ PADW) entries: one input row (PADW = 1) pads
+   each row by a word instead (8 chain threads; the chain's addresses stay immediate offsets, which
+   measured faster there: 8B q4_0 decode 3.42 against 3.51 ms a step swizzled), more rows swizzle
+   (the pad costs blocks a multiprocessor there: an 8B layer's Q8_0 products at 2 rows took 26%
+   longer padded, 9% swizzled, than with neither; at 4 and 8 rows swizzled is the fastest of the
+   three for every type; bench/RESULTS.md). */
+template <int N, int PADW> static __device__ __forceinline__ int slot_of(int c, int o) {
+    return PADW ? c : swz<N>(c, o);
+}
+
 /* The constants of a chunk of qmm_k / qmv_k for type QT with UPT units a
    lane: units per block U, units UCH and blocks BCH per row per chunk,
    TWO (Q4_K / Q5_K: a second chain term for the mins), the input record's
@@ -403,10 +424,11 @@ static __global__ void __launch_bounds__(256) qmm_k(const ember_cu_qmm a) {
     constexpr int U = C::U, UCH = C::UCH, BCH = C::BCH, TWO = C::TWO, AB = C::AB, YD = C::YD, WD = C::WD;
     /* per chunk: the units' exact sums (as float already where a block is one unit: exact below 2^24,
        else the conversion the chain would make), and each block's f32(w.d) * y.d (and -(dmin * y.d)) */
-    __shared__ int part[2][QR][MT][UCH];
-    __shared__ int part2[TWO ? 2 : 1][TWO ? QR : 1][TWO ? MT : 1][TWO ? UCH : 1];
-    __shared__ float dd[2][QR][MT][BCH];
-    __shared__ float dd2[TWO ? 2 : 1][TWO ? QR : 1][TWO ? MT : 1][TWO ? BCH : 1];
+    constexpr int PW = MT == 1; /* rows padded (one input row) or swizzled: slot_of */
+    __shared__ int part[2][QR][MT][UCH + PW];
+    __shared__ int part2[TWO ? 2 : 1][TWO ? QR : 1][TWO ? MT : 1][TWO ? UCH + PW : 1];
+    __shared__ float dd[2][QR][MT][BCH + PW];
+    __shared__ float dd2[TWO ? 2 : 1][TWO ? QR : 1][TWO ? MT : 1][TWO ? BCH + PW : 1];
     ember_pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
     const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.y);
@@ -435,11 +457,12 @@ static __global__ void __launch_bounds__(256) qmm_k(const ember_cu_qmm a) {
             if (uv) unit_sums<QT, MT>(wr, u, ya, yrow, mt, s1, s2);
 #pragma unroll
             for (int m = 0; m < MT; m++) {
+                const int sw = slot_of<UCH, PW>(slot, warp * MT + m);
                 if (U == 1)
-                    part[buf][warp][m][slot] = __float_as_int(__int2float_rn(s1[m]));
+                    part[buf][warp][m][sw] = __float_as_int(__int2float_rn(s1[m]));
                 else
-                    part[buf][warp][m][slot] = s1[m];
-                if (TWO) part2[buf][warp][m][slot] = s2[m];
+                    part[buf][warp][m][sw] = s1[m];
+                if (TWO) part2[buf][warp][m][sw] = s2[m];
             }
             if (slot % U == 0) { /* the first unit of a block: its scales */
                 const int b = u / U;
@@ -452,8 +475,9 @@ static __global__ void __launch_bounds__(256) qmm_k(const ember_cu_qmm a) {
                 for (int m = 0; m < MT; m++) {
                     const float yd = uv && m < mt ? __ldg((const float *)(ya + (size_t)m * yrow + (size_t)b * AB + YD))
                                                   : 0.0f;
-                    dd[buf][warp][m][slot / U] = __fmul_rn(wd, yd);
-                    if (TWO) dd2[buf][warp][m][slot / U] = -__fmul_rn(wm, yd);
+                    const int sw = slot_of<BCH, PW>(slot / U, warp * MT + m);
+                    dd[buf][warp][m][sw] = __fmul_rn(wd, yd);
+                    if (TWO) dd2[buf][warp][m][sw] = -__fmul_rn(wm, yd);
                 }
             }
         }
@@ -463,16 +487,17 @@ static __global__ void __launch_bounds__(256) qmm_k(const ember_cu_qmm a) {
 #pragma unroll 8
             for (int c = 0; c < nb; c++) {
                 if (U == 1) {
-                    acc = fmaf(dd[buf][cr][cm][c], __int_as_float(part[buf][cr][cm][c]), acc);
+                    acc = fmaf(dd[buf][cr][cm][slot_of<BCH, PW>(c, tid)],
+                               __int_as_float(part[buf][cr][cm][slot_of<UCH, PW>(c, tid)]), acc);
                 } else {
                     int S1 = 0, S2 = 0;
 #pragma unroll
                     for (int k = 0; k < U; k++) {
-                        S1 += part[buf][cr][cm][c * U + k];
-                        if (TWO) S2 += part2[buf][cr][cm][c * U + k];
+                        S1 += part[buf][cr][cm][slot_of<UCH, PW>(c * U + k, tid)];
+                        if (TWO) S2 += part2[buf][cr][cm][slot_of<UCH, PW>(c * U + k, tid)];
                     }
-                    acc = fmaf(dd[buf][cr][cm][c], __int2float_rn(S1), acc);
-                    if (TWO) acc = fmaf(dd2[buf][cr][cm][c], __int2float_rn(S2), acc);
+                    acc = fmaf(dd[buf][cr][cm][slot_of<BCH, PW>(c, tid)], __int2float_rn(S1), acc);
+                    if (TWO) acc = fmaf(dd2[buf][cr][cm][slot_of<BCH, PW>(c, tid)], __int2float_rn(S2), acc);
                 }
             }
         }
@@ -499,7 +524,8 @@ static __global__ void __launch_bounds__(256) qmm_k(const ember_cu_qmm a) {
    on the H200 (bench/RESULTS.md): the Q6_K products of an 8B decode step
    11% faster, Q4_K 3%; the 32-element types 10-20% slower (ncu: the L1
    stays busy with their weights' unaligned word loads, and the chain on
-   one lane a warp costs more than it saves), so they stay on qmm_k. */
+   one lane a warp costs more than it saves), so they stay on qmm_k (Q4_0:
+   qmv4_k, below). */
 #define QV_ACT_MAX (64 * 1024) /* the largest input row staged (bytes of its quantized form) */
 
 template <int QT, int UPT> static __global__ void __launch_bounds__(256) qmv_k(const ember_cu_qmm a) {
@@ -573,7 +599,8 @@ template <int QT, int UPT> static __global__ void __launch_bounds__(256) qmv_k(c
 /* Whether qmv_k takes this launch: ember_cu_qmv on, one row, a K type (the
    32-element types measured slower through it than through qmm_k: the
    weights' own loads keep the L1 busy there; bench/RESULTS.md), an input
-   row of at most QV_ACT_MAX bytes, 16-byte aligned. */
+   row of at most QV_ACT_MAX bytes, 16-byte aligned. ember_cu_qmv also
+   switches qmv4_k (Q4_0). */
 extern "C" {
 int ember_cu_qmv = 1;
 }
@@ -587,6 +614,123 @@ template <int QT> static cudaError_t qmv_launch(cudaStream_t stream, const ember
                         *a);
 }
 
+/* ---- the one-row kernel for Q4_0 ------------------------------------------------------------ */
+
+/* qmv4_k: one input row against Q4_0 weights. qmm_k at MT = 1 (a warp per
+   weight row, 8 rows a block, each lane the sums of 4 blocks a chunk, the
+   chain by one thread per row after a block barrier: the same sums and
+   chain, so the same bits), with fewer, wider loads:
+   - a lane reads its 18-byte weight block as the two aligned 16-byte words
+     that hold it (q4_words), where qmm_k issues a 4-byte load for each of
+     its five words and one for d;
+   - the input row is copied into shared memory once per block (cp.async),
+     where each of qmm_k's warps reads it through the L1 cache at a 48-byte
+     stride;
+   - the first chunk's weight loads go out before the input copy is waited
+     for.
+   The reads stay inside the buffer: an aligned word that starts before a
+   block starts at or after the buffer's 256-byte aligned start, and the
+   second ends at most 14 bytes past the block (the buffers have 16 spare
+   bytes). Measured on the H200 (bench/RESULTS.md): the 8B q4_0 products of
+   a decode step 1.99 -> 1.86 ms against qmm_k. Q8_0 and Q5_0 (three words a
+   block) measured slower through the same design than through qmm_k, so
+   they stay there. */
+#define Q4V_UPT 4 /* blocks a lane a chunk */
+
+/* The aligned 16-byte words holding the Q4_0 block at blk (2-byte aligned). */
+static __device__ __forceinline__ void q4_load(const unsigned char *blk, uint4 *v) {
+    const uint4 *a = (const uint4 *)((uintptr_t)blk & ~(uintptr_t)15);
+    v[0] = __ldg(a);
+    v[1] = __ldg(a + 1);
+}
+
+/* From the words v of a Q4_0 block at byte offset o (even, < 16) of v: its
+   d, and its four words of nibbles in nib (as ld_words<4>(blk + 2) gives
+   them). The word offset o / 4 is applied by two rounds of selects (a
+   register array indexed at run time would go to local memory), the
+   remaining 2 bytes by a funnel shift. */
+static __device__ __forceinline__ float q4_words(const uint4 *v, int o, unsigned int *nib) {
+    const unsigned int w[12] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w, 0, 0, 0, 0};
+    const int q = o >> 2;
+    const unsigned int sh = (unsigned int)(o & 2) * 8u;
+    unsigned int t[8], u[6], r[5];
+#pragma unroll
+    for (int k = 0; k < 8; k++) t[k] = (q & 1) ? w[k + 1] : w[k];
+#pragma unroll
+    for (int k = 0; k < 6; k++) u[k] = (q & 2) ? t[k + 2] : t[k]; /* w[q + k] */
+#pragma unroll
+    for (int k = 0; k < 5; k++) r[k] = __funnelshift_r(u[k], u[k + 1], sh); /* bytes o + 4k .. o + 4k + 3 */
+#pragma unroll
+    for (int k = 0; k < 4; k++) nib[k] = __byte_perm(r[k], r[k + 1], 0x5432); /* bytes o + 2 + 4k .. */
+    return __half2float(__ushort_as_half((unsigned short)(r[0] & 0xffffu)));
+}
+
+static __global__ void __launch_bounds__(256) qmv4_k(const ember_cu_qmm a) {
+    constexpr int UCH = 32 * Q4V_UPT, QB = qt_info<EMBER_CU_Q4_0>::QB;
+    extern __shared__ __align__(16) unsigned char qv_act[]; /* the input row, nblk x A32_BYTES */
+    __shared__ int part[2][QR][UCH + 1];                    /* padded: slot_of */
+    __shared__ float dd[2][QR][UCH + 1];
+    ember_pdl_enter();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.y);
+    const int nblk = a.K / 32;
+    const int n0 = ((int)blockIdx.y - p.first_block) * QR, row = n0 + warp;
+    const bool rv = row < p.N, chain = tid < QR && n0 + tid < p.N;
+    const unsigned char *wr = (const unsigned char *)p.w + (size_t)(rv ? row : 0) * (size_t)nblk * QB;
+    uint4 v[Q4V_UPT][2];
+#pragma unroll
+    for (int i = 0; i < Q4V_UPT; i++) /* the first chunk's weights, before the input is waited for */
+        if (rv && lane + 32 * i < nblk) q4_load(wr + (size_t)(lane + 32 * i) * QB, v[i]);
+    for (int i = tid; i < nblk * A32_BYTES / 16; i += 256)
+        ember_cp16(qv_act + 16 * i, (const unsigned char *)a.act + 16 * (size_t)i);
+    ember_cp_commit();
+    ember_cp_wait<0>();
+    __syncthreads();
+    float acc = 0.0f;
+    int buf = 0;
+    for (int c0 = 0; c0 < nblk; c0 += UCH, buf ^= 1) {
+        if (c0 > 0)
+#pragma unroll
+            for (int i = 0; i < Q4V_UPT; i++)
+                if (rv && c0 + lane + 32 * i < nblk) q4_load(wr + (size_t)(c0 + lane + 32 * i) * QB, v[i]);
+#pragma unroll
+        for (int i = 0; i < Q4V_UPT; i++) {
+            const int slot = lane + 32 * i, u = c0 + slot;
+            float s = 0.0f, d = 0.0f;
+            if (rv && u < nblk) {
+                unsigned int nib[4], lw[8];
+                const float wd = q4_words(v[i], (int)((uintptr_t)(wr + (size_t)u * QB) & 15), nib);
+                blk32_levels<EMBER_CU_Q4_0>(nib, lw);
+                const unsigned char *y = qv_act + (size_t)u * A32_BYTES;
+                s = __int2float_rn(blk32_sum<EMBER_CU_Q4_0>(lw, *(const uint4 *)y, *(const uint4 *)(y + 16),
+                                                            *(const int *)(y + 36)));
+                d = __fmul_rn(wd, *(const float *)(y + 32));
+            }
+            part[buf][warp][slot] = __float_as_int(s);
+            dd[buf][warp][slot] = d;
+        }
+        __syncthreads();
+        if (chain) {
+            const int nb = nblk - c0 < UCH ? nblk - c0 : UCH;
+#pragma unroll 8
+            for (int c = 0; c < nb; c++)
+                acc = fmaf(dd[buf][tid][c], __int_as_float(part[buf][tid][c]), acc);
+        }
+    }
+    if (chain) {
+        float o = acc;
+        if (p.bias) o = o + p.bias[n0 + tid];
+        p.out[n0 + tid] = o;
+    }
+}
+
+/* Whether qmv4_k takes this launch: ember_cu_qmv on, one row, Q4_0, an
+   input row of at most QV_ACT_MAX bytes, 16-byte aligned. */
+static bool qmv4_takes(const ember_cu_qmm *a) {
+    return ember_cu_qmv && a->M == 1 && a->qtype == EMBER_CU_Q4_0 && !((uintptr_t)a->act & 15u) &&
+           ember_cu_qact_bytes(a->qtype, 1, a->K) <= QV_ACT_MAX;
+}
+
 #define QV_PREP(T)                                                                                            \
     if (e == cudaSuccess)                                                                                     \
         e = cudaFuncSetAttribute(qmv_k<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, QV_ACT_MAX);
@@ -595,6 +739,7 @@ extern "C" cudaError_t ember_cu_qmm_prepare(void) {
     QV_PREP(EMBER_CU_Q4_K)
     QV_PREP(EMBER_CU_Q5_K)
     QV_PREP(EMBER_CU_Q6_K)
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(qmv4_k, cudaFuncAttributeMaxDynamicSharedMemorySize, QV_ACT_MAX);
     return e;
 }
 #undef QV_PREP
@@ -764,6 +909,9 @@ extern "C" cudaError_t ember_cu_qmatmul(cudaStream_t stream, ember_cu_qmm *a) {
         case EMBER_CU_Q4_0: return qmm_tc<EMBER_CU_Q4_0>(stream, a, blocks);
         default: return qmm_tc<EMBER_CU_Q5_0>(stream, a, blocks);
         }
+    if (qmv4_takes(a))
+        return ember_launch(qmv4_k, dim3(1, (unsigned)blocks), dim3(256), ember_cu_qact_bytes(EMBER_CU_Q4_0, 1, a->K),
+                            stream, *a);
     if (qmv_takes(a)) switch (a->qtype) {
         case EMBER_CU_Q4_K: return qmv_launch<EMBER_CU_Q4_K>(stream, a, blocks);
         case EMBER_CU_Q5_K: return qmv_launch<EMBER_CU_Q5_K>(stream, a, blocks);
