@@ -393,10 +393,9 @@ template <int N> static __device__ __forceinline__ int swz(int c, int o) {
 
 /* The slot of entry c of output o in a row of N (+ PADW) entries: one input row (PADW = 1) pads
    each row by a word instead (8 chain threads; the chain's addresses stay immediate offsets, which
-   measured faster there: 8B q4_0 decode 3.42 against 3.51 ms a step swizzled), more rows swizzle
-   (the pad costs blocks a multiprocessor there: an 8B layer's Q8_0 products at 2 rows took 26%
-   longer padded, 9% swizzled, than with neither; at 4 and 8 rows swizzled is the fastest of the
-   three for every type; bench/RESULTS.md). */
+   measured faster there: 8B q4_0 decode 3.42 against 3.51 ms a step swizzled); more rows swizzle,
+   which measured faster than the pad at 4 and 8 rows for most types (an 8B layer's Q4_0 products
+   at 8 rows 227 against 260 us; bench/RESULTS.md). */
 template <int N, int PADW> static __device__ __forceinline__ int slot_of(int c, int o) {
     return PADW ? c : swz<N>(c, o);
 }
