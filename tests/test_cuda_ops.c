@@ -518,23 +518,28 @@ static void test_qmatmul(void) {
 }
 
 /* One input row through each kernel that takes it: qmv4_k (Q4_0) and qmv_k (the K types) with
-   EMBER_CUDA_QMV's default, qmm_k with it off; the CPU's bits either way (K from one block to past a
+   EMBER_CUDA_QMV's default, qmm_k with it off, and the K types with their 4-byte loads
+   (EMBER_CUDA_QLD16 off; also at 3 rows); the CPU's bits every way (K from one block to past a
    chunk, three products of 40, 1 and 97 rows in a launch, Q4_0 blocks at every offset of a 16-byte
    word). */
-extern int ember_cu_qmv; /* cuda_kernels.h: a measuring aid */
+extern int ember_cu_qmv, ember_cu_qld16; /* cuda_kernels.h: measuring aids */
 static void test_qmatmul_one_row(void) {
-    const int qmv0 = ember_cu_qmv;
+    const int qmv0 = ember_cu_qmv, ld0 = ember_cu_qld16;
     const int K32[5] = {32, 96, 1024, 4128, 14336}, K256[3] = {256, 4096, 14336}, N3[3] = {40, 1, 97};
     const bool b3[3] = {true, false, true};
-    for (int v = 0; v < 2; v++) {
-        ember_cu_qmv = v == 0;
+    for (int v = 0; v < 3; v++) { /* one-row kernels on, off; the K types' 4-byte loads */
+        ember_cu_qmv = v != 1;
+        ember_cu_qld16 = v != 2;
         for (int t = 0; t < N_QTYPES; t++) {
             const bool k256 = ember_dtype_get(k_qtypes[t])->block_elems == 256;
+            if (v == 2 && !k256) continue;
             const ember_dtype d3[3] = {k_qtypes[t], k_qtypes[t], k_qtypes[t]};
             for (int k = 0; k < (k256 ? 3 : 5); k++) check_qmatmul(1, k256 ? K256[k] : K32[k], 3, d3, N3, b3, k == 1);
+            if (k256) check_qmatmul(3, 4096, 3, d3, N3, b3, 0); /* qmm_k, the same loads */
         }
     }
     ember_cu_qmv = qmv0;
+    ember_cu_qld16 = ld0;
 }
 
 /* ---- batch invariance ------------------------------------------------------------------------ */

@@ -1254,9 +1254,9 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
             if (c->prof)
                 snprintf(name, sizeof name, "matmul %s M=%d N=%lld K=%d", ember_dtype_get(qd)->name, M,
                          (long long)Nt, K);
-            uint64_t sg[6 + 4 * EMBER_CU_MAX_MM] = {21, P(act), (uint64_t)M, (uint64_t)K, (uint64_t)qt,
-                                                    (uint64_t)ember_cu_qmv};
-            int ns = 6;
+            uint64_t sg[7 + 4 * EMBER_CU_MAX_MM] = {21, P(act), (uint64_t)M, (uint64_t)K, (uint64_t)qt,
+                                                    (uint64_t)ember_cu_qmv, (uint64_t)ember_cu_qld16};
+            int ns = 7;
             sig_prods(sg, &ns, a.p, a.n);
             if (g_skip(c, sg, ns)) continue;
             if ((rc = launched(c, ember_cu_qmatmul(c->stream, &a), name, err))) {
@@ -2024,6 +2024,9 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     /* the one-row kernels for Q4_0 / Q4_K / Q5_K / Q6_K products (0: qmm_k, the kernel of before) */
     const char *qmv = getenv("EMBER_CUDA_QMV");
     if (qmv && *qmv) ember_cu_qmv = atoi(qmv) != 0;
+    /* Q4_K / Q5_K weights read as 16-byte words where aligned (0: 4-byte words, the loads of before) */
+    const char *ql16 = getenv("EMBER_CUDA_QLD16");
+    if (ql16 && *ql16) ember_cu_qld16 = atoi(ql16) != 0;
     /* the producers' quantized inputs up to this many rows (0: the matmul's own launches; section "quantized inputs") */
     const char *qfz = getenv("EMBER_CUDA_QFUSE");
     c->qfuse = 1;

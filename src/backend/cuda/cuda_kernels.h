@@ -142,6 +142,7 @@ typedef struct ember_cu_qmm {
     int qtype;       /* EMBER_CU_Q* */
     int n;           /* products, 1 .. EMBER_CU_MAX_MM */
     ember_cu_mm_prod p[EMBER_CU_MAX_MM]; /* w: [N, K] row-major blocks, 2-byte aligned */
+    int a16; /* set by ember_cu_qmatmul: every w 16-byte aligned (and ember_cu_qld16 on) */
 } ember_cu_qmm;
 
 /* Bytes of the quantized activations of M rows of K for weights of qtype. */
@@ -160,6 +161,12 @@ cudaError_t ember_cu_qmatmul(cudaStream_t stream, ember_cu_qmm *a);
    default) or 0 (qmm_k, the kernel of before; a measuring aid, set from
    EMBER_CUDA_QMV). */
 extern int ember_cu_qmv;
+
+/* Q4_K / Q5_K weights read as whole 16-byte words where every weight of a
+   launch is 16-byte aligned (their blocks of 144 and 176 bytes then are
+   too): 1 (the default) or 0 (4-byte words, the loads of before; a
+   measuring aid, set from EMBER_CUDA_QLD16). The same bits either way. */
+extern int ember_cu_qld16;
 
 /* Raises the dynamic shared-memory limit of the quantized kernels that need
    more than 48 KB, on the current device; once per backend. */

@@ -181,6 +181,19 @@ template <int N> static __device__ __forceinline__ void ld_words(const unsigned 
     for (int i = 0; i < N; i++) o[i] = __funnelshift_r(w[i], w[i + 1], sh);
 }
 
+/* The 8 words at p (16-byte aligned) as two 16-byte loads. */
+static __device__ __forceinline__ void ld_u4x2(const unsigned char *p, unsigned int *o) {
+    const uint4 a = __ldg((const uint4 *)p), b = __ldg((const uint4 *)p + 1);
+    o[0] = a.x;
+    o[1] = a.y;
+    o[2] = a.z;
+    o[3] = a.w;
+    o[4] = b.x;
+    o[5] = b.y;
+    o[6] = b.z;
+    o[7] = b.w;
+}
+
 static __device__ __forceinline__ float ld_h2f(const unsigned char *p) {
     return __half2float(__ushort_as_half(__ldg((const unsigned short *)p)));
 }
@@ -274,7 +287,7 @@ template <bool SH, typename T> static __device__ __forceinline__ T ldy(const T *
    Exact. */
 template <int QT, int MT, bool SH = false>
 static __device__ __forceinline__ void unit_sums(const unsigned char *wr, int u, const unsigned char *ya, size_t yrow,
-                                                 int mt, int *s1, int *s2) {
+                                                 int mt, int *s1, int *s2, bool a16) {
     typedef qt_info<QT> I;
     if (!I::A256) {
         const unsigned char *blk = wr + (size_t)u * I::QB;
@@ -294,8 +307,16 @@ static __device__ __forceinline__ void unit_sums(const unsigned char *wr, int u,
         const int sb = u >> 2, p = u & 3; /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
         const unsigned char *blk = wr + (size_t)sb * I::QB;
         unsigned int sc[3], q[8], lo[8], hi[8];
-        ld_words<3>(blk + 4, sc);
-        ld_words<8>(blk + (QT == EMBER_CU_Q4_K ? 16 : 48) + 32 * p, q);
+        if (a16) { /* the block 16-byte aligned: d, dmin and the scales are its first word */
+            const uint4 hd = __ldg((const uint4 *)blk);
+            sc[0] = hd.y;
+            sc[1] = hd.z;
+            sc[2] = hd.w;
+            ld_u4x2(blk + (QT == EMBER_CU_Q4_K ? 16 : 48) + 32 * p, q);
+        } else {
+            ld_words<3>(blk + 4, sc);
+            ld_words<8>(blk + (QT == EMBER_CU_Q4_K ? 16 : 48) + 32 * p, q);
+        }
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             lo[i] = q[i] & 0x0f0f0f0fu;
@@ -303,7 +324,10 @@ static __device__ __forceinline__ void unit_sums(const unsigned char *wr, int u,
         }
         if (QT == EMBER_CU_Q5_K) {
             unsigned int h[8];
-            ld_words<8>(blk + 16, h);
+            if (a16)
+                ld_u4x2(blk + 16, h);
+            else
+                ld_words<8>(blk + 16, h);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 lo[i] |= ((h[i] >> (2 * p)) & 0x01010101u) << 4;
@@ -453,7 +477,7 @@ static __global__ void __launch_bounds__(256) qmm_k(const ember_cu_qmm a) {
             int s1[MT], s2[MT];
 #pragma unroll
             for (int m = 0; m < MT; m++) s1[m] = s2[m] = 0;
-            if (uv) unit_sums<QT, MT>(wr, u, ya, yrow, mt, s1, s2);
+            if (uv) unit_sums<QT, MT>(wr, u, ya, yrow, mt, s1, s2, a.a16);
 #pragma unroll
             for (int m = 0; m < MT; m++) {
                 const int sw = slot_of<UCH, PW>(slot, warp * MT + m);
@@ -556,7 +580,7 @@ template <int QT, int UPT> static __global__ void __launch_bounds__(256) qmv_k(c
             const int slot = lane + 32 * i, u = c0 + slot;
             const bool uv = u < nunits;
             int s1[1] = {0}, s2[1] = {0};
-            if (uv) unit_sums<QT, 1, true>(wr, u, qv_act, 0, 1, s1, s2);
+            if (uv) unit_sums<QT, 1, true>(wr, u, qv_act, 0, 1, s1, s2, a.a16);
             part[warp][slot] = s1[0];
             if (TWO) part2[warp][slot] = s2[0];
             if (slot % U == 0) { /* the first unit of a block: its scales */
@@ -602,6 +626,7 @@ template <int QT, int UPT> static __global__ void __launch_bounds__(256) qmv_k(c
    switches qmv4_k (Q4_0). */
 extern "C" {
 int ember_cu_qmv = 1;
+int ember_cu_qld16 = 1;
 }
 static bool qmv_takes(const ember_cu_qmm *a) {
     return ember_cu_qmv && a->M == 1 && ember_cu_q256(a->qtype) && !((uintptr_t)a->act & 15u) &&
@@ -898,9 +923,11 @@ extern "C" cudaError_t ember_cu_qmatmul(cudaStream_t stream, ember_cu_qmm *a) {
     const bool tc = qt_tc(a->qtype, a->M);
     const int rows = tc ? 16 : QR; /* weight rows per block */
     int blocks = 0;
+    a->a16 = ember_cu_qld16;
     for (int i = 0; i < a->n; i++) {
         a->p[i].first_block = blocks;
         blocks += (a->p[i].N + rows - 1) / rows;
+        if ((uintptr_t)a->p[i].w & 15u) a->a16 = 0;
     }
     if (blocks > 65535) return cudaErrorInvalidValue;
     if (tc) switch (a->qtype) {
