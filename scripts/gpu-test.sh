@@ -27,10 +27,12 @@
 #                         variables ENVS set (e.g. "EMBER_CUDA_ATTN_TC=0": the attention of before)
 #        SKIP_CUBLAS=1: no cuBLAS reference (bench/cublas_ref.c, built where the toolkit has cuBLAS:
 #                         its bf16 GEMM rate on the models' shapes, into cublas.txt)
+#        E2E_PACK=DIR: node and the SDKs packed by scripts/e2e-pack.sh (carried to the GPU machine):
+#                         the server's end-to-end SDK test with --device E2E_DEVICE (default cuda:0), sdk.log
 #        (seconds per sanitizer run / for the benchmark; 200 / 240)
 # Files written: results.md (machine, versions, outcome of each step, the
 # benchmark table), build.log, test.log, memcheck.log, racecheck.log,
-# initcheck.log, bench.txt, cublas.txt. Exit status: 0 when every step passed.
+# initcheck.log, bench.txt, cublas.txt, sdk.log. Exit status: 0 when every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${1:-${OUT:-gpu-results}}
@@ -96,6 +98,15 @@ if command -v cuobjdump >/dev/null; then
 fi
 
 # ---- tests ----------------------------------------------------------------------------------
+# e2e_sdk: node and the SDKs unpacked from E2E_PACK (scripts/e2e-pack.sh), the demo model made, and
+# sdk_test.mjs run with every server on E2E_DEVICE (default cuda:0), which /v1/models must name
+e2e_sdk() {
+  local nd=/tmp/ember-e2e-node dev=${E2E_DEVICE:-cuda:0}
+  mkdir -p "$nd" && tar -xJf "$E2E_PACK/node.tar.xz" -C "$nd" && tar -xJf "$E2E_PACK/e2e-modules.tar.xz" -C tests/e2e &&
+    "${RUN_ENV[@]}" "$BUILD/ember" mkmodel --preset demo --out "$BUILD/e2e_demo" &&
+    EMBER_E2E_SERVE_ARGS="--device $dev" EMBER_E2E_DEVICE=$dev "${RUN_ENV[@]}" "$nd/node" tests/e2e/sdk_test.mjs \
+      "$BUILD/ember" "$BUILD/e2e_demo" ${EMBER_SHARED_DIR:+"$EMBER_SHARED_DIR"}
+}
 TEST=$BUILD/tests/test_cuda_ops
 MODEL_TEST=$BUILD/tests/test_cuda_model
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
@@ -105,6 +116,11 @@ if grep -q 'skipped: no CUDA device' "$OUTDIR/test.log"; then note "  (no CUDA d
 # recurrent state rows (hybrid models) on cpu and cuda:0: the cache contract through delta_net / delta_replay
 step "test_kv_rec (cpu, cuda:0)" "$OUTDIR/kv_rec.log" "${RUN_ENV[@]}" "$BUILD/tests/test_kv_rec"
 grep -E 'checks,|^cpu:|^cuda:0:' "$OUTDIR/kv_rec.log" | sed 's/^/  /' | tee -a "$RES"
+# the server's end-to-end SDK test with every server on the GPU, where E2E_PACK brings node and the SDKs
+if [ -n "${E2E_PACK:-}" ]; then
+  step "SDK end-to-end test (tests/e2e/sdk_test.mjs), ember serve --device ${E2E_DEVICE:-cuda:0}" "$OUTDIR/sdk.log" e2e_sdk
+  grep -E 'checks,|FAIL|skip' "$OUTDIR/sdk.log" | sed 's/^/  /' | tee -a "$RES"
+fi
 fi
 
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer \

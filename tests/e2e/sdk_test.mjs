@@ -2,7 +2,9 @@
 //
 // usage: node sdk_test.mjs EMBER_BIN MODEL_DIR [SHARED_DIR]
 // Starts `EMBER_BIN serve MODEL_DIR` on a free port, runs the checks, stops it
-// with SIGTERM and expects exit status 0. With SHARED_DIR (../shared), also
+// with SIGTERM and expects exit status 0. env: EMBER_E2E_SERVE_ARGS, more
+// arguments for every server (serve.mjs); EMBER_E2E_DEVICE, the device
+// /v1/models must name (default cpu; "cuda:0" with --device cuda:0). With SHARED_DIR (../shared), also
 // tool calls through both SDKs on a copy of the model with Qwen2.5's template. Exits 77 (skipped) when the SDKs
 // are not installed (npm install in this folder; scripts/test.sh does it).
 
@@ -117,6 +119,8 @@ try {
   // models
   const models = await openai.models.list();
   check(models.data.length === 1, 'one model listed');
+  const device = process.env.EMBER_E2E_DEVICE ?? 'cpu'; /* the device the servers were asked for */
+  check(models.data[0]?.device === device, `the model listed on ${device} (${models.data[0]?.device})`);
 
   // errors surface as the SDK's error types
   try {

@@ -16,12 +16,19 @@ export const freePort = () =>
     });
   });
 
-// Spawns `bin serve ARGS --port P` and waits for /health (tries x 100 ms).
-// Returns { proc, base, exited() } once it answers; a server that exits or
-// never answers ends the test process with status 1 and `what` named.
+// The arguments every test server gets after its own: EMBER_E2E_SERVE_ARGS,
+// split at white space (e.g. "--device cuda:0" for the run on a GPU machine:
+// scripts/gpu-test.sh).
+export const extraArgs = () => (process.env.EMBER_E2E_SERVE_ARGS ?? '').split(/\s+/).filter((a) => a !== '');
+
+// Spawns `bin serve ARGS EXTRA --port P` and waits for /health (tries x 100
+// ms). Returns { proc, base, exited() } once it answers; a server that exits
+// or never answers ends the test process with status 1 and `what` named.
 export async function startServer(bin, args, what = 'server', tries = 300) {
   const port = await freePort();
-  const proc = spawn(bin, ['serve', ...args, '--port', String(port)], { stdio: ['ignore', 'inherit', 'inherit'] });
+  const proc = spawn(bin, ['serve', ...args, ...extraArgs(), '--port', String(port)], {
+    stdio: ['ignore', 'inherit', 'inherit'],
+  });
   let exited = null;
   proc.on('exit', (code, signal) => (exited = { code, signal }));
   const base = `http://127.0.0.1:${port}`;
