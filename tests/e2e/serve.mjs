@@ -19,7 +19,7 @@ export const freePort = () =>
 // The arguments every test server gets after its own: EMBER_E2E_SERVE_ARGS,
 // split at white space (e.g. "--device cuda:0" for the run on a GPU machine:
 // scripts/gpu-test.sh).
-export const extraArgs = () => (process.env.EMBER_E2E_SERVE_ARGS ?? '').split(/\s+/).filter((a) => a !== '');
+const extraArgs = () => (process.env.EMBER_E2E_SERVE_ARGS ?? '').split(/\s+/).filter((a) => a !== '');
 
 // Spawns `bin serve ARGS EXTRA --port P` and waits for /health (tries x 100
 // ms). Returns { proc, base, exited() } once it answers; a server that exits

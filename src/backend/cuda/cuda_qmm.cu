@@ -656,7 +656,7 @@ template <int QT> static cudaError_t qmv_launch(cudaStream_t stream, const ember
    block starts at or after the buffer's 256-byte aligned start, and the
    second ends at most 14 bytes past the block (the buffers have 16 spare
    bytes). Measured on the H200 (bench/RESULTS.md): the 8B q4_0 products of
-   a decode step 1.99 -> 1.86 ms against qmm_k. Q8_0 and Q5_0 (three words a
+   a decode step 1.99 (qmm_k, padded) -> 1.83 ms. Q8_0 and Q5_0 (three words a
    block) measured slower through the same design than through qmm_k, so
    they stay there. */
 #define Q4V_UPT 4 /* blocks a lane a chunk */
