@@ -120,7 +120,9 @@ try {
   const models = await openai.models.list();
   check(models.data.length === 1, 'one model listed');
   const device = process.env.EMBER_E2E_DEVICE ?? 'cpu'; /* the device the servers were asked for */
-  check(models.data[0]?.device === device, `the model listed on ${device} (${models.data[0]?.device})`);
+  /* "cpu", or the CUDA device with its name: "cuda:0 (NVIDIA H200)" */
+  const listed = models.data[0]?.device ?? '';
+  check(listed === device || listed.startsWith(`${device} (`), `the model listed on ${device} (${listed})`);
 
   // errors surface as the SDK's error types
   try {
