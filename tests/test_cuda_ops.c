@@ -950,8 +950,9 @@ static float *gpu_attention(kv_pair *kp, const float *q, int T, int Hq, int D, c
 }
 
 static void check_attention(ember_kv_enc enc, const char *name, int Hkv, int rep, int D) {
-    /* lengths across span (128) boundaries; row 3 has dropped its first 6 blocks */
-    const int len[KV_ROWS] = {5, 300, 700, 400}, first[KV_ROWS] = {0, 0, 0, 6};
+    /* lengths across span (128) boundaries, row 2 over more spans than the split combine loads at
+       once (9: TCA_CB is 8); row 3 has dropped its first 6 blocks */
+    const int len[KV_ROWS] = {5, 300, 1100, 400}, first[KV_ROWS] = {0, 0, 0, 6};
     kv_pair kp;
     kv_setup(&kp, enc, Hkv, D, len, first);
     char what[96];

@@ -1233,6 +1233,109 @@ static __device__ __forceinline__ void tca_store_wide(const attn_args *a, int t,
     }
 }
 
+/* The last block of (t, hk) to finish: every query head's spans 0 .. ns - 1
+   of the split scratch combined in increasing order with combine()'s
+   arithmetic (per span x: mn = max(M, m_x), ca = tca_scale(M, mn), cb =
+   tca_scale(m_x, mn), L = L ca + l_x cb, A = A ca + a_x cb, M = mn; then
+   out = A (1 / L)), out written, the counter zeroed. ca, cb and L depend
+   on the query row alone, so where the block's free shared memory fs
+   (fs_bytes) holds them for every span, one thread per row computes them
+   once and the outputs of the row read them: the same operations on the
+   same values as computing them per output (the fallback below), so the
+   same bits, with the exponentials off the outputs' chains. A thread's
+   outputs (column tid % D of rows tid / D, + NT / D, ...) go four rows at
+   a time and TCA_CB spans at a time, their loads of the parts issued
+   together. Every thread of the block calls it (a barrier). */
+#define TCA_CB 8
+template <int D>
+static __device__ void tca_combine_parts(const attn_args *a, int t, int hk, int gi, int ns, float *fs,
+                                         size_t fs_bytes) {
+    constexpr int NT = TCA_WARPS * 32, RS = NT / D; /* rows a pass of the block covers */
+    static_assert(NT % D == 0, "a pass covers whole rows");
+    constexpr size_t stride = (size_t)(2 + D);
+    const int rep = a->rep, tid = threadIdx.x;
+    const size_t u0 = (size_t)t * (size_t)a->Hq + (size_t)(hk * rep); /* the unit of query row 0 */
+    const size_t rstride = (size_t)a->n_span * stride;                /* from one row's parts to the next */
+    const float *p0 = a->parts + u0 * rstride;
+    if ((size_t)rep * ((size_t)ns * 2 + 1) * sizeof(float) <= fs_bytes) {
+        float *fca = fs, *fcb = fs + (size_t)rep * ns, *finv = fs + (size_t)2 * rep * ns;
+        for (int r = tid; r < rep; r += NT) {
+            const float *pr = p0 + (size_t)r * rstride;
+            float M = -INFINITY, L = 0.0f;
+            for (int x0 = 0; x0 < ns; x0 += TCA_CB) {
+                float m[TCA_CB], l[TCA_CB];
+#pragma unroll
+                for (int j = 0; j < TCA_CB; j++) {
+                    const bool in = x0 + j < ns;
+                    m[j] = in ? __ldcg(pr + (size_t)(x0 + j) * stride) : 0.0f;
+                    l[j] = in ? __ldcg(pr + (size_t)(x0 + j) * stride + 1) : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < TCA_CB; j++) {
+                    if (x0 + j >= ns) break;
+                    const float mn = fmaxf(M, m[j]);
+                    const float ca = tca_scale(M, mn), cb = tca_scale(m[j], mn);
+                    L = L * ca + l[j] * cb;
+                    M = mn;
+                    fca[(size_t)r * ns + x0 + j] = ca;
+                    fcb[(size_t)r * ns + x0 + j] = cb;
+                }
+            }
+            finv[r] = L > 0.0f ? 1.0f / L : 0.0f;
+        }
+        __syncthreads();
+        const int d = tid % D;
+        for (int rb = tid / D; rb < rep; rb += 4 * RS) {
+            float A[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int x0 = 0; x0 < ns; x0 += TCA_CB) {
+                float o[4][TCA_CB];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int r = rb + k * RS;
+                    const float *pr = p0 + (size_t)(r < rep ? r : 0) * rstride + 2 + d;
+#pragma unroll
+                    for (int j = 0; j < TCA_CB; j++)
+                        o[k][j] = r < rep && x0 + j < ns ? __ldcg(pr + (size_t)(x0 + j) * stride) : 0.0f;
+                }
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int r = rb + k * RS;
+                    if (r >= rep) break;
+                    const float *ca = fca + (size_t)r * ns + x0, *cb = fcb + (size_t)r * ns + x0;
+#pragma unroll
+                    for (int j = 0; j < TCA_CB; j++) {
+                        if (x0 + j >= ns) break;
+                        A[k] = A[k] * ca[j] + o[k][j] * cb[j];
+                    }
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int r = rb + k * RS;
+                if (r < rep) a->out[(u0 + (size_t)r) * D + d] = A[k] * finv[r];
+            }
+        }
+    } else {
+        for (int i = tid; i < rep * D; i += NT) {
+            const int r = i / D, d = i % D;
+            const float *pr = p0 + (size_t)r * rstride;
+            float M = -INFINITY, L = 0.0f, A = 0.0f;
+            for (int x = 0; x < ns; x++) {
+                const float *px = pr + (size_t)x * stride;
+                const float m = __ldcg(px), l = __ldcg(px + 1), o = __ldcg(px + 2 + d);
+                const float mn = fmaxf(M, m);
+                const float ca = tca_scale(M, mn), cb = tca_scale(m, mn);
+                L = L * ca + l * cb;
+                A = A * ca + o * cb;
+                M = mn;
+            }
+            const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+            a->out[(u0 + (size_t)r) * D + d] = A * inv;
+        }
+    }
+    if (tid == 0) a->count[gi] = 0;
+}
+
 /* tc split: block (x, t * H + hk) computes span lo / SPAN + x of token t's
    rows of KV head hk (its rep query heads) into parts, as attn_split_k
    does per query head; the last block of (t, hk) to finish (a counter)
@@ -1297,48 +1400,7 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 2) att
     __syncthreads();
     if (!tl.last) return;
     __threadfence();
-    for (int i = threadIdx.x; i < a.rep * D; i += TCA_WARPS * 32) {
-        const int r = i / D, d = i % D;
-        const size_t u = (size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + r);
-        float M = -INFINITY, L = 0.0f, A = 0.0f;
-        for (int x = 0; x < ns; x++) {
-            const float *px = a.parts + (u * (size_t)a.n_span + (size_t)x) * stride;
-            const float m = __ldcg(px), l = __ldcg(px + 1), o = __ldcg(px + 2 + d);
-            const float mn = fmaxf(M, m);
-            const float ca = tca_scale(M, mn), cb = tca_scale(m, mn);
-            L = L * ca + l * cb;
-            A = A * ca + o * cb;
-            M = mn;
-        }
-        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-        a.out[u * D + d] = A * inv;
-    }
-    if (threadIdx.x == 0) a.count[gi] = 0;
-}
-
-/* The last block of (t, hk) to finish: every query head's spans 0 .. ns - 1
-   of the split scratch combined in increasing order (combine()'s
-   arithmetic, attn_tc_split_k's loop), out written, the counter zeroed. */
-static __device__ void tca_combine_parts(const attn_args *a, int t, int hk, int gi, int ns) {
-    const size_t stride = (size_t)(2 + a->kv.D);
-    const int D = a->kv.D;
-    for (int i = threadIdx.x; i < a->rep * D; i += TCA_WARPS * 32) {
-        const int r = i / D, d = i % D;
-        const size_t u = (size_t)t * (size_t)a->Hq + (size_t)(hk * a->rep + r);
-        float M = -INFINITY, L = 0.0f, A = 0.0f;
-        for (int x = 0; x < ns; x++) {
-            const float *px = a->parts + (u * (size_t)a->n_span + (size_t)x) * stride;
-            const float m = __ldcg(px), l = __ldcg(px + 1), o = __ldcg(px + 2 + d);
-            const float mn = fmaxf(M, m);
-            const float ca = tca_scale(M, mn), cb = tca_scale(m, mn);
-            L = L * ca + l * cb;
-            A = A * ca + o * cb;
-            M = mn;
-        }
-        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-        a->out[u * D + d] = A * inv;
-    }
-    if (threadIdx.x == 0) a->count[gi] = 0;
+    tca_combine_parts<D>(&a, t, hk, gi, ns, (float *)smem, tca_smem(D));
 }
 
 /* tc split, pipelined (decode over long contexts with many tokens: the
@@ -1451,7 +1513,7 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 1) att
     __syncthreads();
     if (!last) return;
     __threadfence();
-    tca_combine_parts(&a, t, hk, gi, ns);
+    tca_combine_parts<D>(&a, t, hk, gi, ns, (float *)smem, tcp_smem<D>());
 }
 
 /* tc split, lean (the split mode's cases with rep <= 16, the default): the
@@ -1483,21 +1545,6 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 3) att
     keys_of(&a, t, &tlo, &thi);
     const int s = tlo / SPAN + (int)blockIdx.x, ns = thi / SPAN - tlo / SPAN + 1;
     if (s > thi / SPAN) return;
-    const int lane = tid % 32, w = tid / 32, g = lane / 4, c = lane % 4;
-    /* q: lane (g, c) holds rows g and g + 8, elements kk * 16 + 2 c + {0, 1, 8, 9} */
-    unsigned int qh[D / 16][4], ql[D / 16][4];
-    {
-        const float *q0 = g < a.rep ? a.q + ((size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + g)) * D : nullptr;
-        const float *q1 = g + 8 < a.rep ? a.q + ((size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + g + 8)) * D : nullptr;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            const int k0 = kk * 16 + 2 * c;
-            tca_split2(q0 ? q0[k0] : 0.0f, q0 ? q0[k0 + 1] : 0.0f, &qh[kk][0], &ql[kk][0]);
-            tca_split2(q1 ? q1[k0] : 0.0f, q1 ? q1[k0 + 1] : 0.0f, &qh[kk][1], &ql[kk][1]);
-            tca_split2(q0 ? q0[k0 + 8] : 0.0f, q0 ? q0[k0 + 9] : 0.0f, &qh[kk][2], &ql[kk][2]);
-            tca_split2(q1 ? q1[k0 + 8] : 0.0f, q1 ? q1[k0 + 9] : 0.0f, &qh[kk][3], &ql[kk][3]);
-        }
-    }
     if (tid < SPAN / 16) { /* tca_stage's pieces */
         const ember_cu_kv *kv = &a.kv;
         const ember_cu_kv_ref ref = kv->refs[kv->row[t]];
@@ -1508,22 +1555,54 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 3) att
         pv[tid] = live ? piece(kv, &ref, vw, b, hk, 0) : NULL;
     }
     __syncthreads();
-    for (int kv2 = 0; kv2 < 2; kv2++) { /* K, then V: two groups, tca_stage's layout */
-        for (int i = tid; i < (SPAN / 16) * 2 * D; i += TCA_WARPS * 32) {
-            const int p = i / (2 * D), cc = i % (2 * D);
-            unsigned char *dst =
-                kv2 == 0 ? sk + ((size_t)(cc >> 1) * TCA_KS + (size_t)(p * 16 + (cc & 1) * 8)) * 2
-                         : sv + ((size_t)(p * 16 + cc / (D / 8)) * (D + 8) + (size_t)(cc % (D / 8)) * 8) * 2;
-            const unsigned char *src = kv2 == 0 ? pk[p] : pv[p];
-            if (src)
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                                 (unsigned int)__cvta_generic_to_shared(dst)),
-                             "l"(src + (size_t)cc * 16)
-                             : "memory");
-            else
-                *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+    /* K, then V: two groups in tca_stage's layout, issued before q is read so that they land while
+       q is split. Thread tid copies 16-byte word cc of piece p: a piece is 2 D words, NT threads
+       take NT / (2 D) pieces at once (D < 64) or a piece in 2 D / NT turns (D >= 64). */
+    {
+        constexpr int NT = TCA_WARPS * 32, W = 2 * D;
+        constexpr int PPI = NT >= W ? NT / W : 1, IPP = W >= NT ? W / NT : 1;
+        const int p0 = PPI > 1 ? tid / W : 0, c0 = PPI > 1 ? tid % W : tid;
+#pragma unroll
+        for (int kv2 = 0; kv2 < 2; kv2++) {
+#pragma unroll
+            for (int it = 0; it < (SPAN / 16) * IPP / PPI; it++) {
+                const int p = (it / IPP) * PPI + p0, cc = c0 + (it % IPP) * NT;
+                unsigned char *dst =
+                    kv2 == 0 ? sk + ((size_t)(cc >> 1) * TCA_KS + (size_t)(p * 16 + (cc & 1) * 8)) * 2
+                             : sv + ((size_t)(p * 16 + cc / (D / 8)) * (D + 8) + (size_t)(cc % (D / 8)) * 8) * 2;
+                const unsigned char *src = kv2 == 0 ? pk[p] : pv[p];
+                if (src)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                                     (unsigned int)__cvta_generic_to_shared(dst)),
+                                 "l"(src + (size_t)cc * 16)
+                                 : "memory");
+                else
+                    *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+            }
+            stage_commit();
         }
-        stage_commit();
+    }
+    const int lane = tid % 32, w = tid / 32, g = lane / 4, c = lane % 4;
+    /* q: lane (g, c) holds rows g and g + 8, elements kk * 16 + 2 c + {0, 1, 8, 9} (rows past rep: zeros,
+       whose split is zeros) */
+    unsigned int qh[D / 16][4], ql[D / 16][4];
+    {
+        const float *q0 = g < a.rep ? a.q + ((size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + g)) * D : nullptr;
+        const float *q1 = g + 8 < a.rep ? a.q + ((size_t)t * (size_t)a.Hq + (size_t)(hk * a.rep + g + 8)) * D : nullptr;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const int k0 = kk * 16 + 2 * c;
+            tca_split2(q0 ? q0[k0] : 0.0f, q0 ? q0[k0 + 1] : 0.0f, &qh[kk][0], &ql[kk][0]);
+            tca_split2(q0 ? q0[k0 + 8] : 0.0f, q0 ? q0[k0 + 9] : 0.0f, &qh[kk][2], &ql[kk][2]);
+            qh[kk][1] = ql[kk][1] = qh[kk][3] = ql[kk][3] = 0u;
+        }
+        if (a.rep > 8) /* a uniform branch: rows 8 .. 15 exist */
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const int k0 = kk * 16 + 2 * c;
+                tca_split2(q1 ? q1[k0] : 0.0f, q1 ? q1[k0 + 1] : 0.0f, &qh[kk][1], &ql[kk][1]);
+                tca_split2(q1 ? q1[k0 + 8] : 0.0f, q1 ? q1[k0 + 9] : 0.0f, &qh[kk][3], &ql[kk][3]);
+            }
     }
     stage_wait<1>(); /* K */
     __syncthreads();
@@ -1537,7 +1616,7 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 3) att
     __syncthreads();
     if (!last) return;
     __threadfence();
-    tca_combine_parts(&a, t, hk, gi, ns);
+    tca_combine_parts<D>(&a, t, hk, gi, ns, (float *)smem, tcl_smem<D>());
 }
 
 /* Whether the tc kernels take this layer (bf16 K and V, head size 16, 32,
