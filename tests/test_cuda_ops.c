@@ -1093,6 +1093,22 @@ static void check_attention_prefill(ember_kv_enc enc, const char *name, int Hkv,
     kv_free(&kp);
 }
 
+/* Whether the comma-separated list `only` holds `name`. */
+static bool named(const char *only, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *p = only; (p = strstr(p, name)); p += n)
+        if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) return true;
+    return false;
+}
+
+/* Decode-shaped attention alone (the lean kernel: bf16 KV, one token over up to 9 spans, head sizes
+   128 and 32), a subset of kv_attention small enough for racecheck; run only when named in
+   EMBER_CUDA_OPS_ONLY (kv_attention runs the same checks). */
+static void test_attention_lean(void) {
+    check_attention(EMBER_KVE_BF16, "bf16", 1, 4, 128);
+    check_attention(EMBER_KVE_BF16, "bf16", 2, 3, 32);
+}
+
 static void test_kv_attention(void) {
     const ember_kv_enc encs[3] = {EMBER_KVE_F32, EMBER_KVE_F16, EMBER_KVE_BF16};
     const char *names[3] = {"f32", "f16", "bf16"};
@@ -1557,19 +1573,10 @@ int main(void) {
                   {"qfuse", test_qfuse},
                   {"unsupported", test_unsupported}};
     const char *only = getenv("EMBER_CUDA_OPS_ONLY");
-    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
-        if (only && *only) {
-            size_t n = strlen(groups[i].name);
-            const char *p = only;
-            bool hit = false;
-            while ((p = strstr(p, groups[i].name))) {
-                if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) hit = true;
-                p += n;
-            }
-            if (!hit) continue;
-        }
-        groups[i].fn();
-    }
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
+        if (!(only && *only) || named(only, groups[i].name)) groups[i].fn();
+    /* subsets of a group above, for sanitizer runs: only when named */
+    if (only && named(only, "attention_lean")) test_attention_lean();
     ember_backend_free(g_gpu);
     ember_backend_free(g_cpu);
     return test_done();
