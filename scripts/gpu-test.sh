@@ -32,6 +32,7 @@
 #        (seconds per sanitizer run / for the benchmark; 200 / 240)
 # Files written: results.md (machine, versions, outcome of each step, the
 # benchmark table), build.log, test.log, memcheck.log, racecheck.log,
+# racecheck-attention_lean.log,
 # initcheck.log, bench.txt, cublas.txt, sdk.log. Exit status: 0 when every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -136,6 +137,11 @@ if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -n "$SAN" ]; then
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|checks,' "$OUTDIR/$tool.log" | sed 's/^/  /' | tee -a "$RES"
     [ $tool = memcheck ] && step "compute-sanitizer --tool memcheck test_kv_rec" "$OUTDIR/memcheck-kv_rec.log" \
       "${RUN_ENV[@]}" timeout "${SANITIZE_TIMEOUT:-200}" "$SAN" --tool memcheck --error-exitcode 99 "$BUILD/tests/test_kv_rec"
+    # the decode attention (lean kernel) alone: the whole kv_attention group outlasts racecheck's time
+    [ $tool = racecheck ] && step "compute-sanitizer --tool racecheck test_cuda_ops (attention_lean)" \
+      "$OUTDIR/racecheck-attention_lean.log" "${RUN_ENV[@]}" env EMBER_CUDA_OPS_ONLY=attention_lean \
+      timeout "${SANITIZE_TIMEOUT:-200}" "$SAN" --tool racecheck --error-exitcode 99 "$TEST" &&
+      grep -E 'RACECHECK SUMMARY|checks,' "$OUTDIR/racecheck-attention_lean.log" | sed 's/^/  /' | tee -a "$RES"
     # the model test (three families) through the same tool
     [ "${SKIP_MODEL_SANITIZE:-0}" = 1 ] && continue
     step "compute-sanitizer --tool $tool test_cuda_model (quick)" "$OUTDIR/$tool-model.log" "${RUN_ENV[@]}" \
