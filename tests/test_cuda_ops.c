@@ -1102,8 +1102,8 @@ static bool named(const char *only, const char *name) {
 }
 
 /* Decode-shaped attention alone (the lean kernel: bf16 KV, one token over up to 9 spans, head sizes
-   128 and 32), a subset of kv_attention small enough for racecheck; run only when named in
-   EMBER_CUDA_OPS_ONLY (kv_attention runs the same checks). */
+   128 and 32), a subset of kv_attention small enough for racecheck: kv_attention calls it, and
+   it runs alone only when named in EMBER_CUDA_OPS_ONLY. */
 static void test_attention_lean(void) {
     check_attention(EMBER_KVE_BF16, "bf16", 1, 4, 128);
     check_attention(EMBER_KVE_BF16, "bf16", 2, 3, 32);
@@ -1113,12 +1113,12 @@ static void test_kv_attention(void) {
     const ember_kv_enc encs[3] = {EMBER_KVE_F32, EMBER_KVE_F16, EMBER_KVE_BF16};
     const char *names[3] = {"f32", "f16", "bf16"};
     for (int e = 0; e < 3; e++) check_attention(encs[e], names[e], 2, 2, 64);
-    check_attention(EMBER_KVE_BF16, "bf16", 1, 4, 128);
     check_attention(EMBER_KVE_F16, "f16", 2, 1, 256);
     check_attention(EMBER_KVE_F32, "f32", 1, 3, 80); /* a head size off the powers of two */
     /* bf16 KV runs in the tc order (tensor cores) by default: head sizes 16 to 128, one to
-       eight query heads per KV head (3: tiles of 21 tokens), prefill-shaped batches */
-    check_attention(EMBER_KVE_BF16, "bf16", 2, 3, 32);
+       eight query heads per KV head (3: tiles of 21 tokens), prefill-shaped batches; the
+       decode-shaped checks (head sizes 128 and 32) are attention_lean's */
+    test_attention_lean();
     check_attention_prefill(EMBER_KVE_BF16, "bf16", 2, 4, 128);
     check_attention_prefill(EMBER_KVE_BF16, "bf16", 2, 2, 64);
     check_attention_prefill(EMBER_KVE_BF16, "bf16", 1, 3, 32);

@@ -52,6 +52,7 @@
 #include <stdint.h>
 
 #include "cuda_kernels.h"
+#include "cuda_mm.cuh"
 #include "cuda_pdl.cuh"
 
 #define SPAN EMBER_CU_ATTN_SPAN
@@ -311,8 +312,7 @@ static __device__ __forceinline__ void stage_copy(unsigned char *dst, const unsi
                                                   int vec16) {
     if (vec16) {
         for (int i = i0 * 16; i < n; i += SPAN * 16) {
-            const unsigned int sa = (unsigned int)__cvta_generic_to_shared(dst + i);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(src + i) : "memory");
+            ember_cp16(dst + i, src + i);
         }
     } else {
         for (int i = i0 * 4; i < n; i += SPAN * 4) {
@@ -320,14 +320,6 @@ static __device__ __forceinline__ void stage_copy(unsigned char *dst, const unsi
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(src + i) : "memory");
         }
     }
-}
-
-static __device__ __forceinline__ void stage_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N> static __device__ __forceinline__ void stage_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 /* Staged K: dimensions [d0, d0 + dn) of every live piece (sm->kb) into sk,
@@ -378,21 +370,21 @@ static __device__ void span_state_staged(const attn_args *a, attn_smem *sm, unsi
     __syncthreads();
     const int c_first = (j0 - s0) / KC * KC; /* the V chunk holding j0 */
     stage_k<ES>(a, sm, sk, 0, DC, pstride);
-    stage_commit();
+    ember_cp_commit();
     stage_v<ES>(a, sm, sv, c_first, KC, D);
-    stage_commit();
+    ember_cp_commit();
     const int j = s0 + tid;
     const bool live = j >= lo && j <= hi;
     float dot = 0.0f;
     for (int d0 = 0; d0 < D; d0 += DC) {
         const int dn = D - d0 < DC ? D - d0 : DC;
         if (d0 == 0) {
-            stage_wait<1>();
+            ember_cp_wait<1>();
         } else {
             __syncthreads(); /* every thread is done with the last chunk */
             stage_k<ES>(a, sm, sk, d0, dn, pstride);
-            stage_commit();
-            stage_wait<0>();
+            ember_cp_commit();
+            ember_cp_wait<0>();
         }
         __syncthreads();
         if (live) {
@@ -408,12 +400,12 @@ static __device__ void span_state_staged(const attn_args *a, attn_smem *sm, unsi
     for (int i = 0; i < DPT; i++) acc[i] = 0.0f;
     for (int c0 = c_first; s0 + c0 <= j1; c0 += KC) {
         if (c0 == c_first) {
-            stage_wait<0>();
+            ember_cp_wait<0>();
         } else {
             __syncthreads(); /* every thread is done with the last chunk */
             stage_v<ES>(a, sm, sv, c0, KC, D);
-            stage_commit();
-            stage_wait<0>();
+            ember_cp_commit();
+            ember_cp_wait<0>();
         }
         __syncthreads();
         const int e0 = j0 > s0 + c0 ? j0 : s0 + c0, e1 = j1 < s0 + c0 + KC - 1 ? j1 : s0 + c0 + KC - 1;
@@ -562,8 +554,8 @@ static __device__ void span_stage_all(const attn_args *a, attn_smem *sm, unsigne
     __syncthreads();
     stage_k<ES>(a, sm, stage, 0, D, (D * 16 + 16) * ES);
     stage_v<ES>(a, sm, stage + STAGE_K_PAD, 0, SPAN, D);
-    stage_commit();
-    stage_wait<0>();
+    ember_cp_commit();
+    ember_cp_wait<0>();
     __syncthreads();
 }
 
@@ -753,6 +745,16 @@ static __device__ __forceinline__ void tca_split2(float x, float y, unsigned int
     *lo = *(const unsigned int *)&l;
 }
 
+/* Where 16-byte word c (< 2 D) of a span's K or V piece p (< SPAN / 16)
+   lands in the stage: K [D][16] pieces side by side in rows of TCA_KS
+   keys, V [16][D] pieces one under the other in rows of D + 8. */
+template <int D> static __device__ __forceinline__ unsigned char *tca_kdst(unsigned char *sk, int p, int c) {
+    return sk + ((size_t)(c >> 1) * TCA_KS + (size_t)(p * 16 + (c & 1) * 8)) * 2;
+}
+template <int D> static __device__ __forceinline__ unsigned char *tca_vdst(unsigned char *sv, int p, int c) {
+    return sv + ((size_t)(p * 16 + c / (D / 8)) * (D + 8) + (size_t)(c % (D / 8)) * 8) * 2;
+}
+
 /* Stages span s of KV head hk of kv row `row` for keys [klo, khi] (the
    pieces holding them; the others zero) into sk and sv, every load in
    flight at once. Ends with the stage complete and visible. */
@@ -774,24 +776,17 @@ static __device__ void tca_stage(const attn_args *a, tca_tile *tl, unsigned char
     /* a piece: K [D][16] and V [16][D], each 2 D chunks of 16 bytes */
     for (int i = tid; i < (SPAN / 16) * 2 * D; i += TCA_WARPS * 32) {
         const int p = i / (2 * D), c = i % (2 * D);
-        unsigned char *dk = sk + ((size_t)(c >> 1) * TCA_KS + (size_t)(p * 16 + (c & 1) * 8)) * 2;
-        unsigned char *dv = sv + ((size_t)(p * 16 + c / (D / 8)) * (D + 8) + (size_t)(c % (D / 8)) * 8) * 2;
+        unsigned char *dk = tca_kdst<D>(sk, p, c), *dv = tca_vdst<D>(sv, p, c);
         if (tl->kb[p]) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                             (unsigned int)__cvta_generic_to_shared(dk)),
-                         "l"(tl->kb[p] + (size_t)c * 16)
-                         : "memory");
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                             (unsigned int)__cvta_generic_to_shared(dv)),
-                         "l"(tl->vb[p] + (size_t)c * 16)
-                         : "memory");
+            ember_cp16(dk, tl->kb[p] + (size_t)c * 16);
+            ember_cp16(dv, tl->vb[p] + (size_t)c * 16);
         } else {
             *(uint4 *)dk = make_uint4(0, 0, 0, 0);
             *(uint4 *)dv = make_uint4(0, 0, 0, 0);
         }
     }
-    stage_commit();
-    stage_wait<0>();
+    ember_cp_commit();
+    ember_cp_wait<0>();
     __syncthreads();
 }
 
@@ -963,7 +958,7 @@ static __device__ __forceinline__ void tca_span_wide(const attn_args *a, const u
                     ss[r * SS + 8 * n + 2 * c + e] = score_of(a, sc[ln][2 * h + e], r < nrows && j >= lo && j <= hi);
                 }
     }
-    if (LEAN) stage_wait<0>(); /* this thread's V copies; the barrier makes everyone's visible */
+    if (LEAN) ember_cp_wait<0>(); /* this thread's V copies; the barrier makes everyone's visible */
     __syncthreads();
     if (tid < 64) { /* row tid / 4, quad lane tid % 4: tca_span's m, p and l */
         float *row = ss + (tid / 4) * SS;
@@ -1432,23 +1427,16 @@ static __device__ __forceinline__ void tcp_issue(unsigned char *sk, unsigned cha
                                                  const unsigned char *const *pk, const unsigned char *const *pv) {
     for (int i = threadIdx.x; i < (SPAN / 16) * 2 * D; i += TCA_WARPS * 32) {
         const int p = i / (2 * D), c = i % (2 * D);
-        unsigned char *dk = sk + ((size_t)(c >> 1) * TCA_KS + (size_t)(p * 16 + (c & 1) * 8)) * 2;
-        unsigned char *dv = sv + ((size_t)(p * 16 + c / (D / 8)) * (D + 8) + (size_t)(c % (D / 8)) * 8) * 2;
+        unsigned char *dk = tca_kdst<D>(sk, p, c), *dv = tca_vdst<D>(sv, p, c);
         if (pk[p]) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                             (unsigned int)__cvta_generic_to_shared(dk)),
-                         "l"(pk[p] + (size_t)c * 16)
-                         : "memory");
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                             (unsigned int)__cvta_generic_to_shared(dv)),
-                         "l"(pv[p] + (size_t)c * 16)
-                         : "memory");
+            ember_cp16(dk, pk[p] + (size_t)c * 16);
+            ember_cp16(dv, pv[p] + (size_t)c * 16);
         } else {
             *(uint4 *)dk = make_uint4(0, 0, 0, 0);
             *(uint4 *)dv = make_uint4(0, 0, 0, 0);
         }
     }
-    stage_commit();
+    ember_cp_commit();
 }
 
 template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 1) attn_tc_pipe_k(attn_args a, int spb) {
@@ -1496,9 +1484,9 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 1) att
         if (j + 1 < n) { /* the next span into the other stage (free: its span ended with a barrier) */
             unsigned char *nk = st + (size_t)((j + 1) & 1) * SB;
             tcp_issue<D>(nk, nk + SKB, pk + (j + 1) * (SPAN / 16), pv + (j + 1) * (SPAN / 16));
-            stage_wait<1>();
+            ember_cp_wait<1>();
         } else {
-            stage_wait<0>();
+            ember_cp_wait<0>();
         }
         __syncthreads(); /* span j's stage (and q) complete and visible */
         const int s = sf + x0 + j;
@@ -1567,19 +1555,14 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 3) att
 #pragma unroll
             for (int it = 0; it < (SPAN / 16) * IPP / PPI; it++) {
                 const int p = (it / IPP) * PPI + p0, cc = c0 + (it % IPP) * NT;
-                unsigned char *dst =
-                    kv2 == 0 ? sk + ((size_t)(cc >> 1) * TCA_KS + (size_t)(p * 16 + (cc & 1) * 8)) * 2
-                             : sv + ((size_t)(p * 16 + cc / (D / 8)) * (D + 8) + (size_t)(cc % (D / 8)) * 8) * 2;
+                unsigned char *dst = kv2 == 0 ? tca_kdst<D>(sk, p, cc) : tca_vdst<D>(sv, p, cc);
                 const unsigned char *src = kv2 == 0 ? pk[p] : pv[p];
                 if (src)
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                                     (unsigned int)__cvta_generic_to_shared(dst)),
-                                 "l"(src + (size_t)cc * 16)
-                                 : "memory");
+                    ember_cp16(dst, src + (size_t)cc * 16);
                 else
                     *(uint4 *)dst = make_uint4(0, 0, 0, 0);
             }
-            stage_commit();
+            ember_cp_commit();
         }
     }
     const int lane = tid % 32, w = tid / 32, g = lane / 4, c = lane % 4;
@@ -1604,7 +1587,7 @@ template <int D> static __global__ void __launch_bounds__(TCA_WARPS * 32, 3) att
                 tca_split2(q1 ? q1[k0 + 8] : 0.0f, q1 ? q1[k0 + 9] : 0.0f, &qh[kk][3], &ql[kk][3]);
             }
     }
-    stage_wait<1>(); /* K */
+    ember_cp_wait<1>(); /* K */
     __syncthreads();
     float m[2], l[2], o[2][2][4];
     tca_span_wide<D, 1>(&a, nullptr, nullptr, (const unsigned short *)sk, (const unsigned short *)sv, ss, ml, s, a.rep,
