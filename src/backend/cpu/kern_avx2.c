@@ -42,9 +42,30 @@ static inline float v_hsum(vec16 a) {
     return hsum8(_mm256_add_ps(a.lo, a.hi));
 }
 
-/* 2 weight rows x 3 input rows of two-register vectors: 12 accumulators, the weights' 4 and
-   the input's loads folded into the FMAs (16 ymm). 2 x 2 was load-bound: bf16 1B pp512 at one
-   thread 33.3 -> 37.2 tok/s (Zen 5, --isa avx2, bench/RESULTS.md). */
+/* The batch tile's half-register step (kern_template.h): vh_x puts the input half in a register
+   (the empty asm keeps the compiler from folding its load into each multiply-add instead, which
+   it does even with registers free: 16 loads a step instead of 10, and the core loads at most
+   two 256-bit words a cycle). */
+#define V_HALVES 1
+typedef __m256 vhalf;
+/* wt: kern_template.h's W_F32 (0), W_F16 (1), W_BF16 (2) */
+static inline vhalf vh_w(const void *p, size_t idx, int wt) {
+    if (wt == 0) return _mm256_loadu_ps((const float *)p + idx);
+    if (wt == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + idx)));
+    return bf16x8((const uint16_t *)p + idx);
+}
+static inline vhalf vh_x(const float *p) {
+    vhalf v = _mm256_loadu_ps(p);
+    __asm__("" : "+x"(v));
+    return v;
+}
+static inline vhalf vh_fma(vhalf acc, vhalf a, vhalf b) {
+    return _mm256_fmadd_ps(a, b, acc);
+}
+
+/* 2 weight rows x 3 input rows of two-register vectors: 12 accumulators, and half by half the
+   weights' 2 and the input's 1 (15 ymm). 2 x 2 was load-bound: bf16 1B pp512 at one thread 33.3
+   -> 37.2 tok/s (Zen 5, --isa avx2, bench/RESULTS.md). */
 #define TILE_W 2
 #define TILE_X 3
 #define KPREFIX avx2_

@@ -11,6 +11,9 @@
  *   v_hsum(v)                the fixed tree sum described in kernels.h
  *   TILE_W, TILE_X           the main register tile (weight rows x input rows)
  *   TILE_W1                  (optional) the weight rows of a tile for one input row
+ *   V_HALVES                 (optional, where vec16 is two registers .lo and .hi) the
+ *                            half-register forms vhalf, vh_w(p, idx, wt), vh_x(p) and
+ *                            vh_fma(acc, a, b), so tiles of several input rows step half by half
  *   KPREFIX                  a name prefix for this ISA
  * and the axpy kernel. Tiles change which dot products share loads, never
  * the order in which one is summed.
@@ -64,6 +67,33 @@ ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int
         for (int j = 0; j < NX; j++) acc[i][j] = v_zero();
     int k = 0;
     const size_t es = wt == W_F32 ? 4 : 2;
+#ifdef V_HALVES
+    /* Several input rows: lanes 0-7 of every accumulator, then lanes 8-15, so that only one half's
+       weights and one input register are live beside the accumulators and each input half is
+       loaded once (the whole-vector step below runs out of registers and folds every input load
+       into each of its NW multiply-adds). Each accumulator half takes the same multiply-adds in
+       the same order, so the same bits. */
+    if (NX > 1)
+        for (; k + EMBER_LANES <= K; k += EMBER_LANES) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                vhalf wh[TW_MAX];
+#pragma GCC unroll 8
+                for (int i = 0; i < NW; i++) wh[i] = vh_w(w, (size_t)i * ldw + (size_t)(k + 8 * h), wt);
+#pragma GCC unroll 8
+                for (int j = 0; j < NX; j++) {
+                    const vhalf xh = vh_x(x + (size_t)j * ldx + (size_t)(k + 8 * h));
+#pragma GCC unroll 8
+                    for (int i = 0; i < NW; i++) {
+                        if (h)
+                            acc[i][j].hi = vh_fma(acc[i][j].hi, wh[i], xh);
+                        else
+                            acc[i][j].lo = vh_fma(acc[i][j].lo, wh[i], xh);
+                    }
+                }
+            }
+        }
+#endif
     for (; k + EMBER_LANES <= K; k += EMBER_LANES) {
         vec16 wv[TW_MAX];
         /* decode streams 16-bit weights once: ask for the next tile's rows at
