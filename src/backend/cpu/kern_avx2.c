@@ -43,9 +43,10 @@ static inline float v_hsum(vec16 a) {
 }
 
 /* The batch tile's half-register step (kern_template.h): vh_x puts the input half in a register
-   (the empty asm keeps the compiler from folding its load into each multiply-add instead, which
-   it does even with registers free: 16 loads a step instead of 10, and the core loads at most
-   two 256-bit words a cycle). */
+   (the empty asm keeps gcc from folding its load into each multiply-add that uses it, which it
+   does even with registers free: 16 loads a step instead of 10). On Zen 5 the tile's loop with
+   everything in L1 ran at 35 G multiply-adds a second with the 16 loads and 46 with the 10
+   (peak 52; bench/RESULTS.md). */
 #define V_HALVES 1
 typedef __m256 vhalf;
 /* wt: kern_template.h's W_F32 (0), W_F16 (1), W_BF16 (2) */
