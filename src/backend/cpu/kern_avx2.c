@@ -18,9 +18,11 @@ static inline vec16 v_zero(void) {
 static inline vec16 v_load_f32(const float *p) {
     return (vec16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
 }
+static inline __m256 f16x8(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
 static inline vec16 v_load_f16(const uint16_t *p) {
-    return (vec16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
-                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+    return (vec16){f16x8(p), f16x8(p + 8)};
 }
 static inline __m256 bf16x8(const uint16_t *p) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -49,12 +51,9 @@ static inline float v_hsum(vec16 a) {
    (peak 52; bench/RESULTS.md). */
 #define V_HALVES 1
 typedef __m256 vhalf;
-/* wt: kern_template.h's W_F32 (0), W_F16 (1), W_BF16 (2) */
-static inline vhalf vh_w(const void *p, size_t idx, int wt) {
-    if (wt == 0) return _mm256_loadu_ps((const float *)p + idx);
-    if (wt == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + idx)));
-    return bf16x8((const uint16_t *)p + idx);
-}
+#define vh_load_f32 _mm256_loadu_ps
+#define vh_load_f16 f16x8
+#define vh_load_bf16 bf16x8
 static inline vhalf vh_x(const float *p) {
     vhalf v = _mm256_loadu_ps(p);
     __asm__("" : "+x"(v));

@@ -12,8 +12,9 @@
  *   TILE_W, TILE_X           the main register tile (weight rows x input rows)
  *   TILE_W1                  (optional) the weight rows of a tile for one input row
  *   V_HALVES                 (optional, where vec16 is two registers .lo and .hi) the
- *                            half-register forms vhalf, vh_w(p, idx, wt), vh_x(p) and
- *                            vh_fma(acc, a, b), so tiles of several input rows step half by half
+ *                            half-register forms vhalf, vh_load_f32 / _f16 / _bf16(p) (8 lanes),
+ *                            vh_x(p) (8 inputs, in a register) and vh_fma(acc, a, b), so tiles
+ *                            of several input rows step half by half
  *   KPREFIX                  a name prefix for this ISA
  * and the axpy kernel. Tiles change which dot products share loads, never
  * the order in which one is summed.
@@ -50,6 +51,14 @@ ALWAYS_INLINE vec16 ld_w(const void *p, size_t idx, int wt) {
     return v_load_bf16((const uint16_t *)p + idx);
 }
 
+#ifdef V_HALVES
+ALWAYS_INLINE vhalf ld_wh(const void *p, size_t idx, int wt) {
+    if (wt == W_F32) return vh_load_f32((const float *)p + idx);
+    if (wt == W_F16) return vh_load_f16((const uint16_t *)p + idx);
+    return vh_load_bf16((const uint16_t *)p + idx);
+}
+#endif
+
 ALWAYS_INLINE float w_scalar(const void *p, size_t idx, int wt) {
     if (wt == W_F32) return ((const float *)p)[idx];
     uint16_t h;
@@ -79,7 +88,7 @@ ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int
             for (int h = 0; h < 2; h++) {
                 vhalf wh[TW_MAX];
 #pragma GCC unroll 8
-                for (int i = 0; i < NW; i++) wh[i] = vh_w(w, (size_t)i * ldw + (size_t)(k + 8 * h), wt);
+                for (int i = 0; i < NW; i++) wh[i] = ld_wh(w, (size_t)i * ldw + (size_t)(k + 8 * h), wt);
 #pragma GCC unroll 8
                 for (int j = 0; j < NX; j++) {
                     const vhalf xh = vh_x(x + (size_t)j * ldx + (size_t)(k + 8 * h));
