@@ -5,8 +5,8 @@
  *   - AVX2 and AVX-512 bit-identical (same 16-lane order, both FMA);
  *   - a row's output bit-identical whatever the batch (M) around it and
  *     however the weight rows are grouped (the heart of batch invariance).
- * And the CPU backend's elementwise geglu, scale and softcap ops against
- * double precision, on every ISA and thread count, in place and not, and
+ * And the CPU backend's elementwise swiglu (silu_mul), geglu, scale and
+ * softcap ops against double precision, on every ISA and thread count, in place and not, and
  * which weights its zero-copy mode wraps.
  */
 #include "backend/backend.h"
@@ -125,6 +125,49 @@ static void test_axpy(void) {
     if (ember_isa_supported(EMBER_ISA_AVX512)) CHECK(!memcmp(y[1], y[2], sizeof y[1]));
 }
 
+/* silu_mul on every ISA: within a few ulp of silu(g) u in double
+   precision; each element's bits the same wherever it lies in the range
+   and in place; the scalar tier the plain C expression's bits; AVX2 and
+   AVX-512 the same bits. */
+static void test_silu_mul(void) {
+    enum { N = 1003 };
+    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
+    static float g[N], u[N], got[3][N], part[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = frand() * (i % 5 == 0 ? 100.0f : 8.0f); /* e^-g over- and underflows for the large ones */
+        u[i] = frand();
+    }
+    g[0] = 0.0f, g[1] = -0.0f, g[2] = 89.5f, g[3] = -89.5f, g[4] = 1e-30f, g[5] = -103.0f;
+    for (int a = 0; a < 3; a++) {
+        if (!ember_isa_supported(isas[a])) continue;
+        const cpu_kernels *k = ember_cpu_kernels_for(isas[a]);
+        k->silu_mul(got[a], g, u, N);
+        double worst = 0;
+        for (int i = 0; i < N; i++) {
+            const double want = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+            worst = fmax(worst, fabs(got[a][i] - want) / (fabs((double)g[i] * u[i]) + 1e-30));
+        }
+        CHECKF(worst <= 5e-7, "silu_mul %s: error %g x |g u|", ember_isa_name(isas[a]), worst);
+        bool same = true; /* every start and a few lengths: the bits of the whole range */
+        for (int off = 0; off < 40; off++)
+            for (int len = 1; off + len <= N; len += 1 + len / 3) {
+                k->silu_mul(part, g + off, u + off, len);
+                same &= !memcmp(part, got[a] + off, (size_t)len * sizeof *part);
+            }
+        CHECKF(same, "silu_mul %s: an element's bits depend on where the range starts or ends", ember_isa_name(isas[a]));
+        memcpy(part, g, sizeof g);
+        k->silu_mul(part, part, u, N); /* in place */
+        CHECK(!memcmp(part, got[a], sizeof part));
+    }
+    bool plain = true;
+    for (int i = 0; i < N; i++) {
+        const float want = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+        plain &= !memcmp(&want, &got[0][i], sizeof want);
+    }
+    CHECKF(plain, "silu_mul scalar: not the plain expression's bits");
+    if (ember_isa_supported(EMBER_ISA_AVX512)) CHECK(!memcmp(got[1], got[2], sizeof got[1]));
+}
+
 /* gelu_pytorch_tanh(g) * u in double precision. */
 static double geglu_ref(double g, double u) {
     return 0.5 * g * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g))) * u;
@@ -153,6 +196,13 @@ static void test_elementwise_ops(void) {
             CHECK(ember_tensor_alloc(be, &to, &bo, EMBER_F32, 1, sh, &err) == EMBER_OK);
             be->ops->write(be, &tg, 0, g, N * sizeof *g, &err);
             be->ops->write(be, &tu, 0, u, N * sizeof *u, &err);
+            CHECK(be->ops->swiglu(be, &to, &tg, &tu, &err) == EMBER_OK); /* the kernel's bits, split in tasks */
+            be->ops->read(be, &to, 0, got, N * sizeof *got, &err);
+            float *want = malloc(N * sizeof *want);
+            ember_cpu_kernels_for(isas[a])->silu_mul(want, g, u, N);
+            CHECKF(!memcmp(got, want, N * sizeof *got), "swiglu %s, %d threads: not silu_mul's bits",
+                   ember_isa_name(isas[a]), threads);
+            free(want);
             CHECK(be->ops->geglu(be, &to, &tg, &tu, &err) == EMBER_OK);
             be->ops->read(be, &to, 0, got, N * sizeof *got, &err);
             double worst = 0;
@@ -254,6 +304,7 @@ int main(void) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_shape(dts[d], shapes[s][0], shapes[s][1], shapes[s][2]);
     test_axpy();
+    test_silu_mul();
     test_elementwise_ops();
     test_add_rows_scaled();
     test_zero_copy();

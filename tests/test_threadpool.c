@@ -4,7 +4,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "core/threadpool.h"
@@ -81,6 +83,12 @@ static void big_task(void *p, int t, int thread) {
     (void)thread;
     bctx *c = p;
     atomic_fetch_add(&c->hits[t], 1);
+}
+
+static void sleep_task(void *p, int t, int thread) {
+    (void)p, (void)t, (void)thread;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
 }
 
 int main(void) {
@@ -160,6 +168,41 @@ int main(void) {
             CHECKF(wrong == 0, "%d of %d tasks of a large run did not run exactly once", wrong, n);
         }
         free(h);
+        ember_pool_free(p);
+    }
+
+    /* the profile: off writes nothing; on, every run counted under its task
+       function's name, tasks and busy time summed (each task sleeps ~1 ms,
+       so the busy share is well above zero), inline runs (1 task) too */
+    for (int nt = 1; nt <= 3; nt += 2) {
+        ember_error err = {0};
+        ember_pool *p = ember_pool_new(nt, &err);
+        CHECK(p != NULL);
+        char buf[4096] = {0};
+        FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+        CHECK(f != NULL);
+        ember_pool_profile_write(p, f, "off");
+        fflush(f);
+        CHECK(buf[0] == 0);
+        CHECK(ember_pool_profile_start(p) == 0);
+        atomic_int hits[8];
+        ctx c = {hits, nt, 0};
+        for (int run = 0; run < 5; run++) ember_pool_run(p, 6, task, &c);
+        ember_pool_run(p, 1, task, &c);
+        ember_pool_run(p, 4, sleep_task, NULL);
+        ember_pool_profile_write(p, f, "the test");
+        fclose(f);
+        CHECKF(strstr(buf, "the test, ") && strstr(buf, "| task | 6 | 5.2 |") && strstr(buf, "| sleep_task | 1 | 4.0 |"),
+               "%d threads: %s", nt, buf);
+        const char *row = strstr(buf, "| sleep_task |");
+        double busy = -1;
+        if (row) { /* the row's last column: "| NN% |" before the newline */
+            const char *end = strchr(row, '\n'), *pct = end ? end - 1 : row;
+            while (pct > row && *pct != '|') pct--; /* the closing bar */
+            while (pct > row && *(pct - 1) != '|') pct--;
+            busy = atof(pct);
+        }
+        CHECKF(busy > 10 && busy <= 101, "%d threads: sleep_task busy %g%%", nt, busy);
         ember_pool_free(p);
     }
 

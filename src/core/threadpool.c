@@ -33,16 +33,24 @@
  *   pair; `n_sleeping` and `work` are sequentially consistent, so either the
  *   runner sees a sleeper and broadcasts, or the sleeper sees the new word.
  * Runs of more than TP_MAX_TASKS tasks are split into consecutive runs.
+ *
+ * Profile: `prof` is set by the caller thread between runs and read by the
+ * workers after they claim a task (the word's seq_cst store published it).
+ * Each thread adds its tasks' time to its own slot of prof->busy (one cache
+ * line each) before its `done` increment; the runner, once `done` reaches n
+ * (acquire), sums and clears the slots. Only the runner touches the keys.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "threadpool.h"
 #include "alloc.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -61,6 +69,22 @@
 #define TP_NEXT(w) ((uint32_t)((w)&TP_FIELD))
 #define TP_GEN_MASK ((1u << (64 - 2 * TP_TASK_BITS)) - 1u)
 
+#define PROF_KEYS 64
+#define PROF_SLOT 8 /* uint64_t per busy slot: one cache line */
+
+typedef struct pool_prof_key {
+    const char *name; /* the task function's name (a string literal) */
+    uint64_t runs, tasks, wall_ns, busy_ns;
+} pool_prof_key;
+
+typedef struct pool_prof {
+    pool_prof_key key[PROF_KEYS]; /* [n_keys]; names past PROF_KEYS go to the last */
+    int n_keys;
+    uint64_t gap_ns;      /* the runner's time between runs */
+    uint64_t last_end_ns; /* when the last run ended (0: none yet) */
+    uint64_t *busy;       /* [n_threads * PROF_SLOT]: thread i's task time in this run at busy[i * PROF_SLOT] */
+} pool_prof;
+
 struct ember_pool {
     int n_threads;
     pthread_t *threads;
@@ -74,7 +98,14 @@ struct ember_pool {
     uint32_t gen; /* the runner's last generation; only the runner touches it */
     ember_task_fn fn;
     void *ctx;
+    pool_prof *prof; /* NULL unless ember_pool_profile_start */
 };
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 typedef struct worker_arg {
     ember_pool *p;
@@ -91,7 +122,13 @@ static uint32_t take_tasks(ember_pool *p, int thread) {
         if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acquire,
                                                    memory_order_acquire))
             continue; /* w now holds the current word */
-        p->fn(p->ctx, (int)TP_NEXT(w), thread);
+        if (p->prof) {
+            uint64_t t0 = now_ns();
+            p->fn(p->ctx, (int)TP_NEXT(w), thread);
+            p->prof->busy[(size_t)thread * PROF_SLOT] += now_ns() - t0;
+        } else {
+            p->fn(p->ctx, (int)TP_NEXT(w), thread);
+        }
         atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
         w = atomic_load_explicit(&p->work, memory_order_acquire);
     }
@@ -173,6 +210,8 @@ void ember_pool_free(ember_pool *p) {
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->n_started; i++) pthread_join(p->threads[i], NULL);
     free(p->threads);
+    if (p->prof) free(p->prof->busy);
+    free(p->prof);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     free(p);
@@ -210,8 +249,8 @@ static void chunk_task(void *ctx, int t, int thread) {
     j->fn(j->ctx, j->base + t, thread);
 }
 
-void ember_pool_run(ember_pool *p, int n_tasks, ember_task_fn fn, void *ctx) {
-    if (n_tasks <= 0) return;
+/* The runs of ember_pool_run_named, unprofiled. */
+static void pool_run(ember_pool *p, int n_tasks, ember_task_fn fn, void *ctx) {
     if (!p || p->n_started == 0 || n_tasks == 1) {
         for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
@@ -225,4 +264,77 @@ void ember_pool_run(ember_pool *p, int n_tasks, ember_task_fn fn, void *ctx) {
         chunk_job j = {fn, ctx, base};
         run_once(p, n, chunk_task, &j);
     }
+}
+
+/* The profile's key for name: found, or added (the last one once full). */
+static pool_prof_key *prof_key(pool_prof *pf, const char *name) {
+    for (int i = 0; i < pf->n_keys; i++)
+        if (pf->key[i].name == name || !strcmp(pf->key[i].name, name)) return &pf->key[i];
+    if (pf->n_keys == PROF_KEYS) return &pf->key[PROF_KEYS - 1];
+    pf->key[pf->n_keys].name = name;
+    return &pf->key[pf->n_keys++];
+}
+
+void ember_pool_run_named(ember_pool *p, int n_tasks, ember_task_fn fn, void *ctx, const char *name) {
+    if (n_tasks <= 0) return;
+    pool_prof *pf = p ? p->prof : NULL;
+    if (!pf) {
+        pool_run(p, n_tasks, fn, ctx);
+        return;
+    }
+    const uint64_t t0 = now_ns();
+    if (pf->last_end_ns) pf->gap_ns += t0 - pf->last_end_ns;
+    pool_run(p, n_tasks, fn, ctx);
+    const uint64_t t1 = now_ns();
+    pool_prof_key *k = prof_key(pf, name);
+    k->runs++;
+    k->tasks += (uint64_t)n_tasks;
+    k->wall_ns += t1 - t0;
+    if (p->n_started == 0 || n_tasks == 1) {
+        k->busy_ns += t1 - t0; /* ran inline, not through take_tasks */
+    } else {
+        for (int i = 0; i < p->n_threads; i++) {
+            k->busy_ns += pf->busy[(size_t)i * PROF_SLOT];
+            pf->busy[(size_t)i * PROF_SLOT] = 0;
+        }
+    }
+    pf->last_end_ns = t1;
+}
+
+int ember_pool_profile_start(ember_pool *p) {
+    if (!p || p->prof) return 0;
+    pool_prof *pf = ember_calloc(1, sizeof *pf);
+    uint64_t *busy = ember_calloc((size_t)p->n_threads * PROF_SLOT, sizeof *busy);
+    if (!pf || !busy) {
+        free(pf);
+        free(busy);
+        return -1;
+    }
+    pf->busy = busy;
+    p->prof = pf;
+    return 0;
+}
+
+void ember_pool_profile_write(const ember_pool *p, FILE *f, const char *what) {
+    const pool_prof *pf = p ? p->prof : NULL;
+    if (!pf || !f) return;
+    uint64_t wall = 0;
+    for (int i = 0; i < pf->n_keys; i++) wall += pf->key[i].wall_ns;
+    fprintf(f, "%s, %d threads: pool runs %.3f ms, between runs %.3f ms\n\n", what ? what : "pool", p->n_threads,
+            1e-6 * (double)wall, 1e-6 * (double)pf->gap_ns);
+    fprintf(f, "| task function | runs | tasks / run | wall ms | us / run | share of runs | busy / (wall x threads) |\n"
+               "| --- | --- | --- | --- | --- | --- | --- |\n");
+    bool shown[PROF_KEYS] = {false};
+    for (int n = 0; n < pf->n_keys; n++) {
+        int b = -1;
+        for (int i = 0; i < pf->n_keys; i++)
+            if (!shown[i] && (b < 0 || pf->key[i].wall_ns > pf->key[b].wall_ns)) b = i;
+        shown[b] = true;
+        const pool_prof_key *k = &pf->key[b];
+        const double w = (double)k->wall_ns;
+        fprintf(f, "| %s | %llu | %.1f | %.3f | %.2f | %.1f%% | %.0f%% |\n", k->name, (unsigned long long)k->runs,
+                (double)k->tasks / (double)k->runs, 1e-6 * w, 1e-3 * w / (double)k->runs,
+                wall ? 100.0 * w / (double)wall : 0.0, w > 0 ? 100.0 * (double)k->busy_ns / (w * p->n_threads) : 0.0);
+    }
+    fputc('\n', f);
 }

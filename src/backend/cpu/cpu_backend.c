@@ -39,6 +39,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -67,6 +68,7 @@ typedef struct cpu_backend {
     cpu_mlx_gemm_fn mlx_gemm; /* MLX weights (kern_mlx.h) for this ISA */
     ember_pool *pool;
     int n_threads;
+    char *prof_path; /* EMBER_CPU_PROFILE: the file the pool's profile is appended to at free (owned) */
     bool zero_copy; /* wrap host memory in buffer_from_host instead of copying */
     float *scratch; /* n_threads x scratch_floats */
     size_t scratch_floats;
@@ -1028,12 +1030,19 @@ static int cpu_copy(ember_backend *be, ember_tensor *dst, size_t doff, const emb
 
 /* ---- elementwise --------------------------------------------------------------------- */
 
-#define EW_CHUNK 16384
+/* Elements a task of an elementwise op takes: about EW_TASKS_PER_THREAD
+   tasks a thread, but never fewer than EW_MIN_FN elements for the kinds that
+   call expf or tanhf (a few ns an element: a decode row's swiglu of 4,864
+   is worth splitting) or EW_MIN for plain arithmetic (bound by memory). */
+#define EW_MIN 16384
+#define EW_MIN_FN 1024
+#define EW_TASKS_PER_THREAD 4
 
 typedef struct ew_job {
+    const cpu_kernels *k;
     float *dst;
     const float *a, *b;
-    int64_t n;
+    int64_t n, chunk; /* elements in all; a task's */
     int kind; /* 0 swiglu, 1 add, 2 geglu, 3 scale, 4 softcap, 5 sigmoid_mul */
     float s;  /* scale, cap */
 } ew_job;
@@ -1045,25 +1054,24 @@ static inline float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(inner));
 }
 
-/* dst[i] = silu(a[i]) * b[i] (or gelu_tanh(a[i]) * b[i] when geglu) for i
-   in [i0, i1): swiglu and geglu, and the MoE token's experts (moe_token). */
-static void glu_range(float *dst, const float *a, const float *b, int64_t i0, int64_t i1, bool geglu) {
+/* dst[i] = silu(a[i]) * b[i] (k's silu_mul) or gelu_tanh(a[i]) * b[i] (when
+   geglu) for i in [i0, i1): swiglu and geglu, and the MoE token's experts
+   (moe_token). */
+static void glu_range(const cpu_kernels *k, float *dst, const float *a, const float *b, int64_t i0, int64_t i1,
+                      bool geglu) {
     if (geglu) {
         for (int64_t i = i0; i < i1; i++) dst[i] = gelu_tanh(a[i]) * b[i];
         return;
     }
-    for (int64_t i = i0; i < i1; i++) {
-        float g = a[i];
-        dst[i] = (g / (1.0f + expf(-g))) * b[i];
-    }
+    k->silu_mul(dst + i0, a + i0, b + i0, i1 - i0);
 }
 
 static void ew_task(void *ctx, int task, int thread) {
     (void)thread;
     const ew_job *j = ctx;
-    int64_t i0 = (int64_t)task * EW_CHUNK, i1 = i0 + EW_CHUNK < j->n ? i0 + EW_CHUNK : j->n;
+    int64_t i0 = (int64_t)task * j->chunk, i1 = i0 + j->chunk < j->n ? i0 + j->chunk : j->n;
     if (j->kind == 0 || j->kind == 2) {
-        glu_range(j->dst, j->a, j->b, i0, i1, j->kind == 2);
+        glu_range(j->k, j->dst, j->a, j->b, i0, i1, j->kind == 2);
     } else if (j->kind == 1) {
         for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] + j->b[i];
     } else if (j->kind == 3) {
@@ -1084,8 +1092,10 @@ static int run_ew(ember_backend *be, ember_tensor *dst, const ember_tensor *a, c
     int64_t n = ember_tensor_nelem(dst);
     if (ember_tensor_nelem(a) != n || ember_tensor_nelem(b) != n)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: sizes differ", op);
-    ew_job j = {host(dst), host(a), host(b), n, kind, s};
-    int64_t tasks = (n + EW_CHUNK - 1) / EW_CHUNK;
+    const int64_t per = (n + EW_TASKS_PER_THREAD * cpu(be)->n_threads - 1) / (EW_TASKS_PER_THREAD * cpu(be)->n_threads);
+    const int64_t least = kind == 1 || kind == 3 ? EW_MIN : EW_MIN_FN;
+    ew_job j = {cpu(be)->k, host(dst), host(a), host(b), n, per > least ? per : least, kind, s};
+    int64_t tasks = (n + j.chunk - 1) / j.chunk;
     if (tasks > INT32_MAX) return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: too large", op);
     ember_pool_run(cpu(be)->pool, (int)tasks, ew_task, &j);
     return EMBER_OK;
@@ -1217,8 +1227,8 @@ static void moe_task(void *ctx, int task, int thread) {
         while (task >= j->gu.first_task[i + 1]) i++;
         const int e = i / 2;
         if (atomic_fetch_sub_explicit(&j->gu_left[e], 1, memory_order_acq_rel) != 1) return;
-        glu_range(j->g + (size_t)e * (size_t)j->I, j->g + (size_t)e * (size_t)j->I, j->u + (size_t)e * (size_t)j->I,
-                  0, j->I, j->geglu);
+        glu_range(j->gu.k, j->g + (size_t)e * (size_t)j->I, j->g + (size_t)e * (size_t)j->I,
+                  j->u + (size_t)e * (size_t)j->I, 0, j->I, j->geglu);
         for (int k = CPU_ACT_32; k < CPU_ACT_COUNT; k++)
             if (j->act[k].dst) act_task(&j->act[k], e, thread);
         atomic_store_explicit(&j->ready[e], 1, memory_order_release);
@@ -1323,6 +1333,14 @@ static int cpu_moe_token(ember_backend *be, ember_tensor *dst, const ember_tenso
 static void cpu_free(ember_backend *be) {
     if (!be) return;
     cpu_backend *c = cpu(be);
+    if (c->prof_path) {
+        FILE *f = fopen(c->prof_path, "a");
+        char what[96];
+        snprintf(what, sizeof what, "EMBER_CPU_PROFILE, the CPU backend's pool (%s kernels)", ember_isa_name(c->k->isa));
+        ember_pool_profile_write(c->pool, f, what);
+        if (f) fclose(f);
+        free(c->prof_path);
+    }
     ember_pool_free(c->pool);
     free(c->scratch);
     free(c->qscratch);
@@ -1381,6 +1399,12 @@ int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_
         return err ? err->code : EMBER_ERR_NOMEM;
     }
     c->n_threads = n;
+    /* EMBER_CPU_PROFILE=FILE: time the pool's runs, append the table at free (docs/backend.md) */
+    const char *prof = getenv("EMBER_CPU_PROFILE");
+    if (prof && *prof && (c->prof_path = ember_strdup(prof)) && ember_pool_profile_start(c->pool)) {
+        free(c->prof_path);
+        c->prof_path = NULL;
+    }
     c->zero_copy = p && p->zero_copy;
     c->k = ember_cpu_kernels_for(isa);
     c->mlx_gemm = cpu_mlx_gemm_for(c->k);

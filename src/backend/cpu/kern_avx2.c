@@ -175,6 +175,10 @@ static inline vec16 v_wht16(vec16 x) {
     return (vec16){_mm256_fmadd_ps(_mm256_set1_ps(1.0f), lo, hi), _mm256_fmadd_ps(_mm256_set1_ps(-1.0f), hi, lo)};
 }
 #include "kern_attn.h"
+static inline vec16 v_div(vec16 a, vec16 b) {
+    return (vec16){_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)};
+}
+#include "kern_ew.h"
 
 #ifndef AVX2_TABLE
 #define AVX2_TABLE ember_cpu_kernels_avx2
@@ -192,4 +196,5 @@ const cpu_kernels AVX2_TABLE = {
     .dot = avx2_dot,
     .axpy = avx2_axpy,
     .attn_part = avx2_attn_part,
+    .silu_mul = avx2_silu_mul,
 };

@@ -125,6 +125,10 @@ static inline vec16 v_wht16(vec16 x) {
     return _mm512_fmadd_ps(s8, x, _mm512_permutexvar_ps(i8, x));
 }
 #include "kern_attn.h"
+static inline vec16 v_div(vec16 a, vec16 b) {
+    return _mm512_div_ps(a, b);
+}
+#include "kern_ew.h"
 
 #ifndef AVX512_TABLE /* kern_avx512vnni.c and kern_amx.c build this file again */
 #define AVX512_TABLE ember_cpu_kernels_avx512
@@ -154,4 +158,5 @@ const cpu_kernels AVX512_TABLE = {
     .dot = avx512_dot,
     .axpy = avx512_axpy,
     .attn_part = avx512_attn_part,
+    .silu_mul = avx512_silu_mul,
 };

@@ -128,6 +128,11 @@ static inline vec16 v_wht16(vec16 x) {
     return x;
 }
 #include "kern_attn.h"
+static inline vec16 v_div(vec16 a, vec16 b) {
+    for (int l = 0; l < 16; l++) a.v[l] /= b.v[l];
+    return a;
+}
+#include "kern_ew.h"
 
 const cpu_kernels ember_cpu_kernels_scalar = {
     .isa = EMBER_ISA_SCALAR,
@@ -140,4 +145,5 @@ const cpu_kernels ember_cpu_kernels_scalar = {
     .dot = scalar_dot,
     .axpy = scalar_axpy,
     .attn_part = scalar_attn_part,
+    .silu_mul = scalar_silu_mul,
 };

@@ -90,6 +90,8 @@ typedef struct cpu_kernels {
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n); /* y += a * x */
     cpu_attn_part_fn attn_part;
+    /* dst[i] = silu(a[i]) * b[i] for i < n (kern_ew.h); dst may be a or b */
+    void (*silu_mul)(float *dst, const float *a, const float *b, int64_t n);
 } cpu_kernels;
 
 extern const cpu_kernels ember_cpu_kernels_scalar;

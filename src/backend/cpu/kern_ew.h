@@ -1,0 +1,34 @@
+/*
+ * kern_ew.h - elementwise kernels written once for every ISA.
+ *
+ * Included by kern_scalar.c, kern_avx2.c and kern_avx512.c after kern_attn.h,
+ * with its primitives and these:
+ *   v_div(a, b)        a / b per lane (IEEE division)
+ *
+ * silu_mul: dst[i] = (a[i] / (1 + e^-a[i])) * b[i], swiglu's activation.
+ * Every element goes through the same lane operations, the last partial
+ * vector through a zero-padded copy, so an element's bits never depend on
+ * where it lies in the range (batch invariance: a decode row's elements
+ * sit at other offsets of a step's batch than of a prompt's). The scalar
+ * tier's v_exp is expf, so it keeps the plain C loop's bits; the AVX2 and
+ * AVX-512 tiers share their v_exp polynomial (the same bits as each other,
+ * within an ulp or two of expf). dst may be a or b. No allocation.
+ */
+static void CAT(KPREFIX, silu_mul)(float *dst, const float *a, const float *b, int64_t n) {
+    const vec16 one = v_set1(1.0f), neg = v_set1(-1.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        vec16 g = v_load_f32(a + i);
+        vec16 s = v_div(g, v_fma(v_exp(v_mul(g, neg)), one, one)); /* e * 1 + 1: the sum, rounded once */
+        v_store(dst + i, v_mul(s, v_load_f32(b + i)));
+    }
+    if (i < n) {
+        float ta[16] = {0}, tb[16] = {0};
+        const int r = (int)(n - i);
+        for (int l = 0; l < r; l++) ta[l] = a[i + l], tb[l] = b[i + l];
+        vec16 g = v_load_f32(ta);
+        vec16 s = v_div(g, v_fma(v_exp(v_mul(g, neg)), one, one));
+        v_store(ta, v_mul(s, v_load_f32(tb)));
+        for (int l = 0; l < r; l++) dst[i + l] = ta[l];
+    }
+}
