@@ -14,8 +14,9 @@
 #   -np C with continuous batching), a 256-token context per slot and THREADS
 #   compute threads, warmed up with one request, measured on both workloads
 #   and stopped; the servers never run together. PROMPT_VOCAB (default: the
-#   model's vocabulary) bounds the random prompt ids. Raw loadgen lines go to
-#   stderr.
+#   model's vocabulary) bounds the random prompt ids; EMBER_ISA (default auto)
+#   is ember's --isa (with EMBER_CPU_NO_VNNI=1 in the environment: the plain
+#   AVX2 kernels, an AVX2-only machine's). Raw loadgen lines go to stderr.
 # llama-server is built separately, outside this repository (see RESULTS.md).
 set -euo pipefail
 EMBER=$1 LLS=$2 LOADGEN=$3 MODEL=$4
@@ -26,9 +27,19 @@ VOCAB=${VOCAB:-32000}
 pid=""
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true' EXIT
 
+# healthy: whether /health answers 200 (curl, or python3 where there is no curl)
+healthy() {
+  if command -v curl >/dev/null; then
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1
+  else
+    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' \
+      "http://127.0.0.1:$PORT/health" >/dev/null 2>&1
+  fi
+}
+
 wait_health() {
   for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
+    healthy && return 0
     kill -0 "$pid" 2>/dev/null || { echo "server exited during start-up" >&2; return 1; }
     sleep 0.5
   done
@@ -58,9 +69,9 @@ o=json.loads(sys.argv[3]); print(sys.argv[1], sys.argv[2], o["concurrency"], o["
 }
 
 echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# model $(basename "$MODEL"), $THREADS threads, prompt ids below $VOCAB"
+echo "# model $(basename "$MODEL"), $THREADS threads, ember --isa ${EMBER_ISA:-auto}${EMBER_CPU_NO_VNNI:+ with EMBER_CPU_NO_VNNI}, prompt ids below $VOCAB"
 for c in $CONCS; do
-  "$EMBER" serve "$MODEL" --port "$PORT" -P "$c" -c 256 -t "$THREADS" >/dev/null 2>&1 &
+  "$EMBER" serve "$MODEL" --port "$PORT" -P "$c" -c 256 -t "$THREADS" --isa "${EMBER_ISA:-auto}" >/dev/null 2>&1 &
   pid=$!
   run ember "$c"
   "$LLS" -m "$MODEL" --port "$PORT" -np "$c" -c $((c * 256)) -t "$THREADS" -tb "$THREADS" -cb >/dev/null 2>&1 &
