@@ -15,7 +15,8 @@
  * the logits of every row are read back, as a server samples every row;
  * with --argmax 1 the forward returns the greedy ids instead,
  * ember_batch.argmax, as the scheduler's plain greedy steps do: on the GPU
- * no logits row leaves the device).
+ * no logits row leaves the device, on the CPU none is copied and the rows
+ * are scanned on the thread pool).
  * Reported: milliseconds per step, aggregate tokens/s (R x steps / time),
  * tokens/s per row, and the step split into the forward (the logits read
  * back included) and the host's argmax over the rows read. Internal API (engine.h, model.h, kv.h).

@@ -14,9 +14,15 @@
  *      types of a Q4_K_M file (Q4_K gate / up with Q6_K, Q5_0 or Q8_0 down),
  *      1 to 8 experts, every ISA, 1 and 2 threads; it refuses 9 experts and
  *      scratch with fewer rows than experts.
+ *   4. argmax_rows (greedy ids on the pool: rows, or parts of rows where there
+ *      are fewer rows than threads) gives the host loop's id: ties to the lower
+ *      index (within a part and across parts), NaNs skipped, an all-NaN row 0,
+ *      an all -inf row its first value, on 1, 2, 3 and 7 threads; it refuses
+ *      more rows than the tensor has and a tensor that is not f32.
  *
  * Ownership: each case allocates its buffers and frees them before the next.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,7 +309,70 @@ static void test_moe_token(void) {
     }
 }
 
+/* ember_argmax's rule (sample/sampler.c), written out. */
+static int32_t ref_argmax(const float *x, int n) {
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
+    return best < 0 ? 0 : best;
+}
+
+static void test_argmax_rows(void) {
+    enum { R = 7, V = 40000 }; /* up to 4 parts of a row (at least 8,192 values a part) */
+    float *h = malloc(sizeof(float) * R * V);
+    for (size_t i = 0; i < (size_t)R * V; i++) h[i] = frnd();
+    h[0 * V + 70] = 3.0f; /* a tie across parts: the lower index wins */
+    h[0 * V + 30001] = 3.0f;
+    h[1 * V + 0] = NAN; /* NaNs skipped, one past the maximum */
+    h[1 * V + 5] = 2.5f;
+    h[1 * V + 6] = NAN;
+    for (int i = 0; i < V; i++) h[2 * V + i] = NAN; /* every value NaN */
+    h[3 * V + V - 1] = 7.0f; /* the last element */
+    for (int i = 0; i < V; i++) h[4 * V + i] = -1.0f; /* all equal: index 0 */
+    for (int i = 0; i < V; i++) h[5 * V + i] = i < 20000 ? NAN : -INFINITY; /* the first non-NaN, in a later part */
+    h[6 * V + 12000] = 5.0f; /* a tie within a part */
+    h[6 * V + 12001] = 5.0f;
+    for (int nt = 1; nt <= 7; nt += nt < 3 ? 1 : 4) {
+        ember_backend *be;
+        ember_error err = {0};
+        ember_cpu_params cp = {nt, EMBER_ISA_AUTO, false, {0}};
+        CHECK(ember_backend_cpu_new(&cp, &be, &err) == EMBER_OK);
+        ember_tensor t, bad;
+        ember_buffer *b, *bb;
+        const int64_t sh[2] = {R, V};
+        CHECK(ember_tensor_alloc(be, &t, &b, EMBER_F32, 2, sh, &err) == EMBER_OK);
+        CHECK(ember_tensor_alloc(be, &bad, &bb, EMBER_BF16, 2, sh, &err) == EMBER_OK);
+        be->ops->write(be, &t, 0, h, sizeof(float) * R * V, &err);
+        for (int n = 1; n <= R; n += 3) { /* 1, 4 and 7 rows: parts and not */
+            for (int first = 0; first + n <= R; first += n) {
+                ember_tensor v;
+                const int64_t vs[2] = {n, V};
+                CHECK(ember_tensor_view(&v, b, (size_t)first * V * sizeof(float), EMBER_F32, 2, vs, &err) == EMBER_OK);
+                int32_t ids[R];
+                for (int r = 0; r < R; r++) ids[r] = -7;
+                CHECKF(be->ops->argmax_rows(be, &v, ids, n, &err) == EMBER_OK, "argmax_rows: %s", err.msg);
+                for (int r = 0; r < n; r++)
+                    CHECKF(ids[r] == ref_argmax(h + (size_t)(first + r) * V, V), "%d threads, rows %d..: row %d: %d, want %d",
+                           nt, first, first + r, ids[r], ref_argmax(h + (size_t)(first + r) * V, V));
+                for (int r = n; r < R; r++) CHECK(ids[r] == -7); /* nothing past n written */
+            }
+        }
+        int32_t ids[R + 1];
+        CHECK(be->ops->argmax_rows(be, &t, ids, R, &err) == EMBER_OK);
+        CHECK(ids[0] == 70 && ids[1] == 5 && ids[2] == 0 && ids[3] == V - 1 && ids[4] == 0 && ids[5] == 20000 &&
+              ids[6] == 12000);
+        CHECK(be->ops->argmax_rows(be, &t, ids, R + 1, &err) == EMBER_ERR_INVALID_ARG);
+        CHECK(be->ops->argmax_rows(be, &bad, ids, 1, &err) == EMBER_ERR_INVALID_ARG);
+        CHECK(be->ops->argmax_rows(be, &t, ids, 0, &err) == EMBER_OK);
+        ember_buffer_free(b);
+        ember_buffer_free(bb);
+        ember_backend_free(be);
+    }
+    free(h);
+}
+
 int main(void) {
+    test_argmax_rows();
     test_matmul_each();
     test_refusals();
     test_moe_token();

@@ -819,13 +819,13 @@ static int cpu_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_ten
     kvrw_job j = {map, host(k), host(v), T, H, D, write, false};
     /* decode steps (each token another row) on more threads than heads split by token too: a
        16-row step of a model with 2 KV heads is 32 tasks, not 2 (on 2 threads the split measured
-       no faster) */
-    if (T > 1 && H < cpu(be)->n_threads && map->n_refs == T) {
-        uint64_t seen[4] = {0}; /* distinct rows among the first 256 refs: the common case */
-        j.split = T <= 256;
+       no faster). Rows never share a block they write (kv.c copies a shared last block first). */
+    if (T > 1 && T <= 1024 && H < cpu(be)->n_threads) {
+        uint64_t seen[16] = {0}; /* distinct row ids below 1,024: the common case */
+        j.split = true;
         for (int t = 0; j.split && t < T; t++) {
             const int r = map->row[t];
-            j.split = r >= 0 && r < 256 && !(seen[r / 64] >> (r % 64) & 1);
+            j.split = r >= 0 && r < 1024 && !(seen[r / 64] >> (r % 64) & 1);
             if (j.split) seen[r / 64] |= 1ull << (r % 64);
         }
     }
@@ -1346,6 +1346,72 @@ static int cpu_moe_token(ember_backend *be, ember_tensor *dst, const ember_tenso
     return EMBER_OK;
 }
 
+/* ---- argmax_rows ------------------------------------------------------------------------ */
+
+/* Greedy ids on the pool: a task per row, or per part of a row where there
+   are fewer rows than threads (parts of at least AM_PART_MIN values, at most
+   AM_PARTS_MAX part results in all), instead of the forward's serial loop. */
+#define AM_PART_MIN 8192
+#define AM_PARTS_MAX 256
+
+typedef struct am_job {
+    const float *x; /* [n, V] */
+    int64_t V, part_len;
+    int parts;    /* per row */
+    int32_t *out; /* parts == 1: [n] the ids */
+    int64_t *idx; /* parts > 1: [n * parts] each part's first largest index, -1 when all NaN */
+} am_job;
+
+/* The first index of the largest of x[i0..i1), NaNs skipped; -1 when all are NaN (ember_argmax's rule). */
+static int64_t am_range(const float *x, int64_t i0, int64_t i1) {
+    int64_t best = -1;
+    for (int64_t i = i0; i < i1; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
+    return best;
+}
+
+static void am_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const am_job *j = ctx;
+    const int r = task / j->parts, p = task % j->parts;
+    const float *x = j->x + (size_t)r * (size_t)j->V;
+    const int64_t i0 = (int64_t)p * j->part_len, i1 = i0 + j->part_len < j->V ? i0 + j->part_len : j->V;
+    const int64_t best = am_range(x, i0, i1);
+    if (j->parts == 1)
+        j->out[r] = best < 0 ? 0 : (int32_t)best;
+    else
+        j->idx[task] = best;
+}
+
+static int cpu_argmax_rows(ember_backend *be, const ember_tensor *x, int32_t *out, int n, ember_error *err) {
+    cpu_backend *c = cpu(be);
+    int rc = need_f32(x, "argmax_rows", "x", err);
+    if (rc) return rc;
+    const int64_t V = ember_tensor_row_len(x);
+    if (n < 0 || ember_tensor_rows(x) < n || V < 1 || V > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "argmax_rows: %d rows of a [%lld, %lld] tensor", n,
+                         (long long)ember_tensor_rows(x), (long long)V);
+    if (n == 0) return EMBER_OK;
+    int parts = 1;
+    if (n < c->n_threads) {
+        parts = (c->n_threads + n - 1) / n;
+        while (parts > 1 && (V / parts < AM_PART_MIN || (int64_t)parts * n > AM_PARTS_MAX)) parts--;
+    }
+    int64_t idx[AM_PARTS_MAX];
+    am_job j = {host(x), V, (V + parts - 1) / parts, parts, out, idx};
+    ember_pool_run(c->pool, n * parts, am_task, &j);
+    for (int r = 0; parts > 1 && r < n; r++) { /* parts in order: a later part wins only when larger */
+        const float *row = j.x + (size_t)r * (size_t)V;
+        int64_t best = -1;
+        for (int p = 0; p < parts; p++) {
+            const int64_t b = idx[r * parts + p];
+            if (b >= 0 && (best < 0 || row[b] > row[best])) best = b;
+        }
+        out[r] = best < 0 ? 0 : (int32_t)best;
+    }
+    return EMBER_OK;
+}
+
 /* ---- life cycle ------------------------------------------------------------------------ */
 
 static void cpu_free(ember_backend *be) {
@@ -1397,6 +1463,7 @@ static const ember_backend_ops k_cpu_ops = {
     .delta_net = cpu_delta_net,
     .delta_replay = cpu_delta_replay,
     .sigmoid_mul = cpu_sigmoid_mul,
+    .argmax_rows = cpu_argmax_rows,
 };
 
 int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_error *err) {
