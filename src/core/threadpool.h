@@ -39,12 +39,12 @@ void ember_pool_run_named(ember_pool *p, int n_tasks, ember_task_fn fn, void *ct
 /* Starts timing runs (see above). Returns 0, or -1 (nothing changed) when out
    of memory. The profile lives until ember_pool_free. */
 int ember_pool_profile_start(ember_pool *p);
-/* Appends the profile as a markdown table to f, under a line naming what
-   (the caller's label): per task function the runs, tasks, wall time of
-   its runs on the calling thread, and busy / (wall x threads), the share
-   of the pool's threads spent inside its tasks; then the wall time between
-   runs (the calling thread's own work, and idle time). Does nothing when
-   the profile is off. */
+/* Appends the profile to f: a line naming what (the caller's label) with
+   the wall time in runs and between runs (the calling thread's own work,
+   and idle time), then a markdown table, per task function: runs, tasks a
+   run, wall time of its runs on the calling thread, its share, and busy /
+   (wall x threads), the share of the pool's threads spent inside its
+   tasks. Does nothing when the profile is off or f is NULL. */
 void ember_pool_profile_write(const ember_pool *p, FILE *f, const char *what);
 
 #endif

@@ -12,7 +12,10 @@
  * sit at other offsets of a step's batch than of a prompt's). The scalar
  * tier's v_exp is expf, so it keeps the plain C loop's bits; the AVX2 and
  * AVX-512 tiers share their v_exp polynomial (the same bits as each other,
- * within an ulp or two of expf). dst may be a or b. No allocation.
+ * within a few ulp of expf; tests/test_kernels.c bounds the result by 5e-7
+ * of |a b|). Their v_exp clamps its input to [-87, 88], so below a = -88
+ * the result is a tiny negative number where expf's overflow gives -0, and
+ * a NaN stays NaN. dst may be a or b. No allocation.
  */
 static void CAT(KPREFIX, silu_mul)(float *dst, const float *a, const float *b, int64_t n) {
     const vec16 one = v_set1(1.0f), neg = v_set1(-1.0f);
