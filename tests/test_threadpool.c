@@ -198,8 +198,9 @@ int main(void) {
         const char *row = strstr(buf, "| sleep_task |");
         double wall = -1, busy = -1; /* its 4 tasks slept >= 4 ms in all: busy x wall x threads says so */
         CHECK(row && sscanf(row, "| sleep_task | %*d | %*f | %lf | %*f | %*f%% | %lf%% |", &wall, &busy) == 2);
-        CHECKF(busy <= 101 && (busy + 0.5) / 100 * wall * nt >= 3.9, /* the share is printed rounded */ "%d threads: sleep_task wall %g ms, busy %g%%", nt, wall,
-               busy);
+        /* the share is printed rounded to a percent */
+        CHECKF(busy <= 101 && (busy + 0.5) / 100 * wall * nt >= 3.9, "%d threads: sleep_task wall %g ms, busy %g%%", nt,
+               wall, busy);
         ember_pool_free(p);
     }
 
