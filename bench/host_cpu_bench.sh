@@ -18,12 +18,8 @@ set -uo pipefail
 OUT=${1:?usage: bench/host_cpu_bench.sh OUT_DIR}
 mkdir -p "$OUT"
 JOBS=${JOBS:-$(nproc)}
-CMAKE_EXTRA=()
-RUN_ENV=()
-if [ -n "${EMBER_DEBS:-}" ]; then
-  . "$(dirname "$0")/../scripts/debs-prefix.sh"
-  debs_prefix "$EMBER_DEBS" || exit 1
-fi
+. "$(dirname "$0")/../scripts/debs-prefix.sh"
+debs_prefix_env || exit 1
 { lscpu; echo; nproc; uname -r; } >"$OUT/host.txt" 2>&1
 t0=$SECONDS
 if [ -n "${SERVE:-}" ]; then

@@ -18,12 +18,8 @@ set -uo pipefail
 OUT=${1:?usage: bench/host_decode_ab.sh OUT_DIR}
 mkdir -p "$OUT"
 JOBS=${JOBS:-$(nproc)}
-CMAKE_EXTRA=()
-RUN_ENV=()
-if [ -n "${EMBER_DEBS:-}" ]; then
-  . "$(dirname "$0")/../scripts/debs-prefix.sh"
-  debs_prefix "$EMBER_DEBS" || exit 1
-fi
+. "$(dirname "$0")/../scripts/debs-prefix.sh"
+debs_prefix_env || exit 1
 # build SRC DIR NAME: ember and decode_rows, the log in OUT_DIR/build-NAME.log
 build() {
   cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release "${CMAKE_EXTRA[@]}" >"$OUT/build-$3.log" 2>&1 &&

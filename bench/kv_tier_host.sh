@@ -21,12 +21,8 @@ mkdir -p "$OUT"
 JOBS=${JOBS:-$(nproc)}
 DEPTH=${DEPTH:-16384} N=${N:-32} TH=${THREADS:-2} COPIES=${COPIES:-2}
 PRESET=${PRESET:-qwen2.5-0.5b} TYPE=${TYPE:-q8_0}
-CMAKE_EXTRA=()
-RUN_ENV=()
-if [ -n "${EMBER_DEBS:-}" ]; then
-  . "$(dirname "$0")/../scripts/debs-prefix.sh"
-  debs_prefix "$EMBER_DEBS" || exit 1
-fi
+. "$(dirname "$0")/../scripts/debs-prefix.sh"
+debs_prefix_env || exit 1
 { lscpu; echo; lscpu -e; echo; uptime; } >"$OUT/host.txt" 2>&1
 E=${EMBER_BIN:-}
 if [ -z "$E" ]; then

@@ -25,3 +25,12 @@ EOT
   CMAKE_EXTRA=(-DPKG_CONFIG_EXECUTABLE="$prefix/bin/pkg-config" "-DCMAKE_EXE_LINKER_FLAGS=-Xlinker -rpath-link=$lib")
   RUN_ENV=(env "LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
 }
+
+# debs_prefix_env: CMAKE_EXTRA and RUN_ENV for the bench scripts that build on a host: empty
+# where EMBER_DEBS is unset (the machine has our packages), else debs_prefix "$EMBER_DEBS".
+# Returns non-zero when the .deb files do not unpack.
+debs_prefix_env() {
+  CMAKE_EXTRA=()
+  RUN_ENV=()
+  [ -z "${EMBER_DEBS:-}" ] || debs_prefix "$EMBER_DEBS"
+}
