@@ -5,12 +5,16 @@
  * output tokens/s, time to first token and inter-token latency (p50 / p99).
  *
  * usage: loadgen --port P [--concurrency 4] [--requests 32] [--prompt-len 128]
- *                [--max-tokens 128] [--vocab 32000] [--timeout 600] [--json]
+ *                [--max-tokens 128] [--vocab 32000] [--timeout 600]
+ *                [--temperature 0] [--top-p 1] [--json]
  *
  * Prompts are random token ids below --vocab (so no tokenizer differences
  * enter; request i's prompt is the same in every run), sent as
  * {"prompt": [ids], "max_tokens": N, "stream": true, "ignore_eos": true,
  *  "temperature": 0, "stream_options": {"include_usage": true}}.
+ * --temperature T > 0 samples instead: "temperature": T, "top_p": P (from
+ * --top-p), "top_k": 0 and "min_p": 0 (so no server adds filters of its
+ * own) and "seed": the request's index.
  * Output tokens come from each response's final usage when present,
  * otherwise from the number of SSE chunks. TTFT is measured from sending the
  * request to the first chunk carrying text; ITL is the gap between
@@ -38,7 +42,7 @@
 #include <unistd.h>
 
 static int g_port = 8080, g_conc = 4, g_requests = 32, g_prompt = 128, g_max_tokens = 128, g_vocab = 32000;
-static double g_timeout = 600;
+static double g_timeout = 600, g_temp = 0, g_top_p = 1;
 static bool g_json = false;
 static atomic_int g_next;
 static double g_deadline;
@@ -79,15 +83,20 @@ static void add_itl(stats *s, double v) {
 }
 
 /* One streaming request; returns 0 on success. */
-static int one_request(unsigned *seed, stats *st) {
+static int one_request(unsigned *seed, int index, stats *st) {
     char *body = malloc((size_t)g_prompt * 8 + 512);
     int n = sprintf(body, "{\"prompt\":[");
     for (int i = 0; i < g_prompt; i++) {
         *seed = *seed * 1103515245u + 12345u;
         n += sprintf(body + n, "%s%u", i ? "," : "", (*seed >> 8) % (unsigned)(g_vocab - 3));
     }
+    if (g_temp > 0)
+        n += sprintf(body + n, "],\"temperature\":%g,\"top_p\":%g,\"top_k\":0,\"min_p\":0,\"seed\":%d", g_temp,
+                     g_top_p, index);
+    else
+        n += sprintf(body + n, "],\"temperature\":0");
     n += sprintf(body + n,
-                 "],\"max_tokens\":%d,\"stream\":true,\"ignore_eos\":true,\"temperature\":0,"
+                 ",\"max_tokens\":%d,\"stream\":true,\"ignore_eos\":true,"
                  "\"stream_options\":{\"include_usage\":true}}",
                  g_max_tokens);
     int fd = connect_local();
@@ -165,7 +174,7 @@ static void *worker(void *arg) {
         int i = atomic_fetch_add(&g_next, 1);
         if (i >= g_requests || now() > g_deadline) break;
         unsigned seed = 0x9e3779b9u * (unsigned)(i + 1); /* request i's prompt is the same in every run */
-        if (one_request(&seed, st))
+        if (one_request(&seed, i, st))
             st->errors++;
         else
             st->done++;
@@ -204,13 +213,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--max-tokens")) g_max_tokens = atoi(v);
         else if (!strcmp(a, "--vocab")) g_vocab = atoi(v);
         else if (!strcmp(a, "--timeout")) g_timeout = atof(v);
+        else if (!strcmp(a, "--temperature")) g_temp = atof(v);
+        else if (!strcmp(a, "--top-p")) g_top_p = atof(v);
         else {
             fprintf(stderr, "loadgen: unknown option %s\n", a);
             return 2;
         }
     }
     if (g_conc < 1 || g_conc > 1024 || g_requests < 1 || g_prompt < 1 || g_max_tokens < 1 || g_vocab < 256 ||
-        g_port < 1 || g_port > 65535) {
+        g_port < 1 || g_port > 65535 || !(g_temp >= 0 && g_temp <= 100) || !(g_top_p > 0 && g_top_p <= 1)) {
         fprintf(stderr, "loadgen: bad arguments\n");
         return 2;
     }

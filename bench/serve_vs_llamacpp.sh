@@ -2,14 +2,18 @@
 # Serving throughput, `ember serve` vs llama-server on the very same GGUF file:
 # C concurrent streaming /v1/completions clients (build/bench/loadgen), random
 # token-id prompts of PROMPT_LEN, MAX_TOKENS generated per request with
-# ignore_eos, greedy. Reports aggregate output tokens/s, TTFT and ITL per
-# concurrency level, and the ratio ember / llama-server.
+# ignore_eos, greedy (WORKLOADS may add a sampled one). Reports aggregate
+# output tokens/s, TTFT and ITL per concurrency level, and the ratio
+# ember / llama-server.
 #
 # usage: bench/serve_vs_llamacpp.sh EMBER_BIN LLAMA_SERVER_BIN LOADGEN_BIN MODEL.gguf
 #          [CONCURRENCIES="1 4 16 64"] [THREADS=2]
 #   Two workloads: "mixed" (64-token prompts, 64 output tokens, max(4, 2C)
 #   requests) and "decode" (8-token prompts, 128 output tokens, max(4, C)
-#   requests, so nearly all work is decoding). For each concurrency C each
+#   requests, so nearly all work is decoding); WORKLOADS (default "mixed
+#   decode") may add "sampled": the mixed one sampled at temperature
+#   TEMP (0.8) and top_p TOP_P (0.95), top_k and min_p off, seeded per
+#   request. For each concurrency C each
 #   server is started fresh with C parallel slots (ember -P C; llama-server
 #   -np C with continuous batching), a 256-token context per slot and THREADS
 #   compute threads, warmed up with one request, measured on both workloads
@@ -22,6 +26,7 @@ set -euo pipefail
 EMBER=$1 LLS=$2 LOADGEN=$3 MODEL=$4
 CONCS=${5:-1 4 16 64} THREADS=${6:-2}
 PORT=${SERVE_BENCH_PORT:-18473}
+WORKLOADS=${WORKLOADS:-mixed decode}
 VOCAB=${PROMPT_VOCAB:-$("$EMBER" info --model "$MODEL" 2>/dev/null | sed -n 's/^vocab *\([0-9][0-9]*\).*/\1/p')}
 VOCAB=${VOCAB:-32000}
 pid=""
@@ -47,7 +52,7 @@ wait_health() {
   return 1
 }
 
-# run NAME C: measures the running server ($pid) on both workloads at
+# run NAME C: measures the running server ($pid) on each workload at
 # concurrency C, appends "NAME WORKLOAD C tok/s ttft50 ttft99 itl50 itl99
 # errors short" to $TMPF, then stops the server.
 TMPF=$(mktemp)
@@ -55,11 +60,17 @@ run() {
   local name=$1 c=$2 w plen ntok n j
   wait_health
   "$LOADGEN" --port "$PORT" --concurrency 1 --requests 1 --prompt-len 8 --max-tokens 8 --vocab "$VOCAB" >/dev/null
-  for w in mixed decode; do
-    if [ $w = mixed ]; then plen=64 ntok=64 n=$((2 * c)); else plen=8 ntok=128 n=$c; fi
+  for w in $WORKLOADS; do
+    samp=()
+    case $w in
+      mixed) plen=64 ntok=64 n=$((2 * c)) ;;
+      sampled) plen=64 ntok=64 n=$((2 * c)) samp=(--temperature "${TEMP:-0.8}" --top-p "${TOP_P:-0.95}") ;;
+      decode) plen=8 ntok=128 n=$c ;;
+      *) echo "unknown workload $w" >&2; return 1 ;;
+    esac
     [ "$n" -lt 4 ] && n=4
     j=$("$LOADGEN" --port "$PORT" --concurrency "$c" --requests "$n" --prompt-len "$plen" --max-tokens "$ntok" \
-      --vocab "$VOCAB" --json) || true
+      --vocab "$VOCAB" "${samp[@]}" --json) || true
     echo "$name $w $j (load $(cut -d' ' -f1 /proc/loadavg))" >&2
     python3 -c 'import sys,json
 o=json.loads(sys.argv[3]); print(sys.argv[1], sys.argv[2], o["concurrency"], o["output_tokens_per_s"], o["ttft_p50_ms"],
@@ -79,13 +90,16 @@ for c in $CONCS; do
   run llama "$c"
 done
 python3 - "$TMPF" <<'EOF'
-import sys
+import os, sys
 rows = {}
 for l in open(sys.argv[1]):
     n, w, c, tps, t50, t99, i50, i99, err, short = l.split()
     rows.setdefault(w, {}).setdefault(int(c), {})[n] = (float(tps), float(t50), float(t99), float(i50), float(i99),
                                                        int(err), int(short))
-for w, title in (("mixed", "64-token prompts, 64 output tokens"), ("decode", "8-token prompts, 128 output tokens")):
+for w, title in (("mixed", "64-token prompts, 64 output tokens"),
+                 ("sampled", "as mixed, sampled: temperature %s, top_p %s" % (os.environ.get("TEMP", "0.8"),
+                                                                             os.environ.get("TOP_P", "0.95"))),
+                 ("decode", "8-token prompts, 128 output tokens")):
     if w not in rows: continue
     print()
     print("%s (%s):" % (w, title))

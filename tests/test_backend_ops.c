@@ -19,10 +19,14 @@
  *      index (within a part and across parts), NaNs skipped, an all-NaN row 0,
  *      an all -inf row its first value, on 1, 2, 3 and 7 threads; it refuses
  *      more rows than the tensor has and a tensor that is not f32.
+ *   5. host_run (the engine's host work on the pool) runs each of 0, 1, 5
+ *      and 300 tasks exactly once, on thread indices below the thread count,
+ *      on 1, 4 and 7 threads.
  *
  * Ownership: each case allocates its buffers and frees them before the next.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,7 +375,43 @@ static void test_argmax_rows(void) {
     free(h);
 }
 
+/* host_run: every task once, on a thread index below the backend's thread count. */
+typedef struct hr_ctx {
+    _Atomic int runs[300];
+    _Atomic int bad_thread;
+    int threads;
+} hr_ctx;
+
+static void hr_task(void *ctx, int task, int thread) {
+    hr_ctx *c = ctx;
+    atomic_fetch_add(&c->runs[task], 1);
+    if (thread < 0 || thread >= c->threads) atomic_fetch_add(&c->bad_thread, 1);
+}
+
+static void test_host_run(void) {
+    for (int nt = 1; nt <= 7; nt += 3) {
+        ember_backend *be;
+        ember_error err = {0};
+        ember_cpu_params cp = {nt, EMBER_ISA_AUTO, false, {0}};
+        if (!CHECKV(ember_backend_cpu_new(&cp, &be, &err) == EMBER_OK, "backend: %s", err.msg)) continue;
+        CHECK(be->ops->host_run != NULL);
+        static const int ns[] = {0, 1, 5, 300};
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0] && be->ops->host_run; k++) {
+            static hr_ctx c;
+            memset(&c, 0, sizeof c);
+            c.threads = nt;
+            be->ops->host_run(be, ns[k], hr_task, &c);
+            int wrong = 0;
+            for (int t = 0; t < 300; t++) wrong += atomic_load(&c.runs[t]) != (t < ns[k]);
+            CHECKF(wrong == 0 && atomic_load(&c.bad_thread) == 0, "%d threads, %d tasks: %d counts wrong, %d bad threads",
+                   nt, ns[k], wrong, atomic_load(&c.bad_thread));
+        }
+        ember_backend_free(be);
+    }
+}
+
 int main(void) {
+    test_host_run();
     test_argmax_rows();
     test_matmul_each();
     test_refusals();

@@ -2,9 +2,13 @@
  * test_sampler.c - the sampler chain: greedy, determinism per seed, the
  * support each filter leaves, and the sampled distribution matching the
  * softmax of the logits (chi-square bound over many draws), and
- * speculative verification keeping that distribution.
+ * speculative verification keeping that distribution. The support is also
+ * checked against a plain reference of the chain (sort, softmax in double,
+ * cumulative top_p) on random vocabularies with ties, NaN and -inf, where
+ * the sampler itself cuts by radix walks instead of sorting.
  */
 #include <stdbool.h>
+#include <stdlib.h>
 
 #include "ember.h"
 #include "sample/sampler.h"
@@ -22,6 +26,206 @@ static ember_sampler *mk(float temp, int top_k, float top_p, float min_p, uint64
     ember_error err = {0};
     CHECKF(ember_sampler_new(&p, V, &s, &err) == EMBER_OK, "%s", err.msg);
     return s;
+}
+
+typedef struct rc {
+    double v;
+    int id;
+} rc;
+
+static int rc_cmp(const void *a, const void *b) {
+    const rc *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return x->id - y->id;
+}
+
+/* The chain by its definition: usable logits scaled, sorted (value down,
+   id up), top_k, softmax in double, the shortest prefix reaching top_p,
+   min_p. keep[i]: 1 kept, 0 dropped, 2 on a boundary that float rounding
+   may put either side (cumulative mass or min_p ratio within 1e-5).
+   Returns the number kept (0: nothing usable). */
+static int ref_keep(const float *lg, int V, float T, int top_k, float top_p, float min_p, char *keep) {
+    rc *c = malloc((size_t)V * sizeof *c);
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        keep[i] = 0;
+        if (!isnan(lg[i]) && lg[i] != -INFINITY) c[n++] = (rc){(double)(lg[i] / T), i};
+    }
+    qsort(c, (size_t)n, sizeof *c, rc_cmp);
+    if (top_k > 0 && top_k < n) n = top_k;
+    double z = 0;
+    for (int i = 0; i < n; i++) z += exp(c[i].v - c[0].v);
+    int kept = n;
+    if (top_p < 1) {
+        double cum = 0;
+        for (int i = 0; i < n; i++) {
+            double before = cum;
+            cum += exp(c[i].v - c[0].v) / z;
+            keep[c[i].id] = fabs(before - top_p) < 1e-5 || fabs(cum - top_p) < 1e-5 ? 2 : 1;
+            if (cum >= top_p) {
+                kept = i + 1;
+                break;
+            }
+        }
+    }
+    for (int i = 0; i < kept; i++) {
+        double r = exp(c[i].v - c[0].v); /* p / p_max */
+        char k = keep[c[i].id] == 2 ? 2 : 1;
+        if (min_p > 0 && fabs(r - min_p) < 1e-5 * (min_p > 1e-3 ? min_p : 1e-3)) k = 2;
+        else if (min_p > 0 && r < min_p) k = 0;
+        keep[c[i].id] = k;
+    }
+    for (int i = kept; i < n; i++) keep[c[i].id] = 0;
+    free(c);
+    return kept;
+}
+
+static uint64_t t_rng = 88172645463325252ull;
+static double t_uniform(void) {
+    t_rng ^= t_rng << 13;
+    t_rng ^= t_rng >> 7;
+    t_rng ^= t_rng << 17;
+    return (double)(t_rng >> 11) * 0x1.0p-53;
+}
+
+/* Random vocabularies and settings: every drawn id is one the reference
+   keeps (or a boundary one), and every id the reference gives more than a
+   tenth of the mass is drawn. */
+static void check_support(void) {
+    static const float temps[] = {0.3f, 0.7f, 1.0f, 1.5f}, tops[] = {1, 0.95f, 0.9f, 0.5f, 0.1f},
+                       minps[] = {0, 0, 0.05f, 0.3f};
+    int bad = 0, missed = 0, trials = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        const int V = 1 + (int)(t_uniform() * (trial % 3 ? 3000 : 40));
+        float *lg = malloc((size_t)V * sizeof *lg);
+        char *keep = malloc((size_t)V);
+        long *cnt = calloc((size_t)V, sizeof *cnt);
+        const int mode = trial % 4;
+        for (int i = 0; i < V; i++) {
+            double u = t_uniform();
+            if (mode == 0) lg[i] = (float)(int)(u * 6) - 3.0f; /* heavy ties */
+            else if (mode == 1) lg[i] = (float)(u * 20 - 10);
+            else if (mode == 2) lg[i] = -1.0f - (float)(int)(u * 50) * 0.25f; /* all negative, ties */
+            else lg[i] = u < 0.1 ? NAN : u < 0.2 ? -INFINITY : (float)(u * 8);
+        }
+        const float T = temps[trial % 4], tp = tops[(trial / 4) % 5], mp = minps[(trial / 20) % 4];
+        const int ks[] = {0, 1, 5, 40, V - 1, V + 3}, K = ks[(trial / 7) % 6];
+        if (ref_keep(lg, V, T, K, tp, mp, keep) == 0) goto next; /* all unusable: greedy fallback */
+        trials++;
+        ember_sampler *s = mk(T, K, tp, mp, (uint64_t)trial, V);
+        for (int d = 0; d < 200; d++) {
+            int32_t t = ember_sampler_sample(s, lg);
+            if (t < 0 || t >= V || !keep[t]) {
+                if (bad++ < 5)
+                    fprintf(stderr, "trial %d (V %d mode %d T %g top_k %d top_p %g min_p %g): drew %d\n", trial, V,
+                            mode, (double)T, K, (double)tp, (double)mp, t);
+                break;
+            }
+            cnt[t]++;
+        }
+        ember_sampler_free(s);
+        { /* the heavy ids must show up: p > 0.1 drawn 200 times misses with chance < 1e-9 */
+            rc *c = malloc((size_t)V * sizeof *c);
+            int n = 0;
+            double z = 0;
+            for (int i = 0; i < V; i++)
+                if (keep[i] == 1) c[n++] = (rc){exp((double)(lg[i] / T)), i};
+            for (int i = 0; i < n; i++) z += c[i].v;
+            for (int i = 0; i < n; i++)
+                if (c[i].v / z > 0.1 && cnt[c[i].id] == 0 && missed++ < 5)
+                    fprintf(stderr, "trial %d: id %d (p %.3g) never drawn\n", trial, c[i].id, c[i].v / z);
+            free(c);
+        }
+    next:
+        free(lg);
+        free(keep);
+        free(cnt);
+    }
+    CHECKF(bad == 0, "%d trials drew an id outside the chain's support", bad);
+    CHECKF(missed == 0, "%d heavy ids never drawn", missed);
+    CHECK(trials > 250);
+}
+
+/* A tie group straddling the top_p and top_k cuts: exactly its lowest ids
+   are kept. 1000 ids share the largest logit (spread over the vocabulary),
+   the rest lie 30 below (together 2e-10 of the mass). */
+static void check_tie_cuts(void) {
+    enum { TV = 7000 };
+    float *lg = malloc(TV * sizeof *lg);
+    for (int i = 0; i < TV; i++) lg[i] = i % 7 == 3 ? 2.0f : -28.0f;
+    static const struct {
+        int top_k;
+        float top_p;
+        int want; /* tied ids kept */
+    } cs[] = {{0, 0.2505f, 251}, {100, 1, 100}, {300, 0.1005f, 31}, {0, 0.0005f, 1}};
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        ember_sampler *s = mk(1.0f, cs[ci].top_k, cs[ci].top_p, 0, 17 + ci, TV);
+        int hi = -1, outside = 0;
+        for (int d = 0; d < 3000; d++) {
+            int32_t t = ember_sampler_sample(s, lg);
+            if (t % 7 != 3 || (t - 3) / 7 >= cs[ci].want) outside++;
+            hi = t > hi ? t : hi;
+        }
+        ember_sampler_free(s);
+        CHECKF(outside == 0 && (hi - 3) / 7 == cs[ci].want - 1, "case %zu: %d draws outside, highest tied index %d of %d",
+               ci, outside, (hi - 3) / 7, cs[ci].want);
+    }
+    free(lg);
+}
+
+/* Infinite scaled logits: +inf logits, and finite ones that the
+   temperature takes to +inf or -inf. */
+static void check_infinite(void) {
+    enum { IV = 600 };
+    float lg[IV];
+    for (int i = 0; i < IV; i++) lg[i] = (float)(i % 13);
+    lg[7] = lg[300] = INFINITY;
+    lg[8] = NAN;
+    ember_sampler *s = mk(1.0f, 0, 1, 0, 5, IV);
+    int n7 = 0, n300 = 0, other = 0;
+    for (int d = 0; d < 400; d++) {
+        int32_t t = ember_sampler_sample(s, lg);
+        n7 += t == 7, n300 += t == 300, other += t != 7 && t != 300;
+    }
+    ember_sampler_free(s);
+    CHECKF(other == 0 && n7 > 100 && n300 > 100, "+inf logits: %d / %d / %d", n7, n300, other);
+    for (int i = 0; i < IV; i++) lg[i] = i == 41 ? 3e30f : i == 42 ? 2e30f : i % 2 ? -3e30f : 1e-3f * (float)i;
+    for (int k = 0; k < 3; k++) { /* temperature 1e-9: 41 -> +inf, 42 -> +inf, the odd ids -> -inf */
+        s = mk(1e-9f, k == 0 ? 0 : k == 1 ? 2 : 400, 1, 0, 9, IV);
+        int ok = 0;
+        for (int d = 0; d < 100; d++) {
+            int32_t t = ember_sampler_sample(s, lg);
+            ok += t == 41 || t == 42;
+        }
+        ember_sampler_free(s);
+        CHECKF(ok == 100, "overflowing temperature, top_k case %d: %d of 100 draws on the infinite ids", k, ok);
+    }
+    /* top_k over logits that the temperature sinks to -inf: the k best stay the finite ones */
+    for (int i = 0; i < IV; i++) lg[i] = i < 3 ? -1.0f * (float)i : -3e30f;
+    s = mk(1e-9f, 5, 1, 0, 9, IV);
+    bool first = true;
+    for (int d = 0; d < 50; d++) first &= ember_sampler_sample(s, lg) == 0;
+    ember_sampler_free(s);
+    CHECK(first);
+}
+
+/* ember_argmax against a plain scan: the first index of the largest non-NaN
+   value (-0 and +0 equal), 0 when every value is NaN; lengths around the
+   vector width. */
+static void check_argmax(void) {
+    static const float pool[] = {NAN, -INFINITY, INFINITY, -0.0f, 0.0f, 1.0f, -1.0f, 2.0f};
+    int bad = 0;
+    for (int trial = 0; trial < 4000; trial++) {
+        float x[40];
+        const int n = 1 + trial % 40;
+        for (int i = 0; i < n; i++) x[i] = pool[(int)(t_uniform() * (trial % 5 == 0 ? 2 : 8))];
+        int want = -1;
+        for (int i = 0; i < n; i++)
+            if (!isnan(x[i]) && (want < 0 || x[i] > x[want])) want = i;
+        if (want < 0) want = 0;
+        if (ember_argmax(x, n) != want && bad++ < 5) fprintf(stderr, "argmax trial %d: %d, want %d\n", trial, ember_argmax(x, n), want);
+    }
+    CHECKF(bad == 0, "%d argmax trials wrong", bad);
 }
 
 int main(void) {
@@ -152,6 +356,10 @@ int main(void) {
                 CHECK(a_cnt[drafts[di]] == acc);
             }
     }
+    check_argmax();
+    check_support();
+    check_tie_cuts();
+    check_infinite();
     /* bad parameters */
     ember_sampling p;
     ember_sampling_init(&p);

@@ -414,6 +414,15 @@ typedef struct ember_backend_ops {
        paged KV ops take this codec. */
     bool (*weight_ok)(ember_dtype d);
     bool (*kv_ok)(ember_kv_enc e);
+
+    /* Host work between forwards on the backend's host threads: runs
+       fn(ctx, t, thread) for every t in [0, n) and returns when all have
+       run (thread: which host thread, in [0, the backend's thread count)).
+       The engine samples a step's rows this way. fn must not call the
+       backend; the caller may not call it from inside another op. The CPU
+       backend runs them on its pool. Optional (NULL: the caller runs the
+       tasks itself, in order, as thread 0). */
+    void (*host_run)(ember_backend *be, int n, void (*fn)(void *ctx, int task, int thread), void *ctx);
 } ember_backend_ops;
 
 struct ember_backend {

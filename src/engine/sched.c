@@ -234,7 +234,9 @@ struct ember_engine {
     uint64_t next_order;
     uint64_t steps;
     int *out_row; /* [n_rows + draft tokens] row of each logits row of a step */
-    int32_t *ids; /* [as out_row] greedy tokens chosen by the forward (ember_batch.argmax) */
+    int32_t *ids; /* [as out_row] tokens chosen by the forward (ember_batch.argmax) or by pick_tokens */
+    int *pick_o;  /* [as out_row] pick_tokens' outputs */
+    bool *picked; /* [as out_row] pick_tokens chose ids[o] */
     /* plan_drafts' arguments to ember_draft_propose_many, [n_rows] each */
     int *d_slot, *d_nhist, *d_cap, *d_n;
     const int32_t **d_hist;
@@ -294,6 +296,8 @@ void ember_engine_free(ember_engine *e) {
     free(e->rows);
     free(e->out_row);
     free(e->ids);
+    free(e->pick_o);
+    free(e->picked);
     free(e->d_slot);
     free(e->d_nhist);
     free(e->d_cap);
@@ -598,7 +602,8 @@ static double log_sum_exp(const float *x, int n) {
 
 /* Samples row r's next token from lg (verifying draft when >= 0, see
    ember_sampler_sample_draft), or takes *tok as chosen when lg is NULL (a
-   greedy_plain row whose forward picked it), records it and reports it. Returns
+   greedy_plain row whose forward picked it, or a row pick_tokens drew),
+   records it and reports it. Returns
    EMBER_FINISH_NONE when the request goes on, else how it ends (ERROR: the
    event queue ran out of memory); the caller ends it (end_request) once
    its KV is settled. */
@@ -610,7 +615,7 @@ static ember_finish emit_token(ember_engine *e, row *r, float *lg, int32_t draft
     memset(&ev, 0, sizeof ev);
     ev.kind = EMBER_EV_TOKEN;
     bool want_lp = lg && (g->logprobs || g->top_logprobs > 0);
-    int32_t t = *tok; /* lg NULL: the forward chose it (a plain greedy row, greedy_plain) */
+    int32_t t = *tok; /* lg NULL: the forward (greedy_plain) or pick_tokens chose it */
     if (lg) {
         if (want_lp) memcpy(e->raw, lg, (size_t)V * sizeof *lg);
         process_logits(r, lg, V);
@@ -976,6 +981,50 @@ static void plan_drafts(ember_engine *e, int *nt_io, int *no_io, size_t spare) {
     *no_io = no;
 }
 
+/* Does row r's token come from its logits row and its own state alone (no
+   drafts to verify, no constraint, no log-probabilities, which use the
+   engine's shared scratch)? Then pick_tokens may draw it beside others. */
+static bool pick_alone(const row *r) {
+    const ember_gen_params *g = &r->s->g;
+    return r->n_draft == 0 && !g->constrain_mask && !g->constrain_accept && !g->logprobs && g->top_logprobs <= 0;
+}
+
+/* One of pick_tokens' tasks: output pick_o[k]'s penalties and draw, as
+   emit_token would do them (the row's sampler, its logits row in place). */
+static void pick_task(void *ctx, int k, int thread) {
+    (void)thread;
+    ember_engine *e = ctx;
+    const int o = e->pick_o[k], V = e->m->cfg.vocab_size;
+    row *r = &e->rows[e->out_row[o]];
+    float *lg = e->m->logits + (size_t)o * (size_t)V;
+    process_logits(r, lg, V);
+    e->ids[o] = ember_sampler_sample(r->sampler, lg);
+}
+
+/* Before take_outputs hands out a step's tokens (when the forward chose
+   none): the outputs of rows that pick_alone accepts are drawn at once on
+   the backend's host threads (host_run; in order here without one), each
+   row with its own sampler and logits, so the tokens are the ones a draw
+   after another would give. Sets e->ids[o] and e->picked[o] for them (and
+   clears picked for the rest); with fewer than two such rows it leaves
+   them all to emit_token. */
+static void pick_tokens(ember_engine *e, int no) {
+    int n = 0;
+    for (int o = 0; o < no; o++) {
+        const row *r = &e->rows[e->out_row[o]];
+        e->picked[o] = false;
+        if (r->phase == ROW_FREE || (e->plan[e->out_row[o]] && o != r->o_last) || !pick_alone(r)) continue;
+        e->pick_o[n++] = o;
+    }
+    if (n < 2) return;
+    ember_backend *be = e->m->be;
+    if (be->ops->host_run)
+        be->ops->host_run(be, n, pick_task, e);
+    else
+        for (int k = 0; k < n; k++) pick_task(e, k, 0);
+    for (int k = 0; k < n; k++) e->picked[e->pick_o[k]] = true;
+}
+
 /* After a forward: each output's logits go to its row (a sampled token, or
    the verification of its drafts), and the step's counts into e->stats.
    A row's counts go in before its request can end (end_request pushes the
@@ -988,6 +1037,7 @@ static void take_outputs(ember_engine *e, int no, bool chosen) {
     pthread_mutex_lock(&e->mu);
     e->stats.steps_total++;
     pthread_mutex_unlock(&e->mu);
+    if (!chosen) pick_tokens(e, no);
     for (int o = 0; o < no; o++) {
         row *r = &e->rows[out_row[o]];
         bool decoding = e->plan[out_row[o]];
@@ -1000,8 +1050,9 @@ static void take_outputs(ember_engine *e, int no, bool chosen) {
             if (!verify_drafts(e, r, m->logits, &accepted, &produced, &f)) continue; /* released */
         } else {
             produced = decoding;
-            int32_t t = chosen ? e->ids[o] : 0;
-            f = emit_token(e, r, chosen ? NULL : m->logits + (size_t)o * (size_t)V, -1, &t);
+            const bool have = chosen || e->picked[o]; /* the forward or pick_tokens chose it */
+            int32_t t = have ? e->ids[o] : 0;
+            f = emit_token(e, r, have ? NULL : m->logits + (size_t)o * (size_t)V, -1, &t);
         }
         pthread_mutex_lock(&e->mu);
         e->stats.spec_drafted_total += drafted;
@@ -1241,6 +1292,8 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     n_out += drafts;
     e->out_row = ember_malloc(n_out * sizeof *e->out_row);
     e->ids = ember_malloc(n_out * sizeof *e->ids);
+    e->pick_o = ember_malloc(n_out * sizeof *e->pick_o);
+    e->picked = ember_calloc(n_out, sizeof *e->picked);
     e->d_slot = ember_malloc((size_t)e->n_rows * sizeof *e->d_slot);
     e->d_nhist = ember_malloc((size_t)e->n_rows * sizeof *e->d_nhist);
     e->d_cap = ember_malloc((size_t)e->n_rows * sizeof *e->d_cap);
@@ -1249,7 +1302,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     e->d_out = ember_malloc((size_t)e->n_rows * sizeof *e->d_out);
     e->plan = ember_calloc((size_t)e->n_rows, sizeof *e->plan);
     e->steps = 1;
-    int rc = e->rows && e->raw && e->out_row && e->ids && e->plan && e->d_slot && e->d_nhist && e->d_cap && e->d_n && e->d_hist &&
+    int rc = e->rows && e->raw && e->out_row && e->ids && e->pick_o && e->picked && e->plan && e->d_slot && e->d_nhist && e->d_cap && e->d_n && e->d_hist &&
                      e->d_out
                  ? EMBER_OK
                  : ember_err(err, EMBER_ERR_NOMEM, "out of memory");

@@ -1435,6 +1435,11 @@ static void cpu_free(ember_backend *be) {
     free(c);
 }
 
+/* The backend's host_run: the tasks on the pool, named for its profile. */
+static void cpu_host_run(ember_backend *be, int n, ember_task_fn fn, void *ctx) {
+    ember_pool_run_named(cpu(be)->pool, n, fn, ctx, "host_run");
+}
+
 static const ember_backend_ops k_cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
@@ -1464,6 +1469,7 @@ static const ember_backend_ops k_cpu_ops = {
     .delta_replay = cpu_delta_replay,
     .sigmoid_mul = cpu_sigmoid_mul,
     .argmax_rows = cpu_argmax_rows,
+    .host_run = cpu_host_run,
 };
 
 int ember_backend_cpu_new(const ember_cpu_params *p, ember_backend **out, ember_error *err) {

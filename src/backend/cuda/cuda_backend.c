@@ -61,6 +61,8 @@
 #include "backend/backend.h"
 #include "backend/kv_codec.h"
 #include "core/alloc.h"
+#include "core/cpu.h"
+#include "core/threadpool.h"
 #include "core/util.h"
 #include "cuda_kernels.h"
 
@@ -197,6 +199,8 @@ typedef struct cuda_backend {
     unsigned long long g_clock;
     long n_captured, n_replayed, n_again;
     long n_qfused; /* quantizer launches a quantized matmul did not need (ember_cuda_qfuse_count) */
+    ember_pool *host; /* host_run's threads, made on first use; NULL until then or when that failed */
+    bool host_failed;
 } cuda_backend;
 
 static const ember_backend_ops k_cuda_ops;
@@ -1902,6 +1906,7 @@ static void cuda_free(ember_backend *be) {
         if (c->go_host) cudaFreeHost(c->go_host);
         cudaStreamDestroy(c->stream);
     }
+    ember_pool_free(c->host);
     free(c->gouts);
     for (int i = 0; i < ARG_SLOTS; i++) free(c->slots[i].host);
     free(c->refs_h);
@@ -1918,6 +1923,24 @@ static bool cuda_weight_ok(ember_dtype d) {
 
 static bool cuda_kv_ok(ember_kv_enc e) {
     return cu_kv_enc(e) >= 0;
+}
+
+/* The backend's host_run: the tasks on a pool of host threads (the
+   machine's cores, at most 16) made on first use; if it cannot be made,
+   here in order. */
+static void cuda_host_run(ember_backend *be, int n, ember_task_fn fn, void *ctx) {
+    cuda_backend *c = cu(be);
+    if (!c->host && !c->host_failed) {
+        ember_error e = {0};
+        int t = ember_cpu_count();
+        c->host = ember_pool_new(t < 16 ? t : 16, &e);
+        c->host_failed = !c->host;
+    }
+    if (c->host) {
+        ember_pool_run_named(c->host, n, fn, ctx, "host_run");
+        return;
+    }
+    for (int k = 0; k < n; k++) fn(ctx, k, 0);
 }
 
 static const ember_backend_ops k_cuda_ops = {
@@ -1953,6 +1976,7 @@ static const ember_backend_ops k_cuda_ops = {
     .step_end = cuda_step_end,
     .weight_ok = cuda_weight_ok,
     .kv_ok = cuda_kv_ok,
+    .host_run = cuda_host_run,
 };
 
 int ember_cuda_device_count(int *count, ember_error *err) {
