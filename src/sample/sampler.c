@@ -6,24 +6,31 @@
  * - dense, the common case (no top_k below the number of usable logits, and
  *   the largest scaled logit finite): w[vocab] holds the scaled logits, then
  *   e^(w - max) for every id, 0 where the logit is NaN or -inf or a filter
- *   dropped the id. top_p finds its cut by a radix walk over the values' bits
- *   (radix_cut: three histogram levels, no sort); min_p is a threshold. The
- *   draw walks per-block sums, then one block of w, in id order. About 150 us
- *   a row for a 152k vocabulary where the sorted way took 1-13 ms.
+ *   dropped the id. top_p finds its cut by a radix walk over the values'
+ *   bits (radix_cut: histograms of three levels, no sort); min_p is a
+ *   threshold. The draw walks per-block sums, then one block of w, in id
+ *   order.
  * - candidates (top_k below the usable count, or an infinite scaled logit):
- *   c[0, n) holds (value, id) pairs; top_k keeps the k best (radix_cut again,
- *   by count), sorts them by value and applies softmax, top_p and min_p over
- *   the sorted list.
+ *   c[0, n) holds (value, id) pairs; top_k keeps the k best (radix_cut
+ *   again, by count), sorts them by value and applies softmax, top_p and
+ *   min_p over the sorted list.
  *
  * Either way the kept ids and their masses follow the chain's definition
  * (ties in value: lowest id first), and the draw takes the id where a
  * uniform times the total falls in the running sum. Which way a row goes
- * depends on its parameters and logits only. The loops are plain C in a
- * fixed order (the build has no FMA contraction): the same bits and tokens
- * on every machine. Sums are in double.
+ * depends on its parameters and logits only. The passes over the whole
+ * vocabulary (sampler_loops.h) exist twice, plain and for AVX2, picked per
+ * sampler by the CPU; both do the same float operations in the same order
+ * (the build contracts no FMA), so they give the same bits and tokens on
+ * every machine. Sums are in double. About 140-360 us a row of 151,936 ids
+ * with AVX2 on Zen 5 where the sorted chain took 1-13 ms (bench/RESULTS.md).
+ *
+ * Threads: a sampler is one row's; different samplers may run at once (the
+ * scheduler draws a step's rows on the backend's host threads).
  */
 #include "sampler.h"
 #include "core/alloc.h"
+#include "core/cpu.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -38,7 +45,7 @@ typedef struct cand {
     int32_t id;
 } cand;
 
-enum { DIST_CANDS, DIST_DENSE };
+enum { DIST_NONE, DIST_CANDS, DIST_DENSE };
 enum { BLOCK = 256 };     /* ids per block sum of the dense draw */
 enum { RADIX_BINS = 2048 }; /* the widest level of radix_cut (11 bits) */
 enum { RADIX_SORT_BELOW = 512 }; /* radix_cut sorts what is left once it is this few */
@@ -51,11 +58,13 @@ struct ember_sampler {
     float *w;      /* [vocab] dense: scaled logits, then unnormalised probabilities */
     double *bsum;  /* [ceil(vocab / BLOCK)] dense: each block's sum of w */
     int32_t *idx;  /* [vocab] radix_cut's scratch */
-    int dist;      /* the last distribution: DIST_CANDS (c[0, n)) or DIST_DENSE (w) */
+    int dist;      /* the last distribution: DIST_CANDS (c[0, n)), DIST_DENSE (w), DIST_NONE (none yet, or greedy) */
     int n;         /* DIST_CANDS: candidates kept */
     double total;  /* the kept mass */
-    int hcnt[RADIX_BINS];    /* radix_cut's histograms */
-    double hmass[RADIX_BINS];
+    bool avx2;     /* the AVX2 copy of sampler_loops.h (the CPU has AVX2, not turned off) */
+    uint32_t *keys; /* [vocab] radix_cut's keys of w */
+    int hcnt[4][RADIX_BINS]; /* radix_cut's histograms (four for its first level, see histogram4) */
+    double hmass[4][RADIX_BINS];
 };
 static uint64_t splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -133,11 +142,13 @@ int ember_sampler_new(const ember_sampling *p, int vocab, ember_sampler **out, e
     ember_sampler *s = ember_calloc(1, sizeof *s);
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     s->vocab = vocab;
+    s->avx2 = ember_isa_supported(EMBER_ISA_AVX2);
     s->c = ember_malloc((size_t)vocab * sizeof *s->c);
     s->w = ember_malloc((size_t)vocab * sizeof *s->w);
     s->idx = ember_malloc((size_t)vocab * sizeof *s->idx);
+    s->keys = ember_malloc((size_t)vocab * sizeof *s->keys);
     s->bsum = ember_malloc((size_t)((vocab + BLOCK - 1) / BLOCK) * sizeof *s->bsum);
-    int rc = s->c && s->w && s->idx && s->bsum ? ember_sampler_configure(s, p, err)
+    int rc = s->c && s->w && s->idx && s->keys && s->bsum ? ember_sampler_configure(s, p, err)
                                                 : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     if (rc) {
         ember_sampler_free(s);
@@ -147,11 +158,20 @@ int ember_sampler_new(const ember_sampling *p, int vocab, ember_sampler **out, e
     return EMBER_OK;
 }
 
+void ember_sampler_use_avx2(ember_sampler *s, bool on) {
+    s->avx2 = on && ember_isa_supported(EMBER_ISA_AVX2);
+}
+
+const float *ember_sampler_dense(const ember_sampler *s) {
+    return s->dist == DIST_DENSE ? s->w : NULL;
+}
+
 void ember_sampler_free(ember_sampler *s) {
     if (!s) return;
     free(s->c);
     free(s->w);
     free(s->idx);
+    free(s->keys);
     free(s->bsum);
     free(s);
 }
@@ -171,7 +191,39 @@ static inline uint32_t fkey(float f) {
     f += 0.0f; /* -0 -> +0 */
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return u ^ ((0u - (u >> 31)) | 0x80000000u); /* negative: ~u; else the sign bit set */
+}
+
+/* s->keys[i] = fkey(w[i]) for i < n (the copy of sampler_loops.h the flag picks). */
+static void keys_all(ember_sampler *s, const float *w, int n);
+
+/* radix_cut's first level: counts (and masses, by_mass) of w[0, n) by the
+   top 11 bits of their keys (s->keys), in s->hcnt[0] and s->hmass[0].
+   Four histograms, one per element modulo 4, summed at the end: equal bins
+   in a row (the common case) then do not wait on each other's updates. */
+static void histogram4(ember_sampler *s, const float *w, int n, bool by_mass) {
+    memset(s->hcnt, 0, sizeof s->hcnt);
+    if (by_mass) memset(s->hmass, 0, sizeof s->hmass);
+    const uint32_t *keys = s->keys;
+    int i = 0;
+    if (by_mass)
+        for (; i + 4 <= n; i += 4)
+            for (int l = 0; l < 4; l++) {
+                const uint32_t b = keys[i + l] >> 21;
+                s->hcnt[l][b]++;
+                s->hmass[l][b] += w[i + l];
+            }
+    else
+        for (; i + 4 <= n; i += 4)
+            for (int l = 0; l < 4; l++) s->hcnt[l][keys[i + l] >> 21]++;
+    for (; i < n; i++) {
+        s->hcnt[0][keys[i] >> 21]++;
+        if (by_mass) s->hmass[0][keys[i] >> 21] += w[i];
+    }
+    for (int b = 0; b < RADIX_BINS; b++) {
+        s->hcnt[0][b] += (s->hcnt[1][b] + s->hcnt[2][b]) + s->hcnt[3][b];
+        if (by_mass) s->hmass[0][b] = (s->hmass[0][b] + s->hmass[1][b]) + (s->hmass[2][b] + s->hmass[3][b]);
+    }
 }
 
 /* radix_cut's finish for few elements (the ids from[0, m), or 0 .. m - 1
@@ -214,22 +266,28 @@ static bool sort_cut(ember_sampler *s, const float *w, const int32_t *from, int 
 static bool radix_cut(ember_sampler *s, const float *w, int n, bool by_mass, double need, uint32_t *key,
                       int *ties, int *n_key) {
     static const int shift[3] = {21, 10, 0}, bins[3] = {2048, 2048, 1024};
-    int *cnt = s->hcnt;
-    double *mass = s->hmass, taken = 0; /* elements or mass taken above the bin under study */
+    int *cnt = s->hcnt[0];
+    double *mass = s->hmass[0], taken = 0; /* elements or mass taken above the bin under study */
     int32_t *idx = s->idx;
-    int m = n;                          /* level 0 reads w directly; later levels idx[0, m) */
+    const uint32_t *keys = s->keys;
+    int m = n; /* level 0: all of w; later levels idx[0, m) */
     uint32_t prefix = 0;
     for (int lv = 0; lv < 3; lv++) {
         if (m <= RADIX_SORT_BELOW) return sort_cut(s, w, lv ? idx : NULL, m, by_mass, need, taken, key, ties, n_key);
         const int sh = shift[lv], nb = bins[lv];
         const uint32_t mask = (uint32_t)nb - 1;
-        memset(cnt, 0, (size_t)nb * sizeof *cnt);
-        if (by_mass) memset(mass, 0, (size_t)nb * sizeof *mass);
-        for (int j = 0; j < m; j++) {
-            int i = lv ? idx[j] : j;
-            uint32_t b = fkey(w[i]) >> sh & mask;
-            cnt[b]++;
-            if (by_mass) mass[b] += w[i];
+        if (lv == 0) {
+            keys_all(s, w, n);
+            histogram4(s, w, n, by_mass);
+        } else {
+            memset(cnt, 0, (size_t)nb * sizeof *cnt);
+            if (by_mass) memset(mass, 0, (size_t)nb * sizeof *mass);
+            for (int j = 0; j < m; j++) {
+                const int i = idx[j];
+                const uint32_t b = keys[i] >> sh & mask;
+                cnt[b]++;
+                if (by_mass) mass[b] += w[i];
+            }
         }
         int b = nb - 1;
         for (; b >= 0; b--) {
@@ -244,8 +302,9 @@ static bool radix_cut(ember_sampler *s, const float *w, int n, bool by_mass, dou
         const uint32_t fixed = top >= 32 ? 0xffffffffu : ~(0xffffffffu >> top);
         int k = 0;
         for (int j = 0; j < m; j++) {
-            int i = lv ? idx[j] : j;
-            if ((fkey(w[i]) & fixed) == prefix) idx[k++] = i;
+            const int i = lv ? idx[j] : j;
+            idx[k] = i;
+            k += (keys[i] & fixed) == prefix;
         }
         m = k;
     }
@@ -285,22 +344,66 @@ static inline float exp_nonpos(float x) {
     return x < lo ? 0.0f : q * sc;
 }
 
+#define LOOP(name) name##_plain
+#define LOOP_ATTR
+#include "sampler_loops.h"
+#undef LOOP
+#undef LOOP_ATTR
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SAMPLER_AVX2 1
+#define LOOP(name) name##_avx2
+#define LOOP_ATTR __attribute__((target("avx2")))
+#include "sampler_loops.h"
+#undef LOOP
+#undef LOOP_ATTR
+#else
+#define SAMPLER_AVX2 0
+#endif
+
+/* The loops of sampler_loops.h, the copy the sampler's flag picks. */
+static int scale_all(const ember_sampler *s, const float *logits, int *sunk) {
+#if SAMPLER_AVX2
+    if (s->avx2) return scale_avx2(logits, s->w, s->vocab, s->p.temperature, sunk);
+#endif
+    return scale_plain(logits, s->w, s->vocab, s->p.temperature, sunk);
+}
+
+static void expo_all(const ember_sampler *s, float mx) {
+#if SAMPLER_AVX2
+    if (s->avx2) {
+        expo_avx2(s->w, s->vocab, mx);
+        return;
+    }
+#endif
+    expo_plain(s->w, s->vocab, mx);
+}
+
+static void floor_all(const ember_sampler *s, float cut) {
+#if SAMPLER_AVX2
+    if (s->avx2) {
+        floor_avx2(s->w, s->vocab, cut);
+        return;
+    }
+#endif
+    floor_plain(s->w, s->vocab, cut);
+}
+
+static void keys_all(ember_sampler *s, const float *w, int n) {
+#if SAMPLER_AVX2
+    if (s->avx2) {
+        keys_avx2(w, n, s->keys);
+        return;
+    }
+#endif
+    keys_plain(w, n, s->keys);
+}
+
 /* s->bsum[b] = the sum of w over block b (in double); returns their sum. */
 static double block_sums(ember_sampler *s) {
-    const int V = s->vocab, nb = (V + BLOCK - 1) / BLOCK;
-    const float *w = s->w;
-    double total = 0;
-    for (int b = 0; b < nb; b++) {
-        const int lo = b * BLOCK, hi = lo + BLOCK < V ? lo + BLOCK : V;
-        double a[8] = {0};
-        int i = lo;
-        for (; i + 8 <= hi; i += 8)
-            for (int l = 0; l < 8; l++) a[l] += w[i + l];
-        for (; i < hi; i++) a[0] += w[i];
-        s->bsum[b] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-        total += s->bsum[b];
-    }
-    return total;
+#if SAMPLER_AVX2
+    if (s->avx2) return bsums_avx2(s->w, s->vocab, s->bsum);
+#endif
+    return bsums_plain(s->w, s->vocab, s->bsum);
 }
 
 /* The sorted way: c[0, n) holds scaled logits (n > 0). Applies top_k
@@ -356,20 +459,19 @@ static void build_dense(ember_sampler *s, float mx) {
     const ember_sampling *p = &s->p;
     const int V = s->vocab;
     float *w = s->w;
-    for (int i = 0; i < V; i++) w[i] = exp_nonpos(w[i] - mx);
+    expo_all(s, mx);
     if (p->top_p < 1.0f) {
         double total = block_sums(s);
         uint32_t key;
         int ties, n_key;
         if (radix_cut(s, w, V, true, (double)p->top_p * total, &key, &ties, &n_key)) {
             const float cut = w[s->idx[0]]; /* the value with that key */
-            for (int i = 0; i < V; i++) w[i] = w[i] < cut ? 0.0f : w[i];
+            floor_all(s, cut);
             for (int t = ties; t < n_key; t++) w[s->idx[t]] = 0.0f; /* ties past the walk's end */
         }
     }
     if (p->min_p > 0) {
-        const float best = max_of(w, V), thr = p->min_p * best;
-        for (int i = 0; i < V; i++) w[i] = w[i] < thr ? 0.0f : w[i];
+        floor_all(s, p->min_p * max_of(w, V));
     }
     s->dist = DIST_DENSE;
     s->total = block_sums(s);
@@ -381,16 +483,9 @@ static void build_dense(ember_sampler *s, float mx) {
 static bool build_dist(ember_sampler *s, const float *logits) {
     const ember_sampling *p = &s->p;
     const int V = s->vocab;
-    const float T = p->temperature;
     float *w = s->w;
-    int usable = 0, sunk = 0; /* usable logits; those that scaling took to -inf */
-    for (int i = 0; i < V; i++) {
-        const float x = logits[i], v = x / T;
-        const int ok = (x == x) & (x != -INFINITY);
-        usable += ok;
-        sunk += ok & (v == -INFINITY);
-        w[i] = x == x ? v : -INFINITY;
-    }
+    int sunk;                                 /* usable logits that scaling took to -inf */
+    const int usable = scale_all(s, logits, &sunk); /* not NaN, not -inf */
     const float mx = max_of(w, V);
     if (usable == 0) return false;
     const bool top_k = p->top_k > 0 && p->top_k < usable;
@@ -403,8 +498,9 @@ static bool build_dist(ember_sampler *s, const float *logits) {
         uint32_t key;
         int ties, n_key;
         (void)radix_cut(s, w, V, false, (double)p->top_k, &key, &ties, &n_key); /* usable > top_k: found */
+        const float cut = w[s->idx[0]]; /* the value with that key: greater values are above it */
         for (int i = 0; i < V; i++)
-            if (fkey(w[i]) > key) s->c[n++] = (cand){w[i], i};
+            if (w[i] > cut) s->c[n++] = (cand){w[i], i};
         for (int t = 0; t < ties; t++) s->c[n++] = (cand){w[s->idx[t]], s->idx[t]};
         qsort(s->c, (size_t)n, sizeof *s->c, cmp_cand);
         build_cands(s, n, true);
@@ -455,11 +551,13 @@ static int32_t draw(ember_sampler *s, double total, int skip) {
 }
 
 int32_t ember_sampler_sample(ember_sampler *s, const float *logits) {
+    s->dist = DIST_NONE;
     if (s->p.temperature == 0 || !build_dist(s, logits)) return ember_argmax(logits, s->vocab);
     return draw(s, s->total, -1);
 }
 
 int32_t ember_sampler_sample_draft(ember_sampler *s, const float *logits, int32_t draft) {
+    s->dist = DIST_NONE;
     if (s->p.temperature == 0 || !build_dist(s, logits)) return ember_argmax(logits, s->vocab);
     if (draft < 0) return draw(s, s->total, -1);
     /* the draft's place and mass in the distribution; none: p(draft) = 0, always rejected, the residual is p */

@@ -14,6 +14,7 @@
 #ifndef EMBER_SAMPLE_SAMPLER_H
 #define EMBER_SAMPLE_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -34,6 +35,17 @@ typedef struct ember_sampler ember_sampler;
    [0, 1], top_k >= 0) and allocates a sampler for vocab entries. */
 int ember_sampler_new(const ember_sampling *p, int vocab, ember_sampler **out, ember_error *err);
 void ember_sampler_free(ember_sampler *s);
+
+/* Whether the sampler's passes over the vocabulary use their AVX2 copy
+   (the default where the CPU has AVX2; on is ignored where it has not).
+   Both copies give the same bits: for tests that check it. */
+void ember_sampler_use_avx2(ember_sampler *s, bool on);
+
+/* For tests: the unnormalised masses of the last draw over the whole
+   vocabulary (0 where an id was dropped) when it was built densely; NULL
+   when it was not (top_k, infinite logits, greedy) or nothing was drawn
+   yet. Owned by the sampler, valid until its next call. */
+const float *ember_sampler_dense(const ember_sampler *s);
 
 /* Re-validates and applies new parameters (and reseeds), keeping the
    scratch: how one sampler serves successive requests on a row. On error
