@@ -22,6 +22,8 @@
  *   5. host_run (the engine's host work on the pool) runs each of 0, 1, 5
  *      and 300 tasks exactly once, on thread indices below the thread count,
  *      on 1, 4 and 7 threads.
+ *   6. read of ranges up to 1.6 MB (copied in pieces on the pool) gives the
+ *      bytes at each offset and writes nothing past the length.
  *
  * Ownership: each case allocates its buffers and frees them before the next.
  */
@@ -410,7 +412,39 @@ static void test_host_run(void) {
     }
 }
 
+/* read of large ranges (copied in pieces on the pool): the bytes at any
+   offset and length, on 1, 4 and 7 threads. */
+static void test_read_large(void) {
+    enum { N = 900000 }; /* floats: 3.6 MB */
+    float *h = malloc(sizeof(float) * N), *got = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) h[i] = (float)i * 0.5f - 7.0f;
+    for (int nt = 1; nt <= 7; nt += 3) {
+        ember_backend *be;
+        ember_error err = {0};
+        ember_cpu_params cp = {nt, EMBER_ISA_AUTO, false, {0}};
+        if (!CHECKV(ember_backend_cpu_new(&cp, &be, &err) == EMBER_OK, "backend: %s", err.msg)) continue;
+        ember_tensor t;
+        ember_buffer *b;
+        const int64_t sh[1] = {N};
+        CHECK(ember_tensor_alloc(be, &t, &b, EMBER_F32, 1, sh, &err) == EMBER_OK);
+        CHECK(be->ops->write(be, &t, 0, h, sizeof(float) * N, &err) == EMBER_OK);
+        static const size_t offs[] = {0, 4, 1000, 4 * 151936}, lens[] = {4 * 151936 * 2 + 4, 4 * 400000, 3, 4 * 151936};
+        for (size_t k = 0; k < sizeof offs / sizeof offs[0]; k++) {
+            memset(got, 0xee, sizeof(float) * N);
+            CHECK(be->ops->read(be, &t, offs[k], got, lens[k], &err) == EMBER_OK);
+            CHECKF(!memcmp(got, (const char *)h + offs[k], lens[k]) &&
+                       ((const unsigned char *)got)[lens[k]] == 0xee,
+                   "%d threads: read of %zu bytes at %zu", nt, lens[k], offs[k]);
+        }
+        ember_buffer_free(b);
+        ember_backend_free(be);
+    }
+    free(h);
+    free(got);
+}
+
 int main(void) {
+    test_read_large();
     test_host_run();
     test_argmax_rows();
     test_matmul_each();
