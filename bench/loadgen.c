@@ -6,10 +6,12 @@
  *
  * usage: loadgen --port P [--concurrency 4] [--requests 32] [--prompt-len 128]
  *                [--max-tokens 128] [--vocab 32000] [--timeout 600]
- *                [--temperature 0] [--top-p 1] [--json]
+ *                [--temperature 0] [--top-p 1] [--seed 0] [--json]
  *
  * Prompts are random token ids below --vocab (so no tokenizer differences
- * enter; request i's prompt is the same in every run), sent as
+ * enter; request i's prompt is the same in every run with the same --seed;
+ * another seed gives other prompts, which a server's prefix cache cannot
+ * have seen in an earlier run), sent as
  * {"prompt": [ids], "max_tokens": N, "stream": true, "ignore_eos": true,
  *  "temperature": 0, "stream_options": {"include_usage": true}}.
  * --temperature T > 0 samples instead: "temperature": T, "top_p": P (from
@@ -43,6 +45,7 @@
 
 static int g_port = 8080, g_conc = 4, g_requests = 32, g_prompt = 128, g_max_tokens = 128, g_vocab = 32000;
 static double g_timeout = 600, g_temp = 0, g_top_p = 1;
+static unsigned g_seed = 0;
 static bool g_json = false;
 static atomic_int g_next;
 static double g_deadline;
@@ -173,7 +176,7 @@ static void *worker(void *arg) {
     for (;;) {
         int i = atomic_fetch_add(&g_next, 1);
         if (i >= g_requests || now() > g_deadline) break;
-        unsigned seed = 0x9e3779b9u * (unsigned)(i + 1); /* request i's prompt is the same in every run */
+        unsigned seed = 0x9e3779b9u * (unsigned)(i + 1) ^ 0x85ebca6bu * g_seed; /* request i's prompt: the same per --seed */
         if (one_request(&seed, i, st))
             st->errors++;
         else
@@ -215,6 +218,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--timeout")) g_timeout = atof(v);
         else if (!strcmp(a, "--temperature")) g_temp = atof(v);
         else if (!strcmp(a, "--top-p")) g_top_p = atof(v);
+        else if (!strcmp(a, "--seed")) g_seed = (unsigned)strtoul(v, NULL, 10);
         else {
             fprintf(stderr, "loadgen: unknown option %s\n", a);
             return 2;

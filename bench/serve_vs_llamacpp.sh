@@ -13,7 +13,8 @@
 #   requests, so nearly all work is decoding); WORKLOADS (default "mixed
 #   decode") may add "sampled": the mixed one sampled at temperature
 #   TEMP (0.8) and top_p TOP_P (0.95), top_k and min_p off, seeded per
-#   request. For each concurrency C each
+#   request, with other prompts than mixed's (loadgen --seed 1: a prefix
+#   cache holds nothing of them from the mixed run). For each concurrency C each
 #   server is started fresh with C parallel slots (ember -P C; llama-server
 #   -np C with continuous batching), a 256-token context per slot and THREADS
 #   compute threads, warmed up with one request, measured on both workloads
@@ -64,7 +65,7 @@ run() {
     samp=()
     case $w in
       mixed) plen=64 ntok=64 n=$((2 * c)) ;;
-      sampled) plen=64 ntok=64 n=$((2 * c)) samp=(--temperature "${TEMP:-0.8}" --top-p "${TOP_P:-0.95}") ;;
+      sampled) plen=64 ntok=64 n=$((2 * c)) samp=(--temperature "${TEMP:-0.8}" --top-p "${TOP_P:-0.95}" --seed 1) ;;
       decode) plen=8 ntok=128 n=$c ;;
       *) echo "unknown workload $w" >&2; return 1 ;;
     esac

@@ -5,7 +5,9 @@
  * stop ids, prefix reuse and logprobs, and returns to an empty KV. Under a
  * KV budget far below rows x context, requests are admitted by the blocks
  * they need, rows whose memory runs out are preempted and recomputed, and
- * every request still gets exactly its solo tokens, for every KV kind.
+ * every request still gets exactly its solo tokens, for every KV kind. A
+ * prompt whose blocks the prefix cache still holds evicts them beside a
+ * decoding row instead of waiting for its end (test_prefill_evicts).
  */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <stdatomic.h>
@@ -195,6 +197,120 @@ static void test_stats_at_done(const fixture *f) {
     ember_model_free(m);
 }
 
+/* The order in which the engine thread accepts tokens, across requests:
+   each request's constrain_accept appends its letter. */
+typedef struct order_log {
+    char seq[256];
+    int n;
+    atomic_int b_waiting, a_in; /* the gate in the second filler's token (hold_accept) */
+} order_log;
+
+static void log_a(void *user, int32_t token) {
+    (void)token;
+    order_log *o = user;
+    if (o->n < 255) o->seq[o->n++] = 'A';
+}
+
+static void log_b(void *user, int32_t token) {
+    (void)token;
+    order_log *o = user;
+    if (o->n < 255) o->seq[o->n++] = 'B';
+}
+
+/* The second filler's constrain_accept: holds the engine thread in its
+   step until the test has submitted B and A, so one admission takes both. */
+static void hold_accept(void *user, int32_t token) {
+    (void)token;
+    order_log *o = user;
+    atomic_store(&o->b_waiting, 1);
+    while (!atomic_load(&o->a_in)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Prompts that find the KV blocks held by cached prefixes. A budget of 8
+   blocks for 2 rows; two requests (64-token prompts, one token each) leave
+   every block to the cache, their rows' KV shared with the prefix cache.
+   While the second one's token holds the engine thread, B (16-token
+   prompt, 40 tokens) and then A (16-token prompt, 5 tokens) arrive, so one
+   admission takes both, each counting its row's old blocks as coming
+   back; but the prefix cache still holds them. B's prefill (alone in its
+   step) evicts; A's must too, beside B's tokens. (It once evicted only in a
+   step with nothing else, so A waited for B's end: 1.5 s stalls of the
+   time to first token in serving.) A ends before B, and both get their
+   tokens alone. */
+static void test_prefill_evicts(const fixture *f) {
+    enum { PF = 64, PA = 16, PB = 16, NA = 5, NB = 40 };
+    int32_t pr[4][PF];
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < PF; i++) pr[k][i] = f->p[(i + k) % 3].ids[(i / 3 + k) % f->p[(i + k) % 3].n];
+    for (int k = 0; k < 4; k++) pr[k][0] = (int32_t)(5 + k); /* four different prompts */
+    ember_model_params mp;
+    ember_model_params_init(&mp);
+    mp.n_rows = 2;
+    mp.n_threads = 2;
+    mp.n_ctx = 128; /* the budget must hold one row's context */
+    mp.max_batch_tokens = 64;
+    ember_model *probe = fx_load_params(f->dir, &mp);
+    if (!probe) exit(1);
+    ember_model_info info;
+    ember_model_get_info(probe, &info);
+    ember_model_free(probe);
+    mp.kv_budget = 8 * 16 * info.kv_bytes_per_token;
+    ember_model *m = fx_load_params(f->dir, &mp);
+    if (!m) exit(1);
+    ember_engine *e;
+    ember_error err = {0};
+    result solo[2], ra, rb;
+    CHECKF(ember_engine_new(m, NULL, &e, &err) == EMBER_OK, "%s", err.msg);
+    for (int k = 0; k < 2; k++) { /* A and B alone: their tokens */
+        ember_gen_params g = k == 0 ? gp(pr[2], PA, NA, 0.0f, 0) : gp(pr[3], PB, NB, 0.0f, 0);
+        ember_stream *s;
+        CHECKF(ember_engine_submit(e, &g, &s, &err) == EMBER_OK, "%s", err.msg);
+        drain(s, &solo[k]);
+        ember_stream_free(s);
+    }
+    ember_engine_free(e); /* a new engine: its cache holds only what follows */
+    CHECKF(ember_engine_new(m, NULL, &e, &err) == EMBER_OK, "%s", err.msg);
+    order_log o = {.n = 0};
+    atomic_init(&o.b_waiting, 0);
+    atomic_init(&o.a_in, 0);
+    ember_stream *f0, *f1, *sa, *sb;
+    ember_gen_params g0 = gp(pr[0], PF, 1, 0.0f, 0), g1 = gp(pr[1], PF, 1, 0.0f, 0);
+    CHECKF(ember_engine_submit(e, &g0, &f0, &err) == EMBER_OK, "%s", err.msg); /* the fillers: 4 full */
+    drain(f0, &ra);                                                             /* blocks each, shared */
+    g1.constrain_accept = hold_accept;                                          /* with the prefix cache */
+    g1.constrain_user = &o;
+    CHECKF(ember_engine_submit(e, &g1, &f1, &err) == EMBER_OK, "%s", err.msg);
+    while (!atomic_load(&o.b_waiting)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    ember_gen_params gb = gp(pr[3], PB, NB, 0.0f, 0), ga = gp(pr[2], PA, NA, 0.0f, 0);
+    gb.constrain_accept = log_b;
+    gb.constrain_user = &o;
+    ga.constrain_accept = log_a;
+    ga.constrain_user = &o;
+    CHECKF(ember_engine_submit(e, &gb, &sb, &err) == EMBER_OK, "%s", err.msg);
+    CHECKF(ember_engine_submit(e, &ga, &sa, &err) == EMBER_OK, "%s", err.msg);
+    atomic_store(&o.a_in, 1);
+    drain(f1, &ra);
+    CHECK(ra.n == 1);
+    drain(sa, &ra);
+    drain(sb, &rb);
+    o.seq[o.n] = 0;
+    CHECKF(o.n == NA + NB && o.seq[o.n - 1] == 'B', "accept order %s: A should end before B", o.seq);
+    CHECK(ra.n == solo[0].n && !memcmp(ra.ids, solo[0].ids, sizeof(int32_t) * (size_t)ra.n));
+    CHECK(rb.n == solo[1].n && !memcmp(rb.ids, solo[1].ids, sizeof(int32_t) * (size_t)rb.n));
+    ember_stream_free(f0);
+    ember_stream_free(f1);
+    ember_stream_free(sa);
+    ember_stream_free(sb);
+    ember_engine_free(e);
+    ember_model_free(m);
+}
+
 /* Step pacing: a 200-token prompt arriving while a row decodes (400 tokens:
    it outlasts the prompt) is cut into
    steps of PACE_MIN (16) prompt tokens with prefill_pace 1 (once the engine
@@ -295,6 +411,7 @@ int main(void) {
     fixture f;
     fixture_open(&f, "qwen2");
     ember_error err = {0};
+    test_prefill_evicts(&f);
 
     /* 16 requests on 4 rows: each equals its solo run, greedy and sampled */
     enum { NREQ = 16 };

@@ -891,12 +891,21 @@ static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_
         if (span) k = span_chunk(r, span, k, (B - nt) < lim ? B - nt : lim);
         while (k > 0 && ember_kv_need_bytes(kv, i, k) > spare) k = k > EMBER_KV_BLOCK ? k - EMBER_KV_BLOCK : k - 1;
         if (k <= 0) {
-            /* no memory for this row now. With nothing else in the step, make
-               room: cached prefixes first, then rows admitted after it (so the
-               oldest always progresses); alone, it can never fit. */
-            if (nt > 0) continue;
-            if (evict_cached(e, i) || preempt_newest(e, i, r->order)) {
+            /* no memory for this row now: drop cached prefixes (no request loses
+               anything), whatever else the step holds; then, with nothing else
+               in the step, rows admitted after it (so the oldest always
+               progresses); alone, it can never fit. (Admission counts the
+               blocks of the row's old KV as coming back, but those the prefix
+               cache shares stay until evicted here.) */
+            const size_t before = ember_kv_free_bytes(kv);
+            if (evict_cached(e, i)) {
+                spare += ember_kv_free_bytes(kv) - before;
                 r->stamp = 0; /* try again within this step */
+                continue;
+            }
+            if (nt > 0) continue;
+            if (preempt_newest(e, i, r->order)) {
+                r->stamp = 0;
                 spare = ember_kv_free_bytes(kv);
                 continue;
             }
