@@ -6,8 +6,10 @@
  * usage: sampler_bench [VOCAB] [ROWS]   (default 151936, 50 rows a setting)
  * Two kinds of logits: "flat" (uniform in [-4, 4], like a random-weight
  * model's) and "peaked" (normal with sd 2 plus 12 on 20 ids, nearer a trained
- * model's); for each, greedy and four sampling settings. Prints microseconds a
- * row (the mean over ROWS calls). Builds against the internal headers.
+ * model's); for each, greedy and four sampling settings, and the log-softmax
+ * normaliser a logprobs row needs (ember_log_sum_exp, and the double exp()
+ * loop it replaced). Prints microseconds a row (the mean over ROWS calls).
+ * Builds against the internal headers.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -80,6 +82,23 @@ int main(int argc, char **argv) {
             printf("| %s | %s | %.0f |\n", kind ? "peaked" : "flat", cfg[c].name, 1e6 * (t1 - t0) / R);
             ember_sampler_free(s);
         }
+        /* a logprobs row's normaliser: ember_log_sum_exp, and the double exp loop it replaced */
+        double acc = 0;
+        double t0 = now();
+        for (int r = 0; r < R; r++) acc += ember_log_sum_exp(x, V);
+        double t1 = now();
+        printf("| %s | log-sum-exp (logprobs), ember_log_sum_exp | %.0f |\n", kind ? "peaked" : "flat", 1e6 * (t1 - t0) / R);
+        t0 = now();
+        for (int r = 0; r < R; r++) {
+            float mx = -INFINITY;
+            for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+            double sum = 0;
+            for (int i = 0; i < V; i++) sum += exp((double)x[i] - mx);
+            acc -= mx + log(sum);
+        }
+        t1 = now();
+        printf("| %s | log-sum-exp, exp() in double (before) | %.0f |\n", kind ? "peaked" : "flat", 1e6 * (t1 - t0) / R);
+        if (!(fabs(acc) < 1e-3 * R)) fprintf(stderr, "sampler_bench: the two log-sum-exps disagree (%g)\n", acc);
     }
     free(x);
     return 0;

@@ -261,6 +261,35 @@ static void check_copies(void) {
     free(lg);
 }
 
+/* ember_log_sum_exp against a double reference, and its edge cases. */
+static void check_lse(void) {
+    static const int ns[] = {1, 7, 8, 9, 1000, 151936};
+    int bad = 0;
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const int n = ns[k];
+        float *x = malloc((size_t)n * sizeof *x);
+        for (int rep = 0; rep < 3; rep++) {
+            for (int i = 0; i < n; i++)
+                x[i] = rep == 0 ? (float)(t_uniform() * 8 - 4) : rep == 1 ? (float)(t_uniform() * 200 - 150) : -3.0f;
+            double mx = -INFINITY, sum = 0;
+            for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+            for (int i = 0; i < n; i++) sum += exp((double)x[i] - mx);
+            const double ref = mx + log(sum), got = ember_log_sum_exp(x, n);
+            if (!(fabs(got - ref) <= 1e-6 * (fabs(ref) > 1 ? fabs(ref) : 1)) && bad++ < 5)
+                fprintf(stderr, "lse n %d rep %d: %.9g, want %.9g\n", n, rep, got, ref);
+        }
+        free(x);
+    }
+    CHECKF(bad == 0, "%d log-sum-exp values off", bad);
+    float e1[4] = {-INFINITY, -INFINITY, NAN, -INFINITY}, e2[4] = {1.0f, INFINITY, NAN, 2.0f},
+          e3[4] = {1.0f, NAN, 2.0f, 3.0f}, e4[9] = {0, 0, 0, 0, 0, 0, 0, 0, NAN};
+    CHECK(ember_log_sum_exp(e1, 4) == -INFINITY);
+    CHECK(ember_log_sum_exp(e2, 4) == INFINITY);
+    CHECK(isnan(ember_log_sum_exp(e3, 4)));
+    CHECK(isnan(ember_log_sum_exp(e4, 9)));
+    CHECK(fabs(ember_log_sum_exp(e4, 8) - log(8.0)) < 1e-7);
+}
+
 int main(void) {
     enum { V = 8 };
     const float lg[V] = {1.0f, 3.0f, 2.5f, -1.0f, 3.0f, 0.0f, 2.0f, -5.0f};
@@ -390,6 +419,7 @@ int main(void) {
             }
     }
     check_argmax();
+    check_lse();
     check_copies();
     check_support();
     check_tie_cuts();

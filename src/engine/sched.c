@@ -589,17 +589,6 @@ static void process_logits(const row *r, float *lg, int V) {
     }
 }
 
-/* log-softmax normaliser of raw logits. */
-static double log_sum_exp(const float *x, int n) {
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (x[i] > mx) mx = x[i];
-    if (!isfinite(mx)) return mx;
-    double s = 0;
-    for (int i = 0; i < n; i++) s += exp((double)x[i] - mx);
-    return mx + log(s);
-}
-
 /* Samples row r's next token from lg (verifying draft when >= 0, see
    ember_sampler_sample_draft), or takes *tok as chosen when lg is NULL (a
    greedy_plain row whose forward picked it, or a row pick_tokens drew),
@@ -626,7 +615,7 @@ static ember_finish emit_token(ember_engine *e, row *r, float *lg, int32_t draft
     if (g->constrain_accept) g->constrain_accept(g->constrain_user, t);
     ev.token = t;
     if (want_lp) {
-        double lse = log_sum_exp(e->raw, V);
+        double lse = ember_log_sum_exp(e->raw, V); /* the log-softmax normaliser of the raw logits */
         ev.logprob = (float)(e->raw[t] - lse);
         int k = g->top_logprobs;
         for (int i = 0; i < V && k > 0; i++) { /* insertion into a short sorted list */

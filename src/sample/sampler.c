@@ -33,6 +33,7 @@
 #include "core/cpu.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -322,12 +323,12 @@ static bool radix_cut(ember_sampler *s, const float *w, int n, bool by_mass, dou
 }
 
 /* e^x for x <= 0, x = -inf included (0); 0 below -87.33 (where e^x leaves
-   the normal floats). Cephes' expf polynomial: within 2 ulp of e^x. Plain
+   the normal floats); NaN for NaN. Cephes' expf polynomial: within 2 ulp of e^x. Plain
    float operations in a fixed order, so the loops that call it vectorise
    and give the same bits everywhere. */
 static inline float exp_nonpos(float x) {
     const float lo = -87.33654f;
-    float y = x < lo ? lo : x;
+    float y = x >= lo ? x : lo; /* NaN -> lo: no NaN reaches the conversion to int */
     float n = (y * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(y / ln 2) */
     float r = y - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
@@ -341,7 +342,7 @@ static inline float exp_nonpos(float x) {
     uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* 2^n, n in [-126, 0] */
     float sc;
     memcpy(&sc, &bits, sizeof sc);
-    return x < lo ? 0.0f : q * sc;
+    return x >= lo ? q * sc : x < lo ? 0.0f : x; /* NaN in, NaN out */
 }
 
 #define LOOP(name) name##_plain
@@ -396,6 +397,21 @@ static void keys_all(ember_sampler *s, const float *w, int n) {
     }
 #endif
     keys_plain(w, n, s->keys);
+}
+
+double ember_log_sum_exp(const float *x, int n) {
+    static _Atomic int avx2 = -1; /* the CPU's answer, asked once (a race asks it twice: the same answer) */
+    int a = atomic_load_explicit(&avx2, memory_order_relaxed);
+    if (a < 0) {
+        a = ember_isa_supported(EMBER_ISA_AVX2);
+        atomic_store_explicit(&avx2, a, memory_order_relaxed);
+    }
+    const float mx = max_of(x, n);
+    if (!isfinite(mx)) return mx;
+#if SAMPLER_AVX2
+    if (a) return mx + log(expsum_avx2(x, n, mx));
+#endif
+    return mx + log(expsum_plain(x, n, mx));
 }
 
 /* s->bsum[b] = the sum of w over block b (in double); returns their sum. */

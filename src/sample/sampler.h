@@ -66,6 +66,14 @@ int32_t ember_sampler_sample(ember_sampler *s, const float *logits);
    was accepted. Uses one or two uniforms of the row's generator. */
 int32_t ember_sampler_sample_draft(ember_sampler *s, const float *logits, int32_t draft);
 
+/* log(sum of e^x[i]) over x[0, n), n >= 1: the normaliser of log-softmax.
+   The largest value when it is infinite (NaN values skipped there, as
+   ember_argmax skips them; -inf when all are -inf or NaN); NaN when any
+   value is NaN and the largest is finite. Within a few 1e-7 of the exact
+   value (the exponentials are the sampler's float polynomial, summed in
+   double); the same bits on every machine. Thread-safe. */
+double ember_log_sum_exp(const float *x, int n);
+
 /* Index of the largest finite-or-infinite non-NaN value (lowest on ties); 0 if none. */
 int32_t ember_argmax(const float *x, int n);
 

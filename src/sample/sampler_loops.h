@@ -35,6 +35,17 @@ LOOP_ATTR static void LOOP(floor)(float *w, int V, float cut) {
     for (int i = 0; i < V; i++) w[i] = w[i] < cut ? 0.0f : w[i];
 }
 
+/* The sum of e^(x[i] - mx) over x[0, n) (x[i] <= mx, mx finite; NaN
+   propagates), in double, eight partial sums. */
+LOOP_ATTR static double LOOP(expsum)(const float *x, int n, float mx) {
+    double a[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) a[l] += exp_nonpos(x[i + l] - mx);
+    for (; i < n; i++) a[0] += exp_nonpos(x[i] - mx);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
 /* key[i] = fkey(w[i]). */
 LOOP_ATTR static void LOOP(keys)(const float *w, int n, uint32_t *key) {
     for (int i = 0; i < n; i++) key[i] = fkey(w[i]);
