@@ -237,6 +237,7 @@ struct ember_engine {
     int32_t *ids; /* [as out_row] tokens chosen by the forward (ember_batch.argmax) or by pick_tokens */
     int *pick_o;  /* [as out_row] pick_tokens' outputs */
     bool *picked; /* [as out_row] pick_tokens chose ids[o] */
+    ember_event *pick_ev; /* [as out_row] pick_tokens' log-probabilities of ids[o] (rows that ask) */
     /* plan_drafts' arguments to ember_draft_propose_many, [n_rows] each */
     int *d_slot, *d_nhist, *d_cap, *d_n;
     const int32_t **d_hist;
@@ -298,6 +299,7 @@ void ember_engine_free(ember_engine *e) {
     free(e->ids);
     free(e->pick_o);
     free(e->picked);
+    free(e->pick_ev);
     free(e->d_slot);
     free(e->d_nhist);
     free(e->d_cap);
@@ -589,14 +591,38 @@ static void process_logits(const row *r, float *lg, int V) {
     }
 }
 
+/* The log-probability fields of ev for token t: from x, the row's logits
+   before penalties, bias and constraint (V of them), t's log-softmax and the
+   top_logprobs largest (value down, id up). */
+static void fill_logprobs(const ember_gen_params *g, const float *x, int V, int32_t t, ember_event *ev) {
+    const double lse = ember_log_sum_exp(x, V); /* the log-softmax normaliser */
+    ev->logprob = (float)(x[t] - lse);
+    const int k = g->top_logprobs;
+    for (int i = 0; i < V && k > 0; i++) { /* insertion into a short sorted list */
+        float v = x[i];
+        int n = ev->n_top;
+        if (n == k && !(v > x[ev->top_ids[n - 1]])) continue;
+        int j = n < k ? n++ : n - 1;
+        while (j > 0 && v > x[ev->top_ids[j - 1]]) {
+            ev->top_ids[j] = ev->top_ids[j - 1];
+            j--;
+        }
+        ev->top_ids[j] = i;
+        ev->n_top = n;
+    }
+    for (int i = 0; i < ev->n_top; i++) ev->top_logprobs[i] = (float)(x[ev->top_ids[i]] - lse);
+}
+
 /* Samples row r's next token from lg (verifying draft when >= 0, see
    ember_sampler_sample_draft), or takes *tok as chosen when lg is NULL (a
-   greedy_plain row whose forward picked it, or a row pick_tokens drew),
-   records it and reports it. Returns
+   greedy_plain row whose forward picked it, or a row pick_tokens drew:
+   then lp, when not NULL, holds the token's log-probabilities), records it
+   and reports it. Returns
    EMBER_FINISH_NONE when the request goes on, else how it ends (ERROR: the
    event queue ran out of memory); the caller ends it (end_request) once
    its KV is settled. */
-static ember_finish emit_token(ember_engine *e, row *r, float *lg, int32_t draft, int32_t *tok) {
+static ember_finish emit_token(ember_engine *e, row *r, float *lg, int32_t draft, int32_t *tok,
+                               const ember_event *lp) {
     ember_model *m = e->m;
     const int V = m->cfg.vocab_size;
     const ember_gen_params *g = &r->s->g;
@@ -615,22 +641,12 @@ static ember_finish emit_token(ember_engine *e, row *r, float *lg, int32_t draft
     if (g->constrain_accept) g->constrain_accept(g->constrain_user, t);
     ev.token = t;
     if (want_lp) {
-        double lse = ember_log_sum_exp(e->raw, V); /* the log-softmax normaliser of the raw logits */
-        ev.logprob = (float)(e->raw[t] - lse);
-        int k = g->top_logprobs;
-        for (int i = 0; i < V && k > 0; i++) { /* insertion into a short sorted list */
-            float v = e->raw[i];
-            int n = ev.n_top;
-            if (n == k && !(v > e->raw[ev.top_ids[n - 1]])) continue;
-            int j = n < k ? n++ : n - 1;
-            while (j > 0 && v > e->raw[ev.top_ids[j - 1]]) {
-                ev.top_ids[j] = ev.top_ids[j - 1];
-                j--;
-            }
-            ev.top_ids[j] = i;
-            ev.n_top = n;
-        }
-        for (int i = 0; i < ev.n_top; i++) ev.top_logprobs[i] = (float)(e->raw[ev.top_ids[i]] - lse);
+        fill_logprobs(g, e->raw, V, t, &ev);
+    } else if (lp) {
+        ev.logprob = lp->logprob;
+        ev.n_top = lp->n_top;
+        memcpy(ev.top_ids, lp->top_ids, sizeof ev.top_ids);
+        memcpy(ev.top_logprobs, lp->top_logprobs, sizeof ev.top_logprobs);
     }
     r->hist[r->n_hist++] = t;
     r->n_gen++;
@@ -688,7 +704,7 @@ static bool verify_drafts(ember_engine *e, row *r, float *logits, uint64_t *acce
     for (;;) {
         float *lg = logits + (size_t)(j == 0 ? r->o_last : r->o_draft + j - 1) * V; /* penalties apply in place */
         int32_t want = j < d ? r->draft[j] : -1, t;
-        f = emit_token(e, r, lg, want, &t);
+        f = emit_token(e, r, lg, want, &t, NULL);
         if (j < d && t == want) acc++;
         if (f != EMBER_FINISH_NONE || j == d || t != want) break;
         j++;
@@ -979,16 +995,30 @@ static void plan_drafts(ember_engine *e, int *nt_io, int *no_io, size_t spare) {
     *no_io = no;
 }
 
+static bool wants_logprobs(const row *r) {
+    return r->s->g.logprobs || r->s->g.top_logprobs > 0;
+}
+
+/* Does process_logits leave row r's logits as they are (no bias, no
+   penalty)? */
+static bool logits_untouched(const row *r) {
+    const ember_gen_params *g = &r->s->g;
+    return g->n_logit_bias == 0 && (g->repetition_penalty == 1.0f || g->repetition_penalty == 0.0f) &&
+           g->presence_penalty == 0 && g->frequency_penalty == 0;
+}
+
 /* Does row r's token come from its logits row and its own state alone (no
-   drafts to verify, no constraint, no log-probabilities, which use the
-   engine's shared scratch)? Then pick_tokens may draw it beside others. */
+   drafts to verify, no constraint; log-probabilities only where the logits
+   stay untouched, so that they can be read after the draw without the
+   engine's shared copy)? Then pick_tokens may draw it beside others. */
 static bool pick_alone(const row *r) {
     const ember_gen_params *g = &r->s->g;
-    return r->n_draft == 0 && !g->constrain_mask && !g->constrain_accept && !g->logprobs && g->top_logprobs <= 0;
+    return r->n_draft == 0 && !g->constrain_mask && !g->constrain_accept && (!wants_logprobs(r) || logits_untouched(r));
 }
 
 /* One of pick_tokens' tasks: output pick_o[k]'s penalties and draw, as
-   emit_token would do them (the row's sampler, its logits row in place). */
+   emit_token would do them (the row's sampler, its logits row in place),
+   and its log-probabilities into pick_ev[o] when the request asks. */
 static void pick_task(void *ctx, int k, int thread) {
     (void)thread;
     ember_engine *e = ctx;
@@ -997,6 +1027,10 @@ static void pick_task(void *ctx, int k, int thread) {
     float *lg = e->m->logits + (size_t)o * (size_t)V;
     process_logits(r, lg, V);
     e->ids[o] = ember_sampler_sample(r->sampler, lg);
+    if (wants_logprobs(r)) { /* pick_alone: process_logits left lg as it was */
+        memset(&e->pick_ev[o], 0, sizeof e->pick_ev[o]);
+        fill_logprobs(&r->s->g, lg, V, e->ids[o], &e->pick_ev[o]);
+    }
 }
 
 /* Before take_outputs hands out a step's tokens (when the forward chose
@@ -1050,7 +1084,8 @@ static void take_outputs(ember_engine *e, int no, bool chosen) {
             produced = decoding;
             const bool have = chosen || e->picked[o]; /* the forward or pick_tokens chose it */
             int32_t t = have ? e->ids[o] : 0;
-            f = emit_token(e, r, have ? NULL : m->logits + (size_t)o * (size_t)V, -1, &t);
+            const ember_event *lp = !chosen && e->picked[o] && wants_logprobs(r) ? &e->pick_ev[o] : NULL;
+            f = emit_token(e, r, have ? NULL : m->logits + (size_t)o * (size_t)V, -1, &t, lp);
         }
         pthread_mutex_lock(&e->mu);
         e->stats.spec_drafted_total += drafted;
@@ -1292,6 +1327,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     e->ids = ember_malloc(n_out * sizeof *e->ids);
     e->pick_o = ember_malloc(n_out * sizeof *e->pick_o);
     e->picked = ember_calloc(n_out, sizeof *e->picked);
+    e->pick_ev = ember_calloc(n_out, sizeof *e->pick_ev);
     e->d_slot = ember_malloc((size_t)e->n_rows * sizeof *e->d_slot);
     e->d_nhist = ember_malloc((size_t)e->n_rows * sizeof *e->d_nhist);
     e->d_cap = ember_malloc((size_t)e->n_rows * sizeof *e->d_cap);
@@ -1300,8 +1336,8 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     e->d_out = ember_malloc((size_t)e->n_rows * sizeof *e->d_out);
     e->plan = ember_calloc((size_t)e->n_rows, sizeof *e->plan);
     e->steps = 1;
-    int rc = e->rows && e->raw && e->out_row && e->ids && e->pick_o && e->picked && e->plan && e->d_slot && e->d_nhist && e->d_cap && e->d_n && e->d_hist &&
-                     e->d_out
+    int rc = e->rows && e->raw && e->out_row && e->ids && e->pick_o && e->picked && e->pick_ev && e->plan &&
+                     e->d_slot && e->d_nhist && e->d_cap && e->d_n && e->d_hist && e->d_out
                  ? EMBER_OK
                  : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     ember_sampling sp;
