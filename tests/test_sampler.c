@@ -424,6 +424,24 @@ int main(void) {
     check_support();
     check_tie_cuts();
     check_infinite();
+    /* a greedy sampler makes its scratch when a temperature first comes: the same draws as one
+       made with it */
+    {
+        ember_sampler *g0 = mk(0, 0, 1, 0, 0, V), *t0 = mk(0.9f, 0, 0.9f, 0, 21, V);
+        CHECK(ember_sampler_sample(g0, lg) == 1 && ember_sampler_dense(g0) == NULL);
+        ember_sampling sp;
+        ember_sampling_init(&sp);
+        sp.temperature = 0.9f;
+        sp.top_p = 0.9f;
+        sp.seed = 21;
+        ember_error e2 = {0};
+        CHECK(ember_sampler_configure(g0, &sp, &e2) == EMBER_OK);
+        bool same = true;
+        for (int i = 0; i < 64; i++) same &= ember_sampler_sample(g0, lg) == ember_sampler_sample(t0, lg);
+        CHECK(same && ember_sampler_dense(g0) != NULL);
+        ember_sampler_free(g0);
+        ember_sampler_free(t0);
+    }
     /* bad parameters */
     ember_sampling p;
     ember_sampling_init(&p);

@@ -55,18 +55,20 @@ struct ember_sampler {
     ember_sampling p;
     int vocab;
     ember_rng rng;
-    cand *c;       /* [vocab] candidates: scaled logits, then probabilities */
-    float *w;      /* [vocab] dense: scaled logits, then unnormalised probabilities */
-    double *bsum;  /* [ceil(vocab / BLOCK)] dense: each block's sum of w */
-    int32_t *idx;  /* [vocab] radix_cut's scratch */
+    bool avx2;     /* the AVX2 copy of sampler_loops.h (the CPU has AVX2, not turned off) */
     int dist;      /* the last distribution: DIST_CANDS (c[0, n)), DIST_DENSE (w), DIST_NONE (none yet, or greedy) */
     int n;         /* DIST_CANDS: candidates kept */
     double total;  /* the kept mass */
-    bool avx2;     /* the AVX2 copy of sampler_loops.h (the CPU has AVX2, not turned off) */
+    /* the scratch of sampled draws: NULL until a configuration with a temperature (scratch_alloc) */
+    cand *c;        /* [vocab] candidates: scaled logits, then probabilities */
+    float *w;       /* [vocab] dense: scaled logits, then unnormalised probabilities */
+    double *bsum;   /* [ceil(vocab / BLOCK)] dense: each block's sum of w */
+    int32_t *idx;   /* [vocab] radix_cut's ids */
     uint32_t *keys; /* [vocab] radix_cut's keys of w */
-    int hcnt[4][RADIX_BINS]; /* radix_cut's histograms (four for its first level, see histogram4) */
-    double hmass[4][RADIX_BINS];
+    int (*hcnt)[RADIX_BINS];     /* [4] radix_cut's histograms (four for its first level, see histogram4) */
+    double (*hmass)[RADIX_BINS]; /* [4] */
 };
+
 static uint64_t splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -123,6 +125,40 @@ int32_t ember_argmax(const float *x, int n) {
     return 0;                     /* all NaN */
 }
 
+static void scratch_free(ember_sampler *s) {
+    free(s->c);
+    free(s->w);
+    free(s->idx);
+    free(s->keys);
+    free(s->bsum);
+    free(s->hcnt);
+    free(s->hmass);
+    s->c = NULL;
+    s->w = NULL;
+    s->idx = NULL;
+    s->keys = NULL;
+    s->bsum = NULL;
+    s->hcnt = NULL;
+    s->hmass = NULL;
+}
+
+/* The scratch of sampled draws (about 20 bytes an id, 3 MB for 152k ids),
+   made on the first configuration with a temperature: greedy rows never
+   need it. false (nothing kept) when memory runs out. */
+static bool scratch_alloc(ember_sampler *s) {
+    const size_t V = (size_t)s->vocab;
+    s->c = ember_malloc(V * sizeof *s->c);
+    s->w = ember_malloc(V * sizeof *s->w);
+    s->idx = ember_malloc(V * sizeof *s->idx);
+    s->keys = ember_malloc(V * sizeof *s->keys);
+    s->bsum = ember_malloc((V + BLOCK - 1) / BLOCK * sizeof *s->bsum);
+    s->hcnt = ember_malloc(4 * sizeof *s->hcnt);
+    s->hmass = ember_malloc(4 * sizeof *s->hmass);
+    if (s->c && s->w && s->idx && s->keys && s->bsum && s->hcnt && s->hmass) return true;
+    scratch_free(s);
+    return false;
+}
+
 int ember_sampler_configure(ember_sampler *s, const ember_sampling *p, ember_error *err) {
     if (!isfinite(p->temperature) || p->temperature < 0)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "temperature must be a finite number >= 0, got %g",
@@ -132,6 +168,8 @@ int ember_sampler_configure(ember_sampler *s, const ember_sampling *p, ember_err
     if (!(p->min_p >= 0 && p->min_p <= 1))
         return ember_err(err, EMBER_ERR_INVALID_ARG, "min_p must be in [0, 1], got %g", (double)p->min_p);
     if (p->top_k < 0) return ember_err(err, EMBER_ERR_INVALID_ARG, "top_k must be >= 0, got %d", p->top_k);
+    if (p->temperature > 0 && !s->w && !scratch_alloc(s))
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory for the sampler of a %d-token vocabulary", s->vocab);
     s->p = *p;
     ember_rng_seed(&s->rng, p->seed);
     return EMBER_OK;
@@ -144,13 +182,7 @@ int ember_sampler_new(const ember_sampling *p, int vocab, ember_sampler **out, e
     if (!s) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     s->vocab = vocab;
     s->avx2 = ember_isa_supported(EMBER_ISA_AVX2);
-    s->c = ember_malloc((size_t)vocab * sizeof *s->c);
-    s->w = ember_malloc((size_t)vocab * sizeof *s->w);
-    s->idx = ember_malloc((size_t)vocab * sizeof *s->idx);
-    s->keys = ember_malloc((size_t)vocab * sizeof *s->keys);
-    s->bsum = ember_malloc((size_t)((vocab + BLOCK - 1) / BLOCK) * sizeof *s->bsum);
-    int rc = s->c && s->w && s->idx && s->keys && s->bsum ? ember_sampler_configure(s, p, err)
-                                                : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    int rc = ember_sampler_configure(s, p, err);
     if (rc) {
         ember_sampler_free(s);
         return rc;
@@ -169,11 +201,7 @@ const float *ember_sampler_dense(const ember_sampler *s) {
 
 void ember_sampler_free(ember_sampler *s) {
     if (!s) return;
-    free(s->c);
-    free(s->w);
-    free(s->idx);
-    free(s->keys);
-    free(s->bsum);
+    scratch_free(s);
     free(s);
 }
 
@@ -203,8 +231,8 @@ static void keys_all(ember_sampler *s, const float *w, int n);
    Four histograms, one per element modulo 4, summed at the end: equal bins
    in a row (the common case) then do not wait on each other's updates. */
 static void histogram4(ember_sampler *s, const float *w, int n, bool by_mass) {
-    memset(s->hcnt, 0, sizeof s->hcnt);
-    if (by_mass) memset(s->hmass, 0, sizeof s->hmass);
+    memset(s->hcnt, 0, 4 * sizeof *s->hcnt);
+    if (by_mass) memset(s->hmass, 0, 4 * sizeof *s->hmass);
     const uint32_t *keys = s->keys;
     int i = 0;
     if (by_mass)

@@ -8,8 +8,9 @@
  * Speculative decoding verifies draft tokens through the same chain
  * (ember_sampler_sample_draft: greedy match, or rejection sampling).
  *
- * Ownership: a sampler owns its scratch (vocab-sized, allocated once) and its
- * RNG state; one sampler per row.
+ * Ownership: a sampler owns its scratch (about 20 bytes a vocabulary id,
+ * allocated by the first configuration with a temperature: a greedy row
+ * has none) and its RNG state; one sampler per row.
  */
 #ifndef EMBER_SAMPLE_SAMPLER_H
 #define EMBER_SAMPLE_SAMPLER_H
@@ -48,8 +49,9 @@ void ember_sampler_use_avx2(ember_sampler *s, bool on);
 const float *ember_sampler_dense(const ember_sampler *s);
 
 /* Re-validates and applies new parameters (and reseeds), keeping the
-   scratch: how one sampler serves successive requests on a row. On error
-   the sampler is unchanged. */
+   scratch (and making it with the first temperature above 0: out of memory
+   is EMBER_ERR_NOMEM): how one sampler serves successive requests on a row.
+   On error the sampler is unchanged. */
 int ember_sampler_configure(ember_sampler *s, const ember_sampling *p, ember_error *err);
 
 /* The next token for one row of logits (vocab floats). NaN logits never win. */
