@@ -17,7 +17,7 @@
 #   cache holds nothing of them from the mixed run). For each concurrency C each
 #   server is started fresh with C parallel slots (ember -P C; llama-server
 #   -np C with continuous batching), a 256-token context per slot and THREADS
-#   compute threads, warmed up with one request, measured on both workloads
+#   compute threads, warmed up with one request, measured on each workload
 #   and stopped; the servers never run together. PROMPT_VOCAB (default: the
 #   model's vocabulary) bounds the random prompt ids; EMBER_ISA (default auto)
 #   is ember's --isa (with EMBER_CPU_NO_VNNI=1 in the environment: the plain
