@@ -671,16 +671,26 @@ static void end_request(ember_engine *e, row *r, ember_finish f) {
         release_row(e, r, f, 0, NULL);
 }
 
+static bool wants_logprobs(const row *r) {
+    return r->s->g.logprobs || r->s->g.top_logprobs > 0;
+}
+
+/* Does process_logits leave row r's logits as they are (no bias, no
+   penalty)? */
+static bool logits_untouched(const row *r) {
+    const ember_gen_params *g = &r->s->g;
+    return g->n_logit_bias == 0 && (g->repetition_penalty == 1.0f || g->repetition_penalty == 0.0f) &&
+           g->presence_penalty == 0 && g->frequency_penalty == 0;
+}
+
 /* Does row r take the largest logit as it is (temperature 0; no bias,
    penalty, constraint, log-probabilities or drafts)? Then the forward may
    pick its token on the device (ember_batch.argmax): the same token as
    emit_token's sampler, without copying the logits row to the host. */
 static bool greedy_plain(const row *r) {
     const ember_gen_params *g = &r->s->g;
-    return r->phase != ROW_FREE && r->n_draft == 0 && g->sampling.temperature == 0 && g->n_logit_bias == 0 &&
-           (g->repetition_penalty == 1.0f || g->repetition_penalty == 0.0f) && g->presence_penalty == 0 &&
-           g->frequency_penalty == 0 && !g->constrain_mask && !g->constrain_accept && !g->logprobs &&
-           g->top_logprobs <= 0;
+    return r->phase != ROW_FREE && r->n_draft == 0 && g->sampling.temperature == 0 && logits_untouched(r) &&
+           !g->constrain_mask && !g->constrain_accept && !wants_logprobs(r);
 }
 
 /* Verifies row r's n_draft drafts against this step's logits (rows o_last,
@@ -993,18 +1003,6 @@ static void plan_drafts(ember_engine *e, int *nt_io, int *no_io, size_t spare) {
     }
     *nt_io = nt;
     *no_io = no;
-}
-
-static bool wants_logprobs(const row *r) {
-    return r->s->g.logprobs || r->s->g.top_logprobs > 0;
-}
-
-/* Does process_logits leave row r's logits as they are (no bias, no
-   penalty)? */
-static bool logits_untouched(const row *r) {
-    const ember_gen_params *g = &r->s->g;
-    return g->n_logit_bias == 0 && (g->repetition_penalty == 1.0f || g->repetition_penalty == 0.0f) &&
-           g->presence_penalty == 0 && g->frequency_penalty == 0;
 }
 
 /* Does row r's token come from its logits row and its own state alone (no

@@ -259,7 +259,7 @@ static void histogram4(ember_sampler *s, const float *w, int n, bool by_mass) {
    when from is NULL), with `taken` already walked above them: sorts them
    (value down, id up) and walks. Same results as radix_cut. */
 static bool sort_cut(ember_sampler *s, const float *w, const int32_t *from, int m, bool by_mass, double need,
-                     double taken, uint32_t *key, int *ties, int *n_key) {
+                     double taken, int *ties, int *n_key) {
     cand *c = s->c;
     for (int j = 0; j < m; j++) {
         int i = from ? from[j] : j;
@@ -276,7 +276,6 @@ static bool sort_cut(ember_sampler *s, const float *w, const int32_t *from, int 
     while (a > 0 && c[a - 1].v == c[j].v) a--;
     while (b < m && c[b].v == c[j].v) b++;
     for (int r = a; r < b; r++) s->idx[r - a] = c[r].id;
-    *key = fkey(c[j].v);
     *ties = j - a + 1;
     *n_key = b - a;
     return true;
@@ -285,15 +284,14 @@ static bool sort_cut(ember_sampler *s, const float *w, const int32_t *from, int 
 /* Where a walk over w[0, n) from the largest value down (equal values:
    lowest id first) reaches `need`: counting elements (by_mass false), or
    summing the values themselves (by_mass true; they are then >= 0). w has
-   no NaN. On true, *key is the key (fkey) of the element that reaches it:
-   the walk takes every element with a greater key and the first *ties of
-   the *n_key elements with that key, by id. false: the walk never reaches
+   no NaN. On true, s->idx[0, *n_key) holds, by id, the elements with the
+   value of the one that reaches it (the cut): the walk takes every element
+   greater than the cut and the first *ties of those. false: the walk never reaches
    need (it takes everything). Three levels of histograms over the key's
    bits (11, 11, 10), each over the elements of the previous level's bin,
    until RADIX_SORT_BELOW or fewer are left: those are sorted (sort_cut).
    Uses s->keys, s->hcnt, s->hmass, s->idx and s->c. */
-static bool radix_cut(ember_sampler *s, const float *w, int n, bool by_mass, double need, uint32_t *key,
-                      int *ties, int *n_key) {
+static bool radix_cut(ember_sampler *s, const float *w, int n, bool by_mass, double need, int *ties, int *n_key) {
     static const int shift[3] = {21, 10, 0}, bins[3] = {2048, 2048, 1024};
     int *cnt = s->hcnt[0];
     double *mass = s->hmass[0], taken = 0; /* elements or mass taken above the bin under study */
@@ -302,7 +300,7 @@ static bool radix_cut(ember_sampler *s, const float *w, int n, bool by_mass, dou
     int m = n; /* level 0: all of w; later levels idx[0, m) */
     uint32_t prefix = 0;
     for (int lv = 0; lv < 3; lv++) {
-        if (m <= RADIX_SORT_BELOW) return sort_cut(s, w, lv ? idx : NULL, m, by_mass, need, taken, key, ties, n_key);
+        if (m <= RADIX_SORT_BELOW) return sort_cut(s, w, lv ? idx : NULL, m, by_mass, need, taken, ties, n_key);
         const int sh = shift[lv], nb = bins[lv];
         const uint32_t mask = (uint32_t)nb - 1;
         if (lv == 0) {
@@ -344,7 +342,6 @@ static bool radix_cut(ember_sampler *s, const float *w, int n, bool by_mass, dou
     } else {
         t = (int)(need - taken);
     }
-    *key = prefix;
     *ties = t;
     *n_key = m;
     return true;
@@ -507,9 +504,8 @@ static void build_dense(ember_sampler *s, float mx) {
     expo_all(s, mx);
     if (p->top_p < 1.0f) {
         double total = block_sums(s);
-        uint32_t key;
         int ties, n_key;
-        if (radix_cut(s, w, V, true, (double)p->top_p * total, &key, &ties, &n_key)) {
+        if (radix_cut(s, w, V, true, (double)p->top_p * total, &ties, &n_key)) {
             const float cut = w[s->idx[0]]; /* the value with that key */
             floor_all(s, cut);
             for (int t = ties; t < n_key; t++) w[s->idx[t]] = 0.0f; /* ties past the walk's end */
@@ -540,9 +536,8 @@ static bool build_dist(ember_sampler *s, const float *logits) {
     }
     int n = 0;
     if (isfinite(mx) && sunk == 0) { /* top_k: the k best by value, then id; the rest of w is above -inf */
-        uint32_t key;
         int ties, n_key;
-        (void)radix_cut(s, w, V, false, (double)p->top_k, &key, &ties, &n_key); /* usable > top_k: found */
+        (void)radix_cut(s, w, V, false, (double)p->top_k, &ties, &n_key); /* usable > top_k: found */
         const float cut = w[s->idx[0]]; /* the value with that key: greater values are above it */
         for (int i = 0; i < V; i++)
             if (w[i] > cut) s->c[n++] = (cand){w[i], i};
