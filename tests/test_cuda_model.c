@@ -477,7 +477,16 @@ static void test_refusals(void) {
     mp.device = "cuda:999";
     CHECK(ember_model_load(f.dir, &mp, &m, &err) == EMBER_ERR_INVALID_ARG && m == NULL);
     CHECKF(strstr(err.msg, "no such device"), "%s", err.msg);
+    /* a KV cache past the device's memory (65,536 rows of 65,536 positions: terabytes) is refused
+       before the weights load, by the fit check (its message, not a failed allocation's) */
     mp.device = "cuda:0";
+    mp.n_rows = 1 << 16;
+    mp.n_ctx = 1 << 16;
+    CHECK(ember_model_load(f.dir, &mp, &m, &err) == EMBER_ERR_NOMEM && m == NULL);
+    CHECKF(strstr(err.msg, "KV cache") && strstr(err.msg, "GiB free of") && !strchr(err.msg, '\n'), "%s", err.msg);
+    fprintf(stderr, "refused: %s\n", err.msg);
+    mp.n_rows = 0;
+    mp.n_ctx = 0;
     CHECK(ember_model_load(f.dir, &mp, &m, &err) == EMBER_OK);
     ember_model_info info;
     ember_model_get_info(m, &info);

@@ -28,6 +28,42 @@ typedef struct kv_tol {
     float tol;
 } kv_tol;
 
+/* What a device's fit check (ember_model_load) counts before the weights
+   load, against what loading m made: the run state's buffers
+   (ember_llm_state_bytes of the config) and the KV cache's pools (a plan
+   from the config's layout, ember_cfg_kv_layout, with m's parameters). */
+static void check_sizes(const ember_model *m, const char *family) {
+    const ember_llm_state *st = m->st;
+    const ember_tensor *ts[] = {&st->x,        &st->h,       &st->q,        &st->k,       &st->v,        &st->att,
+                                &st->gate,     &st->up,      &st->sel,      &st->logits,  &st->moe_in,   &st->moe_x,
+                                &st->moe_y,    &st->moe_gate, &st->moe_up,  &st->moe_logits, &st->qgate, &st->lin_x,
+                                &st->lin_z,    &st->lin_b,   &st->lin_a,    &st->lin_o,   &st->ple_all,  &st->ple_one,
+                                &st->ple_g,    &st->mlp_out, &st->ple_tok,  &st->e3_tin,  &st->e3_s,     &st->e3_c,
+                                &st->e3_hid};
+    size_t held = 0;
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (ts[i]->buf) held += ts[i]->nbytes;
+    const size_t counted = ember_llm_state_bytes(&m->cfg, false, m->params.max_batch_tokens);
+    CHECKF(counted == held, "%s: the run state holds %zu bytes, ember_llm_state_bytes says %zu", family, held, counted);
+    int heads[EMBER_MAX_LAYERS], dims[EMBER_MAX_LAYERS], win[EMBER_MAX_LAYERS];
+    const int n = ember_cfg_kv_layout(&m->cfg, heads, dims, win);
+    for (int l = 0; l < n; l++)
+        CHECKF(win[l] == m->llm->layers[l].window, "%s: layer %d's window %d in the config's layout, %d in the model",
+               family, l, win[l], m->llm->layers[l].window);
+    ember_kv_params kp = {*ember_kv_get_type(m->kv), n, heads, dims, win, m->params.n_rows, m->params.n_ctx,
+                          m->params.kv_budget, -1, m->params.max_batch_tokens,
+                          m->cfg.n_linear ? m->cfg.layer_linear : NULL, ember_llm_rec_shape(&m->cfg)};
+    ember_kv *plan = NULL;
+    ember_error err = {0};
+    CHECKF(ember_kv_new(NULL, &kp, &plan, &err) == EMBER_OK, "%s: plan: %s", family, err.msg);
+    if (plan) {
+        CHECKF(ember_kv_pool_bytes(plan) == ember_kv_pool_bytes(m->kv) && ember_kv_pool_bytes(plan) > 0,
+               "%s: the plan's KV pools %zu bytes, the cache's %zu", family, ember_kv_pool_bytes(plan),
+               ember_kv_pool_bytes(m->kv));
+        ember_kv_free(plan);
+    }
+}
+
 static void run_family(const char *family, ember_isa isa, const kv_tol *kv) {
     fixture f;
     fixture_open(&f, family);
@@ -44,6 +80,7 @@ static void run_family(const char *family, ember_isa isa, const kv_tol *kv) {
         fixture_close(&f);
         return;
     }
+    check_sizes(m, family);
     float *lg[3];
     int32_t ids[3][24];
     for (int i = 0; i < 3; i++) lg[i] = malloc((size_t)(f.p[i].n + 23) * (size_t)f.vocab * sizeof(float));

@@ -354,6 +354,29 @@ static int rand_chunk(ctx *c, int r) {
     return 1 + (int)(rnd() % (uint32_t)lim);
 }
 
+/* A plan of p (ember_kv_new without a backend) against the cache kv made
+   of p: the same sizes, and the pools' bytes those kv allocated. */
+static void check_plan(const ember_kv *kv, const ember_kv_params *p, const char *name) {
+    ember_kv *plan = NULL;
+    ember_error err = {0};
+    CHECKF(ember_kv_new(NULL, p, &plan, &err) == EMBER_OK, "%s: plan: %s", name, err.msg);
+    if (!plan) return;
+    size_t real = 0;
+    for (int g = 0; g < kv->n_groups; g++)
+        for (int i = 0; i < kv->g[g].n_pools; i++) {
+            CHECKF(kv->g[g].pool[i].buf && !plan->g[g].pool[i].buf, "%s: group %d pool %d allocated in the plan", name,
+                   g, i);
+            real += kv->g[g].pool[i].t.nbytes;
+        }
+    CHECKF(ember_kv_pool_bytes(kv) == real, "%s: pool bytes %zu, the buffers %zu", name, ember_kv_pool_bytes(kv), real);
+    CHECKF(ember_kv_pool_bytes(plan) == real, "%s: the plan's pool bytes %zu, the cache's %zu", name,
+           ember_kv_pool_bytes(plan), real);
+    CHECK(ember_kv_capacity_bytes(plan) == ember_kv_capacity_bytes(kv));
+    CHECK(ember_kv_request_bytes(plan, CTX) == ember_kv_request_bytes(kv, CTX));
+    CHECK(ember_kv_bytes_per_token(plan, false) == ember_kv_bytes_per_token(kv, false));
+    ember_kv_free(plan);
+}
+
 /* budget_rows > 0: a budget of that many full rows, so appends get refused */
 static void run_kind(const char *kind, int group, int quant_start, double budget_rows, int steps) {
     ctx *c = calloc(1, sizeof *c);
@@ -378,6 +401,7 @@ static void run_kind(const char *kind, int group, int quant_start, double budget
     }
     CHECKF(rc == EMBER_OK, "%s: %s", name, err.msg);
     if (rc) return;
+    check_plan(c->kv, &p, name);
     ember_kv_rowstate *held[3] = {0};
     int n_nomem = 0, n_ok = 0;
     size_t touched_max = 0;
@@ -544,9 +568,23 @@ int main(void) {
         run_kind(kinds[i].kind, kinds[i].group, kinds[i].quant_start, 0, steps);
         run_kind(kinds[i].kind, kinds[i].group, kinds[i].quant_start, 1.5, steps / 2);
     }
-    /* bad kinds and sizes are refused */
+    /* a plan allocates nothing: 65,536 rows of 65,536 positions plan at once,
+       and their size is reported: a budget of 3 TiB (768 bytes a position),
+       for each of the two layer groups (heads x dims 2 x 16 and 1 x 32) a
+       pool of the whole budget (kv.h: ember_kv_pool_bytes) */
     ember_kv_type t;
     ember_error err = {0};
+    CHECK(ember_kv_type_parse("f32", 0, 0, &t, &err) == EMBER_OK);
+    ember_kv_params big = {t, LAYERS, k_heads, k_dims, NULL, 1 << 16, 1 << 16, 0, RETAIN, CHUNK, NULL, {0}};
+    ember_kv *plan = NULL;
+    CHECKF(ember_kv_new(NULL, &big, &plan, &err) == EMBER_OK, "%s", err.msg);
+    if (plan) {
+        const size_t want = (size_t)2 * 768 << 32;
+        CHECKF(ember_kv_pool_bytes(plan) >= want && ember_kv_pool_bytes(plan) < want + (want >> 10),
+               "the big plan's pools: %zu bytes", ember_kv_pool_bytes(plan));
+        ember_kv_free(plan);
+    }
+    /* bad kinds and sizes are refused */
     CHECK(ember_kv_type_parse("q5", 0, 0, &t, &err) == EMBER_ERR_INVALID_ARG && strstr(err.msg, "q5"));
     CHECK(ember_kv_type_parse("tq-k9v4", 0, 0, &t, &err) == EMBER_ERR_INVALID_ARG);
     CHECK(ember_kv_type_parse("tq-k4", 0, 0, &t, &err) == EMBER_ERR_INVALID_ARG);

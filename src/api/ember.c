@@ -93,18 +93,24 @@ static size_t weight_file_bytes(const char *path, bool gguf) {
     return total;
 }
 
-/* On a GPU: refuses weights that do not fit its free memory, before any
-   is uploaded. */
-static int check_device_fit(ember_model *m, const char *path, bool gguf, ember_error *err) {
+/* On a GPU: refuses a model whose weights (their files' size), KV cache
+   (kv_bytes, ember_kv_pool_bytes of its plan) and run state (the config's
+   ember_llm_state_bytes) do not fit the device's free memory, before any
+   weight is uploaded; the error names each part and what is free. */
+static int check_device_fit(ember_model *m, const char *path, bool gguf, size_t kv_bytes, size_t state_bytes,
+                            ember_error *err) {
     size_t fr, total;
     if (strcmp(m->be->ops->name, "cuda")) return EMBER_OK;
     int rc = ember_cuda_mem_info(m->be, &fr, &total, err);
     if (rc) return rc;
-    size_t need = weight_file_bytes(path, gguf);
-    if (need > fr)
+    const size_t wb = weight_file_bytes(path, gguf);
+    const double G = 1 << 30;
+    if (wb > fr || kv_bytes > fr - wb || state_bytes > fr - wb - kv_bytes)
         return ember_err(err, EMBER_ERR_NOMEM,
-                         "%s: the weights need %.2f GiB on %s, which has %.2f GiB free of %.2f GiB", path,
-                         (double)need / (1 << 30), m->device, (double)fr / (1 << 30), (double)total / (1 << 30));
+                         "%s needs %.2f GiB on %s (weights %.2f GiB, KV cache %.2f GiB, run state %.2f GiB), which "
+                         "has %.2f GiB free of %.2f GiB (a smaller --kv-budget, context or -P would shrink the KV cache)",
+                         path, ((double)wb + (double)kv_bytes + (double)state_bytes) / G, m->device, (double)wb / G,
+                         (double)kv_bytes / G, (double)state_bytes / G, (double)fr / G, (double)total / G);
     return EMBER_OK;
 }
 
@@ -122,8 +128,11 @@ static int check_kv_kind(const ember_model *m, const ember_model_params *p, embe
 }
 
 /* Creates m->kv for params p (n_ctx lowered when it is the default and one
-   row of it would not fit the budget). */
-static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, ember_error *err) {
+   row of it would not fit the budget). plan_bytes non-NULL: makes only the
+   plan (ember_kv_new without a backend), sets *plan_bytes to the bytes its
+   pools would take and p->n_ctx as the cache would lower it, and leaves
+   m->kv NULL. */
+static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, size_t *plan_bytes, ember_error *err) {
     ember_kv_type kt;
     int rc = ember_kv_type_parse(p->kv_type, p->kv_group_size, p->kv_quant_start, &kt, err);
     if (rc) return rc;
@@ -136,14 +145,21 @@ static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, embe
         free(win);
         return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
-    const int n_kv = ember_llm_kv_layout(m->llm, heads, dims, win); /* per layer; KV-shared layers have none */
+    const int n_kv = ember_cfg_kv_layout(&m->cfg, heads, dims, win); /* per layer; KV-shared layers have none */
     ember_kv_params kp = {kt, n_kv, heads, dims, win, p->n_rows, p->n_ctx, p->kv_budget, -1, p->max_batch_tokens,
                           m->cfg.n_linear ? m->cfg.layer_linear : NULL, ember_llm_rec_shape(&m->cfg)};
     for (;;) {
-        rc = ember_kv_new(m->be, &kp, &m->kv, err);
+        rc = ember_kv_new(plan_bytes ? NULL : m->be, &kp, &m->kv, err);
         if (rc) break;
         size_t need = ember_kv_request_bytes(m->kv, kp.n_ctx), cap = ember_kv_capacity_bytes(m->kv);
-        if (need <= cap) break;
+        if (need <= cap) {
+            if (plan_bytes) {
+                *plan_bytes = ember_kv_pool_bytes(m->kv);
+                ember_kv_free(m->kv);
+                m->kv = NULL;
+            }
+            break;
+        }
         /* one row of the context does not fit the budget */
         size_t per = ember_kv_bytes_per_token(m->kv, false);
         ember_kv_free(m->kv);
@@ -156,8 +172,9 @@ static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, embe
                            kp.n_ctx, (double)need / (1 << 30), (double)cap / (1 << 30));
             break;
         }
-        ember_log(&m->log, EMBER_LOG_WARN, "context lowered from %d to %d positions to fit the KV budget", kp.n_ctx,
-                  fit);
+        if (!plan_bytes)
+            ember_log(&m->log, EMBER_LOG_WARN, "context lowered from %d to %d positions to fit the KV budget", kp.n_ctx,
+                      fit);
         kp.n_ctx = fit;
         p->n_ctx = fit;
     }
@@ -293,21 +310,19 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
         snprintf(m->device, sizeof m->device, "cpu");
     else
         snprintf(m->device, sizeof m->device, "cuda:%d", cuda);
+    /* the config first, then the parameters it settles, then the device's
+       room for weights, KV cache and run state, and only then the weights */
+    ember_gguf *gf = NULL;
     if (gguf) {
-        if ((rc = make_backend(m, &p, cuda, err)) || (rc = check_kv_kind(m, &p, err)) ||
-            (rc = check_device_fit(m, path, gguf, err)))
-            goto fail;
-        if ((rc = ember_llm_load_gguf(path, m->be, &m->cfg, &m->llm, err))) goto fail;
+        ember_rope_mode mode;
+        if ((rc = ember_gguf_open(path, &gf, err)) || (rc = ember_gguf_model_config(gf, &m->cfg, &mode, err))) goto fail;
     } else {
         if ((rc = ember_config_load(path, &m->cfg, err))) goto fail;
         if ((rc = ember_weights_open(path, &m->weights, err))) goto fail;
         if (m->cfg.text_of_multimodal && (rc = ember_weights_use_text_model(m->weights, err))) goto fail;
         if (m->cfg.dflash) m->weights->text_prefix = ""; /* a DFlash draft model's layers.* read as model.layers.* */
-        if ((rc = make_backend(m, &p, cuda, err)) || (rc = check_kv_kind(m, &p, err)) ||
-            (rc = check_device_fit(m, path, gguf, err)))
-            goto fail;
-        if ((rc = ember_llm_load(&m->cfg, m->weights, m->be, &m->llm, err))) goto fail;
     }
+    if ((rc = make_backend(m, &p, cuda, err)) || (rc = check_kv_kind(m, &p, err))) goto fail;
     if (p.n_rows <= 0) p.n_rows = 1;
     bool ctx_default = p.n_ctx <= 0;
     if (ctx_default) p.n_ctx = m->cfg.max_pos < 4096 ? m->cfg.max_pos : 4096;
@@ -319,9 +334,22 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
     if (cuda < 0) {
         p.n_threads = ember_backend_cpu_threads(m->be);
         p.isa = ember_backend_cpu_isa(m->be);
+    } else {
+        size_t kv_bytes = 0;
+        if ((rc = make_kv(m, &p, ctx_default, &kv_bytes, err)) ||
+            (rc = check_device_fit(m, path, gguf, kv_bytes, ember_llm_state_bytes(&m->cfg, true, p.max_batch_tokens),
+                                   err)))
+            goto fail;
     }
     p.device = m->device;
-    if ((rc = make_kv(m, &p, ctx_default, err)) ||
+    if (gguf) {
+        rc = ember_llm_from_gguf(gf, m->be, &m->cfg, &m->llm, err); /* owns gf, also on failure */
+        gf = NULL;
+        if (rc) goto fail;
+    } else if ((rc = ember_llm_load(&m->cfg, m->weights, m->be, &m->llm, err))) {
+        goto fail;
+    }
+    if ((rc = make_kv(m, &p, ctx_default, NULL, err)) ||
         (rc = ember_llm_state_new(m->llm, p.max_batch_tokens, p.n_rows, &m->st, err)))
         goto fail;
     p.kv_type = ember_kv_get_type(m->kv)->name; /* owned by the cache */
@@ -348,6 +376,7 @@ int ember_model_load(const char *path, const ember_model_params *params, ember_m
     *out = m;
     return EMBER_OK;
 fail:
+    ember_gguf_free(gf);
     ember_model_free(m);
     return rc;
 }
@@ -403,7 +432,7 @@ int ember_model_mtp_new(ember_model *target, ember_model **out, ember_error *err
     p.kv_budget = 0; /* full rows of its own (one layer): the target's budget is the target's */
     p.device = m->device;
     if ((rc = ember_llm_load(&m->cfg, m->weights, m->be, &m->llm, err)) || (rc = ember_mtp_bind(m->llm, target->llm, err)) ||
-        (rc = make_kv(m, &p, false, err)) || (rc = ember_llm_state_new(m->llm, p.max_batch_tokens, p.n_rows, &m->st, err))) {
+        (rc = make_kv(m, &p, false, NULL, err)) || (rc = ember_llm_state_new(m->llm, p.max_batch_tokens, p.n_rows, &m->st, err))) {
         ember_model_free(m);
         return rc;
     }

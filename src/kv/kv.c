@@ -123,6 +123,7 @@ static int pool_init(ember_kv *kv, kv_pool *p, size_t block_bytes, size_t budget
     if (cap > INT32_MAX / 2) cap = INT32_MAX / 2;
     if (cap < 1) cap = 1;
     p->cap = (int)cap;
+    if (!kv->be) return EMBER_OK; /* a plan: the size only */
     p->free = ember_malloc(cap * sizeof *p->free);
     p->ref = ember_calloc(cap, sizeof *p->ref);
     if (!p->free || !p->ref) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for the KV block tables");
@@ -377,6 +378,13 @@ size_t ember_kv_touched_bytes(const ember_kv *kv) {
 }
 size_t ember_kv_capacity_bytes(const ember_kv *kv) {
     return kv->budget;
+}
+size_t ember_kv_pool_bytes(const ember_kv *kv) {
+    size_t n = 0;
+    for (int g = 0; g < kv->n_groups; g++)
+        for (int i = 0; i < kv->g[g].n_pools; i++) n += (size_t)kv->g[g].pool[i].cap * kv->g[g].pool[i].block_bytes;
+    if (kv->rec.n_layers) n += (size_t)kv->rec.pool.cap * kv->rec.pool.block_bytes;
+    return n;
 }
 size_t ember_kv_free_bytes(const ember_kv *kv) {
     return kv->budget - kv->used;

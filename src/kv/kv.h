@@ -103,6 +103,11 @@ typedef struct ember_kv ember_kv;
 typedef struct ember_kv_rowstate ember_kv_rowstate;
 typedef struct ember_kv_prepared ember_kv_prepared;
 
+/* Makes the cache of p on be (its pools allocated there; *out freed with
+   ember_kv_free). be NULL makes a plan instead: the same layout and sizes,
+   no pool allocated, for asking ember_kv_pool_bytes (and the other size
+   queries) what the cache would take before anything is loaded; a plan
+   may be given to nothing but the size queries and ember_kv_free. */
 int ember_kv_new(ember_backend *be, const ember_kv_params *p, ember_kv **out, ember_error *err);
 void ember_kv_free(ember_kv *kv);
 
@@ -123,6 +128,11 @@ size_t ember_kv_request_bytes(const ember_kv *kv, int n);
 size_t ember_kv_need_bytes(const ember_kv *kv, int r, int n);
 size_t ember_kv_used_bytes(const ember_kv *kv);     /* blocks held, in bytes */
 size_t ember_kv_capacity_bytes(const ember_kv *kv); /* the budget */
+/* Bytes of the pools' buffers (a plan's: those ember_kv_new would allocate).
+   Each pool is sized to the whole budget (rows share the budget, not a
+   pool), so a cache of several layer groups allocates up to that many
+   budgets; on the CPU the part never handed out stays unmapped. */
+size_t ember_kv_pool_bytes(const ember_kv *kv);
 /* Bytes of the pools' blocks ever handed out (their high-water mark; blocks
    past it were never written): on the CPU, the part of the pools that is
    resident, up to page rounding. Grows until the load peaks, never shrinks. */

@@ -291,6 +291,99 @@ void ember_llm_state_free(ember_llm_state *st) {
     free(st);
 }
 
+/* One device buffer of the run state: tensor *t of [rows, cols] f32 in *buf. */
+typedef struct state_slot {
+    ember_tensor *t;
+    ember_buffer **buf;
+    int64_t rows, cols;
+} state_slot;
+
+/* The logits rows a forward computes at once on backend kind `device`. */
+static int64_t logit_rows(bool device, int max_tokens) {
+    const int lr = device ? LOGIT_ROWS_DEVICE : LOGIT_ROWS;
+    return max_tokens < lr ? max_tokens : lr;
+}
+
+/* Lists the device buffers of a run state of config c for T tokens a
+   forward and L logits rows into out (room for STATE_SLOTS), pointing
+   into st; returns their count. The one list both ember_llm_state_new
+   (which allocates them) and ember_llm_state_bytes (which sums them) read. */
+#define STATE_SLOTS 40
+static int state_slots(const ember_model_config *c, int64_t T, int64_t L, ember_llm_state *st, state_slot *out) {
+    int64_t Q = 0, KV = 0, I = 0; /* the widest layer's (gemma4's layers differ) */
+    for (int l = 0; l < c->n_layers; l++) {
+        const int64_t d = ember_cfg_head_dim(c, l), q = (int64_t)c->n_heads * d, kv = ember_cfg_kv_heads(c, l) * d;
+        Q = q > Q ? q : Q;
+        KV = kv > KV ? kv : KV;
+        I = ember_cfg_intermediate(c, l) > I ? ember_cfg_intermediate(c, l) : I;
+    }
+    const int64_t H = c->hidden_size;
+    int n = 0, b = 0;
+#define SLOT(tensor, bufs, r, cl) (out[n++] = (state_slot){&st->tensor, &st->bufs, (r), (cl)})
+    SLOT(x, bufs[b++], T, H);
+    SLOT(h, bufs[b++], T, H);
+    SLOT(q, bufs[b++], T, Q);
+    SLOT(k, bufs[b++], T, KV);
+    SLOT(v, bufs[b++], T, KV);
+    SLOT(att, bufs[b++], T, Q);
+    SLOT(gate, bufs[b++], T, I);
+    SLOT(up, bufs[b++], T, I);
+    SLOT(sel, bufs[b++], L, H);
+    SLOT(logits, bufs[b++], L, c->vocab_size);
+    if (c->n_experts) { /* the MoE block's scratch (state in model.h) */
+        const int64_t Is = c->shared_expert_size > (int64_t)c->n_shared_experts * c->moe_intermediate_size
+                               ? c->shared_expert_size
+                               : (int64_t)c->n_shared_experts * c->moe_intermediate_size,
+                      Im = Is > c->moe_intermediate_size ? Is : c->moe_intermediate_size;
+        SLOT(moe_in, bufs[b++], T, H);
+        SLOT(moe_x, bufs[b++], T, H);
+        SLOT(moe_y, bufs[b++], T, H);
+        SLOT(moe_gate, bufs[b++], T, Im);
+        SLOT(moe_up, bufs[b++], T, Im);
+        SLOT(moe_logits, bufs[b++], T, c->n_experts);
+    }
+    b = 16; /* the hybrid scratch's buffers follow the MoE block's places */
+    if (c->n_linear || c->attn_output_gate) { /* the hybrid layers' scratch */
+        const int64_t C = 2 * (int64_t)c->lin_k_heads * c->lin_k_dim + (int64_t)c->lin_v_heads * c->lin_v_dim,
+                      Z = (int64_t)c->lin_v_heads * c->lin_v_dim, Hv = c->lin_v_heads;
+#define AT_LEAST_1(x) ((x) > 0 ? (x) : 1)
+        SLOT(qgate, bufs[b++], T, AT_LEAST_1(Q));
+        SLOT(lin_x, bufs[b++], T, AT_LEAST_1(C));
+        SLOT(lin_z, bufs[b++], T, AT_LEAST_1(Z));
+        SLOT(lin_b, bufs[b++], T, AT_LEAST_1(Hv));
+        SLOT(lin_a, bufs[b++], T, AT_LEAST_1(Hv));
+        SLOT(lin_o, bufs[b++], T, AT_LEAST_1(Z));
+#undef AT_LEAST_1
+    }
+    if (c->ple_dim || c->moe_beside_mlp) { /* gemma4's scratch (state in model.h) */
+        const int64_t P = c->ple_dim ? c->ple_dim : 1;
+        SLOT(ple_all, g4_bufs[0], T, (int64_t)c->n_layers * P);
+        SLOT(ple_one, g4_bufs[1], T, P);
+        SLOT(ple_g, g4_bufs[2], T, P);
+        SLOT(mlp_out, g4_bufs[3], T, H);
+        SLOT(ple_tok, g4_bufs[4], T, (int64_t)c->n_layers * P);
+    }
+    if (c->eagle3 || c->dflash || c->mtp) { /* an EAGLE-3 / DFlash draft model's or MTP head's scratch */
+        const int64_t n_aux =
+            c->mtp ? 1 : c->dflash ? (c->df_n_ids ? c->df_n_ids : c->n_layers) : c->e3_n_aux ? c->e3_n_aux : 3;
+        SLOT(e3_tin, e3_bufs[0], T, n_aux * (c->dflash || c->mtp ? H : c->e3_target_hidden));
+        SLOT(e3_s, e3_bufs[1], 2 * T, H);
+        SLOT(e3_c, e3_bufs[2], 2 * T, H);
+        SLOT(e3_hid, e3_bufs[3], T, H);
+    }
+#undef SLOT
+    return n;
+}
+
+size_t ember_llm_state_bytes(const ember_model_config *c, bool device, int max_tokens) {
+    ember_llm_state st;
+    state_slot sl[STATE_SLOTS];
+    const int n = state_slots(c, max_tokens, logit_rows(device, max_tokens), &st, sl);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (size_t)(sl[i].rows * sl[i].cols) * sizeof(float);
+    return total;
+}
+
 int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember_llm_state **out,
                         ember_error *err) {
     *out = NULL;
@@ -300,41 +393,16 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
     ember_llm_state *st = ember_calloc(1, sizeof *st);
     if (!st) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     st->max_tokens = max_tokens;
-    const int lr = strcmp(m->be->ops->name, "cpu") ? LOGIT_ROWS_DEVICE : LOGIT_ROWS;
-    st->max_logit_rows = max_tokens < lr ? max_tokens : lr;
+    st->max_logit_rows = (int)logit_rows(strcmp(m->be->ops->name, "cpu") != 0, max_tokens);
     st->n_rows = n_kv_rows;
-    int64_t Q = 0, KV = 0, I = 0; /* the widest layer's (gemma4's layers differ) */
-    for (int l = 0; l < c->n_layers; l++) {
-        const int64_t d = ember_cfg_head_dim(c, l), q = (int64_t)c->n_heads * d, kv = ember_cfg_kv_heads(c, l) * d;
-        Q = q > Q ? q : Q;
-        KV = kv > KV ? kv : KV;
-        I = ember_cfg_intermediate(c, l) > I ? ember_cfg_intermediate(c, l) : I;
-    }
     const int64_t T = max_tokens, H = c->hidden_size, L = st->max_logit_rows;
-    struct {
-        ember_tensor *t;
-        int64_t cols, rows;
-    } want[] = {{&st->x, H, T},      {&st->h, H, T},     {&st->q, Q, T},   {&st->k, KV, T},
-                {&st->v, KV, T},     {&st->att, Q, T},   {&st->gate, I, T}, {&st->up, I, T},
-                {&st->sel, H, L},    {&st->logits, c->vocab_size, L}};
+    state_slot sl[STATE_SLOTS];
+    const int n_sl = state_slots(c, T, L, st, sl);
     int rc = EMBER_OK;
-    for (size_t i = 0; i < EMBER_ARRAY_LEN(want) && !rc; i++)
-        rc = ember_tensor_alloc(m->be, want[i].t, &st->bufs[i], EMBER_F32, 2, (const int64_t[]){want[i].rows, want[i].cols},
-                                err);
-    if (c->n_experts) { /* the MoE block's scratch (state in model.h) */
-        const int64_t E = c->n_experts, K = c->n_experts_used,
-                      Is = c->shared_expert_size > (int64_t)c->n_shared_experts * c->moe_intermediate_size
-                               ? c->shared_expert_size
-                               : (int64_t)c->n_shared_experts * c->moe_intermediate_size,
-                      Im = Is > c->moe_intermediate_size ? Is : c->moe_intermediate_size;
-        struct {
-            ember_tensor *t;
-            int64_t cols;
-        } moe[] = {{&st->moe_in, H}, {&st->moe_x, H}, {&st->moe_y, H},
-                   {&st->moe_gate, Im}, {&st->moe_up, Im}, {&st->moe_logits, E}};
-        for (size_t i = 0; i < EMBER_ARRAY_LEN(moe) && !rc; i++)
-            rc = ember_tensor_alloc(m->be, moe[i].t, &st->bufs[EMBER_ARRAY_LEN(want) + i], EMBER_F32, 2,
-                                    (const int64_t[]){T, moe[i].cols}, err);
+    for (int i = 0; i < n_sl && !rc; i++)
+        rc = ember_tensor_alloc(m->be, sl[i].t, sl[i].buf, EMBER_F32, 2, (const int64_t[]){sl[i].rows, sl[i].cols}, err);
+    if (c->n_experts) { /* the MoE block's host side */
+        const int64_t E = c->n_experts, K = c->n_experts_used;
         st->moe_host = ember_malloc((size_t)(T * E) * sizeof *st->moe_host);
         st->moe_sel = ember_malloc((size_t)(T * K) * sizeof *st->moe_sel);
         st->moe_w = ember_malloc((size_t)(T * K) * sizeof *st->moe_w);
@@ -344,39 +412,11 @@ int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember
         if (!rc && (!st->moe_host || !st->moe_sel || !st->moe_w || !st->moe_ids || !st->moe_ew || !st->moe_choice))
             rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
-    if (c->n_linear || c->attn_output_gate) { /* the hybrid layers' scratch */
-        const int64_t C = 2 * (int64_t)c->lin_k_heads * c->lin_k_dim + (int64_t)c->lin_v_heads * c->lin_v_dim,
-                      Z = (int64_t)c->lin_v_heads * c->lin_v_dim, Hv = c->lin_v_heads;
-        struct {
-            ember_tensor *t;
-            int64_t cols;
-        } hy[] = {{&st->qgate, Q}, {&st->lin_x, C}, {&st->lin_z, Z}, {&st->lin_b, Hv}, {&st->lin_a, Hv}, {&st->lin_o, Z}};
-        for (size_t i = 0; i < EMBER_ARRAY_LEN(hy) && !rc; i++)
-            rc = ember_tensor_alloc(m->be, hy[i].t, &st->bufs[EMBER_ARRAY_LEN(want) + 6 + i], EMBER_F32, 2,
-                                    (const int64_t[]){T, hy[i].cols > 0 ? hy[i].cols : 1}, err);
-    }
-    if (!rc && (c->ple_dim || c->moe_beside_mlp)) { /* gemma4's scratch (state in model.h) */
-        const int64_t P = c->ple_dim ? c->ple_dim : 1;
-        struct {
-            ember_tensor *t;
-            int64_t cols;
-        } g4[] = {{&st->ple_all, (int64_t)c->n_layers * P}, {&st->ple_one, P}, {&st->ple_g, P}, {&st->mlp_out, H},
-                  {&st->ple_tok, (int64_t)c->n_layers * P}};
-        for (size_t i = 0; i < EMBER_ARRAY_LEN(g4) && !rc; i++)
-            rc = ember_tensor_alloc(m->be, g4[i].t, &st->g4_bufs[i], EMBER_F32, 2, (const int64_t[]){T, g4[i].cols}, err);
+    if (c->ple_dim || c->moe_beside_mlp) {
         st->ple_ids = ember_malloc((size_t)T * sizeof *st->ple_ids);
         if (!rc && !st->ple_ids) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
-    if (!rc && (c->eagle3 || c->dflash || c->mtp)) { /* an EAGLE-3 / DFlash draft model's or MTP head's scratch */
-        const int64_t n_aux = c->mtp ? 1 : c->dflash ? (c->df_n_ids ? c->df_n_ids : c->n_layers) : c->e3_n_aux ? c->e3_n_aux : 3;
-        struct {
-            ember_tensor *t;
-            int64_t rows, cols;
-        } e3[] = {{&st->e3_tin, T, n_aux * (c->dflash || c->mtp ? H : c->e3_target_hidden)}, {&st->e3_s, 2 * T, H}, {&st->e3_c, 2 * T, H},
-                  {&st->e3_hid, T, H}};
-        for (size_t i = 0; i < EMBER_ARRAY_LEN(e3) && !rc; i++)
-            rc = ember_tensor_alloc(m->be, e3[i].t, &st->e3_bufs[i], EMBER_F32, 2, (const int64_t[]){e3[i].rows, e3[i].cols},
-                                    err);
+    if (c->eagle3 || c->dflash || c->mtp) {
         st->e3_idx = ember_malloc((size_t)(2 * T) * sizeof *st->e3_idx);
         if (!rc && !st->e3_idx) rc = ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     }
@@ -468,15 +508,18 @@ int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const emb
 
 /* ---- the KV cache's layers and the layout line (model.h) ------------------------------ */
 
-int ember_llm_kv_layout(const ember_llm *m, int *heads, int *dims, int *win) {
-    const ember_model_config *c = &m->cfg;
+int ember_cfg_kv_layout(const ember_model_config *c, int *heads, int *dims, int *win) {
     const int n = c->n_layers - c->n_kv_shared; /* the shared layers come last and own no cache layer */
     for (int l = 0; l < n; l++) {
         heads[l] = ember_cfg_kv_heads(c, l);
         dims[l] = ember_cfg_head_dim(c, l);
-        win[l] = m->layers[l].window;
+        win[l] = c->layer_window[l]; /* what build gives the layer */
     }
     return n;
+}
+
+int ember_llm_kv_layout(const ember_llm *m, int *heads, int *dims, int *win) {
+    return ember_cfg_kv_layout(&m->cfg, heads, dims, win);
 }
 
 void ember_llm_describe(const ember_llm *m, char *buf, size_t n) {

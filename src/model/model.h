@@ -116,6 +116,8 @@ typedef struct ember_llm {
    (gemma4) have none of their own: layer l attends over cache layer
    ember_cfg_kv_layer(&m->cfg, l). */
 int ember_llm_kv_layout(const ember_llm *m, int *heads, int *dims, int *win);
+/* The same from a config alone (before the weights are loaded). */
+int ember_cfg_kv_layout(const ember_model_config *c, int *heads, int *dims, int *win);
 
 /* One line describing the layout of model m beyond its config's sizes
    (sliding / global layers, per-layer shapes, KV sharing, per-layer inputs,
@@ -193,6 +195,10 @@ typedef struct ember_llm_state {
 } ember_llm_state;
 
 int ember_llm_state_new(const ember_llm *m, int max_tokens, int n_kv_rows, ember_llm_state **out, ember_error *err);
+/* Bytes of the backend buffers a run state of config c takes for max_tokens
+   tokens a forward (device: on a non-CPU backend, which computes more logits
+   rows at once); the host arrays beside them are not counted. */
+size_t ember_llm_state_bytes(const ember_model_config *c, bool device, int max_tokens);
 void ember_llm_state_free(ember_llm_state *st);
 
 typedef struct ember_batch {
