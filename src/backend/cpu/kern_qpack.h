@@ -79,6 +79,18 @@
             __builtin_prefetch((const void *)((uintptr_t)(p) + (size_t)(ahead) + pf_), 0, 3);                      \
     } while (0)
 
+/* Batches (several activation rows) sweep a group's weights once per tile
+   of rows, the first sweep waiting on memory; so the first tile of each
+   group also asks for the next group (pf: its start, NULL for none) block
+   by block into L2, where it waits for its own tiles (a group is at most
+   139 KB). */
+#define QP_PREFETCH_NEXT(pf, off, bb)                                                                              \
+    do {                                                                                                           \
+        if (pf)                                                                                                    \
+            for (size_t pf_ = 0; pf_ < (size_t)(bb); pf_ += 64)                                                    \
+                __builtin_prefetch((const void *)((uintptr_t)(pf) + (size_t)(off) + pf_), 0, 2);                   \
+    } while (0)
+
 /* ---- 32-element types ------------------------------------------------------ */
 
 #ifndef QP_NX32
@@ -116,7 +128,8 @@ ALWAYS_INLINE void qp32_quad(const unsigned char *p, int q, qv w[4], const int T
    (two passes of one half each read the group twice, the first pass waiting
    on memory with half the work to hide it). Per output nothing changes. */
 ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned char *x, size_t x_row, float *out,
-                             size_t ldo, const int NX, const int T, const int h0, const int NH) {
+                             size_t ldo, const int NX, const int T, const int h0, const int NH,
+                             const unsigned char *pf) {
     const size_t BG = 16 * (size_t)(T == EMBER_Q8_0 ? 34 : T == EMBER_Q4_0 ? 18 : 22);
     const int init = T == EMBER_Q8_0 ? Q8_INIT : T == EMBER_Q4_0 ? -8 : -16;
     const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row */
@@ -128,6 +141,7 @@ ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned cha
     for (int b = 0; b < nb; b++) {
         const unsigned char *p = wg + (size_t)b * BG;
         if (NX == 1 && T != EMBER_Q8_0) QP_PREFETCH(p, BG, 8 * BG); /* Q8_0: no gain seen in a noisy A/B */
+        QP_PREFETCH_NEXT(pf, (size_t)b * BG, BG);
 #pragma GCC unroll 2
         for (int hh = 0; hh < NH; hh++) {
             const int h = h0 + hh;
@@ -224,7 +238,7 @@ ALWAYS_INLINE void qpk_scale_min(const qv D[3], int j, qv *sc, qv *mn) {
 }
 
 ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned char *x, size_t x_row, float *out,
-                             size_t ldo, const int NX, const int T, const int h) {
+                             size_t ldo, const int NX, const int T, const int h, const unsigned char *pf) {
     const size_t BG = T == EMBER_Q4_K ? 2304 : 2816, qoff = T == EMBER_Q4_K ? 256 : 768;
     const qv m4 = qv_set8(0x0F), m10 = qv_set8(0x10);
     fv acc[QP_NX];
@@ -234,6 +248,7 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
         const unsigned char *p = wg + (size_t)b * BG;
         const unsigned char *yb = x + (size_t)b * sizeof(cpu_act256);
         if (NX == 1) QP_PREFETCH(p, BG, 2 * BG);
+        QP_PREFETCH_NEXT(pf, (size_t)b * BG, BG);
         qv D[3];
 #pragma GCC unroll 3
         for (int k = 0; k < 3; k++) D[k] = qv_load(p + 64 + 64 * k + QP_DW(h));
@@ -347,7 +362,7 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
    (the pair (-32 sc_j, -32 sc_j+1) against the dword (bsums[j], bsums[j+1]),
    |-32 sc| <= 4,096, |bsums| <= 2,032); all exact in 32 bits. */
 ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned char *x, size_t x_row, float *out,
-                             size_t ldo, const int NX, const int T, const int h) {
+                             size_t ldo, const int NX, const int T, const int h, const unsigned char *pf) {
     (void)T;
     const qv m4 = qv_set8(0x0F), m48 = qv_set8(0x30);
     fv acc[QP_NX];
@@ -357,6 +372,7 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
         const unsigned char *p = wg + (size_t)b * 3360;
         const unsigned char *yb = x + (size_t)b * sizeof(cpu_act256);
         if (NX == 1) QP_PREFETCH(p, 3360, 2 * 3360);
+        QP_PREFETCH_NEXT(pf, (size_t)b * 3360, 3360);
         qv S1[QP_NX];
 #pragma GCC unroll 8
         for (int c = 0; c < NX; c++) S1[c] = qv_zero();
@@ -447,14 +463,18 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
 #define QP_TILE(T)                                                                                                 \
     ((T) == EMBER_Q4_K || (T) == EMBER_Q5_K ? 1 : (T) == EMBER_Q6_K ? 2 : 0)
 
+/* One tile; *pf (the next group, QP_PREFETCH_NEXT) is asked for by this
+   tile and cleared, so a group's first tile alone prefetches. */
 ALWAYS_INLINE void qp_call(const unsigned char *wg, int nb, const unsigned char *x, size_t x_row, float *out,
-                           size_t ldo, const int NX, const int T, const int h, const int NH) {
+                           size_t ldo, const int NX, const int T, const int h, const int NH,
+                           const unsigned char **pf) {
     if (QP_TILE(T) == 1)
-        qpk4_tile(wg, nb, x, x_row, out, ldo, NX, T, h);
+        qpk4_tile(wg, nb, x, x_row, out, ldo, NX, T, h, *pf);
     else if (QP_TILE(T) == 2)
-        qpk6_tile(wg, nb, x, x_row, out, ldo, NX, T, h);
+        qpk6_tile(wg, nb, x, x_row, out, ldo, NX, T, h, *pf);
     else
-        qp32_tile(wg, nb, x, x_row, out, ldo, NX, T, h, NH);
+        qp32_tile(wg, nb, x, x_row, out, ldo, NX, T, h, NH, *pf);
+    *pf = NULL;
 }
 
 ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t xa_row, int mm, int K, float *out,
@@ -479,25 +499,26 @@ ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t 
     for (int g = 0; g < ngroups; g++) {
         const unsigned char *wg = (const unsigned char *)wp + (size_t)g * gbytes;
         float *og = out + 16 * (size_t)g;
+        const unsigned char *pf = mm > 1 && g + 1 < ngroups ? wg + gbytes : NULL; /* decode prefetches its own */
         int m1 = 0;
         for (int h = 0; h < 16 / QL; h++) {
             int m = 0;
             for (; m + NXT <= mm; m += NXT)
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, NXT, T, h, 1);
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, NXT, T, h, 1, &pf);
             if (NXT > 4 && m + 4 <= mm) {
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 4, T, h, 1);
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 4, T, h, 1, &pf);
                 m += 4;
             }
             if (m + 2 <= mm) {
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 2, T, h, 1);
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 2, T, h, 1, &pf);
                 m += 2;
             }
             m1 = m;
             if (m < mm && H1 == 1)
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 1, T, h, 1);
+                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 1, T, h, 1, &pf);
         }
         if (m1 < mm && H1 == 2)
-            qp_call(wg, nb, x + (size_t)m1 * xa_row, xa_row, og + (size_t)m1 * ldo, ldo, 1, T, 0, 2);
+            qp_call(wg, nb, x + (size_t)m1 * xa_row, xa_row, og + (size_t)m1 * ldo, ldo, 1, T, 0, 2, &pf);
     }
 }
 
