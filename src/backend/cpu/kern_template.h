@@ -68,7 +68,7 @@ ALWAYS_INLINE float w_scalar(const void *p, size_t idx, int wt) {
 
 /* out[j * ldo + i] = dot(w row i, x row j) for i < NW <= TW_MAX, j < NX <= TX_MAX. */
 ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int K, float *out,
-                      size_t ldo, const int NW, const int NX, const int wt) {
+                      size_t ldo, const int NW, const int NX, const int wt, const bool pf) {
     vec16 acc[TW_MAX][TX_MAX];
 #pragma GCC unroll 8
     for (int i = 0; i < NW; i++)
@@ -86,6 +86,10 @@ ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int
         for (; k + EMBER_LANES <= K; k += EMBER_LANES) {
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
+                if (pf && h == 0 && wt != W_F32) /* the next tile's rows (below) */
+#pragma GCC unroll 8
+                    for (int i = 0; i < NW; i++)
+                        __builtin_prefetch((const void *)((uintptr_t)w + ((size_t)(NW + i) * ldw + (size_t)k) * es), 0, 2);
                 vhalf wh[TW_MAX];
 #pragma GCC unroll 8
                 for (int i = 0; i < NW; i++) wh[i] = ld_wh(w, (size_t)i * ldw + (size_t)(k + 8 * h), wt);
@@ -107,8 +111,10 @@ ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int
         vec16 wv[TW_MAX];
         /* decode streams 16-bit weights once: ask for the next tile's rows at
            this k (bf16 decode: +12-17% at one thread on a quiet machine, more on
-           a busy one; f32 was slower with it in a noisy A/B, so not f32) */
-        if (NX == 1 && wt != W_F32)
+           a busy one; f32 was slower with it in a noisy A/B, so not f32); a
+           batch's first tile of input rows over these weights (pf) does the
+           same, so the next weight tile waits in L2 for its own first tile */
+        if ((NX == 1 || pf) && wt != W_F32)
 #pragma GCC unroll 8
             for (int i = 0; i < NW; i++)
                 __builtin_prefetch((const void *)((uintptr_t)w + ((size_t)(NW + i) * ldw + (size_t)k) * es), 0, 2);
@@ -143,10 +149,10 @@ ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int
    an m-block leaves over; each R its own unrolled instance. */
 #define TILE_CASE(n)                                                                          \
     case n:                                                                                   \
-        if (n <= TILE_X) mk(w, ldw, x, ldx, K, out, ldo, NW, n, wt);                          \
+        if (n <= TILE_X) mk(w, ldw, x, ldx, K, out, ldo, NW, n, wt, pf);                      \
         break;
 ALWAYS_INLINE void tile(const void *w, size_t ldw, const float *x, size_t ldx, int K, float *out,
-                        size_t ldo, const int NW, int R, const int wt) {
+                        size_t ldo, const int NW, int R, const int wt, const bool pf) {
     switch (R) {
         TILE_CASE(6)
         TILE_CASE(5)
@@ -170,15 +176,15 @@ ALWAYS_INLINE void gemm_rows(const void *w, size_t ldw, int nn, const float *x, 
         int n = 0;
         for (; n + TW <= nn; n += TW) {
             const void *wn = wb + (size_t)n * ldw * es;
-            for (int m = m0; m < m1; m += TILE_X)
+            for (int m = m0; m < m1; m += TILE_X) /* the first input tile prefetches the next weight tile */
                 tile(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, TW,
-                     m1 - m < TILE_X ? m1 - m : TILE_X, wt);
+                     m1 - m < TILE_X ? m1 - m : TILE_X, wt, m == m0 && m1 - m0 > 1 && n + 2 * TW <= nn);
         }
         for (; n < nn; n++) {
             const void *wn = wb + (size_t)n * ldw * es;
             for (int m = m0; m < m1; m += TILE_X)
                 tile(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, 1,
-                     m1 - m < TILE_X ? m1 - m : TILE_X, wt);
+                     m1 - m < TILE_X ? m1 - m : TILE_X, wt, false);
         }
     }
 }
@@ -210,6 +216,6 @@ static void CAT(KPREFIX, gemm_bf16)(const void *w, size_t ldw, int nn, const flo
 }
 static float CAT(KPREFIX, dot)(const float *a, const float *b, int n) {
     float r;
-    mk(a, 0, b, 0, n, &r, 0, 1, 1, W_F32);
+    mk(a, 0, b, 0, n, &r, 0, 1, 1, W_F32, false);
     return r;
 }
