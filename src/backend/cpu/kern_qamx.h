@@ -186,6 +186,9 @@ ALWAYS_INLINE void amx_drive(const void *wp, int ngroups, const void *xt, int mm
             for (int g = 0; g < ngroups; g++) {
                 const unsigned char *wg = (const unsigned char *)wp + (size_t)g * gbytes + (size_t)b0 * 16 * bb;
                 for (int b = 0; b < nbc; b++) amx_panel_blk(wg + (size_t)b * 16 * bb, &pan[b], T);
+                if (g + 1 < ngroups) /* the next group's chunk into L2 while this panel is swept */
+                    for (size_t o = 0; o < (size_t)nbc * 16 * bb; o += 64)
+                        __builtin_prefetch((const void *)((uintptr_t)wg + gbytes + o), 0, 2);
                 for (int t = tm0; t < tm1; t++)
                     amx_tile16(pan, nbc, x + (size_t)t * (size_t)nb + (size_t)b0,
                                out + (size_t)(16 * t) * ldo + 16 * g, ldo, mm - 16 * t < 16 ? mm - 16 * t : 16,
