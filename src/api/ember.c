@@ -172,9 +172,9 @@ static int make_kv(ember_model *m, ember_model_params *p, bool ctx_default, size
                            kp.n_ctx, (double)need / (1 << 30), (double)cap / (1 << 30));
             break;
         }
-        if (!plan_bytes)
-            ember_log(&m->log, EMBER_LOG_WARN, "context lowered from %d to %d positions to fit the KV budget", kp.n_ctx,
-                      fit);
+        /* said once: by the plan where there is one (the cache made after it needs no lowering) */
+        ember_log(&m->log, EMBER_LOG_WARN, "context lowered from %d to %d positions to fit the KV budget", kp.n_ctx,
+                  fit);
         kp.n_ctx = fit;
         p->n_ctx = fit;
     }
