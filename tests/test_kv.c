@@ -300,7 +300,12 @@ static int append(ctx *c, const int *n, bool fail) {
     int seen[ROWS] = {0};
     for (int t = 0; t < T; t++) pos[t] = c->ref[row[t]].len + seen[row[t]]++;
     ember_error err = {0};
+    size_t need = 0; /* a refusal must come from the budget, not from a pool that filled first */
+    for (int r = 0; r < ROWS; r++) need += ember_kv_need_bytes(c->kv, r, n[r]);
+    const size_t free_b = ember_kv_free_bytes(c->kv);
     int rc = ember_kv_begin(c->kv, row, pos, T, &err);
+    CHECKF(rc != EMBER_ERR_NOMEM || need > free_b, "%s: refused %zu bytes with %zu free (%s)", c->name, need, free_b,
+           err.msg);
     if (rc) return rc;
     static float kvals[ROWS * CHUNK][LAYERS][MAXHD], vvals[ROWS * CHUNK][LAYERS][MAXHD];
     for (int l = 0; l < LAYERS; l++) {
