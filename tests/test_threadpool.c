@@ -201,6 +201,11 @@ int main(void) {
         /* the share is printed rounded to a percent */
         CHECKF(busy <= 101 && (busy + 0.5) / 100 * wall * nt >= 3.9, "%d threads: sleep_task wall %g ms, busy %g%%", nt,
                wall, busy);
+        /* inline runs: with workers, the one run of a single task; without, all six */
+        unsigned long inl = 99;
+        row = strstr(buf, "| task |");
+        CHECK(row && sscanf(row, "| task | %*d | %*f | %*f | %*f | %*f%% | %*f%% | %lu |", &inl) == 1);
+        CHECKF(inl == (nt == 1 ? 6u : 1u), "%d threads: %lu inline runs of task", nt, inl);
         ember_pool_free(p);
     }
 

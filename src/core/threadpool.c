@@ -75,6 +75,7 @@
 typedef struct pool_prof_key {
     const char *name; /* the task function's name (a string literal) */
     uint64_t runs, tasks, wall_ns, busy_ns;
+    uint64_t inline_runs; /* runs on the calling thread alone (one task, or no workers) */
 } pool_prof_key;
 
 typedef struct pool_prof {
@@ -292,6 +293,7 @@ void ember_pool_run_named(ember_pool *p, int n_tasks, ember_task_fn fn, void *ct
     k->wall_ns += t1 - t0;
     if (p->n_started == 0 || n_tasks == 1) {
         k->busy_ns += t1 - t0; /* ran inline, not through take_tasks */
+        k->inline_runs++;
     } else {
         for (int i = 0; i < p->n_threads; i++) {
             k->busy_ns += pf->busy[(size_t)i * PROF_SLOT];
@@ -322,8 +324,9 @@ void ember_pool_profile_write(const ember_pool *p, FILE *f, const char *what) {
     for (int i = 0; i < pf->n_keys; i++) wall += pf->key[i].wall_ns;
     fprintf(f, "%s, %d threads: pool runs %.3f ms, between runs %.3f ms\n\n", what ? what : "pool", p->n_threads,
             1e-6 * (double)wall, 1e-6 * (double)pf->gap_ns);
-    fprintf(f, "| task function | runs | tasks / run | wall ms | us / run | share of runs | busy / (wall x threads) |\n"
-               "| --- | --- | --- | --- | --- | --- | --- |\n");
+    fprintf(f, "| task function | runs | tasks / run | wall ms | us / run | share of runs | busy / (wall x threads) | "
+               "inline runs |\n"
+               "| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     bool shown[PROF_KEYS] = {false};
     for (int n = 0; n < pf->n_keys; n++) {
         int b = -1;
@@ -332,9 +335,10 @@ void ember_pool_profile_write(const ember_pool *p, FILE *f, const char *what) {
         shown[b] = true;
         const pool_prof_key *k = &pf->key[b];
         const double w = (double)k->wall_ns;
-        fprintf(f, "| %s | %llu | %.1f | %.3f | %.2f | %.1f%% | %.0f%% |\n", k->name, (unsigned long long)k->runs,
-                (double)k->tasks / (double)k->runs, 1e-6 * w, 1e-3 * w / (double)k->runs,
-                wall ? 100.0 * w / (double)wall : 0.0, w > 0 ? 100.0 * (double)k->busy_ns / (w * p->n_threads) : 0.0);
+        fprintf(f, "| %s | %llu | %.1f | %.3f | %.2f | %.1f%% | %.0f%% | %llu |\n", k->name,
+                (unsigned long long)k->runs, (double)k->tasks / (double)k->runs, 1e-6 * w, 1e-3 * w / (double)k->runs,
+                wall ? 100.0 * w / (double)wall : 0.0, w > 0 ? 100.0 * (double)k->busy_ns / (w * p->n_threads) : 0.0,
+                (unsigned long long)k->inline_runs);
     }
     fputc('\n', f);
 }
