@@ -24,6 +24,19 @@
  *      on 1, 4 and 7 threads.
  *   6. read of ranges up to 1.6 MB (copied in pieces on the pool) gives the
  *      bytes at each offset and writes nothing past the length.
+ *   7. add_rms_norm gives, bit for bit, what add then rms_norm give (x and
+ *      the output, the output in h as the models ask or apart), one row to
+ *      64, rows short enough to run inline and long ones on the pool,
+ *      plus_one or not, every ISA, 1, 2 and 7 threads; it refuses shapes
+ *      that do not match.
+ *   8. rope_kv_write gives, bit for bit, what rope(q), rope(k) and
+ *      kv_write give (q, k and the KV pool's bytes), over a row's prompt
+ *      (a block boundary crossed), two rows' tokens interleaved, a decode
+ *      step of a token per row (one landing on a block's first slot, which
+ *      the quantized kinds encode against the block before), one token
+ *      alone: f32, f16, bf16, q8 and q4 caches, NEOX and interleaved
+ *      rotations, partial rotary dims, grouped heads, every ISA, 1, 2 and 7
+ *      threads; it refuses q and k of different token counts.
  *
  * Ownership: each case allocates its buffers and frees them before the next.
  */
@@ -37,6 +50,7 @@
 #include "core/cpu.h"
 #include "formats/mlx_quant.h"
 #include "formats/quant.h"
+#include "kv/kv.h"
 #define TEST_RNG_SEED 0x5eed0b5ull
 #include "test.h"
 
@@ -443,7 +457,222 @@ static void test_read_large(void) {
     free(got);
 }
 
+/* A [n0 x n1 (x n2)] f32 tensor of be holding data (*t; the buffer returned, caller frees). */
+static ember_buffer *f32_data(ember_backend *be, ember_tensor *t, int ndim, const int64_t *shape, const float *data) {
+    ember_error err = {0};
+    ember_buffer *b = NULL;
+    if (!CHECKV(ember_tensor_alloc(be, t, &b, EMBER_F32, ndim, shape, &err) == EMBER_OK, "alloc: %s", err.msg))
+        return NULL;
+    CHECK(be->ops->write(be, t, 0, data, t->nbytes, &err) == EMBER_OK);
+    return b;
+}
+
+/* true when tensors a and b of be hold the same bytes. */
+static bool same_bytes(ember_backend *be, const ember_tensor *a, const ember_tensor *b) {
+    ember_error err = {0};
+    if (a->nbytes != b->nbytes) return false;
+    unsigned char *x = malloc(a->nbytes), *y = malloc(b->nbytes);
+    bool same = x && y && be->ops->read(be, a, 0, x, a->nbytes, &err) == EMBER_OK &&
+                be->ops->read(be, b, 0, y, b->nbytes, &err) == EMBER_OK && !memcmp(x, y, a->nbytes);
+    free(x);
+    free(y);
+    return same;
+}
+
+/* add_rms_norm on rows x D against add then rms_norm; out_in_h: the output goes to h (the models' use). */
+static void check_add_norm(ember_backend *be, int rows, int D, bool plus_one, bool out_in_h, const char *tag) {
+    ember_error err = {0};
+    const size_t n = (size_t)rows * D;
+    float *x = malloc(n * 4), *h = malloc(n * 4), *w = malloc((size_t)D * 4);
+    for (size_t i = 0; i < n; i++) x[i] = frnd() * 4.0f, h[i] = frnd() * 2.0f;
+    for (int i = 0; i < D; i++) w[i] = frnd() + 0.5f;
+    const int64_t sh[2] = {rows, D}, ws[1] = {D};
+    ember_tensor tx, th, to, rx, rh, ro, tw;
+    ember_buffer *b[7] = {f32_data(be, &tx, 2, sh, x), f32_data(be, &th, 2, sh, h), f32_data(be, &to, 2, sh, x),
+                          f32_data(be, &rx, 2, sh, x), f32_data(be, &rh, 2, sh, h), f32_data(be, &ro, 2, sh, x),
+                          f32_data(be, &tw, 1, ws, w)};
+    const float eps = 1e-5f;
+    ember_tensor *rout = out_in_h ? &rh : &ro, *tout = out_in_h ? &th : &to;
+    CHECKF(be->ops->add(be, &rx, &rx, &rh, &err) == EMBER_OK, "%s: add: %s", tag, err.msg);
+    CHECKF(be->ops->rms_norm(be, rout, &rx, &tw, eps, plus_one, &err) == EMBER_OK, "%s: rms_norm: %s", tag, err.msg);
+    CHECKF(be->ops->add_rms_norm(be, tout, &tx, &th, &tw, eps, plus_one, &err) == EMBER_OK, "%s: add_rms_norm: %s", tag,
+           err.msg);
+    CHECKF(same_bytes(be, &tx, &rx), "%s: x differs from add's", tag);
+    CHECKF(same_bytes(be, tout, rout), "%s: the output differs from add then rms_norm", tag);
+    if (!out_in_h) CHECKF(same_bytes(be, &th, &rh), "%s: h changed", tag);
+    for (int i = 0; i < 7; i++) ember_buffer_free(b[i]);
+    free(x);
+    free(h);
+    free(w);
+}
+
+static void test_add_rms_norm(void) {
+    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
+    static const int shapes[][2] = {{1, 64}, {3, 100}, {1, 896}, {16, 896}, {5, 4096}, {64, 96}};
+    for (int a = 0; a < 4; a++) {
+        if (!ember_isa_supported(isas[a])) continue;
+        for (int th = 1; th <= 7; th += th < 2 ? 1 : 5) {
+            ember_cpu_params p = {.n_threads = th, .isa = isas[a]};
+            ember_backend *be = NULL;
+            ember_error err = {0};
+            if (!CHECKV(ember_backend_cpu_new(&p, &be, &err) == EMBER_OK, "backend: %s", err.msg)) continue;
+            if (!CHECKV(be->ops->add_rms_norm != NULL, "no add_rms_norm")) {
+                ember_backend_free(be);
+                continue;
+            }
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                for (int v = 0; v < 4; v++) {
+                    char tag[96];
+                    snprintf(tag, sizeof tag, "add_rms_norm %s t%d %dx%d%s%s", ember_isa_name(isas[a]), th, shapes[s][0],
+                             shapes[s][1], v & 1 ? " plus_one" : "", v & 2 ? " into h" : "");
+                    check_add_norm(be, shapes[s][0], shapes[s][1], v & 1, v & 2, tag);
+                }
+            /* refusals: a weight of another length, h of another size */
+            ember_tensor x, h, w;
+            ember_buffer *bx, *bh, *bw;
+            const int64_t xs[2] = {2, 32}, hs[2] = {2, 16}, ws[1] = {16};
+            CHECK(ember_tensor_alloc(be, &x, &bx, EMBER_F32, 2, xs, &err) == EMBER_OK);
+            CHECK(ember_tensor_alloc(be, &h, &bh, EMBER_F32, 2, hs, &err) == EMBER_OK);
+            CHECK(ember_tensor_alloc(be, &w, &bw, EMBER_F32, 1, ws, &err) == EMBER_OK);
+            CHECK(be->ops->add_rms_norm(be, &x, &x, &h, &w, 1e-5f, false, &err) == EMBER_ERR_INVALID_ARG);
+            CHECK(be->ops->add_rms_norm(be, &h, &x, &x, &w, 1e-5f, false, &err) == EMBER_ERR_INVALID_ARG);
+            ember_buffer_free(bx);
+            ember_buffer_free(bh);
+            ember_buffer_free(bw);
+            ember_backend_free(be);
+        }
+    }
+}
+
+/* rope_kv_write against rope, rope, kv_write: two caches of one layer
+   (Hkv heads of D) take the same batches, one through the three ops, the
+   other through the fused one; q, k and the pools must match after each. */
+enum { RK_ROWS = 4, RK_CTX = 128, RK_MAXT = 48 };
+static void check_rope_kv(ember_backend *be, const char *kind, int Hkv, int rep, int D, int n_rot, bool neox,
+                          const char *tag0) {
+    ember_error err = {0};
+    ember_kv_type ty;
+    if (!CHECKV(ember_kv_type_parse(kind, 0, 0, &ty, &err) == EMBER_OK, "%s: %s", kind, err.msg)) return;
+    const int heads[1] = {Hkv}, dims[1] = {D};
+    ember_kv_params kp = {ty, 1, heads, dims, NULL, RK_ROWS, RK_CTX, 0, -1, RK_MAXT, NULL, {0}};
+    ember_kv *ref = NULL, *got = NULL;
+    if (!CHECKV(ember_kv_new(be, &kp, &ref, &err) == EMBER_OK && ember_kv_new(be, &kp, &got, &err) == EMBER_OK,
+                "%s: kv: %s", tag0, err.msg)) {
+        ember_kv_free(ref);
+        ember_kv_free(got);
+        return;
+    }
+    float inv_freq[512];
+    for (int i = 0; i < n_rot / 2; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / n_rot);
+    const ember_rope r = {inv_freq, n_rot, neox ? EMBER_ROPE_NEOX : EMBER_ROPE_INTERLEAVED, neox ? 1.0f : 0.875f};
+    /* the batches, each as a row per token (a row's tokens in order); the quantized kinds keep
+       their first block plain, so no batch crosses position 16 */
+    static const int32_t b_rows[][RK_MAXT] = {
+        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},          /* row 0's prompt, 0..15 */
+        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, /* 16..39: a block boundary */
+        {1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2}, /* two rows */
+        {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},          /* row 1: 16..31 */
+        {3, 0, 2, 1}, /* a decode step: row 2 at slot 0 of its second block, row 1 of its third */
+        {0},          /* one token alone */
+        {2, 3, 1, 0}, /* another decode step */
+    };
+    static const int b_len[] = {16, 24, 32, 16, 4, 1, 4};
+    int len[RK_ROWS] = {0};
+    for (size_t b = 0; b < sizeof b_len / sizeof b_len[0]; b++) {
+        const int T = b_len[b];
+        int32_t row[RK_MAXT], pos[RK_MAXT];
+        for (int t = 0; t < T; t++) row[t] = b_rows[b][t], pos[t] = len[row[t]]++;
+        char tag[160];
+        snprintf(tag, sizeof tag, "%s batch %zu (%d tokens)", tag0, b, T);
+        if (!CHECKV(ember_kv_begin(ref, row, pos, T, &err) == EMBER_OK, "%s: begin: %s", tag, err.msg)) break;
+        if (!CHECKV(ember_kv_begin(got, row, pos, T, &err) == EMBER_OK, "%s: begin: %s", tag, err.msg)) {
+            ember_kv_end(ref, false);
+            break;
+        }
+        const int Hq = Hkv * rep;
+        float *q = malloc((size_t)T * Hq * D * 4), *k = malloc((size_t)T * Hkv * D * 4),
+              *v = malloc((size_t)T * Hkv * D * 4);
+        for (int i = 0; i < T * Hq * D; i++) q[i] = frnd() * 3.0f;
+        for (int i = 0; i < T * Hkv * D; i++) k[i] = frnd() * 3.0f, v[i] = frnd();
+        const int64_t qs[3] = {T, Hq, D}, ks[3] = {T, Hkv, D};
+        ember_tensor rq, rk, rv, gq, gk, gv;
+        ember_buffer *bufs[6] = {f32_data(be, &rq, 3, qs, q), f32_data(be, &rk, 3, ks, k), f32_data(be, &rv, 3, ks, v),
+                                 f32_data(be, &gq, 3, qs, q), f32_data(be, &gk, 3, ks, k), f32_data(be, &gv, 3, ks, v)};
+        ember_kv_layer rviews[2], gviews[2];
+        ember_kv_map rm, gm;
+        ember_kv_map_for(ref, 0, row, pos, rviews, &rm);
+        ember_kv_map_for(got, 0, row, pos, gviews, &gm);
+        CHECKF(be->ops->rope(be, &rq, pos, &r, &err) == EMBER_OK && be->ops->rope(be, &rk, pos, &r, &err) == EMBER_OK &&
+                   be->ops->kv_write(be, &rm, &rk, &rv, &err) == EMBER_OK,
+               "%s: the three ops: %s", tag, err.msg);
+        CHECKF(be->ops->rope_kv_write(be, &gq, &gk, &gv, pos, &r, &gm, &err) == EMBER_OK, "%s: rope_kv_write: %s", tag,
+               err.msg);
+        CHECKF(same_bytes(be, &gq, &rq), "%s: q differs", tag);
+        CHECKF(same_bytes(be, &gk, &rk), "%s: k differs", tag);
+        CHECKF(rm.n_views == gm.n_views, "%s: views", tag);
+        for (int i = 0; i < rm.n_views && i < gm.n_views; i++)
+            CHECKF(same_bytes(be, rm.views[i].pool, gm.views[i].pool), "%s: pool %d differs", tag, i);
+        ember_kv_end(ref, true);
+        ember_kv_end(got, true);
+        for (int i = 0; i < 6; i++) ember_buffer_free(bufs[i]);
+        free(q);
+        free(k);
+        free(v);
+    }
+    /* refusal: q of another token count than k */
+    {
+        const int T = 2;
+        int32_t row[2] = {3, 3}, pos[2] = {len[3], len[3] + 1};
+        if (CHECKV(ember_kv_begin(got, row, pos, T, &err) == EMBER_OK, "%s: begin: %s", tag0, err.msg)) {
+            float z[2 * 16 * 512] = {0};
+            const int64_t qs[3] = {1, Hkv * rep, D}, ks[3] = {T, Hkv, D};
+            ember_tensor q, k, v;
+            ember_buffer *bq = f32_data(be, &q, 3, qs, z), *bk = f32_data(be, &k, 3, ks, z),
+                         *bv = f32_data(be, &v, 3, ks, z);
+            ember_kv_layer views[2];
+            ember_kv_map m;
+            ember_kv_map_for(got, 0, row, pos, views, &m);
+            CHECKF(be->ops->rope_kv_write(be, &q, &k, &v, pos, &r, &m, &err) == EMBER_ERR_INVALID_ARG,
+                   "%s: q of 1 token, k of 2 accepted", tag0);
+            ember_kv_end(got, false);
+            ember_buffer_free(bq);
+            ember_buffer_free(bk);
+            ember_buffer_free(bv);
+        }
+    }
+    ember_kv_free(ref);
+    ember_kv_free(got);
+}
+
+static void test_rope_kv_write(void) {
+    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
+    static const char *kinds[] = {"f32", "f16", "bf16", "q8", "q4"};
+    for (int a = 0; a < 4; a++) {
+        if (!ember_isa_supported(isas[a])) continue;
+        for (int th = 1; th <= 7; th += th < 2 ? 1 : 5) {
+            ember_cpu_params p = {.n_threads = th, .isa = isas[a]};
+            ember_backend *be = NULL;
+            ember_error err = {0};
+            if (!CHECKV(ember_backend_cpu_new(&p, &be, &err) == EMBER_OK, "backend: %s", err.msg)) continue;
+            if (!CHECKV(be->ops->rope_kv_write != NULL, "no rope_kv_write")) {
+                ember_backend_free(be);
+                continue;
+            }
+            for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+                char tag[96];
+                snprintf(tag, sizeof tag, "rope_kv_write %s t%d %s", ember_isa_name(isas[a]), th, kinds[k]);
+                check_rope_kv(be, kinds[k], 2, 4, 64, 64, true, tag);   /* grouped heads, NEOX */
+                check_rope_kv(be, kinds[k], 1, 2, 128, 32, false, tag); /* partial rotary dims, interleaved */
+                check_rope_kv(be, kinds[k], 3, 1, 64, 48, true, tag);
+            }
+            ember_backend_free(be);
+        }
+    }
+}
+
 int main(void) {
+    test_add_rms_norm();
+    test_rope_kv_write();
     test_read_large();
     test_host_run();
     test_argmax_rows();

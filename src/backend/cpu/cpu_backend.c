@@ -519,6 +519,45 @@ static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor
     return EMBER_OK;
 }
 
+/* ---- fused: add + rms_norm (backend.h add_rms_norm) ------------------------------------ */
+
+typedef struct addnorm_job {
+    norm_job n; /* n.x is x */
+    float *x;
+    const float *h;
+} addnorm_job;
+
+/* Row r: x += h (add's bits), then the norm of x into dst (rms_norm's);
+   dst may be h: its row is read before the norm writes it. */
+static void addnorm_task(void *ctx, int row, int thread) {
+    addnorm_job *j = ctx;
+    float *x = j->x + (size_t)row * (size_t)j->n.D;
+    const float *h = j->h + (size_t)row * (size_t)j->n.D;
+    for (int64_t i = 0; i < j->n.D; i++) x[i] = x[i] + h[i];
+    norm_task(&j->n, row, thread);
+}
+
+/* add(x, x, h) then rms_norm(dst, x, w) in one pool run, a task a row. */
+static int cpu_add_rms_norm(ember_backend *be, ember_tensor *dst, ember_tensor *x, const ember_tensor *h,
+                            const ember_tensor *w, float eps, bool plus_one, ember_error *err) {
+    const char *op = "add_rms_norm";
+    int rc;
+    if ((rc = need_f32(dst, op, "dst", err)) || (rc = need_f32(x, op, "x", err)) ||
+        (rc = need_f32(h, op, "h", err)) || (rc = need_f32(w, op, "weight", err)))
+        return rc;
+    int64_t D = ember_tensor_row_len(x), n = ember_tensor_nelem(x);
+    if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != n || ember_tensor_nelem(h) != n || D > INT32_MAX)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: shapes do not match", op);
+    addnorm_job j = {{cpu(be)->k, host(dst), host(x), host(w), D, eps, plus_one}, host(x), host(h)};
+    int rows = (int)ember_tensor_rows(x);
+    if (rows * D < 4096) {
+        for (int r = 0; r < rows; r++) addnorm_task(&j, r, 0);
+    } else {
+        ember_pool_run(cpu(be)->pool, rows, addnorm_task, &j);
+    }
+    return EMBER_OK;
+}
+
 /* ---- matmul ---------------------------------------------------------------------- */
 
 #define MAX_MM 16    /* products in one mm_job (a MoE token's 8 gate and 8 up projections) */
@@ -751,22 +790,25 @@ typedef struct rope_job {
     int H, D;
 } rope_job;
 
-static void rope_task(void *ctx, int t, int thread) {
-    (void)thread;
-    const rope_job *j = ctx;
-    int half = j->r->n_rot / 2;
-    float cs[512], sn[512];
-    float p = (float)j->pos[t];
+/* cs[i], sn[i] (i < n_rot / 2): the rotation of position p, scaled by
+   attn_factor. */
+static void rope_angles(const ember_rope *r, int32_t p, float *cs, float *sn) {
+    const int half = r->n_rot / 2;
     for (int i = 0; i < half; i++) {
-        float angle = p * j->r->inv_freq[i];
-        cs[i] = (float)cos((double)angle) * j->r->attn_factor;
-        sn[i] = (float)sin((double)angle) * j->r->attn_factor;
+        float angle = (float)p * r->inv_freq[i];
+        cs[i] = (float)cos((double)angle) * r->attn_factor;
+        sn[i] = (float)sin((double)angle) * r->attn_factor;
     }
-    for (int h = 0; h < j->H; h++) {
-        float *v = j->x + ((size_t)t * (size_t)j->H + (size_t)h) * (size_t)j->D;
+}
+
+/* Rotates the H heads of D values at x (one token) by cs, sn. */
+static void rope_heads(float *x, int H, int D, const ember_rope *r, const float *cs, const float *sn) {
+    const int half = r->n_rot / 2;
+    for (int h = 0; h < H; h++) {
+        float *v = x + (size_t)h * (size_t)D;
         for (int i = 0; i < half; i++) {
-            int a = j->r->mode == EMBER_ROPE_NEOX ? i : 2 * i;
-            int b = j->r->mode == EMBER_ROPE_NEOX ? i + half : 2 * i + 1;
+            int a = r->mode == EMBER_ROPE_NEOX ? i : 2 * i;
+            int b = r->mode == EMBER_ROPE_NEOX ? i + half : 2 * i + 1;
             float x0 = v[a], x1 = v[b];
             v[a] = x0 * cs[i] - x1 * sn[i];
             v[b] = x1 * cs[i] + x0 * sn[i];
@@ -774,14 +816,31 @@ static void rope_task(void *ctx, int t, int thread) {
     }
 }
 
+static void rope_task(void *ctx, int t, int thread) {
+    (void)thread;
+    const rope_job *j = ctx;
+    float cs[512], sn[512];
+    rope_angles(j->r, j->pos[t], cs, sn);
+    rope_heads(j->x + (size_t)t * (size_t)j->H * (size_t)j->D, j->H, j->D, j->r, cs, sn);
+}
+
+/* The checks of rope on x [T, H, D] with r: EMBER_OK or INVALID_ARG. */
+static int rope_check(const ember_tensor *x, const ember_rope *r, const char *op, const char *what,
+                      ember_error *err) {
+    int rc = need_f32(x, op, what, err);
+    if (rc) return rc;
+    if (x->ndim != 3) return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %s must be [T, H, D]", op, what);
+    const int D = (int)x->shape[2];
+    if (r->n_rot < 2 || r->n_rot % 2 || r->n_rot > D || r->n_rot > 1024)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %d rotated dims for head size %d", op, r->n_rot, D);
+    return EMBER_OK;
+}
+
 static int cpu_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, const ember_rope *r,
                     ember_error *err) {
-    int rc = need_f32(x, "rope", "x", err);
+    int rc = rope_check(x, r, "rope", "x", err);
     if (rc) return rc;
-    if (x->ndim != 3) return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: x must be [T, H, D]");
     int T = (int)x->shape[0], H = (int)x->shape[1], D = (int)x->shape[2];
-    if (r->n_rot < 2 || r->n_rot % 2 || r->n_rot > D || r->n_rot > 1024)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "rope: %d rotated dims for head size %d", r->n_rot, D);
     rope_job j = {host(x), pos, r, H, D};
     if (T == 1)
         rope_task(&j, 0, 0);
@@ -808,6 +867,27 @@ typedef struct kvrw_job {
     bool split; /* a task per head and token (every token of another row), else per head */
 } kvrw_job;
 
+/* Stores (write) or loads token t's head h of k and v at its row's position. */
+static void kvrw_one(const kvrw_job *j, int t, int h) {
+    const ember_kv_rowref *ref = &j->map->refs[j->map->row[t]];
+    const ember_kv_layer *L = &j->map->views[ref->layer_set];
+    int p = j->map->pos[t], slot = p % EMBER_KV_BLOCK;
+    size_t off = ((size_t)t * (size_t)j->H + (size_t)h) * (size_t)j->D;
+    unsigned char *kp = kv_piece(j->map, ref, p, h, true), *vp = kv_piece(j->map, ref, p, h, false);
+    if (j->write) {
+        /* the row's previous block, which a block's first slot may read */
+        int pb = p / EMBER_KV_BLOCK - 1;
+        const unsigned char *prev = NULL;
+        if (slot == 0 && pb >= ref->first && ref->blocks[pb - ref->first] >= 0)
+            prev = kv_piece(j->map, ref, pb * EMBER_KV_BLOCK, h, true);
+        ember_kv_encode(&L->k, j->D, true, j->k + off, kp, slot, prev, NULL);
+        ember_kv_encode(&L->v, j->D, false, j->v + off, vp, slot, NULL, NULL);
+    } else {
+        ember_kv_decode(&L->k, j->D, true, kp, slot, j->k + off);
+        ember_kv_decode(&L->v, j->D, false, vp, slot, j->v + off);
+    }
+}
+
 /* One head of every token, or of one token where each token has its own row:
    pieces of different heads never share bytes, nor blocks of different rows;
    a row's tokens stay in one task, in order (a block's first slot may read
@@ -817,25 +897,21 @@ static void kvrw_task(void *ctx, int task, int thread) {
     const kvrw_job *j = ctx;
     const int h = j->split ? task % j->H : task;
     const int t0 = j->split ? task / j->H : 0, t1 = j->split ? t0 + 1 : j->T;
-    for (int t = t0; t < t1; t++) {
-        const ember_kv_rowref *ref = &j->map->refs[j->map->row[t]];
-        const ember_kv_layer *L = &j->map->views[ref->layer_set];
-        int p = j->map->pos[t], slot = p % EMBER_KV_BLOCK;
-        size_t off = ((size_t)t * (size_t)j->H + (size_t)h) * (size_t)j->D;
-        unsigned char *kp = kv_piece(j->map, ref, p, h, true), *vp = kv_piece(j->map, ref, p, h, false);
-        if (j->write) {
-            /* the row's previous block, which a block's first slot may read */
-            int pb = p / EMBER_KV_BLOCK - 1;
-            const unsigned char *prev = NULL;
-            if (slot == 0 && pb >= ref->first && ref->blocks[pb - ref->first] >= 0)
-                prev = kv_piece(j->map, ref, pb * EMBER_KV_BLOCK, h, true);
-            ember_kv_encode(&L->k, j->D, true, j->k + off, kp, slot, prev, NULL);
-            ember_kv_encode(&L->v, j->D, false, j->v + off, vp, slot, NULL, NULL);
-        } else {
-            ember_kv_decode(&L->k, j->D, true, kp, slot, j->k + off);
-            ember_kv_decode(&L->v, j->D, false, vp, slot, j->v + off);
-        }
+    for (int t = t0; t < t1; t++) kvrw_one(j, t, h);
+}
+
+/* true when each of the T tokens of map is another row (a decode step),
+   T <= 1,024 and every row id below 1,024 (the common case; false
+   otherwise, which only costs the split). */
+static bool rows_distinct(const ember_kv_map *map, int T) {
+    if (T > 1024) return false;
+    uint64_t seen[16] = {0};
+    for (int t = 0; t < T; t++) {
+        const int r = map->row[t];
+        if (r < 0 || r >= 1024 || (seen[r / 64] >> (r % 64) & 1)) return false;
+        seen[r / 64] |= 1ull << (r % 64);
     }
+    return true;
 }
 
 static int cpu_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_tensor *k, const ember_tensor *v,
@@ -849,15 +925,7 @@ static int cpu_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_ten
     /* decode steps (each token another row) on more threads than heads split by token too: a
        16-row step of a model with 2 KV heads is 32 tasks, not 2 (on 2 threads the split measured
        no faster). Rows never share a block they write (kv.c copies a shared last block first). */
-    if (T > 1 && T <= 1024 && H < cpu(be)->n_threads) {
-        uint64_t seen[16] = {0}; /* distinct row ids below 1,024: the common case */
-        j.split = true;
-        for (int t = 0; j.split && t < T; t++) {
-            const int r = map->row[t];
-            j.split = r >= 0 && r < 1024 && !(seen[r / 64] >> (r % 64) & 1);
-            if (j.split) seen[r / 64] |= 1ull << (r % 64);
-        }
-    }
+    j.split = T > 1 && H < cpu(be)->n_threads && rows_distinct(map, T);
     ember_pool_run(cpu(be)->pool, j.split ? T * H : H, kvrw_task, &j);
     return EMBER_OK;
 }
@@ -870,6 +938,51 @@ static int cpu_kv_write(ember_backend *be, const ember_kv_map *map, const ember_
 static int cpu_kv_read(ember_backend *be, const ember_kv_map *map, ember_tensor *k, ember_tensor *v,
                        ember_error *err) {
     return cpu_kv_rw(be, map, k, v, false, err);
+}
+
+/* ---- fused: rope of q and k, then kv_write (backend.h rope_kv_write) ---------------- */
+
+typedef struct ropekv_job {
+    rope_job q, k;
+    kvrw_job kv; /* kv.split: each token another row, so its heads are stored in its own task */
+} ropekv_job;
+
+/* Token t: its q and k heads rotated (the angles computed once for both),
+   then, where kv.split, its K and V heads stored. */
+static void ropekv_task(void *ctx, int t, int thread) {
+    (void)thread;
+    const ropekv_job *j = ctx;
+    float cs[512], sn[512];
+    rope_angles(j->q.r, j->q.pos[t], cs, sn);
+    rope_heads(j->q.x + (size_t)t * (size_t)j->q.H * (size_t)j->q.D, j->q.H, j->q.D, j->q.r, cs, sn);
+    rope_heads(j->k.x + (size_t)t * (size_t)j->k.H * (size_t)j->k.D, j->k.H, j->k.D, j->k.r, cs, sn);
+    if (j->kv.split)
+        for (int h = 0; h < j->kv.H; h++) kvrw_one(&j->kv, t, h);
+}
+
+/* rope(q), rope(k), kv_write(map, k, v) with their bits, in one pool run
+   where each token is another row (a decode step: a task a token), else in
+   two (the rotations a task a token, then the stores a task a head, a
+   row's tokens in order as kv_write keeps them). */
+static int cpu_rope_kv_write(ember_backend *be, ember_tensor *q, ember_tensor *k, const ember_tensor *v,
+                             const int32_t *pos, const ember_rope *r, const ember_kv_map *map, ember_error *err) {
+    const char *op = "rope_kv_write";
+    int rc, T, H, D;
+    if ((rc = rope_check(q, r, op, "q", err)) || (rc = rope_check(k, r, op, "k", err)) ||
+        (rc = need_f32(v, op, "v", err)) || (rc = ember_kv_rw_check(map, k, v, op, &T, &H, &D, err)))
+        return rc;
+    if (q->shape[0] != T)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: q has %lld tokens, k %d", op, (long long)q->shape[0], T);
+    ropekv_job j = {{host(q), pos, r, (int)q->shape[1], (int)q->shape[2]},
+                    {host(k), pos, r, H, D},
+                    {map, host(k), host(v), T, H, D, true, false}};
+    j.kv.split = T == 1 || rows_distinct(map, T);
+    if (T == 1)
+        ropekv_task(&j, 0, 0);
+    else
+        ember_pool_run(cpu(be)->pool, T, ropekv_task, &j);
+    if (!j.kv.split) ember_pool_run(cpu(be)->pool, H, kvrw_task, &j.kv);
+    return EMBER_OK;
 }
 
 /* Keys per attention span: a token's keys are reduced span by span, each
@@ -1497,6 +1610,8 @@ static const ember_backend_ops k_cpu_ops = {
     .delta_net = cpu_delta_net,
     .delta_replay = cpu_delta_replay,
     .sigmoid_mul = cpu_sigmoid_mul,
+    .add_rms_norm = cpu_add_rms_norm,
+    .rope_kv_write = cpu_rope_kv_write,
     .argmax_rows = cpu_argmax_rows,
     .host_run = cpu_host_run,
 };
