@@ -65,9 +65,12 @@ static inline vhalf vh_fma(vhalf acc, vhalf a, vhalf b) {
 
 /* 2 weight rows x 3 input rows of two-register vectors: 12 accumulators, and half by half the
    weights' 2 and the input's 1 (15 ymm). 2 x 2 was load-bound: bf16 1B pp512 at one thread 33.3
-   -> 37.2 tok/s (Zen 5, --isa avx2, bench/RESULTS.md). */
+   -> 37.2 tok/s (Zen 5, --isa avx2, bench/RESULTS.md). One input row (decode) takes 4 weight
+   rows a tile (8 accumulators): streaming a bf16 151,936 x 896 weight at one thread 9.7 -> 13.9
+   G multiply-adds a second, f16 10.3 -> 12.0, f32 4.7 -> 5.7 (8 rows a tile spilled: slower). */
 #define TILE_W 2
 #define TILE_X 3
+#define TILE_W1 4
 #define KPREFIX avx2_
 #include "kern_template.h"
 
