@@ -10,6 +10,11 @@
  *        TYPE q8_0 | q4_0 | q5_0 | q4_k | q5_k | q6_k | f32 | f16 | bf16
  *        (default q8_0), N 896, K 896, M 512, SECONDS 1 per table.
  * env:   ONLY=VARIANT runs that table alone (avx2, avx512-vnni, amx, ...).
+ *        COPIES=C cycles the calls over C copies of the weights (C x the
+ *        weight bytes in memory), so that with C large enough each call
+ *        streams its weights from memory, as a model's layers do, instead of
+ *        finding them in the caches; the time is then the mean call, not the
+ *        fastest.
  * Builds against the internal headers (src/); never run by the tests.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -81,6 +86,15 @@ int main(int argc, char **argv) {
         tabs[nt++] = &ember_cpu_kernels_avx512;
     printf("# %s N=%d K=%d M=%d, one thread\n", tn, N, K, M);
     const char *only = getenv("ONLY"); /* one table by its variant name, e.g. for perf stat */
+    const int copies = getenv("COPIES") && atoi(getenv("COPIES")) > 1 ? atoi(getenv("COPIES")) : 1;
+    const size_t wbytes = wr * N; /* one copy of w (float) or wp (packed) */
+    unsigned char *wc = NULL;
+    if (copies > 1) {
+        if (!(wc = aligned_alloc(64, (wbytes * (size_t)copies + 63) / 64 * 64)))
+            return fprintf(stderr, "no memory for %d copies\n", copies), 1;
+        for (int c = 0; c < copies; c++) memcpy(wc + (size_t)c * wbytes, fl ? w : wp, wbytes);
+        printf("# cycling over %d copies of the weights (%.1f MB), the mean call\n", copies, (double)wbytes * copies / 1e6);
+    }
     for (int a = 0; a < nt; a++) {
         if (only && strcmp(only, tabs[a]->variant)) continue;
         cpu_qgemm_packed_fn f = fl ? NULL : tabs[a]->qgemm_packed[t];
@@ -90,23 +104,26 @@ int main(int argc, char **argv) {
             for (int m = 0; m < M; m++) cpu_act32_tile_row(xa + (size_t)m * xr, K, m, xt);
             cpu_act32_tile_pad(xt, M, K);
         }
-#define CALL()                                                                                                \
-    (fl   ? gf(w, (size_t)K, N, x, (size_t)K, M, K, out, (size_t)N)                                          \
-     : tf ? tf(wp, N / 16, xt, M, K, out, (size_t)N)                                                        \
-          : f(wp, N / 16, xa, xr, M, K, out, (size_t)N))
-        CALL();
+#define CALL(W)                                                                                               \
+    (fl   ? gf(W, (size_t)K, N, x, (size_t)K, M, K, out, (size_t)N)                                          \
+     : tf ? tf(W, N / 16, xt, M, K, out, (size_t)N)                                                         \
+          : f(W, N / 16, xa, xr, M, K, out, (size_t)N))
+        CALL(fl ? w : wp);
         double t0 = now(), t1, per = 1e30;
-        do { /* the fastest call: the machine may be shared */
+        long calls = 0;
+        do { /* the fastest call: the machine may be shared; with copies, the mean */
             double c0 = now();
-            CALL();
+            CALL(copies > 1 ? wc + (size_t)(calls % copies) * wbytes : fl ? w : wp);
             t1 = now();
+            calls++;
             if (t1 - c0 < per) per = t1 - c0;
         } while (t1 - t0 < secs);
+        if (copies > 1) per = (t1 - t0) / (double)calls;
         if (a == 0 || only) memcpy(ref, out, sizeof(float) * (size_t)M * N);
         bool same = !memcmp(ref, out, sizeof(float) * (size_t)M * N);
         printf("%-12s %9.3f ms  %7.1f GMAC/s  %s\n", tabs[a]->variant, per * 1e3, (double)N * K * M / per * 1e-9,
                same ? "same bits" : "DIFFERS");
     }
-    free(wf), free(x), free(w), free(wp), free(xa), free(xt), free(out), free(ref);
+    free(wf), free(x), free(w), free(wp), free(xa), free(xt), free(out), free(ref), free(wc);
     return 0;
 }
