@@ -494,10 +494,7 @@ static void norm_task(void *ctx, int row, int thread) {
     float *y = j->dst + (size_t)row * (size_t)j->D;
     float ss = j->k->dot(x, x, (int)j->D);
     float r = 1.0f / sqrtf(ss / (float)j->D + j->eps);
-    for (int64_t i = 0; i < j->D; i++) {
-        float w = j->plus_one ? 1.0f + j->w[i] : j->w[i];
-        y[i] = w * (x[i] * r);
-    }
+    j->k->norm_apply(y, x, j->w, r, j->plus_one, j->D);
 }
 
 static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor *x,
@@ -533,7 +530,7 @@ static void addnorm_task(void *ctx, int row, int thread) {
     addnorm_job *j = ctx;
     float *x = j->x + (size_t)row * (size_t)j->n.D;
     const float *h = j->h + (size_t)row * (size_t)j->n.D;
-    for (int64_t i = 0; i < j->n.D; i++) x[i] = x[i] + h[i];
+    j->n.k->add(x, x, h, j->n.D);
     norm_task(&j->n, row, thread);
 }
 
@@ -784,6 +781,7 @@ static int cpu_matmul_each(ember_backend *be, const ember_tensor *x, int n, cons
 /* ---- rope ------------------------------------------------------------------------ */
 
 typedef struct rope_job {
+    const cpu_kernels *k;
     float *x;
     const int32_t *pos;
     const ember_rope *r;
@@ -801,27 +799,13 @@ static void rope_angles(const ember_rope *r, int32_t p, float *cs, float *sn) {
     }
 }
 
-/* Rotates the H heads of D values at x (one token) by cs, sn. */
-static void rope_heads(float *x, int H, int D, const ember_rope *r, const float *cs, const float *sn) {
-    const int half = r->n_rot / 2;
-    for (int h = 0; h < H; h++) {
-        float *v = x + (size_t)h * (size_t)D;
-        for (int i = 0; i < half; i++) {
-            int a = r->mode == EMBER_ROPE_NEOX ? i : 2 * i;
-            int b = r->mode == EMBER_ROPE_NEOX ? i + half : 2 * i + 1;
-            float x0 = v[a], x1 = v[b];
-            v[a] = x0 * cs[i] - x1 * sn[i];
-            v[b] = x1 * cs[i] + x0 * sn[i];
-        }
-    }
-}
-
 static void rope_task(void *ctx, int t, int thread) {
     (void)thread;
     const rope_job *j = ctx;
     float cs[512], sn[512];
     rope_angles(j->r, j->pos[t], cs, sn);
-    rope_heads(j->x + (size_t)t * (size_t)j->H * (size_t)j->D, j->H, j->D, j->r, cs, sn);
+    j->k->rope_rotate(j->x + (size_t)t * (size_t)j->H * (size_t)j->D, j->H, j->D, j->r->n_rot / 2,
+                      j->r->mode == EMBER_ROPE_NEOX, cs, sn);
 }
 
 /* The checks of rope on x [T, H, D] with r: EMBER_OK or INVALID_ARG. */
@@ -841,7 +825,7 @@ static int cpu_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, cons
     int rc = rope_check(x, r, "rope", "x", err);
     if (rc) return rc;
     int T = (int)x->shape[0], H = (int)x->shape[1], D = (int)x->shape[2];
-    rope_job j = {host(x), pos, r, H, D};
+    rope_job j = {cpu(be)->k, host(x), pos, r, H, D};
     if (T == 1)
         rope_task(&j, 0, 0);
     else
@@ -954,8 +938,10 @@ static void ropekv_task(void *ctx, int t, int thread) {
     const ropekv_job *j = ctx;
     float cs[512], sn[512];
     rope_angles(j->q.r, j->q.pos[t], cs, sn);
-    rope_heads(j->q.x + (size_t)t * (size_t)j->q.H * (size_t)j->q.D, j->q.H, j->q.D, j->q.r, cs, sn);
-    rope_heads(j->k.x + (size_t)t * (size_t)j->k.H * (size_t)j->k.D, j->k.H, j->k.D, j->k.r, cs, sn);
+    const int half = j->q.r->n_rot / 2;
+    const bool neox = j->q.r->mode == EMBER_ROPE_NEOX;
+    j->q.k->rope_rotate(j->q.x + (size_t)t * (size_t)j->q.H * (size_t)j->q.D, j->q.H, j->q.D, half, neox, cs, sn);
+    j->q.k->rope_rotate(j->k.x + (size_t)t * (size_t)j->k.H * (size_t)j->k.D, j->k.H, j->k.D, half, neox, cs, sn);
     if (j->kv.split)
         for (int h = 0; h < j->kv.H; h++) kvrw_one(&j->kv, t, h);
 }
@@ -973,8 +959,8 @@ static int cpu_rope_kv_write(ember_backend *be, ember_tensor *q, ember_tensor *k
         return rc;
     if (q->shape[0] != T)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: q has %lld tokens, k %d", op, (long long)q->shape[0], T);
-    ropekv_job j = {{host(q), pos, r, (int)q->shape[1], (int)q->shape[2]},
-                    {host(k), pos, r, H, D},
+    ropekv_job j = {{cpu(be)->k, host(q), pos, r, (int)q->shape[1], (int)q->shape[2]},
+                    {cpu(be)->k, host(k), pos, r, H, D},
                     {map, host(k), host(v), T, H, D, true, false}};
     j.kv.split = T == 1 || rows_distinct(map, T);
     if (T == 1)
@@ -1233,7 +1219,7 @@ static void ew_task(void *ctx, int task, int thread) {
     if (j->kind == 0 || j->kind == 2) {
         glu_range(j->k, j->dst, j->a, j->b, i0, i1, j->kind == 2);
     } else if (j->kind == 1) {
-        for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] + j->b[i];
+        j->k->add(j->dst + i0, j->a + i0, j->b + i0, i1 - i0);
     } else if (j->kind == 3) {
         for (int64_t i = i0; i < i1; i++) j->dst[i] = j->a[i] * j->s;
     } else if (j->kind == 4) {

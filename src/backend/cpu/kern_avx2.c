@@ -200,4 +200,7 @@ const cpu_kernels AVX2_TABLE = {
     .axpy = avx2_axpy,
     .attn_part = avx2_attn_part,
     .silu_mul = avx2_silu_mul,
+    .add = avx2_add,
+    .norm_apply = avx2_norm_apply,
+    .rope_rotate = avx2_rope_rotate,
 };

@@ -159,4 +159,7 @@ const cpu_kernels AVX512_TABLE = {
     .axpy = avx512_axpy,
     .attn_part = avx512_attn_part,
     .silu_mul = avx512_silu_mul,
+    .add = avx512_add,
+    .norm_apply = avx512_norm_apply,
+    .rope_rotate = avx512_rope_rotate,
 };

@@ -16,6 +16,13 @@
  * of |a b|). Their v_exp clamps its input to [-87, 88], so below a = -88
  * the result is a tiny negative number where expf's overflow gives -0, and
  * a NaN stays NaN. dst may be a or b. No allocation.
+ *
+ * add, norm_apply and rope_rotate: plain loops of one IEEE addition, two
+ * multiplications (and 1 + w), or a rotation's two products and their
+ * difference or sum (no fused multiply-add: the build turns contraction
+ * off) per element, which the compiler vectorizes in this file's ISA (the
+ * backend's own files are built at -O2, where these loops stayed scalar):
+ * the same bits on every tier and at any offset.
  */
 static void CAT(KPREFIX, silu_mul)(float *dst, const float *a, const float *b, int64_t n) {
     const vec16 one = v_set1(1.0f), neg = v_set1(-1.0f);
@@ -33,5 +40,36 @@ static void CAT(KPREFIX, silu_mul)(float *dst, const float *a, const float *b, i
         vec16 s = v_div(g, v_fma(v_exp(v_mul(g, neg)), one, one));
         v_store(ta, v_mul(s, v_load_f32(tb)));
         for (int l = 0; l < r; l++) dst[i + l] = ta[l];
+    }
+}
+
+static void CAT(KPREFIX, add)(float *dst, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+}
+
+static void CAT(KPREFIX, norm_apply)(float *y, const float *x, const float *w, float r, bool plus_one, int64_t n) {
+    if (plus_one)
+        for (int64_t i = 0; i < n; i++) y[i] = (1.0f + w[i]) * (x[i] * r);
+    else
+        for (int64_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+}
+
+static void CAT(KPREFIX, rope_rotate)(float *x, int H, int D, int half, bool neox, const float *cs, const float *sn) {
+    for (int h = 0; h < H; h++) {
+        float *v = x + (size_t)h * (size_t)D;
+        if (neox) {
+            float *u = v + half;
+            for (int i = 0; i < half; i++) {
+                const float x0 = v[i], x1 = u[i];
+                v[i] = x0 * cs[i] - x1 * sn[i];
+                u[i] = x1 * cs[i] + x0 * sn[i];
+            }
+        } else {
+            for (int i = 0; i < half; i++) {
+                const float x0 = v[2 * i], x1 = v[2 * i + 1];
+                v[2 * i] = x0 * cs[i] - x1 * sn[i];
+                v[2 * i + 1] = x1 * cs[i] + x0 * sn[i];
+            }
+        }
     }
 }

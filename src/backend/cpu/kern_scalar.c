@@ -146,4 +146,7 @@ const cpu_kernels ember_cpu_kernels_scalar = {
     .axpy = scalar_axpy,
     .attn_part = scalar_attn_part,
     .silu_mul = scalar_silu_mul,
+    .add = scalar_add,
+    .norm_apply = scalar_norm_apply,
+    .rope_rotate = scalar_rope_rotate,
 };

@@ -17,6 +17,7 @@
 #ifndef EMBER_CPU_KERNELS_H
 #define EMBER_CPU_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -92,6 +93,14 @@ typedef struct cpu_kernels {
     cpu_attn_part_fn attn_part;
     /* dst[i] = silu(a[i]) * b[i] for i < n (kern_ew.h); dst may be a or b */
     void (*silu_mul)(float *dst, const float *a, const float *b, int64_t n);
+    /* dst[i] = a[i] + b[i] for i < n (kern_ew.h); dst may be a or b */
+    void (*add)(float *dst, const float *a, const float *b, int64_t n);
+    /* y[i] = (plus_one ? 1 + w[i] : w[i]) * (x[i] * r) for i < n: an rms_norm row once its
+       scale r is known (kern_ew.h); y may be x */
+    void (*norm_apply)(float *y, const float *x, const float *w, float r, bool plus_one, int64_t n);
+    /* rotates the H heads of D values at x (one token) by cs[i], sn[i] for i < half: pairs
+       (i, i + half) where neox, else (2i, 2i + 1) (kern_ew.h) */
+    void (*rope_rotate)(float *x, int H, int D, int half, bool neox, const float *cs, const float *sn);
 } cpu_kernels;
 
 extern const cpu_kernels ember_cpu_kernels_scalar;
