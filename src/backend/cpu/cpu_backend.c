@@ -611,7 +611,7 @@ static void mm_task(void *ctx, int task, int thread) {
         const float *b = (const float *)host(m->bias) + n0;
         for (int r = 0; r < j->M; r++) {
             float *o = out + (size_t)r * (size_t)N;
-            for (int c = 0; c < nn; c++) o[c] = o[c] + b[c];
+            j->k->add(o, o, b, nn);
         }
     }
 }
