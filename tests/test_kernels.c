@@ -7,7 +7,8 @@
  *     however the weight rows are grouped (the heart of batch invariance).
  * And the CPU backend's elementwise swiglu (silu_mul), geglu, scale and
  * softcap ops against double precision, on every ISA and thread count, in place and not, and
- * which weights its zero-copy mode wraps.
+ * which weights its zero-copy mode wraps. And the plain loops of kern_ew.h (add, norm_apply,
+ * rope_rotate) against the C expressions' bits on every ISA, at any start and in place.
  */
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
@@ -168,6 +169,66 @@ static void test_silu_mul(void) {
     if (ember_isa_supported(EMBER_ISA_AVX512)) CHECK(!memcmp(got[1], got[2], sizeof got[1]));
 }
 
+/* add, norm_apply and rope_rotate (kern_ew.h) on every ISA: the plain C
+   expressions' bits (this file is built, like the kernels, with
+   contraction off), at every start and in place. */
+static void test_plain_loops(void) {
+    enum { N = 1003, H = 3, D = 80 };
+    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
+    static float a[N], b[N], w[N], got[N], want[N], rx[H * D], cs[D / 2], sn[D / 2], rwant[H * D];
+    for (int i = 0; i < N; i++) a[i] = frand() * 10.0f, b[i] = frand(), w[i] = frand();
+    for (int i = 0; i < H * D; i++) rx[i] = frand() * 3.0f;
+    for (int i = 0; i < D / 2; i++) cs[i] = frand(), sn[i] = frand();
+    const float r = 0.8127f;
+    for (int t = 0; t < 3; t++) {
+        if (!ember_isa_supported(isas[t])) continue;
+        const cpu_kernels *k = ember_cpu_kernels_for(isas[t]);
+        const char *nm = ember_isa_name(isas[t]);
+        bool ok = true;
+        for (int off = 0; off < 40; off += 3) { /* add: a + b, from any start, out of place and in place */
+            const int n = N - off;
+            k->add(got, a + off, b + off, n);
+            for (int i = 0; i < n; i++) want[i] = a[off + i] + b[off + i];
+            ok &= !memcmp(got, want, (size_t)n * sizeof *got);
+            memcpy(got, a + off, (size_t)n * sizeof *got);
+            k->add(got, got, b + off, n);
+            ok &= !memcmp(got, want, (size_t)n * sizeof *got);
+        }
+        CHECKF(ok, "add %s: not a + b's bits", nm);
+        for (int po = 0; po < 2; po++) {
+            ok = true;
+            for (int off = 0; off < 40; off += 7) {
+                const int n = N - off;
+                k->norm_apply(got, a + off, w + off, r, po, n);
+                for (int i = 0; i < n; i++) want[i] = (po ? 1.0f + w[off + i] : w[off + i]) * (a[off + i] * r);
+                ok &= !memcmp(got, want, (size_t)n * sizeof *got);
+                memcpy(got, a + off, (size_t)n * sizeof *got);
+                k->norm_apply(got, got, w + off, r, po, n); /* y = x */
+                ok &= !memcmp(got, want, (size_t)n * sizeof *got);
+            }
+            CHECKF(ok, "norm_apply %s plus_one %d: not the expression's bits", nm, po);
+        }
+        for (int neox = 0; neox < 2; neox++)
+            for (int half = 8; half <= D / 2; half += 32) { /* 16 of the 80 dims rotated, then all 80 */
+                memcpy(rwant, rx, sizeof rx);
+                for (int h = 0; h < H; h++) {
+                    float *v = rwant + h * D;
+                    for (int i = 0; i < half; i++) {
+                        const int p0 = neox ? i : 2 * i, p1 = neox ? i + half : 2 * i + 1;
+                        const float x0 = v[p0], x1 = v[p1];
+                        v[p0] = x0 * cs[i] - x1 * sn[i];
+                        v[p1] = x1 * cs[i] + x0 * sn[i];
+                    }
+                }
+                float rg[H * D];
+                memcpy(rg, rx, sizeof rx);
+                k->rope_rotate(rg, H, D, half, neox, cs, sn);
+                CHECKF(!memcmp(rg, rwant, sizeof rg), "rope_rotate %s neox %d half %d: not the rotation's bits", nm, neox,
+                       half);
+            }
+    }
+}
+
 /* gelu_pytorch_tanh(g) * u in double precision. */
 static double geglu_ref(double g, double u) {
     return 0.5 * g * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g))) * u;
@@ -305,6 +366,7 @@ int main(void) {
             test_shape(dts[d], shapes[s][0], shapes[s][1], shapes[s][2]);
     test_axpy();
     test_silu_mul();
+    test_plain_loops();
     test_elementwise_ops();
     test_add_rows_scaled();
     test_zero_copy();
