@@ -506,9 +506,9 @@ static void check_add_norm(ember_backend *be, int rows, int D, bool plus_one, bo
     free(w);
 }
 
-static void test_add_rms_norm(void) {
+/* fn(be, isa name, threads) on a CPU backend of every ISA this CPU has, at 1, 2 and 7 threads. */
+static void each_backend(void (*fn)(ember_backend *be, const char *isa, int threads)) {
     const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
-    static const int shapes[][2] = {{1, 64}, {3, 100}, {1, 896}, {16, 896}, {5, 4096}, {64, 96}};
     for (int a = 0; a < 4; a++) {
         if (!ember_isa_supported(isas[a])) continue;
         for (int th = 1; th <= 7; th += th < 2 ? 1 : 5) {
@@ -516,32 +516,39 @@ static void test_add_rms_norm(void) {
             ember_backend *be = NULL;
             ember_error err = {0};
             if (!CHECKV(ember_backend_cpu_new(&p, &be, &err) == EMBER_OK, "backend: %s", err.msg)) continue;
-            if (!CHECKV(be->ops->add_rms_norm != NULL, "no add_rms_norm")) {
-                ember_backend_free(be);
-                continue;
-            }
-            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-                for (int v = 0; v < 4; v++) {
-                    char tag[96];
-                    snprintf(tag, sizeof tag, "add_rms_norm %s t%d %dx%d%s%s", ember_isa_name(isas[a]), th, shapes[s][0],
-                             shapes[s][1], v & 1 ? " plus_one" : "", v & 2 ? " into h" : "");
-                    check_add_norm(be, shapes[s][0], shapes[s][1], v & 1, v & 2, tag);
-                }
-            /* refusals: a weight of another length, h of another size */
-            ember_tensor x, h, w;
-            ember_buffer *bx, *bh, *bw;
-            const int64_t xs[2] = {2, 32}, hs[2] = {2, 16}, ws[1] = {16};
-            CHECK(ember_tensor_alloc(be, &x, &bx, EMBER_F32, 2, xs, &err) == EMBER_OK);
-            CHECK(ember_tensor_alloc(be, &h, &bh, EMBER_F32, 2, hs, &err) == EMBER_OK);
-            CHECK(ember_tensor_alloc(be, &w, &bw, EMBER_F32, 1, ws, &err) == EMBER_OK);
-            CHECK(be->ops->add_rms_norm(be, &x, &x, &h, &w, 1e-5f, false, &err) == EMBER_ERR_INVALID_ARG);
-            CHECK(be->ops->add_rms_norm(be, &h, &x, &x, &w, 1e-5f, false, &err) == EMBER_ERR_INVALID_ARG);
-            ember_buffer_free(bx);
-            ember_buffer_free(bh);
-            ember_buffer_free(bw);
+            fn(be, ember_isa_name(isas[a]), th);
             ember_backend_free(be);
         }
     }
+}
+
+static void add_norm_cases(ember_backend *be, const char *isa, int th) {
+    static const int shapes[][2] = {{1, 64}, {3, 100}, {1, 896}, {16, 896}, {5, 4096}, {64, 96}};
+    ember_error err = {0};
+    if (!CHECKV(be->ops->add_rms_norm != NULL, "no add_rms_norm")) return;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int v = 0; v < 4; v++) {
+            char tag[96];
+            snprintf(tag, sizeof tag, "add_rms_norm %s t%d %dx%d%s%s", isa, th, shapes[s][0], shapes[s][1],
+                     v & 1 ? " plus_one" : "", v & 2 ? " into h" : "");
+            check_add_norm(be, shapes[s][0], shapes[s][1], v & 1, v & 2, tag);
+        }
+    /* refusals: a weight of another length, h of another size */
+    ember_tensor x, h, w;
+    ember_buffer *bx, *bh, *bw;
+    const int64_t xs[2] = {2, 32}, hs[2] = {2, 16}, ws[1] = {16};
+    CHECK(ember_tensor_alloc(be, &x, &bx, EMBER_F32, 2, xs, &err) == EMBER_OK);
+    CHECK(ember_tensor_alloc(be, &h, &bh, EMBER_F32, 2, hs, &err) == EMBER_OK);
+    CHECK(ember_tensor_alloc(be, &w, &bw, EMBER_F32, 1, ws, &err) == EMBER_OK);
+    CHECK(be->ops->add_rms_norm(be, &x, &x, &h, &w, 1e-5f, false, &err) == EMBER_ERR_INVALID_ARG);
+    CHECK(be->ops->add_rms_norm(be, &h, &x, &x, &w, 1e-5f, false, &err) == EMBER_ERR_INVALID_ARG);
+    ember_buffer_free(bx);
+    ember_buffer_free(bh);
+    ember_buffer_free(bw);
+}
+
+static void test_add_rms_norm(void) {
+    each_backend(add_norm_cases);
 }
 
 /* rope_kv_write against rope, rope, kv_write: two caches of one layer
@@ -644,30 +651,20 @@ static void check_rope_kv(ember_backend *be, const char *kind, int Hkv, int rep,
     ember_kv_free(got);
 }
 
-static void test_rope_kv_write(void) {
-    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
+static void rope_kv_cases(ember_backend *be, const char *isa, int th) {
     static const char *kinds[] = {"f32", "f16", "bf16", "q8", "q4"};
-    for (int a = 0; a < 4; a++) {
-        if (!ember_isa_supported(isas[a])) continue;
-        for (int th = 1; th <= 7; th += th < 2 ? 1 : 5) {
-            ember_cpu_params p = {.n_threads = th, .isa = isas[a]};
-            ember_backend *be = NULL;
-            ember_error err = {0};
-            if (!CHECKV(ember_backend_cpu_new(&p, &be, &err) == EMBER_OK, "backend: %s", err.msg)) continue;
-            if (!CHECKV(be->ops->rope_kv_write != NULL, "no rope_kv_write")) {
-                ember_backend_free(be);
-                continue;
-            }
-            for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-                char tag[96];
-                snprintf(tag, sizeof tag, "rope_kv_write %s t%d %s", ember_isa_name(isas[a]), th, kinds[k]);
-                check_rope_kv(be, kinds[k], 2, 4, 64, 64, true, tag);   /* grouped heads, NEOX */
-                check_rope_kv(be, kinds[k], 1, 2, 128, 32, false, tag); /* partial rotary dims, interleaved */
-                check_rope_kv(be, kinds[k], 3, 1, 64, 48, true, tag);
-            }
-            ember_backend_free(be);
-        }
+    if (!CHECKV(be->ops->rope_kv_write != NULL, "no rope_kv_write")) return;
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        char tag[96];
+        snprintf(tag, sizeof tag, "rope_kv_write %s t%d %s", isa, th, kinds[k]);
+        check_rope_kv(be, kinds[k], 2, 4, 64, 64, true, tag);   /* grouped heads, NEOX */
+        check_rope_kv(be, kinds[k], 1, 2, 128, 32, false, tag); /* partial rotary dims, interleaved */
+        check_rope_kv(be, kinds[k], 3, 1, 64, 48, true, tag);
     }
+}
+
+static void test_rope_kv_write(void) {
+    each_backend(rope_kv_cases);
 }
 
 int main(void) {
