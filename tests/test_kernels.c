@@ -8,7 +8,8 @@
  * And the CPU backend's elementwise swiglu (silu_mul), geglu, scale and
  * softcap ops against double precision, on every ISA and thread count, in place and not, and
  * which weights its zero-copy mode wraps. And the plain loops of kern_ew.h (add, norm_apply,
- * rope_rotate) against the C expressions' bits on every ISA, at any start and in place.
+ * rope_rotate) against the C expressions' bits on every ISA, at any start and in place, and
+ * argmax_range against the host's first-largest rule.
  */
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
@@ -229,6 +230,48 @@ static void test_plain_loops(void) {
     }
 }
 
+/* The host rule: the first index of the largest value, NaNs skipped, -1 when all are NaN. */
+static int64_t ref_argmax_range(const float *x, int64_t n) {
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
+    return best;
+}
+
+/* argmax_range on every ISA: the host rule's index for rows with the largest
+   value at chunk and vector edges, ties (also of -0 and +0), NaNs before and
+   at the maximum, all NaN, all -inf, and every length up to 70. */
+static void test_argmax_range(void) {
+    enum { N = 1300 };
+    const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512};
+    static float x[N];
+    for (int t = 0; t < 3; t++) {
+        if (!ember_isa_supported(isas[t])) continue;
+        const cpu_kernels *k = ember_cpu_kernels_for(isas[t]);
+        int bad = 0;
+        for (int c = 0; c < 40; c++) {
+            for (int i = 0; i < N; i++) x[i] = frand();
+            const int at[] = {0, 15, 16, 255, 256, 257, 1023, N - 1, 700, 511};
+            int n = N;
+            if (c < 10) x[at[c]] = 2.0f; /* a single largest at an edge */
+            else if (c < 14) x[100] = x[300 + 100 * (c - 10)] = 2.0f; /* a tie: the first */
+            else if (c < 16) { x[5] = NAN; x[6] = 3.0f; x[900] = NAN; } /* NaNs around the largest */
+            else if (c == 16) for (int i = 0; i < N; i++) x[i] = NAN;
+            else if (c == 17) for (int i = 0; i < N; i++) x[i] = i % 3 ? NAN : -INFINITY;
+            else if (c == 18) { for (int i = 0; i < N; i++) x[i] = -1.0f; x[40] = -0.0f; x[41] = 0.0f; }
+            else if (c == 19) { for (int i = 0; i < N; i++) x[i] = -1.0f; x[800] = 0.0f; x[801] = -0.0f; }
+            else n = c - 19; /* lengths 1 .. 20, and below */
+            if (c >= 20 && c < 40) n = (c - 19) * 3 + (c & 1); /* 4 .. 64: partial vectors */
+            const int64_t got = k->argmax_range(x, n), want = ref_argmax_range(x, n);
+            if (got != want && bad++ < 5)
+                fprintf(stderr, "argmax_range %s case %d (n %d): %lld, want %lld\n", ember_isa_name(isas[t]), c, n,
+                        (long long)got, (long long)want);
+        }
+        CHECKF(bad == 0, "argmax_range %s: %d cases wrong", ember_isa_name(isas[t]), bad);
+        CHECK(k->argmax_range(x, 0) == -1);
+    }
+}
+
 /* gelu_pytorch_tanh(g) * u in double precision. */
 static double geglu_ref(double g, double u) {
     return 0.5 * g * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g))) * u;
@@ -367,6 +410,7 @@ int main(void) {
     test_axpy();
     test_silu_mul();
     test_plain_loops();
+    test_argmax_range();
     test_elementwise_ops();
     test_add_rows_scaled();
     test_zero_copy();

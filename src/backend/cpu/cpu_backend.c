@@ -1483,6 +1483,7 @@ static int cpu_moe_token(ember_backend *be, ember_tensor *dst, const ember_tenso
 #define AM_PARTS_MAX 256
 
 typedef struct am_job {
+    const cpu_kernels *k;
     const float *x; /* [n, V] */
     int64_t V, part_len;
     int parts;    /* per row */
@@ -1490,21 +1491,13 @@ typedef struct am_job {
     int64_t *idx; /* parts > 1: [n * parts] each part's first largest index, -1 when all NaN */
 } am_job;
 
-/* The first index of the largest of x[i0..i1), NaNs skipped; -1 when all are NaN (ember_argmax's rule). */
-static int64_t am_range(const float *x, int64_t i0, int64_t i1) {
-    int64_t best = -1;
-    for (int64_t i = i0; i < i1; i++)
-        if (!isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
-    return best;
-}
-
 static void am_task(void *ctx, int task, int thread) {
     (void)thread;
     const am_job *j = ctx;
     const int r = task / j->parts, p = task % j->parts;
     const float *x = j->x + (size_t)r * (size_t)j->V;
     const int64_t i0 = (int64_t)p * j->part_len, i1 = i0 + j->part_len < j->V ? i0 + j->part_len : j->V;
-    const int64_t best = am_range(x, i0, i1);
+    const int64_t r0 = j->k->argmax_range(x + i0, i1 - i0), best = r0 < 0 ? -1 : i0 + r0;
     if (j->parts == 1)
         j->out[r] = best < 0 ? 0 : (int32_t)best;
     else
@@ -1526,7 +1519,7 @@ static int cpu_argmax_rows(ember_backend *be, const ember_tensor *x, int32_t *ou
         while (parts > 1 && (V / parts < AM_PART_MIN || (int64_t)parts * n > AM_PARTS_MAX)) parts--;
     }
     int64_t idx[AM_PARTS_MAX];
-    am_job j = {host(x), V, (V + parts - 1) / parts, parts, out, idx};
+    am_job j = {c->k, host(x), V, (V + parts - 1) / parts, parts, out, idx};
     ember_pool_run(c->pool, n * parts, am_task, &j);
     for (int r = 0; parts > 1 && r < n; r++) { /* parts in order: a later part wins only when larger */
         const float *row = j.x + (size_t)r * (size_t)V;

@@ -203,4 +203,5 @@ const cpu_kernels AVX2_TABLE = {
     .add = avx2_add,
     .norm_apply = avx2_norm_apply,
     .rope_rotate = avx2_rope_rotate,
+    .argmax_range = avx2_argmax_range,
 };

@@ -162,4 +162,5 @@ const cpu_kernels AVX512_TABLE = {
     .add = avx512_add,
     .norm_apply = avx512_norm_apply,
     .rope_rotate = avx512_rope_rotate,
+    .argmax_range = avx512_argmax_range,
 };

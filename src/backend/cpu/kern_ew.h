@@ -73,3 +73,25 @@ static void CAT(KPREFIX, rope_rotate)(float *x, int H, int D, int half, bool neo
         }
     }
 }
+
+/* The largest by lanes (v_max(x, m) keeps m where x is NaN, on every tier),
+   then the first element equal to it, found a chunk of 256 at a time (-0 ==
+   +0: the first zero of either sign, as a scan keeping the first strictly
+   larger value finds; no element equals -inf's start when all are NaN). */
+static int64_t CAT(KPREFIX, argmax_range)(const float *x, int64_t n) {
+    vec16 m = v_set1(-INFINITY);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) m = v_max(v_load_f32(x + i), m);
+    float mx = v_hmax(m);
+    for (; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    for (int64_t c = 0; c < n; c += 256) {
+        const int64_t e = c + 256 < n ? c + 256 : n;
+        int any = 0;
+        for (int64_t t = c; t < e; t++) any |= x[t] == mx;
+        if (any)
+            for (int64_t t = c; t < e; t++)
+                if (x[t] == mx) return t;
+    }
+    return -1;
+}

@@ -149,4 +149,5 @@ const cpu_kernels ember_cpu_kernels_scalar = {
     .add = scalar_add,
     .norm_apply = scalar_norm_apply,
     .rope_rotate = scalar_rope_rotate,
+    .argmax_range = scalar_argmax_range,
 };

@@ -101,6 +101,9 @@ typedef struct cpu_kernels {
     /* rotates the H heads of D values at x (one token) by cs[i], sn[i] for i < half: pairs
        (i, i + half) where neox, else (2i, 2i + 1) (kern_ew.h) */
     void (*rope_rotate)(float *x, int H, int D, int half, bool neox, const float *cs, const float *sn);
+    /* the first index of the largest of x[0..n), NaNs skipped; -1 when all are NaN or n is 0
+       (ember_argmax's rule; kern_ew.h) */
+    int64_t (*argmax_range)(const float *x, int64_t n);
 } cpu_kernels;
 
 extern const cpu_kernels ember_cpu_kernels_scalar;
