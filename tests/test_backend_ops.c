@@ -31,12 +31,15 @@
  *      that do not match.
  *   8. rope_kv_write gives, bit for bit, what rope(q), rope(k) and
  *      kv_write give (q, k and the KV pool's bytes), over a row's prompt
- *      (a block boundary crossed), two rows' tokens interleaved, a decode
- *      step of a token per row (one landing on a block's first slot, which
- *      the quantized kinds encode against the block before), one token
- *      alone: f32, f16, bf16, q8 and q4 caches, NEOX and interleaved
- *      rotations, partial rotary dims, grouped heads, every ISA, 1, 2 and 7
- *      threads; it refuses q and k of different token counts.
+ *      (a block boundary crossed), two rows' tokens interleaved (also
+ *      across block boundaries, stored a task per row and head on more
+ *      threads than heads), a decode step of a token per row (one landing
+ *      on a block's first slot, which the quantized kinds encode against
+ *      the block before), one token alone: f32, f16, bf16, q8 and q4 caches,
+ *      NEOX and interleaved rotations, partial rotary dims, grouped heads,
+ *      every ISA, 1 and 7 threads, the pools also against a one-thread
+ *      backend's (its stores a task a head, every token in order); it
+ *      refuses q and k of different token counts.
  *
  * Ownership: each case allocates its buffers and frees them before the next.
  */
@@ -467,16 +470,21 @@ static ember_buffer *f32_data(ember_backend *be, ember_tensor *t, int ndim, cons
     return b;
 }
 
-/* true when tensors a and b of be hold the same bytes. */
-static bool same_bytes(ember_backend *be, const ember_tensor *a, const ember_tensor *b) {
+/* true when tensor a of backend ba and b of bb hold the same bytes. */
+static bool same_bytes2(ember_backend *ba, const ember_tensor *a, ember_backend *bb, const ember_tensor *b) {
     ember_error err = {0};
     if (a->nbytes != b->nbytes) return false;
     unsigned char *x = malloc(a->nbytes), *y = malloc(b->nbytes);
-    bool same = x && y && be->ops->read(be, a, 0, x, a->nbytes, &err) == EMBER_OK &&
-                be->ops->read(be, b, 0, y, b->nbytes, &err) == EMBER_OK && !memcmp(x, y, a->nbytes);
+    bool same = x && y && ba->ops->read(ba, a, 0, x, a->nbytes, &err) == EMBER_OK &&
+                bb->ops->read(bb, b, 0, y, b->nbytes, &err) == EMBER_OK && !memcmp(x, y, a->nbytes);
     free(x);
     free(y);
     return same;
+}
+
+/* true when tensors a and b of be hold the same bytes. */
+static bool same_bytes(ember_backend *be, const ember_tensor *a, const ember_tensor *b) {
+    return same_bytes2(be, a, be, b);
 }
 
 /* add_rms_norm on rows x D against add then rms_norm; out_in_h: the output goes to h (the models' use). */
@@ -506,8 +514,8 @@ static void check_add_norm(ember_backend *be, int rows, int D, bool plus_one, bo
     free(w);
 }
 
-/* fn(be, isa name, threads) on a CPU backend of every ISA this CPU has, at 1, 2 and 7 threads. */
-static void each_backend(void (*fn)(ember_backend *be, const char *isa, int threads)) {
+/* fn(be, its ISA, threads) on a CPU backend of every ISA this CPU has, at 1, 2 and 7 threads. */
+static void each_backend(void (*fn)(ember_backend *be, ember_isa isa, int threads)) {
     const ember_isa isas[] = {EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
     for (int a = 0; a < 4; a++) {
         if (!ember_isa_supported(isas[a])) continue;
@@ -516,13 +524,14 @@ static void each_backend(void (*fn)(ember_backend *be, const char *isa, int thre
             ember_backend *be = NULL;
             ember_error err = {0};
             if (!CHECKV(ember_backend_cpu_new(&p, &be, &err) == EMBER_OK, "backend: %s", err.msg)) continue;
-            fn(be, ember_isa_name(isas[a]), th);
+            fn(be, isas[a], th);
             ember_backend_free(be);
         }
     }
 }
 
-static void add_norm_cases(ember_backend *be, const char *isa, int th) {
+static void add_norm_cases(ember_backend *be, ember_isa isa_id, int th) {
+    const char *isa = ember_isa_name(isa_id);
     static const int shapes[][2] = {{1, 64}, {3, 100}, {1, 896}, {16, 896}, {5, 4096}, {64, 96}};
     ember_error err = {0};
     if (!CHECKV(be->ops->add_rms_norm != NULL, "no add_rms_norm")) return;
@@ -553,20 +562,25 @@ static void test_add_rms_norm(void) {
 
 /* rope_kv_write against rope, rope, kv_write: two caches of one layer
    (Hkv heads of D) take the same batches, one through the three ops, the
-   other through the fused one; q, k and the pools must match after each. */
+   other through the fused one; q, k and the pools must match after each.
+   A third cache on be1 (one thread: its stores a task a head, every token
+   in order) takes the three ops too: the pools must match it whatever
+   split be's thread count gives the stores. */
 enum { RK_ROWS = 4, RK_CTX = 128, RK_MAXT = 48 };
-static void check_rope_kv(ember_backend *be, const char *kind, int Hkv, int rep, int D, int n_rot, bool neox,
-                          const char *tag0) {
+static void check_rope_kv(ember_backend *be, ember_backend *be1, const char *kind, int Hkv, int rep, int D,
+                          int n_rot, bool neox, const char *tag0) {
     ember_error err = {0};
     ember_kv_type ty;
     if (!CHECKV(ember_kv_type_parse(kind, 0, 0, &ty, &err) == EMBER_OK, "%s: %s", kind, err.msg)) return;
     const int heads[1] = {Hkv}, dims[1] = {D};
     ember_kv_params kp = {ty, 1, heads, dims, NULL, RK_ROWS, RK_CTX, 0, -1, RK_MAXT, NULL, {0}};
-    ember_kv *ref = NULL, *got = NULL;
-    if (!CHECKV(ember_kv_new(be, &kp, &ref, &err) == EMBER_OK && ember_kv_new(be, &kp, &got, &err) == EMBER_OK,
+    ember_kv *ref = NULL, *got = NULL, *one = NULL;
+    if (!CHECKV(ember_kv_new(be, &kp, &ref, &err) == EMBER_OK && ember_kv_new(be, &kp, &got, &err) == EMBER_OK &&
+                    ember_kv_new(be1, &kp, &one, &err) == EMBER_OK,
                 "%s: kv: %s", tag0, err.msg)) {
         ember_kv_free(ref);
         ember_kv_free(got);
+        ember_kv_free(one);
         return;
     }
     float inv_freq[512];
@@ -582,8 +596,10 @@ static void check_rope_kv(ember_backend *be, const char *kind, int Hkv, int rep,
         {3, 0, 2, 1}, /* a decode step: row 2 at slot 0 of its second block, row 1 of its third */
         {0},          /* one token alone */
         {2, 3, 1, 0}, /* another decode step */
+        {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
+         0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2}, /* two rows' chunks past block ends */
     };
-    static const int b_len[] = {16, 24, 32, 16, 4, 1, 4};
+    static const int b_len[] = {16, 24, 32, 16, 4, 1, 4, 48};
     int len[RK_ROWS] = {0};
     for (size_t b = 0; b < sizeof b_len / sizeof b_len[0]; b++) {
         const int T = b_len[b];
@@ -596,19 +612,29 @@ static void check_rope_kv(ember_backend *be, const char *kind, int Hkv, int rep,
             ember_kv_end(ref, false);
             break;
         }
+        if (!CHECKV(ember_kv_begin(one, row, pos, T, &err) == EMBER_OK, "%s: begin: %s", tag, err.msg)) {
+            ember_kv_end(ref, false);
+            ember_kv_end(got, false);
+            break;
+        }
         const int Hq = Hkv * rep;
         float *q = malloc((size_t)T * Hq * D * 4), *k = malloc((size_t)T * Hkv * D * 4),
               *v = malloc((size_t)T * Hkv * D * 4);
         for (int i = 0; i < T * Hq * D; i++) q[i] = frnd() * 3.0f;
         for (int i = 0; i < T * Hkv * D; i++) k[i] = frnd() * 3.0f, v[i] = frnd();
         const int64_t qs[3] = {T, Hq, D}, ks[3] = {T, Hkv, D};
-        ember_tensor rq, rk, rv, gq, gk, gv;
-        ember_buffer *bufs[6] = {f32_data(be, &rq, 3, qs, q), f32_data(be, &rk, 3, ks, k), f32_data(be, &rv, 3, ks, v),
-                                 f32_data(be, &gq, 3, qs, q), f32_data(be, &gk, 3, ks, k), f32_data(be, &gv, 3, ks, v)};
-        ember_kv_layer rviews[2], gviews[2];
-        ember_kv_map rm, gm;
+        ember_tensor rq, rk, rv, gq, gk, gv, oq, ok, ov;
+        ember_buffer *bufs[9] = {f32_data(be, &rq, 3, qs, q),  f32_data(be, &rk, 3, ks, k),  f32_data(be, &rv, 3, ks, v),
+                                 f32_data(be, &gq, 3, qs, q),  f32_data(be, &gk, 3, ks, k),  f32_data(be, &gv, 3, ks, v),
+                                 f32_data(be1, &oq, 3, qs, q), f32_data(be1, &ok, 3, ks, k), f32_data(be1, &ov, 3, ks, v)};
+        ember_kv_layer rviews[2], gviews[2], oviews[2];
+        ember_kv_map rm, gm, om;
         ember_kv_map_for(ref, 0, row, pos, rviews, &rm);
         ember_kv_map_for(got, 0, row, pos, gviews, &gm);
+        ember_kv_map_for(one, 0, row, pos, oviews, &om);
+        CHECKF(be1->ops->rope(be1, &oq, pos, &r, &err) == EMBER_OK && be1->ops->rope(be1, &ok, pos, &r, &err) == EMBER_OK &&
+                   be1->ops->kv_write(be1, &om, &ok, &ov, &err) == EMBER_OK,
+               "%s: the three ops on one thread: %s", tag, err.msg);
         CHECKF(be->ops->rope(be, &rq, pos, &r, &err) == EMBER_OK && be->ops->rope(be, &rk, pos, &r, &err) == EMBER_OK &&
                    be->ops->kv_write(be, &rm, &rk, &rv, &err) == EMBER_OK,
                "%s: the three ops: %s", tag, err.msg);
@@ -619,9 +645,13 @@ static void check_rope_kv(ember_backend *be, const char *kind, int Hkv, int rep,
         CHECKF(rm.n_views == gm.n_views, "%s: views", tag);
         for (int i = 0; i < rm.n_views && i < gm.n_views; i++)
             CHECKF(same_bytes(be, rm.views[i].pool, gm.views[i].pool), "%s: pool %d differs", tag, i);
+        for (int i = 0; i < rm.n_views && i < om.n_views; i++)
+            CHECKF(same_bytes2(be, rm.views[i].pool, be1, om.views[i].pool), "%s: pool %d differs from one thread's", tag,
+                   i);
         ember_kv_end(ref, true);
         ember_kv_end(got, true);
-        for (int i = 0; i < 6; i++) ember_buffer_free(bufs[i]);
+        ember_kv_end(one, true);
+        for (int i = 0; i < 9; i++) ember_buffer_free(bufs[i]);
         free(q);
         free(k);
         free(v);
@@ -649,18 +679,26 @@ static void check_rope_kv(ember_backend *be, const char *kind, int Hkv, int rep,
     }
     ember_kv_free(ref);
     ember_kv_free(got);
+    ember_kv_free(one);
 }
 
-static void rope_kv_cases(ember_backend *be, const char *isa, int th) {
+static void rope_kv_cases(ember_backend *be, ember_isa isa, int th) {
     static const char *kinds[] = {"f32", "f16", "bf16", "q8", "q4"};
-    if (!CHECKV(be->ops->rope_kv_write != NULL, "no rope_kv_write")) return;
+    ember_cpu_params p1 = {.n_threads = 1, .isa = isa};
+    ember_backend *be1 = NULL;
+    ember_error err = {0};
+    if (th == 2) return; /* 1 thread stores a task a head, 7 by token or by row: 2 adds nothing here */
+    if (!CHECKV(be->ops->rope_kv_write != NULL, "no rope_kv_write") ||
+        !CHECKV(ember_backend_cpu_new(&p1, &be1, &err) == EMBER_OK, "backend: %s", err.msg))
+        return;
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         char tag[96];
-        snprintf(tag, sizeof tag, "rope_kv_write %s t%d %s", isa, th, kinds[k]);
-        check_rope_kv(be, kinds[k], 2, 4, 64, 64, true, tag);   /* grouped heads, NEOX */
-        check_rope_kv(be, kinds[k], 1, 2, 128, 32, false, tag); /* partial rotary dims, interleaved */
-        check_rope_kv(be, kinds[k], 3, 1, 64, 48, true, tag);
+        snprintf(tag, sizeof tag, "rope_kv_write %s t%d %s", ember_isa_name(isa), th, kinds[k]);
+        check_rope_kv(be, be1, kinds[k], 2, 4, 64, 64, true, tag);   /* grouped heads, NEOX */
+        check_rope_kv(be, be1, kinds[k], 1, 2, 128, 32, false, tag); /* partial rotary dims, interleaved */
+        check_rope_kv(be, be1, kinds[k], 3, 1, 64, 48, true, tag);
     }
+    ember_backend_free(be1);
 }
 
 static void test_rope_kv_write(void) {

@@ -843,12 +843,16 @@ static unsigned char *kv_piece(const ember_kv_map *map, const ember_kv_rowref *r
     return is_k ? b + L->k_off + (size_t)h * L->k.head_bytes : b + L->v_off + (size_t)h * L->v.head_bytes;
 }
 
+#define KV_GROUP_MAX 1024 /* tokens and row ids a batch may have to be grouped by row */
+
 typedef struct kvrw_job {
     const ember_kv_map *map;
     float *k, *v;
     int T, H, D;
     bool write;
-    bool split; /* a task per head and token (every token of another row), else per head */
+    bool split;  /* a task per head and token (every token of another row), else per head */
+    int n_grp;   /* > 0: a task per head and row, the row's tokens ord[grp[g] .. grp[g + 1]) */
+    const int16_t *ord, *grp;
 } kvrw_job;
 
 /* Stores (write) or loads token t's head h of k and v at its row's position. */
@@ -879,6 +883,11 @@ static void kvrw_one(const kvrw_job *j, int t, int h) {
 static void kvrw_task(void *ctx, int task, int thread) {
     (void)thread;
     const kvrw_job *j = ctx;
+    if (j->n_grp > 0) { /* one row's tokens, in the batch's order */
+        const int g = task / j->H, h = task % j->H;
+        for (int i = j->grp[g]; i < j->grp[g + 1]; i++) kvrw_one(j, j->ord[i], h);
+        return;
+    }
     const int h = j->split ? task % j->H : task;
     const int t0 = j->split ? task / j->H : 0, t1 = j->split ? t0 + 1 : j->T;
     for (int t = t0; t < t1; t++) kvrw_one(j, t, h);
@@ -898,6 +907,41 @@ static bool rows_distinct(const ember_kv_map *map, int T) {
     return true;
 }
 
+/* Runs j (its map, tensors, T, H, D and direction set) as a task per head, or
+   where there are more threads than heads, per head and token (each token
+   another row: a decode step) or per head and row (several rows' tokens: a
+   decode step beside prompt chunks, each row's tokens in order). Rows never
+   share a block they write (kv.c copies a shared last block first). A
+   16-row step of a model with 2 KV heads is 32 tasks, not 2 (on 2 threads
+   the split measured no faster). */
+static void kvrw_run(cpu_backend *c, kvrw_job *j) {
+    int16_t ord[KV_GROUP_MAX], grp[KV_GROUP_MAX + 1];
+    const int T = j->T;
+    j->split = false;
+    j->n_grp = 0;
+    if (T > 1 && j->H < c->n_threads) {
+        j->split = rows_distinct(j->map, T);
+        if (!j->split && T <= KV_GROUP_MAX && j->map->n_refs <= KV_GROUP_MAX) {
+            /* counting sort of the tokens by row, stable */
+            int16_t cnt[KV_GROUP_MAX + 1] = {0};
+            int n_rows = 0;
+            for (int t = 0; t < T; t++) n_rows += cnt[j->map->row[t] + 1]++ == 0;
+            if (n_rows > 1) {
+                for (int r = 0; r < j->map->n_refs; r++) cnt[r + 1] = (int16_t)(cnt[r + 1] + cnt[r]);
+                int16_t at[KV_GROUP_MAX];
+                memcpy(at, cnt, sizeof(int16_t) * (size_t)j->map->n_refs);
+                for (int t = 0; t < T; t++) ord[at[j->map->row[t]]++] = (int16_t)t;
+                for (int r = 0; r < j->map->n_refs; r++)
+                    if (cnt[r + 1] > cnt[r]) grp[j->n_grp++] = cnt[r];
+                grp[j->n_grp] = (int16_t)T;
+                j->ord = ord;
+                j->grp = grp;
+            }
+        }
+    }
+    ember_pool_run(c->pool, j->split ? T * j->H : j->n_grp > 0 ? j->n_grp * j->H : j->H, kvrw_task, j);
+}
+
 static int cpu_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_tensor *k, const ember_tensor *v,
                      bool write, ember_error *err) {
     const char *op = write ? "kv_write" : "kv_read";
@@ -905,12 +949,8 @@ static int cpu_kv_rw(ember_backend *be, const ember_kv_map *map, const ember_ten
     if ((rc = need_f32(k, op, "k", err)) || (rc = need_f32(v, op, "v", err))) return rc;
     int T, H, D;
     if ((rc = ember_kv_rw_check(map, k, v, op, &T, &H, &D, err))) return rc;
-    kvrw_job j = {map, host(k), host(v), T, H, D, write, false};
-    /* decode steps (each token another row) on more threads than heads split by token too: a
-       16-row step of a model with 2 KV heads is 32 tasks, not 2 (on 2 threads the split measured
-       no faster). Rows never share a block they write (kv.c copies a shared last block first). */
-    j.split = T > 1 && H < cpu(be)->n_threads && rows_distinct(map, T);
-    ember_pool_run(cpu(be)->pool, j.split ? T * H : H, kvrw_task, &j);
+    kvrw_job j = {map, host(k), host(v), T, H, D, write, false, 0, NULL, NULL};
+    kvrw_run(cpu(be), &j);
     return EMBER_OK;
 }
 
@@ -948,8 +988,8 @@ static void ropekv_task(void *ctx, int t, int thread) {
 
 /* rope(q), rope(k), kv_write(map, k, v) with their bits, in one pool run
    where each token is another row (a decode step: a task a token), else in
-   two (the rotations a task a token, then the stores a task a head, a
-   row's tokens in order as kv_write keeps them). */
+   two (the rotations a task a token, then the stores as kv_write splits
+   them, a row's tokens in order). */
 static int cpu_rope_kv_write(ember_backend *be, ember_tensor *q, ember_tensor *k, const ember_tensor *v,
                              const int32_t *pos, const ember_rope *r, const ember_kv_map *map, ember_error *err) {
     const char *op = "rope_kv_write";
@@ -961,13 +1001,13 @@ static int cpu_rope_kv_write(ember_backend *be, ember_tensor *q, ember_tensor *k
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: q has %lld tokens, k %d", op, (long long)q->shape[0], T);
     ropekv_job j = {{cpu(be)->k, host(q), pos, r, (int)q->shape[1], (int)q->shape[2]},
                     {cpu(be)->k, host(k), pos, r, H, D},
-                    {map, host(k), host(v), T, H, D, true, false}};
+                    {map, host(k), host(v), T, H, D, true, false, 0, NULL, NULL}};
     j.kv.split = T == 1 || rows_distinct(map, T);
     if (T == 1)
         ropekv_task(&j, 0, 0);
     else
         ember_pool_run(cpu(be)->pool, T, ropekv_task, &j);
-    if (!j.kv.split) ember_pool_run(cpu(be)->pool, H, kvrw_task, &j.kv);
+    if (!j.kv.split) kvrw_run(cpu(be), &j.kv); /* kv_write's own split */
     return EMBER_OK;
 }
 
