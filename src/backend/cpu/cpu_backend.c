@@ -497,6 +497,17 @@ static void norm_task(void *ctx, int row, int thread) {
     j->k->norm_apply(y, x, j->w, r, j->plus_one, j->D);
 }
 
+/* fn(ctx, r, 0) for the rows r of a norm of rows x D values: on the calling
+   thread below 4,096 values (a decode row's norm: less work than a
+   dispatch), else a task a row on the pool, profiled as name. */
+static void norm_rows(cpu_backend *c, int rows, int64_t D, ember_task_fn fn, void *ctx, const char *name) {
+    if ((int64_t)rows * D < 4096) {
+        for (int r = 0; r < rows; r++) fn(ctx, r, 0);
+    } else {
+        ember_pool_run_named(c->pool, rows, fn, ctx, name);
+    }
+}
+
 static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor *x,
                         const ember_tensor *w, float eps, bool plus_one, ember_error *err) {
     int rc;
@@ -507,12 +518,7 @@ static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor
     if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != ember_tensor_nelem(x) || D > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "rms_norm: shapes do not match");
     norm_job j = {cpu(be)->k, host(dst), host(x), host(w), D, eps, plus_one};
-    int rows = (int)ember_tensor_rows(x);
-    if (rows * D < 4096) {
-        for (int r = 0; r < rows; r++) norm_task(&j, r, 0);
-    } else {
-        ember_pool_run(cpu(be)->pool, rows, norm_task, &j);
-    }
+    norm_rows(cpu(be), (int)ember_tensor_rows(x), D, norm_task, &j, "norm_task");
     return EMBER_OK;
 }
 
@@ -546,12 +552,7 @@ static int cpu_add_rms_norm(ember_backend *be, ember_tensor *dst, ember_tensor *
     if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != n || ember_tensor_nelem(h) != n || D > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: shapes do not match", op);
     addnorm_job j = {{cpu(be)->k, host(dst), host(x), host(w), D, eps, plus_one}, host(x), host(h)};
-    int rows = (int)ember_tensor_rows(x);
-    if (rows * D < 4096) {
-        for (int r = 0; r < rows; r++) addnorm_task(&j, r, 0);
-    } else {
-        ember_pool_run(cpu(be)->pool, rows, addnorm_task, &j);
-    }
+    norm_rows(cpu(be), (int)ember_tensor_rows(x), D, addnorm_task, &j, "addnorm_task");
     return EMBER_OK;
 }
 
