@@ -101,8 +101,7 @@ int main(int argc, char **argv) {
         cpu_qgemm_tiled_fn tf = !fl && M >= tabs[a]->tiled_min_m ? tabs[a]->qgemm_tiled[t] : NULL;
         cpu_gemm_fn gf = t == EMBER_F32 ? tabs[a]->gemm_f32 : t == EMBER_F16 ? tabs[a]->gemm_f16 : tabs[a]->gemm_bf16;
         if (tf) { /* the backend tiles the activations once per matmul, outside the kernel */
-            for (int m = 0; m < M; m++) cpu_act32_tile_row(xa + (size_t)m * xr, K, m, xt);
-            cpu_act32_tile_pad(xt, M, K);
+            for (int tile = 0; tile < (M + 15) / 16; tile++) cpu_act32_tile_blocks(xa, xr, K, M, tile, 0, K / 32, xt);
         }
 #define CALL(W)                                                                                               \
     (fl   ? gf(W, (size_t)K, N, x, (size_t)K, M, K, out, (size_t)N)                                          \

@@ -102,6 +102,44 @@ static int all_tables(const cpu_kernels *tables[6]) {
     return nt;
 }
 
+/* The A32 tiles of the m rows at xa (rows of xr bytes) into xt, each tile
+   written in three block ranges (as the backend's tasks split it). */
+static void tile_all(const unsigned char *xa, size_t xr, int K, int m, void *xt) {
+    const int nb = K / 32;
+    for (int t = 0; t < (m + 15) / 16; t++)
+        for (int c = 0; c < 3; c++) cpu_act32_tile_blocks(xa, xr, K, m, t, nb * c / 3, nb * (c + 1) / 3, xt);
+}
+
+/* cpu_act32_tile_blocks against qkern.h's layout, read field by field:
+   row r's block b in tile r / 16, (tile, block) slot r % 16; the rows past
+   m zero whatever the buffer held. */
+static void test_tile_layout(void) {
+    enum { K = 160, NB = K / 32, M = 37 }; /* 5 blocks: ranges of 1, 2 and 2 */
+    const size_t xr = cpu_act_row_bytes(CPU_ACT_32, K);
+    unsigned char *xa = malloc(xr * M), *xt = malloc(cpu_act32_tiled_bytes(M, K));
+    float *x = malloc(sizeof(float) * K * M);
+    for (int i = 0; i < K * M; i++) x[i] = (float)((i * 7919) % 201 - 100) / (1.0f + (float)(i % 5));
+    for (int r = 0; r < M; r++) cpu_quantize_act32(x + (size_t)r * K, K, xa + (size_t)r * xr);
+    for (int m = 1; m <= M; m += m < 18 ? 1 : 19) {
+        memset(xt, 0x5a, cpu_act32_tiled_bytes(m, K));
+        tile_all(xa, xr, K, m, xt);
+        const cpu_act32_tile *t = (const cpu_act32_tile *)xt;
+        int bad = 0;
+        for (int r = 0; r < (m + 15) / 16 * 16; r++)
+            for (int b = 0; b < NB; b++) {
+                const cpu_act32_tile *s = &t[(r / 16) * NB + b];
+                cpu_act32 a;
+                memset(&a, 0, sizeof a);
+                if (r < m) memcpy(&a, xa + (size_t)r * xr + (size_t)b * sizeof(cpu_act32), sizeof a);
+                bad += memcmp(&s->d[r % 16], &a.d, 4) != 0 || memcmp(s->q[r % 16], a.q, 32) != 0;
+            }
+        CHECKF(bad == 0, "A32 tiles of %d rows: %d (row, block)s differ from the rows", m, bad);
+    }
+    free(x);
+    free(xa);
+    free(xt);
+}
+
 /* k's qgemm_tiled kernel on the activations xa (M rows of xr bytes) made
    A32 tiles: every output equal to ref, for all M rows and for the first
    m rows alone (tiles with padded rows). */
@@ -111,8 +149,7 @@ static void check_tiled(const cpu_kernels *k, ember_dtype t, const unsigned char
     unsigned char *xt = malloc(cpu_act32_tiled_bytes(M, K));
     for (int m = 1; m <= M; m = m < 17 && m < M ? m + 1 : m == M ? M + 1 : M) {
         memset(xt, 0x5a, cpu_act32_tiled_bytes(m, K)); /* the pad must clear whatever was there */
-        for (int r = 0; r < m; r++) cpu_act32_tile_row(xa + (size_t)r * xr, K, r, xt);
-        cpu_act32_tile_pad(xt, m, K);
+        tile_all(xa, xr, K, m, xt);
         memset(got, 0xff, (size_t)m * N * 4);
         cpu_qmatmul_tiled(k, t, w, packed, N, xt, m, K, got, (size_t)N, scratch);
         CHECKF(memcmp(got, ref, (size_t)m * N * 4) == 0, "%s tiled %s%s N=%d K=%d, %d of %d rows: differs",
@@ -311,6 +348,7 @@ static void test_act_quant(void) {
 int main(void) {
     test_fixture_dequant();
     test_act_quant();
+    test_tile_layout();
     for (size_t k = 0; k < NTYPES; k++) {
         bool kq = ember_dtype_get(k_types[k])->block_elems == 256;
         test_gemm(k_types[k], 13, kq ? 512 : 96, 7);

@@ -621,11 +621,14 @@ typedef struct act_job {
     const cpu_kernels *k;
     const float *x;
     void *dst;
-    void *tiled; /* also copy CPU_ACT_32 rows into these A32 tiles, or NULL */
-    int K;
+    void *tiled; /* CPU_ACT_32 only: also write these A32 tiles, or NULL */
+    int K, M;
+    int chunks; /* tiled: block ranges per 16-row tile (tasks = tiles x chunks) */
     cpu_act_kind kind;
 } act_job;
 
+/* Row row of an act_job without tiles, the whole row of its kind; the
+   pool's task fn. */
 static void act_task(void *ctx, int row, int thread) {
     (void)thread;
     const act_job *j = ctx;
@@ -638,7 +641,24 @@ static void act_task(void *ctx, int row, int thread) {
         j->k->quantize_actbf16(x, j->K, d);
     else
         j->k->quantize_act256(x, j->K, d);
-    if (j->tiled) cpu_act32_tile_row(d, j->K, row, j->tiled);
+}
+
+/* Task task of an act_job with tiles: tile task / chunks, its block range
+   task % chunks; quantizes those blocks of the tile's rows, then writes
+   those (tile, block)s whole. A (tile, block) holds all 16 rows' scales
+   and levels, so one task writes each: a task a row had up to 16 threads
+   writing each block's scale line (false sharing). The pool's task fn. */
+static void act_tile_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const act_job *j = ctx;
+    const int tile = task / j->chunks, c = task % j->chunks, nb = j->K / 32;
+    const int b0 = (int)((int64_t)nb * c / j->chunks), b1 = (int)((int64_t)nb * (c + 1) / j->chunks);
+    const int r1 = j->M < 16 * tile + 16 ? j->M : 16 * tile + 16;
+    const size_t rb = cpu_act_row_bytes(CPU_ACT_32, j->K);
+    for (int r = 16 * tile; r < r1; r++) /* A32 blocks are independent: quantize blocks [b0, b1) alone */
+        j->k->quantize_act32(j->x + (size_t)r * (size_t)j->K + 32 * b0, 32 * (b1 - b0),
+                             (char *)j->dst + (size_t)r * rb + (size_t)b0 * sizeof(cpu_act32));
+    cpu_act32_tile_blocks(j->dst, rb, j->K, j->M, tile, b0, b1, j->tiled);
 }
 
 /* Grows buf (capacity *cap bytes) to at least bytes, 64-aligned. */
@@ -666,19 +686,25 @@ static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_k
     int rc = act_reserve(&c->act[kind], &c->act_cap[kind], bytes, err);
     if (!rc && tiled) rc = act_reserve(&c->act_tiled, &c->act_tiled_cap, cpu_act32_tiled_bytes(M, K), err);
     if (rc) return rc;
-    act_job j = {c->k, x, c->act[kind], tiled ? c->act_tiled : NULL, K, kind};
+    act_job j = {.k = c->k, .x = x, .dst = c->act[kind], .tiled = tiled ? c->act_tiled : NULL, .K = K, .M = M, .chunks = 1, .kind = kind};
     if (pad_rows)
         memset((char *)c->act[kind] + (size_t)M * cpu_act_row_bytes(kind, K), 0, pad_rows * cpu_act_row_bytes(kind, K));
-    if ((size_t)M * (size_t)K < 65536) {
+    const bool inline_ = (size_t)M * (size_t)K < 65536;
+    if (tiled) {
+        const int tiles = (M + 15) / 16, nb = K / 32;
+        j.chunks = inline_ ? 1 : (2 * c->n_threads + tiles - 1) / tiles;
+        if (j.chunks > nb) j.chunks = nb;
+        if (inline_)
+            for (int t = 0; t < tiles; t++) act_tile_task(&j, t, 0);
+        else
+            ember_pool_run(c->pool, tiles * j.chunks, act_tile_task, &j);
+        *tiled = c->act_tiled;
+    } else if (inline_) {
         for (int r = 0; r < M; r++) act_task(&j, r, 0);
     } else {
         ember_pool_run(c->pool, M, act_task, &j);
     }
     *out = c->act[kind];
-    if (tiled) {
-        cpu_act32_tile_pad(c->act_tiled, M, K);
-        *tiled = c->act_tiled;
-    }
     return EMBER_OK;
 }
 
@@ -1495,7 +1521,7 @@ static int cpu_moe_token(ember_backend *be, ember_tensor *dst, const ember_tenso
         if (!need_dn[k]) continue;
         const size_t rb = cpu_act_row_bytes((cpu_act_kind)k, I);
         if ((rc = act_reserve(&c->act_moe[k], &c->act_moe_cap[k], rb * (size_t)n, err))) return rc;
-        j.act[k] = (act_job){c->k, j.g, c->act_moe[k], NULL, (int)I, (cpu_act_kind)k};
+        j.act[k] = (act_job){.k = c->k, .x = j.g, .dst = c->act_moe[k], .K = (int)I, .M = n, .kind = (cpu_act_kind)k};
         j.dn.act[k] = c->act_moe[k];
     }
     for (int k = CPU_ACT_32; k < CPU_ACT_COUNT; k++)

@@ -418,23 +418,20 @@ size_t cpu_act32_tiled_bytes(int mm, int K) {
     return (size_t)((mm + 15) / 16) * (size_t)(K / 32) * sizeof(cpu_act32_tile);
 }
 
-void cpu_act32_tile_row(const void *act, int K, int m, void *xt) {
-    const int nb = K / 32;
-    const unsigned char *a = act;
-    cpu_act32_tile *t = (cpu_act32_tile *)xt + (size_t)(m / 16) * (size_t)nb;
-    for (int b = 0; b < nb; b++, a += sizeof(cpu_act32)) {
-        memcpy(&t[b].d[m % 16], a + offsetof(cpu_act32, d), sizeof(float));
-        memcpy(t[b].q[m % 16], a + offsetof(cpu_act32, q), 32);
-    }
-}
-
-void cpu_act32_tile_pad(void *xt, int mm, int K) {
-    if (mm % 16 == 0) return;
-    const int nb = K / 32, r0 = mm % 16;
-    cpu_act32_tile *t = (cpu_act32_tile *)xt + (size_t)(mm / 16) * (size_t)nb;
-    for (int b = 0; b < nb; b++) {
-        memset(&t[b].d[r0], 0, (size_t)(16 - r0) * sizeof(float));
-        memset(t[b].q[r0], 0, (size_t)(16 - r0) * 32);
+void cpu_act32_tile_blocks(const void *act, size_t arow, int K, int mm, int tile, int b0, int b1, void *xt) {
+    const int nb = K / 32, r0 = tile * 16, n = mm - r0 < 16 ? mm - r0 : 16;
+    cpu_act32_tile *t = (cpu_act32_tile *)xt + (size_t)tile * (size_t)nb;
+    const unsigned char *a = (const unsigned char *)act + (size_t)r0 * arow;
+    for (int b = b0; b < b1; b++) {
+        const unsigned char *ab = a + (size_t)b * sizeof(cpu_act32);
+        for (int r = 0; r < n; r++, ab += arow) {
+            memcpy(&t[b].d[r], ab + offsetof(cpu_act32, d), sizeof(float));
+            memcpy(t[b].q[r], ab + offsetof(cpu_act32, q), 32);
+        }
+        if (n < 16) {
+            memset(&t[b].d[n], 0, (size_t)(16 - n) * sizeof(float));
+            memset(t[b].q[n], 0, (size_t)(16 - n) * 32);
+        }
     }
 }
 

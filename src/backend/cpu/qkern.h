@@ -110,10 +110,12 @@ typedef struct cpu_act32_tile {
 
 /* Bytes of the A32 tiles of mm rows of K elements (K a multiple of 32). */
 size_t cpu_act32_tiled_bytes(int mm, int K);
-/* Copies the A32 row act (K elements) into row m of the tiles at xt. */
-void cpu_act32_tile_row(const void *act, int K, int m, void *xt);
-/* Zeroes the rows past mm in the last tile (call once all rows are in). */
-void cpu_act32_tile_pad(void *xt, int mm, int K);
+/* Writes blocks [b0, b1) of tile number tile of the A32 tiles at xt (for
+   mm rows of K elements) from the A32 rows at act (row r at act + r * arow):
+   the tile's rows past mm become zero. Each (tile, block) is 576 bytes on
+   its own (64-aligned when xt is), so tasks that write disjoint (tile,
+   block range) pairs share no cache line of xt. */
+void cpu_act32_tile_blocks(const void *act, size_t arow, int K, int mm, int tile, int b0, int b1, void *xt);
 
 /* Rows per packed group. */
 #define CPU_QP_ROWS 16
