@@ -686,7 +686,8 @@ static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_k
     int rc = act_reserve(&c->act[kind], &c->act_cap[kind], bytes, err);
     if (!rc && tiled) rc = act_reserve(&c->act_tiled, &c->act_tiled_cap, cpu_act32_tiled_bytes(M, K), err);
     if (rc) return rc;
-    act_job j = {.k = c->k, .x = x, .dst = c->act[kind], .tiled = tiled ? c->act_tiled : NULL, .K = K, .M = M, .chunks = 1, .kind = kind};
+    act_job j = {.k = c->k, .x = x, .dst = c->act[kind], .tiled = tiled ? c->act_tiled : NULL,
+                 .K = K, .M = M, .chunks = 1, .kind = kind};
     if (pad_rows)
         memset((char *)c->act[kind] + (size_t)M * cpu_act_row_bytes(kind, K), 0, pad_rows * cpu_act_row_bytes(kind, K));
     const bool inline_ = (size_t)M * (size_t)K < 65536;
