@@ -497,16 +497,20 @@ static void norm_task(void *ctx, int row, int thread) {
     j->k->norm_apply(y, x, j->w, r, j->plus_one, j->D);
 }
 
-/* fn(ctx, r, 0) for the rows r of a norm of rows x D values: on the calling
-   thread below 4,096 values (a decode row's norm: less work than a
-   dispatch), else a task a row on the pool, profiled as name. */
-static void norm_rows(cpu_backend *c, int rows, int64_t D, ember_task_fn fn, void *ctx, const char *name) {
-    if ((int64_t)rows * D < 4096) {
-        for (int r = 0; r < rows; r++) fn(ctx, r, 0);
+/* fn(ctx, t, 0) for t in [0, n) on the calling thread when here (work
+   smaller than a dispatch costs), else the pool's run of n tasks, profiled
+   as name. */
+static void tasks_run(cpu_backend *c, int n, bool here, ember_task_fn fn, void *ctx, const char *name) {
+    if (here) {
+        for (int t = 0; t < n; t++) fn(ctx, t, 0);
     } else {
-        ember_pool_run_named(c->pool, rows, fn, ctx, name);
+        ember_pool_run_named(c->pool, n, fn, ctx, name);
     }
 }
+
+/* A norm of rows x D values: a task a row, on the calling thread below
+   4,096 values (a decode row's norm). */
+#define NORM_HERE(rows, D) ((int64_t)(rows) * (D) < 4096)
 
 static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor *x,
                         const ember_tensor *w, float eps, bool plus_one, ember_error *err) {
@@ -518,7 +522,8 @@ static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor
     if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != ember_tensor_nelem(x) || D > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "rms_norm: shapes do not match");
     norm_job j = {cpu(be)->k, host(dst), host(x), host(w), D, eps, plus_one};
-    norm_rows(cpu(be), (int)ember_tensor_rows(x), D, norm_task, &j, "norm_task");
+    const int rows = (int)ember_tensor_rows(x);
+    tasks_run(cpu(be), rows, NORM_HERE(rows, D), norm_task, &j, "norm_task");
     return EMBER_OK;
 }
 
@@ -552,7 +557,8 @@ static int cpu_add_rms_norm(ember_backend *be, ember_tensor *dst, ember_tensor *
     if (ember_tensor_nelem(w) != D || ember_tensor_nelem(dst) != n || ember_tensor_nelem(h) != n || D > INT32_MAX)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: shapes do not match", op);
     addnorm_job j = {{cpu(be)->k, host(dst), host(x), host(w), D, eps, plus_one}, host(x), host(h)};
-    norm_rows(cpu(be), (int)ember_tensor_rows(x), D, addnorm_task, &j, "addnorm_task");
+    const int rows = (int)ember_tensor_rows(x);
+    tasks_run(cpu(be), rows, NORM_HERE(rows, D), addnorm_task, &j, "addnorm_task");
     return EMBER_OK;
 }
 
@@ -690,20 +696,15 @@ static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_k
                  .K = K, .M = M, .chunks = 1, .kind = kind};
     if (pad_rows)
         memset((char *)c->act[kind] + (size_t)M * cpu_act_row_bytes(kind, K), 0, pad_rows * cpu_act_row_bytes(kind, K));
-    const bool inline_ = (size_t)M * (size_t)K < 65536;
+    const bool here = (size_t)M * (size_t)K < 65536;
     if (tiled) {
         const int tiles = (M + 15) / 16, nb = K / 32;
-        j.chunks = inline_ ? 1 : (2 * c->n_threads + tiles - 1) / tiles;
+        j.chunks = here ? 1 : (2 * c->n_threads + tiles - 1) / tiles;
         if (j.chunks > nb) j.chunks = nb;
-        if (inline_)
-            for (int t = 0; t < tiles; t++) act_tile_task(&j, t, 0);
-        else
-            ember_pool_run(c->pool, tiles * j.chunks, act_tile_task, &j);
+        tasks_run(c, tiles * j.chunks, here, act_tile_task, &j, "act_tile_task");
         *tiled = c->act_tiled;
-    } else if (inline_) {
-        for (int r = 0; r < M; r++) act_task(&j, r, 0);
     } else {
-        ember_pool_run(c->pool, M, act_task, &j);
+        tasks_run(c, M, here, act_task, &j, "act_task");
     }
     *out = c->act[kind];
     return EMBER_OK;
