@@ -1,6 +1,6 @@
 /* test_threadpool.c - every task runs exactly once, for many runs and sizes;
  * no task runs after its run returned; runs larger than one published word
- * can hold are split correctly. */
+ * can hold are split correctly; a task may wait for a lower one. */
 #define _POSIX_C_SOURCE 200809L
 #include <sched.h>
 #include <stdatomic.h>
@@ -91,7 +91,51 @@ static void sleep_task(void *p, int t, int thread) {
     nanosleep(&ts, NULL);
 }
 
+/* The order promise (threadpool.h): each task waits for the one below it
+   to have started, as moe_token's tasks wait for lower ones. With claims
+   taken out of order, or a claim's tasks run out of order, some task would
+   wait for one that no running thread holds: the wait is bounded (2 s) so
+   that such a run fails instead of hanging. */
+typedef struct octx {
+    atomic_int started[256];
+    atomic_int timed_out;
+} octx;
+
+static void chain_task(void *p, int t, int thread) {
+    (void)thread;
+    octx *c = p;
+    if (t > 0) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        while (!atomic_load(&c->started[t - 1])) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            if ((t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec) > 2.0) {
+                atomic_store(&c->timed_out, 1);
+                break;
+            }
+        }
+    }
+    atomic_store(&c->started[t], 1);
+}
+
 int main(void) {
+    for (int nt = 2; nt <= 4; nt++) {
+        ember_error err = {0};
+        ember_pool *p = ember_pool_new(nt, &err);
+        CHECK(p != NULL);
+        for (int run = 0; run < 200 && p; run++) {
+            static octx c;
+            int n = 1 + run % 256; /* past CLAIM_SHARE x threads: claims of several tasks */
+            for (int i = 0; i < 256; i++) atomic_store(&c.started[i], 0);
+            atomic_store(&c.timed_out, 0);
+            ember_pool_run(p, n, chain_task, &c);
+            int ran = 0;
+            for (int i = 0; i < n; i++) ran += atomic_load(&c.started[i]);
+            CHECKF(!atomic_load(&c.timed_out) && ran == n, "threads %d, %d tasks: a task waited for an unclaimed lower one", nt, n);
+        }
+        ember_pool_free(p);
+    }
+
     for (int nt = 1; nt <= 4; nt++) {
         ember_error err = {0};
         ember_pool *p = ember_pool_new(nt, &err);

@@ -8,10 +8,14 @@
  *     bits 19..0   next task  (20 bits)
  *
  * The runner publishes fn and ctx, zeroes `done`, then stores (gen + 1,
- * n_tasks, 0) into `work`. Anyone (runner and workers) claims task t by a
- * compare-and-swap of the whole word from (g, n, t) to (g, n, t + 1), which
- * it tries only when t < n; it then reads fn and ctx, runs the task and
- * increments `done`. The runner returns once `done` reaches n_tasks.
+ * n_tasks, 0) into `work` (and the generation into `pub`, the word idle
+ * workers watch). Anyone (runner and workers) claims tasks [t, t + k) by a
+ * compare-and-swap of the whole word from (g, n, t) to (g, n, t + k), which
+ * it tries only when t < n, with k = 1 + (n - t) / (CLAIM_SHARE x threads)
+ * (so k <= n - t: one task a claim once fewer are left than a few a
+ * thread); it then reads fn and ctx and runs them in order. When it finds
+ * nothing left it adds the count it ran to `done`, once. The runner returns
+ * once `done` reaches n_tasks.
  *
  * Why this is safe:
  * - The bound n and the claim counter live in the same word, so a claim is
@@ -22,7 +26,8 @@
  * - A successful claim means the word was (g, n, t) with t < n at that
  *   instant: task t of the published run was unclaimed, so `done` < n and
  *   the runner is still waiting; it cannot publish another run (and change
- *   fn, ctx or `done`) before this task's increment. Even if the generation
+ *   fn, ctx or `done`) before this thread's add, which comes after its
+ *   last claim of the run. Even if the generation
  *   wrapped while a worker slept between its load and its compare-and-swap,
  *   an identical word still means "task t of the run now published".
  * - A run waits only for tasks that were actually claimed: a worker the OS
@@ -60,6 +65,7 @@
 #endif
 
 #define SPIN_ITERS 20000
+#define CLAIM_SHARE 4 /* a claim takes 1 + left / (CLAIM_SHARE x threads) tasks */
 
 #define TP_TASK_BITS 20
 #define TP_MAX_TASKS ((1 << TP_TASK_BITS) - 1)
@@ -92,9 +98,15 @@ struct ember_pool {
     int n_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    _Atomic uint64_t work; /* (generation, n_tasks, next task), see above */
-    atomic_uint done;      /* tasks finished in the current run */
-    atomic_int n_sleeping;
+    /* Each of the three words the runs touch on its own cache line: the
+       claims' compare-and-swaps on `work`, the finishing threads' adds to
+       `done` and the idle workers' reads of `pub` would otherwise take the
+       same line from each other on every task (16 threads: tens of us a
+       run). */
+    _Alignas(64) _Atomic uint64_t work; /* (generation, n_tasks, next task), see above */
+    _Alignas(64) atomic_uint done;      /* tasks finished in the current run */
+    _Alignas(64) atomic_uint pub;       /* the generation last published (after `work`): what spinners watch */
+    _Alignas(64) atomic_int n_sleeping;
     atomic_int quit;
     uint32_t gen; /* the runner's last generation; only the runner touches it */
     ember_task_fn fn;
@@ -113,24 +125,30 @@ typedef struct worker_arg {
     int index;
 } worker_arg;
 
-/* Claims and runs tasks of whatever run is published until none is left.
-   Returns the generation of the last word it looked at. */
+/* Claims and runs tasks of whatever run is published until none is left,
+   then adds the count it ran to `done` at once (one contended add a thread
+   a run, not one a task: the runner cannot publish the next run before it,
+   so the claims stay checked against the run they belong to). Returns the
+   generation of the last word it looked at. */
 static uint32_t take_tasks(ember_pool *p, int thread) {
     uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
+    unsigned ran = 0;
     for (;;) {
-        if (TP_NEXT(w) >= TP_N(w)) return TP_GEN(w);
+        if (TP_NEXT(w) >= TP_N(w)) {
+            if (ran) atomic_fetch_add_explicit(&p->done, ran, memory_order_release);
+            return TP_GEN(w);
+        }
+        /* a share of what is left (at least one task), so that a run of
+           many small tasks is not one contended claim a task */
+        const uint32_t t = TP_NEXT(w), k = 1 + (TP_N(w) - t) / (CLAIM_SHARE * (uint32_t)p->n_threads);
         /* acquire on success: fn and ctx were stored before the word */
-        if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acquire,
+        if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + k, memory_order_acquire,
                                                    memory_order_acquire))
             continue; /* w now holds the current word */
-        if (p->prof) {
-            uint64_t t0 = now_ns();
-            p->fn(p->ctx, (int)TP_NEXT(w), thread);
-            p->prof->busy[(size_t)thread * PROF_SLOT] += now_ns() - t0;
-        } else {
-            p->fn(p->ctx, (int)TP_NEXT(w), thread);
-        }
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        uint64_t t0 = p->prof ? now_ns() : 0;
+        for (uint32_t i = t; i < t + k; i++) p->fn(p->ctx, (int)i, thread);
+        if (p->prof) p->prof->busy[(size_t)thread * PROF_SLOT] += now_ns() - t0;
+        ran += k;
         w = atomic_load_explicit(&p->work, memory_order_acquire);
     }
 }
@@ -143,7 +161,7 @@ static void *worker_main(void *argp) {
     uint32_t seen = 0; /* gen at pool creation: a run may start before this thread does */
     for (;;) {
         int spins = 0;
-        while (TP_GEN(atomic_load(&p->work)) == seen && !atomic_load(&p->quit)) {
+        while (atomic_load_explicit(&p->pub, memory_order_acquire) == seen && !atomic_load(&p->quit)) {
             if (++spins < SPIN_ITERS) {
                 CPU_RELAX();
                 continue;
@@ -168,7 +186,8 @@ ember_pool *ember_pool_new(int n_threads, ember_error *err) {
         ember_err(err, EMBER_ERR_INVALID_ARG, "thread count %d is too large (max 1024)", n_threads);
         return NULL;
     }
-    ember_pool *p = ember_calloc(1, sizeof *p);
+    ember_pool *p = ember_aligned_alloc(_Alignof(ember_pool), sizeof *p); /* its words' cache lines */
+    if (p) memset(p, 0, sizeof *p);
     if (!p) {
         ember_err(err, EMBER_ERR_NOMEM, "out of memory creating the thread pool");
         return NULL;
@@ -178,6 +197,7 @@ ember_pool *ember_pool_new(int n_threads, ember_error *err) {
     pthread_cond_init(&p->cv, NULL);
     atomic_init(&p->work, 0);
     atomic_init(&p->done, 0);
+    atomic_init(&p->pub, 0);
     atomic_init(&p->n_sleeping, 0);
     atomic_init(&p->quit, 0);
     if (n_threads > 1) {
@@ -230,6 +250,7 @@ static void run_once(ember_pool *p, int n, ember_task_fn fn, void *ctx) {
     p->gen = (p->gen + 1) & TP_GEN_MASK;
     uint64_t w = ((uint64_t)p->gen << (2 * TP_TASK_BITS)) | ((uint64_t)n << TP_TASK_BITS);
     atomic_store(&p->work, w); /* seq_cst: publishes fn, ctx and done */
+    atomic_store_explicit(&p->pub, p->gen, memory_order_release);
     if (atomic_load(&p->n_sleeping) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->cv);

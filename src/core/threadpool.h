@@ -4,10 +4,13 @@
  * ember_pool_run splits n_tasks among the calling thread and the workers and
  * returns once all are done. Tasks may run in any interleaving: a task must
  * write only its own part of the output, so results never depend on the
- * number of threads. They are claimed in increasing index order, though
- * (the CPU backend's moe_token relies on it): a task may wait for a task of
- * a lower index, which has then been claimed by a running thread already. Workers spin briefly between runs, then sleep on a condition
- * variable. One thread at a time may call ember_pool_run on a pool.
+ * number of threads. They are claimed in increasing index order, though,
+ * a few consecutive ones at a time while many are left, each thread running
+ * its claim in order (the CPU backend's moe_token relies on it): a task may
+ * wait for a task of a lower index, which has then been claimed by a
+ * running thread already. Workers spin briefly between runs, then sleep on
+ * a condition variable. One thread at a time may call ember_pool_run on a
+ * pool.
  *
  * Profile (ember_pool_profile_start): every run is then timed by the caller
  * (wall) and every task by the thread that runs it (busy), keyed by the task
