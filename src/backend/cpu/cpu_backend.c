@@ -508,9 +508,36 @@ static void tasks_run(cpu_backend *c, int n, bool here, ember_task_fn fn, void *
     }
 }
 
-/* A norm of rows x D values: a task a row, on the calling thread below
-   4,096 values (a decode row's norm). */
-#define NORM_HERE(rows, D) ((int64_t)(rows) * (D) < 4096)
+/* Values a task of a row-wise op (norms, RoPE and KV stores, activations)
+   takes at least: about a microsecond of work or more. A task a row made
+   runs of up to 64 tasks of a few hundred ns each, where on 16 threads the
+   claims and the wait for the last one cost more than the work. */
+#define ROWS_GRAIN 8192
+
+typedef struct rows_job {
+    ember_task_fn fn; /* fn(ctx, row, thread) */
+    void *ctx;
+    int rows, per; /* rows in all; rows a task */
+} rows_job;
+
+static void rows_task(void *ctx, int t, int thread) {
+    const rows_job *j = ctx;
+    const int r1 = j->rows - t * j->per < j->per ? j->rows : (t + 1) * j->per;
+    for (int r = t * j->per; r < r1; r++) j->fn(j->ctx, r, thread);
+}
+
+/* fn(ctx, r, thread) for the rows r in [0, rows) of row_values values each:
+   on the calling thread when they are fewer than here values in all, else
+   in tasks of consecutive rows, at least ROWS_GRAIN values a task (one
+   task: on the calling thread too). Profiled as name. */
+static void rows_run(cpu_backend *c, int rows, int64_t row_values, int64_t here, ember_task_fn fn, void *ctx,
+                     const char *name) {
+    if (rows < 1) return;
+    const int64_t per = row_values >= ROWS_GRAIN ? 1 : (ROWS_GRAIN + row_values - 1) / (row_values > 0 ? row_values : 1);
+    rows_job j = {fn, ctx, rows, (int64_t)rows * row_values < here || per >= rows ? rows : (int)per};
+    const int n = (rows + j.per - 1) / j.per;
+    tasks_run(c, n, n == 1, rows_task, &j, name);
+}
 
 static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor *x,
                         const ember_tensor *w, float eps, bool plus_one, ember_error *err) {
@@ -523,7 +550,7 @@ static int cpu_rms_norm(ember_backend *be, ember_tensor *dst, const ember_tensor
         return ember_err(err, EMBER_ERR_INVALID_ARG, "rms_norm: shapes do not match");
     norm_job j = {cpu(be)->k, host(dst), host(x), host(w), D, eps, plus_one};
     const int rows = (int)ember_tensor_rows(x);
-    tasks_run(cpu(be), rows, NORM_HERE(rows, D), norm_task, &j, "norm_task");
+    rows_run(cpu(be), rows, D, ROWS_GRAIN, norm_task, &j, "norm_task");
     return EMBER_OK;
 }
 
@@ -545,7 +572,7 @@ static void addnorm_task(void *ctx, int row, int thread) {
     norm_task(&j->n, row, thread);
 }
 
-/* add(x, x, h) then rms_norm(dst, x, w) in one pool run, a task a row. */
+/* add(x, x, h) then rms_norm(dst, x, w) in one pool run (rows_run's tasks). */
 static int cpu_add_rms_norm(ember_backend *be, ember_tensor *dst, ember_tensor *x, const ember_tensor *h,
                             const ember_tensor *w, float eps, bool plus_one, ember_error *err) {
     const char *op = "add_rms_norm";
@@ -558,7 +585,7 @@ static int cpu_add_rms_norm(ember_backend *be, ember_tensor *dst, ember_tensor *
         return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: shapes do not match", op);
     addnorm_job j = {{cpu(be)->k, host(dst), host(x), host(w), D, eps, plus_one}, host(x), host(h)};
     const int rows = (int)ember_tensor_rows(x);
-    tasks_run(cpu(be), rows, NORM_HERE(rows, D), addnorm_task, &j, "addnorm_task");
+    rows_run(cpu(be), rows, D, ROWS_GRAIN, addnorm_task, &j, "addnorm_task");
     return EMBER_OK;
 }
 
@@ -667,6 +694,9 @@ static void act_tile_task(void *ctx, int task, int thread) {
     cpu_act32_tile_blocks(j->dst, rb, j->K, j->M, tile, b0, b1, j->tiled);
 }
 
+/* Activations of fewer values are quantized on the calling thread. */
+#define ACT_HERE 65536
+
 /* Grows buf (capacity *cap bytes) to at least bytes, 64-aligned. */
 static int act_reserve(void **buf, size_t *cap, size_t bytes, ember_error *err) {
     if (bytes <= *cap) return EMBER_OK;
@@ -696,7 +726,7 @@ static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_k
                  .K = K, .M = M, .chunks = 1, .kind = kind};
     if (pad_rows)
         memset((char *)c->act[kind] + (size_t)M * cpu_act_row_bytes(kind, K), 0, pad_rows * cpu_act_row_bytes(kind, K));
-    const bool here = (size_t)M * (size_t)K < 65536;
+    const bool here = (size_t)M * (size_t)K < ACT_HERE;
     if (tiled) {
         const int tiles = (M + 15) / 16, nb = K / 32;
         j.chunks = here ? 1 : (2 * c->n_threads + tiles - 1) / tiles;
@@ -704,7 +734,7 @@ static int quantize_acts(cpu_backend *c, const float *x, int M, int K, cpu_act_k
         tasks_run(c, tiles * j.chunks, here, act_tile_task, &j, "act_tile_task");
         *tiled = c->act_tiled;
     } else {
-        tasks_run(c, M, here, act_task, &j, "act_task");
+        rows_run(c, M, K, ACT_HERE, act_task, &j, "act_task");
     }
     *out = c->act[kind];
     return EMBER_OK;
@@ -855,10 +885,7 @@ static int cpu_rope(ember_backend *be, ember_tensor *x, const int32_t *pos, cons
     if (rc) return rc;
     int T = (int)x->shape[0], H = (int)x->shape[1], D = (int)x->shape[2];
     rope_job j = {cpu(be)->k, host(x), pos, r, H, D};
-    if (T == 1)
-        rope_task(&j, 0, 0);
-    else
-        ember_pool_run(cpu(be)->pool, T, rope_task, &j);
+    rows_run(cpu(be), T, (int64_t)H * D, ROWS_GRAIN, rope_task, &j, "rope_task");
     return EMBER_OK;
 }
 
@@ -1032,10 +1059,9 @@ static int cpu_rope_kv_write(ember_backend *be, ember_tensor *q, ember_tensor *k
                     {cpu(be)->k, host(k), pos, r, H, D},
                     {map, host(k), host(v), T, H, D, true, false, 0, NULL, NULL}};
     j.kv.split = T == 1 || rows_distinct(map, T);
-    if (T == 1)
-        ropekv_task(&j, 0, 0);
-    else
-        ember_pool_run(cpu(be)->pool, T, ropekv_task, &j);
+    /* a token's values: its q and k heads rotated, its K and V heads stored */
+    rows_run(cpu(be), T, (int64_t)j.q.H * j.q.D + (j.kv.split ? 3 : 1) * (int64_t)H * D, ROWS_GRAIN, ropekv_task,
+             &j, "ropekv_task");
     if (!j.kv.split) kvrw_run(cpu(be), &j.kv); /* kv_write's own split */
     return EMBER_OK;
 }
