@@ -55,9 +55,11 @@
  * Loop order: for each group and half, activation rows in tiles of QP_NX
  * (QP_NX32; then 4, 2, 1 for the rest), and for each tile the blocks in order. The
  * weights of a group (at most 139 KB, Q8_0 with K = 8192) stay in L2 while
- * the activation tiles sweep them; decode (one row) streams each group once,
- * and with QL = 8 a 32-element type takes both halves in that one pass (NH
- * = 2: each block's cache lines feed all 16 rows while they are in L1).
+ * the activation tiles sweep them, each tile asking for its share of the
+ * next group's blocks (QP_PREFETCH_NEXT), so that memory streams during
+ * every sweep; decode (one row) streams each group once, and with QL = 8 a
+ * 32-element type takes both halves in that one pass (NH = 2: each block's
+ * cache lines feed all 16 rows while they are in L1).
  * No state; a call writes only its own outputs.
  */
 
@@ -80,15 +82,21 @@
     } while (0)
 
 /* Batches (several activation rows) sweep a group's weights once per tile
-   of rows, the first sweep waiting on memory; so the first tile of each
-   group also asks for the next group (pf: its start, NULL for none) block
-   by block into L2, where it waits for its own tiles (a group is at most
-   139 KB). */
-#define QP_PREFETCH_NEXT(pf, off, bb)                                                                              \
+   of rows, the first sweep waiting on memory; so the tiles of each group
+   also ask for the next group (pf.next: its start, NULL for none) into L2,
+   where it waits for its own tiles (a group is at most 139 KB): tile
+   pf.phase of pf.stride asks for the blocks b with b % stride == phase,
+   as it passes block b, so the next group's bytes are requested evenly
+   over all the sweeps of this one, not in the first sweep alone. */
+typedef struct qp_pf {
+    const unsigned char *next;
+    int phase, stride;
+} qp_pf;
+#define QP_PREFETCH_NEXT(pf, b, bb)                                                                                \
     do {                                                                                                           \
-        if (pf)                                                                                                    \
+        if ((pf).next && (b) % (pf).stride == (pf).phase)                                                          \
             for (size_t pf_ = 0; pf_ < (size_t)(bb); pf_ += 64)                                                    \
-                __builtin_prefetch((const void *)((uintptr_t)(pf) + (size_t)(off) + pf_), 0, 2);                   \
+                __builtin_prefetch((const void *)((uintptr_t)(pf).next + (size_t)(b) * (size_t)(bb) + pf_), 0, 2); \
     } while (0)
 
 /* ---- 32-element types ------------------------------------------------------ */
@@ -129,7 +137,7 @@ ALWAYS_INLINE void qp32_quad(const unsigned char *p, int q, qv w[4], const int T
    on memory with half the work to hide it). Per output nothing changes. */
 ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned char *x, size_t x_row, float *out,
                              size_t ldo, const int NX, const int T, const int h0, const int NH,
-                             const unsigned char *pf) {
+                             qp_pf pf) {
     const size_t BG = 16 * (size_t)(T == EMBER_Q8_0 ? 34 : T == EMBER_Q4_0 ? 18 : 22);
     const int init = T == EMBER_Q8_0 ? Q8_INIT : T == EMBER_Q4_0 ? -8 : -16;
     const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row */
@@ -141,7 +149,7 @@ ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned cha
     for (int b = 0; b < nb; b++) {
         const unsigned char *p = wg + (size_t)b * BG;
         if (NX == 1 && T != EMBER_Q8_0) QP_PREFETCH(p, BG, 8 * BG); /* Q8_0: no gain seen in a noisy A/B */
-        QP_PREFETCH_NEXT(pf, (size_t)b * BG, BG);
+        QP_PREFETCH_NEXT(pf, b, BG);
 #pragma GCC unroll 2
         for (int hh = 0; hh < NH; hh++) {
             const int h = h0 + hh;
@@ -238,7 +246,7 @@ ALWAYS_INLINE void qpk_scale_min(const qv D[3], int j, qv *sc, qv *mn) {
 }
 
 ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned char *x, size_t x_row, float *out,
-                             size_t ldo, const int NX, const int T, const int h, const unsigned char *pf) {
+                             size_t ldo, const int NX, const int T, const int h, qp_pf pf) {
     const size_t BG = T == EMBER_Q4_K ? 2304 : 2816, qoff = T == EMBER_Q4_K ? 256 : 768;
     const qv m4 = qv_set8(0x0F), m10 = qv_set8(0x10);
     fv acc[QP_NX];
@@ -248,7 +256,7 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
         const unsigned char *p = wg + (size_t)b * BG;
         const unsigned char *yb = x + (size_t)b * sizeof(cpu_act256);
         if (NX == 1) QP_PREFETCH(p, BG, 2 * BG);
-        QP_PREFETCH_NEXT(pf, (size_t)b * BG, BG);
+        QP_PREFETCH_NEXT(pf, b, BG);
         qv D[3];
 #pragma GCC unroll 3
         for (int k = 0; k < 3; k++) D[k] = qv_load(p + 64 + 64 * k + QP_DW(h));
@@ -362,7 +370,7 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
    (the pair (-32 sc_j, -32 sc_j+1) against the dword (bsums[j], bsums[j+1]),
    |-32 sc| <= 4,096, |bsums| <= 2,032); all exact in 32 bits. */
 ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned char *x, size_t x_row, float *out,
-                             size_t ldo, const int NX, const int T, const int h, const unsigned char *pf) {
+                             size_t ldo, const int NX, const int T, const int h, qp_pf pf) {
     (void)T;
     const qv m4 = qv_set8(0x0F), m48 = qv_set8(0x30);
     fv acc[QP_NX];
@@ -372,7 +380,7 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
         const unsigned char *p = wg + (size_t)b * 3360;
         const unsigned char *yb = x + (size_t)b * sizeof(cpu_act256);
         if (NX == 1) QP_PREFETCH(p, 3360, 2 * 3360);
-        QP_PREFETCH_NEXT(pf, (size_t)b * 3360, 3360);
+        QP_PREFETCH_NEXT(pf, b, 3360);
         qv S1[QP_NX];
 #pragma GCC unroll 8
         for (int c = 0; c < NX; c++) S1[c] = qv_zero();
@@ -463,18 +471,30 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
 #define QP_TILE(T)                                                                                                 \
     ((T) == EMBER_Q4_K || (T) == EMBER_Q5_K ? 1 : (T) == EMBER_Q6_K ? 2 : 0)
 
-/* One tile; *pf (the next group, QP_PREFETCH_NEXT) is asked for by this
-   tile and cleared, so a group's first tile alone prefetches. */
+/* One tile; it asks for its share of the next group (QP_PREFETCH_NEXT);
+   pf->phase counts the group's tiles. */
 ALWAYS_INLINE void qp_call(const unsigned char *wg, int nb, const unsigned char *x, size_t x_row, float *out,
-                           size_t ldo, const int NX, const int T, const int h, const int NH,
-                           const unsigned char **pf) {
+                           size_t ldo, const int NX, const int T, const int h, const int NH, qp_pf *pf) {
     if (QP_TILE(T) == 1)
         qpk4_tile(wg, nb, x, x_row, out, ldo, NX, T, h, *pf);
     else if (QP_TILE(T) == 2)
         qpk6_tile(wg, nb, x, x_row, out, ldo, NX, T, h, *pf);
     else
         qp32_tile(wg, nb, x, x_row, out, ldo, NX, T, h, NH, *pf);
-    *pf = NULL;
+    pf->phase++;
+}
+
+/* The tiles qp_drive calls per group for mm rows (its loops, counted). */
+static inline int qp_ncalls(int mm, int NXT, int H1) {
+    int n = 0, m = 0;
+    for (int h = 0; h < 16 / QL; h++) {
+        m = mm / NXT * NXT;
+        n += mm / NXT;
+        if (NXT > 4 && m + 4 <= mm) n++, m += 4;
+        if (m + 2 <= mm) n++, m += 2;
+        if (m < mm && H1 == 1) n++;
+    }
+    return n + (m < mm && H1 == 2);
 }
 
 ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t xa_row, int mm, int K, float *out,
@@ -496,10 +516,11 @@ ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t 
     /* with two halves, the last single row of a 32-element type takes both
        in one pass (qp32_tile; the K types measured slower so) */
     const int H1 = QL == 8 && QP_TILE(T) == 0 ? 2 : 1;
+    const int ncalls = qp_ncalls(mm, NXT, H1);
     for (int g = 0; g < ngroups; g++) {
         const unsigned char *wg = (const unsigned char *)wp + (size_t)g * gbytes;
         float *og = out + 16 * (size_t)g;
-        const unsigned char *pf = mm > 1 && g + 1 < ngroups ? wg + gbytes : NULL; /* decode prefetches its own */
+        qp_pf pf = {mm > 1 && g + 1 < ngroups ? wg + gbytes : NULL, 0, ncalls}; /* decode prefetches its own */
         int m1 = 0;
         for (int h = 0; h < 16 / QL; h++) {
             int m = 0;
