@@ -1,8 +1,9 @@
 /*
  * pool_bench.c - what one run of the thread pool costs: runs of N tasks,
- * each a chain of multiply-adds of about W nanoseconds (timed on one thread), on T threads; prints the mean time
- * a run over R runs, and that time less the work's share (N x W / T), which
- * is the pool's own cost (publishing, claims, the wait for the last task).
+ * each a chain of multiply-adds of about W nanoseconds (timed on one
+ * thread), on T threads; prints the mean time a run over R runs, and that
+ * time less the work's share (W x ceil(N / T)), which is the pool's own
+ * cost (publishing, claims, the wait for the last task).
  * The CPU backend's small ops (norms, RoPE, the activations) are runs of
  * 16-64 tasks of a few microseconds or less, so on many threads this cost
  * decides whether they belong in the pool at all.
