@@ -508,6 +508,30 @@ static void check_add_norm(ember_backend *be, int rows, int D, bool plus_one, bo
     CHECKF(same_bytes(be, &tx, &rx), "%s: x differs from add's", tag);
     CHECKF(same_bytes(be, tout, rout), "%s: the output differs from add then rms_norm", tag);
     if (!out_in_h) CHECKF(same_bytes(be, &th, &rh), "%s: h changed", tag);
+    /* and every row is a norm (within float rounding of a double
+       reference): a row the split left out would be equal in both outputs
+       above (each starts as a copy of x or h) */
+    float *got = malloc(n * 4);
+    int bad_row = -1;
+    if (got && be->ops->read(be, tout, 0, got, n * 4, &err) == EMBER_OK) {
+        for (int r = 0; r < rows && bad_row < 0; r++) {
+            double ss = 0;
+            for (int i = 0; i < D; i++) {
+                const double v = (double)x[(size_t)r * D + i] + (double)h[(size_t)r * D + i];
+                ss += v * v;
+            }
+            const double inv = 1.0 / sqrt(ss / D + eps);
+            for (int i = 0; i < D; i++) {
+                const double v = (double)x[(size_t)r * D + i] + (double)h[(size_t)r * D + i];
+                const double ref = v * inv * ((double)w[i] + (plus_one ? 1.0 : 0.0));
+                if (fabs((double)got[(size_t)r * D + i] - ref) > 1e-4 * (1.0 + fabs(ref))) bad_row = r;
+            }
+        }
+    } else {
+        bad_row = rows;
+    }
+    CHECKF(bad_row < 0, "%s: row %d of %d is not the norm of x + h", tag, bad_row, rows);
+    free(got);
     for (int i = 0; i < 7; i++) ember_buffer_free(b[i]);
     free(x);
     free(h);
