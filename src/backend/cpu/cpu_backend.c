@@ -509,9 +509,12 @@ static void tasks_run(cpu_backend *c, int n, bool here, ember_task_fn fn, void *
 }
 
 /* Values a task of a row-wise op (norms, RoPE and KV stores, activations)
-   takes at least: about a microsecond of work or more. A task a row made
-   runs of up to 64 tasks of a few hundred ns each, where on 16 threads the
-   claims and the wait for the last one cost more than the work. */
+   takes at least while there are more rows than threads: about a
+   microsecond of work or more. A task a row made runs of up to 64 tasks of
+   a few hundred ns each, where on 16 threads the claims and the wait for
+   the last one cost more than the work; but fewer tasks than threads left
+   16 rows on 16 threads waiting for 2 or 3 tasks (rope_kv_write's tokens
+   cost several microseconds each: their angles). */
 #define ROWS_GRAIN 8192
 
 typedef struct rows_job {
@@ -528,13 +531,20 @@ static void rows_task(void *ctx, int t, int thread) {
 
 /* fn(ctx, r, thread) for the rows r in [0, rows) of row_values values each:
    on the calling thread when they are fewer than here values in all, else
-   in tasks of consecutive rows, at least ROWS_GRAIN values a task (one
-   task: on the calling thread too). Profiled as name. */
+   in tasks of consecutive rows: as many as ROWS_GRAIN values each make, but
+   at least the threads (a multiple of them), at most the rows. Profiled as
+   name. */
 static void rows_run(cpu_backend *c, int rows, int64_t row_values, int64_t here, ember_task_fn fn, void *ctx,
                      const char *name) {
     if (rows < 1) return;
-    const int64_t per = row_values >= ROWS_GRAIN ? 1 : (ROWS_GRAIN + row_values - 1) / (row_values > 0 ? row_values : 1);
-    rows_job j = {fn, ctx, rows, (int64_t)rows * row_values < here || per >= rows ? rows : (int)per};
+    const int64_t total = (int64_t)rows * (row_values > 0 ? row_values : 1);
+    rows_job j = {fn, ctx, rows, rows};
+    if (total >= here && c->n_threads > 1) {
+        int64_t n = (total + ROWS_GRAIN - 1) / ROWS_GRAIN;
+        n = (n + c->n_threads - 1) / c->n_threads * c->n_threads; /* whole rounds of the threads */
+        if (n > rows) n = rows;
+        j.per = (int)((rows + n - 1) / n);
+    }
     const int n = (rows + j.per - 1) / j.per;
     tasks_run(c, n, n == 1, rows_task, &j, name);
 }
