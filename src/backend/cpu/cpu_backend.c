@@ -511,11 +511,11 @@ static void tasks_run(cpu_backend *c, int n, bool here, ember_task_fn fn, void *
 /* The values a task of a row-wise op (norms, RoPE and KV stores,
    activations) aims at: about a microsecond of work (rows_run raises the
    task count to a multiple of the threads, so a task may hold fewer). A
-   task a row made runs of up to 64 tasks of
-   a few hundred ns each, where on 16 threads the claims and the wait for
-   the last one cost more than the work; but fewer tasks than threads left
-   16 rows on 16 threads waiting for 2 or 3 tasks (rope_kv_write's tokens
-   cost several microseconds each: their angles). */
+   task a row made runs of up to 64 tasks of a few hundred ns each, where
+   on 16 threads the claims and the wait for the last one cost more than
+   the work; but fewer tasks than threads left 16 rows on 16 threads
+   waiting for 2 or 3 tasks (rope_kv_write's tokens cost several
+   microseconds each: their angles). */
 #define ROWS_GRAIN 8192
 
 typedef struct rows_job {

@@ -471,30 +471,45 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
 #define QP_TILE(T)                                                                                                 \
     ((T) == EMBER_Q4_K || (T) == EMBER_Q5_K ? 1 : (T) == EMBER_Q6_K ? 2 : 0)
 
-/* One tile; it asks for its share of the next group (QP_PREFETCH_NEXT);
-   pf->phase counts the group's tiles. */
+/* One tile (when run; otherwise only counted); it asks for its share of
+   the next group (QP_PREFETCH_NEXT); pf->phase counts the group's tiles. */
 ALWAYS_INLINE void qp_call(const unsigned char *wg, int nb, const unsigned char *x, size_t x_row, float *out,
-                           size_t ldo, const int NX, const int T, const int h, const int NH, qp_pf *pf) {
-    if (QP_TILE(T) == 1)
+                           size_t ldo, const int NX, const int T, const int h, const int NH, qp_pf *pf,
+                           const bool run) {
+    if (run && QP_TILE(T) == 1)
         qpk4_tile(wg, nb, x, x_row, out, ldo, NX, T, h, *pf);
-    else if (QP_TILE(T) == 2)
+    else if (run && QP_TILE(T) == 2)
         qpk6_tile(wg, nb, x, x_row, out, ldo, NX, T, h, *pf);
-    else
+    else if (run)
         qp32_tile(wg, nb, x, x_row, out, ldo, NX, T, h, NH, *pf);
     pf->phase++;
 }
 
-/* The tiles qp_drive calls per group for mm rows (its loops, counted). */
-static inline int qp_ncalls(int mm, int NXT, int H1) {
-    int n = 0, m = 0;
+/* The tiles of one group for mm activation rows (NXT rows a tile, then 4,
+   2, 1; H1 = 2: the last single row takes both halves), in order; with run
+   false they are only counted into pf->phase (qp_drive's pf.stride). */
+ALWAYS_INLINE void qp_group(const unsigned char *wg, int nb, const unsigned char *x, size_t xa_row, float *og,
+                            size_t ldo, int mm, const int NXT, const int T, const int H1, qp_pf *pf,
+                            const bool run) {
+    int m1 = 0;
     for (int h = 0; h < 16 / QL; h++) {
-        m = mm / NXT * NXT;
-        n += mm / NXT;
-        if (NXT > 4 && m + 4 <= mm) n++, m += 4;
-        if (m + 2 <= mm) n++, m += 2;
-        if (m < mm && H1 == 1) n++;
+        int m = 0;
+        for (; m + NXT <= mm; m += NXT)
+            qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, NXT, T, h, 1, pf, run);
+        if (NXT > 4 && m + 4 <= mm) {
+            qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 4, T, h, 1, pf, run);
+            m += 4;
+        }
+        if (m + 2 <= mm) {
+            qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 2, T, h, 1, pf, run);
+            m += 2;
+        }
+        m1 = m;
+        if (m < mm && H1 == 1)
+            qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 1, T, h, 1, pf, run);
     }
-    return n + (m < mm && H1 == 2);
+    if (m1 < mm && H1 == 2)
+        qp_call(wg, nb, x + (size_t)m1 * xa_row, xa_row, og + (size_t)m1 * ldo, ldo, 1, T, 0, 2, pf, run);
 }
 
 ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t xa_row, int mm, int K, float *out,
@@ -516,30 +531,12 @@ ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t 
     /* with two halves, the last single row of a 32-element type takes both
        in one pass (qp32_tile; the K types measured slower so) */
     const int H1 = QL == 8 && QP_TILE(T) == 0 ? 2 : 1;
-    const int ncalls = qp_ncalls(mm, NXT, H1);
+    qp_pf count = {NULL, 0, 1};
+    qp_group(wp, nb, x, xa_row, out, ldo, mm, NXT, T, H1, &count, false); /* the tiles a group takes */
     for (int g = 0; g < ngroups; g++) {
         const unsigned char *wg = (const unsigned char *)wp + (size_t)g * gbytes;
-        float *og = out + 16 * (size_t)g;
-        qp_pf pf = {mm > 1 && g + 1 < ngroups ? wg + gbytes : NULL, 0, ncalls}; /* decode prefetches its own */
-        int m1 = 0;
-        for (int h = 0; h < 16 / QL; h++) {
-            int m = 0;
-            for (; m + NXT <= mm; m += NXT)
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, NXT, T, h, 1, &pf);
-            if (NXT > 4 && m + 4 <= mm) {
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 4, T, h, 1, &pf);
-                m += 4;
-            }
-            if (m + 2 <= mm) {
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 2, T, h, 1, &pf);
-                m += 2;
-            }
-            m1 = m;
-            if (m < mm && H1 == 1)
-                qp_call(wg, nb, x + (size_t)m * xa_row, xa_row, og + (size_t)m * ldo, ldo, 1, T, h, 1, &pf);
-        }
-        if (m1 < mm && H1 == 2)
-            qp_call(wg, nb, x + (size_t)m1 * xa_row, xa_row, og + (size_t)m1 * ldo, ldo, 1, T, 0, 2, &pf);
+        qp_pf pf = {mm > 1 && g + 1 < ngroups ? wg + gbytes : NULL, 0, count.phase}; /* decode prefetches its own */
+        qp_group(wg, nb, x, xa_row, out + 16 * (size_t)g, ldo, mm, NXT, T, H1, &pf, true);
     }
 }
 
