@@ -423,8 +423,9 @@ typedef struct ember_engine_stats {
     float prefill_pace;                /* the pace in effect: the param, 0 resolved to the default;
                                           -1: no cap */
     uint64_t prefill_paced_steps;      /* steps whose prompt tokens the pace cut below prefill_chunk */
-    double step_decode_seconds;        /* running estimate: a step of decoding rows alone */
-    double step_prefill_token_seconds; /* running estimate: what one prompt token adds to a step */
+    double step_decode_seconds;        /* estimate: a step of the last step's decoding rows alone
+                                          (from the cost line fitted to the steps; 0: none yet) */
+    double step_prefill_token_seconds; /* estimate: what one token (prompt or decode) adds to a step */
 } ember_engine_stats;
 
 /* Starts an engine thread over m (which must outlive the engine). */

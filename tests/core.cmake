@@ -15,6 +15,8 @@ ember_test(test_gbnf test_gbnf.c)
 ember_test(test_gbudget test_gbudget.c)
 ember_test(test_cli test_cli.c)
 ember_test(test_engine test_engine.c)
+# Step pacing's cost model: the fit and the budget (src/engine/pace.h).
+ember_test(test_pace test_pace.c)
 ember_test(test_server test_server.c)
 # Tool calls through the server: hostile requests, OpenAI / Anthropic shapes, streaming (tests/test_server_tools.c).
 ember_test(test_server_tools test_server_tools.c)

@@ -39,11 +39,11 @@
  * fresh prefill would compute.
  *
  * Step pacing (engine param prefill_pace): while rows decode, a step takes
- * at most prefill_budget() prompt tokens, so it lasts about prefill_pace
- * times a step of decoding alone. The two costs are running means measured
- * here: t_dec over steps with decode tokens only, t_tok = (step time -
- * t_dec) / prompt tokens over steps with prompt tokens. Chunking never
- * changes a token (chunk invariance); it only moves work between steps.
+ * at most pace_budget() prompt tokens, so it lasts about prefill_pace
+ * times a step of its decoding rows alone. The cost of a step is a line in
+ * its token count, fitted here to the steps with decoding rows (pace.h).
+ * Chunking never changes a token (chunk invariance); it only moves work
+ * between steps.
  *
  * Speculative decoding (engine params spec, docs/speculative.md): a
  * decoding row whose request speculates asks the draft source (spec.h) for
@@ -74,6 +74,7 @@
 #include "core/alloc.h"
 #include "core/util.h"
 #include "engine.h"
+#include "pace.h"
 #include "kv/kv_disk.h"
 #include "kv/kv_prefix.h"
 #include "sample/sampler.h"
@@ -257,8 +258,8 @@ struct ember_engine {
     const int32_t **tap_hist;
     int *tap_nhist;
     double px_stats_at;  /* when publish_stats last read the prefix cache's figures */
-    double t_dec;        /* pacing: running mean of a decode-only step's seconds (0: none yet) */
-    double t_tok;        /* pacing: running mean of the seconds one prompt token adds to a step */
+    pace_fit fit;        /* pacing: the steps' cost model (pace.h) */
+    int fit_dec;         /* pacing: the decoding rows of the last step folded into it */
     ember_engine_stats stats; /* published under mu */
 };
 
@@ -759,41 +760,25 @@ static bool preempt_newest(ember_engine *e, int keep, uint64_t after) {
     return true;
 }
 
-/* Prompt tokens a step may take next to decoding rows: the pace times a
-   decode-only step, less that step, over the cost of a prompt token, within
-   [PACE_MIN, chunk]. Without estimates yet: PACE_FIRST (the first mixed
-   steps measure). pace < 0: chunk. PACE_DEFAULT is what prefill_pace 0
-   means (ember_engine_new resolves it). At 16 streams of a 0.5B model on 2
-   cores (bench/RESULTS.md, "Step pacing: the default"), a step of 16 prompt
-   tokens kept the mixed-load ITL p99 at 1.2-2.0x the decode-only p99 with a
-   first token in 0.6-0.8 s; pace 2 (20-30 tokens there) let the p99 reach
-   1.7-3.6x; a floor of 8 or 4 brought it to 0.6-0.9x but the first token to
-   5-10 s and cost 20-40% of the throughput. Pace 1.5 asks for 11-16 tokens
-   there, so the floor holds it at 16. */
-#define PACE_MIN 16
-#define PACE_FIRST 64
+/* Step pacing (pace.h has the cost model and the budget). PACE_DEFAULT is
+   what prefill_pace 0 means (ember_engine_new resolves it). At 16 streams
+   of a 0.5B model on 2 cores (bench/RESULTS.md, "Step pacing: the
+   default"), a step of 16 prompt tokens kept the mixed-load ITL p99 at
+   1.2-2.0x the decode-only p99 with a first token in 0.6-0.8 s; pace 2
+   (20-30 tokens there) let the p99 reach 1.7-3.6x; a floor of 8 or 4
+   brought it to 0.6-0.9x but the first token to 5-10 s and cost 20-40% of
+   the throughput. Pace 1.5 asks for 11-16 tokens there, so the floor
+   (PACE_MIN) holds it at 16. */
 #define PACE_DEFAULT 1.5f
-static int prefill_budget(double pace, double t_dec, double t_tok, int chunk) {
-    if (pace < 0) return chunk;
-    int b;
-    if (t_dec <= 0 || t_tok <= 0)
-        b = PACE_FIRST;
-    else {
-        double n = (pace - 1.0) * t_dec / t_tok;
-        b = n >= (double)chunk ? chunk : (int)n;
-    }
-    if (b < PACE_MIN) b = PACE_MIN;
-    return b < chunk ? b : chunk;
-}
 
-/* Folds a step's time into the pacing estimates (running means, weight 1/8). */
+/* Folds a step's time into the pacing fit: every step without drafts (a
+   draft's cost is not a token's: it comes with its source's own work), so
+   that a server's first prompts, prefilled alone, already give the line its
+   slope. */
 static void pace_measure(ember_engine *e, double dt, int n_dec, int n_prompt, int n_draft) {
-    const double w = 0.125;
-    if (n_prompt == 0 && n_draft == 0 && n_dec > 0) {
-        e->t_dec = e->t_dec > 0 ? e->t_dec + w * (dt - e->t_dec) : dt;
-    } else if (n_prompt > 0 && n_draft == 0) {
-        double extra = (dt - (n_dec > 0 ? e->t_dec : 0.0)) / n_prompt;
-        if (extra > 0) e->t_tok = e->t_tok > 0 ? e->t_tok + w * (extra - e->t_tok) : extra;
+    if (n_draft == 0 && n_dec + n_prompt > 0) {
+        pace_fit_add(&e->fit, n_dec + n_prompt, dt);
+        e->fit_dec = n_dec;
     }
 }
 
@@ -882,7 +867,7 @@ static void plan_prefill(ember_engine *e, int *nt_io, int *no_io, size_t *spare_
     int budget = e->p.prefill_chunk;
     bool paced = false;
     if (n_dec > 0) { /* rows are decoding: keep their pace */
-        int b = prefill_budget(e->p.prefill_pace, e->t_dec, e->t_tok, budget);
+        int b = pace_budget(&e->fit, e->p.prefill_pace, n_dec, budget);
         paced = b < budget;
         budget = b;
     }
@@ -1175,8 +1160,11 @@ static bool step(ember_engine *e) {
     pace_measure(e, ember_now() - t0, n_dec, n_fill, nt - n_dec - n_fill);
     pthread_mutex_lock(&e->mu);
     e->stats.prefill_paced_steps += paced;
-    e->stats.step_decode_seconds = e->t_dec;
-    e->stats.step_prefill_token_seconds = e->t_tok;
+    double fit_f, fit_c;
+    if (pace_fit_get(&e->fit, &fit_f, &fit_c)) {
+        e->stats.step_decode_seconds = fit_f + fit_c * e->fit_dec;
+        e->stats.step_prefill_token_seconds = fit_c;
+    }
     pthread_mutex_unlock(&e->mu);
     return true;
 }
