@@ -41,7 +41,7 @@
  * Step pacing (engine param prefill_pace): while rows decode, a step takes
  * at most pace_budget() prompt tokens, so it lasts about prefill_pace
  * times a step of its decoding rows alone. The cost of a step is a line in
- * its token count, fitted here to the steps with decoding rows (pace.h).
+ * its token count, fitted here to the steps without drafts (pace.h).
  * Chunking never changes a token (chunk invariance); it only moves work
  * between steps.
  *

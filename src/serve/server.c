@@ -2185,10 +2185,10 @@ static enum MHD_Result do_metrics(ember_server *s, struct MHD_Connection *c) {
     metric(&o, "ember_prefill_paced_steps_total", "counter",
            "Steps whose prompt tokens were capped to keep decoding rows at their pace (--prefill-pace).",
            (double)st.prefill_paced_steps);
-    metric(&o, "ember_step_decode_seconds", "gauge", "Estimate of a step of the current decoding rows alone (fitted to the steps run).",
-           st.step_decode_seconds);
-    metric(&o, "ember_step_prefill_token_seconds", "gauge", "Estimate of what one prompt token adds to a step (fitted to the steps run).",
-           st.step_prefill_token_seconds);
+    metric(&o, "ember_step_decode_seconds", "gauge",
+           "Estimate of a step of the current decoding rows alone (fitted to the steps run).", st.step_decode_seconds);
+    metric(&o, "ember_step_prefill_token_seconds", "gauge",
+           "Estimate of what one prompt token adds to a step (fitted to the steps run).", st.step_prefill_token_seconds);
     metric(&o, "ember_spec_drafted_total", "counter", "Draft tokens verified by speculative decoding.",
            (double)st.spec_drafted_total);
     metric(&o, "ember_spec_accepted_total", "counter", "Draft tokens accepted (the target produced them).",
