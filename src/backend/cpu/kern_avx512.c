@@ -34,9 +34,11 @@ static inline float v_hsum(vec16 a) {
 
 /* batches: 6 weight rows x 4 input rows (24 accumulators + 6 weights + 1 input = 31 zmm): on Zen 5,
    `qgemm_bench bf16 2048 K 64`, G multiply-adds a second at K 896 / 2,048 / 8,192: 85 / 80 / 60
-   with 4 x 4, 94 / 89 / 72 with this (bench/RESULTS.md); one row (decode): 4 rows a tile as before */
+   with 4 x 4, 94 / 89 / 72 with this (bench/RESULTS.md); one row (decode): 8 weight rows a tile
+   (8 accumulators + 8 weights + 1 input), each asking for the next 8 rows at its k: 0.5B bf16 decode
+   on one Zen 5 thread 20 -> 22-24 tokens/s against 4 rows (bench/RESULTS.md) */
 #define TILE_W 6
-#define TILE_W1 4
+#define TILE_W1 8
 #define TILE_X 4
 #define KPREFIX avx512_
 #include "kern_template.h"
