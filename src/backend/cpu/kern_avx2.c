@@ -67,10 +67,12 @@ static inline vhalf vh_fma(vhalf acc, vhalf a, vhalf b) {
    weights' 2 and the input's 1 (15 ymm). 2 x 2 was load-bound: bf16 1B pp512 at one thread 33.3
    -> 37.2 tok/s (Zen 5, --isa avx2, bench/RESULTS.md). One input row (decode) takes 4 weight
    rows a tile (8 accumulators): streaming a bf16 151,936 x 896 weight at one thread 9.7 -> 13.9
-   G multiply-adds a second, f16 10.3 -> 12.0, f32 4.7 -> 5.7 (8 rows a tile spilled: slower). */
+   G multiply-adds a second, f16 10.3 -> 12.0, f32 4.7 -> 5.7 (8 rows a tile spilled: slower);
+   6 rows (12 accumulators, each row's weights loaded as its multiply-adds need them): bf16 0.5B
+   decode at one thread 22.4 / 21.2 / 22.2 -> 25.3 / 24.2 / 23.0 tokens/s (2026-12-05). */
 #define TILE_W 2
 #define TILE_X 3
-#define TILE_W1 4
+#define TILE_W1 6
 #define KPREFIX avx2_
 #include "kern_template.h"
 
