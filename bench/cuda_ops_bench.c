@@ -32,9 +32,10 @@
  * Ownership: the program owns everything it allocates and frees it; one
  * thread. Prints a Markdown table on stdout; exits non-zero on any error.
  *
- * usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn] [--quant]
+ * usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn] [--quant] [--sample]
  *        (--attn: the copy and the attention table only; --quant: the copy and the
- *        quantized products of an 8B layer only)
+ *        quantized products of an 8B layer only; --sample: the copy and the device
+ *        draws (sample_rows' kernel) by setting and rows only)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -516,8 +517,82 @@ static void bench_attention(int rows, int ctx) {
     drop(&pool);
 }
 
+/* ---- device draws (cuda_sample.cu) ------------------------------------------------------ */
+
+typedef struct samp_ctx {
+    float *dst, *src;
+    size_t bytes;
+    int32_t *ids;
+    const ember_cu_draw *p;
+    int rows, draw;
+    int64_t V;
+} samp_ctx;
+
+/* The rows' logits restored (the draw overwrites them), then drawn. */
+static void samp_pass(void *v) {
+    samp_ctx *c = v;
+    CK(cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, g_stream));
+    if (c->draw) CK(ember_cu_sample(g_stream, c->ids, c->dst, c->p, c->rows, c->V));
+}
+
+/* sample_rows' kernel on rows of Llama-3's 128,256 logits: flat (noise in
+   [-3, 3), as random weights give) or peaked (noise in [-12, 12) and a
+   few ids 8 above), per setting; the draw's time is the pass's less the
+   restoring copy's. */
+static void bench_sample(void) {
+    enum { V = 128256, MAXR = 256 };
+    static const struct {
+        const char *name;
+        ember_cu_draw p;
+    } set[] = {{"greedy", {0, 1, 0, 0, 0}},
+               {"T 0.8", {0.8f, 1, 0, 0, 0}},
+               {"T 0.8, top_p 0.95", {0.8f, 0.95f, 0, 0, 0}},
+               {"T 0.7, top_k 40, top_p 0.9", {0.7f, 0.9f, 0, 40, 0}},
+               {"T 1, min_p 0.05", {1.0f, 1, 0.05f, 0, 0}}};
+    static const int rows[] = {1, 8, 64, 256};
+    float *h = malloc(sizeof(float) * (size_t)MAXR * V), *src, *dst;
+    ember_cu_draw *hp = malloc(sizeof *hp * MAXR), *dp;
+    int32_t *ids;
+    CK(cudaMalloc((void **)&src, sizeof(float) * (size_t)MAXR * V));
+    CK(cudaMalloc((void **)&dst, sizeof(float) * (size_t)MAXR * V));
+    CK(cudaMalloc((void **)&dp, sizeof *dp * MAXR));
+    CK(cudaMalloc((void **)&ids, sizeof *ids * MAXR));
+    printf("\ndevice draws (sample_rows, cuda_sample.cu), rows of 128,256 logits; us: the draw alone (a pass that\n"
+           "restores the logits and draws, less the restoring copy; graph replays, median):\n\n");
+    printf("| logits | setting | 1 row | 8 rows | 64 rows | 256 rows |\n| --- | --- | --- | --- | --- | --- |\n");
+    for (int peaked = 0; peaked < 2; peaked++) {
+        for (size_t i = 0; i < (size_t)MAXR * V; i++)
+            h[i] = peaked ? ((float)(rnd32() % 24001) - 12000.0f) * 1e-3f + (i % 4099 == 0 ? 8.0f : 0.0f)
+                          : ((float)(rnd32() % 6001) - 3000.0f) * 1e-3f;
+        CK(cudaMemcpy(src, h, sizeof(float) * (size_t)MAXR * V, cudaMemcpyHostToDevice));
+        for (size_t k = 0; k < sizeof set / sizeof set[0]; k++) {
+            for (int r = 0; r < MAXR; r++) {
+                hp[r] = set[k].p;
+                hp[r].u = (double)(rnd32() % 1000003) / 1000003.0;
+            }
+            CK(cudaMemcpy(dp, hp, sizeof *dp * MAXR, cudaMemcpyHostToDevice));
+            printf("| %s | %s |", peaked ? "peaked" : "flat", set[k].name);
+            for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+                samp_ctx c = {dst, src, sizeof(float) * (size_t)rows[ri] * V, ids, dp, rows[ri], 1, V};
+                const double all = time_pass(samp_pass, &c, 1);
+                c.draw = 0;
+                const double copy = time_pass(samp_pass, &c, 1);
+                printf(" %.1f |", (all - copy) * 1e6);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+    }
+    CK(cudaFree(src));
+    CK(cudaFree(dst));
+    CK(cudaFree(dp));
+    CK(cudaFree(ids));
+    free(h);
+    free(hp);
+}
+
 int main(int argc, char **argv) {
-    int device = 0, quick = 0, attn_only = 0, quant_only = 0;
+    int device = 0, quick = 0, attn_only = 0, quant_only = 0, sample_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = atoi(argv[++i]);
@@ -529,8 +604,10 @@ int main(int argc, char **argv) {
             attn_only = 1;
         else if (!strcmp(argv[i], "--quant"))
             quant_only = 1;
+        else if (!strcmp(argv[i], "--sample"))
+            sample_only = 1;
         else {
-            fprintf(stderr, "usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn] [--quant]\n");
+            fprintf(stderr, "usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn] [--quant] [--sample]\n");
             return 2;
         }
     }
@@ -553,6 +630,12 @@ int main(int argc, char **argv) {
     printf("| what | dtype | M | us (graph) | GB/s | %% of copy | TFLOP/s | us (launches) |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     bench_copy();
+    if (sample_only) { /* the device draws alone */
+        bench_sample();
+        free(g_rand);
+        ember_backend_free(g_be);
+        return 0;
+    }
     if (quant_only) { /* the quantized products alone */
         bench_quant(quick);
         free(g_rand);

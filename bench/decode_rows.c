@@ -4,7 +4,7 @@
  *
  * usage: decode_rows --model PATH [--device cpu|cuda:N] [--rows 1,8,64,256]
  *                    [--depth 1024] [--steps 32] [--kv-type bf16] [--threads N]
- *                    [--argmax 0|1] [--isa auto|scalar|avx2|avx512|amx]
+ *                    [--argmax 0|1] [--draw 0|1] [--isa auto|scalar|avx2|avx512|amx]
  *
  * Row 0 is prefilled with --depth synthetic tokens; its KV row is then
  * serialized and loaded into every other row (real copies: no row shares a
@@ -16,7 +16,9 @@
  * with --argmax 1 the forward returns the greedy ids instead,
  * ember_batch.argmax, as the scheduler's plain greedy steps do: on the GPU
  * no logits row leaves the device, on the CPU none is copied and the rows
- * are scanned on the thread pool).
+ * are scanned on the thread pool; with --draw 1 the forward draws each
+ * row's token by the backend's sample_rows, temperature 0.8 and top_p
+ * 0.95, ember_batch.draw, as the scheduler's plain sampled steps do).
  * Reported: milliseconds per step, aggregate tokens/s (R x steps / time),
  * tokens/s per row, and the step split into the forward (the logits read
  * back included) and the host's argmax over the rows read. Internal API (engine.h, model.h, kv.h).
@@ -53,7 +55,7 @@ static int fail(const char *what, const ember_error *err) {
 
 int main(int argc, char **argv) {
     const char *model = NULL, *device = "cpu", *kv = "bf16", *rows_s = "1,8,64,256";
-    int depth = 1024, steps = 32, threads = 0, use_argmax = 0;
+    int depth = 1024, steps = 32, threads = 0, use_argmax = 0, use_draw = 0;
     ember_isa isa = EMBER_ISA_AUTO;
     for (int i = 1; i < argc; i += 2) { /* --name value pairs */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -69,6 +71,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) steps = atoi(v);
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--argmax")) use_argmax = atoi(v) != 0;
+        else if (!strcmp(a, "--draw")) use_draw = atoi(v) != 0;
         else if (!strcmp(a, "--isa")) {
             const ember_isa all[] = {EMBER_ISA_AUTO, EMBER_ISA_SCALAR, EMBER_ISA_AVX2, EMBER_ISA_AVX512, EMBER_ISA_AMX};
             isa = (ember_isa)-1;
@@ -80,7 +83,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: decode_rows --model PATH [--device cpu|cuda:N] [--rows 1,8,64,256] "
-                            "[--depth 1024] [--steps 32] [--kv-type bf16] [--threads N] [--argmax 0|1] "
+                            "[--depth 1024] [--steps 32] [--kv-type bf16] [--threads N] [--argmax 0|1] [--draw 0|1] "
                             "[--isa auto|scalar|avx2|avx512|amx]\n");
             return 2;
         }
@@ -115,10 +118,17 @@ int main(int argc, char **argv) {
     ember_error err = {0};
     if (ember_model_load(model, &mp, &m, &err)) return fail("load", &err);
     const int V = m->cfg.vocab_size, B = m->params.max_batch_tokens;
+    if (use_draw && !m->be->ops->sample_rows) {
+        fprintf(stderr, "decode_rows: --draw 1: the %s backend has no sample_rows\n", m->be->ops->name);
+        return 1;
+    }
+    if (use_draw) use_argmax = 1;
+    ember_draw *draws = malloc(sizeof *draws * (size_t)max_rows);
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
     float *logits = malloc((size_t)max_rows * (size_t)V * sizeof *logits);
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)B), *pos = malloc(sizeof(int32_t) * (size_t)B),
             *row = malloc(sizeof(int32_t) * (size_t)B), *out = malloc(sizeof(int32_t) * (size_t)B);
-    if (!logits || !tok || !pos || !row || !out) {
+    if (!logits || !tok || !pos || !row || !out || !draws) {
         fprintf(stderr, "decode_rows: out of memory\n");
         return 1;
     }
@@ -148,7 +158,10 @@ int main(int argc, char **argv) {
     printf("decode_rows: %s, %s weights, KV %s, device %s (isa %s); depth %d, %d timed steps; %s; prefill %.2f s, copies "
            "%.2f s\n",
            model, info.weight_dtype, info.kv_type, info.device, ember_isa_name(info.isa), depth, steps,
-           use_argmax ? "greedy ids from the forward (--argmax 1)" : "every row's logits read back", t1 - t0, t2 - t1);
+           use_draw     ? "tokens drawn by the forward (--draw 1: temperature 0.8, top_p 0.95)"
+           : use_argmax ? "greedy ids from the forward (--argmax 1)"
+                        : "every row's logits read back",
+           t1 - t0, t2 - t1);
     printf("| rows | ms / step | tokens/s (all rows) | tokens/s per row | ms in the forward | ms of host argmax |\n");
     printf("|------|-----------|---------------------|------------------|-------------------|-------------------|\n");
     fflush(stdout);
@@ -166,9 +179,13 @@ int main(int argc, char **argv) {
                 pos[r] = depth + s + 2;
                 row[r] = r;
                 out[r] = r;
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                draws[r] = (ember_draw){.temperature = 0.8f, .top_p = 0.95f, .u = (double)(rng >> 11) * 0x1.0p-53};
             }
             ember_batch b = {.n = R, .tok = tok, .pos = pos, .row = row, .n_out = R, .out = out,
-                             .argmax = use_argmax ? last : NULL};
+                             .argmax = use_argmax ? last : NULL, .draw = use_draw ? draws : NULL};
             double a = now();
             if (ember_llm_forward(m->llm, m->st, m->kv, &b, logits, &err)) return fail("decode", &err);
             const double f = now();
@@ -183,6 +200,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     free(last);
+    free(draws);
     free(logits);
     free(tok);
     free(pos);

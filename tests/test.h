@@ -70,7 +70,7 @@ static inline uint32_t ulp_diff(float a, float b) {
 
 /* Deterministic test data: xorshift64, seeded per file by defining
    TEST_RNG_SEED before including this header (different files keep their
-   own streams). rnd(): 21 random bits; frnd(): uniform in [-1, 1). */
+   own streams). rnd(): 32 random bits; frnd(): uniform in [-1, 1). */
 #ifdef TEST_RNG_SEED
 static uint64_t g_rng = TEST_RNG_SEED;
 static inline uint32_t rnd(void) {

@@ -54,6 +54,7 @@
 #include "backend/backend.h"
 #include "backend/kv_codec.h"
 #include "core/dtype.h"
+#include "draw_ref.h"
 #include "test.h"
 
 #define TOL 1e-5
@@ -1524,6 +1525,88 @@ static void test_argmax(void) {
     free(h);
 }
 
+/* sample_rows: every row's token is tests/draw_ref.h's for its logits and
+   parameters (a sort in plain C: the definition, not the kernel's radix
+   walks), bit for bit: Llama-3's and a tiny vocabulary; logits of noise
+   with peaks, rounded to make ties (within top_k, top_p's cut and the
+   draw), NaN, -inf, +inf, all NaN, all -inf, all equal; greedy rows beside
+   sampled ones; uniforms 0, 1 - 2^-53 and between (and one of 7.5, which
+   both clamp to the last kept mass). Rows drawn alone give
+   the tokens of the batch (batch invariance). Bad shapes are refused. */
+static void test_sample(void) {
+    static const struct {
+        float temp, top_p, min_p;
+        int top_k;
+    } cfg[] = {{1.0f, 1, 0, 0},   {0.8f, 0.95f, 0, 0},   {0.7f, 0.9f, 0, 40},   {1.0f, 1, 0.05f, 0},
+               {1.5f, 0.5f, 0.01f, 0}, {0.6f, 1, 0, 7},  {2.0f, 0.3f, 0, 1000}, {1.0f, 0.999f, 0.2f, 3},
+               {0, 1, 0, 0},      {0.9f, 1e-6f, 0, 0},   {1.2f, 0.97f, 0, 1},   {3.0f, 0.6f, 0.001f, 50000}};
+    enum { NC = sizeof cfg / sizeof cfg[0] };
+    static const int vs[] = {128256, 37};
+    int bad = 0, rows_total = 0;
+    ember_error err;
+    for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+        const int V = vs[v], R = 3 * NC;
+        float *h = malloc(sizeof(float) * (size_t)R * (size_t)V);
+        ember_draw *p = malloc(sizeof *p * (size_t)R);
+        int32_t *want = malloc(sizeof *want * (size_t)R), *ids = malloc(sizeof *ids * (size_t)R);
+        void *scr = malloc(draw_ref_scratch(V));
+        for (int r = 0; r < R; r++) {
+            float *x = h + (size_t)r * V;
+            for (int i = 0; i < V; i++) x[i] = frnd() * 3.0f + (i % 911 == r % 911 ? 6.0f : 0.0f);
+            if (r % 3 == 1)
+                for (int i = 0; i < V; i++) x[i] = roundf(x[i] * 2) / 2;
+            if (r % 5 == 2) x[r % V] = NAN, x[(r + 3) % V] = -INFINITY;
+            if (r == 7) x[11] = INFINITY, x[30] = INFINITY;
+            if (r == 8)
+                for (int i = 0; i < V; i++) x[i] = NAN;
+            if (r == 9)
+                for (int i = 0; i < V; i++) x[i] = -INFINITY;
+            if (r == 10)
+                for (int i = 0; i < V; i++) x[i] = 0.25f;
+            const int c = r % NC;
+            p[r] = (ember_draw){cfg[c].temp, cfg[c].top_p, cfg[c].min_p, cfg[c].top_k,
+                                r % 7 == 0 ? 0.0 : r % 7 == 1 ? 1.0 - 0x1.0p-53 : r == 30 ? 7.5 : (double)(rnd() & 0x1fffff) / 2097152.0};
+            want[r] = draw_ref(x, V, &p[r], scr);
+            ids[r] = -1;
+        }
+        ember_tensor t;
+        int64_t sh[2] = {R, V};
+        ember_buffer *b = gpu_copy(&t, 2, sh, h);
+        CHECKF(g_gpu->ops->sample_rows(g_gpu, &t, p, ids, R, &err) == EMBER_OK, "sample_rows: %s", err.msg);
+        for (int r = 0; r < R; r++) {
+            rows_total++;
+            if (ids[r] != want[r] && bad++ < 8)
+                fprintf(stderr, "sample V %d row %d (T %g top_k %d top_p %g min_p %g u %.17g): %d, the reference %d\n",
+                        V, r, (double)p[r].temperature, p[r].top_k, (double)p[r].top_p, (double)p[r].min_p, p[r].u,
+                        ids[r], want[r]);
+        }
+        ember_buffer_free(b);
+        /* rows alone (the rows are overwritten by their weights: upload each again) */
+        for (int r = 0; r < R; r += 5) {
+            int64_t s1[2] = {1, V};
+            ember_tensor one;
+            ember_buffer *b1 = gpu_copy(&one, 2, s1, h + (size_t)r * V);
+            int32_t id = -1;
+            CHECKF(g_gpu->ops->sample_rows(g_gpu, &one, &p[r], &id, 1, &err) == EMBER_OK, "sample_rows: %s",
+                   err.msg);
+            CHECKF(id == want[r], "sample V %d row %d alone: %d, the reference %d", V, r, id, want[r]);
+            ember_buffer_free(b1);
+        }
+        if (v == 0) {
+            b = gpu_copy(&t, 2, sh, h);
+            CHECK(g_gpu->ops->sample_rows(g_gpu, &t, p, ids, R + 1, &err) == EMBER_ERR_INVALID_ARG);
+            CHECK(g_gpu->ops->sample_rows(g_gpu, &t, p, ids, 0, &err) == EMBER_OK);
+            ember_buffer_free(b);
+        }
+        free(h);
+        free(p);
+        free(want);
+        free(ids);
+        free(scr);
+    }
+    CHECKF(bad == 0, "sample_rows: %d of %d rows differ from the reference", bad, rows_total);
+}
+
 static void test_unsupported(void) {
     ember_error err;
     int count;
@@ -1569,7 +1652,7 @@ int main(void) {
                   {"rope", test_rope},
                   {"elementwise", test_elementwise}, {"copy", test_copy},
                   {"kv_attention", test_kv_attention}, {"add_rms_norm", test_add_rms_norm},
-                  {"rope_kv_write", test_rope_kv_write}, {"argmax", test_argmax},
+                  {"rope_kv_write", test_rope_kv_write}, {"argmax", test_argmax}, {"sample", test_sample},
                   {"qfuse", test_qfuse},
                   {"unsupported", test_unsupported}};
     const char *only = getenv("EMBER_CUDA_OPS_ONLY");

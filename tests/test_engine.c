@@ -13,7 +13,9 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "draw_ref.h"
 #include "ember.h"
+#include "engine/engine.h"
 #include "fixture.h"
 
 typedef struct result {
@@ -406,12 +408,90 @@ static void test_hybrid_chunks(const fixture *f) {
                "hybrid: a prefill budget of %d changed the output", budgets[k]);
 }
 
+/* A CPU backend given a sample_rows of tests/draw_ref.h (the device
+   draw's definition), counting the rows it drew. */
+static const ember_backend_ops *g_cpu_ops;
+static ember_backend_ops g_draw_ops;
+static atomic_int g_drawn, g_drawn_sampled;
+
+static int draw_rows(ember_backend *be, ember_tensor *x, const ember_draw *p, int32_t *out, int n, ember_error *err) {
+    const size_t V = (size_t)x->shape[x->ndim - 1];
+    float *h = malloc((size_t)n * V * sizeof *h);
+    void *scr = malloc(draw_ref_scratch((int)V));
+    if (!h || !scr) {
+        free(h);
+        free(scr);
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
+    int rc = g_cpu_ops->read(be, x, 0, h, (size_t)n * V * sizeof *h, err);
+    for (int i = 0; !rc && i < n; i++) {
+        out[i] = draw_ref(h + (size_t)i * V, (int)V, &p[i], scr);
+        atomic_fetch_add(&g_drawn, 1);
+        if (p[i].temperature > 0) atomic_fetch_add(&g_drawn_sampled, 1);
+    }
+    free(h);
+    free(scr);
+    return rc;
+}
+
+/* Tokens drawn on the "device" (the forward's sample_rows, no logits row
+   to the host) are the host sampler's: 8 requests on 4 rows, greedy beside
+   sampled ones under each filter, once with the draws on the backend and
+   once on the host, the same tokens. A request with log-probabilities or a
+   penalty in the batch sends its steps to the host: still the same tokens. */
+static void test_device_draw(const fixture *f) {
+    enum { NR = 8 };
+    result res[2][NR];
+    for (int pass = 0; pass < 2; pass++) {
+        ember_model *m = load(f->dir, 4);
+        g_cpu_ops = m->be->ops;
+        if (pass == 0) {
+            g_draw_ops = *g_cpu_ops;
+            g_draw_ops.sample_rows = draw_rows;
+            m->be->ops = &g_draw_ops;
+        }
+        atomic_store(&g_drawn, 0);
+        atomic_store(&g_drawn_sampled, 0);
+        ember_engine *e;
+        ember_error err = {0};
+        CHECK(ember_engine_new(m, NULL, &e, &err) == EMBER_OK);
+        ember_stream *ss[NR];
+        for (int i = 0; i < NR; i++) {
+            const fixture_prompt *fp = &f->p[i % 3];
+            ember_gen_params g = gp(fp->ids, fp->n, 10 + i, i % 4 == 3 ? 0.0f : 0.7f + 0.1f * (float)i, 50 + (uint64_t)i);
+            g.sampling.top_p = i % 4 == 1 ? 0.9f : 1.0f;
+            g.sampling.top_k = i % 4 == 2 ? 20 : 0;
+            g.sampling.min_p = i == 4 ? 0.05f : 0.0f;
+            if (i == 6) g.top_logprobs = 2; /* its steps draw on the host */
+            if (i == 7) g.presence_penalty = 0.5f;
+            CHECKF(ember_engine_submit(e, &g, &ss[i], &err) == EMBER_OK, "%s", err.msg);
+        }
+        for (int i = 0; i < NR; i++) {
+            drain(ss[i], &res[pass][i]);
+            ember_stream_free(ss[i]);
+            CHECK(res[pass][i].done.finish == EMBER_FINISH_LENGTH && res[pass][i].n == 10 + i);
+        }
+        if (pass == 0)
+            CHECKF(atomic_load(&g_drawn_sampled) > 20, "%d sampled rows drawn by sample_rows (%d rows in all)",
+                   atomic_load(&g_drawn_sampled), atomic_load(&g_drawn));
+        else
+            CHECK(atomic_load(&g_drawn) == 0);
+        ember_engine_free(e);
+        m->be->ops = g_cpu_ops;
+        ember_model_free(m);
+    }
+    for (int i = 0; i < NR; i++)
+        CHECKF(res[0][i].n == res[1][i].n && !memcmp(res[0][i].ids, res[1][i].ids, sizeof(int32_t) * (size_t)res[1][i].n),
+               "request %d: tokens drawn by sample_rows differ from the host sampler's", i);
+}
+
 int main(void) {
     shared_dir();
     fixture f;
     fixture_open(&f, "qwen2");
     ember_error err = {0};
     test_prefill_evicts(&f);
+    test_device_draw(&f);
 
     /* 16 requests on 4 rows: each equals its solo run, greedy and sampled */
     enum { NREQ = 16 };

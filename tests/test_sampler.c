@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
+#include "draw_ref.h"
 #include "ember.h"
 #include "sample/sampler.h"
 #include "test.h"
@@ -261,6 +262,80 @@ static void check_copies(void) {
     free(lg);
 }
 
+/* The device draw (backend.h: ember_draw; tests/draw_ref.h, what a
+   backend's sample_rows must give) against the host sampler, fed the same
+   uniforms (a second sampler of the same seed hands them out through
+   ember_sampler_uniform): the same chain, so the same tokens, but where a
+   cut or the draw falls within rounding of a mass boundary (about 1e-7 of
+   the mass with the host's float candidates; the random rows here never
+   meet one). Vocabularies of 151,936 and 1,000 ids with ties, NaN, -inf
+   and +inf; every filter alone and together. Then the draw's own edges:
+   greedy and no usable id are the argmax; top_k 1 is the argmax; u near 1
+   takes the last kept id. */
+static void check_device_draw(void) {
+    static const struct {
+        float temp, top_p, min_p;
+        int top_k;
+    } cfg[] = {{1.0f, 1, 0, 0},    {0.8f, 0.95f, 0, 0}, {0.7f, 0.9f, 0, 40}, {1.0f, 1, 0.05f, 0},
+               {1.5f, 0.5f, 0.01f, 0}, {0.6f, 1, 0, 7},  {2.0f, 0.3f, 0, 1000}, {1.0f, 0.999f, 0.2f, 3}};
+    static const int vs[] = {151936, 1000};
+    int total = 0, same = 0;
+    for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+        const int V = vs[v];
+        float *lg = malloc((size_t)V * sizeof *lg);
+        void *scr = malloc(draw_ref_scratch(V));
+        for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+            ember_sampler *a = mk(cfg[c].temp, cfg[c].top_k, cfg[c].top_p, cfg[c].min_p, 100 + c, V);
+            ember_sampler *b = mk(cfg[c].temp, cfg[c].top_k, cfg[c].top_p, cfg[c].min_p, 100 + c, V);
+            const ember_draw p = {cfg[c].temp, cfg[c].top_p, cfg[c].min_p, cfg[c].top_k, 0};
+            const int nd = V > 100000 ? 9 : 24;
+            for (int d = 0; d < nd; d++) {
+                for (int i = 0; i < V; i++) /* a few peaks over noise, and rounded ties */
+                    lg[i] = (float)(t_uniform() * 6 - 3) + (i % 997 == d ? 8.0f : 0.0f);
+                for (int i = 0; d % 3 == 1 && i < V; i++) lg[i] = roundf(lg[i] * 4) / 4;
+                if (d % 4 == 2) lg[d] = NAN, lg[d + 1] = -INFINITY;
+                if (d == nd - 1) lg[5] = INFINITY, lg[9] = INFINITY;
+                ember_draw q = p;
+                q.u = ember_sampler_uniform(b);
+                const int32_t host = ember_sampler_sample(a, lg), dev = draw_ref(lg, V, &q, scr);
+                total++;
+                same += host == dev;
+                if (host != dev && total - same <= 5)
+                    fprintf(stderr, "device draw V %d setting %zu draw %d: %d, host %d\n", V, c, d, dev, host);
+            }
+            ember_sampler_free(a);
+            ember_sampler_free(b);
+        }
+        free(lg);
+        free(scr);
+    }
+    CHECKF(same == total, "device draw against the host sampler: %d of %d tokens the same", same, total);
+    CHECK(ember_draw_mass(1.0f) == 1ull << 44 && ember_draw_mass(0.0f) == 0 && ember_draw_mass(0x1p-44f) == 1 &&
+          ember_draw_mass(0x1.fffffep-45f) == 0);
+    /* edges */
+    enum { EV = 6 };
+    void *scr = malloc(draw_ref_scratch(EV));
+    const float x[EV] = {1.0f, 3.0f, 2.0f, 3.0f, NAN, -INFINITY};
+    ember_draw g = {0, 1, 0, 0, 0.5};
+    CHECK(draw_ref(x, EV, &g, scr) == 1); /* greedy: the first of the tied largest */
+    g.temperature = 1;
+    g.top_k = 1;
+    g.u = 0.999999;
+    CHECK(draw_ref(x, EV, &g, scr) == 1); /* top_k 1: the first of the tied best */
+    g.top_k = 0;
+    CHECK(draw_ref(x, EV, &g, scr) == 3); /* u near 1, by id: the last kept id with mass */
+    g.u = 0;
+    CHECK(draw_ref(x, EV, &g, scr) == 0); /* u 0, by id: the first */
+    const float none[3] = {NAN, -INFINITY, NAN};
+    CHECK(draw_ref(none, 3, &g, scr) == 1); /* nothing usable: the argmax (-inf at id 1) */
+    const float nans[2] = {NAN, NAN};
+    CHECK(draw_ref(nans, 2, &g, scr) == 0);
+    g.top_p = 1e-6f; /* the top mass alone: the first of the tied best */
+    g.u = 0.99;
+    CHECK(draw_ref(x, EV, &g, scr) == 1);
+    free(scr);
+}
+
 /* ember_log_sum_exp against a double reference, and its edge cases. */
 static void check_lse(void) {
     static const int ns[] = {1, 7, 8, 9, 1000, 151936};
@@ -421,6 +496,7 @@ int main(void) {
     check_argmax();
     check_lse();
     check_copies();
+    check_device_draw();
     check_support();
     check_tie_cuts();
     check_infinite();

@@ -45,6 +45,15 @@
  * Chunking never changes a token (chunk invariance); it only moves work
  * between steps.
  *
+ * Tokens on the device: when every output of a step is a plain greedy row
+ * (greedy_plain) or a plain sampled one (draw_plain) and the backend has
+ * sample_rows where any samples, the forward picks the tokens
+ * (ember_batch.argmax, .draw) and no logits row is copied to the host. A
+ * sampled row's draw then takes its sampler's next uniform, as the host
+ * draw would, and follows the same chain (backend.h: ember_draw). Any
+ * other row in the step (penalties, constraints, log-probabilities,
+ * drafts) makes the whole step read its logits and draw on the host.
+ *
  * Speculative decoding (engine params spec, docs/speculative.md): a
  * decoding row whose request speculates asks the draft source (spec.h) for
  * up to draft_max tokens and, in the batch room and KV memory the prefill
@@ -236,6 +245,7 @@ struct ember_engine {
     uint64_t steps;
     int *out_row; /* [n_rows + draft tokens] row of each logits row of a step */
     int32_t *ids; /* [as out_row] tokens chosen by the forward (ember_batch.argmax) or by pick_tokens */
+    ember_draw *draws; /* [as out_row] the device draws' parameters (ember_batch.draw) */
     int *pick_o;  /* [as out_row] pick_tokens' outputs */
     bool *picked; /* [as out_row] pick_tokens chose ids[o] */
     ember_event *pick_ev; /* [as out_row] pick_tokens' log-probabilities of ids[o] (rows that ask) */
@@ -298,6 +308,7 @@ void ember_engine_free(ember_engine *e) {
     free(e->rows);
     free(e->out_row);
     free(e->ids);
+    free(e->draws);
     free(e->pick_o);
     free(e->picked);
     free(e->pick_ev);
@@ -616,8 +627,8 @@ static void fill_logprobs(const ember_gen_params *g, const float *x, int V, int3
 
 /* Samples row r's next token from lg (verifying draft when >= 0, see
    ember_sampler_sample_draft), or takes *tok as chosen when lg is NULL (a
-   greedy_plain row whose forward picked it, or a row pick_tokens drew:
-   then lp, when not NULL, holds the token's log-probabilities), records it
+   greedy_plain or draw_plain row whose forward picked it, or a row
+   pick_tokens drew: then lp, when not NULL, holds the token's log-probabilities), records it
    and reports it. Returns
    EMBER_FINISH_NONE when the request goes on, else how it ends (ERROR: the
    event queue ran out of memory); the caller ends it (end_request) once
@@ -631,7 +642,7 @@ static ember_finish emit_token(ember_engine *e, row *r, float *lg, int32_t draft
     memset(&ev, 0, sizeof ev);
     ev.kind = EMBER_EV_TOKEN;
     bool want_lp = lg && (g->logprobs || g->top_logprobs > 0);
-    int32_t t = *tok; /* lg NULL: the forward (greedy_plain) or pick_tokens chose it */
+    int32_t t = *tok; /* lg NULL: the forward (greedy_plain, draw_plain) or pick_tokens chose it */
     if (lg) {
         if (want_lp) memcpy(e->raw, lg, (size_t)V * sizeof *lg);
         process_logits(r, lg, V);
@@ -691,6 +702,18 @@ static bool logits_untouched(const row *r) {
 static bool greedy_plain(const row *r) {
     const ember_gen_params *g = &r->s->g;
     return r->phase != ROW_FREE && r->n_draft == 0 && g->sampling.temperature == 0 && logits_untouched(r) &&
+           !g->constrain_mask && !g->constrain_accept && !wants_logprobs(r);
+}
+
+/* Does row r sample (temperature above 0) from logits as they are, with
+   no constraint, log-probabilities or drafts? Then a backend with
+   sample_rows may draw its token on the device (ember_batch.draw, the
+   device draw of backend.h): the chain of emit_token's sampler with the
+   row's next uniform, so the token is the host's but where a cut or the
+   draw falls within rounding of a boundary. */
+static bool draw_plain(const row *r) {
+    const ember_gen_params *g = &r->s->g;
+    return r->phase != ROW_FREE && r->n_draft == 0 && g->sampling.temperature > 0 && logits_untouched(r) &&
            !g->constrain_mask && !g->constrain_accept && !wants_logprobs(r);
 }
 
@@ -1133,10 +1156,25 @@ static bool step(ember_engine *e) {
     e->steps++;
     if (nt == 0) return false;
     ember_error err = {0};
-    bool chosen = no > 0; /* every output a plain greedy row: the forward picks the tokens */
-    for (int o = 0; o < no && chosen; o++) chosen = greedy_plain(&e->rows[e->out_row[o]]);
+    /* every output a plain greedy row, or a plain sampled one where the backend draws: the forward
+       picks the tokens (each sampled row's uniform taken from its sampler only then) */
+    bool chosen = no > 0, drawn = false;
+    const bool can_draw = m->be->ops->sample_rows != NULL;
+    for (int o = 0; o < no && chosen; o++) {
+        const row *r = &e->rows[e->out_row[o]];
+        if (greedy_plain(r)) continue;
+        if (can_draw && draw_plain(r)) drawn = true;
+        else chosen = false;
+    }
+    for (int o = 0; chosen && drawn && o < no; o++) {
+        const row *r = &e->rows[e->out_row[o]];
+        const ember_sampling *sp = &r->s->g.sampling;
+        e->draws[o] = (ember_draw){.temperature = sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
+                                   .top_k = sp->top_k, .u = 0};
+        if (sp->temperature > 0) e->draws[o].u = ember_sampler_uniform(r->sampler);
+    }
     ember_batch b = {.n = nt, .tok = m->b_tok, .pos = m->b_pos, .row = m->b_row, .n_out = no, .out = m->b_out,
-                     .argmax = chosen ? e->ids : NULL};
+                     .argmax = chosen ? e->ids : NULL, .draw = chosen && drawn ? e->draws : NULL};
     if (e->taps) ask_taps(e, &b);
     const double t0 = ember_now();
     int rc = ember_llm_forward(m->llm, m->st, kv, &b, m->logits, &err);
@@ -1311,6 +1349,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     n_out += drafts;
     e->out_row = ember_malloc(n_out * sizeof *e->out_row);
     e->ids = ember_malloc(n_out * sizeof *e->ids);
+    e->draws = ember_malloc(n_out * sizeof *e->draws);
     e->pick_o = ember_malloc(n_out * sizeof *e->pick_o);
     e->picked = ember_calloc(n_out, sizeof *e->picked);
     e->pick_ev = ember_calloc(n_out, sizeof *e->pick_ev);
@@ -1322,7 +1361,7 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     e->d_out = ember_malloc((size_t)e->n_rows * sizeof *e->d_out);
     e->plan = ember_calloc((size_t)e->n_rows, sizeof *e->plan);
     e->steps = 1;
-    int rc = e->rows && e->raw && e->out_row && e->ids && e->pick_o && e->picked && e->pick_ev && e->plan &&
+    int rc = e->rows && e->raw && e->out_row && e->ids && e->draws && e->pick_o && e->picked && e->pick_ev && e->plan &&
                      e->d_slot && e->d_nhist && e->d_cap && e->d_n && e->d_hist && e->d_out
                  ? EMBER_OK
                  : ember_err(err, EMBER_ERR_NOMEM, "out of memory");

@@ -826,6 +826,10 @@ int ember_blk_logits(ember_fwd *f, const ember_tensor *norm, bool plus_one, floa
             (rc = ops->matmul(be, &sel, 1, &head, f->err)) ||
             (softcap > 0 && (rc = ops->softcap(be, &lg, &lg, softcap, f->err))))
             return rc;
+        if (b->draw) { /* device draws (check_batch: the backend has sample_rows) */
+            if ((rc = ops->sample_rows(be, &lg, b->draw + o0, b->argmax + o0, n, f->err))) return rc;
+            continue;
+        }
         if (b->argmax && ops->argmax_rows) { /* greedy ids only: the rows stay on the device */
             if ((rc = ops->argmax_rows(be, &lg, b->argmax + o0, n, f->err))) return rc;
             continue;

@@ -446,6 +446,9 @@ static int check_batch(const ember_llm *m, ember_llm_state *st, const ember_batc
     for (int i = 0; i < b->n_out; i++)
         if (b->out[i] < 0 || b->out[i] >= b->n || (i > 0 && b->out[i] <= b->out[i - 1]))
             return ember_err(err, EMBER_ERR_INVALID_ARG, "logit rows must be increasing indices into the batch");
+    if (b->draw && (!b->argmax || !m->be->ops->sample_rows))
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "device draws asked %s",
+                         b->argmax ? "of a backend without sample_rows" : "without an array for their ids");
     if (b->n_tap == 0) return EMBER_OK;
     if (b->n_tap < 0 || b->n_tap > b->n || !b->tap || b->n_tap_layers < 1 || !b->tap_layers || !b->taps)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "hidden taps: %d tokens of %d layers asked without their arrays",
@@ -488,7 +491,7 @@ int ember_llm_forward(ember_llm *m, ember_llm_state *st, ember_kv *kv, const emb
     } else { /* the backend replays or captures the step, or runs it plainly; a pass it could not
                 finish runs again (the third pass at the latest runs plainly) */
         const ember_backend_ops *ops = m->be->ops;
-        const ember_step_key key = {b->n, b->n_out, b->argmax != NULL};
+        const ember_step_key key = {b->n, b->n_out, b->argmax ? (b->draw ? 2 : 1) : 0};
         bool again = true;
         for (int pass = 0; again && !rc; pass++) {
             bool graphed = false;

@@ -29,6 +29,7 @@
  * scheduler draws a step's rows on the backend's host threads).
  */
 #include "sampler.h"
+#include "draw_def.h"
 #include "core/alloc.h"
 #include "core/cpu.h"
 
@@ -347,29 +348,8 @@ static bool radix_cut(ember_sampler *s, const float *w, int n, bool by_mass, dou
     return true;
 }
 
-/* e^x for x <= 0, x = -inf included (0); 0 below -87.33 (where e^x leaves
-   the normal floats); NaN for NaN. Cephes' expf polynomial: within 1 ulp
-   of e^x (a sweep of [-87.3, 0] against exp() in double found 0.99).
-   Plain float operations in a fixed order, so the loops that call it
-   vectorise and give the same bits everywhere. */
-static inline float exp_nonpos(float x) {
-    const float lo = -87.33654f;
-    float y = x >= lo ? x : lo; /* NaN -> lo: no NaN reaches the conversion to int */
-    float n = (y * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(y / ln 2) */
-    float r = y - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float q = 1.9875691500e-4f;
-    q = q * r + 1.3981999507e-3f;
-    q = q * r + 8.3334519073e-3f;
-    q = q * r + 4.1665795894e-2f;
-    q = q * r + 1.6666665459e-1f;
-    q = q * r + 5.0000001201e-1f;
-    q = q * r * r + r + 1.0f;
-    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* 2^n, n in [-126, 0] */
-    float sc;
-    memcpy(&sc, &bits, sizeof sc);
-    return x >= lo ? q * sc : x < lo ? 0.0f : x; /* NaN in, NaN out */
-}
+/* The polynomial e^x of draw_def.h, shared with the device draw. */
+#define exp_nonpos ember_exp_nonpos
 
 #define LOOP(name) name##_plain
 #define LOOP_ATTR
@@ -588,6 +568,10 @@ static int32_t draw(ember_sampler *s, double total, int skip) {
         return last; /* rounding: the block's sum ran past its elements' */
     }
     return last >= 0 ? last : 0;
+}
+
+double ember_sampler_uniform(ember_sampler *s) {
+    return ember_rng_uniform(&s->rng);
 }
 
 int32_t ember_sampler_sample(ember_sampler *s, const float *logits) {

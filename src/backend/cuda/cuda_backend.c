@@ -147,7 +147,9 @@ typedef struct cuda_backend {
     int *count;        /* split attention's finished spans per (token, head), zero between launches */
     size_t count_cap;
     int attn_tc;       /* attention in the tc order where a layer allows it (EMBER_CUDA_ATTN_TC; fixed for life) */
-    int32_t *ids_dev; /* argmax_rows' ids [am_rows], counters [am_rows], candidates */
+    int32_t *ids_dev; /* argmax_rows' and sample_rows' ids [am_rows], counters [am_rows], candidates */
+    ember_cu_draw *draw_h; /* [draw_cap] sample_rows' parameters, staged for upload_args */
+    int draw_cap;
     size_t am_rows;   /* rows and row length the candidates have room for */
     int64_t am_V;
     void *qact;          /* device scratch of quantized matmuls: the input quantized (cuda_qmm.cu) */
@@ -1517,47 +1519,100 @@ static int cuda_kv_read(ember_backend *be, const ember_kv_map *map, ember_tensor
     return cuda_kv_rw(be, map, k, v, false, err);
 }
 
-/* Greedy ids of n rows (backend.h): a block per row, then n ids read back. */
-static int cuda_argmax_rows(ember_backend *be, const ember_tensor *x, int32_t *out, int n, ember_error *err) {
-    cuda_backend *c = cu(be);
-    int rc = need_f32(be, x, "argmax_rows", "x", err);
+/* Checks x [>= n, V] for op and makes c->ids_dev hold n rows' ids,
+   counters and argmax candidates of rows of V. *skip: inside a step
+   capture that cannot grow them (the pass runs plainly next time). */
+static int ids_room(cuda_backend *c, const ember_tensor *x, int n, const char *op, int64_t *V_out, bool *skip,
+                    ember_error *err) {
+    int rc = need_f32(&c->base, x, op, "x", err);
+    *skip = false;
     if (rc) return rc;
     int64_t V = ember_tensor_row_len(x);
+    *V_out = V;
     if (n < 0 || n > 65535 || ember_tensor_rows(x) < n || V > INT32_MAX)
-        return ember_err(err, EMBER_ERR_INVALID_ARG, "argmax_rows: %d rows of a [%lld, %lld] tensor", n,
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "%s: %d rows of a [%lld, %lld] tensor", op, n,
                          (long long)ember_tensor_rows(x), (long long)V);
     if (n == 0) return EMBER_OK;
     if ((rc = bind(c, err))) return rc;
     /* ids [am_rows], counters [am_rows] (zero between launches), then the candidates */
-    if (((size_t)n > c->am_rows || V > c->am_V) && g_cannot(c)) return EMBER_OK;
+    if (((size_t)n > c->am_rows || V > c->am_V) && g_cannot(c)) {
+        *skip = true;
+        return EMBER_OK;
+    }
     if ((size_t)n > c->am_rows || V > c->am_V) {
         graphs_clear(c); /* they point at the old ids */
         size_t rows = (size_t)n > c->am_rows ? (size_t)n : c->am_rows;
         int64_t vv = V > c->am_V ? V : c->am_V;
         if (rows < 16) rows = 16;
         size_t bytes = rows * 2 * sizeof(int32_t) + ember_cu_argmax_cands((int)rows, vv) * 8;
-        CU_TRY(cudaStreamSynchronize(c->stream), "argmax_rows"); /* queued kernels may use the old one */
-        if (c->ids_dev) CU_TRY(cudaFree(c->ids_dev), "argmax_rows");
+        CU_TRY(cudaStreamSynchronize(c->stream), op); /* queued kernels may use the old one */
+        if (c->ids_dev) CU_TRY(cudaFree(c->ids_dev), op);
         c->ids_dev = NULL;
         c->am_rows = 0;
         c->am_V = 0;
-        CU_TRY(cudaMalloc((void **)&c->ids_dev, bytes), "argmax_rows");
-        CU_TRY(cudaMemsetAsync(c->ids_dev, 0, bytes, c->stream), "argmax_rows");
+        CU_TRY(cudaMalloc((void **)&c->ids_dev, bytes), op);
+        CU_TRY(cudaMemsetAsync(c->ids_dev, 0, bytes, c->stream), op);
         c->am_rows = rows;
         c->am_V = vv;
     }
+    return EMBER_OK;
+}
+
+/* The n ids in c->ids_dev to out (host): inside a step through its staging. */
+static int ids_out(cuda_backend *c, int32_t *out, int n, const char *what, ember_error *err) {
+    if (c->gmode != G_OFF) return graph_out(c, out, c->ids_dev, (size_t)n * sizeof(int32_t), err);
+    CU_TRY(cudaMemcpyAsync(out, c->ids_dev, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream), what);
+    prof_mark(c, what);
+    CU_TRY(cudaStreamSynchronize(c->stream), what);
+    return EMBER_OK;
+}
+
+/* Greedy ids of n rows (backend.h): a block per row, then n ids read back. */
+static int cuda_argmax_rows(ember_backend *be, const ember_tensor *x, int32_t *out, int n, ember_error *err) {
+    cuda_backend *c = cu(be);
+    int64_t V;
+    bool skip;
+    int rc = ids_room(c, x, n, "argmax_rows", &V, &skip, err);
+    if (rc || n == 0 || skip) return rc;
     const uint64_t sg[] = {7, P(c->ids_dev), c->am_rows, P(dev(x)), (uint64_t)n, (uint64_t)V};
     if (!g_skip(c, sg, 6) &&
         (rc = launched(c, ember_cu_argmax(c->stream, c->ids_dev, (int *)(c->ids_dev + c->am_rows),
                                           c->ids_dev + 2 * c->am_rows, dev(x), n, V),
                        "argmax_rows", err)))
         return rc;
-    if (c->gmode != G_OFF) return graph_out(c, out, c->ids_dev, (size_t)n * sizeof(int32_t), err);
-    CU_TRY(cudaMemcpyAsync(out, c->ids_dev, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream),
-           "argmax_rows");
-    prof_mark(c, "read (argmax ids)");
-    CU_TRY(cudaStreamSynchronize(c->stream), "argmax_rows");
-    return EMBER_OK;
+    return ids_out(c, out, n, "read (argmax ids)", err);
+}
+
+/* Device draws of n rows (backend.h): the rows' parameters go up with the
+   step's arguments, a block per row draws (cuda_sample.cu), n ids come back. */
+static int cuda_sample_rows(ember_backend *be, ember_tensor *x, const ember_draw *p, int32_t *out, int n,
+                            ember_error *err) {
+    cuda_backend *c = cu(be);
+    int64_t V;
+    bool skip;
+    int rc = ids_room(c, x, n, "sample_rows", &V, &skip, err);
+    if (rc || n == 0 || skip) return rc;
+    if (V > (1 << 19))
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "sample_rows: rows of %lld values (2^19 at most)", (long long)V);
+    if (n > c->draw_cap) {
+        ember_cu_draw *d = ember_malloc((size_t)n * sizeof *d);
+        if (!d) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %d rows' draw parameters", n);
+        free(c->draw_h);
+        c->draw_h = d;
+        c->draw_cap = n;
+    }
+    for (int i = 0; i < n; i++)
+        c->draw_h[i] = (ember_cu_draw){p[i].temperature, p[i].top_p, p[i].min_p, p[i].top_k, p[i].u};
+    const void *part[1] = {c->draw_h};
+    size_t bytes[1] = {(size_t)n * sizeof *c->draw_h};
+    void *d_p;
+    if ((rc = upload_args(c, 1, part, bytes, &d_p, err))) return rc;
+    const uint64_t sg[] = {8, P(c->ids_dev), P(dev(x)), P(d_p), (uint64_t)n, (uint64_t)V};
+    if (!g_skip(c, sg, 6) &&
+        (rc = launched(c, ember_cu_sample(c->stream, c->ids_dev, dev(x), (const ember_cu_draw *)d_p, n, V),
+                       "sample_rows", err)))
+        return rc;
+    return ids_out(c, out, n, "read (drawn ids)", err);
 }
 
 /* rope(q), rope(k), kv_write(map, k, v) (backend.h): one launch, a block
@@ -1912,6 +1967,7 @@ static void cuda_free(ember_backend *be) {
     free(c->refs_h);
     free(c->blocks_h);
     free(c->bounce);
+    free(c->draw_h);
     free(c);
 }
 
@@ -1972,6 +2028,7 @@ static const ember_backend_ops k_cuda_ops = {
     .add_rms_norm = cuda_add_rms_norm,
     .rope_kv_write = cuda_rope_kv_write,
     .argmax_rows = cuda_argmax_rows,
+    .sample_rows = cuda_sample_rows,
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,
     .weight_ok = cuda_weight_ok,

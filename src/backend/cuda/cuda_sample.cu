@@ -1,0 +1,431 @@
+/*
+ * cuda_sample.cu - the device draw (backend.h: ember_draw, sample_rows): a
+ * token per row of logits on the GPU, so a sampled row sends 4 bytes to
+ * the host instead of its logits.
+ *
+ * One block of SM_THREADS threads per row. The block first turns the row
+ * into weights in place (x becomes w = e^(x / T - max), NaN where an id is
+ * not usable), then finds each cut of the chain by a radix select: four
+ * passes over the row, each counting the kept ids into 256 bins of the
+ * next 8 bits of the sort key (w's bits: w >= 0, so they order as w does;
+ * or the id's complement, to find the r-th lowest id among ties) by count
+ * or by mass, and taking the bin where the walk from the top reaches what
+ * is needed. Each warp counts into bins of its own in 32-bit digits
+ * (sm_select), so no atomic waits on another warp's and none is 64-bit
+ * (the first version shared 2,048 bins of 64-bit counters between all
+ * warps: 0.8 ms a select where the weights are alike). A cut is kept as
+ * (key, highest id of the key kept), so membership of an id in the kept
+ * set is a test on its own weight and id, and nothing but the row itself
+ * is stored. The draw then walks the kept masses by id (each warp a
+ * contiguous range) or, when top_k applied, in the chain's order (one more
+ * select). Every pass keeps SM_UNROLL loads in flight a thread.
+ *
+ * Determinism: every sum is of integer masses (draw_def.h), by atomics or
+ * any tree: their order cannot change a bit. The weights come from the
+ * host sampler's polynomial (built --fmad=false), so tests/draw_ref.h (a
+ * sort in plain C) gives the same token for every row.
+ *
+ * Ownership and threads: the launcher runs on the backend's host thread and
+ * only enqueues on its stream; the kernel writes the rows of x it samples
+ * and out[rows] (device memory the backend owns).
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
+#include "sample/draw_def.h"
+
+#define SM_THREADS 512
+#define SM_WARPS (SM_THREADS / 32)
+#define SM_BINS 256   /* a select level's bins: 8 bits of the key */
+#define SM_DIGITS 3   /* a mass (< 2^45) in 15-bit digits, each summed as a 32-bit count */
+#define SM_UNROLL 4   /* loads in flight a thread in a pass over the row */
+#define SM_DYN_BYTES (SM_WARPS * SM_DIGITS * SM_BINS * 4)
+
+/* A row's cuts: an id is kept at stage 1 when it passes top_k, at stage 2
+   when also top_p, at stage 3 when also min_p. A cut (key, id) keeps the
+   ids whose weight's key is above key, and those of key itself up to id. */
+typedef struct sm_cuts {
+    int k_on, p_on;
+    uint32_t kk, pk;
+    int32_t ki, pi;
+    float minw;
+} sm_cuts;
+
+typedef struct sm_shared {
+    unsigned long long hist[2 * SM_THREADS]; /* a level's bins (SM_BINS used, the rest 0) */
+    unsigned long long ws[SM_WARPS];
+    sm_cuts c;
+    unsigned long long res_above; /* a select's result: the sum above its bin */
+    int res_bin, flag;
+    float fres;
+    int ires;
+    int32_t out;
+} sm_shared;
+
+/* f(i, x) for every id i of the row and its value x (w[i]): the ids up to
+   a 16-byte boundary one at a time, then four at a time (float4), SM_UNROLL
+   loads of 16 bytes in flight a thread before any is used (a pass is bound
+   by the L2's latency, not its bandwidth), then the rest. In no particular
+   order: every use sums integers or takes a maximum. */
+template <typename F> static __device__ __forceinline__ void sm_each(const float *w, int V, F f) {
+    int head = (int)((16u - ((unsigned)(uintptr_t)w & 15u)) & 15u) / 4;
+    head = head < V ? head : V;
+    for (int i = threadIdx.x; i < head; i += SM_THREADS) f(i, w[i]);
+    const int nv = (V - head) / 4;
+    const float4 *w4 = (const float4 *)(w + head);
+    for (int j0 = threadIdx.x; j0 < nv; j0 += SM_UNROLL * SM_THREADS) {
+        float4 xs[SM_UNROLL];
+#pragma unroll
+        for (int k = 0; k < SM_UNROLL; k++) {
+            const int j = j0 + k * SM_THREADS;
+            xs[k] = j < nv ? w4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int k = 0; k < SM_UNROLL; k++) {
+            const int j = j0 + k * SM_THREADS, i = head + 4 * j;
+            if (j < nv) {
+                f(i, xs[k].x);
+                f(i + 1, xs[k].y);
+                f(i + 2, xs[k].z);
+                f(i + 3, xs[k].w);
+            }
+        }
+    }
+    for (int i = head + 4 * nv + (int)threadIdx.x; i < V; i += SM_THREADS) f(i, w[i]);
+}
+
+static __device__ __forceinline__ bool sm_kept(const sm_cuts *c, int stage, int32_t i, float w) {
+    if (isnan(w)) return false;
+    const uint32_t key = __float_as_uint(w);
+    if (stage >= 1 && c->k_on && !(key > c->kk || (key == c->kk && i <= c->ki))) return false;
+    if (stage >= 2 && c->p_on && !(key > c->pk || (key == c->pk && i <= c->pi))) return false;
+    if (stage >= 3 && !(w >= c->minw)) return false;
+    return true;
+}
+
+/* The sum of v over threads t' >= t (the calling thread's t), all threads
+   calling. */
+static __device__ unsigned long long sm_suffix(unsigned long long v, sm_shared *sh) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long y = __shfl_down_sync(0xffffffffu, v, o);
+        if (lane + o < 32) v += y;
+    }
+    if (lane == 0) sh->ws[wid] = v;
+    __syncthreads();
+    unsigned long long a = 0;
+    for (int k = wid + 1; k < SM_WARPS; k++) a += sh->ws[k];
+    __syncthreads();
+    return v + a;
+}
+
+/* The sum of v over all threads, in every thread. */
+static __device__ unsigned long long sm_total(unsigned long long v, sm_shared *sh) {
+    const unsigned long long s = sm_suffix(v, sh);
+    if (threadIdx.x == 0) sh->res_above = s;
+    __syncthreads();
+    const unsigned long long t = sh->res_above;
+    __syncthreads();
+    return t;
+}
+
+/* Radix select over the ids kept at `stage` (with by_id, only those whose
+   weight's key is `tie`, walked from the lowest id up: the sort key is
+   ~id; else the key is the weight's, walked from the largest down),
+   summing masses (by_mass) or counts until the sum reaches need (1 <= need
+   <= the set's sum). Returns the sort key of the element that reaches it;
+   *above: the sum over the keys before it; *at: the sum at that key.
+   Four passes over the row, one for each 8 (then 6) bits of the key below
+   its top two, which every weight's key has 0 (w <= 1) and every ~id 1
+   (ids < 2^30). Each warp counts into its own bins (dg: SM_DIGITS x
+   SM_BINS 32-bit counters a warp), a mass as its three 15-bit digits, so
+   no bin is shared between warps and no 64-bit atomic is needed: a warp
+   counts at most V / SM_WARPS <= 2^15 ids, whose digits sum below 2^30. */
+static __device__ uint32_t sm_select(const float *w, int V, sm_shared *sh, unsigned *dg, int stage, bool by_id,
+                                     uint32_t tie, bool by_mass, unsigned long long need, unsigned long long *above,
+                                     unsigned long long *at) {
+    uint32_t prefix = by_id ? 0xc0000000u : 0u, fixed = 0xc0000000u;
+    unsigned long long taken = 0, at_b = 0;
+    unsigned *mine = dg + (threadIdx.x >> 5) * SM_DIGITS * SM_BINS;
+    for (int lv = 0; lv < 4; lv++) {
+        const int s = lv < 3 ? 22 - 8 * lv : 0; /* key bits 29..22, 21..14, 13..6, 5..0 */
+        const uint32_t mask = lv < 3 ? 0xffu : 0x3fu;
+        for (int j = threadIdx.x; j < SM_WARPS * SM_DIGITS * SM_BINS; j += SM_THREADS) dg[j] = 0;
+        if (threadIdx.x == 0) sh->res_bin = -1;
+        __syncthreads();
+        sm_each(w, V, [&](int i, float x) {
+            const uint32_t key = __float_as_uint(x), sk = by_id ? ~(uint32_t)i : key;
+            if (!sm_kept(&sh->c, stage, i, x) || (by_id && key != tie) || (sk & fixed) != prefix) return;
+            const unsigned b = (sk >> s) & mask;
+            if (!by_mass) {
+                atomicAdd(&mine[b], 1u);
+                return;
+            }
+            const unsigned long long m = ember_draw_mass(x);
+            if (!m) return; /* no mass: nothing to add, and the walk never stops on it */
+            const unsigned d0 = (unsigned)(m & 0x7fffu), d1 = (unsigned)(m >> 15 & 0x7fffu), d2 = (unsigned)(m >> 30);
+            if (d0) atomicAdd(&mine[b], d0);
+            if (d1) atomicAdd(&mine[SM_BINS + b], d1);
+            if (d2) atomicAdd(&mine[2 * SM_BINS + b], d2);
+        });
+        __syncthreads();
+        for (int b = threadIdx.x; b < 2 * SM_THREADS; b += SM_THREADS) {
+            unsigned long long v = 0;
+            for (int q = 0; b < SM_BINS && q < SM_WARPS; q++) {
+                const unsigned *d = dg + q * SM_DIGITS * SM_BINS;
+                v += (unsigned long long)d[b] + ((unsigned long long)d[SM_BINS + b] << 15) +
+                     ((unsigned long long)d[2 * SM_BINS + b] << 30);
+            }
+            sh->hist[b] = v;
+        }
+        __syncthreads();
+        /* the bin b with S(b) >= want > S(b + 1), S(b) the sum over bins >= b */
+        const unsigned long long want = need - taken;
+        const int t = threadIdx.x;
+        const unsigned long long h0 = sh->hist[2 * t], h1 = sh->hist[2 * t + 1];
+        const unsigned long long s0 = sm_suffix(h0 + h1, sh), s1 = s0 - h0, s2 = s1 - h1;
+        if (s1 >= want && s2 < want) {
+            sh->res_bin = 2 * t + 1;
+            sh->res_above = s2;
+        } else if (s0 >= want && s1 < want) {
+            sh->res_bin = 2 * t;
+            sh->res_above = s1;
+        }
+        __syncthreads();
+        int b = sh->res_bin;
+        unsigned long long sup = sh->res_above;
+        if (b < 0) { /* not reached (callers keep need within the sum): the lowest bin */
+            b = 0;
+            sup = 0;
+        }
+        at_b = sh->hist[b];
+        prefix |= (uint32_t)b << s;
+        fixed |= mask << s;
+        taken += sup;
+        __syncthreads();
+    }
+    *above = taken;
+    *at = at_b;
+    return prefix;
+}
+
+/* The sum of masses of the ids kept at stage. */
+static __device__ unsigned long long sm_mass(const float *w, int V, sm_shared *sh, int stage) {
+    unsigned long long m = 0;
+    sm_each(w, V, [&](int i, float x) {
+        if (sm_kept(&sh->c, stage, i, x)) m += ember_draw_mass(x);
+    });
+    return sm_total(m, sh);
+}
+
+/* The highest id kept by a cut at key whose walk needs `ties` of the ids
+   with that key (in id order) out of n_key of them. */
+static __device__ int32_t sm_tie_id(const float *w, int V, sm_shared *sh, unsigned *dg, int stage, uint32_t key,
+                                    unsigned long long ties, unsigned long long n_key) {
+    if (ties >= n_key) return INT32_MAX;
+    unsigned long long above, at;
+    return (int32_t)~sm_select(w, V, sh, dg, stage, true, key, false, ties, &above, &at);
+}
+
+/* Is (v2, i2) before (v1, i1) in the order "larger value, then lower id",
+   an id < 0 being none? */
+static __device__ __forceinline__ bool sm_better(float v2, int i2, float v1, int i1) {
+    return i2 >= 0 && (i1 < 0 || v2 > v1 || (v2 == v1 && i2 < i1));
+}
+
+/* Greedy: the first id of the row's largest value, NaNs skipped, 0 when all
+   are NaN (argmax_rows, ember_argmax; -0 and +0 are one value). One pass:
+   each thread's first maximum, then a reduction by that total order. */
+static __device__ int32_t sm_argmax(const float *x, int V, sm_shared *sh) {
+    float bv = 0.0f;
+    int bi = -1;
+    sm_each(x, V, [&](int i, float v) {
+        if (!isnan(v) && sm_better(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    });
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (sm_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    if ((threadIdx.x & 31) == 0)
+        sh->ws[threadIdx.x >> 5] = (unsigned long long)(uint32_t)bi << 32 | (unsigned long long)__float_as_uint(bv);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < SM_WARPS; k++) {
+            const float ov = __uint_as_float((uint32_t)sh->ws[k]);
+            const int oi = (int)(uint32_t)(sh->ws[k] >> 32);
+            if (sm_better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        sh->ires = bi < 0 ? 0 : bi;
+    }
+    __syncthreads();
+    const int32_t r = sh->ires;
+    __syncthreads();
+    return r;
+}
+
+static __global__ void __launch_bounds__(SM_THREADS, 1) sample_k(int32_t *out, float *x, int64_t V64,
+                                                              const ember_cu_draw *dp) {
+    ember_pdl_enter();
+    __shared__ sm_shared sh;
+    extern __shared__ unsigned sm_dg[]; /* SM_DYN_BYTES: the selects' bins of each warp */
+    const int row = blockIdx.x, V = (int)V64;
+    float *w = x + (size_t)row * (size_t)V64;
+    const ember_cu_draw p = dp[row];
+    if (!(p.temperature > 0)) {
+        const int32_t id = sm_argmax(w, V, &sh);
+        if (threadIdx.x == 0) out[row] = id;
+        return;
+    }
+    /* s = x / T over the usable ids: their count and largest value */
+    const float T = p.temperature;
+    float mx = -INFINITY;
+    unsigned long long n = 0;
+    sm_each(w, V, [&](int, float v) { /* the largest x, then max(x / T) = max(x) / T (T > 0) */
+        if (isnan(v) || v == -INFINITY) return;
+        mx = fmaxf(mx, v);
+        n++;
+    });
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0) sh.hist[threadIdx.x >> 5] = (unsigned long long)__float_as_uint(mx);
+    const unsigned long long usable = sm_total(n, &sh); /* its barriers order hist's writes */
+    if (threadIdx.x == 0) {
+        float r = -INFINITY;
+        for (int k = 0; k < SM_WARPS; k++) r = fmaxf(r, __uint_as_float((uint32_t)sh.hist[k]));
+        sh.fres = r;
+    }
+    __syncthreads();
+    mx = sh.fres / T;
+    if (usable == 0) { /* nothing usable: the argmax of the row as it is */
+        const int32_t id = sm_argmax(w, V, &sh);
+        if (threadIdx.x == 0) out[row] = id;
+        return;
+    }
+    /* the weights, in place (NaN: not usable) */
+    const bool inf = isinf(mx);
+    sm_each(w, V, [&](int i, float v) {
+        float r = NAN;
+        if (!(isnan(v) || v == -INFINITY)) {
+            const float s = v / T;
+            r = inf ? (s == mx ? 1.0f : 0.0f) : ember_exp_nonpos(s - mx);
+        }
+        w[i] = r;
+    });
+    if (threadIdx.x == 0) {
+        sh.c.k_on = p.top_k > 0 && (unsigned long long)p.top_k < usable;
+        sh.c.p_on = 0;
+        sh.c.minw = p.min_p > 0 ? p.min_p : 0.0f;
+    }
+    __syncthreads();
+    unsigned long long above, at;
+    if (sh.c.k_on) { /* the k first by weight, then id */
+        const uint32_t key = sm_select(w, V, &sh, sm_dg, 0, false, 0, false, (unsigned long long)p.top_k, &above, &at);
+        const int32_t id = sm_tie_id(w, V, &sh, sm_dg, 0, key, (unsigned long long)p.top_k - above, at);
+        if (threadIdx.x == 0) {
+            sh.c.kk = key;
+            sh.c.ki = id;
+        }
+        __syncthreads();
+    }
+    if (p.top_p < 1.0f) { /* the shortest prefix of mass ceil(top_p * M) */
+        const unsigned long long M = sm_mass(w, V, &sh, 1);
+        const unsigned long long need = ember_draw_need(p.top_p, M);
+        if (need < M) {
+            const uint32_t key = sm_select(w, V, &sh, sm_dg, 1, false, 0, true, need, &above, &at);
+            const unsigned long long mt = ember_draw_mass(__uint_as_float(key));
+            const int32_t id = sm_tie_id(w, V, &sh, sm_dg, 1, key, (need - above + mt - 1) / mt, at / mt);
+            if (threadIdx.x == 0) {
+                sh.c.p_on = 1;
+                sh.c.pk = key;
+                sh.c.pi = id;
+            }
+            __syncthreads();
+        }
+    }
+    const unsigned long long K = sm_mass(w, V, &sh, 3);
+    const unsigned long long t = ember_draw_point(p.u, K);
+    if (sh.c.k_on) { /* in the chain's order: where the masses from the top first exceed t */
+        const uint32_t key = sm_select(w, V, &sh, sm_dg, 3, false, 0, true, t + 1, &above, &at);
+        const unsigned long long mt = ember_draw_mass(__uint_as_float(key));
+        const unsigned long long r = (t + 1 - above + mt - 1) / mt;
+        unsigned long long a2, at2;
+        const int32_t id = (int32_t)~sm_select(w, V, &sh, sm_dg, 3, true, key, false, r, &a2, &at2);
+        if (threadIdx.x == 0) out[row] = id;
+        return;
+    }
+    /* by id: warp w sums ids [w cw, (w + 1) cw), 32 at a time (coalesced); the range whose
+       masses hold t is cut into one piece a thread, and the piece holding t walks itself to
+       the id where the running sum passes t */
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int cw = ((V + SM_WARPS - 1) / SM_WARPS + 31) & ~31, lo = wid * cw, hi = lo + cw < V ? lo + cw : V;
+    unsigned long long own = 0;
+    for (int i0 = lo + lane; i0 < hi; i0 += SM_UNROLL * 32) {
+        float xs[SM_UNROLL];
+#pragma unroll
+        for (int k = 0; k < SM_UNROLL; k++) xs[k] = i0 + 32 * k < hi ? w[i0 + 32 * k] : NAN;
+#pragma unroll
+        for (int k = 0; k < SM_UNROLL; k++)
+            if (sm_kept(&sh.c, 3, i0 + 32 * k, xs[k])) own += ember_draw_mass(xs[k]);
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) own += __shfl_xor_sync(0xffffffffu, own, o);
+    if (lane == 0) sh.ws[wid] = own;
+    __syncthreads();
+    /* the warp range q holding t, and the masses before it */
+    int q = 0;
+    unsigned long long acc = 0;
+    while (q < SM_WARPS - 1 && !(t < acc + sh.ws[q])) acc += sh.ws[q++];
+    const unsigned long long own_q = sh.ws[q];
+    __syncthreads(); /* ws is read before sm_suffix reuses it */
+    /* that range in SM_THREADS pieces of sc ids, one a thread: the piece holding t walks itself */
+    const int qlo = q * cw, qhi = qlo + cw < V ? qlo + cw : V, sc = (cw + SM_THREADS - 1) / SM_THREADS;
+    const int plo = qlo + (int)threadIdx.x * sc, phi = plo + sc < qhi ? plo + sc : qhi;
+    unsigned long long piece = 0;
+#pragma unroll 4
+    for (int i = plo; i < phi; i++) {
+        const float x = w[i];
+        if (sm_kept(&sh.c, 3, i, x)) piece += ember_draw_mass(x);
+    }
+    if (threadIdx.x == 0) sh.out = 0; /* (always replaced: one piece holds t) */
+    const unsigned long long suf = sm_suffix(piece, &sh); /* its barriers order sh.out's write */
+    unsigned long long before = acc + (own_q - suf); /* the masses before this piece */
+    if (piece > 0 && before <= t && t < before + piece)
+        for (int i = plo; i < phi; i++) {
+            const float x = w[i];
+            if (!sm_kept(&sh.c, 3, i, x)) continue;
+            before += ember_draw_mass(x);
+            if (t < before) {
+                sh.out = i;
+                break;
+            }
+        }
+    __syncthreads();
+    if (threadIdx.x == 0) out[row] = sh.out;
+}
+
+extern "C" cudaError_t ember_cu_sample(cudaStream_t stream, int32_t *out, float *x, const ember_cu_draw *p, int rows,
+                                       int64_t V) {
+    if (rows < 1 || V < 1) return cudaSuccess;
+    if (V > (1 << 19) || rows > 65535) return cudaErrorInvalidValue;
+    static int smem_set; /* the dynamic shared memory above the default 48 KB, asked once */
+    if (!smem_set) {
+        const cudaError_t e = cudaFuncSetAttribute(sample_k, cudaFuncAttributeMaxDynamicSharedMemorySize, SM_DYN_BYTES);
+        if (e != cudaSuccess) return e;
+        smem_set = 1;
+    }
+    return ember_launch(sample_k, dim3((unsigned)rows), dim3(SM_THREADS), SM_DYN_BYTES, stream, out, x, V, p);
+}
