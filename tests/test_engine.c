@@ -438,10 +438,13 @@ static int draw_rows(ember_backend *be, ember_tensor *x, const ember_draw *p, in
    to the host) are the host sampler's: 8 requests on 4 rows, greedy beside
    sampled ones under each filter, once with the draws on the backend and
    once on the host, the same tokens. A request with log-probabilities or a
-   penalty in the batch sends its steps to the host: still the same tokens. */
+   penalty in the batch sends its steps to the host: still the same tokens.
+   Then ember_generate's decode steps (11 of each sampled row's 12 tokens:
+   the first comes from the prefill's logits), the same way. */
 static void test_device_draw(const fixture *f) {
     enum { NR = 8 };
     result res[2][NR];
+    int32_t gen[2][3][12];
     for (int pass = 0; pass < 2; pass++) {
         ember_model *m = load(f->dir, 4);
         g_cpu_ops = m->be->ops;
@@ -477,12 +480,31 @@ static void test_device_draw(const fixture *f) {
         else
             CHECK(atomic_load(&g_drawn) == 0);
         ember_engine_free(e);
+        /* ember_generate: three rows, greedy and sampled, the forward picking the decode steps' tokens */
+        atomic_store(&g_drawn_sampled, 0);
+        ember_request rq[3];
+        memset(rq, 0, sizeof rq);
+        for (int i = 0; i < 3; i++) {
+            rq[i].prompt = f->p[i].ids;
+            rq[i].n_prompt = f->p[i].n;
+            rq[i].max_new_tokens = 12;
+            rq[i].ignore_eos = 1;
+            ember_sampling_init(&rq[i].sampling);
+            rq[i].sampling.temperature = i == 0 ? 0.0f : 0.9f;
+            rq[i].sampling.top_p = i == 2 ? 0.8f : 1.0f;
+            rq[i].sampling.seed = 7 + (uint64_t)i;
+            rq[i].out_ids = gen[pass][i];
+        }
+        CHECKF(ember_generate(m, rq, 3, &err) == EMBER_OK, "%s", err.msg);
+        for (int i = 0; i < 3; i++) CHECK(rq[i].n_out == 12);
+        if (pass == 0) CHECKF(atomic_load(&g_drawn_sampled) == 2 * 11, "%d rows drawn", atomic_load(&g_drawn_sampled));
         m->be->ops = g_cpu_ops;
         ember_model_free(m);
     }
     for (int i = 0; i < NR; i++)
         CHECKF(res[0][i].n == res[1][i].n && !memcmp(res[0][i].ids, res[1][i].ids, sizeof(int32_t) * (size_t)res[1][i].n),
                "request %d: tokens drawn by sample_rows differ from the host sampler's", i);
+    CHECKF(!memcmp(gen[0], gen[1], sizeof gen[0]), "ember_generate: tokens drawn by sample_rows differ from the host's");
 }
 
 int main(void) {

@@ -6,7 +6,10 @@
  * max_batch_tokens tokens; then each decode step feeds one token per live
  * row through one forward pass. Rows leave as they finish. Because no
  * kernel reduces across tokens, each row's logits and tokens are exactly
- * those it would get alone.
+ * those it would get alone. A decode step whose rows record no logits has
+ * the forward pick its tokens (forward_picks: greedy ids, and the device
+ * draws of sampled rows where the backend has sample_rows), so no logits
+ * row leaves a GPU.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -59,16 +62,43 @@ static int check_request(const ember_model *m, const ember_request *r, int i, em
     return EMBER_OK;
 }
 
+/* Records a row's next token t. */
+static void take_token(const ember_model *m, row_run *rr, int32_t t) {
+    ember_request *r = rr->req;
+    r->out_ids[r->n_out++] = t;
+    if (r->n_out >= r->max_new_tokens || (!r->ignore_eos && is_eos(m, t))) rr->done = true;
+}
+
 /* Handles a row's new logits: records them if asked, samples at the end of
    the prompt and after each decode step. */
 static void take_logits(ember_model *m, row_run *rr, const float *lg, int logit_row, bool sample) {
     ember_request *r = rr->req;
     const size_t V = (size_t)m->cfg.vocab_size;
     if (r->out_logits) memcpy(r->out_logits + (size_t)logit_row * V, lg, V * sizeof *lg);
-    if (!sample) return;
-    int32_t t = ember_sampler_sample(rr->sampler, lg);
-    r->out_ids[r->n_out++] = t;
-    if (r->n_out >= r->max_new_tokens || (!r->ignore_eos && is_eos(m, t))) rr->done = true;
+    if (sample) take_token(m, rr, ember_sampler_sample(rr->sampler, lg));
+}
+
+/* Whether the forward may pick the tokens of a decode step's rows b_row[0,
+   nt) itself: no request records logits, and sampled rows only where the
+   backend draws (sample_rows). Then *draw says whether any row samples,
+   and draws[o] holds each row's parameters and next uniform (taken from
+   its sampler, as its host draw would take it: the same chain, so the
+   tokens of the host's draws but where a cut falls within rounding,
+   backend.h's ember_draw). Greedy rows give the host's ids exactly. */
+static bool forward_picks(ember_model *m, row_run *rows, int nt, ember_draw *draws, bool *draw) {
+    *draw = false;
+    for (int o = 0; o < nt; o++) {
+        const ember_request *r = rows[m->b_row[o]].req;
+        if (r->out_logits || (r->sampling.temperature > 0 && !m->be->ops->sample_rows)) return false;
+        *draw |= r->sampling.temperature > 0;
+    }
+    for (int o = 0; *draw && o < nt; o++) {
+        row_run *rr = &rows[m->b_row[o]];
+        const ember_sampling *sp = &rr->req->sampling;
+        draws[o] = (ember_draw){.temperature = sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
+                                .top_k = sp->top_k, .u = sp->temperature > 0 ? ember_sampler_uniform(rr->sampler) : 0};
+    }
+    return true;
 }
 
 int ember_generate(ember_model *m, ember_request *reqs, int n, ember_error *err) {
@@ -80,7 +110,14 @@ int ember_generate(ember_model *m, ember_request *reqs, int n, ember_error *err)
         if (rc) return rc;
     }
     row_run *rows = ember_calloc((size_t)n, sizeof *rows);
-    if (!rows) return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    int32_t *ids = ember_malloc((size_t)n * sizeof *ids); /* a decode step's tokens from the forward */
+    ember_draw *draws = ember_malloc((size_t)n * sizeof *draws);
+    if (!rows || !ids || !draws) {
+        free(rows);
+        free(ids);
+        free(draws);
+        return ember_err(err, EMBER_ERR_NOMEM, "out of memory");
+    }
     int rc = EMBER_OK;
     for (int i = 0; i < n && !rc; i++) {
         rows[i].req = &reqs[i];
@@ -134,16 +171,24 @@ int ember_generate(ember_model *m, ember_request *reqs, int n, ember_error *err)
             nt++;
         }
         if (nt == 0) break;
-        ember_batch b = {.n = nt, .tok = m->b_tok, .pos = m->b_pos, .row = m->b_row, .n_out = nt, .out = m->b_out};
+        bool draw;
+        const bool picks = forward_picks(m, rows, nt, draws, &draw);
+        ember_batch b = {.n = nt, .tok = m->b_tok, .pos = m->b_pos, .row = m->b_row, .n_out = nt, .out = m->b_out,
+                         .argmax = picks ? ids : NULL, .draw = picks && draw ? draws : NULL};
         if ((rc = ember_llm_forward(m->llm, m->st, m->kv, &b, m->logits, err))) break;
         for (int o = 0; o < nt; o++) {
             int i = m->b_row[o];
-            take_logits(m, &rows[i], m->logits + (size_t)o * (size_t)m->cfg.vocab_size,
-                        rows[i].req->n_prompt + rows[i].req->n_out - 1, true);
+            if (picks)
+                take_token(m, &rows[i], ids[o]);
+            else
+                take_logits(m, &rows[i], m->logits + (size_t)o * (size_t)m->cfg.vocab_size,
+                            rows[i].req->n_prompt + rows[i].req->n_out - 1, true);
         }
     }
     for (int i = 0; i < n; i++) ember_sampler_free(rows[i].sampler);
     free(rows);
+    free(ids);
+    free(draws);
     return rc;
 }
 
