@@ -16,9 +16,11 @@
  * warps: 0.8 ms a select where the weights are alike). A cut is kept as
  * (key, highest id of the key kept), so membership of an id in the kept
  * set is a test on its own weight and id, and nothing but the row itself
- * is stored. The draw then walks the kept masses by id (each warp a
- * contiguous range) or, when top_k applied, in the chain's order (one more
- * select). Every pass keeps SM_UNROLL loads in flight a thread.
+ * is stored. The draw then walks the kept masses by id (each warp sums a
+ * contiguous range; the range holding the draw's point is cut into a piece
+ * a thread, and the piece holding it walks itself) or, when top_k applied,
+ * in the chain's order (one more select). Every pass keeps SM_UNROLL loads
+ * of 16 bytes in flight a thread.
  *
  * Determinism: every sum is of integer masses (draw_def.h), by atomics or
  * any tree: their order cannot change a bit. The weights come from the
@@ -58,7 +60,7 @@ typedef struct sm_shared {
     unsigned long long ws[SM_WARPS];
     sm_cuts c;
     unsigned long long res_above; /* a select's result: the sum above its bin */
-    int res_bin, flag;
+    int res_bin;
     float fres;
     int ires;
     int32_t out;
@@ -68,7 +70,8 @@ typedef struct sm_shared {
    a 16-byte boundary one at a time, then four at a time (float4), SM_UNROLL
    loads of 16 bytes in flight a thread before any is used (a pass is bound
    by the L2's latency, not its bandwidth), then the rest. In no particular
-   order: every use sums integers or takes a maximum. */
+   order: every use sums integers, takes a maximum by a total order or
+   writes its own element. */
 template <typename F> static __device__ __forceinline__ void sm_each(const float *w, int V, F f) {
     int head = (int)((16u - ((unsigned)(uintptr_t)w & 15u)) & 15u) / 4;
     head = head < V ? head : V;
@@ -277,8 +280,8 @@ static __device__ int32_t sm_argmax(const float *x, int V, sm_shared *sh) {
     return r;
 }
 
-static __global__ void __launch_bounds__(SM_THREADS, 1) sample_k(int32_t *out, float *x, int64_t V64,
-                                                              const ember_cu_draw *dp) {
+static __global__ void __launch_bounds__(SM_THREADS, 1)
+    sample_k(int32_t *out, float *x, int64_t V64, const ember_cu_draw *dp) {
     ember_pdl_enter();
     __shared__ sm_shared sh;
     extern __shared__ unsigned sm_dg[]; /* SM_DYN_BYTES: the selects' bins of each warp */
