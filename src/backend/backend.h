@@ -244,9 +244,9 @@ int ember_rows_scaled_check(const ember_tensor *dst, const ember_tensor *src, co
      id when need >= M; ember_draw_need); min_p > 0 keeps the ids with
      w >= min_p.
    - K, the kept masses' sum; t = floor(u * K) within [0, K - 1]
-     (ember_draw_point); the token is
-     the kept id where the running sum of masses first exceeds t, walked in
-     the order above when top_k applied, else by id.
+     (ember_draw_point); the token is the kept id where the running sum of
+     masses first exceeds t, walked in the order above when top_k applied,
+     else by id.
    Integer masses make every sum exact, so any implementation gives the
    same token; it matches ember_sampler_sample's (the same chain and
    uniform) except where a cut or the draw falls within rounding of a mass
@@ -411,16 +411,17 @@ typedef struct ember_backend_ops {
        step_begin opens a step (a forward pass) whose ops the backend may
        record once and replay later as one launch, keyed by key (what fixes
        the step's launches besides the backend's own checks): *graphed says
-       whether it does. Until step_end returns, the host results of read and
-       argmax_rows (and sample_rows) may not be written yet (they are delivered by step_end)
-       and write, buffer_alloc and buffer_free must not be called. step_end
-       closes it: failed (the forward returned an error) drops what was
-       recorded; otherwise it runs the step, waits for it and delivers the
-       host results, or sets *again when nothing ran (a replay whose ops did
-       not match the recording, or a recording that could not be finished):
-       the caller then runs the same ops again inside another
-       step_begin / step_end (the backend runs them plainly at the latest
-       on the third pass). Either gives the bits of plain launches. */
+       whether it does. Until step_end returns, the host results of read,
+       argmax_rows and sample_rows may not be written yet (they are
+       delivered by step_end) and write, buffer_alloc and buffer_free must
+       not be called. step_end closes it: failed (the forward returned an
+       error) drops what was recorded; otherwise it runs the step, waits for
+       it and delivers the host results, or sets *again when nothing ran (a
+       replay whose ops did not match the recording, or a recording that
+       could not be finished): the caller then runs the same ops again
+       inside another step_begin / step_end (the backend runs them plainly
+       at the latest on the third pass). Either gives the bits of plain
+       launches. */
     int (*step_begin)(ember_backend *be, const ember_step_key *key, bool *graphed, ember_error *err);
     int (*step_end)(ember_backend *be, bool failed, bool *again, ember_error *err);
 

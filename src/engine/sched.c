@@ -628,8 +628,8 @@ static void fill_logprobs(const ember_gen_params *g, const float *x, int V, int3
 /* Samples row r's next token from lg (verifying draft when >= 0, see
    ember_sampler_sample_draft), or takes *tok as chosen when lg is NULL (a
    greedy_plain or draw_plain row whose forward picked it, or a row
-   pick_tokens drew: then lp, when not NULL, holds the token's log-probabilities), records it
-   and reports it. Returns
+   pick_tokens drew: then lp, when not NULL, holds the token's
+   log-probabilities), records it and reports it. Returns
    EMBER_FINISH_NONE when the request goes on, else how it ends (ERROR: the
    event queue ran out of memory); the caller ends it (end_request) once
    its KV is settled. */
@@ -1361,8 +1361,8 @@ int ember_engine_new(ember_model *m, const ember_engine_params *p, ember_engine 
     e->d_out = ember_malloc((size_t)e->n_rows * sizeof *e->d_out);
     e->plan = ember_calloc((size_t)e->n_rows, sizeof *e->plan);
     e->steps = 1;
-    int rc = e->rows && e->raw && e->out_row && e->ids && e->draws && e->pick_o && e->picked && e->pick_ev && e->plan &&
-                     e->d_slot && e->d_nhist && e->d_cap && e->d_n && e->d_hist && e->d_out
+    int rc = e->rows && e->raw && e->out_row && e->ids && e->draws && e->pick_o && e->picked && e->pick_ev &&
+                     e->plan && e->d_slot && e->d_nhist && e->d_cap && e->d_n && e->d_hist && e->d_out
                  ? EMBER_OK
                  : ember_err(err, EMBER_ERR_NOMEM, "out of memory");
     ember_sampling sp;
