@@ -269,7 +269,9 @@ static void check_copies(void) {
    cut or the draw falls within rounding of a mass boundary (about 1e-7 of
    the mass with the host's float candidates; the random rows here never
    meet one). Vocabularies of 151,936 and 1,000 ids with ties, NaN, -inf
-   and +inf; every filter alone and together. Then the draw's own edges:
+   and +inf; every filter alone and together, temperatures of 1e-30 (every
+   finite logit scaled to an infinity) and 1e30 (every weight 1: ties
+   everywhere), min_p 1, top_k of all ids but one. Then the draw's own edges:
    greedy and no usable id are the argmax; top_k 1 is the argmax; u near 1
    takes the last kept id. */
 static void check_device_draw(void) {
@@ -277,7 +279,8 @@ static void check_device_draw(void) {
         float temp, top_p, min_p;
         int top_k;
     } cfg[] = {{1.0f, 1, 0, 0},    {0.8f, 0.95f, 0, 0}, {0.7f, 0.9f, 0, 40}, {1.0f, 1, 0.05f, 0},
-               {1.5f, 0.5f, 0.01f, 0}, {0.6f, 1, 0, 7},  {2.0f, 0.3f, 0, 1000}, {1.0f, 0.999f, 0.2f, 3}};
+               {1.5f, 0.5f, 0.01f, 0}, {0.6f, 1, 0, 7},  {2.0f, 0.3f, 0, 1000}, {1.0f, 0.999f, 0.2f, 3},
+               {1e-30f, 0.9f, 0, 0},   {1e30f, 0.5f, 0, 0}, {1.0f, 1, 1.0f, 0},  {0.9f, 1, 0, 999}};
     static const int vs[] = {151936, 1000};
     int total = 0, same = 0;
     for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
