@@ -230,8 +230,9 @@ int ember_delta_replay_check(const ember_rec_layer *layers, int n_layers, int32_
 int ember_rows_scaled_check(const ember_tensor *dst, const ember_tensor *src, const int32_t *ids, int n,
                             ember_error *err);
 
-/* One row's device draw (sample_rows): the chain of sampler.h with the
-   row's next uniform u in [0, 1) (ember_sampler_uniform). temperature <= 0
+/* One row's device draw (sample_rows; rows of at most EMBER_DRAW_MAX_IDS,
+   draw_def.h): the chain of sampler.h with the row's next uniform u in
+   [0, 1) (ember_sampler_uniform). temperature <= 0
    (or NaN): the argmax, as argmax_rows. Otherwise, over the row's logits x
    and its usable ids (x neither NaN nor -inf):
    - s = x / temperature, mx the largest s; the weight w = e^(s - mx) by

@@ -16,6 +16,7 @@
 
 #include "core/util.h"
 #include "engine.h"
+#include "sample/draw_def.h"
 #include "sample/sampler.h"
 
 int ember_engine_reserve_logits(ember_model *m, size_t rows, ember_error *err) {
@@ -80,7 +81,7 @@ static void take_logits(ember_model *m, row_run *rr, const float *lg, int logit_
 
 /* Whether the forward may pick the tokens of a decode step's rows b_row[0,
    nt) itself: no request records logits, and sampled rows only where the
-   backend draws (sample_rows). Then *draw says whether any row samples,
+   backend draws (sample_rows, vocabularies up to EMBER_DRAW_MAX_IDS). Then *draw says whether any row samples,
    and draws[o] holds each row's parameters and next uniform (taken from
    its sampler, as its host draw would take it: the same chain, so the
    tokens of the host's draws but where a cut falls within rounding,
@@ -89,7 +90,9 @@ static bool forward_picks(ember_model *m, row_run *rows, int nt, ember_draw *dra
     *draw = false;
     for (int o = 0; o < nt; o++) {
         const ember_request *r = rows[m->b_row[o]].req;
-        if (r->out_logits || (r->sampling.temperature > 0 && !m->be->ops->sample_rows)) return false;
+        if (r->out_logits ||
+            (r->sampling.temperature > 0 && (!m->be->ops->sample_rows || m->cfg.vocab_size > EMBER_DRAW_MAX_IDS)))
+            return false;
         *draw |= r->sampling.temperature > 0;
     }
     for (int o = 0; *draw && o < nt; o++) {

@@ -86,6 +86,7 @@
 #include "pace.h"
 #include "kv/kv_disk.h"
 #include "kv/kv_prefix.h"
+#include "sample/draw_def.h"
 #include "sample/sampler.h"
 #include "spec.h"
 
@@ -707,7 +708,8 @@ static bool greedy_plain(const row *r) {
 
 /* Does row r sample (temperature above 0) from logits as they are, with
    no constraint, log-probabilities or drafts? Then a backend with
-   sample_rows may draw its token on the device (ember_batch.draw, the
+   sample_rows (and a vocabulary of at most EMBER_DRAW_MAX_IDS) may draw
+   its token on the device (ember_batch.draw, the
    device draw of backend.h): the chain of emit_token's sampler with the
    row's next uniform, so the token is the host's but where a cut or the
    draw falls within rounding of a boundary. */
@@ -1159,7 +1161,7 @@ static bool step(ember_engine *e) {
     /* every output a plain greedy row, or a plain sampled one where the backend draws: the forward
        picks the tokens (each sampled row's uniform taken from its sampler only then) */
     bool chosen = no > 0, drawn = false;
-    const bool can_draw = m->be->ops->sample_rows != NULL;
+    const bool can_draw = m->be->ops->sample_rows && m->cfg.vocab_size <= EMBER_DRAW_MAX_IDS;
     for (int o = 0; o < no && chosen; o++) {
         const row *r = &e->rows[e->out_row[o]];
         if (greedy_plain(r)) continue;

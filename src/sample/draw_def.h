@@ -50,6 +50,7 @@ EMBER_DRAW_FN float ember_exp_nonpos(float x) {
    below 6e-14 against the likeliest id) have no mass. (Shifting w's
    significand by its exponent in integers gives the same value; on an
    H100 it measured no faster in the draws, bench/RESULTS.md.) */
+#define EMBER_DRAW_MAX_IDS (1 << 19) /* the largest vocabulary a device draw takes (masses below 2^63) */
 EMBER_DRAW_FN uint64_t ember_draw_mass(float w) {
     return (uint64_t)((double)w * 17592186044416.0); /* 2^44 */
 }

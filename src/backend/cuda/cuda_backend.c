@@ -62,6 +62,7 @@
 #include "backend/kv_codec.h"
 #include "core/alloc.h"
 #include "core/cpu.h"
+#include "sample/draw_def.h"
 #include "core/threadpool.h"
 #include "core/util.h"
 #include "cuda_kernels.h"
@@ -1588,12 +1589,13 @@ static int cuda_argmax_rows(ember_backend *be, const ember_tensor *x, int32_t *o
 static int cuda_sample_rows(ember_backend *be, ember_tensor *x, const ember_draw *p, int32_t *out, int n,
                             ember_error *err) {
     cuda_backend *c = cu(be);
+    if (ember_tensor_row_len(x) > EMBER_DRAW_MAX_IDS)
+        return ember_err(err, EMBER_ERR_UNSUPPORTED, "sample_rows: rows of %lld values (%d at most)",
+                         (long long)ember_tensor_row_len(x), EMBER_DRAW_MAX_IDS);
     int64_t V;
     bool skip;
     int rc = ids_room(c, x, n, "sample_rows", &V, &skip, err);
     if (rc || n == 0 || skip) return rc;
-    if (V > (1 << 19))
-        return ember_err(err, EMBER_ERR_UNSUPPORTED, "sample_rows: rows of %lld values (2^19 at most)", (long long)V);
     if (n > c->draw_cap) {
         ember_cu_draw *d = ember_malloc((size_t)n * sizeof *d);
         if (!d) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %d rows' draw parameters", n);

@@ -423,7 +423,7 @@ static __global__ void __launch_bounds__(SM_THREADS, 1)
 extern "C" cudaError_t ember_cu_sample(cudaStream_t stream, int32_t *out, float *x, const ember_cu_draw *p, int rows,
                                        int64_t V) {
     if (rows < 1 || V < 1) return cudaSuccess;
-    if (V > (1 << 19) || rows > 65535) return cudaErrorInvalidValue;
+    if (V > EMBER_DRAW_MAX_IDS || rows > 65535) return cudaErrorInvalidValue;
     static int smem_set; /* the dynamic shared memory above the default 48 KB, asked once */
     if (!smem_set) {
         const cudaError_t e = cudaFuncSetAttribute(sample_k, cudaFuncAttributeMaxDynamicSharedMemorySize, SM_DYN_BYTES);
