@@ -16,7 +16,7 @@
 #include <stdlib.h>
 
 #include "backend/backend.h"
-#include "sample/draw_def.h"
+#include "core/draw_def.h"
 
 typedef struct draw_ref_el {
     float w;

@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/draw_def.h"
 #include "core/util.h"
 #include "engine.h"
-#include "sample/draw_def.h"
 #include "sample/sampler.h"
 
 int ember_engine_reserve_logits(ember_model *m, size_t rows, ember_error *err) {

@@ -81,12 +81,12 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/draw_def.h"
 #include "core/util.h"
 #include "engine.h"
 #include "pace.h"
 #include "kv/kv_disk.h"
 #include "kv/kv_prefix.h"
-#include "sample/draw_def.h"
 #include "sample/sampler.h"
 #include "spec.h"
 

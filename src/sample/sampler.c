@@ -29,9 +29,9 @@
  * scheduler draws a step's rows on the backend's host threads).
  */
 #include "sampler.h"
-#include "draw_def.h"
 #include "core/alloc.h"
 #include "core/cpu.h"
+#include "core/draw_def.h"
 
 #include <math.h>
 #include <stdatomic.h>

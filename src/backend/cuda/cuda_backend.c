@@ -62,7 +62,7 @@
 #include "backend/kv_codec.h"
 #include "core/alloc.h"
 #include "core/cpu.h"
-#include "sample/draw_def.h"
+#include "core/draw_def.h"
 #include "core/threadpool.h"
 #include "core/util.h"
 #include "cuda_kernels.h"

@@ -36,7 +36,7 @@
 
 #include "cuda_kernels.h"
 #include "cuda_pdl.cuh"
-#include "sample/draw_def.h"
+#include "core/draw_def.h"
 
 #define SM_THREADS 512
 #define SM_WARPS (SM_THREADS / 32)

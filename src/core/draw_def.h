@@ -1,13 +1,14 @@
 /*
- * draw_def.h - what the host sampler and the device draw (a backend's
- * sample_rows, docs/cuda.md "Sampling on the GPU") share, written once for
- * C and CUDA: the float polynomial of e^x and the fixed-point mass of a
- * device draw. Plain float and double operations in a fixed order (the C
+ * draw_def.h - what the host sampler (src/sample) and the device draw (a
+ * backend's sample_rows, docs/cuda.md "Sampling on the GPU") share, written
+ * once for C and CUDA: the float polynomial of e^x and the fixed-point mass
+ * of a device draw. In core because both the sampler and the backends
+ * depend on core, and neither on the other. Plain float and double operations in a fixed order (the C
  * build contracts no FMA, the CUDA build is --fmad=false), so every
  * compiler and device gives the same bits.
  */
-#ifndef EMBER_SAMPLE_DRAW_DEF_H
-#define EMBER_SAMPLE_DRAW_DEF_H
+#ifndef EMBER_CORE_DRAW_DEF_H
+#define EMBER_CORE_DRAW_DEF_H
 
 #include <math.h>
 #include <stdint.h>
