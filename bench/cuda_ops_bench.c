@@ -523,7 +523,7 @@ typedef struct samp_ctx {
     float *dst, *src;
     size_t bytes;
     int32_t *ids;
-    const ember_cu_draw *p;
+    const ember_draw *p;
     int rows, draw;
     int64_t V;
 } samp_ctx;
@@ -543,7 +543,7 @@ static void bench_sample(void) {
     enum { V = 128256, MAXR = 256 };
     static const struct {
         const char *name;
-        ember_cu_draw p;
+        ember_draw p;
     } set[] = {{"greedy", {0, 1, 0, 0, 0}},
                {"T 0.8", {0.8f, 1, 0, 0, 0}},
                {"T 0.8, top_p 0.95", {0.8f, 0.95f, 0, 0, 0}},
@@ -551,7 +551,7 @@ static void bench_sample(void) {
                {"T 1, min_p 0.05", {1.0f, 1, 0.05f, 0, 0}}};
     static const int rows[] = {1, 8, 64, 256};
     float *h = malloc(sizeof(float) * (size_t)MAXR * V), *src, *dst;
-    ember_cu_draw *hp = malloc(sizeof *hp * MAXR), *dp;
+    ember_draw *hp = malloc(sizeof *hp * MAXR), *dp;
     int32_t *ids;
     CK(cudaMalloc((void **)&src, sizeof(float) * (size_t)MAXR * V));
     CK(cudaMalloc((void **)&dst, sizeof(float) * (size_t)MAXR * V));

@@ -1,5 +1,5 @@
 /*
- * draw_ref.h - the device draw (backend.h: ember_draw) written the plain
+ * draw_ref.h - the device draw (core/draw_def.h: ember_draw) written the plain
  * way, for tests: sort the usable ids by weight, walk the chain over the
  * sorted list. Shares nothing with a backend's kernel but draw_def.h (the
  * weights and masses), so a backend's sample_rows that gives these tokens

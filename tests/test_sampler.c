@@ -262,10 +262,10 @@ static void check_copies(void) {
     free(lg);
 }
 
-/* The device draw (backend.h: ember_draw; tests/draw_ref.h, what a
+/* The device draw (core/draw_def.h: ember_draw; tests/draw_ref.h, what a
    backend's sample_rows must give) against the host sampler, fed the same
    uniforms (a second sampler of the same seed hands them out through
-   ember_sampler_uniform): the same chain, so the same tokens, but where a
+   ember_sampler_draw): the same chain, so the same tokens, but where a
    cut or the draw falls within rounding of a mass boundary (about 1e-7 of
    the mass with the host's float candidates; the random rows here never
    meet one). Vocabularies of 151,936 and 1,000 ids with ties, NaN, -inf
@@ -298,8 +298,9 @@ static void check_device_draw(void) {
                 for (int i = 0; d % 3 == 1 && i < V; i++) lg[i] = roundf(lg[i] * 4) / 4;
                 if (d % 4 == 2) lg[d] = NAN, lg[d + 1] = -INFINITY;
                 if (d == nd - 1) lg[5] = INFINITY, lg[9] = INFINITY;
-                ember_draw q = p;
-                q.u = ember_sampler_uniform(b);
+                const ember_draw q = ember_sampler_draw(b); /* b's parameters and next uniform */
+                CHECK(q.temperature == p.temperature && q.top_p == p.top_p && q.min_p == p.min_p &&
+                      q.top_k == p.top_k && q.u >= 0 && q.u < 1);
                 const int32_t host = ember_sampler_sample(a, lg), dev = draw_ref(lg, V, &q, scr);
                 total++;
                 same += host == dev;

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/draw_def.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/tensor.h"
@@ -230,34 +231,6 @@ int ember_delta_replay_check(const ember_rec_layer *layers, int n_layers, int32_
 int ember_rows_scaled_check(const ember_tensor *dst, const ember_tensor *src, const int32_t *ids, int n,
                             ember_error *err);
 
-/* One row's device draw (sample_rows; rows of at most EMBER_DRAW_MAX_IDS,
-   draw_def.h): the chain of sampler.h with the row's next uniform u in
-   [0, 1) (ember_sampler_uniform). temperature <= 0
-   (or NaN): the argmax, as argmax_rows. Otherwise, over the row's logits x
-   and its usable ids (x neither NaN nor -inf):
-   - s = x / temperature, mx the largest s; the weight w = e^(s - mx) by
-     ember_exp_nonpos (w = 1 where s == mx and 0 elsewhere when mx is
-     infinite); an id's mass is ember_draw_mass(w) (draw_def.h). No usable
-     id: the argmax.
-   - The ids in order of w descending, then id ascending. top_k (0 < k <
-     usable) keeps the first k; top_p < 1 then keeps the shortest prefix
-     whose masses reach need = ceil(top_p * M) (M: the kept masses; every
-     id when need >= M; ember_draw_need); min_p > 0 keeps the ids with
-     w >= min_p.
-   - K, the kept masses' sum; t = floor(u * K) within [0, K - 1]
-     (ember_draw_point); the token is the kept id where the running sum of
-     masses first exceeds t, walked in the order above when top_k applied,
-     else by id.
-   Integer masses make every sum exact, so any implementation gives the
-   same token; it matches ember_sampler_sample's (the same chain and
-   uniform) except where a cut or the draw falls within rounding of a mass
-   boundary. */
-typedef struct ember_draw {
-    float temperature, top_p, min_p;
-    int32_t top_k;
-    double u;
-} ember_draw;
-
 /* What fixes a forward pass's launches for step graphs (step_begin):
    tokens, logit rows, and whether ids are asked instead of logits (1:
    greedy ids, 2: device draws). */
@@ -402,7 +375,7 @@ typedef struct ember_backend_ops {
        x [>= n, V] (f32), NaNs skipped, 0 when every value is NaN: greedy
        sampling without copying the rows to the host. */
     int (*argmax_rows)(ember_backend *be, const ember_tensor *x, int32_t *out, int n, ember_error *err);
-    /* out[r] (host, [n]) = the device draw (ember_draw) of row r of x
+    /* out[r] (host, [n]) = the device draw (ember_draw, core/draw_def.h) of row r of x
        [>= n, V] (f32) with p[r]: sampling without copying the rows to the
        host. x's rows may be overwritten (they hold the weights after). */
     int (*sample_rows)(ember_backend *be, ember_tensor *x, const ember_draw *p, int32_t *out, int n,

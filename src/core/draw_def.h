@@ -2,8 +2,9 @@
  * draw_def.h - what the host sampler (src/sample) and the device draw (a
  * backend's sample_rows, docs/cuda.md "Sampling on the GPU") share, written
  * once for C and CUDA: the float polynomial of e^x and the fixed-point mass
- * of a device draw. In core because both the sampler and the backends
- * depend on core, and neither on the other. Plain float and double operations in a fixed order (the C
+ * of a device draw, and the draw's definition with its parameters
+ * (ember_draw). In core because both the sampler and the backends depend
+ * on core, and neither on the other. Plain float and double operations in a fixed order (the C
  * build contracts no FMA, the CUDA build is --fmad=false), so every
  * compiler and device gives the same bits.
  */
@@ -19,6 +20,34 @@
 #else
 #define EMBER_DRAW_FN static inline
 #endif
+
+/* One row's device draw (a backend's sample_rows; rows of at most
+   EMBER_DRAW_MAX_IDS): the chain of sampler.h with the row's next uniform
+   u in [0, 1) (ember_sampler_draw gives both). temperature <= 0
+   (or NaN): the argmax, as argmax_rows. Otherwise, over the row's logits x
+   and its usable ids (x neither NaN nor -inf):
+   - s = x / temperature, mx the largest s; the weight w = e^(s - mx) by
+     ember_exp_nonpos (w = 1 where s == mx and 0 elsewhere when mx is
+     infinite); an id's mass is ember_draw_mass(w). No usable
+     id: the argmax.
+   - The ids in order of w descending, then id ascending. top_k (0 < k <
+     usable) keeps the first k; top_p < 1 then keeps the shortest prefix
+     whose masses reach need = ceil(top_p * M) (M: the kept masses; every
+     id when need >= M; ember_draw_need); min_p > 0 keeps the ids with
+     w >= min_p.
+   - K, the kept masses' sum; t = floor(u * K) within [0, K - 1]
+     (ember_draw_point); the token is the kept id where the running sum of
+     masses first exceeds t, walked in the order above when top_k applied,
+     else by id.
+   Integer masses make every sum exact, so any implementation gives the
+   same token; it matches ember_sampler_sample's (the same chain and
+   uniform) except where a cut or the draw falls within rounding of a mass
+   boundary. */
+typedef struct ember_draw {
+    float temperature, top_p, min_p;
+    int32_t top_k;
+    double u;
+} ember_draw;
 
 /* e^x for x <= 0, x = -inf included (0); 0 below -87.33 (where e^x leaves
    the normal floats); NaN for NaN; exactly 1 at 0. Cephes' expf

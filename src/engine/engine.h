@@ -47,6 +47,13 @@ struct ember_model {
  */
 int ember_model_mtp_new(ember_model *target, ember_model **out, ember_error *err);
 
+/* Whether m's forward can draw sampled tokens on its backend
+   (ember_batch.draw): a backend with sample_rows and a vocabulary of at
+   most EMBER_DRAW_MAX_IDS. */
+static inline bool ember_model_draws(const ember_model *m) {
+    return m->be->ops->sample_rows && m->cfg.vocab_size <= EMBER_DRAW_MAX_IDS;
+}
+
 /* Makes room for rows x vocab host logits. */
 int ember_engine_reserve_logits(ember_model *m, size_t rows, ember_error *err);
 

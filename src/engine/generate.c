@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/draw_def.h"
 #include "core/util.h"
 #include "engine.h"
 #include "sample/sampler.h"
@@ -81,26 +80,19 @@ static void take_logits(ember_model *m, row_run *rr, const float *lg, int logit_
 
 /* Whether the forward may pick the tokens of a decode step's rows b_row[0,
    nt) itself: no request records logits, and sampled rows only where the
-   backend draws (sample_rows, vocabularies up to EMBER_DRAW_MAX_IDS). Then *draw says whether any row samples,
+   backend draws (ember_model_draws). Then *draw says whether any row samples,
    and draws[o] holds each row's parameters and next uniform (taken from
    its sampler, as its host draw would take it: the same chain, so the
    tokens of the host's draws but where a cut falls within rounding,
-   backend.h's ember_draw). Greedy rows give the host's ids exactly. */
+   core/draw_def.h's ember_draw). Greedy rows give the host's ids exactly. */
 static bool forward_picks(ember_model *m, row_run *rows, int nt, ember_draw *draws, bool *draw) {
     *draw = false;
     for (int o = 0; o < nt; o++) {
         const ember_request *r = rows[m->b_row[o]].req;
-        if (r->out_logits ||
-            (r->sampling.temperature > 0 && (!m->be->ops->sample_rows || m->cfg.vocab_size > EMBER_DRAW_MAX_IDS)))
-            return false;
+        if (r->out_logits || (r->sampling.temperature > 0 && !ember_model_draws(m))) return false;
         *draw |= r->sampling.temperature > 0;
     }
-    for (int o = 0; *draw && o < nt; o++) {
-        row_run *rr = &rows[m->b_row[o]];
-        const ember_sampling *sp = &rr->req->sampling;
-        draws[o] = (ember_draw){.temperature = sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
-                                .top_k = sp->top_k, .u = sp->temperature > 0 ? ember_sampler_uniform(rr->sampler) : 0};
-    }
+    for (int o = 0; *draw && o < nt; o++) draws[o] = ember_sampler_draw(rows[m->b_row[o]].sampler);
     return true;
 }
 

@@ -45,12 +45,12 @@
  * Chunking never changes a token (chunk invariance); it only moves work
  * between steps.
  *
- * Tokens on the device: when every output of a step is a plain greedy row
- * (greedy_plain) or a plain sampled one (draw_plain) and the backend has
- * sample_rows where any samples, the forward picks the tokens
- * (ember_batch.argmax, .draw) and no logits row is copied to the host. A
- * sampled row's draw then takes its sampler's next uniform, as the host
- * draw would, and follows the same chain (backend.h: ember_draw). Any
+ * Tokens on the device: when every output of a step is a plain row
+ * (plain_row: greedy, or sampled where the backend has sample_rows), the
+ * forward picks the tokens (ember_batch.argmax, .draw) and no logits row is
+ * copied to the host. A sampled row's draw then takes its sampler's next
+ * uniform, as the host draw would, and follows the same chain
+ * (core/draw_def.h: ember_draw). Any
  * other row in the step (penalties, constraints, log-probabilities,
  * drafts) makes the whole step read its logits and draw on the host.
  *
@@ -81,7 +81,6 @@
 #include <time.h>
 
 #include "core/alloc.h"
-#include "core/draw_def.h"
 #include "core/util.h"
 #include "engine.h"
 #include "pace.h"
@@ -628,9 +627,9 @@ static void fill_logprobs(const ember_gen_params *g, const float *x, int V, int3
 
 /* Samples row r's next token from lg (verifying draft when >= 0, see
    ember_sampler_sample_draft), or takes *tok as chosen when lg is NULL (a
-   greedy_plain or draw_plain row whose forward picked it, or a row
-   pick_tokens drew: then lp, when not NULL, holds the token's
-   log-probabilities), records it and reports it. Returns
+   plain_row whose forward picked it, or a row pick_tokens drew: then lp,
+   when not NULL, holds the token's log-probabilities), records it and
+   reports it. Returns
    EMBER_FINISH_NONE when the request goes on, else how it ends (ERROR: the
    event queue ran out of memory); the caller ends it (end_request) once
    its KV is settled. */
@@ -643,7 +642,7 @@ static ember_finish emit_token(ember_engine *e, row *r, float *lg, int32_t draft
     memset(&ev, 0, sizeof ev);
     ev.kind = EMBER_EV_TOKEN;
     bool want_lp = lg && (g->logprobs || g->top_logprobs > 0);
-    int32_t t = *tok; /* lg NULL: the forward (greedy_plain, draw_plain) or pick_tokens chose it */
+    int32_t t = *tok; /* lg NULL: the forward (plain_row) or pick_tokens chose it */
     if (lg) {
         if (want_lp) memcpy(e->raw, lg, (size_t)V * sizeof *lg);
         process_logits(r, lg, V);
@@ -696,27 +695,19 @@ static bool logits_untouched(const row *r) {
            g->presence_penalty == 0 && g->frequency_penalty == 0;
 }
 
-/* Does row r take the largest logit as it is (temperature 0; no bias,
+/* Does row r take its token from its logits as they are (no bias,
    penalty, constraint, log-probabilities or drafts)? Then the forward may
-   pick its token on the device (ember_batch.argmax): the same token as
-   emit_token's sampler, without copying the logits row to the host. */
-static bool greedy_plain(const row *r) {
+   pick it on the device: greedy rows (temperature 0) by the largest logit
+   (ember_batch.argmax: the same token as emit_token's sampler), sampled
+   rows where the backend draws (ember_model_draws; ember_batch.draw: the
+   device draw of core/draw_def.h, the chain of emit_token's sampler with
+   the row's next uniform, so the host's token but where a cut or the draw
+   falls within rounding of a boundary), without copying the logits row to
+   the host. */
+static bool plain_row(const row *r) {
     const ember_gen_params *g = &r->s->g;
-    return r->phase != ROW_FREE && r->n_draft == 0 && g->sampling.temperature == 0 && logits_untouched(r) &&
-           !g->constrain_mask && !g->constrain_accept && !wants_logprobs(r);
-}
-
-/* Does row r sample (temperature above 0) from logits as they are, with
-   no constraint, log-probabilities or drafts? Then a backend with
-   sample_rows (and a vocabulary of at most EMBER_DRAW_MAX_IDS) may draw
-   its token on the device (ember_batch.draw, the
-   device draw of backend.h): the chain of emit_token's sampler with the
-   row's next uniform, so the token is the host's but where a cut or the
-   draw falls within rounding of a boundary. */
-static bool draw_plain(const row *r) {
-    const ember_gen_params *g = &r->s->g;
-    return r->phase != ROW_FREE && r->n_draft == 0 && g->sampling.temperature > 0 && logits_untouched(r) &&
-           !g->constrain_mask && !g->constrain_accept && !wants_logprobs(r);
+    return r->phase != ROW_FREE && r->n_draft == 0 && logits_untouched(r) && !g->constrain_mask &&
+           !g->constrain_accept && !wants_logprobs(r);
 }
 
 /* Verifies row r's n_draft drafts against this step's logits (rows o_last,
@@ -1161,20 +1152,15 @@ static bool step(ember_engine *e) {
     /* every output a plain greedy row, or a plain sampled one where the backend draws: the forward
        picks the tokens (each sampled row's uniform taken from its sampler only then) */
     bool chosen = no > 0, drawn = false;
-    const bool can_draw = m->be->ops->sample_rows && m->cfg.vocab_size <= EMBER_DRAW_MAX_IDS;
+    const bool can_draw = ember_model_draws(m);
     for (int o = 0; o < no && chosen; o++) {
         const row *r = &e->rows[e->out_row[o]];
-        if (greedy_plain(r)) continue;
-        if (can_draw && draw_plain(r)) drawn = true;
-        else chosen = false;
+        const bool sampled = r->s->g.sampling.temperature > 0;
+        chosen = plain_row(r) && (!sampled || can_draw);
+        drawn |= sampled;
     }
-    for (int o = 0; chosen && drawn && o < no; o++) {
-        const row *r = &e->rows[e->out_row[o]];
-        const ember_sampling *sp = &r->s->g.sampling;
-        e->draws[o] = (ember_draw){.temperature = sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
-                                   .top_k = sp->top_k, .u = 0};
-        if (sp->temperature > 0) e->draws[o].u = ember_sampler_uniform(r->sampler);
-    }
+    for (int o = 0; chosen && drawn && o < no; o++)
+        e->draws[o] = ember_sampler_draw(e->rows[e->out_row[o]].sampler);
     ember_batch b = {.n = nt, .tok = m->b_tok, .pos = m->b_pos, .row = m->b_row, .n_out = no, .out = m->b_out,
                      .argmax = chosen ? e->ids : NULL, .draw = chosen && drawn ? e->draws : NULL};
     if (e->taps) ask_taps(e, &b);

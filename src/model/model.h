@@ -213,7 +213,7 @@ typedef struct ember_batch {
                            ember_argmax) and may leave logits unwritten (the backend's
                            argmax_rows: no logits row leaves the device) */
     const ember_draw *draw; /* NULL, or [n_out] with argmax set: each wanted row's token is its
-                               device draw (backend.h) instead of the greedy one, through the
+                               device draw (core/draw_def.h) instead of the greedy one, through the
                                backend's sample_rows (which it must have); logits may be left
                                unwritten */
     /* Hidden taps (optional; n_tap 0: none, and the forward does nothing more

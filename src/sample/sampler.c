@@ -570,8 +570,10 @@ static int32_t draw(ember_sampler *s, double total, int skip) {
     return last >= 0 ? last : 0;
 }
 
-double ember_sampler_uniform(ember_sampler *s) {
-    return ember_rng_uniform(&s->rng);
+ember_draw ember_sampler_draw(ember_sampler *s) {
+    const ember_sampling *p = &s->p;
+    return (ember_draw){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p, .top_k = p->top_k,
+                        .u = p->temperature > 0 ? ember_rng_uniform(&s->rng) : 0};
 }
 
 int32_t ember_sampler_sample(ember_sampler *s, const float *logits) {

@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/draw_def.h"
 #include "core/error.h"
 
 typedef struct ember_rng {
@@ -68,11 +69,12 @@ int32_t ember_sampler_sample(ember_sampler *s, const float *logits);
    was accepted. Uses one or two uniforms of the row's generator. */
 int32_t ember_sampler_sample_draft(ember_sampler *s, const float *logits, int32_t draft);
 
-/* The next uniform in [0, 1) of the row's generator: what a draw made
-   elsewhere (a backend's sample_rows, the device draw of draw_def.h) takes
-   in place of the one ember_sampler_sample would, so the row's stream of
-   uniforms is the same either way. */
-double ember_sampler_uniform(ember_sampler *s);
+/* A device draw of this row made elsewhere (a backend's sample_rows,
+   core/draw_def.h): the sampler's parameters and, with a temperature, the
+   next uniform of its generator, taken in place of the one
+   ember_sampler_sample would take, so the row's stream of uniforms is the
+   same either way (u 0 and no uniform taken when greedy). */
+ember_draw ember_sampler_draw(ember_sampler *s);
 
 /* log(sum of e^x[i]) over x[0, n), n >= 1: the normaliser of log-softmax.
    The largest value when it is infinite (NaN values skipped there, as

@@ -69,7 +69,8 @@ static inline vhalf vh_fma(vhalf acc, vhalf a, vhalf b) {
    rows a tile (8 accumulators): streaming a bf16 151,936 x 896 weight at one thread 9.7 -> 13.9
    G multiply-adds a second, f16 10.3 -> 12.0, f32 4.7 -> 5.7 (8 rows a tile spilled: slower);
    6 rows (12 accumulators, each row's weights loaded as its multiply-adds need them): bf16 0.5B
-   decode at one thread 22.4 / 21.2 / 22.2 -> 25.3 / 24.2 / 23.0 tokens/s (2026-12-05). */
+   decode at one thread 22.4 / 21.2 / 22.2 -> 25.3 / 24.2 / 23.0 tokens/s (Zen 5 VM, --isa avx2
+   without VNNI, `ember bench -p 0 -n 64 -t 1`, 2026-12-05, bench/RESULTS.md). */
 #define TILE_W 2
 #define TILE_X 3
 #define TILE_W1 6

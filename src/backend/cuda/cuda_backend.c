@@ -62,7 +62,6 @@
 #include "backend/kv_codec.h"
 #include "core/alloc.h"
 #include "core/cpu.h"
-#include "core/draw_def.h"
 #include "core/threadpool.h"
 #include "core/util.h"
 #include "cuda_kernels.h"
@@ -149,8 +148,6 @@ typedef struct cuda_backend {
     size_t count_cap;
     int attn_tc;       /* attention in the tc order where a layer allows it (EMBER_CUDA_ATTN_TC; fixed for life) */
     int32_t *ids_dev; /* argmax_rows' and sample_rows' ids [am_rows], counters [am_rows], candidates */
-    ember_cu_draw *draw_h; /* [draw_cap] sample_rows' parameters, staged for upload_args */
-    int draw_cap;
     size_t am_rows;   /* rows and row length the candidates have room for */
     int64_t am_V;
     void *qact;          /* device scratch of quantized matmuls: the input quantized (cuda_qmm.cu) */
@@ -1596,22 +1593,13 @@ static int cuda_sample_rows(ember_backend *be, ember_tensor *x, const ember_draw
     bool skip;
     int rc = ids_room(c, x, n, "sample_rows", &V, &skip, err);
     if (rc || n == 0 || skip) return rc;
-    if (n > c->draw_cap) {
-        ember_cu_draw *d = ember_malloc((size_t)n * sizeof *d);
-        if (!d) return ember_err(err, EMBER_ERR_NOMEM, "out of memory for %d rows' draw parameters", n);
-        free(c->draw_h);
-        c->draw_h = d;
-        c->draw_cap = n;
-    }
-    for (int i = 0; i < n; i++)
-        c->draw_h[i] = (ember_cu_draw){p[i].temperature, p[i].top_p, p[i].min_p, p[i].top_k, p[i].u};
-    const void *part[1] = {c->draw_h};
-    size_t bytes[1] = {(size_t)n * sizeof *c->draw_h};
+    const void *part[1] = {p};
+    size_t bytes[1] = {(size_t)n * sizeof *p};
     void *d_p;
     if ((rc = upload_args(c, 1, part, bytes, &d_p, err))) return rc;
     const uint64_t sg[] = {8, P(c->ids_dev), P(dev(x)), P(d_p), (uint64_t)n, (uint64_t)V};
     if (!g_skip(c, sg, 6) &&
-        (rc = launched(c, ember_cu_sample(c->stream, c->ids_dev, dev(x), (const ember_cu_draw *)d_p, n, V),
+        (rc = launched(c, ember_cu_sample(c->stream, c->ids_dev, dev(x), (const ember_draw *)d_p, n, V),
                        "sample_rows", err)))
         return rc;
     return ids_out(c, out, n, "read (drawn ids)", err);
@@ -1969,7 +1957,6 @@ static void cuda_free(ember_backend *be) {
     free(c->refs_h);
     free(c->blocks_h);
     free(c->bounce);
-    free(c->draw_h);
     free(c);
 }
 

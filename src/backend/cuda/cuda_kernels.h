@@ -24,6 +24,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/draw_def.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -217,18 +219,10 @@ size_t ember_cu_argmax_cands(int rows, int64_t V);
 cudaError_t ember_cu_argmax(cudaStream_t stream, int32_t *out, int *count, void *cand, const float *x, int rows,
                             int64_t V);
 
-/* A row's device draw (backend.h's ember_draw, field for field). */
-typedef struct ember_cu_draw {
-    float temperature, top_p, min_p;
-    int32_t top_k;
-    double u;
-} ember_cu_draw;
-
-/* out[r] (device, [rows]) = the device draw of row r of x [rows, V] with
-   p[r] (device memory), x's rows overwritten by their weights (NaN: ids not
-   usable); V <= 2^19, rows <= 65535. */
-cudaError_t ember_cu_sample(cudaStream_t stream, int32_t *out, float *x, const ember_cu_draw *p, int rows,
-                            int64_t V);
+/* out[r] (device, [rows]) = the device draw (core/draw_def.h) of row r of
+   x [rows, V] with p[r] (device memory), x's rows overwritten by their
+   weights (NaN: ids not usable); V <= EMBER_DRAW_MAX_IDS, rows <= 65535. */
+cudaError_t ember_cu_sample(cudaStream_t stream, int32_t *out, float *x, const ember_draw *p, int rows, int64_t V);
 
 /* In place on x [T, H, D]; pos [T] and inv_freq [n_rot / 2] are device memory. */
 cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_t *pos, const float *inv_freq, int T,

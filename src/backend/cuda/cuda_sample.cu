@@ -1,5 +1,5 @@
 /*
- * cuda_sample.cu - the device draw (backend.h: ember_draw, sample_rows): a
+ * cuda_sample.cu - the device draw (core/draw_def.h: ember_draw; backend.h: sample_rows): a
  * token per row of logits on the GPU, so a sampled row sends 4 bytes to
  * the host instead of its logits.
  *
@@ -281,13 +281,13 @@ static __device__ int32_t sm_argmax(const float *x, int V, sm_shared *sh) {
 }
 
 static __global__ void __launch_bounds__(SM_THREADS, 1)
-    sample_k(int32_t *out, float *x, int64_t V64, const ember_cu_draw *dp) {
+    sample_k(int32_t *out, float *x, int64_t V64, const ember_draw *dp) {
     ember_pdl_enter();
     __shared__ sm_shared sh;
     extern __shared__ unsigned sm_dg[]; /* SM_DYN_BYTES: the selects' bins of each warp */
     const int row = blockIdx.x, V = (int)V64;
     float *w = x + (size_t)row * (size_t)V64;
-    const ember_cu_draw p = dp[row];
+    const ember_draw p = dp[row];
     if (!(p.temperature > 0)) {
         const int32_t id = sm_argmax(w, V, &sh);
         if (threadIdx.x == 0) out[row] = id;
@@ -420,7 +420,7 @@ static __global__ void __launch_bounds__(SM_THREADS, 1)
     if (threadIdx.x == 0) out[row] = sh.out;
 }
 
-extern "C" cudaError_t ember_cu_sample(cudaStream_t stream, int32_t *out, float *x, const ember_cu_draw *p, int rows,
+extern "C" cudaError_t ember_cu_sample(cudaStream_t stream, int32_t *out, float *x, const ember_draw *p, int rows,
                                        int64_t V) {
     if (rows < 1 || V < 1) return cudaSuccess;
     if (V > EMBER_DRAW_MAX_IDS || rows > 65535) return cudaErrorInvalidValue;
