@@ -57,9 +57,10 @@
  * weights of a group (at most 139 KB, Q8_0 with K = 8192) stay in L2 while
  * the activation tiles sweep them, each tile asking for its share of the
  * next group's blocks (QP_PREFETCH_NEXT), so that memory streams during
- * every sweep; decode (one row) streams each group once, and with QL = 8 a
- * 32-element type takes both halves in that one pass (NH = 2: each block's
- * cache lines feed all 16 rows while they are in L1).
+ * every sweep; decode (one row) streams each group once, and with QL = 8 it
+ * takes both halves in that one pass (NH = 2: each block's cache lines feed
+ * all 16 rows while they are in L1; a K type's super-block half 0, then
+ * half 1, so no more registers are live than for one half).
  * No state; a call writes only its own outputs.
  */
 
@@ -246,121 +247,130 @@ ALWAYS_INLINE void qpk_scale_min(const qv D[3], int j, qv *sc, qv *mn) {
 }
 
 ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned char *x, size_t x_row, float *out,
-                             size_t ldo, const int NX, const int T, const int h, qp_pf pf) {
+                             size_t ldo, const int NX, const int T, const int h0, const int NH, qp_pf pf) {
     const size_t BG = T == EMBER_Q4_K ? 2304 : 2816, qoff = T == EMBER_Q4_K ? 256 : 768;
     const qv m4 = qv_set8(0x0F), m10 = qv_set8(0x10);
-    fv acc[QP_NX];
+    fv acc[2][QP_NX];
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
 #pragma GCC unroll 8
-    for (int j = 0; j < NX; j++) acc[j] = fv_zero();
+        for (int j = 0; j < NX; j++) acc[hh][j] = fv_zero();
     for (int b = 0; b < nsb; b++) {
         const unsigned char *p = wg + (size_t)b * BG;
         const unsigned char *yb = x + (size_t)b * sizeof(cpu_act256);
         if (NX == 1) QP_PREFETCH(p, BG, 2 * BG);
         QP_PREFETCH_NEXT(pf, b, BG);
-        qv D[3];
+#pragma GCC unroll 2
+        for (int hh = 0; hh < NH; hh++) {
+            const int h = h0 + hh;
+            qv D[3];
 #pragma GCC unroll 3
-        for (int k = 0; k < 3; k++) D[k] = qv_load(p + 64 + 64 * k + QP_DW(h));
-        qv S1[QP_NX], S2[QP_NX];
+            for (int k = 0; k < 3; k++) D[k] = qv_load(p + 64 + 64 * k + QP_DW(h));
+            qv S1[QP_NX], S2[QP_NX];
 #pragma GCC unroll 8
-        for (int c = 0; c < NX; c++) S1[c] = S2[c] = qv_zero();
+            for (int c = 0; c < NX; c++) S1[c] = S2[c] = qv_zero();
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            qv sc, mn;
-            qpk_scale_min(D, j, &sc, &mn);
-            /* S2 = sum_j min_j * bs32[j] as min_j * (bsums[2j] + bsums[2j+1]):
-               one 16-bit pair product per sub-block and row */
-            const qv mn16 = qv_pair16(mn, mn);
+            for (int j = 0; j < 8; j++) {
+                qv sc, mn;
+                qpk_scale_min(D, j, &sc, &mn);
+                /* S2 = sum_j min_j * bs32[j] as min_j * (bsums[2j] + bsums[2j+1]):
+                   one 16-bit pair product per sub-block and row */
+                const qv mn16 = qv_pair16(mn, mn);
 #pragma GCC unroll 8
-            for (int c = 0; c < NX; c++)
-                S2[c] = qv_dot2(S2[c], mn16, qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, bsums) + 4 * j));
+                for (int c = 0; c < NX; c++)
+                    S2[c] = qv_dot2(S2[c], mn16,
+                                    qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, bsums) + 4 * j));
 #ifdef QP_MAD16
-            if (T == EMBER_Q4_K || NX > 1) {
-                /* the scale as a 16-bit pair: the one madd that widens a row's
-                   16-bit sums also multiplies them by it (no 32-bit multiply) */
-                const qv sc16 = qv_pair16(sc, sc);
-                qv w[8];
+                if (T == EMBER_Q4_K || NX > 1) {
+                    /* the scale as a 16-bit pair: the one madd that widens a row's
+                       16-bit sums also multiplies them by it (no 32-bit multiply) */
+                    const qv sc16 = qv_pair16(sc, sc);
+                    qv w[8];
 #pragma GCC unroll 8
-                for (int t = 0; t < 8; t++) {
-                    qv v = qv_load(p + qoff + 64 * (8 * (j / 2) + t) + QP_DW(h));
-                    w[t] = j & 1 ? qv_and(qv_srl16(v, 4), m4) : qv_and(v, m4);
-                    if (T == EMBER_Q5_K) /* bit j of qh byte 4t + i: element 32j + 4t + i */
-                        w[t] = qv_or_and(w[t], QP_SHIFT(qv_load(p + 256 + 64 * t + QP_DW(h)), 4 - j), m10);
-                }
-                /* the sub-block's weights once, then per row 16-bit sums: all 8
-                   maddubs of Q4_K (8 x 3,810 fits), 4 of Q5_K (4 x 7,874) */
-#pragma GCC unroll 8
-                for (int c = 0; c < NX; c++) {
-                    const unsigned char *yt = yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 32 * j;
-                    qv h0 = qv_mad16(w[0], qv_bcast(yt)), h1 = qv_mad16(w[1], qv_bcast(yt + 4));
-                    if (T == EMBER_Q5_K) {
-                        h0 = qv_add16(h0, qv_mad16(w[2], qv_bcast(yt + 8)));
-                        h1 = qv_add16(h1, qv_mad16(w[3], qv_bcast(yt + 12)));
-                        S1[c] = qv_dot2(S1[c], qv_add16(h0, h1), sc16);
-                        h0 = qv_mad16(w[4], qv_bcast(yt + 16));
-                        h1 = qv_mad16(w[5], qv_bcast(yt + 20));
-                        h0 = qv_add16(h0, qv_mad16(w[6], qv_bcast(yt + 24)));
-                        h1 = qv_add16(h1, qv_mad16(w[7], qv_bcast(yt + 28)));
-                    } else {
-#pragma GCC unroll 3
-                        for (int t = 2; t < 8; t += 2) {
-                            h0 = qv_add16(h0, qv_mad16(w[t], qv_bcast(yt + 4 * t)));
-                            h1 = qv_add16(h1, qv_mad16(w[t + 1], qv_bcast(yt + 4 * t + 4)));
-                        }
+                    for (int t = 0; t < 8; t++) {
+                        qv v = qv_load(p + qoff + 64 * (8 * (j / 2) + t) + QP_DW(h));
+                        w[t] = j & 1 ? qv_and(qv_srl16(v, 4), m4) : qv_and(v, m4);
+                        if (T == EMBER_Q5_K) /* bit j of qh byte 4t + i: element 32j + 4t + i */
+                            w[t] = qv_or_and(w[t], QP_SHIFT(qv_load(p + 256 + 64 * t + QP_DW(h)), 4 - j), m10);
                     }
-                    S1[c] = qv_dot2(S1[c], qv_add16(h0, h1), sc16);
-                }
-                continue;
-            }
-#endif
-            {
-                const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row */
-                qv P[QP_NX][2];
-#pragma GCC unroll 8
-                for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
-#ifdef QP_MAD16
-                const qv sc16 = qv_pair16(sc, sc); /* as above */
-                qv H[QP_NX];
-#endif
-#pragma GCC unroll 8
-                for (int t = 0; t < 8; t++) {
-                    qv v = qv_load(p + qoff + 64 * (8 * (j / 2) + t) + QP_DW(h));
-                    qv w = j & 1 ? qv_and(qv_srl16(v, 4), m4) : qv_and(v, m4);
-                    if (T == EMBER_Q5_K) /* bit j of qh byte 4t + i: element 32j + 4t + i */
-                        w = qv_or_and(w, QP_SHIFT(qv_load(p + 256 + 64 * t + QP_DW(h)), 4 - j), m10);
+                    /* the sub-block's weights once, then per row 16-bit sums: all 8
+                       maddubs of Q4_K (8 x 3,810 fits), 4 of Q5_K (4 x 7,874) */
 #pragma GCC unroll 8
                     for (int c = 0; c < NX; c++) {
-                        const unsigned char *yt = yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 32 * j + 4 * t;
+                        const unsigned char *yt = yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 32 * j;
+                        qv h0 = qv_mad16(w[0], qv_bcast(yt)), h1 = qv_mad16(w[1], qv_bcast(yt + 4));
+                        if (T == EMBER_Q5_K) {
+                            h0 = qv_add16(h0, qv_mad16(w[2], qv_bcast(yt + 8)));
+                            h1 = qv_add16(h1, qv_mad16(w[3], qv_bcast(yt + 12)));
+                            S1[c] = qv_dot2(S1[c], qv_add16(h0, h1), sc16);
+                            h0 = qv_mad16(w[4], qv_bcast(yt + 16));
+                            h1 = qv_mad16(w[5], qv_bcast(yt + 20));
+                            h0 = qv_add16(h0, qv_mad16(w[6], qv_bcast(yt + 24)));
+                            h1 = qv_add16(h1, qv_mad16(w[7], qv_bcast(yt + 28)));
+                        } else {
+#pragma GCC unroll 3
+                            for (int t = 2; t < 8; t += 2) {
+                                h0 = qv_add16(h0, qv_mad16(w[t], qv_bcast(yt + 4 * t)));
+                                h1 = qv_add16(h1, qv_mad16(w[t + 1], qv_bcast(yt + 4 * t + 4)));
+                            }
+                        }
+                        S1[c] = qv_dot2(S1[c], qv_add16(h0, h1), sc16);
+                    }
+                    continue;
+                }
+#endif
+                {
+                    const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row */
+                    qv P[QP_NX][2];
+#pragma GCC unroll 8
+                    for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
+#ifdef QP_MAD16
+                    const qv sc16 = qv_pair16(sc, sc); /* as above */
+                    qv H[QP_NX];
+#endif
+#pragma GCC unroll 8
+                    for (int t = 0; t < 8; t++) {
+                        qv v = qv_load(p + qoff + 64 * (8 * (j / 2) + t) + QP_DW(h));
+                        qv w = j & 1 ? qv_and(qv_srl16(v, 4), m4) : qv_and(v, m4);
+                        if (T == EMBER_Q5_K) /* bit j of qh byte 4t + i: element 32j + 4t + i */
+                            w = qv_or_and(w, QP_SHIFT(qv_load(p + 256 + 64 * t + QP_DW(h)), 4 - j), m10);
+#pragma GCC unroll 8
+                        for (int c = 0; c < NX; c++) {
+                            const unsigned char *yt = yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 32 * j + 4 * t;
 #ifdef QP_MAD16 /* groups of 4 maddubs in 16 bits (4 x 7,874 fits) */
-                        qv m = qv_mad16(w, qv_bcast(yt));
-                        H[c] = t & 3 ? qv_add16(H[c], m) : m;
-                        if ((t & 3) == 3) P[c][t / 4 & (NS - 1)] = qv_dot2(P[c][t / 4 & (NS - 1)], H[c], sc16);
+                            qv m = qv_mad16(w, qv_bcast(yt));
+                            H[c] = t & 3 ? qv_add16(H[c], m) : m;
+                            if ((t & 3) == 3) P[c][t / 4 & (NS - 1)] = qv_dot2(P[c][t / 4 & (NS - 1)], H[c], sc16);
 #else
-                        qv *pc = &P[c][NS == 2 ? t & 1 : 0];
-                        *pc = qv_dot4(*pc, w, qv_bcast(yt));
+                            qv *pc = &P[c][NS == 2 ? t & 1 : 0];
+                            *pc = qv_dot4(*pc, w, qv_bcast(yt));
+#endif
+                        }
+                    }
+#pragma GCC unroll 8
+                    for (int c = 0; c < NX; c++) {
+                        qv pj = qv_add(P[c][0], P[c][1]);
+#ifdef QP_MAD16
+                        S1[c] = qv_add(S1[c], pj); /* already times the scale */
+#else
+                        S1[c] = qv_add(S1[c], qv_mullo(pj, sc));
 #endif
                     }
                 }
+            }
+            const fv d = fv_load_h(p + QP_HF(h)), dm = fv_load_h(p + 32 + QP_HF(h));
 #pragma GCC unroll 8
-                for (int c = 0; c < NX; c++) {
-                    qv pj = qv_add(P[c][0], P[c][1]);
-#ifdef QP_MAD16
-                    S1[c] = qv_add(S1[c], pj); /* already times the scale */
-#else
-                    S1[c] = qv_add(S1[c], qv_mullo(pj, sc));
-#endif
-                }
+            for (int c = 0; c < NX; c++) {
+                const fv yd = fv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, d));
+                acc[hh][c] = fv_fma(fv_mul(d, yd), fv_cvt(S1[c]), acc[hh][c]);
+                acc[hh][c] = fv_fnma(fv_mul(dm, yd), fv_cvt(S2[c]), acc[hh][c]);
             }
         }
-        const fv d = fv_load_h(p + QP_HF(h)), dm = fv_load_h(p + 32 + QP_HF(h));
-#pragma GCC unroll 8
-        for (int c = 0; c < NX; c++) {
-            const fv yd = fv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, d));
-            acc[c] = fv_fma(fv_mul(d, yd), fv_cvt(S1[c]), acc[c]);
-            acc[c] = fv_fnma(fv_mul(dm, yd), fv_cvt(S2[c]), acc[c]);
-        }
     }
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
 #pragma GCC unroll 8
-    for (int c = 0; c < NX; c++) fv_store(out + (size_t)c * ldo + QL * (size_t)h, acc[c]);
+        for (int c = 0; c < NX; c++) fv_store(out + (size_t)c * ldo + QL * (size_t)(h0 + hh), acc[hh][c]);
 }
 
 /* ---- Q6_K ------------------------------------------------------------------------ */
@@ -370,100 +380,110 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
    (the pair (-32 sc_j, -32 sc_j+1) against the dword (bsums[j], bsums[j+1]),
    |-32 sc| <= 4,096, |bsums| <= 2,032); all exact in 32 bits. */
 ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned char *x, size_t x_row, float *out,
-                             size_t ldo, const int NX, const int T, const int h, qp_pf pf) {
+                             size_t ldo, const int NX, const int T, const int h0, const int NH, qp_pf pf) {
     (void)T;
     const qv m4 = qv_set8(0x0F), m48 = qv_set8(0x30);
-    fv acc[QP_NX];
+    fv acc[2][QP_NX];
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
 #pragma GCC unroll 8
-    for (int j = 0; j < NX; j++) acc[j] = fv_zero();
+        for (int j = 0; j < NX; j++) acc[hh][j] = fv_zero();
     for (int b = 0; b < nsb; b++) {
         const unsigned char *p = wg + (size_t)b * 3360;
         const unsigned char *yb = x + (size_t)b * sizeof(cpu_act256);
         if (NX == 1) QP_PREFETCH(p, 3360, 2 * 3360);
         QP_PREFETCH_NEXT(pf, b, 3360);
-        qv S1[QP_NX];
-#pragma GCC unroll 8
-        for (int c = 0; c < NX; c++) S1[c] = qv_zero();
-        for (int n = 0; n < 2; n++) {
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                qv scu[2];
 #pragma GCC unroll 2
-                for (int u = 0; u < 2; u++) {
-                    const int j = 8 * n + 2 * k + u; /* sub-block: elements 16j .. 16j+15 */
-                    const qv sc = qv_cvt_s8(p + 32 + 16 * j + QP_B8(h));
-                    scu[u] = sc;
-#ifdef QP_MAD16
-                    /* 16-bit sums of 2 maddubs (6-bit levels), widened times the
-                       scale; one row (measured faster so): widened into two
-                       chains that start at -32 * bs16[j], then one vpmulld */
-                    const qv sc16 = qv_pair16(sc, sc);
-                    qv H[QP_NX], P1[2] = {qv_zero(), qv_zero()};
-                    if (NX == 1) {
-                        int32_t bs;
-                        memcpy(&bs, yb + offsetof(cpu_act256, bs16) + 4 * (size_t)j, 4);
-                        P1[0] = qv_set1(-32 * bs);
-                    }
-#else
-                    const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row (dot4) */
-                    qv P[QP_NX][2];
+        for (int hh = 0; hh < NH; hh++) {
+            const int h = h0 + hh;
+            qv S1[QP_NX];
 #pragma GCC unroll 8
-                    for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
+            for (int c = 0; c < NX; c++) S1[c] = qv_zero();
+            for (int n = 0; n < 2; n++) {
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    qv scu[2];
+#pragma GCC unroll 2
+                    for (int u = 0; u < 2; u++) {
+                        const int j = 8 * n + 2 * k + u; /* sub-block: elements 16j .. 16j+15 */
+                        const qv sc = qv_cvt_s8(p + 32 + 16 * j + QP_B8(h));
+                        scu[u] = sc;
+#ifdef QP_MAD16
+                        /* 16-bit sums of 2 maddubs (6-bit levels), widened times the
+                           scale; one row (measured faster so): widened into two
+                           chains that start at -32 * bs16[j], then one vpmulld */
+                        const qv sc16 = qv_pair16(sc, sc);
+                        qv H[QP_NX], P1[2] = {qv_zero(), qv_zero()};
+                        if (NX == 1) {
+                            int32_t bs;
+                            memcpy(&bs, yb + offsetof(cpu_act256, bs16) + 4 * (size_t)j, 4);
+                            P1[0] = qv_set1(-32 * bs);
+                        }
+#else
+                        const int NS = NX <= 2 ? 2 : 1; /* independent integer chains per row (dot4) */
+                        qv P[QP_NX][2];
+#pragma GCC unroll 8
+                        for (int c = 0; c < NX; c++) P[c][0] = P[c][1] = qv_zero();
 #endif
 #pragma GCC unroll 4
-                    for (int t = 4 * u; t < 4 * u + 4; t++) {
-                        qv l = qv_load(p + 288 + 64 * (16 * n + 8 * (k & 1) + t) + QP_DW(h));
-                        qv hb = qv_load(p + 2336 + 64 * (8 * n + t) + QP_DW(h));
-                        qv w = qv_or_and(k < 2 ? qv_and(l, m4) : qv_and(qv_srl16(l, 4), m4), QP_SHIFT(hb, 4 - 2 * k),
-                                         m48);
+                        for (int t = 4 * u; t < 4 * u + 4; t++) {
+                            qv l = qv_load(p + 288 + 64 * (16 * n + 8 * (k & 1) + t) + QP_DW(h));
+                            qv hb = qv_load(p + 2336 + 64 * (8 * n + t) + QP_DW(h));
+                            qv w = qv_or_and(k < 2 ? qv_and(l, m4) : qv_and(qv_srl16(l, 4), m4),
+                                             QP_SHIFT(hb, 4 - 2 * k), m48);
+#pragma GCC unroll 8
+                            for (int c = 0; c < NX; c++) {
+                                const unsigned char *yt =
+                                    yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 128 * n + 32 * k + 4 * t;
+#ifdef QP_MAD16
+                                qv m = qv_mad16(w, qv_bcast(yt));
+                                if (!(t & 1))
+                                    H[c] = m;
+                                else if (NX == 1)
+                                    P1[t >> 1 & 1] = qv_wide16(P1[t >> 1 & 1], qv_add16(H[c], m));
+                                else
+                                    S1[c] = qv_dot2(S1[c], qv_add16(H[c], m), sc16);
+#else
+                                qv *pc = &P[c][NS == 2 ? t & 1 : 0];
+                                *pc = qv_dot4(*pc, w, qv_bcast(yt));
+#endif
+                            }
+                        }
+#ifdef QP_MAD16
+                        if (NX == 1) S1[0] = qv_add(S1[0], qv_mullo(qv_add(P1[0], P1[1]), sc));
+#else
 #pragma GCC unroll 8
                         for (int c = 0; c < NX; c++) {
-                            const unsigned char *yt =
-                                yb + (size_t)c * x_row + offsetof(cpu_act256, q) + 128 * n + 32 * k + 4 * t;
-#ifdef QP_MAD16
-                            qv m = qv_mad16(w, qv_bcast(yt));
-                            if (!(t & 1))
-                                H[c] = m;
-                            else if (NX == 1)
-                                P1[t >> 1 & 1] = qv_wide16(P1[t >> 1 & 1], qv_add16(H[c], m));
-                            else
-                                S1[c] = qv_dot2(S1[c], qv_add16(H[c], m), sc16);
-#else
-                            qv *pc = &P[c][NS == 2 ? t & 1 : 0];
-                            *pc = qv_dot4(*pc, w, qv_bcast(yt));
-#endif
+                            qv pj = NS == 2 ? qv_add(P[c][0], P[c][1]) : P[c][0];
+                            S1[c] = qv_add(S1[c], qv_mullo(pj, sc));
                         }
+#endif
                     }
 #ifdef QP_MAD16
-                    if (NX == 1) S1[0] = qv_add(S1[0], qv_mullo(qv_add(P1[0], P1[1]), sc));
-#else
-#pragma GCC unroll 8
-                    for (int c = 0; c < NX; c++) {
-                        qv pj = NS == 2 ? qv_add(P[c][0], P[c][1]) : P[c][0];
-                        S1[c] = qv_add(S1[c], qv_mullo(pj, sc));
-                    }
+                    if (NX == 1) continue; /* the offset is in P1 */
 #endif
+                    /* the offset of sub-blocks 8n + 2k and 8n + 2k + 1 */
+                    const qv off =
+                        qv_pair16(qv_sub(qv_zero(), qv_sll32(scu[0], 5)), qv_sub(qv_zero(), qv_sll32(scu[1], 5)));
+#pragma GCC unroll 8
+                    for (int c = 0; c < NX; c++)
+                        S1[c] = qv_dot2(
+                            S1[c], off,
+                            qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, bsums) + 2 * (8 * n + 2 * k)));
                 }
-#ifdef QP_MAD16
-                if (NX == 1) continue; /* the offset is in P1 */
-#endif
-                /* the offset of sub-blocks 8n + 2k and 8n + 2k + 1 */
-                const qv off = qv_pair16(qv_sub(qv_zero(), qv_sll32(scu[0], 5)), qv_sub(qv_zero(), qv_sll32(scu[1], 5)));
+            }
+            const fv d = fv_load_h(p + QP_HF(h));
 #pragma GCC unroll 8
-                for (int c = 0; c < NX; c++)
-                    S1[c] = qv_dot2(S1[c], off,
-                                    qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, bsums) + 2 * (8 * n + 2 * k)));
+            for (int c = 0; c < NX; c++) {
+                const fv yd = fv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, d));
+                acc[hh][c] = fv_fma(fv_mul(d, yd), fv_cvt(S1[c]), acc[hh][c]);
             }
         }
-        const fv d = fv_load_h(p + QP_HF(h));
-#pragma GCC unroll 8
-        for (int c = 0; c < NX; c++) {
-            const fv yd = fv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, d));
-            acc[c] = fv_fma(fv_mul(d, yd), fv_cvt(S1[c]), acc[c]);
-        }
     }
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
 #pragma GCC unroll 8
-    for (int c = 0; c < NX; c++) fv_store(out + (size_t)c * ldo + QL * (size_t)h, acc[c]);
+        for (int c = 0; c < NX; c++) fv_store(out + (size_t)c * ldo + QL * (size_t)(h0 + hh), acc[hh][c]);
 }
 
 /* ---- drivers --------------------------------------------------------------------- */
@@ -477,9 +497,9 @@ ALWAYS_INLINE void qp_call(const unsigned char *wg, int nb, const unsigned char 
                            size_t ldo, const int NX, const int T, const int h, const int NH, qp_pf *pf,
                            const bool run) {
     if (run && QP_TILE(T) == 1)
-        qpk4_tile(wg, nb, x, x_row, out, ldo, NX, T, h, *pf);
+        qpk4_tile(wg, nb, x, x_row, out, ldo, NX, T, h, NH, *pf);
     else if (run && QP_TILE(T) == 2)
-        qpk6_tile(wg, nb, x, x_row, out, ldo, NX, T, h, *pf);
+        qpk6_tile(wg, nb, x, x_row, out, ldo, NX, T, h, NH, *pf);
     else if (run)
         qp32_tile(wg, nb, x, x_row, out, ldo, NX, T, h, NH, *pf);
     pf->phase++;
@@ -528,9 +548,10 @@ ALWAYS_INLINE void qp_drive(const void *wp, int ngroups, const void *xa, size_t 
                                         : 210;
     const size_t gbytes = 16 * bb * (size_t)nb;
     const unsigned char *x = xa;
-    /* with two halves, the last single row of a 32-element type takes both
-       in one pass (qp32_tile; the K types measured slower so) */
-    const int H1 = QL == 8 && QP_TILE(T) == 0 ? 2 : 1;
+    /* with two halves, the last single row takes both in one pass over the
+       blocks (qp32_tile; qpk4_tile and qpk6_tile: each super-block's half 0
+       then half 1, so the second finds the block's lines in L1) */
+    const int H1 = QL == 8 ? 2 : 1;
     qp_pf count = {NULL, 0, 1};
     qp_group(wp, nb, x, xa_row, out, ldo, mm, NXT, T, H1, &count, false); /* the tiles a group takes */
     for (int g = 0; g < ngroups; g++) {
