@@ -4,9 +4,9 @@
  * once for C and CUDA: the float polynomial of e^x and the fixed-point mass
  * of a device draw, and the draw's definition with its parameters
  * (ember_draw). In core because both the sampler and the backends depend
- * on core, and neither on the other. Plain float and double operations in a fixed order (the C
- * build contracts no FMA, the CUDA build is --fmad=false), so every
- * compiler and device gives the same bits.
+ * on core, and neither on the other. Plain float and double operations in
+ * a fixed order (the C build contracts no FMA, the CUDA build is
+ * --fmad=false), so every compiler and device gives the same bits.
  */
 #ifndef EMBER_CORE_DRAW_DEF_H
 #define EMBER_CORE_DRAW_DEF_H
@@ -20,6 +20,10 @@
 #else
 #define EMBER_DRAW_FN static inline
 #endif
+
+/* The largest vocabulary a device draw takes: its masses (ember_draw_mass,
+   each at most 2^44) sum to at most 2^63, within 64 bits. */
+#define EMBER_DRAW_MAX_IDS (1 << 19)
 
 /* One row's device draw (a backend's sample_rows; rows of at most
    EMBER_DRAW_MAX_IDS): the chain of sampler.h with the row's next uniform
@@ -76,11 +80,11 @@ EMBER_DRAW_FN float ember_exp_nonpos(float x) {
 /* A device draw's mass of an id whose weight is w in [0, 1] (e^(s - max)):
    floor(w 2^44), exact in double (w's 24 bits shifted, then truncated).
    Masses are summed as integers, which no order of addition changes; a
-   vocabulary of up to 2^19 ids sums below 2^63. Weights under 2^-44 (odds
-   below 6e-14 against the likeliest id) have no mass. (Shifting w's
+   vocabulary of up to EMBER_DRAW_MAX_IDS ids sums to at most 2^63.
+   Weights under 2^-44 (odds below 6e-14 against the likeliest id) have no
+   mass. (Shifting w's
    significand by its exponent in integers gives the same value; on an
    H100 it measured no faster in the draws, bench/RESULTS.md.) */
-#define EMBER_DRAW_MAX_IDS (1 << 19) /* the largest vocabulary a device draw takes (masses below 2^63) */
 EMBER_DRAW_FN uint64_t ember_draw_mass(float w) {
     return (uint64_t)((double)w * 17592186044416.0); /* 2^44 */
 }
