@@ -82,6 +82,25 @@
             __builtin_prefetch((const void *)((uintptr_t)(p) + (size_t)(ahead) + pf_), 0, 3);                      \
     } while (0)
 
+/* The same, spread over a block's steps: step st of nst asks for its share
+   of the lines of the block `ahead` blocks on (bb bytes a block), a few
+   lines a step. A whole super-block's lines asked for at once (36-53
+   prefetches at the start of each) stalled a Zen 3 core until they came:
+   memory and arithmetic took turns (Q6_K decode streamed at 13 G
+   multiply-adds a second, 29 from cache) where a few a step keep both
+   going (21-23; bench/RESULTS.md, 2026-12-06). pin: an empty asm after
+   them keeps them where they are; without it GCC gathered Q4_K's fully
+   unrolled steps' prefetches at the loop's top again (36, one to six
+   instructions apart). Q6_K's steps keep their places unpinned, and pinned
+   ran slower (17-19 against 20-23: the asm also orders its loads). */
+#define QP_PREFETCH_STEP(p, bb, ahead, st, nst, pin)                                                               \
+    do {                                                                                                           \
+        const size_t per_ = (((size_t)(bb) + 63) / 64 + (size_t)(nst) - 1) / (size_t)(nst);                       \
+        for (size_t l_ = (size_t)(st) * per_; l_ < ((size_t)(st) + 1) * per_ && 64 * l_ < (size_t)(bb); l_++)      \
+            __builtin_prefetch((const void *)((uintptr_t)(p) + (size_t)(ahead) * (size_t)(bb) + 64 * l_), 0, 3);   \
+        if (pin) __asm__ volatile("" ::: "memory");                                                                \
+    } while (0)
+
 /* Batches (several activation rows) sweep a group's weights once per tile
    of rows, the first sweep waiting on memory; so the tiles of each group
    also ask for the next group (pf.next: its start, NULL for none) into L2,
@@ -149,11 +168,15 @@ ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned cha
         for (int j = 0; j < NX; j++) acc[hh][j] = fv_zero();
     for (int b = 0; b < nb; b++) {
         const unsigned char *p = wg + (size_t)b * BG;
-        if (NX == 1 && T != EMBER_Q8_0) QP_PREFETCH(p, BG, 8 * BG); /* Q8_0: no gain seen in a noisy A/B */
+        if (NX == 1 && T != EMBER_Q8_0) QP_PREFETCH(p, BG, 8 * BG);
         QP_PREFETCH_NEXT(pf, b, BG);
 #pragma GCC unroll 2
         for (int hh = 0; hh < NH; hh++) {
             const int h = h0 + hh;
+            /* Q8_0 (9 lines a block): 4 blocks ahead, half the lines a half (at
+               8 ahead, or none, the Zen 3 streamed 15-16 G multiply-adds a
+               second; so 18.6-21) */
+            if (NX == 1 && T == EMBER_Q8_0) QP_PREFETCH_STEP(p, BG, 4, hh, NH, 1);
             qv s[QP_NXM][2];
 #pragma GCC unroll 8
             for (int j = 0; j < NX; j++) {
@@ -258,7 +281,6 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
     for (int b = 0; b < nsb; b++) {
         const unsigned char *p = wg + (size_t)b * BG;
         const unsigned char *yb = x + (size_t)b * sizeof(cpu_act256);
-        if (NX == 1) QP_PREFETCH(p, BG, 2 * BG);
         QP_PREFETCH_NEXT(pf, b, BG);
 #pragma GCC unroll 2
         for (int hh = 0; hh < NH; hh++) {
@@ -272,6 +294,7 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 qv sc, mn;
+                if (NX == 1) QP_PREFETCH_STEP(p, BG, 2, 8 * hh + j, 8 * NH, 1); /* two super-blocks ahead */
                 qpk_scale_min(D, j, &sc, &mn);
                 /* S2 = sum_j min_j * bs32[j] as min_j * (bsums[2j] + bsums[2j+1]):
                    one 16-bit pair product per sub-block and row */
@@ -391,7 +414,6 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
     for (int b = 0; b < nsb; b++) {
         const unsigned char *p = wg + (size_t)b * 3360;
         const unsigned char *yb = x + (size_t)b * sizeof(cpu_act256);
-        if (NX == 1) QP_PREFETCH(p, 3360, 2 * 3360);
         QP_PREFETCH_NEXT(pf, b, 3360);
 #pragma GCC unroll 2
         for (int hh = 0; hh < NH; hh++) {
@@ -406,6 +428,7 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
 #pragma GCC unroll 2
                     for (int u = 0; u < 2; u++) {
                         const int j = 8 * n + 2 * k + u; /* sub-block: elements 16j .. 16j+15 */
+                        if (NX == 1) QP_PREFETCH_STEP(p, 3360, 2, 16 * hh + j, 16 * NH, 0); /* two ahead */
                         const qv sc = qv_cvt_s8(p + 32 + 16 * j + QP_B8(h));
                         scu[u] = sc;
 #ifdef QP_MAD16
