@@ -537,8 +537,9 @@ static void samp_pass(void *v) {
 
 /* sample_rows' kernel on rows of Llama-3's 128,256 logits: flat (noise in
    [-3, 3), as random weights give) or peaked (noise in [-12, 12) and a
-   few ids 8 above), per setting; the draw's time is the pass's less the
-   restoring copy's. */
+   few ids 8 above), per setting, with the launcher's blocks a row ("auto")
+   and with one block a row (ember_cu_sample_cluster 1); the draw's time is
+   the pass's less the restoring copy's. */
 static void bench_sample(void) {
     enum { V = 128256, MAXR = 256 };
     static const struct {
@@ -558,8 +559,10 @@ static void bench_sample(void) {
     CK(cudaMalloc((void **)&dp, sizeof *dp * MAXR));
     CK(cudaMalloc((void **)&ids, sizeof *ids * MAXR));
     printf("\ndevice draws (sample_rows, cuda_sample.cu), rows of 128,256 logits; us: the draw alone (a pass that\n"
-           "restores the logits and draws, less the restoring copy; graph replays, median):\n\n");
-    printf("| logits | setting | 1 row | 8 rows | 64 rows | 256 rows |\n| --- | --- | --- | --- | --- | --- |\n");
+           "restores the logits and draws, less the restoring copy; graph replays, median); blocks: a row's\n"
+           "cluster (auto: the launcher's pick by the rows):\n\n");
+    printf("| logits | setting | blocks | 1 row | 8 rows | 64 rows | 256 rows |\n"
+           "| --- | --- | --- | --- | --- | --- | --- |\n");
     for (int peaked = 0; peaked < 2; peaked++) {
         for (size_t i = 0; i < (size_t)MAXR * V; i++)
             h[i] = peaked ? ((float)(rnd32() % 24001) - 12000.0f) * 1e-3f + (i % 4099 == 0 ? 8.0f : 0.0f)
@@ -571,16 +574,20 @@ static void bench_sample(void) {
                 hp[r].u = (double)(rnd32() % 1000003) / 1000003.0;
             }
             CK(cudaMemcpy(dp, hp, sizeof *dp * MAXR, cudaMemcpyHostToDevice));
-            printf("| %s | %s |", peaked ? "peaked" : "flat", set[k].name);
-            for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
-                samp_ctx c = {dst, src, sizeof(float) * (size_t)rows[ri] * V, ids, dp, rows[ri], 1, V};
-                const double all = time_pass(samp_pass, &c, 1);
-                c.draw = 0;
-                const double copy = time_pass(samp_pass, &c, 1);
-                printf(" %.1f |", (all - copy) * 1e6);
+            for (int one = 0; one < 2; one++) {
+                ember_cu_sample_cluster = one;
+                printf("| %s | %s | %s |", peaked ? "peaked" : "flat", set[k].name, one ? "1" : "auto");
+                for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+                    samp_ctx c = {dst, src, sizeof(float) * (size_t)rows[ri] * V, ids, dp, rows[ri], 1, V};
+                    const double all = time_pass(samp_pass, &c, 1);
+                    c.draw = 0;
+                    const double copy = time_pass(samp_pass, &c, 1);
+                    printf(" %.1f |", (all - copy) * 1e6);
+                }
+                printf("\n");
+                fflush(stdout);
             }
-            printf("\n");
-            fflush(stdout);
+            ember_cu_sample_cluster = 0;
         }
     }
     CK(cudaFree(src));

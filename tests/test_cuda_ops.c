@@ -1532,7 +1532,11 @@ static void test_argmax(void) {
    draw), NaN, -inf, +inf, all NaN, all -inf, all equal; greedy rows beside
    sampled ones; uniforms 0, 1 - 2^-53 and between (and one of 7.5, which
    both clamp to the last kept mass). Rows drawn alone give
-   the tokens of the batch (batch invariance). Bad shapes are refused. */
+   the tokens of the batch (batch invariance). The batch is drawn with
+   each cluster size (the blocks a row, ember_cu_sample_cluster: 0 picks
+   by the rows, 8 for one row) and gives the same tokens. Bad shapes are
+   refused. */
+extern int ember_cu_sample_cluster; /* cuda_kernels.h (which needs the CUDA headers) */
 static void test_sample(void) {
     static const struct {
         float temp, top_p, min_p;
@@ -1572,16 +1576,34 @@ static void test_sample(void) {
         }
         ember_tensor t;
         int64_t sh[2] = {R, V};
-        ember_buffer *b = gpu_copy(&t, 2, sh, h);
-        CHECKF(g_gpu->ops->sample_rows(g_gpu, &t, p, ids, R, &err) == EMBER_OK, "sample_rows: %s", err.msg);
-        for (int r = 0; r < R; r++) {
-            rows_total++;
-            if (ids[r] != want[r] && bad++ < 8)
-                fprintf(stderr, "sample V %d row %d (T %g top_k %d top_p %g min_p %g u %.17g): %d, the reference %d\n",
-                        V, r, (double)p[r].temperature, p[r].top_k, (double)p[r].top_p, (double)p[r].min_p, p[r].u,
-                        ids[r], want[r]);
+        ember_buffer *b;
+        /* EMBER_CUDA_SAMPLE_CLUSTERS=8 (a comma list) keeps racecheck's run short */
+        int clusters[8] = {0, 1, 2, 4, 8}, nclusters = 5;
+        char *cl_env = getenv("EMBER_CUDA_SAMPLE_CLUSTERS");
+        if (cl_env && *cl_env) {
+            nclusters = 0;
+            for (char *q = cl_env, *e; nclusters < 8; q = e + 1) {
+                clusters[nclusters++] = (int)strtol(q, &e, 10);
+                if (*e != ',') break;
+            }
         }
-        ember_buffer_free(b);
+        for (int ci = 0; ci < nclusters; ci++) {
+            ember_cu_sample_cluster = clusters[ci];
+            b = gpu_copy(&t, 2, sh, h);
+            for (int r = 0; r < R; r++) ids[r] = -1;
+            CHECKF(g_gpu->ops->sample_rows(g_gpu, &t, p, ids, R, &err) == EMBER_OK, "sample_rows: %s", err.msg);
+            for (int r = 0; r < R; r++) {
+                rows_total++;
+                if (ids[r] != want[r] && bad++ < 8)
+                    fprintf(stderr,
+                            "sample V %d row %d, cluster %d (T %g top_k %d top_p %g min_p %g u %.17g): %d, the "
+                            "reference %d\n",
+                            V, r, clusters[ci], (double)p[r].temperature, p[r].top_k, (double)p[r].top_p,
+                            (double)p[r].min_p, p[r].u, ids[r], want[r]);
+            }
+            ember_buffer_free(b);
+        }
+        ember_cu_sample_cluster = 0;
         /* rows alone (the rows are overwritten by their weights: upload each again) */
         for (int r = 0; r < R; r += 5) {
             int64_t s1[2] = {1, V};

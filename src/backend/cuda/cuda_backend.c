@@ -1582,7 +1582,8 @@ static int cuda_argmax_rows(ember_backend *be, const ember_tensor *x, int32_t *o
 }
 
 /* Device draws of n rows (backend.h): the rows' parameters go up with the
-   step's arguments, a block per row draws (cuda_sample.cu), n ids come back. */
+   step's arguments, a cluster of blocks per row draws (cuda_sample.cu), n
+   ids come back. */
 static int cuda_sample_rows(ember_backend *be, ember_tensor *x, const ember_draw *p, int32_t *out, int n,
                             ember_error *err) {
     cuda_backend *c = cu(be);
@@ -1597,8 +1598,9 @@ static int cuda_sample_rows(ember_backend *be, ember_tensor *x, const ember_draw
     size_t bytes[1] = {(size_t)n * sizeof *p};
     void *d_p;
     if ((rc = upload_args(c, 1, part, bytes, &d_p, err))) return rc;
-    const uint64_t sg[] = {8, P(c->ids_dev), P(dev(x)), P(d_p), (uint64_t)n, (uint64_t)V};
-    if (!g_skip(c, sg, 6) &&
+    const uint64_t sg[] = {8, P(c->ids_dev), P(dev(x)), P(d_p), (uint64_t)n, (uint64_t)V,
+                           (uint64_t)ember_cu_sample_cluster};
+    if (!g_skip(c, sg, 7) &&
         (rc = launched(c, ember_cu_sample(c->stream, c->ids_dev, dev(x), (const ember_draw *)d_p, n, V),
                        "sample_rows", err)))
         return rc;

@@ -224,6 +224,12 @@ cudaError_t ember_cu_argmax(cudaStream_t stream, int32_t *out, int *count, void 
    weights (NaN: ids not usable); V <= EMBER_DRAW_MAX_IDS, rows <= 65535. */
 cudaError_t ember_cu_sample(cudaStream_t stream, int32_t *out, float *x, const ember_draw *p, int rows, int64_t V);
 
+/* The blocks a row of ember_cu_sample: 0 (the default) picks by the rows
+   (8 for a few rows, 1 from 128 rows on a GPU of 132 SMs); 1, 2, 4 or 8
+   force that many (at most what the GPU runs). The same tokens whatever
+   it is: a testing and measuring aid. */
+extern int ember_cu_sample_cluster;
+
 /* In place on x [T, H, D]; pos [T] and inv_freq [n_rot / 2] are device memory. */
 cudaError_t ember_cu_rope(cudaStream_t stream, float *x, const int32_t *pos, const float *inv_freq, int T,
                           int H, int D, int n_rot, int interleaved, float attn_factor);
