@@ -27,7 +27,7 @@
  * and the piece holding it walks itself) or, when top_k applied, in the
  * chain's order (one more select). Every pass keeps SM_UNROLL loads of 16
  * bytes in flight a thread. (One block a row, the first versions, took
- * 120-340 us a sampled row on an H200, a fifth of a 1B model's step.)
+ * 120-344 us a sampled row on an H100, a fifth of a 1B model's step.)
  *
  * Determinism: every sum is of integer masses (draw_def.h), by atomics or
  * any tree: their order cannot change a bit, nor can C or the slices. The
