@@ -101,6 +101,14 @@
         if (pin) __asm__ volatile("" ::: "memory");                                                                \
     } while (0)
 
+/* v kept as it stands, in a register, at this point of its chain of
+   integer adds. The sums are exact, so GCC may re-associate a row's chain
+   into a tree; in the AVX2 batch tiles (16 ymm registers) the tree's partial
+   sums outlived the registers: the Q8_0 tile stored and reloaded 20 of them
+   a block, and the row tiles ran 8-15% slower (bench/RESULTS.md,
+   2026-12-06). No instruction; the bits are the same either way. */
+#define QP_KEEP(v) __asm__("" : "+v"(v))
+
 /* Batches (several activation rows) sweep a group's weights once per tile
    of rows, the first sweep waiting on memory; so the tiles of each group
    also ask for the next group (pf.next: its start, NULL for none) into L2,
@@ -235,6 +243,7 @@ ALWAYS_INLINE void qp32_tile(const unsigned char *wg, int nb, const unsigned cha
                             qv *sk = &s[j][NS == 2 ? k & 1 : 0];
                             *sk = T == EMBER_Q8_0 ? qv_dot4_q8(*sk, w[k], qv_bcast(yq + 4 * k))
                                                   : qv_dot4(*sk, w[k], qv_bcast(yq + 4 * k));
+                            if (NX > 1) QP_KEEP(*sk);
                         }
                     }
                 }
@@ -300,9 +309,11 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
                    one 16-bit pair product per sub-block and row */
                 const qv mn16 = qv_pair16(mn, mn);
 #pragma GCC unroll 8
-                for (int c = 0; c < NX; c++)
+                for (int c = 0; c < NX; c++) {
                     S2[c] = qv_dot2(S2[c], mn16,
                                     qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, bsums) + 4 * j));
+                    if (NX > 1) QP_KEEP(S2[c]);
+                }
 #ifdef QP_MAD16
                 if (T == EMBER_Q4_K || NX > 1) {
                     /* the scale as a 16-bit pair: the one madd that widens a row's
@@ -338,6 +349,7 @@ ALWAYS_INLINE void qpk4_tile(const unsigned char *wg, int nsb, const unsigned ch
                             }
                         }
                         S1[c] = qv_dot2(S1[c], qv_add16(h0, h1), sc16);
+                        if (NX > 1) QP_KEEP(S1[c]);
                     }
                     continue;
                 }
@@ -464,8 +476,10 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
                                     H[c] = m;
                                 else if (NX == 1)
                                     P1[t >> 1 & 1] = qv_wide16(P1[t >> 1 & 1], qv_add16(H[c], m));
-                                else
+                                else {
                                     S1[c] = qv_dot2(S1[c], qv_add16(H[c], m), sc16);
+                                    if (NX > 1) QP_KEEP(S1[c]);
+                                }
 #else
                                 qv *pc = &P[c][NS == 2 ? t & 1 : 0];
                                 *pc = qv_dot4(*pc, w, qv_bcast(yt));
@@ -489,10 +503,12 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
                     const qv off =
                         qv_pair16(qv_sub(qv_zero(), qv_sll32(scu[0], 5)), qv_sub(qv_zero(), qv_sll32(scu[1], 5)));
 #pragma GCC unroll 8
-                    for (int c = 0; c < NX; c++)
+                    for (int c = 0; c < NX; c++) {
                         S1[c] = qv_dot2(
                             S1[c], off,
                             qv_bcast(yb + (size_t)c * x_row + offsetof(cpu_act256, bsums) + 2 * (8 * n + 2 * k)));
+                        if (NX > 1) QP_KEEP(S1[c]);
+                    }
                 }
             }
             const fv d = fv_load_h(p + QP_HF(h));
