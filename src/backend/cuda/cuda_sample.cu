@@ -524,17 +524,18 @@ static int sm_cluster(int rows, int sms, int cmax) {
     return c;
 }
 
-static cudaError_t sm_launch(cudaStream_t stream, int32_t *out, float *x, const ember_draw *p, int rows, int64_t V,
-                             int C) {
-    cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute at[2];
-    ember_pdl_config(&cfg, &at[0], dim3((unsigned)(rows * C)), dim3(SM_THREADS), SM_DYN_BYTES, stream);
-    at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    at[cfg.numAttrs].val.clusterDim.x = (unsigned)C;
-    at[cfg.numAttrs].val.clusterDim.y = 1;
-    at[cfg.numAttrs].val.clusterDim.z = 1;
-    cfg.numAttrs++;
-    return cudaLaunchKernelEx(&cfg, sample_k, out, x, V, p);
+/* cfg for `blocks` blocks in clusters of C, its attributes in at (two
+   entries): the launch's own (ember_pdl_config's) where pdl, then the
+   cluster size. */
+static void sm_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute at[2], int blocks, int C, cudaStream_t stream,
+                      bool pdl) {
+    ember_pdl_config(cfg, &at[0], dim3((unsigned)blocks), dim3(SM_THREADS), SM_DYN_BYTES, stream);
+    if (!pdl) cfg->numAttrs = 0;
+    at[cfg->numAttrs].id = cudaLaunchAttributeClusterDimension;
+    at[cfg->numAttrs].val.clusterDim.x = (unsigned)C;
+    at[cfg->numAttrs].val.clusterDim.y = 1;
+    at[cfg->numAttrs].val.clusterDim.z = 1;
+    cfg->numAttrs++;
 }
 
 extern "C" cudaError_t ember_cu_sample(cudaStream_t stream, int32_t *out, float *x, const ember_draw *p, int rows,
@@ -552,12 +553,7 @@ extern "C" cudaError_t ember_cu_sample(cudaStream_t stream, int32_t *out, float 
         for (; c > 1; c /= 2) { /* the largest cluster with at least one place on the GPU */
             cudaLaunchConfig_t cfg;
             cudaLaunchAttribute at[2];
-            ember_pdl_config(&cfg, &at[0], dim3((unsigned)c), dim3(SM_THREADS), SM_DYN_BYTES, stream);
-            at[0].id = cudaLaunchAttributeClusterDimension;
-            at[0].val.clusterDim.x = (unsigned)c;
-            at[0].val.clusterDim.y = 1;
-            at[0].val.clusterDim.z = 1;
-            cfg.numAttrs = 1;
+            sm_config(&cfg, at, c, c, stream, false);
             int n = 0;
             const cudaError_t q = cudaOccupancyMaxActiveClusters(&n, sample_k, &cfg);
             if (q == cudaSuccess && n > 0) break;
@@ -565,5 +561,9 @@ extern "C" cudaError_t ember_cu_sample(cudaStream_t stream, int32_t *out, float 
         }
         cmax = c;
     }
-    return sm_launch(stream, out, x, p, rows, V, sm_cluster(rows, sms, cmax));
+    const int C = sm_cluster(rows, sms, cmax);
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute at[2];
+    sm_config(&cfg, at, rows * C, C, stream, true);
+    return cudaLaunchKernelEx(&cfg, sample_k, out, x, V, p);
 }
