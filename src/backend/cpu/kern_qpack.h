@@ -102,12 +102,18 @@
     } while (0)
 
 /* v kept as it stands, in a register, at this point of its chain of
-   integer adds. The sums are exact, so GCC may re-associate a row's chain
-   into a tree; in the AVX2 batch tiles (16 ymm registers) the tree's partial
-   sums outlived the registers: the Q8_0 tile stored and reloaded 20 of them
-   a block, and the row tiles ran 8-15% slower (bench/RESULTS.md,
-   2026-12-06). No instruction; the bits are the same either way. */
+   integer adds (batch tiles only). The sums are exact, so GCC may
+   re-associate a row's chain into a tree; without VNNI (a dot4 is maddubs,
+   madd and a separate add) the AVX2 batch tiles' trees had more partial sums
+   than 16 ymm registers hold: the Q8_0 tile stored and reloaded 20 of them
+   a block, and the tiles ran 8-20% slower (bench/RESULTS.md, 2026-12-06).
+   No instruction; the bits are the same either way. With VNNI a dot4 is
+   one accumulating instruction, nothing to re-associate: left alone. */
+#ifdef QP_MAD16
 #define QP_KEEP(v) __asm__("" : "+v"(v))
+#else
+#define QP_KEEP(v) ((void)0)
+#endif
 
 /* Batches (several activation rows) sweep a group's weights once per tile
    of rows, the first sweep waiting on memory; so the tiles of each group
