@@ -32,7 +32,7 @@
 #        (seconds per sanitizer run / for the benchmark; 200 / 240)
 # Files written: results.md (machine, versions, outcome of each step, the
 # benchmark table), build.log, test.log, memcheck.log, racecheck.log,
-# racecheck-attention_lean.log,
+# racecheck-attention_lean.log, racecheck-sample.log,
 # initcheck.log, bench.txt, cublas.txt, sdk.log. Exit status: 0 when every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -142,6 +142,11 @@ if [ "${SKIP_SANITIZE:-0}" != 1 ] && [ -n "$SAN" ]; then
       "$OUTDIR/racecheck-attention_lean.log" "${RUN_ENV[@]}" env EMBER_CUDA_OPS_ONLY=attention_lean \
       timeout "${SANITIZE_TIMEOUT:-200}" "$SAN" --tool racecheck --error-exitcode 99 "$TEST" &&
       grep -E 'RACECHECK SUMMARY|checks,' "$OUTDIR/racecheck-attention_lean.log" | sed 's/^/  /' | tee -a "$RES"
+    # the clustered device draw alone (clusters of 8, the 37-id rows: the full sample group outlasts it too)
+    [ $tool = racecheck ] && step "compute-sanitizer --tool racecheck test_cuda_ops (sample, clusters of 8)" \
+      "$OUTDIR/racecheck-sample.log" "${RUN_ENV[@]}" env EMBER_CUDA_OPS_ONLY=sample EMBER_CUDA_SAMPLE_SMALL=1 \
+      EMBER_CUDA_SAMPLE_CLUSTERS=8 timeout "${SANITIZE_TIMEOUT:-200}" "$SAN" --tool racecheck --error-exitcode 99 \
+      "$TEST" && grep -E 'RACECHECK SUMMARY|checks,' "$OUTDIR/racecheck-sample.log" | sed 's/^/  /' | tee -a "$RES"
     # the model test (three families) through the same tool
     [ "${SKIP_MODEL_SANITIZE:-0}" = 1 ] && continue
     step "compute-sanitizer --tool $tool test_cuda_model (quick)" "$OUTDIR/$tool-model.log" "${RUN_ENV[@]}" \
