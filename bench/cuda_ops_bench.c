@@ -32,10 +32,12 @@
  * Ownership: the program owns everything it allocates and frees it; one
  * thread. Prints a Markdown table on stdout; exits non-zero on any error.
  *
- * usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn] [--quant] [--sample]
+ * usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn] [--quant] [--sample] [--m1]
  *        (--attn: the copy and the attention table only; --quant: the copy and the
  *        quantized products of an 8B layer only; --sample: the copy and the device
- *        draws (sample_rows' kernel) by setting and rows only)
+ *        draws (sample_rows' kernel) by setting and rows only; --m1: the copy and
+ *        every tensor-core shape of the one-row bf16 products of Llama-3.2-1B and
+ *        Llama-3.1-8B)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -599,7 +601,7 @@ static void bench_sample(void) {
 }
 
 int main(int argc, char **argv) {
-    int device = 0, quick = 0, attn_only = 0, quant_only = 0, sample_only = 0;
+    int device = 0, quick = 0, attn_only = 0, quant_only = 0, sample_only = 0, m1_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = atoi(argv[++i]);
@@ -613,8 +615,11 @@ int main(int argc, char **argv) {
             quant_only = 1;
         else if (!strcmp(argv[i], "--sample"))
             sample_only = 1;
+        else if (!strcmp(argv[i], "--m1"))
+            m1_only = 1;
         else {
-            fprintf(stderr, "usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn] [--quant] [--sample]\n");
+            fprintf(stderr,
+                    "usage: cuda_ops_bench [--device N] [--reps N] [--quick] [--attn] [--quant] [--sample] [--m1]\n");
             return 2;
         }
     }
@@ -639,6 +644,17 @@ int main(int argc, char **argv) {
     bench_copy();
     if (sample_only) { /* the device draws alone */
         bench_sample();
+        free(g_rand);
+        ember_backend_free(g_be);
+        return 0;
+    }
+    if (m1_only) { /* one input row: every tensor-core shape on the Llama-3.2-1B and 3.1-8B products */
+        printf("\none-row bf16 products by tensor-core shape (as the table of the full run below):\n\n");
+        printf("| weight | M | kernel | us (graph) | %% of copy | TFLOP/s | same bits as default |\n"
+               "| --- | --- | --- | --- | --- | --- | --- |\n");
+        static const int shp[][2] = {{3072, 2048}, {2048, 2048},  {16384, 2048}, {2048, 8192},
+                                     {6144, 4096}, {4096, 4096},  {28672, 4096}, {4096, 14336}};
+        for (int i = 0; i < (int)(sizeof shp / sizeof shp[0]); i++) bench_variants(shp[i][0], shp[i][1], 1);
         free(g_rand);
         ember_backend_free(g_be);
         return 0;
