@@ -107,8 +107,10 @@
    madd and a separate add) the AVX2 batch tiles' trees had more partial sums
    than 16 ymm registers hold: the Q8_0 tile stored and reloaded 20 of them
    a block, and the tiles ran 8-20% slower (bench/RESULTS.md, 2026-12-06).
-   No instruction; the bits are the same either way. With VNNI a dot4 is
-   one accumulating instruction, nothing to re-associate: left alone. */
+   No instruction; the bits are the same either way. The AVX-512 build
+   without VNNI takes it too (fewer stack accesses there; its speed on the
+   Xeon host level within that host's spread). With VNNI a dot4 is one
+   accumulating instruction, nothing to re-associate: left alone. */
 #ifdef QP_MAD16
 #define QP_KEEP(v) __asm__("" : "+v"(v))
 #else
@@ -484,7 +486,7 @@ ALWAYS_INLINE void qpk6_tile(const unsigned char *wg, int nsb, const unsigned ch
                                     P1[t >> 1 & 1] = qv_wide16(P1[t >> 1 & 1], qv_add16(H[c], m));
                                 else {
                                     S1[c] = qv_dot2(S1[c], qv_add16(H[c], m), sc16);
-                                    if (NX > 1) QP_KEEP(S1[c]);
+                                    QP_KEEP(S1[c]); /* NX > 1 here */
                                 }
 #else
                                 qv *pc = &P[c][NS == 2 ? t & 1 : 0];
