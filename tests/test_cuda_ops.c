@@ -334,6 +334,12 @@ static void q_rand(pair *p, ember_dtype dt, int64_t N, int64_t K) {
    bit-identical. xkind 1: row 0 all zeros, row 1 (when M > 1) with a NaN
    element and one of 1e30 (so its other levels are 0), the last row scaled
    by 1e-30. */
+/* Set by a caller of check_qmatmul: the GPU's weights go through prepare_weight (so its products read
+   their first weights before the kernel before them ends, ember_cu_mm.early), and a kernel halves the
+   input just before the product (on both backends), so a product that read its input early would
+   see the old values. */
+static bool g_prep;
+
 static void check_qmatmul(int M, int K, int n, const ember_dtype *dts, const int *N, const bool *bias, int xkind) {
     ember_error err;
     pair x, w[8], b[8], o[8];
@@ -363,8 +369,13 @@ static void check_qmatmul(int M, int K, int n, const ember_dtype *dts, const int
         if (bias[i]) pair_rand(&b[i], EMBER_F32, 1, bs);
         pair_alloc(&o[i], EMBER_F32, 2, os);
         poison(g_gpu, &o[i].g);
+        if (g_prep) CHECK(g_gpu->ops->prepare_weight(g_gpu, &w[i].g, &err) == EMBER_OK);
         mg[i] = (ember_matmul){&o[i].g, &w[i].g, bias[i] ? &b[i].g : NULL};
         mc[i] = (ember_matmul){&o[i].c, &w[i].c, bias[i] ? &b[i].c : NULL};
+    }
+    if (g_prep) {
+        CHECK(g_gpu->ops->scale(g_gpu, &x.g, &x.g, 0.5f, &err) == EMBER_OK);
+        CHECK(g_cpu->ops->scale(g_cpu, &x.c, &x.c, 0.5f, &err) == EMBER_OK);
     }
     int rg = g_gpu->ops->matmul(g_gpu, &x.g, n, mg, &err);
     CHECKF(rg == EMBER_OK, "gpu matmul: %s", err.msg);
@@ -372,8 +383,8 @@ static void check_qmatmul(int M, int K, int n, const ember_dtype *dts, const int
     CHECKF(rc == EMBER_OK, "cpu matmul: %s", err.msg);
     for (int i = 0; i < n; i++) {
         char what[112];
-        snprintf(what, sizeof what, "matmul %s M%d K%d N%d bias%d x%d (product %d of %d)",
-                 ember_dtype_get(dts[i])->name, M, K, N[i], bias[i], xkind, i, n);
+        snprintf(what, sizeof what, "matmul %s M%d K%d N%d bias%d x%d%s (product %d of %d)",
+                 ember_dtype_get(dts[i])->name, M, K, N[i], bias[i], xkind, g_prep ? " prepared" : "", i, n);
         if (ember_dtype_get(dts[i])->block_elems > 1 && !rg && !rc) {
             float *g = read_f32(g_gpu, &o[i].g), *c = read_f32(g_cpu, &o[i].c);
             size_t cnt = (size_t)M * (size_t)N[i], diff = 0, first = 0;
@@ -407,8 +418,10 @@ static void test_matmul(void) {
             for (int m = 0; m < 12; m++) {
                 int N = 67;
                 bool bias = (m + k) % 2;
+                g_prep = (m + k + d) % 2 == 0;
                 check_matmul(Ms[m], Ks[k], 1, &dts[d], &N, &bias);
             }
+    g_prep = false;
     /* several products sharing the input, of mixed dtypes */
     const ember_dtype mix[4] = {EMBER_BF16, EMBER_F32, EMBER_BF16, EMBER_F16};
     const int Ns[4] = {130, 1, 33, 300};
@@ -421,6 +434,12 @@ static void test_matmul(void) {
     const bool nob = false;
     check_matmul(1, 4096, 1, &mix[0], &bigN, &nob);
     check_matmul(8, 4096, 1, &mix[0], &bigN, &nob);
+    g_prep = true; /* the same, the weights prepared (read before the kernel before ends) */
+    check_matmul(1, 512, 4, mix, Ns, bias);
+    check_matmul(40, 512, 4, mix, Ns, bias);
+    check_matmul(1, 4096, 1, &mix[0], &bigN, &nob);
+    check_matmul(8, 4096, 1, &mix[0], &bigN, &nob);
+    g_prep = false;
     /* errors: quantized weights, too many products, wrong shapes */
     ember_error err;
     pair x, o;
@@ -463,6 +482,9 @@ static void test_qmatmul(void) {
         check_qmatmul(1, 4096, 1, &k_qtypes[t], &bigN, &nob, 0);
         check_qmatmul(8, 4096, 1, &k_qtypes[t], &bigN, &nob, 0);
         check_qmatmul(64, 4096, 1, &k_qtypes[t], &bigN, &nob, 1); /* tensor cores: 2 slices a warp */
+        g_prep = true; /* the weights prepared: read before the kernel before ends (qmv4_k) */
+        check_qmatmul(1, 4096, 1, &k_qtypes[t], &bigN, &nob, 0);
+        g_prep = false;
         { /* one row (qmv_k for the K types, qmm_k for the others): rows shorter than a chunk (K 768, 2304),
              whole chunks then a partial one (K 14336, the 8B down's; K 44032, a long row), three products
              sharing a launch, rows past a block of 8 */

@@ -162,6 +162,7 @@ typedef struct cuda_backend {
     uint64_t seq;         /* launches and writes so far (g_skip, write, the ops without graphs) */
     int qfuse;            /* the producing ops write the quantized form for inputs of at most this many rows
                              (EMBER_CUDA_QFUSE, default 1, at most EMBER_CU_QFUSE_MAX_M; 0: never) */
+    int mm_early;         /* products of prepared weights set ember_cu_mm.early (EMBER_CUDA_MM_EARLY, default 1) */
     struct {
         int K;
         unsigned kinds;
@@ -381,12 +382,27 @@ static int cuda_buffer_from_host(ember_backend *be, const void *h, size_t size, 
     return EMBER_OK;
 }
 
+/* A prepared weight's handle (tensor.h: each backend defines its own). The
+   bytes stay as uploaded; the handle only says that nothing the backend
+   queues writes them, so a product may start reading them before the
+   kernel before it has finished (ember_cu_mm.early). One static object,
+   shared by every prepared weight: nothing to free. */
+struct ember_prepared {
+    int weight;
+};
+static ember_prepared k_weight_mark = {1};
+
 /* backend.h's prepare_weight: the kernels read every weight in the layout
-   it was uploaded in (cuda_matmul.cu), so there is nothing to prepare;
-   checks the tensor is this backend's and leaves it as it is. */
+   it was uploaded in (cuda_matmul.cu), so there is nothing to rewrite;
+   checks the tensor is this backend's and sets t->prep to k_weight_mark.
+   Copies of t share it; a view of the same bytes without it, or a weight
+   of another kind, runs as before (its products wait for the kernel
+   before them). A host write into the bytes (cuda_write) is a copy on the
+   stream, which no kernel after it overlaps. */
 static int cuda_prepare_weight(ember_backend *be, ember_tensor *t, ember_error *err) {
     if (!t || !t->buf || t->buf->be != be)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "prepare_weight: not a bound tensor of this backend");
+    t->prep = &k_weight_mark;
     return EMBER_OK;
 }
 
@@ -1244,7 +1260,7 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
         for (int qt = EMBER_CU_Q8_0; qt <= EMBER_CU_Q6_K; qt++) {
             bool k256 = ember_cu_q256(qt);
             if (k256 != (kind == 1)) continue;
-            ember_cu_qmm a = {.act = act, .M = M, .K = K, .qtype = qt, .n = 0};
+            ember_cu_qmm a = {.act = act, .M = M, .K = K, .qtype = qt, .n = 0, .early = c->mm_early};
             int64_t Nt = 0;
             ember_dtype qd = EMBER_F32;
             for (int i = 0; i < n; i++) {
@@ -1252,6 +1268,7 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
                 qd = mm[i].w->dtype;
                 a.p[a.n++] = cu_prod(&mm[i]);
                 Nt += mm[i].w->shape[0];
+                if (mm[i].w->prep != &k_weight_mark) a.early = 0;
             }
             if (!a.n) continue;
             char name[64] = "matmul";
@@ -1314,10 +1331,11 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
     const bool keep = qf_have(c, x) && !outs_touch(x, n, mm);
     /* one launch per weight dtype; products keep their order inside it */
     for (int dt = EMBER_CU_F32; dt <= EMBER_CU_BF16; dt++) {
-        ember_cu_mm a = {.x = dev(x), .M = (int)M, .K = (int)K, .dtype = dt, .n = 0};
+        ember_cu_mm a = {.x = dev(x), .M = (int)M, .K = (int)K, .dtype = dt, .n = 0, .early = c->mm_early};
         for (int i = 0; i < n; i++) {
             if (cu_dtype(mm[i].w->dtype) != dt) continue;
             a.p[a.n++] = cu_prod(&mm[i]);
+            if (mm[i].w->prep != &k_weight_mark) a.early = 0;
         }
         char name[64] = "matmul";
         if (c->prof) {
@@ -2103,6 +2121,10 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     const char *qfz = getenv("EMBER_CUDA_QFUSE");
     c->qfuse = 1;
     if (qfz && *qfz) c->qfuse = atoi(qfz) < 0 ? 0 : atoi(qfz) > EMBER_CU_QFUSE_MAX_M ? EMBER_CU_QFUSE_MAX_M : atoi(qfz);
+    /* products read their first (prepared) weights before the kernel before them ends (1, the default) or
+       after (0, as before) */
+    const char *mme = getenv("EMBER_CUDA_MM_EARLY");
+    c->mm_early = !(mme && *mme) || atoi(mme) != 0;
     /* the block kernel for bf16 products from this many rows on (0: never) */
     if (blk && *blk) ember_cu_mm_blk_min = atoi(blk) > 0 ? atoi(blk) : 0;
     /* the warpgroup kernel (Hopper) for bf16 products from this many rows on (0: never; default 128) */

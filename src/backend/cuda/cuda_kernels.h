@@ -63,6 +63,8 @@ typedef struct ember_cu_mm {
     int n;     /* products, 1 .. EMBER_CU_MAX_MM */
     int variant; /* 0: the kernel the launcher picks; > 0: ember_cu_tc_variant (bf16) */
     int legacy;  /* bf16 on the CUDA-core kernels (another order; for measuring only) */
+    int early;   /* 1: no queued work writes the weights, so a kernel may read them before the kernel
+                    before it has finished (cuda_pdl.cuh); 0: it waits first */
     ember_cu_mm_prod p[EMBER_CU_MAX_MM];
 } ember_cu_mm;
 
@@ -145,6 +147,7 @@ typedef struct ember_cu_qmm {
     int n;           /* products, 1 .. EMBER_CU_MAX_MM */
     ember_cu_mm_prod p[EMBER_CU_MAX_MM]; /* w: [N, K] row-major blocks, 2-byte aligned */
     int a16; /* set by ember_cu_qmatmul: every w 16-byte aligned (and ember_cu_qld16 on) */
+    int early; /* as ember_cu_mm.early */
 } ember_cu_qmm;
 
 /* Bytes of the quantized activations of M rows of K for weights of qtype. */

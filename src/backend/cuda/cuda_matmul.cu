@@ -537,11 +537,26 @@ static __device__ __forceinline__ void cp_wait(const int n) {
         ember_cp_wait<3>();
 }
 
+/* The first S k-blocks of part `part` (this lane's 16-byte pieces of the
+   2 WT rows wr) into `ring`, one copy group each: tc_part_ring's start. */
+static __device__ __forceinline__ void tc_ring_fill(uint4 *ring, const unsigned short *const *wr, int part, int K,
+                                                    const int WT, const int S) {
+    const int lane = (int)threadIdx.x % LANES, q = lane % 4;
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        const int k = (part + TC_P * s) * TC_KB + 8 * q;
+#pragma unroll
+        for (int i = 0; i < 2 * WT; i++) cp16(&ring[(s * 2 * WT + i) * LANES + lane], k < K ? wr[i] + k : wr[i], k < K);
+        ember_cp_commit();
+    }
+}
+
 /* tc_part with the weights of the next S k-blocks in flight through
    shared memory (vec only, S <= 4): each lane copies its own 16-byte
    pieces into its own slots of `ring` (the warp's S x WT x 2 x 32 uint4,
    lane fastest) and reads back only those, so no other thread is waited
-   for. The same values as tc_ldw, so the same bits. */
+   for. The same values as tc_ldw, so the same bits. The caller has run
+   tc_ring_fill (the same ring, wr, part, K, WT, S). */
 static __device__ __forceinline__ void tc_part_ring(float acc[][4][4], uint4 *ring, const unsigned short *const *wr,
                                                     const float *const *xr, int part, int K, const int WT,
                                                     const int XT, const int S) {
@@ -552,13 +567,6 @@ static __device__ __forceinline__ void tc_part_ring(float acc[][4][4], uint4 *ri
         for (int xt = 0; xt < XT; xt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[wt][xt][i] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < S; s++) {
-        const int k = (part + TC_P * s) * TC_KB + 8 * q;
-#pragma unroll
-        for (int i = 0; i < 2 * WT; i++) cp16(&ring[(s * 2 * WT + i) * LANES + lane], k < K ? wr[i] + k : wr[i], k < K);
-        ember_cp_commit();
-    }
     int slot = 0;
     for (int b = part; b < KB; b += TC_P) {
         cp_wait(S - 1);
@@ -588,7 +596,6 @@ static __device__ __forceinline__ void tc_part_ring(float acc[][4][4], uint4 *ri
 static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red, uint4 *ring, const bool vec,
                                                const int WT, const int XT, const int BW, const int BX, const bool PS,
                                                const int U, const int S) {
-    ember_pdl_enter();
     const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.x);
     const int warp = (int)threadIdx.x / LANES, lane = (int)threadIdx.x % LANES, g = lane / 4, q = lane % 4;
     const int tile = PS ? warp / TC_P : warp, part = PS ? warp % TC_P : 0;
@@ -608,10 +615,17 @@ static __device__ __forceinline__ void tc_body(const ember_cu_mm &a, float *red,
         xr[xt] = m < a.M ? a.x + (size_t)m * (size_t)K : NULL;
     }
     const bool live = m0 < a.M && n0 < p.N;
+    /* where nothing queued writes the weights (a.early), their first k-blocks come while the kernel before
+       this one still runs; everything else waits for it (cuda_pdl.cuh) */
+    uint4 *wring = ring + (size_t)warp * S * 2 * WT * LANES;
+    const bool fill = PS && S && live;
+    if (fill && a.early) tc_ring_fill(wring, wr, part, K, WT, S);
+    ember_pdl_enter();
+    if (fill && !a.early) tc_ring_fill(wring, wr, part, K, WT, S);
     float acc[4][4][4], sum[4][4][4];
     if (PS) {
         if (live && S)
-            tc_part_ring(acc, ring + (size_t)warp * S * 2 * WT * LANES, wr, xr, part, K, WT, XT, S);
+            tc_part_ring(acc, wring, wr, xr, part, K, WT, XT, S);
         else if (live)
             tc_part(acc, wr, xr, part, K, vec, WT, XT, U);
         const int per = WT * XT * 4;
@@ -708,7 +722,6 @@ static __device__ __forceinline__ void cl_ldx(const float *xrow, int b, int q, i
 template <int XT, int XA, int S>
 static __global__ void __cluster_dims__(1, 1, TC_P) __launch_bounds__(CL_WARPS *LANES) tc_cl_k(const ember_cu_mm a) {
     static_assert(XT <= CL_WARPS && XA >= 1 && XA <= 2 && S >= 1 && S <= 4, "cluster kernel shape");
-    ember_pdl_enter();
     __shared__ cl_smem<XT, S> sm;
     cg::cluster_group cluster = cg::this_cluster();
     const int part = (int)cluster.block_rank(); /* the cluster spans z: rank = blockIdx.z */
@@ -730,13 +743,10 @@ static __global__ void __cluster_dims__(1, 1, TC_P) __launch_bounds__(CL_WARPS *
     for (int xt = 0; xt < XT; xt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[xt][i] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < S; s++) {
-        const int k = (part + TC_P * s) * TC_KB + 8 * q;
-#pragma unroll
-        for (int h = 0; h < 2; h++) cp16(&ring[(s * 2 + h) * LANES + lane], k < K ? wr[h] + k : wr[h], k < K);
-        ember_cp_commit();
-    }
+    /* the first weights before the wait where nothing queued writes them (a.early, as tc_body) */
+    if (a.early) tc_ring_fill(ring, wr, part, K, 1, S);
+    ember_pdl_enter();
+    if (!a.early) tc_ring_fill(ring, wr, part, K, 1, S);
     /* fx[j]: the inputs of k-block i + 1 + j while k-block i computes */
     float f0[8], fx[XA][8];
     cl_ldx(nk > 0 ? xrow : NULL, part, q, K, f0);

@@ -694,7 +694,6 @@ static __global__ void __launch_bounds__(256) qmv4_k(const ember_cu_qmm a) {
     extern __shared__ __align__(16) unsigned char qv_act[]; /* the input row, nblk x A32_BYTES */
     __shared__ int part[2][QR][UCH + 1];                    /* padded: slot_of */
     __shared__ float dd[2][QR][UCH + 1];
-    ember_pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
     const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.y);
     const int nblk = a.K / 32;
@@ -702,9 +701,13 @@ static __global__ void __launch_bounds__(256) qmv4_k(const ember_cu_qmm a) {
     const bool rv = row < p.N, chain = tid < QR && n0 + tid < p.N;
     const unsigned char *wr = (const unsigned char *)p.w + (size_t)(rv ? row : 0) * (size_t)nblk * QB;
     uint4 v[Q4V_UPT][2];
+    /* the first chunk's weights before the input is waited for; where nothing queued writes them (a.early),
+       before the kernel before this one has finished */
+    if (!a.early) ember_pdl_enter();
 #pragma unroll
-    for (int i = 0; i < Q4V_UPT; i++) /* the first chunk's weights, before the input is waited for */
+    for (int i = 0; i < Q4V_UPT; i++)
         if (rv && lane + 32 * i < nblk) q4_load(wr + (size_t)(lane + 32 * i) * QB, v[i]);
+    if (a.early) ember_pdl_enter();
     for (int i = tid; i < nblk * A32_BYTES / 16; i += 256)
         ember_cp16(qv_act + 16 * i, (const unsigned char *)a.act + 16 * (size_t)i);
     ember_cp_commit();
