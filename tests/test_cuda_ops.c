@@ -329,17 +329,17 @@ static void q_rand(pair *p, ember_dtype dt, int64_t N, int64_t K) {
     free(h);
 }
 
-/* Products of one input [M, K] with n weights (quantized types, or float
-   ones compared within TOL), against the CPU backend: every quantized output
-   bit-identical. xkind 1: row 0 all zeros, row 1 (when M > 1) with a NaN
-   element and one of 1e30 (so its other levels are 0), the last row scaled
-   by 1e-30. */
 /* Set by a caller of check_qmatmul: the GPU's weights go through prepare_weight (so its products read
    their first weights before the kernel before them ends, ember_cu_mm.early), and a kernel halves the
    input just before the product (on both backends), so a product that read its input early would
    see the old values. */
 static bool g_prep;
 
+/* Products of one input [M, K] with n weights (quantized types, or float
+   ones compared within TOL), against the CPU backend: every quantized output
+   bit-identical. xkind 1: row 0 all zeros, row 1 (when M > 1) with a NaN
+   element and one of 1e30 (so its other levels are 0), the last row scaled
+   by 1e-30. */
 static void check_qmatmul(int M, int K, int n, const ember_dtype *dts, const int *N, const bool *bias, int xkind) {
     ember_error err;
     pair x, w[8], b[8], o[8];
