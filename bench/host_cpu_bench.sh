@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# host_cpu_bench.sh - bench/quant_vs_llamacpp.sh on a machine that has neither our Debian
-# build dependencies nor llama.cpp: the GPU machine's host CPU (a many-core Xeon with
-# AVX-512 and AMX), reached through the device tool. Builds ember (CPU only) and, from a
-# llama.cpp source tarball made outside this repository, llama-bench with GGML_NATIVE=ON
-# (so with AMX where the CPU has it); writes the models once; then runs the side by side
-# once per ember ISA. With SERVE set, serving instead: bench/serve_vs_llamacpp.sh against
-# llama-server (built the same way) on the Qwen2.5-0.5B shape in Q8_0 with a real tokenizer.
+# host_cpu_bench.sh - bench/quant_vs_llamacpp.sh on a machine that has none of our Debian
+# build dependencies: the GPU machine's host CPU (a many-core Xeon with AVX-512 and AMX),
+# reached through the device tool. Builds ember (CPU only); writes the models once; then runs
+# the side by side against a llama-bench built there beforehand (by a script of your own,
+# outside this repository: see bench/RESULTS.md for the flags ours used, GGML_NATIVE=ON), once
+# per ember ISA. With SERVE set, serving instead: bench/serve_vs_llamacpp.sh against
+# llama-server on the Qwen2.5-0.5B shape in Q8_0 with a real tokenizer.
 #
 # usage: bench/host_cpu_bench.sh OUT_DIR
 # env:   EMBER_DEBS=DIR      .deb files of our build dependencies (scripts/debs-prefix.sh)
-#        LLAMA_SRC=FILE      llama.cpp sources (.tar.xz), built into build-llama/ once
+#        LLAMA_BIN=DIR       the llama.cpp build's bin/ (llama-bench, or llama-server with SERVE)
 #        ISAS="amx avx512"   ember --isa values, one table each (OUT_DIR/table-ISA.md)
 #        THREADS, PRESETS, TYPES, ROUNDS (default 1), REPS (default 2), FILTER: as in
 #        quant_vs_llamacpp.sh; JOBS (default: cores)
-# Keeps build-host/, build-llama/ and models/host/ (git ignores them) for the next call.
+# Keeps build-host/ and models/host/ (git ignores them) for the next call.
 set -uo pipefail
 OUT=${1:?usage: bench/host_cpu_bench.sh OUT_DIR}
 mkdir -p "$OUT"
@@ -23,27 +23,17 @@ debs_prefix_env || exit 1
 { lscpu; echo; nproc; uname -r; } >"$OUT/host.txt" 2>&1
 t0=$SECONDS
 if [ -n "${SERVE:-}" ]; then
-  ETARGETS=(ember loadgen) LTARGET=llama-server LSERVER=ON
+  ETARGETS=(ember loadgen) LTARGET=llama-server
 else
-  ETARGETS=(ember) LTARGET=llama-bench LSERVER=OFF
+  ETARGETS=(ember) LTARGET=llama-bench
 fi
 cmake -S . -B build-host -DCMAKE_BUILD_TYPE=Release "${CMAKE_EXTRA[@]}" >"$OUT/build-ember.log" 2>&1 &&
   cmake --build build-host -j"$JOBS" --target "${ETARGETS[@]}" >>"$OUT/build-ember.log" 2>&1 ||
   { echo "ember build failed (build-ember.log)"; exit 1; }
 echo "ember built in $((SECONDS - t0)) s"
-LLB=build-llama/bin/$LTARGET
-if [ ! -x "$LLB" ] && [ -n "${LLAMA_SRC:-}" ]; then
-  t0=$SECONDS
-  { [ -f build-llama/src/CMakeLists.txt ] || { mkdir -p build-llama/src && tar -xJf "$LLAMA_SRC" -C build-llama/src; }; } &&
-    cmake -S build-llama/src -B build-llama -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_OPENMP=OFF \
-      -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_BUILD_SERVER=$LSERVER -DLLAMA_BUILD_APP=OFF >"$OUT/build-llama.log" 2>&1 &&
-    cmake --build build-llama -j"$JOBS" --target "$LTARGET" >>"$OUT/build-llama.log" 2>&1 ||
-    { echo "llama.cpp build failed (build-llama.log)"; tail -20 "$OUT/build-llama.log"; exit 1; }
-  echo "$LTARGET built in $((SECONDS - t0)) s"
-fi
-[ -x "$LLB" ] || { echo "no $LTARGET: set LLAMA_SRC"; exit 1; }
-grep -o 'GGML_AMX[A-Z0-9_]*:BOOL=[A-Z]*\|GGML_NATIVE:BOOL=[A-Z]*' build-llama/CMakeCache.txt >"$OUT/llama-flags.txt" 2>/dev/null
+LLB=${LLAMA_BIN:-}/$LTARGET
+[ -n "${LLAMA_BIN:-}" ] && [ -x "$LLB" ] || { echo "no $LTARGET: set LLAMA_BIN to a llama.cpp build's bin/"; exit 1; }
+grep -o 'GGML_AMX[A-Z0-9_]*:BOOL=[A-Z]*\|GGML_NATIVE:BOOL=[A-Z]*' "$LLAMA_BIN/../CMakeCache.txt" >"$OUT/llama-flags.txt" 2>/dev/null
 if [ -n "${SERVE:-}" ]; then
   M=models/host/q05-tok-q8_0.gguf
   if [ ! -f "$M" ]; then
