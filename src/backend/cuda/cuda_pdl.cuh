@@ -4,13 +4,14 @@
  *
  * Every kernel launched through ember_launch may start while the kernel
  * before it on the stream is still running: its blocks get resident and
- * wait at ember_pdl_enter, the first statement of every such kernel,
+ * wait at ember_pdl_enter, before any memory access of such a kernel,
  * until that kernel has finished and its writes are visible (PTX
  * griddepcontrol.wait), so no kernel reads or writes memory before its
  * predecessor is done and results cannot change. One exception: a
- * product whose weights nothing queued writes (ember_cu_mm.early, set for
- * weights the model prepared) puts its first weight loads in flight before
- * the wait; they read memory no kernel writes. What is saved is the
+ * product whose weights nothing queued writes (ember_cu_mm.early /
+ * ember_cu_qmm.early, set for weights the model prepared: tc_body, tc_cl_k,
+ * qmv4_k) puts its first weight loads in flight before the wait; they read
+ * memory no kernel writes. What is saved is the
  * launch latency between dependent kernels (a decode step is hundreds of
  * small launches). ember_pdl_enter then allows the next kernel to launch
  * (griddepcontrol.launch_dependents), so at most one kernel waits ahead.
