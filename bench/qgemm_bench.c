@@ -8,7 +8,10 @@
  *
  * usage: qgemm_bench [TYPE] [N] [K] [M] [SECONDS]
  *        TYPE q8_0 | q4_0 | q5_0 | q4_k | q5_k | q6_k | f32 | f16 | bf16
- *        (default q8_0), N 896, K 896, M 512, SECONDS 1 per table.
+ *        (default q8_0), N 896, K 896, M 512, SECONDS 1 per table. bf16 on a
+ *        table with AMX-BF16 tiles runs the tiles' packed kernel (kern_bamx.h),
+ *        as the backend does for a prepared weight; its bits are another
+ *        summation's and are not compared.
  * env:   ONLY=VARIANT runs that table alone (avx2, avx512-vnni, amx, ...).
  *        COPIES=C cycles the calls over C copies of the weights (C x the
  *        weight bytes in memory), so that with C large enough each call
@@ -95,24 +98,44 @@ int main(int argc, char **argv) {
         for (int c = 0; c < copies; c++) memcpy(wc + (size_t)c * wbytes, fl ? w : wp, wbytes);
         printf("# cycling over %d copies of the weights (%.1f MB), the mean call\n", copies, (double)wbytes * copies / 1e6);
     }
+    /* bf16 weights on a table with tiles for them (AMX): packed as the backend packs them, the inputs split
+       into bf16 hi / lo rows padded to whole 16-row tiles (cpu_backend.c quantize_acts) */
+    unsigned char *wb16 = NULL, *xb16 = NULL, *wcb = NULL;
+    const size_t xb_row = (size_t)K * 4;
+    for (int a = 0; a < nt && t == EMBER_BF16 && K % 32 == 0 && !wb16; a++) {
+        if (!tabs[a]->qgemm_packed[EMBER_BF16] || (only && strcmp(only, tabs[a]->variant))) continue;
+        const size_t rows = (size_t)M + (size_t)(16 - M % 16) + 15;
+        if (!(wb16 = aligned_alloc(64, (wbytes + 63) / 64 * 64)) || !(xb16 = calloc(rows, xb_row)))
+            return fprintf(stderr, "out of memory\n"), 1;
+        for (int g = 0; g < N / 16; g++) cpu_qpack_group(t, w + (size_t)g * 16 * wr, wr, 16, K, wb16 + (size_t)g * 16 * wr);
+        for (int m = 0; m < M; m++) tabs[a]->quantize_actbf16(x + (size_t)m * K, K, xb16 + (size_t)m * xb_row);
+        if (copies > 1) {
+            if (!(wcb = aligned_alloc(64, (wbytes * (size_t)copies + 63) / 64 * 64)))
+                return fprintf(stderr, "no memory for %d copies\n", copies), 1;
+            for (int c = 0; c < copies; c++) memcpy(wcb + (size_t)c * wbytes, wb16, wbytes);
+        }
+    }
     for (int a = 0; a < nt; a++) {
         if (only && strcmp(only, tabs[a]->variant)) continue;
-        cpu_qgemm_packed_fn f = fl ? NULL : tabs[a]->qgemm_packed[t];
+        const bool tiles16 = wb16 && tabs[a]->qgemm_packed[EMBER_BF16]; /* bf16 on AMX tiles */
+        cpu_qgemm_packed_fn f = tiles16 ? tabs[a]->qgemm_packed[EMBER_BF16] : fl ? NULL : tabs[a]->qgemm_packed[t];
         cpu_qgemm_tiled_fn tf = !fl && M >= tabs[a]->tiled_min_m ? tabs[a]->qgemm_tiled[t] : NULL;
         cpu_gemm_fn gf = t == EMBER_F32 ? tabs[a]->gemm_f32 : t == EMBER_F16 ? tabs[a]->gemm_f16 : tabs[a]->gemm_bf16;
         if (tf) { /* the backend tiles the activations once per matmul, outside the kernel */
             for (int tile = 0; tile < (M + 15) / 16; tile++) cpu_act32_tile_blocks(xa, xr, K, M, tile, 0, K / 32, xt);
         }
 #define CALL(W)                                                                                               \
-    (fl   ? gf(W, (size_t)K, N, x, (size_t)K, M, K, out, (size_t)N)                                          \
-     : tf ? tf(W, N / 16, xt, M, K, out, (size_t)N)                                                         \
-          : f(W, N / 16, xa, xr, M, K, out, (size_t)N))
-        CALL(fl ? w : wp);
+    (tiles16 ? f(W, N / 16, xb16, xb_row, M, K, out, (size_t)N)                                              \
+     : fl    ? gf(W, (size_t)K, N, x, (size_t)K, M, K, out, (size_t)N)                                       \
+     : tf    ? tf(W, N / 16, xt, M, K, out, (size_t)N)                                                      \
+             : f(W, N / 16, xa, xr, M, K, out, (size_t)N))
+        unsigned char *w1 = tiles16 ? wb16 : fl ? w : wp, *wcs = tiles16 ? wcb : wc;
+        CALL(w1);
         double t0 = now(), t1, per = 1e30;
         long calls = 0;
         do { /* the fastest call: the machine may be shared; with copies, the mean */
             double c0 = now();
-            CALL(copies > 1 ? wc + (size_t)(calls % copies) * wbytes : fl ? w : wp);
+            CALL(copies > 1 ? wcs + (size_t)(calls % copies) * wbytes : w1);
             t1 = now();
             calls++;
             if (t1 - c0 < per) per = t1 - c0;
@@ -121,8 +144,9 @@ int main(int argc, char **argv) {
         if (a == 0 || only) memcpy(ref, out, sizeof(float) * (size_t)M * N);
         bool same = !memcmp(ref, out, sizeof(float) * (size_t)M * N);
         printf("%-12s %9.3f ms  %7.1f GMAC/s  %s\n", tabs[a]->variant, per * 1e3, (double)N * K * M / per * 1e-9,
-               same ? "same bits" : "DIFFERS");
+               tiles16 ? "bf16 tiles (another summation)" : same ? "same bits" : "DIFFERS");
     }
-    free(wf), free(x), free(w), free(wp), free(xa), free(xt), free(out), free(ref), free(wc);
+    free(wf), free(x), free(w), free(wp), free(xa), free(xt), free(out), free(ref), free(wc), free(wb16), free(xb16),
+        free(wcb);
     return 0;
 }

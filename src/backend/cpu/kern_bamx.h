@@ -29,14 +29,17 @@
  *
  * Tiles: 0-3 the f32 sums (2 row tiles x 2 column tiles of 16 x 16),
  * 4, 5 activations (hi, lo: 16 rows x 32 bf16), 6, 7 weights (16 pairs x
- * 16 columns). Each call loads this configuration and releases the tiles
- * before it returns. The activation buffer holds 16-row tiles: rows past
+ * 16 columns). A call of fewer than 16 rows (decode) configures 0, 1, 4
+ * and 5 with its own rows and takes weights into 2, 3 as well (bamx_few).
+ * Each call loads its configuration and releases the tiles before it
+ * returns. The activation buffer holds 16-row tiles: rows past
  * mm must be readable (the backend pads it to a whole tile plus one); their
  * sums are computed and dropped.
  */
 
 #define BAMX_KC 32  /* chunks of 32 elements per K block: the sums go back to out between blocks */
 #define BAMX_MB 128 /* activation rows per M block, swept by each pair of weight groups */
+#define BAMX_PF 4   /* fewer than 16 rows: the weights are prefetched this many 1 KiB chunks ahead */
 
 static void bamx_configure(void) { /* every tile 16 rows of 64 bytes */
     static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
@@ -124,6 +127,59 @@ static void bamx_block(const unsigned char *a, size_t xa_row, size_t lo_off, int
     }
 }
 
+/* Fewer than 16 rows (decode): the sums' (0, 1) and activations' (4, 5)
+   tiles hold mr rows; tiles 2, 3 and 6, 7 all take weights. */
+static void bamx_configure_few(int mr) {
+    const uint8_t rows[8] = {(uint8_t)mr, (uint8_t)mr, 16, 16, (uint8_t)mr, (uint8_t)mr, 16, 16};
+    static const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+    amx_load_cfg(rows, colsb);
+}
+
+/* One chunk c of bamx_few: the weights into tiles ta (group w0) and tb (w1). */
+#define BAMX_FEW_CHUNK(c, ta, tb)                                                                                  \
+    do {                                                                                                           \
+        const size_t wo_ = (size_t)(c) * 1024, ao_ = (size_t)(c) * 64;                                             \
+        if ((c) + BAMX_PF < nc)                                                                                    \
+            for (int l_ = 0; l_ < 1024; l_ += 64) {                                                                \
+                _mm_prefetch((const char *)w0 + wo_ + BAMX_PF * 1024 + l_, _MM_HINT_T0);                           \
+                if (cw > 1) _mm_prefetch((const char *)w1 + wo_ + BAMX_PF * 1024 + l_, _MM_HINT_T0);               \
+            }                                                                                                      \
+        _tile_loadd(ta, w0 + wo_, 64);                                                                             \
+        if (cw > 1) _tile_loadd(tb, w1 + wo_, 64);                                                                 \
+        _tile_loadd(4, a + ao_, (int)xa_row);                                                                      \
+        _tile_loadd(5, a + lo_off + ao_, (int)xa_row);                                                             \
+        _tile_dpbf16ps(0, 4, ta);                                                                                  \
+        if (cw > 1) _tile_dpbf16ps(1, 4, tb);                                                                      \
+        _tile_dpbf16ps(0, 5, ta);                                                                                  \
+        if (cw > 1) _tile_dpbf16ps(1, 5, tb);                                                                      \
+    } while (0)
+
+/* All nc chunks of the mr (< 16) activation rows at a against weight
+   groups w0 and w1 (cw of them, 1 or 2) into out (rows ldo apart), under
+   bamx_configure_few(mr). The same sequence of instructions per output as
+   bamx_block's (the whole K at once: bamx_block's K blocks only rest the
+   sums in out, exactly), so the same bits (test_bamx: a row alone here
+   against the same row in a batch of 16 or more). The weights of
+   consecutive chunks alternate between tiles 6, 7 and 2, 3 (a tile load
+   waits for the products still reading that tile) and are prefetched
+   BAMX_PF chunks ahead. On a Sapphire Rapids class Xeon the two together
+   took one-row bf16 decode from 0.6-0.75x the AVX-512 f32 kernel's speed to
+   0.85-0.95x; the alternation alone, or the prefetch alone on the 16-row
+   tiles, gained little (bench/RESULTS.md, "AMX-BF16 one-row decode"). */
+static void bamx_few(const unsigned char *a, size_t xa_row, size_t lo_off, const unsigned char *w0,
+                     const unsigned char *w1, int cw, int nc, float *out, size_t ldo) {
+    _tile_zero(0);
+    _tile_zero(1);
+    int c = 0;
+    for (; c + 2 <= nc; c += 2) {
+        BAMX_FEW_CHUNK(c, 6, 7);
+        BAMX_FEW_CHUNK(c + 1, 2, 3);
+    }
+    if (c < nc) BAMX_FEW_CHUNK(c, 6, 7);
+    _tile_stored(0, out, (int)(ldo * 4));
+    if (cw > 1) _tile_stored(1, out + 16, (int)(ldo * 4));
+}
+
 /* qgemm_packed for EMBER_BF16: out[m * ldo + 16 g + r] for g < ngroups,
    r < 16, m < mm; xa: mm rows of CPU_ACT_BF16X2 (xa_row = 4 K bytes) in a
    buffer with whole 16-row tiles. */
@@ -132,6 +188,16 @@ static void CAT(KPREFIX, bamx_bf16)(const void *wp, int ngroups, const void *xa,
     const int nc = K / 32;
     const size_t gbytes = (size_t)K * 32, lo_off = (size_t)K * 2;
     const unsigned char *W = wp, *X = xa;
+    if (mm < 16) {
+        bamx_configure_few(mm);
+        for (int g = 0; g < ngroups; g += 2) {
+            const int cw = ngroups - g > 1 ? 2 : 1;
+            bamx_few(X, xa_row, lo_off, W + (size_t)g * gbytes, W + (size_t)(g + cw - 1) * gbytes, cw, nc,
+                     out + 16 * (size_t)g, ldo);
+        }
+        _tile_release();
+        return;
+    }
     bamx_configure();
     for (int c0 = 0; c0 < nc; c0 += BAMX_KC) {
         const int c1 = nc - c0 < BAMX_KC ? nc : c0 + BAMX_KC;
