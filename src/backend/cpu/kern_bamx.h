@@ -188,6 +188,7 @@ static void CAT(KPREFIX, bamx_bf16)(const void *wp, int ngroups, const void *xa,
     const int nc = K / 32;
     const size_t gbytes = (size_t)K * 32, lo_off = (size_t)K * 2;
     const unsigned char *W = wp, *X = xa;
+    if (mm <= 0) return; /* (a tile of 0 rows is not configured: using it would fault) */
     if (mm < 16) {
         bamx_configure_few(mm);
         for (int g = 0; g < ngroups; g += 2) {
