@@ -107,7 +107,8 @@ int main(int argc, char **argv) {
         const size_t rows = (size_t)M + (size_t)(16 - M % 16) + 15;
         if (!(wb16 = aligned_alloc(64, (wbytes + 63) / 64 * 64)) || !(xb16 = calloc(rows, xb_row)))
             return fprintf(stderr, "out of memory\n"), 1;
-        for (int g = 0; g < N / 16; g++) cpu_qpack_group(t, w + (size_t)g * 16 * wr, wr, 16, K, wb16 + (size_t)g * 16 * wr);
+        for (int g = 0; g < N / 16; g++)
+            cpu_qpack_group(t, w + (size_t)g * 16 * wr, wr, 16, K, wb16 + (size_t)g * 16 * wr);
         for (int m = 0; m < M; m++) tabs[a]->quantize_actbf16(x + (size_t)m * K, K, xb16 + (size_t)m * xb_row);
         if (copies > 1) {
             if (!(wcb = aligned_alloc(64, (wbytes * (size_t)copies + 63) / 64 * 64)))
