@@ -84,6 +84,29 @@ static void CAT(KPREFIX, bamx_act)(const float *x, int K, void *dst) {
         }                                                                                                          \
     } while (0)
 
+/* Chunk c of the sums tiles 0 (group w0) and 1 (w1; cw of them, 1 or 2)
+   against the activation rows at a (hi, then lo at lo_off; rows xa_row
+   apart): the weights into tiles ta and tb, the activations into 4 and 5,
+   then per sums tile the hi product, then the lo one. With pf, the groups'
+   weights BAMX_PF chunks ahead are prefetched while they are below end. */
+#define BAMX_CHUNK(c, ta, tb, pf, end)                                                                             \
+    do {                                                                                                           \
+        const size_t wo_ = (size_t)(c) * 1024, ao_ = (size_t)(c) * 64;                                             \
+        if ((pf) && (c) + BAMX_PF < (end))                                                                         \
+            for (int l_ = 0; l_ < 1024; l_ += 64) {                                                                \
+                _mm_prefetch((const char *)w0 + wo_ + BAMX_PF * 1024 + l_, _MM_HINT_T0);                           \
+                if (cw > 1) _mm_prefetch((const char *)w1 + wo_ + BAMX_PF * 1024 + l_, _MM_HINT_T0);               \
+            }                                                                                                      \
+        _tile_loadd(ta, w0 + wo_, 64);                                                                             \
+        if (cw > 1) _tile_loadd(tb, w1 + wo_, 64);                                                                 \
+        _tile_loadd(4, a + ao_, (int)xa_row);                                                                      \
+        _tile_loadd(5, a + lo_off + ao_, (int)xa_row);                                                             \
+        _tile_dpbf16ps(0, 4, ta);                                                                                  \
+        if (cw > 1) _tile_dpbf16ps(1, 4, tb);                                                                      \
+        _tile_dpbf16ps(0, 5, ta);                                                                                  \
+        if (cw > 1) _tile_dpbf16ps(1, 5, tb);                                                                      \
+    } while (0)
+
 /* Chunks [c0, c1) of up to 2 x 2 output tiles: activation rows from a
    (16-row tiles at a and a + 16 rows; ra of them exist, 1 or 2; mr0, mr1
    real rows in each), weight groups w0 and w1 (cw of them, 1 or 2), sums
@@ -101,16 +124,9 @@ static void bamx_block(const unsigned char *a, size_t xa_row, size_t lo_off, int
     }
     const unsigned char *a1 = a + 16 * xa_row;
     for (int c = c0; c < c1; c++) {
-        const size_t wo = (size_t)c * 1024, ao = (size_t)c * 64;
-        _tile_loadd(6, w0 + wo, 64);
-        if (cw > 1) _tile_loadd(7, w1 + wo, 64);
-        _tile_loadd(4, a + ao, (int)xa_row);
-        _tile_loadd(5, a + lo_off + ao, (int)xa_row);
-        _tile_dpbf16ps(0, 4, 6);
-        if (cw > 1) _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(0, 5, 6);
-        if (cw > 1) _tile_dpbf16ps(1, 5, 7);
+        BAMX_CHUNK(c, 6, 7, 0, c1);
         if (ra > 1) {
+            const size_t ao = (size_t)c * 64;
             _tile_loadd(4, a1 + ao, (int)xa_row);
             _tile_loadd(5, a1 + lo_off + ao, (int)xa_row);
             _tile_dpbf16ps(2, 4, 6);
@@ -135,25 +151,6 @@ static void bamx_configure_few(int mr) {
     amx_load_cfg(rows, colsb);
 }
 
-/* One chunk c of bamx_few: the weights into tiles ta (group w0) and tb (w1). */
-#define BAMX_FEW_CHUNK(c, ta, tb)                                                                                  \
-    do {                                                                                                           \
-        const size_t wo_ = (size_t)(c) * 1024, ao_ = (size_t)(c) * 64;                                             \
-        if ((c) + BAMX_PF < nc)                                                                                    \
-            for (int l_ = 0; l_ < 1024; l_ += 64) {                                                                \
-                _mm_prefetch((const char *)w0 + wo_ + BAMX_PF * 1024 + l_, _MM_HINT_T0);                           \
-                if (cw > 1) _mm_prefetch((const char *)w1 + wo_ + BAMX_PF * 1024 + l_, _MM_HINT_T0);               \
-            }                                                                                                      \
-        _tile_loadd(ta, w0 + wo_, 64);                                                                             \
-        if (cw > 1) _tile_loadd(tb, w1 + wo_, 64);                                                                 \
-        _tile_loadd(4, a + ao_, (int)xa_row);                                                                      \
-        _tile_loadd(5, a + lo_off + ao_, (int)xa_row);                                                             \
-        _tile_dpbf16ps(0, 4, ta);                                                                                  \
-        if (cw > 1) _tile_dpbf16ps(1, 4, tb);                                                                      \
-        _tile_dpbf16ps(0, 5, ta);                                                                                  \
-        if (cw > 1) _tile_dpbf16ps(1, 5, tb);                                                                      \
-    } while (0)
-
 /* All nc chunks of the mr (< 16) activation rows at a against weight
    groups w0 and w1 (cw of them, 1 or 2) into out (rows ldo apart), under
    bamx_configure_few(mr). The same sequence of instructions per output as
@@ -172,10 +169,10 @@ static void bamx_few(const unsigned char *a, size_t xa_row, size_t lo_off, const
     _tile_zero(1);
     int c = 0;
     for (; c + 2 <= nc; c += 2) {
-        BAMX_FEW_CHUNK(c, 6, 7);
-        BAMX_FEW_CHUNK(c + 1, 2, 3);
+        BAMX_CHUNK(c, 6, 7, 1, nc);
+        BAMX_CHUNK(c + 1, 2, 3, 1, nc);
     }
-    if (c < nc) BAMX_FEW_CHUNK(c, 6, 7);
+    if (c < nc) BAMX_CHUNK(c, 6, 7, 1, nc);
     _tile_stored(0, out, (int)(ldo * 4));
     if (cw > 1) _tile_stored(1, out + 16, (int)(ldo * 4));
 }
