@@ -23,7 +23,7 @@
  *     can end (logits read back; greedy ids from the forward), and the
  *     graphs were really captured and replayed (llama_bf16 f32 and bf16 KV,
  *     gemma2; quick: llama);
- *   - quantized models (`ember quantize` to q8_0, q4_0, q4_k_m of the fixtures,
+ *   - quantized models (`ember quantize` to q8_0, q4_0, q4_k_m, mlx4 and mlx8 of the fixtures,
  *     and of a random llama with rows of 256 so Q4_K / Q6_K run): greedy ids
  *     the CPU's, logits within 3e-2 (8-bit input levels can round apart),
  *     batch invariant
@@ -44,6 +44,7 @@
 #include "fixture.h"
 #include "model/model.h"
 #include "model/quantize.h"
+#include "model/quantize_mlx.h"
 
 static const char *const k_families[] = {"llama",     "llama_bf16", "qwen2",      "qwen3",        "mistral",
                                          "phi3",      "gemma2",     "gemma3_text", "qwen3_moe",   "glm4_moe",
@@ -379,11 +380,20 @@ static void run_quant(const char *family, const char *scheme, const char *cfg) {
                  EMBER_BIN, cpath, src);
         CHECK(system(cmd) == 0);
     }
-    snprintf(out, sizeof out, "%s/cuda-%s-%s%s.gguf", EMBER_TEST_TMP, family, scheme, cfg ? "-256" : "");
-    ember_qscheme qs;
-    CHECK(ember_qscheme_parse(scheme, &qs));
+    /* "mlx4", "mlx8": an MLX directory (group 64) whose products run cuda_mlx.cu; else a GGUF scheme */
+    const bool mlx = !strncmp(scheme, "mlx", 3);
+    snprintf(out, sizeof out, "%s/cuda-%s-%s%s%s", EMBER_TEST_TMP, family, scheme, cfg ? "-256" : "",
+             mlx ? "" : ".gguf");
     ember_error err = {0};
-    int rc = ember_quantize_to_gguf(src, out, qs, &err);
+    int rc;
+    if (mlx) {
+        ember_mlx_qopts o = {atoi(scheme + 3), 64, 0, EMBER_DTYPE_INVALID, false};
+        rc = ember_quantize_to_mlx(src, out, &o, &err);
+    } else {
+        ember_qscheme qs;
+        CHECK(ember_qscheme_parse(scheme, &qs));
+        rc = ember_quantize_to_gguf(src, out, qs, &err);
+    }
     CHECKF(rc == EMBER_OK, "quantize %s %s: %s", family, scheme, err.msg);
     ember_model *mg = rc ? NULL : load_gpu(out, "f32", 3, 512);
     ember_model *mc = rc ? NULL : fx_load_model(out, EMBER_ISA_AUTO, 2, 3);
@@ -422,12 +432,13 @@ static void run_quant(const char *family, const char *scheme, const char *cfg) {
             CHECKF(!memcmp(lg[i], lt[i], sz[i] * sizeof(float)) && !memcmp(ig[i], it[i], sizeof ig[i]),
                    "%s %s p%d: logits in a batch of three differ from alone", family, scheme, i);
     /* the decode steps' quantized inputs came from the ops that produced them (cuda_backend.c, "quantized
-       inputs"); the matmul's own quantizer (EMBER_CUDA_QFUSE=0, read when the backend is made) gives the same bits */
-    CHECKF(ember_cuda_qfuse_count(mg->be) > 0, "%s %s: no matmul found its input quantized", family, scheme);
+       inputs"); the matmul's own quantizer (EMBER_CUDA_QFUSE=0, read when the backend is made) gives the same bits.
+       (MLX products quantize their input themselves: not for them.) */
+    CHECKF(mlx || ember_cuda_qfuse_count(mg->be) > 0, "%s %s: no matmul found its input quantized", family, scheme);
     setenv("EMBER_CUDA_QFUSE", "0", 1);
-    ember_model *mu = load_gpu(out, "f32", 3, 512);
+    ember_model *mu = mlx ? NULL : load_gpu(out, "f32", 3, 512);
     unsetenv("EMBER_CUDA_QFUSE");
-    CHECKF(mu != NULL, "%s %s: loading failed (EMBER_CUDA_QFUSE=0)", family, scheme);
+    CHECKF(mlx || mu != NULL, "%s %s: loading failed (EMBER_CUDA_QFUSE=0)", family, scheme);
     for (int i = 0; mu && i < 3; i++)
         if (!gen(mu, &f, &i, 1, &lt[i], &it[i]))
             CHECKF(!memcmp(lg[i], lt[i], sz[i] * sizeof(float)) && !memcmp(ig[i], it[i], sizeof ig[i]),
@@ -436,8 +447,10 @@ static void run_quant(const char *family, const char *scheme, const char *cfg) {
     ember_model_free(mu);
     fprintf(stderr, "%-12s cuda:0 %-7s%s greedy ids the CPU's, worst relative logit difference %.3g; batch invariant\n",
             family, scheme, cfg ? " (rows of 256)" : "", worst);
-    fprintf(stderr, "%-12s cuda:0 %-7s quantized inputs from the producing ops: %ld matmuls; the same bits as without\n",
-            family, scheme, ember_cuda_qfuse_count(mg->be));
+    if (!mlx)
+        fprintf(stderr,
+                "%-12s cuda:0 %-7s quantized inputs from the producing ops: %ld matmuls; the same bits as without\n",
+                family, scheme, ember_cuda_qfuse_count(mg->be));
     for (int i = 0; i < 3; i++) {
         free(lg[i]);
         free(lc[i]);
@@ -460,6 +473,8 @@ static void test_quant(void) {
     run_quant("qwen2", "q4_k_m", NULL);
     run_quant("llama", "q4_k_m", k256);
     run_quant("llama", "q8_0", k256);
+    run_quant("llama", "mlx4", NULL); /* MLX affine weights (cuda_mlx.cu), group 64 */
+    run_quant("qwen2", "mlx8", NULL);
 }
 
 static void test_refusals(void) {

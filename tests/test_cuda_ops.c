@@ -316,6 +316,12 @@ static void q_rand(pair *p, ember_dtype dt, int64_t N, int64_t K) {
     size_t nb = p->g.nbytes / di->block_bytes, doff = dt == EMBER_Q6_K ? 208 : 0;
     for (size_t b = 0; b < nb; b++) {
         unsigned char *blk = h + b * di->block_bytes;
+        if (ember_dtype_mlx_params(dt, NULL, NULL)) { /* f32 scale and bias, then codes (any bits are codes) */
+            float sc = rnd() % 16 == 0 ? 0.0f : frnd() * 0.05f, bi = frnd() * 0.05f;
+            memcpy(blk, &sc, 4);
+            memcpy(blk + 4, &bi, 4);
+            continue;
+        }
         uint16_t d = ember_f32_to_f16(rnd() % 16 == 0 ? 0.0f : frnd() * 0.05f);
         memcpy(blk + doff, &d, 2);
         if (dt == EMBER_Q4_K || dt == EMBER_Q5_K) {
@@ -538,6 +544,72 @@ static void test_qmatmul(void) {
     pair_free(&q);
     pair_free(&bx);
     pair_free(&bo);
+}
+
+/* MLX affine weights (cuda_mlx.cu): every bit width and group size against the CPU backend, bit for
+   bit: products of 1 to 40 rows (the 8-row blocks and a partial one), rows of one and of many chunks
+   of 32 blocks, weight rows past a block of 8, bias, an input with a zero row, a NaN and 1e30 (x kind
+   1), mixed with GGUF and bf16 products in one matmul, prepared weights; get_rows' dequantization; an
+   unaligned weight refused. */
+static void test_mlx(void) {
+    const int Ms[] = {1, 3, 9, 40};
+    int n_mlx = 0;
+    for (int t = 0; t < EMBER_DTYPE_COUNT; t++) {
+        const ember_dtype dt = (ember_dtype)t;
+        int bits, G;
+        if (!ember_dtype_mlx_params(dt, &bits, &G)) continue;
+        n_mlx++;
+        const int Ks[] = {G, 128 * 9, 4096 + 128}; /* one group; 36 blocks (a chunk and a part); 132 */
+        for (int k = 0; k < 3; k++)
+            for (int m = 0; m < (int)(sizeof Ms / sizeof Ms[0]); m++) {
+                const int N = 37;
+                const bool bias = (m + k) % 2;
+                check_qmatmul(Ms[m], Ks[k], 1, &dt, &N, &bias, (m + k) % 3 == 1);
+            }
+        g_prep = true;
+        const int bigN = 1027;
+        const bool nob = false;
+        check_qmatmul(1, 2048, 1, &dt, &bigN, &nob, 0);
+        g_prep = false;
+        ember_error err;
+        const int64_t R = 30, D = 256;
+        pair src, dst;
+        int64_t ds[2] = {5, D};
+        q_rand(&src, dt, R, D);
+        pair_alloc(&dst, EMBER_F32, 2, ds);
+        poison(g_gpu, &dst.g);
+        int32_t ids[5] = {0, 29, 7, 7, 20};
+        CHECK(g_gpu->ops->get_rows(g_gpu, &dst.g, &src.g, ids, 5, &err) == EMBER_OK);
+        CHECK(g_cpu->ops->get_rows(g_cpu, &dst.c, &src.c, ids, 5, &err) == EMBER_OK);
+        float *g = read_f32(g_gpu, &dst.g), *c = read_f32(g_cpu, &dst.c);
+        CHECKF(!memcmp(g, c, dst.g.nbytes), "get_rows %s: not the CPU's bits", ember_dtype_get(dt)->name);
+        free(g);
+        free(c);
+        pair_free(&src);
+        pair_free(&dst);
+    }
+    CHECKF(n_mlx == 18, "%d MLX dtypes (expected 6 widths x 3 group sizes)", n_mlx);
+    const ember_dtype mix[5] = {EMBER_MLX4_G64, EMBER_Q8_0, EMBER_BF16, EMBER_MLX8_G32, EMBER_Q4_K};
+    const int Ns[5] = {130, 9, 33, 17, 40};
+    const bool bias[5] = {true, false, false, true, false};
+    check_qmatmul(1, 512, 5, mix, Ns, bias, 0);
+    check_qmatmul(12, 512, 5, mix, Ns, bias, 0);
+    /* a weight view 2 bytes into its buffer: refused (the kernels read 4-byte words) */
+    ember_error err;
+    ember_tensor w, v, x, o;
+    ember_buffer *wb, *xb, *ob;
+    int64_t ws[2] = {2, 64}, vs[2] = {1, 64}, xs[2] = {1, 64}, os[2] = {1, 1};
+    if (CHECKV(ember_tensor_alloc(g_gpu, &w, &wb, EMBER_MLX4_G64, 2, ws, &err) == EMBER_OK, "%s", err.msg)) {
+        CHECK(ember_tensor_view(&v, wb, 2, EMBER_MLX4_G64, 2, vs, &err) == EMBER_OK);
+        CHECK(ember_tensor_alloc(g_gpu, &x, &xb, EMBER_F32, 2, xs, &err) == EMBER_OK);
+        CHECK(ember_tensor_alloc(g_gpu, &o, &ob, EMBER_F32, 2, os, &err) == EMBER_OK);
+        ember_matmul mm = {&o, &v, NULL};
+        CHECK(g_gpu->ops->matmul(g_gpu, &x, 1, &mm, &err) == EMBER_ERR_INVALID_ARG);
+        CHECKF(strstr(err.msg, "aligned"), "%s", err.msg);
+        ember_buffer_free(wb);
+        ember_buffer_free(xb);
+        ember_buffer_free(ob);
+    }
 }
 
 /* One input row through each kernel that takes it: qmv4_k (Q4_0) and qmv_k (the K types) with
@@ -1701,7 +1773,7 @@ int main(void) {
                   {"elementwise", test_elementwise}, {"copy", test_copy},
                   {"kv_attention", test_kv_attention}, {"add_rms_norm", test_add_rms_norm},
                   {"rope_kv_write", test_rope_kv_write}, {"argmax", test_argmax}, {"sample", test_sample},
-                  {"qfuse", test_qfuse},
+                  {"qfuse", test_qfuse},             {"mlx", test_mlx},
                   {"unsupported", test_unsupported}};
     const char *only = getenv("EMBER_CUDA_OPS_ONLY");
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)

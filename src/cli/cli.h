@@ -36,7 +36,7 @@ typedef struct cli_model_opts {
    entries writing into a cli_model_opts `mo`. */
 #define CLI_KV_OPTS(mo)                                                                                              \
     {"device", 0, OPT_STR, &(mo).device, "DEV", "where the model runs: cpu (default), cuda or cuda:N (CUDA builds; "  \
-     "f32/f16/bf16 KV; f32/f16/bf16, q8_0, q4_0, q5_0, q4_k, q5_k, q6_k weights)", 0, 0, false},                      \
+     "f32/f16/bf16 KV; f32/f16/bf16, q8_0, q4_0, q5_0, q4_k, q5_k, q6_k, mlx weights)", 0, 0, false},                 \
     {"kv-type", 0, OPT_STR, &(mo).kv_type, "KIND", "KV cache kind: f32, f16, bf16, q8, q4, tq-kKvV (K/V bits 2..8)", \
      0, 0, false},                                                                                                     \
     {"kv-group-size", 0, OPT_INT, &(mo).kv_group, "N", "q8 / q4 KV: values per scale, 32, 64 or 128 (default 64)", \

@@ -19,7 +19,7 @@ if(EMBER_CUDA)
   add_library(ember_cuda OBJECT
     src/backend/cuda/cuda_backend.c src/backend/cuda/cuda_matmul.cu src/backend/cuda/cuda_ops.cu
     src/backend/cuda/cuda_attn.cu src/backend/cuda/cuda_delta.cu src/backend/cuda/cuda_wgmma.cu
-    src/backend/cuda/cuda_qmm.cu src/backend/cuda/cuda_sample.cu)
+    src/backend/cuda/cuda_qmm.cu src/backend/cuda/cuda_sample.cu src/backend/cuda/cuda_mlx.cu)
   # --fmad=false: no multiply-add contraction (the C side builds with
   # -ffp-contract=off); the matmul kernels call fmaf explicitly.
   set(EMBER_CUDA_NVCC_FLAGS "-gencode=arch=compute_90,code=[sm_90,compute_90]" --fmad=false -lineinfo
@@ -29,7 +29,7 @@ if(EMBER_CUDA)
   endif()
   set_source_files_properties(src/backend/cuda/cuda_matmul.cu src/backend/cuda/cuda_ops.cu src/backend/cuda/cuda_attn.cu
     src/backend/cuda/cuda_delta.cu src/backend/cuda/cuda_qmm.cu src/backend/cuda/cuda_sample.cu
-    PROPERTIES COMPILE_OPTIONS "${EMBER_CUDA_NVCC_FLAGS}")
+    src/backend/cuda/cuda_mlx.cu PROPERTIES COMPILE_OPTIONS "${EMBER_CUDA_NVCC_FLAGS}")
   # cuda_wgmma.cu: Hopper's wgmma needs the sm_90a machine code (no PTX: it
   # would not run elsewhere); the launcher uses it on compute capability 9.0
   # alone and the kernels above everywhere else.

@@ -46,8 +46,12 @@
  * written the quantized form already, and the matmul skips its quantizer
  * launch (the section "quantized inputs").
  *
+ * MLX affine weights (cuda_mlx.cu): a matmul quantizes its input row-major
+ * into a scratch of their own (c->mlx_act) and launches one product each;
+ * get_rows dequantizes. The CPU backend's bits.
+ *
  * Not here yet: the quantized KV codecs (Q8, Q4, TQ) and the other weight
- * types (Q4_1, Q5_1, the other K types, MLX; EMBER_ERR_UNSUPPORTED, refused at
+ * types (Q4_1, Q5_1, the other K types; EMBER_ERR_UNSUPPORTED, refused at
  * load through weight_ok / kv_ok).
  */
 #include <math.h>
@@ -152,6 +156,8 @@ typedef struct cuda_backend {
     int64_t am_V;
     void *qact;          /* device scratch of quantized matmuls: the input quantized (cuda_qmm.cu) */
     size_t qact_cap;     /* bytes */
+    void *mlx_act;       /* device scratch of MLX products: the input as row-major A32 records (cuda_mlx.cu) */
+    size_t mlx_act_cap;  /* bytes */
     /* fused input quantization (section "quantized inputs"): what qact holds, the launches so far */
     struct {
         const void *src;  /* the f32 input whose quantized form qact holds, NULL: nothing */
@@ -1013,11 +1019,16 @@ static int cu_qtype(ember_dtype d) {
     }
 }
 
+/* true for an MLX affine dtype (cuda_mlx.cu); then *bits and *G. */
+static bool cu_mlx(ember_dtype d, int *bits, int *G) {
+    return ember_dtype_mlx_params(d, bits, G);
+}
+
 /* The error for a weight dtype this backend has no kernels for yet. */
 static int unsupported_weight(ember_dtype d, const char *op, ember_error *err) {
     return ember_err(err, EMBER_ERR_UNSUPPORTED,
-                     "%s on CUDA: %s weights are not supported yet (f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q5_k "
-                     "and q6_k are)",
+                     "%s on CUDA: %s weights are not supported yet (f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q5_k, "
+                     "q6_k and the mlx types are)",
                      op, ember_dtype_get(d)->name);
 }
 
@@ -1036,16 +1047,17 @@ static int cuda_get_rows(ember_backend *be, ember_tensor *dst, const ember_tenso
     if ((rc = need_f32(be, dst, "get_rows", "dst", err)) || (rc = check_tensor(be, src, "get_rows", "src", err)))
         return rc;
     if (src->ndim != 2) return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: src must be a 2-D tensor");
-    int dt = cu_dtype(src->dtype), qt = cu_qtype(src->dtype);
-    if (dt < 0 && qt < 0) return unsupported_weight(src->dtype, "get_rows", err);
+    int dt = cu_dtype(src->dtype), qt = cu_qtype(src->dtype), mb = 0, mg = 0;
+    const bool mlx = cu_mlx(src->dtype, &mb, &mg);
+    if (dt < 0 && qt < 0 && !mlx) return unsupported_weight(src->dtype, "get_rows", err);
     int64_t D = src->shape[1], R = src->shape[0];
     if (n < 0 || ember_tensor_row_len(dst) != D || ember_tensor_rows(dst) < n)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: dst shape does not fit %d rows of %lld", n,
                          (long long)D);
-    if (qt >= 0 && D % (int64_t)ember_dtype_get(src->dtype)->block_elems)
+    if ((qt >= 0 || mlx) && D % (int64_t)ember_dtype_get(src->dtype)->block_elems)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: rows of %lld are not whole %s blocks", (long long)D,
                          ember_dtype_get(src->dtype)->name);
-    if ((uintptr_t)dev(src) % (dt == EMBER_CU_F32 ? 4u : 2u))
+    if ((uintptr_t)dev(src) % (dt == EMBER_CU_F32 || mlx ? 4u : 2u))
         return ember_err(err, EMBER_ERR_INVALID_ARG, "get_rows: src is not aligned to its element size");
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= R)
@@ -1057,9 +1069,14 @@ static int cuda_get_rows(ember_backend *be, ember_tensor *dst, const ember_tenso
     size_t bytes[1] = {(size_t)n * sizeof *ids};
     void *d_ids;
     if ((rc = upload_args(c, 1, part, bytes, &d_ids, err))) return rc;
-    const uint64_t sg[] = {1, P(dev(dst)), P(dev(src)), (uint64_t)(qt >= 0 ? qt : dt), P(d_ids), (uint64_t)n,
-                           (uint64_t)D};
+    const uint64_t sg[] = {1, P(dev(dst)), P(dev(src)), (uint64_t)(mlx ? 100 + (int)src->dtype : qt >= 0 ? qt : dt),
+                           P(d_ids), (uint64_t)n, (uint64_t)D};
     if (g_skip(c, sg, 7)) return EMBER_OK;
+    if (mlx) {
+        size_t row = (size_t)(D / mg) * ember_dtype_get(src->dtype)->block_bytes;
+        return launched(c, ember_cu_mlx_get_rows(c->stream, dev(dst), dev(src), mb, mg, row, d_ids, n, D), "get_rows",
+                        err);
+    }
     if (qt >= 0) {
         size_t row = (size_t)(D / (int64_t)ember_dtype_get(src->dtype)->block_elems) *
                      ember_dtype_get(src->dtype)->block_bytes;
@@ -1292,6 +1309,57 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
     return EMBER_OK;
 }
 
+/* The MLX products of a checked matmul (cuda_matmul): the input quantized
+   once, row-major, into c->mlx_act (grown on demand), then one launch a
+   product. */
+static int mlx_matmul(cuda_backend *c, const ember_tensor *x, int n, const ember_matmul *mm, ember_error *err) {
+    const int M = (int)ember_tensor_rows(x), K = (int)ember_tensor_row_len(x);
+    bool any = false;
+    for (int i = 0; i < n; i++) any |= cu_mlx(mm[i].w->dtype, NULL, NULL);
+    if (!any) return EMBER_OK;
+    if (M > 65535 * 8)
+        return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: %d rows against MLX weights (at most %d)", M, 65535 * 8);
+    size_t need;
+    if (!ember_mul_ok((size_t)M * (size_t)(K / 32), 48, &need))
+        return ember_err(err, EMBER_ERR_NOMEM, "matmul: MLX input scratch size overflows");
+    if (need > c->mlx_act_cap) {
+        if (g_cannot(c)) return EMBER_OK;
+        graphs_clear(c); /* they point at the old scratch */
+        CU_TRY(cudaStreamSynchronize(c->stream), "MLX matmul scratch"); /* queued kernels may use it */
+        if (c->mlx_act) CU_TRY(cudaFree(c->mlx_act), "MLX matmul scratch");
+        c->mlx_act = NULL;
+        c->mlx_act_cap = 0;
+        size_t cap = need + need / 4;
+        cudaError_t e = cudaMalloc(&c->mlx_act, cap);
+        if (e != cudaSuccess) {
+            cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+            c->mlx_act = NULL;
+            return cuda_fail(err, e, "allocating MLX matmul scratch");
+        }
+        c->mlx_act_cap = cap;
+    }
+    int rc;
+    const uint64_t sa[] = {22, P(dev(x)), P(c->mlx_act), (uint64_t)M, (uint64_t)K};
+    if (!g_skip(c, sa, 5) &&
+        (rc = launched(c, ember_cu_mlx_qact(c->stream, dev(x), c->mlx_act, M, K), "matmul: quantize input", err)))
+        return rc;
+    for (int i = 0; i < n; i++) {
+        int bits, G;
+        if (!cu_mlx(mm[i].w->dtype, &bits, &G)) continue;
+        ember_cu_mm_prod p = cu_prod(&mm[i]);
+        char name[64] = "matmul";
+        if (c->prof)
+            snprintf(name, sizeof name, "matmul %s M=%d N=%d K=%d", ember_dtype_get(mm[i].w->dtype)->name, M, p.N, K);
+        uint64_t sg[4 + 4] = {23, P(c->mlx_act), (uint64_t)M, (uint64_t)K};
+        int ns = 4;
+        sig_prods(sg, &ns, &p, 1);
+        sg[ns - 1] ^= (uint64_t)mm[i].w->dtype << 32; /* the dtype beside N */
+        if (g_skip(c, sg, ns)) continue;
+        if ((rc = launched(c, ember_cu_mlx_matmul(c->stream, c->mlx_act, M, K, bits, G, &p), name, err))) return rc;
+    }
+    return EMBER_OK;
+}
+
 static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm, ember_error *err) {
     cuda_backend *c = cu(be);
     int rc = need_f32(be, x, "matmul", "x", err);
@@ -1310,11 +1378,12 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: weight must be a 2-D [N, %lld] tensor",
                              (long long)K);
         int dt = cu_dtype(m->w->dtype), qt = cu_qtype(m->w->dtype);
-        if (dt < 0 && qt < 0) return unsupported_weight(m->w->dtype, "matmul", err);
-        if (qt >= 0 && K % (int64_t)ember_dtype_get(m->w->dtype)->block_elems)
+        const bool mlx = cu_mlx(m->w->dtype, NULL, NULL);
+        if (dt < 0 && qt < 0 && !mlx) return unsupported_weight(m->w->dtype, "matmul", err);
+        if ((qt >= 0 || mlx) && K % (int64_t)ember_dtype_get(m->w->dtype)->block_elems)
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: K = %lld is not a whole number of %s blocks",
                              (long long)K, ember_dtype_get(m->w->dtype)->name);
-        if ((uintptr_t)dev(m->w) % (dt == EMBER_CU_F32 ? 4u : 2u))
+        if ((uintptr_t)dev(m->w) % (dt == EMBER_CU_F32 || mlx ? 4u : 2u))
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: weight is not aligned to its element size");
         int64_t N = m->w->shape[0];
         if (ember_tensor_row_len(m->out) != N || ember_tensor_rows(m->out) != M)
@@ -1354,6 +1423,8 @@ static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const em
         if (g_skip(c, sg, ns)) continue;
         if ((rc = launched(c, ember_cu_matmul(c->stream, &a), name, err))) return rc;
     }
+    /* the MLX launches write only their outputs and their own scratch: a quantized x stays as well */
+    if ((rc = mlx_matmul(c, x, n, mm, err))) return rc;
     if (keep) c->qf.seq = c->seq;
     return qmatmul(c, x, n, mm, err);
 }
@@ -1960,6 +2031,7 @@ static void cuda_free(ember_backend *be) {
         if (c->ids_dev) cudaFree(c->ids_dev);
         if (c->delta_scratch) cudaFree(c->delta_scratch);
         if (c->qact) cudaFree(c->qact);
+        if (c->mlx_act) cudaFree(c->mlx_act);
         if (c->gmode == G_CAPTURE) {
             cudaGraph_t g = NULL;
             if (cudaStreamEndCapture(c->stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
@@ -1983,7 +2055,7 @@ static void cuda_free(ember_backend *be) {
 /* What the kernels multiply and gather: float weights and the quantized
    types of cuda_qmm.cu. */
 static bool cuda_weight_ok(ember_dtype d) {
-    return cu_dtype(d) >= 0 || cu_qtype(d) >= 0;
+    return cu_dtype(d) >= 0 || cu_qtype(d) >= 0 || cu_mlx(d, NULL, NULL);
 }
 
 static bool cuda_kv_ok(ember_kv_enc e) {

@@ -182,6 +182,24 @@ cudaError_t ember_cu_qmm_prepare(void);
 cudaError_t ember_cu_qget_rows(cudaStream_t stream, float *dst, const void *src, int qtype, size_t row_bytes,
                                const int32_t *ids, int n, int64_t D);
 
+/* ---- MLX affine weights (cuda_mlx.cu) ---- */
+
+/* act = x [M, K] (K % 32 == 0) as row-major A32 records (cuda_qact.cuh), at
+   any M: M * (K / 32) * A32_BYTES (48) bytes. */
+cudaError_t ember_cu_mlx_qact(cudaStream_t stream, const float *x, void *act, int M, int K);
+
+/* p->out = dot(act rows, p->w rows) (+ p->bias): kern_mlx.h's canonical
+   dot product, the CPU's bits, for weights of `bits` (2, 3, 4, 5, 6, 8)
+   and groups of G (32, 64, 128) elements, K % G == 0, p->w 4-byte aligned;
+   act from ember_cu_mlx_qact. cudaErrorInvalidValue for other shapes. */
+cudaError_t ember_cu_mlx_matmul(cudaStream_t stream, const void *act, int M, int K, int bits, int G,
+                                const ember_cu_mm_prod *p);
+
+/* dst[i, :] = src[ids[i], :] dequantized exactly (cpu_mlx_dequant_row);
+   rows of D elements (D % G == 0), row_bytes apart, 4-byte aligned. */
+cudaError_t ember_cu_mlx_get_rows(cudaStream_t stream, float *dst, const void *src, int bits, int G,
+                                  size_t row_bytes, const int32_t *ids, int n, int64_t D);
+
 /* dst[i, :] = src[ids[i], :] as f32; ids is device memory holding n ids,
    each already checked to be in range. */
 cudaError_t ember_cu_get_rows(cudaStream_t stream, float *dst, const void *src, int dtype,

@@ -1,0 +1,214 @@
+/*
+ * cuda_mlx.cu - MLX affine weights on the GPU (the EMBER_MLX<b>_G<G> dtypes,
+ * 2, 3, 4, 5, 6 or 8 bits, groups of 32, 64 or 128, in Ember's bit-plane
+ * layout: src/formats/mlx_quant.h, src/backend/cpu/kern_mlx.h): the matrix
+ * product and get_rows, the CPU's numbers bit for bit.
+ *
+ * A weight row is K / G blocks: f32 scale sc, f32 bias bi, then G / 32
+ * sub-blocks of 4 * bits bytes of codes. Dequantization is w = sc * code +
+ * bi, product and sum each rounded (get_rows). The product is kern_mlx.h's
+ * canonical dot product: the input row quantized as for the 32-element GGUF
+ * types (cuda_qact.cuh's A32 records: levels q, scale d, level sum s; the
+ * CPU's ds is d * (float)s, one rounding, computed here), then for each
+ * 32-element block b in order
+ *     dd = sc * d_b;  p_l = sum of code(e) * q(e), e = 4l .. 4l + 3 (exact)
+ *     acc[8 * (b % 2) + l] = fmaf(dd, (float)p_l, acc[8 * (b % 2) + l])
+ *     macc = fmaf(bi, ds_b, macc)
+ * and the output is tree16(acc) + macc (qkern.h cpu_tree16's order), plus
+ * the bias as its own addition. Nothing depends on the other rows of the
+ * batch, so results are batch invariant, and equal the CPU backend's.
+ *
+ * The product kernel (mlx_mm_k): a block of 8 warps, one weight row a warp,
+ * MLX_MT input rows a block (grid y). For each input row a warp walks K in
+ * chunks of 32 blocks: lane t computes block t's eight integer sums and its
+ * dd, bi and ds into the warp's shared memory; then lanes 0-15 run the
+ * chunk's part of acc[lane]'s chain (the blocks of its parity, in order) and
+ * lane 16 the macc chain. Correct first; not tuned (a weight row is read
+ * again from L1 / L2 for each input row).
+ *
+ * Weights must be 4-byte aligned (blocks are a multiple of 4 bytes: the
+ * caller checks the base); every pointer is device memory owned by the
+ * caller; launchers enqueue and return (cuda_kernels.h).
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda_kernels.h"
+#include "cuda_pdl.cuh"
+#include "cuda_qact.cuh"
+
+#define MLX_MT 8 /* input rows a block of the product takes (grid y) */
+
+/* Byte i of the little-endian words w. */
+static __device__ __forceinline__ unsigned int mlx_byte(const unsigned int *w, int i) {
+    return (w[i >> 2] >> (8 * (i & 3))) & 255u;
+}
+
+/* The nibble plane's and a 2-bit plane's part of code e (0..31); the 2-bit
+   plane starts at byte o. */
+static __device__ __forceinline__ unsigned int mlx_nib(const unsigned int *w, int e) {
+    return e < 16 ? (mlx_byte(w, e) & 15u) : (mlx_byte(w, e - 16) >> 4);
+}
+static __device__ __forceinline__ unsigned int mlx_two(const unsigned int *w, int o, int e) {
+    return (mlx_byte(w, o + (e & 7)) >> (2 * (e >> 3))) & 3u;
+}
+
+/* Code e (0..31) of a sub-block held as its BITS words w (kern_mlx.c
+   mlx_code); each case reads only bytes below 4 * BITS. */
+template <int BITS> static __device__ __forceinline__ int mlx_code(const unsigned int *w, int e) {
+    switch (BITS) {
+    case 8: return (int)mlx_byte(w, e);
+    case 4: return (int)mlx_nib(w, e);
+    case 2: return (int)mlx_two(w, 0, e);
+    case 3: return (int)(mlx_two(w, 0, e) | ((mlx_byte(w, 8 + (e >> 3)) >> (e & 7)) & 1u) << 2);
+    case 5: return (int)(mlx_nib(w, e) | ((mlx_byte(w, 16 + (e >> 3)) >> (e & 7)) & 1u) << 4);
+    default: return (int)(mlx_nib(w, e) | mlx_two(w, 16, e) << 4); /* 6 */
+    }
+}
+
+template <int BITS>
+static __global__ void __launch_bounds__(256) mlx_mm_k(const unsigned char *act, int M, int K, int G,
+                                                       const unsigned char *w, size_t row_bytes, float *out,
+                                                       const float *bias, int N) {
+    __shared__ int sp[8][32][8];
+    __shared__ float sdd[8][32], sbi[8][32], sds[8][32];
+    ember_pdl_enter();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n = blockIdx.x * 8 + warp;
+    if (n >= N) return; /* (warp-level synchronisation only below) */
+    const int nb = K / 32, per_g = G / 32;
+    const size_t bb = 8 + (size_t)G * BITS / 8;
+    const unsigned char *wr = w + (size_t)n * row_bytes;
+    const int m0 = blockIdx.y * MLX_MT, m1 = M - m0 < MLX_MT ? M : m0 + MLX_MT;
+    for (int m = m0; m < m1; m++) {
+        const unsigned char *ar = act + (size_t)m * (size_t)nb * A32_BYTES;
+        float acc = 0.0f; /* lane j < 16: acc[j]; lane 16: macc */
+        for (int c0 = 0; c0 < nb; c0 += 32) {
+            const int b = c0 + lane, nc = nb - c0 < 32 ? nb - c0 : 32;
+            if (lane < nc) {
+                const unsigned char *blk = wr + (size_t)(b / per_g) * bb;
+                const unsigned int *sb = (const unsigned int *)(blk + 8 + (size_t)(b % per_g) * 4 * BITS);
+                unsigned int cw[BITS];
+#pragma unroll
+                for (int i = 0; i < BITS; i++) cw[i] = __ldg(sb + i);
+                const unsigned char *ab = ar + (size_t)b * A32_BYTES;
+                unsigned int qw[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) qw[i] = __ldg((const unsigned int *)ab + i);
+                const float d = __ldg((const float *)(ab + 32));
+                const int s = __ldg((const int *)(ab + 36));
+#pragma unroll
+                for (int l = 0; l < 8; l++) {
+                    int p = 0;
+#pragma unroll
+                    for (int e = 4 * l; e < 4 * l + 4; e++)
+                        p += mlx_code<BITS>(cw, e) * (int)(signed char)mlx_byte(qw, e);
+                    sp[warp][lane][l] = p;
+                }
+                sdd[warp][lane] = __fmul_rn(__ldg((const float *)blk), d);
+                sbi[warp][lane] = __ldg((const float *)(blk + 4));
+                sds[warp][lane] = __fmul_rn(d, (float)s);
+            }
+            __syncwarp();
+            if (lane < 16) { /* c0 is even: block c0 + t has the parity of t */
+                const int l = lane & 7;
+                for (int t = lane >> 3; t < nc; t += 2) acc = __fmaf_rn(sdd[warp][t], (float)sp[warp][t][l], acc);
+            } else if (lane == 16) {
+                for (int t = 0; t < nc; t++) acc = __fmaf_rn(sbi[warp][t], sds[warp][t], acc);
+            }
+            __syncwarp();
+        }
+        float a[17];
+#pragma unroll
+        for (int j = 0; j < 17; j++) a[j] = __shfl_sync(0xffffffffu, acc, j);
+        if (lane == 0) { /* cpu_tree16, then + macc */
+            float s8[8], s4[4];
+#pragma unroll
+            for (int j = 0; j < 8; j++) s8[j] = __fadd_rn(a[j], a[j + 8]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) s4[j] = __fadd_rn(s8[j], s8[j + 4]);
+            float o = __fadd_rn(__fadd_rn(__fadd_rn(s4[0], s4[2]), __fadd_rn(s4[1], s4[3])), a[16]);
+            if (bias) o = __fadd_rn(o, bias[n]);
+            out[(size_t)m * (size_t)N + (size_t)n] = o;
+        }
+    }
+}
+
+extern "C" cudaError_t ember_cu_mlx_matmul(cudaStream_t stream, const void *act, int M, int K, int bits, int G,
+                                           const ember_cu_mm_prod *p) {
+    if (M < 1 || p->N < 1) return cudaSuccess;
+    if (K < 32 || K % G || (G != 32 && G != 64 && G != 128)) return cudaErrorInvalidValue;
+    const long long gy = ((long long)M + MLX_MT - 1) / MLX_MT;
+    if (gy > 65535) return cudaErrorInvalidValue;
+    const size_t row = (size_t)(K / G) * (8 + (size_t)G * (size_t)bits / 8);
+    const dim3 grid((unsigned)((p->N + 7) / 8), (unsigned)gy), blk(256);
+    const unsigned char *a = (const unsigned char *)act, *w = (const unsigned char *)p->w;
+    switch (bits) {
+    case 2: return ember_launch(mlx_mm_k<2>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
+    case 3: return ember_launch(mlx_mm_k<3>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
+    case 4: return ember_launch(mlx_mm_k<4>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
+    case 5: return ember_launch(mlx_mm_k<5>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
+    case 6: return ember_launch(mlx_mm_k<6>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
+    case 8: return ember_launch(mlx_mm_k<8>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+/* Element e of the row at r: sc * code + bi, each rounded (cpu_mlx_dequant_row). */
+template <int BITS> static __device__ float mlx_deq(const unsigned char *r, int G, int64_t e) {
+    const unsigned char *blk = r + (size_t)(e / G) * (8 + (size_t)G * BITS / 8);
+    const int k = (int)(e % G);
+    const unsigned int *sb = (const unsigned int *)(blk + 8 + (size_t)(k / 32) * 4 * BITS);
+    unsigned int cw[BITS];
+#pragma unroll
+    for (int i = 0; i < BITS; i++) cw[i] = sb[i];
+    const float sc = *(const float *)blk, bi = *(const float *)(blk + 4);
+    return __fadd_rn(__fmul_rn(sc, (float)mlx_code<BITS>(cw, k & 31)), bi);
+}
+
+template <int BITS>
+static __global__ void __launch_bounds__(256)
+    mlx_rows_k(float *dst, const unsigned char *src, int G, size_t row_bytes, const int32_t *ids, int64_t D) {
+    ember_pdl_enter();
+    const long long e = (long long)blockIdx.y * 256 + threadIdx.x;
+    if (e >= D) return;
+    dst[(size_t)blockIdx.x * (size_t)D + (size_t)e] = mlx_deq<BITS>(src + (size_t)ids[blockIdx.x] * row_bytes, G, e);
+}
+
+extern "C" cudaError_t ember_cu_mlx_get_rows(cudaStream_t stream, float *dst, const void *src, int bits, int G,
+                                             size_t row_bytes, const int32_t *ids, int n, int64_t D) {
+    if (n < 1 || D < 1) return cudaSuccess;
+    const int64_t gy = (D + 255) / 256;
+    if (gy > 65535 || D % G || (G != 32 && G != 64 && G != 128)) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)n, (unsigned)gy), blk(256);
+    const unsigned char *s = (const unsigned char *)src;
+    switch (bits) {
+    case 2: return ember_launch(mlx_rows_k<2>, grid, blk, 0, stream, dst, s, G, row_bytes, ids, D);
+    case 3: return ember_launch(mlx_rows_k<3>, grid, blk, 0, stream, dst, s, G, row_bytes, ids, D);
+    case 4: return ember_launch(mlx_rows_k<4>, grid, blk, 0, stream, dst, s, G, row_bytes, ids, D);
+    case 5: return ember_launch(mlx_rows_k<5>, grid, blk, 0, stream, dst, s, G, row_bytes, ids, D);
+    case 6: return ember_launch(mlx_rows_k<6>, grid, blk, 0, stream, dst, s, G, row_bytes, ids, D);
+    case 8: return ember_launch(mlx_rows_k<8>, grid, blk, 0, stream, dst, s, G, row_bytes, ids, D);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+/* The A32 records of M input rows, row-major at any M (the 32-element GGUF
+   types switch to the tensor-core tiles from QTC_MIN_M rows; these kernels
+   do not). */
+static __global__ void __launch_bounds__(256) mlx_qact_k(const float *x, unsigned char *act, int M, int K) {
+    ember_pdl_enter();
+    const int nb = K / 32;
+    const long long blk = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (blk >= (long long)M * nb) return;
+    const int lane = threadIdx.x & 31;
+    const long long m = blk / nb, b = blk % nb;
+    qact32_store(x[m * (long long)K + b * 32 + lane], act + blk * A32_BYTES, lane);
+}
+
+extern "C" cudaError_t ember_cu_mlx_qact(cudaStream_t stream, const float *x, void *act, int M, int K) {
+    if (M < 1 || K < 1) return cudaSuccess;
+    const long long grid = ((long long)M * (K / 32) + 7) / 8;
+    if (grid > 0x7fffffffLL) return cudaErrorInvalidValue;
+    return ember_launch(mlx_qact_k, dim3((unsigned)grid), dim3(256), 0, stream, x, (unsigned char *)act, M, K);
+}
