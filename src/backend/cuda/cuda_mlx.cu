@@ -20,8 +20,10 @@
  *
  * The product kernel (mlx_mm_k): a block of 8 warps, one weight row a warp,
  * MLX_MT input rows a block (grid y). For each input row a warp walks K in
- * chunks of 32 blocks: lane t computes block t's eight integer sums and its
- * dd, bi and ds into the warp's shared memory; then lanes 0-15 run the
+ * chunks of 32 blocks: lane t computes block t's eight integer sums (four
+ * codes a byte by four levels in one dp4a; 8-bit codes as code - 128, the
+ * levels' sum times 128 added back: exact) and its dd, bi and ds into the
+ * warp's shared memory; then lanes 0-15 run the
  * chunk's part of acc[lane]'s chain (the blocks of its parity, in order) and
  * lane 16 the macc chain. Correct first; not tuned (a weight row is read
  * again from L1 / L2 for each input row).
@@ -51,6 +53,30 @@ static __device__ __forceinline__ unsigned int mlx_nib(const unsigned int *w, in
 }
 static __device__ __forceinline__ unsigned int mlx_two(const unsigned int *w, int o, int e) {
     return (mlx_byte(w, o + (e & 7)) >> (2 * (e >> 3))) & 3u;
+}
+
+/* The 4-bit value x's bit i into bit 0 of byte i. */
+static __device__ __forceinline__ unsigned int mlx_spread4(unsigned int x) {
+    return (x * 0x00204081u) & 0x01010101u;
+}
+
+/* Codes 4l .. 4l + 3 of a sub-block held as its BITS words w, one a byte
+   (the same codes as mlx_code, four at once). */
+static __device__ __forceinline__ unsigned int mlx_nib4(const unsigned int *w, int l) { /* words 0-3 */
+    return l < 4 ? w[l & 3] & 0x0f0f0f0fu : (w[l & 3] >> 4) & 0x0f0f0f0fu;
+}
+static __device__ __forceinline__ unsigned int mlx_two4(const unsigned int *w, int o, int l) { /* words o, o + 1 */
+    return (w[o + (l & 1)] >> (2 * (l >> 1))) & 0x03030303u;
+}
+template <int BITS> static __device__ __forceinline__ unsigned int mlx_codes4(const unsigned int *w, int l) {
+    switch (BITS) {
+    case 8: return w[l];
+    case 4: return mlx_nib4(w, l);
+    case 2: return mlx_two4(w, 0, l);
+    case 3: return mlx_two4(w, 0, l) | mlx_spread4((mlx_byte(w, 8 + (l >> 1)) >> (4 * (l & 1))) & 15u) << 2;
+    case 5: return mlx_nib4(w, l) | mlx_spread4((mlx_byte(w, 16 + (l >> 1)) >> (4 * (l & 1))) & 15u) << 4;
+    default: return mlx_nib4(w, l) | mlx_two4(w, 4, l) << 4; /* 6 */
+    }
 }
 
 /* Code e (0..31) of a sub-block held as its BITS words w (kern_mlx.c
@@ -98,12 +124,11 @@ static __global__ void __launch_bounds__(256) mlx_mm_k(const unsigned char *act,
                 const float d = __ldg((const float *)(ab + 32));
                 const int s = __ldg((const int *)(ab + 36));
 #pragma unroll
-                for (int l = 0; l < 8; l++) {
-                    int p = 0;
-#pragma unroll
-                    for (int e = 4 * l; e < 4 * l + 4; e++)
-                        p += mlx_code<BITS>(cw, e) * (int)(signed char)mlx_byte(qw, e);
-                    sp[warp][lane][l] = p;
+                for (int l = 0; l < 8; l++) { /* 4 codes by 4 levels, exact; 8-bit codes as code - 128, + 128 sum */
+                    const unsigned int c4 = mlx_codes4<BITS>(cw, l);
+                    sp[warp][lane][l] = BITS == 8 ? __dp4a((int)(c4 ^ 0x80808080u), (int)qw[l], 0) +
+                                                        128 * __dp4a(0x01010101, (int)qw[l], 0)
+                                                  : __dp4a((int)c4, (int)qw[l], 0);
                 }
                 sdd[warp][lane] = __fmul_rn(__ldg((const float *)blk), d);
                 sbi[warp][lane] = __ldg((const float *)(blk + 4));
