@@ -1217,6 +1217,32 @@ static void sig_prods(uint64_t *sg, int *ns, const ember_cu_mm_prod *p, int n) {
     }
 }
 
+/* Replaces the device scratch *p (*cap bytes) by one of at least need
+   bytes (a quarter more), after the queued kernels that may use it; the
+   step graphs, which point at the old one, are dropped. Inside a captured
+   or replayed step it cannot (g_cannot): *skip is set, nothing changes,
+   and the caller returns at once. On failure *p is NULL, *cap 0 and the
+   error returned. */
+static int scratch_grow(cuda_backend *c, void **p, size_t *cap, size_t need, const char *what, bool *skip,
+                        ember_error *err) {
+    *skip = g_cannot(c);
+    if (*skip) return EMBER_OK;
+    graphs_clear(c);
+    CU_TRY(cudaStreamSynchronize(c->stream), what);
+    if (*p) CU_TRY(cudaFree(*p), what);
+    *p = NULL;
+    *cap = 0;
+    const size_t want = need + need / 4;
+    cudaError_t e = cudaMalloc(p, want);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+        *p = NULL;
+        return cuda_fail(err, e, what);
+    }
+    *cap = want;
+    return EMBER_OK;
+}
+
 /* The quantized products of a checked matmul (cuda_matmul): one launch per
    weight type, products in order inside it, after the input is quantized
    once per activation kind (the 32-element types share one, the K types
@@ -1244,25 +1270,14 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
             return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: %lld quantized output rows of one type (at most %lld)",
                              (long long)rows[qt], (long long)(8 * (65535 - prods[qt])));
     need = qact_need(M, K, &off256);
+    int rc;
     if (need > c->qact_cap) {
         have = 0;
         c->qf.src = NULL; /* the scratch is replaced */
-        if (g_cannot(c)) return EMBER_OK;
-        graphs_clear(c); /* they point at the old scratch */
-        CU_TRY(cudaStreamSynchronize(c->stream), "quantized matmul scratch"); /* queued kernels may use it */
-        if (c->qact) CU_TRY(cudaFree(c->qact), "quantized matmul scratch");
-        c->qact = NULL;
-        c->qact_cap = 0;
-        size_t cap = need + need / 4;
-        cudaError_t e = cudaMalloc(&c->qact, cap);
-        if (e != cudaSuccess) {
-            cudaGetLastError(); /* an allocation failure is not sticky: clear it */
-            c->qact = NULL;
-            return cuda_fail(err, e, "allocating quantized matmul scratch");
-        }
-        c->qact_cap = cap;
+        bool skip;
+        if ((rc = scratch_grow(c, &c->qact, &c->qact_cap, need, "quantized matmul scratch", &skip, err)) || skip)
+            return rc;
     }
-    int rc;
     for (int kind = 0; kind < 2; kind++) {
         if (!(kind ? any256 : any32)) continue;
         const int qa = kind ? EMBER_CU_Q4_K : EMBER_CU_Q8_0;
@@ -1322,26 +1337,14 @@ static int mlx_matmul(cuda_backend *c, const ember_tensor *x, int n, const ember
     size_t need;
     if (!ember_mul_ok((size_t)M * (size_t)(K / 32), 48, &need))
         return ember_err(err, EMBER_ERR_NOMEM, "matmul: MLX input scratch size overflows");
-    if (need > c->mlx_act_cap) {
-        if (g_cannot(c)) return EMBER_OK;
-        graphs_clear(c); /* they point at the old scratch */
-        CU_TRY(cudaStreamSynchronize(c->stream), "MLX matmul scratch"); /* queued kernels may use it */
-        if (c->mlx_act) CU_TRY(cudaFree(c->mlx_act), "MLX matmul scratch");
-        c->mlx_act = NULL;
-        c->mlx_act_cap = 0;
-        size_t cap = need + need / 4;
-        cudaError_t e = cudaMalloc(&c->mlx_act, cap);
-        if (e != cudaSuccess) {
-            cudaGetLastError(); /* an allocation failure is not sticky: clear it */
-            c->mlx_act = NULL;
-            return cuda_fail(err, e, "allocating MLX matmul scratch");
-        }
-        c->mlx_act_cap = cap;
-    }
     int rc;
+    bool skip = false;
+    if (need > c->mlx_act_cap &&
+        ((rc = scratch_grow(c, &c->mlx_act, &c->mlx_act_cap, need, "MLX matmul scratch", &skip, err)) || skip))
+        return rc;
     const uint64_t sa[] = {22, P(dev(x)), P(c->mlx_act), (uint64_t)M, (uint64_t)K};
     if (!g_skip(c, sa, 5) &&
-        (rc = launched(c, ember_cu_mlx_qact(c->stream, dev(x), c->mlx_act, M, K), "matmul: quantize input", err)))
+        (rc = launched(c, ember_cu_qact32_rows(c->stream, dev(x), c->mlx_act, M, K), "matmul: quantize input", err)))
         return rc;
     for (int i = 0; i < n; i++) {
         int bits, G;

@@ -157,6 +157,11 @@ size_t ember_cu_qact_bytes(int qtype, int M, int K);
    quantizer: blocks of 32, or of 256 for the K types). */
 cudaError_t ember_cu_qact(cudaStream_t stream, int qtype, const float *x, void *act, int M, int K);
 
+/* act = x [M, K] (K % 32 == 0) as row-major A32 records (cuda_qact.cuh) at
+   any M, M * (K / 32) * 48 bytes (ember_cu_qact switches the 32-element
+   types to the tensor-core tiles from 9 rows; the MLX products read these). */
+cudaError_t ember_cu_qact32_rows(cudaStream_t stream, const float *x, void *act, int M, int K);
+
 /* out_i = dot(act rows, w_i rows) (+ bias_i) for each product i; sets
    first_block. cudaErrorInvalidValue for more than 65535 blocks of 8 rows. */
 cudaError_t ember_cu_qmatmul(cudaStream_t stream, ember_cu_qmm *a);
@@ -184,14 +189,10 @@ cudaError_t ember_cu_qget_rows(cudaStream_t stream, float *dst, const void *src,
 
 /* ---- MLX affine weights (cuda_mlx.cu) ---- */
 
-/* act = x [M, K] (K % 32 == 0) as row-major A32 records (cuda_qact.cuh), at
-   any M: M * (K / 32) * A32_BYTES (48) bytes. */
-cudaError_t ember_cu_mlx_qact(cudaStream_t stream, const float *x, void *act, int M, int K);
-
 /* p->out = dot(act rows, p->w rows) (+ p->bias): kern_mlx.h's canonical
    dot product, the CPU's bits, for weights of `bits` (2, 3, 4, 5, 6, 8)
    and groups of G (32, 64, 128) elements, K % G == 0, p->w 4-byte aligned;
-   act from ember_cu_mlx_qact. cudaErrorInvalidValue for other shapes. */
+   act from ember_cu_qact32_rows. cudaErrorInvalidValue for other shapes. */
 cudaError_t ember_cu_mlx_matmul(cudaStream_t stream, const void *act, int M, int K, int bits, int G,
                                 const ember_cu_mm_prod *p);
 

@@ -217,23 +217,3 @@ extern "C" cudaError_t ember_cu_mlx_get_rows(cudaStream_t stream, float *dst, co
     default: return cudaErrorInvalidValue;
     }
 }
-
-/* The A32 records of M input rows, row-major at any M (the 32-element GGUF
-   types switch to the tensor-core tiles from QTC_MIN_M rows; these kernels
-   do not). */
-static __global__ void __launch_bounds__(256) mlx_qact_k(const float *x, unsigned char *act, int M, int K) {
-    ember_pdl_enter();
-    const int nb = K / 32;
-    const long long blk = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (blk >= (long long)M * nb) return;
-    const int lane = threadIdx.x & 31;
-    const long long m = blk / nb, b = blk % nb;
-    qact32_store(x[m * (long long)K + b * 32 + lane], act + blk * A32_BYTES, lane);
-}
-
-extern "C" cudaError_t ember_cu_mlx_qact(cudaStream_t stream, const float *x, void *act, int M, int K) {
-    if (M < 1 || K < 1) return cudaSuccess;
-    const long long grid = ((long long)M * (K / 32) + 7) / 8;
-    if (grid > 0x7fffffffLL) return cudaErrorInvalidValue;
-    return ember_launch(mlx_qact_k, dim3((unsigned)grid), dim3(256), 0, stream, x, (unsigned char *)act, M, K);
-}

@@ -151,6 +151,13 @@ static __global__ void __launch_bounds__(256) qact256_k(const float *x, unsigned
     qact256_store(v, act + blk * A256_BYTES, lane);
 }
 
+extern "C" cudaError_t ember_cu_qact32_rows(cudaStream_t stream, const float *x, void *act, int M, int K) {
+    if (M < 1 || K < 1) return cudaSuccess;
+    const long long grid = ((long long)M * (K / 32) + 7) / 8;
+    if (grid > 0x7fffffffLL) return cudaErrorInvalidValue;
+    return ember_launch(qact32_k, dim3((unsigned)grid), dim3(256), 0, stream, x, (unsigned char *)act, M, K);
+}
+
 extern "C" cudaError_t ember_cu_qact(cudaStream_t stream, int qtype, const float *x, void *act, int M, int K) {
     if (M < 1 || K < 1) return cudaSuccess;
     const bool k256 = ember_cu_q256(qtype), tc = qt_tc(qtype, M);
@@ -160,7 +167,7 @@ extern "C" cudaError_t ember_cu_qact(cudaStream_t stream, int qtype, const float
     unsigned char *o = (unsigned char *)act;
     if (k256) return ember_launch(qact256_k, dim3((unsigned)grid), dim3(256), 0, stream, x, o, M, K);
     if (tc) return ember_launch(qact32t_k, dim3((unsigned)grid), dim3(256), 0, stream, x, o, M, K);
-    return ember_launch(qact32_k, dim3((unsigned)grid), dim3(256), 0, stream, x, o, M, K);
+    return ember_cu_qact32_rows(stream, x, act, M, K);
 }
 
 /* ---- loads ----------------------------------------------------------------------------- */
