@@ -470,6 +470,7 @@ static void test_matmul(void) {
 
 /* ---- quantized weights (cuda_qmm.cu) ---------------------------------------------------------- */
 
+extern int ember_cu_qmv, ember_cu_qld16, ember_cu_qktc; /* cuda_kernels.h: measuring aids */
 static void test_qmatmul(void) {
     const int Ms[] = {1, 2, 3, 4, 5, 8, 9, 17, 64};
     const int K32[] = {32, 96, 1024, 4128}, K256[] = {256, 768, 4096};
@@ -499,10 +500,24 @@ static void test_qmatmul(void) {
             const ember_dtype d3[3] = {k_qtypes[t], k_qtypes[t], k_qtypes[t]};
             for (int k = 0; k < 4; k++) check_qmatmul(1, K1[k], k == 3 ? 1 : 3, d3, N3, b3, k == 1);
         }
-        if (!k256) { /* the tensor-core kernel over many slices, 2 a warp at 600 rows (its grid passes 4,096 warps) */
+        { /* the tensor-core kernels over many slices, 2 a warp at 600 rows (the grid passes 4,096 warps) */
             const int n2048 = 2048, n2000 = 2000;
-            check_qmatmul(256, 96, 1, &k_qtypes[t], &n2048, &nob, 0);
-            check_qmatmul(600, 96, 1, &k_qtypes[t], &n2000, &nob, 1);
+            check_qmatmul(256, k256 ? 512 : 96, 1, &k_qtypes[t], &n2048, &nob, 0);
+            check_qmatmul(600, k256 ? 256 : 96, 1, &k_qtypes[t], &n2000, &nob, 1);
+        }
+        if (k256) { /* from 9 rows: qmm_k (EMBER_CUDA_QKTC=0), and the tensor-core kernel with 4-byte loads */
+            const int N3[3] = {40, 1, 97};
+            const bool b3[3] = {true, false, true};
+            const ember_dtype d3[3] = {k_qtypes[t], k_qtypes[t], k_qtypes[t]};
+            const int ktc0 = ember_cu_qktc, ld0 = ember_cu_qld16;
+            for (int v = 0; v < 2; v++) {
+                ember_cu_qktc = v;
+                ember_cu_qld16 = v ? 0 : ld0;
+                check_qmatmul(9, 768, 3, d3, N3, b3, 1);
+                check_qmatmul(64, 4096, 3, d3, N3, b3, 0);
+            }
+            ember_cu_qktc = ktc0;
+            ember_cu_qld16 = ld0;
         }
     }
     /* products of mixed types sharing the input (quantized launches after the float ones) */
@@ -617,7 +632,6 @@ static void test_mlx(void) {
    (EMBER_CUDA_QLD16 off; also at 3 rows); the CPU's bits every way (K from one block to past a
    chunk, three products of 40, 1 and 97 rows in a launch, Q4_0 blocks at every offset of a 16-byte
    word). */
-extern int ember_cu_qmv, ember_cu_qld16; /* cuda_kernels.h: measuring aids */
 static void test_qmatmul_one_row(void) {
     const int qmv0 = ember_cu_qmv, ld0 = ember_cu_qld16;
     const int K32[5] = {32, 96, 1024, 4128, 14336}, K256[3] = {256, 4096, 14336}, N3[3] = {40, 1, 97};

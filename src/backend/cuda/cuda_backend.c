@@ -1282,9 +1282,10 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
         if (!(kind ? any256 : any32)) continue;
         const int qa = kind ? EMBER_CU_Q4_K : EMBER_CU_Q8_0;
         void *act = (char *)c->qact + (kind ? off256 : 0);
-        const uint64_t sa[] = {20, P(dev(x)), P(act), (uint64_t)M, (uint64_t)K, (uint64_t)kind};
+        const uint64_t sa[] = {20, P(dev(x)), P(act), (uint64_t)M, (uint64_t)K, (uint64_t)kind,
+                               (uint64_t)ember_cu_qktc};
         if (have & (kind ? QK_256 : QK_32)) c->n_qfused++;
-        else if (!g_skip(c, sa, 6) &&
+        else if (!g_skip(c, sa, 7) &&
             (rc = launched(c, ember_cu_qact(c->stream, qa, dev(x), act, M, K), "matmul: quantize input", err))) {
             c->qf.src = NULL;
             return rc;
@@ -1307,9 +1308,10 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
             if (c->prof)
                 snprintf(name, sizeof name, "matmul %s M=%d N=%lld K=%d", ember_dtype_get(qd)->name, M,
                          (long long)Nt, K);
-            uint64_t sg[7 + 4 * EMBER_CU_MAX_MM] = {21, P(act), (uint64_t)M, (uint64_t)K, (uint64_t)qt,
-                                                    (uint64_t)ember_cu_qmv, (uint64_t)ember_cu_qld16};
-            int ns = 7;
+            uint64_t sg[8 + 4 * EMBER_CU_MAX_MM] = {21, P(act), (uint64_t)M, (uint64_t)K, (uint64_t)qt,
+                                                    (uint64_t)ember_cu_qmv, (uint64_t)ember_cu_qld16,
+                                                    (uint64_t)ember_cu_qktc};
+            int ns = 8;
             sig_prods(sg, &ns, a.p, a.n);
             if (g_skip(c, sg, ns)) continue;
             if ((rc = launched(c, ember_cu_qmatmul(c->stream, &a), name, err))) {
@@ -2192,6 +2194,9 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     /* Q4_K / Q5_K weights read as 16-byte words where aligned (0: 4-byte words, the loads of before) */
     const char *ql16 = getenv("EMBER_CUDA_QLD16");
     if (ql16 && *ql16) ember_cu_qld16 = atoi(ql16) != 0;
+    /* the K types' products of 9 rows or more on the tensor cores (0: qmm_k, the dp4a kernel of before) */
+    const char *qktc = getenv("EMBER_CUDA_QKTC");
+    if (qktc && *qktc) ember_cu_qktc = atoi(qktc) != 0;
     /* the producers' quantized inputs up to this many rows (0: the matmul's own launches; section "quantized inputs") */
     const char *qfz = getenv("EMBER_CUDA_QFUSE");
     c->qfuse = 1;

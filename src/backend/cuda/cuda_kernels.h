@@ -178,6 +178,12 @@ extern int ember_cu_qmv;
    measuring aid, set from EMBER_CUDA_QLD16). The same bits either way. */
 extern int ember_cu_qld16;
 
+/* Q4_K / Q5_K / Q6_K products of 9 rows or more on the tensor cores
+   (cuda_qmm.cu, qmm_tck_k): 1 (the default) or 0 (qmm_k, the dp4a kernel of
+   before, a pass per 8 rows; a measuring aid, set from EMBER_CUDA_QKTC). The
+   same bits either way. */
+extern int ember_cu_qktc;
+
 /* Raises the dynamic shared-memory limit of the quantized kernels that need
    more than 48 KB, on the current device; once per backend. */
 cudaError_t ember_cu_qmm_prepare(void);

@@ -16,8 +16,8 @@
  *   A32   blocks of 32: { i8 q[32]; f32 d; i32 s; pad } (48 bytes; s = sum of q)
  *   A256  blocks of 256: { i8 q[256]; i32 bs16[16]; f32 d; pad } (336 bytes;
  *         bs16[j] = sum of q[16j .. 16j + 15])
- *   A32T  the tensor-core kernel's tiles of 8 rows (cuda_qmm.cu; rows past
- *         M zero), from 9 rows on
+ *   A32T, A256T  the tensor-core kernels' tiles of 8 rows (cuda_qmm.cu;
+ *         rows past M zero), from 9 rows on
  */
 #ifndef EMBER_CUDA_QACT_CUH
 #define EMBER_CUDA_QACT_CUH
@@ -27,6 +27,7 @@
 #define A32_BYTES 48
 #define A256_BYTES 336
 #define A32T_BYTES 320
+#define A256T_BYTES 2592
 
 /* The CPU's q127: clamp to [-127, 127] (NaN -> -127), round to nearest even. */
 static __device__ __forceinline__ int q127(float v) {
@@ -65,16 +66,19 @@ static __device__ __forceinline__ void qact32_store(float v, unsigned char *p, i
     }
 }
 
-/* One 256-element block by one warp into its A256 record p: lane l holds
-   elements 8l .. 8l + 7 (v); lanes 2j and 2j + 1 hold sub-block j of 16. */
-static __device__ __forceinline__ void qact256_store(const float v[8], unsigned char *p, int lane) {
+/* One 256-element block by one warp, lane l holding elements 8l .. 8l + 7
+   (v): lane l's levels as two words (lo: elements 8l .. 8l + 3), *s16 the
+   level sum of sub-block l / 2 of 16 (lanes 2j and 2j + 1 hold sub-block j),
+   *d (every lane) the block's scale. */
+static __device__ __forceinline__ void qact256_warp(const float v[8], unsigned int *lo, unsigned int *hi, int *s16,
+                                                    float *d) {
     float a = 0.0f;
 #pragma unroll
     for (int e = 0; e < 8; e++) a = fmaxf(a, fabsf(v[e]));
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
     const float id = a > 0.0f ? 127.0f / a : 0.0f;
-    unsigned int lo = 0, hi = 0;
+    unsigned int l = 0, h = 0;
     int s = 0;
 #pragma unroll
     for (int e = 0; e < 8; e++) {
@@ -82,14 +86,25 @@ static __device__ __forceinline__ void qact256_store(const float v[8], unsigned 
         s += q;
         const unsigned int byte = (unsigned int)(q & 255);
         if (e < 4)
-            lo |= byte << (8 * e);
+            l |= byte << (8 * e);
         else
-            hi |= byte << (8 * (e - 4));
+            h |= byte << (8 * (e - 4));
     }
+    *lo = l;
+    *hi = h;
+    *s16 = s + __shfl_xor_sync(0xffffffffu, s, 1);
+    *d = a / 127.0f;
+}
+
+/* The same block into its A256 record p. */
+static __device__ __forceinline__ void qact256_store(const float v[8], unsigned char *p, int lane) {
+    unsigned int lo, hi;
+    int s;
+    float d;
+    qact256_warp(v, &lo, &hi, &s, &d);
     *(uint2 *)(p + 8 * lane) = make_uint2(lo, hi);
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
     if ((lane & 1) == 0) *(int *)(p + 256 + 4 * (lane >> 1)) = s;
-    if (lane == 0) *(float *)(p + 320) = a / 127.0f;
+    if (lane == 0) *(float *)(p + 320) = d;
 }
 
 /* Element i of this block's row (blockIdx.x, D elements) with value y,

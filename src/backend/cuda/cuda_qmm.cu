@@ -42,11 +42,16 @@
  * weight block read as two aligned 16-byte words and the input staged
  * (their sections say why).
  *
- * From QTC_MIN_M rows on, the 32-element types run on the tensor cores
- * (qmm_tc_k): one int8 mma.m16n8k32 is one block of 16 weight rows against 8
- * input rows, exact, and each lane runs the chain of its 4 outputs (per 8
- * input rows a warp takes); the loads of TC_AHEAD blocks go out together; the
- * input is quantized into the mma fragments' order (A32T below).
+ * From QTC_MIN_M rows on, every type runs on the tensor cores. The
+ * 32-element types (qmm_tc_k): one int8 mma.m16n8k32 is one block of 16
+ * weight rows against 8 input rows, exact, and each lane runs the chain of
+ * its 4 outputs (per 8 input rows a warp takes); the loads of TC_AHEAD blocks
+ * go out together; the input is quantized into the mma fragments' order (A32T
+ * below). The K types (qmm_tck_k): per super-block, one m16n8k32 per
+ * sub-block of 32 (Q4_K / Q5_K) or one m16n8k16 per sub-block of 16 (Q6_K)
+ * gives its exact sums, which each lane scales by the sub-block's integer
+ * scale and adds up in int32 (the mins' term from the input's level sums),
+ * then runs the super-block's chain step; the input in A256T tiles.
  *
  * Weight bytes are read as aligned 32-bit words (blocks of 18, 22, 34 and 210
  * bytes start at any even address): ld_words shifts each pair of words by
@@ -87,15 +92,28 @@ QT_INFO(EMBER_CU_Q6_K, 210, 256, 128)
    levels, 256 bytes), then for t = 0..3 {d of row 8s + 2t, d of row 8s +
    2t + 1, s of those two} (64 bytes). Rows past M are zero. */
 
-/* The tensor-core kernel takes these types from this many rows on. */
+/* The K types' tensor-core kernel's input layout (A256T tiles): for
+   super-block b and slice s of 8 input rows, at (b * slices + s) *
+   A256T_BYTES: for each sub-block j of 32 (0..7), at 256 j, the B fragments of
+   its levels as A32T's (lane 4g + t: words t and 4 + t of row 8s + g's 32
+   levels of sub-block j); at 2048 + 128 t (t = 0..3): bs16[0..15] of row 8s +
+   2t, then of row 8s + 2t + 1 (the level sums of the 16 sub-blocks of 16); at
+   2560 + 4g: d of row 8s + g. Rows past M are zero. */
+
+/* The tensor-core kernels take the types from this many rows on. */
 #define QTC_MIN_M 9
 static_assert(QTC_MIN_M > EMBER_CU_QFUSE_MAX_M, "the producers' fused quantization writes the row-major layout");
 
+extern "C" {
+int ember_cu_qktc = 1;
+}
+
 static bool qt_tc(int qtype, int M) {
-    return !ember_cu_q256(qtype) && M >= QTC_MIN_M;
+    return M >= QTC_MIN_M && (!ember_cu_q256(qtype) || ember_cu_qktc);
 }
 
 extern "C" size_t ember_cu_qact_bytes(int qtype, int M, int K) {
+    if (ember_cu_q256(qtype) && qt_tc(qtype, M)) return (size_t)((M + 7) / 8) * (size_t)(K / 256) * A256T_BYTES;
     if (ember_cu_q256(qtype)) return (size_t)M * (size_t)(K / 256) * A256_BYTES;
     if (qt_tc(qtype, M)) return (size_t)((M + 7) / 8) * (size_t)(K / 32) * A32T_BYTES;
     return (size_t)M * (size_t)(K / 32) * A32_BYTES;
@@ -151,6 +169,32 @@ static __global__ void __launch_bounds__(256) qact256_k(const float *x, unsigned
     qact256_store(v, act + blk * A256_BYTES, lane);
 }
 
+/* qact256_k into the A256T tiles of the K types' tensor-core kernel (the
+   same levels, sums and d); one warp per (row, super-block) of the padded
+   rows (rows past M zero). Lane l holds words 2 (l % 4) and 2 (l % 4) + 1 of
+   sub-block l / 4. */
+static __global__ void __launch_bounds__(256) qact256t_k(const float *x, unsigned char *act, int M, int K) {
+    ember_pdl_enter();
+    const int nb = K / 256, S = (M + 7) / 8;
+    const long long blk = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (blk >= (long long)S * 8 * nb) return;
+    const int lane = threadIdx.x & 31;
+    const int m = (int)(blk / nb), b = (int)(blk % nb);
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = m < M ? x[(long long)m * K + (long long)b * 256 + 8 * lane + e] : 0.0f;
+    unsigned int lo, hi;
+    int s16;
+    float d;
+    qact256_warp(v, &lo, &hi, &s16, &d);
+    unsigned char *rec = act + ((size_t)b * (size_t)S + (size_t)(m / 8)) * A256T_BYTES;
+    const int g = m % 8, j = lane / 4, w0 = 2 * (lane % 4), w1 = w0 + 1;
+    *(unsigned int *)(rec + 256 * j + 8 * (4 * g + w0 % 4) + 4 * (w0 / 4)) = lo;
+    *(unsigned int *)(rec + 256 * j + 8 * (4 * g + w1 % 4) + 4 * (w1 / 4)) = hi;
+    if ((lane & 1) == 0) *(int *)(rec + 2048 + 128 * (g / 2) + 64 * (g % 2) + 4 * (lane / 2)) = s16;
+    if (lane == 0) *(float *)(rec + 2560 + 4 * g) = d;
+}
+
 extern "C" cudaError_t ember_cu_qact32_rows(cudaStream_t stream, const float *x, void *act, int M, int K) {
     if (M < 1 || K < 1) return cudaSuccess;
     const long long grid = ((long long)M * (K / 32) + 7) / 8;
@@ -165,6 +209,7 @@ extern "C" cudaError_t ember_cu_qact(cudaStream_t stream, int qtype, const float
     const long long grid = (rows * (K / (k256 ? 256 : 32)) + 7) / 8;
     if (grid > 0x7fffffffLL) return cudaErrorInvalidValue;
     unsigned char *o = (unsigned char *)act;
+    if (k256 && tc) return ember_launch(qact256t_k, dim3((unsigned)grid), dim3(256), 0, stream, x, o, M, K);
     if (k256) return ember_launch(qact256_k, dim3((unsigned)grid), dim3(256), 0, stream, x, o, M, K);
     if (tc) return ember_launch(qact32t_k, dim3((unsigned)grid), dim3(256), 0, stream, x, o, M, K);
     return ember_cu_qact32_rows(stream, x, act, M, K);
@@ -913,6 +958,224 @@ template <int QT> static cudaError_t qmm_tc(cudaStream_t stream, const ember_cu_
     return ember_launch(qmm_tc_k<QT, 1>, grid, dim3(32), 0, stream, *a, S);
 }
 
+/* ---- the K types on the tensor cores (M >= QTC_MIN_M) -------------------------------------- */
+
+/* d = a b: one mma.sync m16n8k16, s8 in, s32 out: a: rows g and g + 8, levels
+   4t .. 4t + 3; b: input row g, levels 4t .. 4t + 3; d as mma_s8's. Exact. */
+static __device__ __forceinline__ void mma_s8_k16(int d[4], unsigned int a0, unsigned int a1, unsigned int b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+                 "{%7, %8, %9, %10};\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+/* The 32-bit word at p: an aligned load where A4 (the caller knows p is
+   4-byte aligned), else ld_words' two (p 2-byte aligned). */
+template <bool A4> static __device__ __forceinline__ unsigned int ld_w(const unsigned char *p) {
+    if (A4) return __ldg((const unsigned int *)p);
+    unsigned int v[1];
+    ld_words<1>(p, v);
+    return v[0];
+}
+
+/* What a lane holds of one super-block of one weight row (zeros for a row
+   past N): its d (and Q4_K / Q5_K dmin) as f32, the scale words, and the
+   words of its levels: Q4_K / Q5_K q[2p + h]: qs bytes 32p + 16h + 4t ..
+   (nibbles of sub-blocks 2p, 2p + 1), Q5_K qh[h]: qh bytes 16h + 4t ..;
+   Q6_K q[4n + 2k2 + h]: ql bytes 64n + 32k2 + 16h + 4t .., qh[2n + h]: qh
+   bytes 32n + 16h + 4t ... One shape for every type (what a type does not
+   load, it does not read, and the registers go). */
+struct tck_row {
+    float d, dm;
+    unsigned int sc[4];
+    unsigned int q[8];
+    unsigned int qh[4];
+};
+
+template <int QT, bool A4> static __device__ __forceinline__ void tck_load(const unsigned char *blk, int t, tck_row *r) {
+    if (QT == EMBER_CU_Q6_K) {
+        r->d = ld_h2f(blk + 208);
+        r->dm = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) r->sc[i] = ld_w<false>(blk + 192 + 4 * i);
+#pragma unroll
+        for (int i = 0; i < 8; i++) r->q[i] = ld_w<false>(blk + 16 * i + 4 * t); /* 64n + 32k2 + 16h = 16 (4n + 2k2 + h) */
+#pragma unroll
+        for (int i = 0; i < 4; i++) r->qh[i] = ld_w<false>(blk + 128 + 16 * i + 4 * t);
+    } else {
+        const unsigned int dw = ld_w<A4>(blk);
+        r->d = __half2float(__ushort_as_half((unsigned short)(dw & 0xffffu)));
+        r->dm = __half2float(__ushort_as_half((unsigned short)(dw >> 16)));
+#pragma unroll
+        for (int i = 0; i < 3; i++) r->sc[i] = ld_w<A4>(blk + 4 + 4 * i);
+        const int qo = QT == EMBER_CU_Q4_K ? 16 : 48;
+#pragma unroll
+        for (int i = 0; i < 8; i++) r->q[i] = ld_w<A4>(blk + qo + 16 * i + 4 * t);
+        if (QT == EMBER_CU_Q5_K) {
+            r->qh[0] = ld_w<A4>(blk + 16 + 4 * t);
+            r->qh[1] = ld_w<A4>(blk + 32 + 4 * t);
+        }
+    }
+}
+
+static __device__ __forceinline__ void tck_clear(tck_row *r) {
+    r->d = r->dm = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) r->sc[i] = r->qh[i] = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) r->q[i] = 0;
+}
+
+/* Q4_K / Q5_K: the level words (k 4t .., 16 + 4t ..) of sub-block j of a row. */
+template <int QT> static __device__ __forceinline__ void tck_k4_levels(const tck_row *r, int j, unsigned int *lo,
+                                                                      unsigned int *hi) {
+    const int p = j >> 1, sh = 4 * (j & 1);
+    *lo = (r->q[2 * p] >> sh) & 0x0f0f0f0fu;
+    *hi = (r->q[2 * p + 1] >> sh) & 0x0f0f0f0fu;
+    if (QT == EMBER_CU_Q5_K) {
+        *lo |= ((r->qh[0] >> j) & 0x01010101u) << 4;
+        *hi |= ((r->qh[1] >> j) & 0x01010101u) << 4;
+    }
+}
+
+/* Q6_K: the level words (unsigned, 0..63) of sub-block j = 4n + k of a row. */
+static __device__ __forceinline__ void tck_q6_levels(const tck_row *r, int j, unsigned int *lo,
+                                                     unsigned int *hi) {
+    const int n = j >> 2, k = j & 3, sh = 4 * (k >> 1);
+    const int qi = 4 * n + 2 * (k & 1);
+    *lo = ((r->q[qi] >> sh) & 0x0f0f0f0fu) | (((r->qh[2 * n] >> (2 * k)) & 0x03030303u) << 4);
+    *hi = ((r->q[qi + 1] >> sh) & 0x0f0f0f0fu) | (((r->qh[2 * n + 1] >> (2 * k)) & 0x03030303u) << 4);
+}
+
+/* Q6_K's scale of sub-block i of 16 (signed). */
+static __device__ __forceinline__ int tck_q6_scale(const tck_row *r, int i) {
+    return (int)(signed char)(unsigned char)((r->sc[i >> 2] >> (8 * (i & 3))) & 255u);
+}
+
+/* One warp per block of 32 threads: 16 weight rows (r0 = 16 tile + g and r0 +
+   8) x SPW slices of 8 input rows, as qmm_tc_k. Per super-block: the lane's
+   words of both rows, then for each sub-block j the mma of each slice and
+   the integer scaling (S1 += sc_j S_j; Q4_K / Q5_K S2 += m_j bs32_j; Q6_K
+   per sub-block of 16: S1 += sc (S - 32 bs16)), then the chain step of each
+   output: acc = fmaf(f32(w.d) * y.d, (float)S1, acc) (and fmaf(-(f32(w.dmin) *
+   y.d), (float)S2, acc)): qmm_k's integers and chain, the CPU's bits. */
+template <int QT, int SPW, bool A4>
+static __global__ void __launch_bounds__(32) qmm_tck_k(const ember_cu_qmm a, int slices) {
+    typedef qt_info<QT> I;
+    constexpr bool TWO = QT == EMBER_CU_Q4_K || QT == EMBER_CU_Q5_K;
+    ember_pdl_enter();
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    const ember_cu_mm_prod p = ember_cu_pick_prod(a, (int)blockIdx.y);
+    const int r0 = ((int)blockIdx.y - p.first_block) * 16 + g, s0 = (int)blockIdx.x * SPW;
+    const int nb = a.K / 256;
+    const size_t rowb = (size_t)nb * I::QB;
+    const bool rv0 = r0 < p.N, rv1 = r0 + 8 < p.N;
+    const unsigned char *w0 = (const unsigned char *)p.w + (size_t)(rv0 ? r0 : 0) * rowb;
+    const unsigned char *w1 = (const unsigned char *)p.w + (size_t)(rv1 ? r0 + 8 : 0) * rowb;
+    const unsigned char *act = (const unsigned char *)a.act;
+    float acc[SPW][4];
+#pragma unroll
+    for (int j = 0; j < SPW; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        tck_row R[2];
+        if (rv0) tck_load<QT, A4>(w0 + (size_t)b * I::QB, t, &R[0]);
+        else tck_clear(&R[0]);
+        if (rv1) tck_load<QT, A4>(w1 + (size_t)b * I::QB, t, &R[1]);
+        else tck_clear(&R[1]);
+        const unsigned char *rec = act + ((size_t)b * (size_t)slices + (size_t)s0) * A256T_BYTES;
+        int S1[SPW][4], S2[SPW][4];
+#pragma unroll
+        for (int jj = 0; jj < SPW; jj++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) S1[jj][i] = S2[jj][i] = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            unsigned int lo0, hi0, lo1, hi1;
+            int sc0 = 0, sc1 = 0, mn0 = 0, mn1 = 0, sa0 = 0, sa1 = 0, sb0 = 0, sb1 = 0;
+            if (QT == EMBER_CU_Q6_K) {
+                tck_q6_levels(&R[0], j, &lo0, &hi0);
+                tck_q6_levels(&R[1], j, &lo1, &hi1);
+                sa0 = tck_q6_scale(&R[0], 2 * j);
+                sb0 = tck_q6_scale(&R[0], 2 * j + 1);
+                sa1 = tck_q6_scale(&R[1], 2 * j);
+                sb1 = tck_q6_scale(&R[1], 2 * j + 1);
+            } else {
+                tck_k4_levels<QT>(&R[0], j, &lo0, &hi0);
+                tck_k4_levels<QT>(&R[1], j, &lo1, &hi1);
+                k4_scale_min(R[0].sc, j, &sc0, &mn0);
+                k4_scale_min(R[1].sc, j, &sc1, &mn1);
+            }
+#pragma unroll
+            for (int jj = 0; jj < SPW; jj++) {
+                if (s0 + jj >= slices) break;
+                const unsigned char *rj = rec + (size_t)jj * A256T_BYTES;
+                const uint2 bf = __ldg((const uint2 *)(rj + 256 * j + 8 * lane));
+                /* bs16[2j], bs16[2j + 1] of input rows 2t (ba) and 2t + 1 (bb) of the slice */
+                const int2 ba = __ldg((const int2 *)(rj + 2048 + 128 * t + 8 * j));
+                const int2 bb = __ldg((const int2 *)(rj + 2048 + 128 * t + 64 + 8 * j));
+                if (QT == EMBER_CU_Q6_K) {
+                    int da[4], db[4];
+                    mma_s8_k16(da, lo0, lo1, bf.x); /* sub-block 2j of 16 */
+                    mma_s8_k16(db, hi0, hi1, bf.y); /* sub-block 2j + 1 */
+                    S1[jj][0] += sa0 * (da[0] - 32 * ba.x) + sb0 * (db[0] - 32 * ba.y);
+                    S1[jj][1] += sa0 * (da[1] - 32 * bb.x) + sb0 * (db[1] - 32 * bb.y);
+                    S1[jj][2] += sa1 * (da[2] - 32 * ba.x) + sb1 * (db[2] - 32 * ba.y);
+                    S1[jj][3] += sa1 * (da[3] - 32 * bb.x) + sb1 * (db[3] - 32 * bb.y);
+                } else {
+                    const unsigned int af[4] = {lo0, lo1, hi0, hi1};
+                    int d[4];
+                    mma_s8(d, af, bf);
+                    const int ca = ba.x + ba.y, cb = bb.x + bb.y; /* bs32_j of rows 2t, 2t + 1 */
+                    S1[jj][0] += sc0 * d[0];
+                    S1[jj][1] += sc0 * d[1];
+                    S1[jj][2] += sc1 * d[2];
+                    S1[jj][3] += sc1 * d[3];
+                    S2[jj][0] += mn0 * ca;
+                    S2[jj][1] += mn0 * cb;
+                    S2[jj][2] += mn1 * ca;
+                    S2[jj][3] += mn1 * cb;
+                }
+            }
+        }
+#pragma unroll
+        for (int jj = 0; jj < SPW; jj++) {
+            if (s0 + jj >= slices) break;
+            const float2 yd = __ldg((const float2 *)(rec + (size_t)jj * A256T_BYTES + 2560 + 8 * t)); /* rows 2t, 2t + 1 */
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float wd = i < 2 ? R[0].d : R[1].d, wm = i < 2 ? R[0].dm : R[1].dm;
+                const float y = (i & 1) ? yd.y : yd.x;
+                acc[jj][i] = fmaf(__fmul_rn(wd, y), __int2float_rn(S1[jj][i]), acc[jj][i]);
+                if (TWO) acc[jj][i] = fmaf(-__fmul_rn(wm, y), __int2float_rn(S2[jj][i]), acc[jj][i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < SPW; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int n = r0 + 8 * (i >> 1), m = 8 * (s0 + j) + 2 * t + (i & 1);
+            if (n >= p.N || m >= a.M) continue;
+            float o = acc[j][i];
+            if (p.bias) o = o + p.bias[n];
+            p.out[(size_t)m * (size_t)p.N + (size_t)n] = o;
+        }
+    }
+}
+
+template <int QT> static cudaError_t qmm_tck(cudaStream_t stream, const ember_cu_qmm *a, int tiles) {
+    const int S = (a->M + 7) / 8;
+    const int spw = (long long)((S + 1) / 2) * tiles >= 4096 ? 2 : 1; /* as qmm_tc */
+    const dim3 grid((unsigned)((S + spw - 1) / spw), (unsigned)tiles);
+    /* Q4_K / Q5_K blocks (144, 176 bytes) are 16-byte aligned where the weights are; Q6_K's never */
+    const bool a4 = QT != EMBER_CU_Q6_K && a->a16;
+    if (spw == 2)
+        return a4 ? ember_launch(qmm_tck_k<QT, 2, true>, grid, dim3(32), 0, stream, *a, S)
+                  : ember_launch(qmm_tck_k<QT, 2, false>, grid, dim3(32), 0, stream, *a, S);
+    return a4 ? ember_launch(qmm_tck_k<QT, 1, true>, grid, dim3(32), 0, stream, *a, S)
+              : ember_launch(qmm_tck_k<QT, 1, false>, grid, dim3(32), 0, stream, *a, S);
+}
+
 template <int QT, int MT>
 static cudaError_t qmm_launch(cudaStream_t stream, const ember_cu_qmm *a, int blocks) {
     /* shared memory: 2 x QR x MT x 32 UPT sums (twice for Q4_K / Q5_K) and the scales, under 48 KB */
@@ -943,7 +1206,10 @@ extern "C" cudaError_t ember_cu_qmatmul(cudaStream_t stream, ember_cu_qmm *a) {
     if (tc) switch (a->qtype) {
         case EMBER_CU_Q8_0: return qmm_tc<EMBER_CU_Q8_0>(stream, a, blocks);
         case EMBER_CU_Q4_0: return qmm_tc<EMBER_CU_Q4_0>(stream, a, blocks);
-        default: return qmm_tc<EMBER_CU_Q5_0>(stream, a, blocks);
+        case EMBER_CU_Q5_0: return qmm_tc<EMBER_CU_Q5_0>(stream, a, blocks);
+        case EMBER_CU_Q4_K: return qmm_tck<EMBER_CU_Q4_K>(stream, a, blocks);
+        case EMBER_CU_Q5_K: return qmm_tck<EMBER_CU_Q5_K>(stream, a, blocks);
+        default: return qmm_tck<EMBER_CU_Q6_K>(stream, a, blocks);
         }
     if (qmv4_takes(a))
         return ember_launch(qmv4_k, dim3(1, (unsigned)blocks), dim3(256), ember_cu_qact_bytes(EMBER_CU_Q4_0, 1, a->K),
