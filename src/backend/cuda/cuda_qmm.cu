@@ -873,6 +873,23 @@ static __device__ __forceinline__ void tc_afrag(const unsigned char *w, size_t r
     }
 }
 
+/* The tensor-core kernels' outputs: lane 4g + t's acc[j][i] is weight row r0 + 8 (i >> 1) (r0 = 16 tile +
+   g) x input row 8 (s0 + j) + 2t + (i & 1); those inside the product p's N and M rows, plus the bias. A
+   macro, so that both kernels keep the code they were measured with (a device function taking p changed
+   how the compiler loads the parameters). */
+#define TC_STORE(SPW_, p, M_, r0, s0, t, acc)                                                                      \
+    do {                                                                                                           \
+        _Pragma("unroll") for (int j_ = 0; j_ < (SPW_); j_++) {                                                    \
+            _Pragma("unroll") for (int i_ = 0; i_ < 4; i_++) {                                                     \
+                const int n_ = (r0) + 8 * (i_ >> 1), m_ = 8 * ((s0) + j_) + 2 * (t) + (i_ & 1);                    \
+                if (n_ >= (p).N || m_ >= (M_)) continue;                                                           \
+                float o_ = (acc)[j_][i_];                                                                          \
+                if ((p).bias) o_ = o_ + (p).bias[n_];                                                              \
+                (p).out[(size_t)m_ * (size_t)(p).N + (size_t)n_] = o_;                                             \
+            }                                                                                                      \
+        }                                                                                                          \
+    } while (0)
+
 #define TC_AHEAD 4 /* blocks whose loads a warp issues together */
 
 /* One warp per block of 32 threads: 16 weight rows x SPW slices of 8 input
@@ -936,24 +953,20 @@ static __global__ void __launch_bounds__(32) qmm_tc_k(const ember_cu_qmm a, int 
             }
         }
     }
-#pragma unroll
-    for (int j = 0; j < SPW; j++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int n = r0 + 8 * (i >> 1), m = 8 * (s0 + j) + 2 * t + (i & 1);
-            if (n >= p.N || m >= a.M) continue;
-            float o = acc[j][i];
-            if (p.bias) o = o + p.bias[n];
-            p.out[(size_t)m * (size_t)p.N + (size_t)n] = o;
-        }
-    }
+    TC_STORE(SPW, p, a.M, r0, s0, t, acc);
+}
+
+/* The tensor-core kernels' grid: slices of 8 input rows (*S), *spw of them a warp (two where the grid still
+   has 4,096 warps, about 31 a multiprocessor, else one) along x, the tiles of 16 weight rows along y. */
+static dim3 tc_grid(const ember_cu_qmm *a, int tiles, int *S, int *spw) {
+    *S = (a->M + 7) / 8;
+    *spw = (long long)((*S + 1) / 2) * tiles >= 4096 ? 2 : 1;
+    return dim3((unsigned)((*S + *spw - 1) / *spw), (unsigned)tiles);
 }
 
 template <int QT> static cudaError_t qmm_tc(cudaStream_t stream, const ember_cu_qmm *a, int tiles) {
-    const int S = (a->M + 7) / 8;
-    /* two slices a warp where the grid still has 4,096 warps (about 31 a multiprocessor), else one */
-    const int spw = (long long)((S + 1) / 2) * tiles >= 4096 ? 2 : 1;
-    const dim3 grid((unsigned)((S + spw - 1) / spw), (unsigned)tiles);
+    int S, spw;
+    const dim3 grid = tc_grid(a, tiles, &S, &spw);
     if (spw == 2) return ember_launch(qmm_tc_k<QT, 2>, grid, dim3(32), 0, stream, *a, S);
     return ember_launch(qmm_tc_k<QT, 1>, grid, dim3(32), 0, stream, *a, S);
 }
@@ -1150,23 +1163,12 @@ static __global__ void __launch_bounds__(32) qmm_tck_k(const ember_cu_qmm a, int
             }
         }
     }
-#pragma unroll
-    for (int j = 0; j < SPW; j++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int n = r0 + 8 * (i >> 1), m = 8 * (s0 + j) + 2 * t + (i & 1);
-            if (n >= p.N || m >= a.M) continue;
-            float o = acc[j][i];
-            if (p.bias) o = o + p.bias[n];
-            p.out[(size_t)m * (size_t)p.N + (size_t)n] = o;
-        }
-    }
+    TC_STORE(SPW, p, a.M, r0, s0, t, acc);
 }
 
 template <int QT> static cudaError_t qmm_tck(cudaStream_t stream, const ember_cu_qmm *a, int tiles) {
-    const int S = (a->M + 7) / 8;
-    const int spw = (long long)((S + 1) / 2) * tiles >= 4096 ? 2 : 1; /* as qmm_tc */
-    const dim3 grid((unsigned)((S + spw - 1) / spw), (unsigned)tiles);
+    int S, spw;
+    const dim3 grid = tc_grid(a, tiles, &S, &spw);
     /* Q4_K / Q5_K blocks (144, 176 bytes) are 16-byte aligned where the weights are; Q6_K's never */
     const bool a4 = QT != EMBER_CU_Q6_K && a->a16;
     if (spw == 2)
