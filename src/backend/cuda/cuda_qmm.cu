@@ -121,6 +121,12 @@ extern "C" size_t ember_cu_qact_bytes(int qtype, int M, int K) {
 
 /* ---- activation quantizers ------------------------------------------------------------- */
 
+/* The byte offset, in a table of mma B fragments (A32T / A256T: lane 4g + t holds words t and 4 + t of
+   row g's 32 levels, 8 bytes a lane), of word w (levels 4w .. 4w + 3) of row g. */
+static __device__ __forceinline__ int bfrag_word(int g, int w) {
+    return 8 * (4 * g + w % 4) + 4 * (w / 4);
+}
+
 /* One warp per 32-element block: lane l quantizes element l (cuda_qact.cuh). */
 static __global__ void __launch_bounds__(256) qact32_k(const float *x, unsigned char *act, int M, int K) {
     ember_pdl_enter();
@@ -146,7 +152,7 @@ static __global__ void __launch_bounds__(256) qact32t_k(const float *x, unsigned
     const int q = qact32_warp(m < M ? x[(long long)m * K + (long long)b * 32 + lane] : 0.0f, &d, &s);
     unsigned char *rec = act + ((size_t)b * (size_t)S + (size_t)(m / 8)) * A32T_BYTES;
     const int g = m % 8, w = lane / 4; /* level `lane` is byte lane % 4 of word w */
-    rec[8 * (4 * g + w % 4) + 4 * (w / 4) + lane % 4] = (unsigned char)(signed char)q;
+    rec[bfrag_word(g, w) + lane % 4] = (unsigned char)(signed char)q;
     if (lane == 0) {
         *(float *)(rec + 256 + 16 * (g / 2) + 4 * (g % 2)) = d;
         *(int *)(rec + 256 + 16 * (g / 2) + 8 + 4 * (g % 2)) = s;
@@ -189,8 +195,8 @@ static __global__ void __launch_bounds__(256) qact256t_k(const float *x, unsigne
     qact256_warp(v, &lo, &hi, &s16, &d);
     unsigned char *rec = act + ((size_t)b * (size_t)S + (size_t)(m / 8)) * A256T_BYTES;
     const int g = m % 8, j = lane / 4, w0 = 2 * (lane % 4), w1 = w0 + 1;
-    *(unsigned int *)(rec + 256 * j + 8 * (4 * g + w0 % 4) + 4 * (w0 / 4)) = lo;
-    *(unsigned int *)(rec + 256 * j + 8 * (4 * g + w1 % 4) + 4 * (w1 / 4)) = hi;
+    *(unsigned int *)(rec + 256 * j + bfrag_word(g, w0)) = lo;
+    *(unsigned int *)(rec + 256 * j + bfrag_word(g, w1)) = hi;
     if ((lane & 1) == 0) *(int *)(rec + 2048 + 128 * (g / 2) + 64 * (g % 2) + 4 * (lane / 2)) = s16;
     if (lane == 0) *(float *)(rec + 2560 + 4 * g) = d;
 }
@@ -1169,12 +1175,14 @@ static __global__ void __launch_bounds__(32) qmm_tck_k(const ember_cu_qmm a, int
 template <int QT> static cudaError_t qmm_tck(cudaStream_t stream, const ember_cu_qmm *a, int tiles) {
     int S, spw;
     const dim3 grid = tc_grid(a, tiles, &S, &spw);
-    /* Q4_K / Q5_K blocks (144, 176 bytes) are 16-byte aligned where the weights are; Q6_K's never */
-    const bool a4 = QT != EMBER_CU_Q6_K && a->a16;
+    /* Q4_K / Q5_K blocks (144, 176 bytes) are 16-byte aligned where the weights are; Q6_K's never, so Q6_K
+       has only the unaligned instance (K4 false names the same one twice) */
+    constexpr bool K4 = QT != EMBER_CU_Q6_K;
+    const bool a4 = K4 && a->a16;
     if (spw == 2)
-        return a4 ? ember_launch(qmm_tck_k<QT, 2, true>, grid, dim3(32), 0, stream, *a, S)
+        return a4 ? ember_launch(qmm_tck_k<QT, 2, K4>, grid, dim3(32), 0, stream, *a, S)
                   : ember_launch(qmm_tck_k<QT, 2, false>, grid, dim3(32), 0, stream, *a, S);
-    return a4 ? ember_launch(qmm_tck_k<QT, 1, true>, grid, dim3(32), 0, stream, *a, S)
+    return a4 ? ember_launch(qmm_tck_k<QT, 1, K4>, grid, dim3(32), 0, stream, *a, S)
               : ember_launch(qmm_tck_k<QT, 1, false>, grid, dim3(32), 0, stream, *a, S);
 }
 
