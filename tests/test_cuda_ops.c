@@ -566,8 +566,10 @@ static void test_qmatmul(void) {
    of 32 blocks, weight rows past a block of 8, bias, an input with a zero row, a NaN and 1e30 (x kind
    1), mixed with GGUF and bf16 products in one matmul, prepared weights; get_rows' dequantization; an
    unaligned weight refused. */
+extern int ember_cu_mlxtc; /* cuda_kernels.h: a measuring aid */
 static void test_mlx(void) {
-    const int Ms[] = {1, 3, 9, 40};
+    const int Ms[] = {1, 3, 9, 17, 40};
+    const int mlxtc0 = ember_cu_mlxtc;
     int n_mlx = 0;
     for (int t = 0; t < EMBER_DTYPE_COUNT; t++) {
         const ember_dtype dt = (ember_dtype)t;
@@ -581,6 +583,19 @@ static void test_mlx(void) {
                 const bool bias = (m + k) % 2;
                 check_qmatmul(Ms[m], Ks[k], 1, &dt, &N, &bias, (m + k) % 3 == 1);
             }
+        /* from 9 rows the tensor-core kernel ran above; the dp4a kernel at those rows too */
+        ember_cu_mlxtc = 0;
+        for (int k = 0; k < 3; k += 2) {
+            const int N = 37;
+            const bool bias = k == 0;
+            check_qmatmul(17, Ks[k], 1, &dt, &N, &bias, 1);
+        }
+        ember_cu_mlxtc = mlxtc0;
+        { /* the tensor-core kernel with 8 slices and 17 tiles of weight rows */
+            const int N = 260;
+            const bool nob = false;
+            check_qmatmul(64, 2048, 1, &dt, &N, &nob, 0);
+        }
         g_prep = true;
         const int bigN = 1027;
         const bool nob = false;

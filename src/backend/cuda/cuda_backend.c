@@ -1336,17 +1336,20 @@ static int mlx_matmul(cuda_backend *c, const ember_tensor *x, int n, const ember
     if (!any) return EMBER_OK;
     if (M > 65535 * 8)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: %d rows against MLX weights (at most %d)", M, 65535 * 8);
+    const int tc = ember_cu_mlx_tc(M); /* the tensor-core kernel and its input tiles (cuda_mlx.cu) */
     size_t need;
-    if (!ember_mul_ok((size_t)M * (size_t)(K / 32), 48, &need))
+    if (!ember_mul_ok((size_t)(tc ? (M + 7) / 8 : M) * (size_t)(K / 32), tc ? 320 : 48, &need)) /* A32T_BYTES per slice, A32_BYTES per row */
         return ember_err(err, EMBER_ERR_NOMEM, "matmul: MLX input scratch size overflows");
     int rc;
     bool skip = false;
     if (need > c->mlx_act_cap &&
         ((rc = scratch_grow(c, &c->mlx_act, &c->mlx_act_cap, need, "MLX matmul scratch", &skip, err)) || skip))
         return rc;
-    const uint64_t sa[] = {22, P(dev(x)), P(c->mlx_act), (uint64_t)M, (uint64_t)K};
-    if (!g_skip(c, sa, 5) &&
-        (rc = launched(c, ember_cu_qact32_rows(c->stream, dev(x), c->mlx_act, M, K), "matmul: quantize input", err)))
+    const uint64_t sa[] = {22, P(dev(x)), P(c->mlx_act), (uint64_t)M, (uint64_t)K, (uint64_t)tc};
+    if (!g_skip(c, sa, 6) &&
+        (rc = launched(c, tc ? ember_cu_qact(c->stream, EMBER_CU_Q8_0, dev(x), c->mlx_act, M, K)
+                             : ember_cu_qact32_rows(c->stream, dev(x), c->mlx_act, M, K),
+                       "matmul: quantize input", err)))
         return rc;
     for (int i = 0; i < n; i++) {
         int bits, G;
@@ -1355,8 +1358,8 @@ static int mlx_matmul(cuda_backend *c, const ember_tensor *x, int n, const ember
         char name[64] = "matmul";
         if (c->prof)
             snprintf(name, sizeof name, "matmul %s M=%d N=%d K=%d", ember_dtype_get(mm[i].w->dtype)->name, M, p.N, K);
-        uint64_t sg[4 + 4] = {23, P(c->mlx_act), (uint64_t)M, (uint64_t)K};
-        int ns = 4;
+        uint64_t sg[5 + 4] = {23, P(c->mlx_act), (uint64_t)M, (uint64_t)K, (uint64_t)tc};
+        int ns = 5;
         sig_prods(sg, &ns, &p, 1);
         sg[ns - 1] ^= (uint64_t)mm[i].w->dtype << 32; /* the dtype beside N */
         if (g_skip(c, sg, ns)) continue;
@@ -2197,6 +2200,9 @@ int ember_backend_cuda_new(const ember_cuda_params *p, ember_backend **out, embe
     /* the K types' products of 9 rows or more on the tensor cores (0: qmm_k, the dp4a kernel of before) */
     const char *qktc = getenv("EMBER_CUDA_QKTC");
     if (qktc && *qktc) ember_cu_qktc = atoi(qktc) != 0;
+    /* MLX products of 9 rows or more on the tensor cores (0: the dp4a kernel at every row count) */
+    const char *mlxtc = getenv("EMBER_CUDA_MLXTC");
+    if (mlxtc && *mlxtc) ember_cu_mlxtc = atoi(mlxtc) != 0;
     /* the producers' quantized inputs up to this many rows (0: the matmul's own launches; section "quantized inputs") */
     const char *qfz = getenv("EMBER_CUDA_QFUSE");
     c->qfuse = 1;

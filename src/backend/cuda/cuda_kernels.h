@@ -198,7 +198,15 @@ cudaError_t ember_cu_qget_rows(cudaStream_t stream, float *dst, const void *src,
 /* p->out = dot(act rows, p->w rows) (+ p->bias): kern_mlx.h's canonical
    dot product, the CPU's bits, for weights of `bits` (2, 3, 4, 5, 6, 8)
    and groups of G (32, 64, 128) elements, K % G == 0, p->w 4-byte aligned;
-   act from ember_cu_qact32_rows. cudaErrorInvalidValue for other shapes. */
+   act from ember_cu_qact32_rows, or where ember_cu_mlx_tc(M) from
+   ember_cu_qact(EMBER_CU_Q8_0) (the A32T tiles; ember_cu_qact_bytes gives
+   their size). cudaErrorInvalidValue for other shapes. */
+/* 1 where the MLX products of M input rows run on the tensor cores (from 9
+   rows, unless ember_cu_mlxtc is 0: the dp4a kernel at every M; a measuring
+   aid, set from EMBER_CUDA_MLXTC). The same bits either way. */
+extern int ember_cu_mlxtc;
+int ember_cu_mlx_tc(int M);
+
 cudaError_t ember_cu_mlx_matmul(cudaStream_t stream, const void *act, int M, int K, int bits, int G,
                                 const ember_cu_mm_prod *p);
 

@@ -26,7 +26,23 @@
  * warp's shared memory; then lanes 0-15 run the
  * chunk's part of acc[lane]'s chain (the blocks of its parity, in order) and
  * lane 16 the macc chain. Correct first; not tuned (a weight row is read
- * again from L1 / L2 for each input row).
+ * again from L1 / L2 for each input row). It takes up to 8 input rows.
+ *
+ * From 9 rows (mlx_tc_k; EMBER_CUDA_MLXTC=0 keeps mlx_mm_k): the input
+ * quantized into cuda_qmm.cu's A32T tiles, and the integer sums on the
+ * tensor cores. A warp takes 16 weight rows x one slice of 8 input rows. The
+ * canonical sums are of 4 elements each (p_l), which an mma's k would add
+ * together, so each mma.m16n8k16 (u8 codes x s8 levels) takes half a block
+ * (16 elements, 4 groups of 4) of 2 input rows, with B holding each input
+ * row's levels in 4 columns, one per group and zero outside it: its 16 x 8
+ * sums are the p_l of 16 weight rows x 2 input rows x 4 groups (a quarter of
+ * the products the unit does are useful, still far more than dp4a gives).
+ * Lane 4g + t gets rows g, g + 8 x input row 2p + t / 2 x groups 2 (t % 2),
+ * 2 (t % 2) + 1 (+ 4 in the second half), and runs those 8 of the 16 chains
+ * of its two outputs (the other 8 on lane t ^ 1; lanes with t even also the
+ * bias chains); at the end the two lanes swap their chains and the even
+ * one adds the tree16 and macc: the same steps on the same values as
+ * mlx_mm_k, so the CPU's bits.
  *
  * Weights must be 4-byte aligned (blocks are a multiple of 4 bytes: the
  * caller checks the base); every pointer is device memory owned by the
@@ -159,13 +175,159 @@ static __global__ void __launch_bounds__(256) mlx_mm_k(const unsigned char *act,
     }
 }
 
+/* d = a b: one mma.sync m16n8k16, u8 a (rows g and g + 8, k 4t .. 4t + 3),
+   s8 b (k 4t .. 4t + 3 of column g), s32 out as mma_s8 (cuda_qmm.cu). Exact. */
+static __device__ __forceinline__ void mma_u8s8_k16(int d[4], unsigned int a0, unsigned int a1, unsigned int b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+                 "{%7, %8, %9, %10};\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+/* One block (b, of parity PAR) of mlx_tc_k: the codes of rows r0 (w0) and r0
+   + 8 (w1; NULL: past N) against the slice's A32T record rec; acc[h][p][4 PAR
+   + q] is the chain of group 2e + (q & 1) + 4 (q >> 1) of row r0 + 8h and input
+   row 2p + t / 2. */
+template <int BITS, int PAR>
+static __device__ __forceinline__ void mlx_tc_block(const unsigned char *w0, const unsigned char *w1, int b, int per_g,
+                                                    size_t bb, const unsigned char *rec, int g, int t,
+                                                    float acc[2][4][8], float macc[2][4]) {
+    unsigned int c0[BITS], c1[BITS];
+    float sc[2] = {0.0f, 0.0f}, bi[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < BITS; i++) c0[i] = c1[i] = 0;
+    const size_t sub = 8 + (size_t)(b % per_g) * 4 * BITS;
+    if (w0) {
+        const unsigned char *blk = w0 + (size_t)(b / per_g) * bb;
+#pragma unroll
+        for (int i = 0; i < BITS; i++) c0[i] = __ldg((const unsigned int *)(blk + sub) + i);
+        sc[0] = __ldg((const float *)blk);
+        bi[0] = __ldg((const float *)(blk + 4));
+    }
+    if (w1) {
+        const unsigned char *blk = w1 + (size_t)(b / per_g) * bb;
+#pragma unroll
+        for (int i = 0; i < BITS; i++) c1[i] = __ldg((const unsigned int *)(blk + sub) + i);
+        sc[1] = __ldg((const float *)blk);
+        bi[1] = __ldg((const float *)(blk + 4));
+    }
+    const unsigned int a00 = mlx_codes4<BITS>(c0, t), a01 = mlx_codes4<BITS>(c1, t);         /* group t */
+    const unsigned int a10 = mlx_codes4<BITS>(c0, 4 + t), a11 = mlx_codes4<BITS>(c1, 4 + t); /* group 4 + t */
+    const bool mine = (g & 3) == t; /* this lane's B column g holds group t of its input row */
+    const int e = t & 1;
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        uint2 y = make_uint2(0u, 0u);
+        if (mine) y = __ldg((const uint2 *)(rec + 8 * (4 * (2 * p + (g >> 2)) + t)));
+        int d0[4], d1[4];
+        mma_u8s8_k16(d0, a00, a01, y.x);
+        mma_u8s8_k16(d1, a10, a11, y.y);
+        const float4 q = __ldg((const float4 *)(rec + 256 + 16 * p)); /* d, d, s, s of input rows 2p, 2p + 1 */
+        const float yd = (t >> 1) ? q.y : q.x;
+        const int ys = __float_as_int((t >> 1) ? q.w : q.z);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float dd = __fmul_rn(sc[h], yd);
+            acc[h][p][4 * PAR + 0] = __fmaf_rn(dd, (float)d0[2 * h], acc[h][p][4 * PAR + 0]);
+            acc[h][p][4 * PAR + 1] = __fmaf_rn(dd, (float)d0[2 * h + 1], acc[h][p][4 * PAR + 1]);
+            acc[h][p][4 * PAR + 2] = __fmaf_rn(dd, (float)d1[2 * h], acc[h][p][4 * PAR + 2]);
+            acc[h][p][4 * PAR + 3] = __fmaf_rn(dd, (float)d1[2 * h + 1], acc[h][p][4 * PAR + 3]);
+            if (e == 0) macc[h][p] = __fmaf_rn(bi[h], __fmul_rn(yd, (float)ys), macc[h][p]);
+        }
+    }
+}
+
+template <int BITS>
+static __global__ void __launch_bounds__(32) mlx_tc_k(const unsigned char *act, int M, int K, int G,
+                                                      const unsigned char *w, size_t row_bytes, float *out,
+                                                      const float *bias, int N, int slices) {
+    ember_pdl_enter();
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, s = blockIdx.x;
+    const int r0 = (int)blockIdx.y * 16 + g;
+    const int nb = K / 32, per_g = G / 32;
+    const size_t bb = 8 + (size_t)G * BITS / 8;
+    const unsigned char *w0 = r0 < N ? w + (size_t)r0 * row_bytes : NULL;
+    const unsigned char *w1 = r0 + 8 < N ? w + (size_t)(r0 + 8) * row_bytes : NULL;
+    float acc[2][4][8], macc[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            macc[h][p] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[h][p][j] = 0.0f;
+        }
+    for (int b = 0; b < nb; b += 2) {
+        const unsigned char *rec = act + ((size_t)b * (size_t)slices + (size_t)s) * A32T_BYTES;
+        mlx_tc_block<BITS, 0>(w0, w1, b, per_g, bb, rec, g, t, acc, macc);
+        if (b + 1 < nb)
+            mlx_tc_block<BITS, 1>(w0, w1, b + 1, per_g, bb, rec + (size_t)slices * A32T_BYTES, g, t, acc, macc);
+    }
+    /* lanes t and t ^ 1 hold the two halves of each output's 16 chains */
+    const int e = t & 1;
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            float o8[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) o8[j] = __shfl_xor_sync(0xffffffffu, acc[h][p][j], 1);
+            const int n = r0 + 8 * h, m = 8 * s + 2 * p + (t >> 1);
+            if (e || n >= N || m >= M) continue;
+            float a[16]; /* cpu order: a[8 par + l]; this lane has l = 0, 1, 4, 5, the other 2, 3, 6, 7 */
+#pragma unroll
+            for (int par = 0; par < 2; par++) {
+                a[8 * par + 0] = acc[h][p][4 * par + 0];
+                a[8 * par + 1] = acc[h][p][4 * par + 1];
+                a[8 * par + 4] = acc[h][p][4 * par + 2];
+                a[8 * par + 5] = acc[h][p][4 * par + 3];
+                a[8 * par + 2] = o8[4 * par + 0];
+                a[8 * par + 3] = o8[4 * par + 1];
+                a[8 * par + 6] = o8[4 * par + 2];
+                a[8 * par + 7] = o8[4 * par + 3];
+            }
+            float s8[8], s4[4];
+#pragma unroll
+            for (int j = 0; j < 8; j++) s8[j] = __fadd_rn(a[j], a[j + 8]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) s4[j] = __fadd_rn(s8[j], s8[j + 4]);
+            float o = __fadd_rn(__fadd_rn(__fadd_rn(s4[0], s4[2]), __fadd_rn(s4[1], s4[3])), macc[h][p]);
+            if (bias) o = __fadd_rn(o, bias[n]);
+            out[(size_t)m * (size_t)N + (size_t)n] = o;
+        }
+}
+
+extern "C" {
+int ember_cu_mlxtc = 1;
+}
+
+extern "C" int ember_cu_mlx_tc(int M) {
+    return ember_cu_mlxtc && M >= 9;
+}
+
 extern "C" cudaError_t ember_cu_mlx_matmul(cudaStream_t stream, const void *act, int M, int K, int bits, int G,
                                            const ember_cu_mm_prod *p) {
     if (M < 1 || p->N < 1) return cudaSuccess;
     if (K < 32 || K % G || (G != 32 && G != 64 && G != 128)) return cudaErrorInvalidValue;
+    const size_t row = (size_t)(K / G) * (8 + (size_t)G * (size_t)bits / 8);
+    if (ember_cu_mlx_tc(M)) {
+        const long long gy = ((long long)p->N + 15) / 16, S = ((long long)M + 7) / 8;
+        if (gy > 65535) return cudaErrorInvalidValue;
+        const dim3 grid((unsigned)S, (unsigned)gy), blk(32);
+        const unsigned char *a = (const unsigned char *)act, *w = (const unsigned char *)p->w;
+        const int sl = (int)S;
+        switch (bits) {
+        case 2: return ember_launch(mlx_tc_k<2>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
+        case 3: return ember_launch(mlx_tc_k<3>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
+        case 4: return ember_launch(mlx_tc_k<4>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
+        case 5: return ember_launch(mlx_tc_k<5>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
+        case 6: return ember_launch(mlx_tc_k<6>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
+        case 8: return ember_launch(mlx_tc_k<8>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
+        default: return cudaErrorInvalidValue;
+        }
+    }
     const long long gy = ((long long)M + MLX_MT - 1) / MLX_MT;
     if (gy > 65535) return cudaErrorInvalidValue;
-    const size_t row = (size_t)(K / G) * (8 + (size_t)G * (size_t)bits / 8);
     const dim3 grid((unsigned)((p->N + 7) / 8), (unsigned)gy), blk(256);
     const unsigned char *a = (const unsigned char *)act, *w = (const unsigned char *)p->w;
     switch (bits) {
