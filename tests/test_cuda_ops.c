@@ -624,6 +624,12 @@ static void test_mlx(void) {
     const bool bias[5] = {true, false, false, true, false};
     check_qmatmul(1, 512, 5, mix, Ns, bias, 0);
     check_qmatmul(12, 512, 5, mix, Ns, bias, 0);
+    { /* three products of one MLX dtype in one launch (as q, k, v), at 1, 5 and 12 rows */
+        const ember_dtype d3[3] = {EMBER_MLX4_G64, EMBER_MLX4_G64, EMBER_MLX4_G64};
+        const int N3[3] = {40, 1, 97};
+        const bool b3[3] = {true, false, true};
+        for (int m = 1; m <= 12; m += m == 1 ? 4 : 7) check_qmatmul(m, 512, 3, d3, N3, b3, m == 5);
+    }
     /* a weight view 2 bytes into its buffer: refused (the kernels read 4-byte words) */
     ember_error err;
     ember_tensor w, v, x, o;

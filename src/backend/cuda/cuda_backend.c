@@ -46,9 +46,11 @@
  * written the quantized form already, and the matmul skips its quantizer
  * launch (the section "quantized inputs").
  *
- * MLX affine weights (cuda_mlx.cu): a matmul quantizes its input row-major
- * into a scratch of their own (c->mlx_act) and launches one product each;
- * get_rows dequantizes. The CPU backend's bits.
+ * MLX affine weights (cuda_mlx.cu): their products read the 32-element
+ * types' quantized input (the same scratch, the same fused quantization by
+ * the producers), one launch per MLX dtype; only the measuring aid
+ * EMBER_CUDA_MLXTC=0 from 9 rows quantizes row-major into a scratch of
+ * their own (c->mlx_act). get_rows dequantizes. The CPU backend's bits.
  *
  * Not here yet: the quantized KV codecs (Q8, Q4, TQ) and the other weight
  * types (Q4_1, Q5_1, the other K types; EMBER_ERR_UNSUPPORTED, refused at
@@ -156,7 +158,7 @@ typedef struct cuda_backend {
     int64_t am_V;
     void *qact;          /* device scratch of quantized matmuls: the input quantized (cuda_qmm.cu) */
     size_t qact_cap;     /* bytes */
-    void *mlx_act;       /* device scratch of MLX products: the input as row-major A32 records (cuda_mlx.cu) */
+    void *mlx_act;       /* device scratch of MLX products under EMBER_CUDA_MLXTC=0 from 9 rows: row-major A32 */
     size_t mlx_act_cap;  /* bytes */
     /* fused input quantization (section "quantized inputs"): what qact holds, the launches so far */
     struct {
@@ -1243,24 +1245,70 @@ static int scratch_grow(cuda_backend *c, void **p, size_t *cap, size_t need, con
     return EMBER_OK;
 }
 
+/* true where an MLX product of M rows reads the 32-element types' quantized
+   input (c->qact): its layout is the MLX kernel's (row-major below 9 rows,
+   A32T tiles from 9 with the tensor-core kernel); else (EMBER_CUDA_MLXTC=0
+   from 9 rows) mlx_matmul quantizes row-major into its own scratch. */
+static bool mlx_in_q(int M, ember_dtype d) {
+    return cu_mlx(d, NULL, NULL) && (M < 9 || ember_cu_mlx_tc(M));
+}
+
+/* The MLX products among mm (those `pick` selects for M rows) against act
+   (the input as ember_cu_mlx_matmul wants it): one launch per MLX dtype,
+   its products in order. */
+static int mlx_launches(cuda_backend *c, const void *act, int M, int K, int n, const ember_matmul *mm,
+                        bool (*pick)(int, ember_dtype), ember_error *err) {
+    bool done[EMBER_CU_MAX_MM] = {false};
+    for (int i = 0; i < n; i++) {
+        int bits, G;
+        if (done[i] || !pick(M, mm[i].w->dtype) || !cu_mlx(mm[i].w->dtype, &bits, &G)) continue;
+        const ember_dtype d = mm[i].w->dtype;
+        ember_cu_qmm a = {.act = act, .M = M, .K = K, .qtype = 0, .n = 0, .early = 0};
+        int64_t Nt = 0;
+        for (int j = i; j < n; j++)
+            if (!done[j] && mm[j].w->dtype == d) {
+                done[j] = true;
+                a.p[a.n++] = cu_prod(&mm[j]);
+                Nt += mm[j].w->shape[0];
+            }
+        char name[64] = "matmul";
+        if (c->prof)
+            snprintf(name, sizeof name, "matmul %s M=%d N=%lld K=%d", ember_dtype_get(d)->name, M, (long long)Nt, K);
+        uint64_t sg[6 + 4 * EMBER_CU_MAX_MM] = {23, P(act), (uint64_t)M, (uint64_t)K, (uint64_t)ember_cu_mlx_tc(M),
+                                                (uint64_t)d};
+        int ns = 6;
+        sig_prods(sg, &ns, a.p, a.n);
+        if (g_skip(c, sg, ns)) continue;
+        int rc = launched(c, ember_cu_mlx_matmul(c->stream, &a, bits, G), name, err);
+        if (rc) return rc;
+    }
+    return EMBER_OK;
+}
+
 /* The quantized products of a checked matmul (cuda_matmul): one launch per
    weight type, products in order inside it, after the input is quantized
    once per activation kind (the 32-element types share one, the K types
-   another) into c->qact. */
+   another) into c->qact. MLX products (mlx_in_q) share the 32-element
+   types' input: one launch per MLX dtype after theirs. */
 static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_matmul *mm, ember_error *err) {
     const int M = (int)ember_tensor_rows(x), K = (int)ember_tensor_row_len(x);
     size_t need = 0, off256 = 0;
     bool any32 = false, any256 = false;
     int64_t rows[EMBER_CU_Q6_K + 1] = {0}, prods[EMBER_CU_Q6_K + 1] = {0};
+    bool anymlx = false;
     for (int i = 0; i < n; i++) {
         int qt = cu_qtype(mm[i].w->dtype);
-        if (qt < 0) continue;
+        if (qt < 0) {
+            anymlx |= mlx_in_q(M, mm[i].w->dtype);
+            continue;
+        }
         bool k256 = ember_cu_q256(qt);
         any256 |= k256;
         any32 |= !k256;
         rows[qt] += mm[i].w->shape[0];
         prods[qt]++;
     }
+    any32 |= anymlx;
     if (!any32 && !any256) return EMBER_OK;
     const unsigned want = (any32 ? QK_32 : 0) | (any256 ? QK_256 : 0);
     unsigned have = qf_have(c, x);
@@ -1319,6 +1367,10 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
                 return rc;
             }
         }
+        if (kind == 0 && anymlx && (rc = mlx_launches(c, act, M, K, n, mm, mlx_in_q, err))) {
+            c->qf.src = NULL;
+            return rc;
+        }
     }
     /* the scratch holds x quantized in these kinds, for a next matmul of x */
     if (outs_touch(x, n, mm)) c->qf.src = NULL;
@@ -1326,46 +1378,35 @@ static int qmatmul(cuda_backend *c, const ember_tensor *x, int n, const ember_ma
     return EMBER_OK;
 }
 
-/* The MLX products of a checked matmul (cuda_matmul): the input quantized
-   once, row-major, into c->mlx_act (grown on demand), then one launch a
-   product. */
+/* true for an MLX product that does not take qmatmul's input (mlx_in_q). */
+static bool mlx_own(int M, ember_dtype d) {
+    return cu_mlx(d, NULL, NULL) && !mlx_in_q(M, d);
+}
+
+/* The MLX products of a checked matmul that qmatmul does not take (from 9
+   rows with EMBER_CUDA_MLXTC=0, the measuring aid's dp4a kernel there): the
+   input quantized once, row-major, into c->mlx_act (grown on demand), then
+   one launch per MLX dtype. */
 static int mlx_matmul(cuda_backend *c, const ember_tensor *x, int n, const ember_matmul *mm, ember_error *err) {
     const int M = (int)ember_tensor_rows(x), K = (int)ember_tensor_row_len(x);
     bool any = false;
-    for (int i = 0; i < n; i++) any |= cu_mlx(mm[i].w->dtype, NULL, NULL);
+    for (int i = 0; i < n; i++) any |= mlx_own(M, mm[i].w->dtype);
     if (!any) return EMBER_OK;
     if (M > 65535 * 8)
         return ember_err(err, EMBER_ERR_INVALID_ARG, "matmul: %d rows against MLX weights (at most %d)", M, 65535 * 8);
-    const int tc = ember_cu_mlx_tc(M); /* the tensor-core kernel and its input tiles (cuda_mlx.cu) */
     size_t need;
-    if (!ember_mul_ok((size_t)(tc ? (M + 7) / 8 : M) * (size_t)(K / 32), tc ? 320 : 48, &need)) /* A32T_BYTES per slice, A32_BYTES per row */
+    if (!ember_mul_ok((size_t)M * (size_t)(K / 32), 48, &need))
         return ember_err(err, EMBER_ERR_NOMEM, "matmul: MLX input scratch size overflows");
     int rc;
     bool skip = false;
     if (need > c->mlx_act_cap &&
         ((rc = scratch_grow(c, &c->mlx_act, &c->mlx_act_cap, need, "MLX matmul scratch", &skip, err)) || skip))
         return rc;
-    const uint64_t sa[] = {22, P(dev(x)), P(c->mlx_act), (uint64_t)M, (uint64_t)K, (uint64_t)tc};
-    if (!g_skip(c, sa, 6) &&
-        (rc = launched(c, tc ? ember_cu_qact(c->stream, EMBER_CU_Q8_0, dev(x), c->mlx_act, M, K)
-                             : ember_cu_qact32_rows(c->stream, dev(x), c->mlx_act, M, K),
-                       "matmul: quantize input", err)))
+    const uint64_t sa[] = {22, P(dev(x)), P(c->mlx_act), (uint64_t)M, (uint64_t)K};
+    if (!g_skip(c, sa, 5) &&
+        (rc = launched(c, ember_cu_qact32_rows(c->stream, dev(x), c->mlx_act, M, K), "matmul: quantize input", err)))
         return rc;
-    for (int i = 0; i < n; i++) {
-        int bits, G;
-        if (!cu_mlx(mm[i].w->dtype, &bits, &G)) continue;
-        ember_cu_mm_prod p = cu_prod(&mm[i]);
-        char name[64] = "matmul";
-        if (c->prof)
-            snprintf(name, sizeof name, "matmul %s M=%d N=%d K=%d", ember_dtype_get(mm[i].w->dtype)->name, M, p.N, K);
-        uint64_t sg[5 + 4] = {23, P(c->mlx_act), (uint64_t)M, (uint64_t)K, (uint64_t)tc};
-        int ns = 5;
-        sig_prods(sg, &ns, &p, 1);
-        sg[ns - 1] ^= (uint64_t)mm[i].w->dtype << 32; /* the dtype beside N */
-        if (g_skip(c, sg, ns)) continue;
-        if ((rc = launched(c, ember_cu_mlx_matmul(c->stream, c->mlx_act, M, K, bits, G, &p), name, err))) return rc;
-    }
-    return EMBER_OK;
+    return mlx_launches(c, c->mlx_act, M, K, n, mm, mlx_own, err);
 }
 
 static int cuda_matmul(ember_backend *be, const ember_tensor *x, int n, const ember_matmul *mm, ember_error *err) {

@@ -195,20 +195,22 @@ cudaError_t ember_cu_qget_rows(cudaStream_t stream, float *dst, const void *src,
 
 /* ---- MLX affine weights (cuda_mlx.cu) ---- */
 
-/* p->out = dot(act rows, p->w rows) (+ p->bias): kern_mlx.h's canonical
-   dot product, the CPU's bits, for weights of `bits` (2, 3, 4, 5, 6, 8)
-   and groups of G (32, 64, 128) elements, K % G == 0, p->w 4-byte aligned;
-   act from ember_cu_qact32_rows, or where ember_cu_mlx_tc(M) from
-   ember_cu_qact(EMBER_CU_Q8_0) (the A32T tiles; ember_cu_qact_bytes gives
-   their size). cudaErrorInvalidValue for other shapes. */
 /* 1 where the MLX products of M input rows run on the tensor cores (from 9
    rows, unless ember_cu_mlxtc is 0: the dp4a kernel at every M; a measuring
    aid, set from EMBER_CUDA_MLXTC). The same bits either way. */
 extern int ember_cu_mlxtc;
 int ember_cu_mlx_tc(int M);
 
-cudaError_t ember_cu_mlx_matmul(cudaStream_t stream, const void *act, int M, int K, int bits, int G,
-                                const ember_cu_mm_prod *p);
+/* out_i = dot(act rows, w_i rows) (+ bias_i) for the products a->p[0 ..
+   a->n): kern_mlx.h's canonical dot product, the CPU's bits, for weights of
+   one MLX dtype (`bits` 2, 3, 4, 5, 6, 8; groups of G = 32, 64, 128
+   elements; K % G == 0; every w 4-byte aligned); sets first_block; a->qtype,
+   a16 are not read. a->act: the input quantized as for the 32-element GGUF
+   types (ember_cu_qact with EMBER_CU_Q8_0: the A32T tiles from 9 rows) where
+   ember_cu_mlx_tc(M), else row-major (ember_cu_qact32_rows; the same bytes
+   as ember_cu_qact below 9 rows). cudaErrorInvalidValue for other shapes or
+   more than 65,535 blocks. */
+cudaError_t ember_cu_mlx_matmul(cudaStream_t stream, ember_cu_qmm *a, int bits, int G);
 
 /* dst[i, :] = src[ids[i], :] dequantized exactly (cpu_mlx_dequant_row);
    rows of D elements (D % G == 0), row_bytes apart, 4-byte aligned. */

@@ -52,6 +52,7 @@
 #include <stdint.h>
 
 #include "cuda_kernels.h"
+#include "cuda_mm.cuh"
 #include "cuda_pdl.cuh"
 #include "cuda_qact.cuh"
 
@@ -108,18 +109,19 @@ template <int BITS> static __device__ __forceinline__ int mlx_code(const unsigne
     }
 }
 
-template <int BITS>
-static __global__ void __launch_bounds__(256) mlx_mm_k(const unsigned char *act, int M, int K, int G,
-                                                       const unsigned char *w, size_t row_bytes, float *out,
-                                                       const float *bias, int N) {
+template <int BITS> static __global__ void __launch_bounds__(256) mlx_mm_k(const ember_cu_qmm a, int G) {
     __shared__ int sp[8][32][8];
     __shared__ float sdd[8][32], sbi[8][32], sds[8][32];
     ember_pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n = blockIdx.x * 8 + warp;
+    const ember_cu_mm_prod pr = ember_cu_pick_prod(a, (int)blockIdx.x);
+    const int n = ((int)blockIdx.x - pr.first_block) * 8 + warp, N = pr.N, M = a.M, K = a.K;
     if (n >= N) return; /* (warp-level synchronisation only below) */
     const int nb = K / 32, per_g = G / 32;
-    const size_t bb = 8 + (size_t)G * BITS / 8;
+    const size_t bb = 8 + (size_t)G * BITS / 8, row_bytes = (size_t)(K / G) * bb;
+    const unsigned char *w = (const unsigned char *)pr.w, *act = (const unsigned char *)a.act;
+    float *out = pr.out;
+    const float *bias = pr.bias;
     const unsigned char *wr = w + (size_t)n * row_bytes;
     const int m0 = blockIdx.y * MLX_MT, m1 = M - m0 < MLX_MT ? M : m0 + MLX_MT;
     for (int m = m0; m < m1; m++) {
@@ -237,15 +239,16 @@ static __device__ __forceinline__ void mlx_tc_block(const unsigned char *w0, con
     }
 }
 
-template <int BITS>
-static __global__ void __launch_bounds__(32) mlx_tc_k(const unsigned char *act, int M, int K, int G,
-                                                      const unsigned char *w, size_t row_bytes, float *out,
-                                                      const float *bias, int N, int slices) {
+template <int BITS> static __global__ void __launch_bounds__(32) mlx_tc_k(const ember_cu_qmm a, int G, int slices) {
     ember_pdl_enter();
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, s = blockIdx.x;
-    const int r0 = (int)blockIdx.y * 16 + g;
+    const ember_cu_mm_prod pr = ember_cu_pick_prod(a, (int)blockIdx.y);
+    const int r0 = ((int)blockIdx.y - pr.first_block) * 16 + g, N = pr.N, M = a.M, K = a.K;
     const int nb = K / 32, per_g = G / 32;
-    const size_t bb = 8 + (size_t)G * BITS / 8;
+    const size_t bb = 8 + (size_t)G * BITS / 8, row_bytes = (size_t)(K / G) * bb;
+    const unsigned char *w = (const unsigned char *)pr.w, *act = (const unsigned char *)a.act;
+    float *out = pr.out;
+    const float *bias = pr.bias;
     const unsigned char *w0 = r0 < N ? w + (size_t)r0 * row_bytes : NULL;
     const unsigned char *w1 = r0 + 8 < N ? w + (size_t)(r0 + 8) * row_bytes : NULL;
     float acc[2][4][8], macc[2][4];
@@ -305,38 +308,43 @@ extern "C" int ember_cu_mlx_tc(int M) {
     return ember_cu_mlxtc && M >= 9;
 }
 
-extern "C" cudaError_t ember_cu_mlx_matmul(cudaStream_t stream, const void *act, int M, int K, int bits, int G,
-                                           const ember_cu_mm_prod *p) {
-    if (M < 1 || p->N < 1) return cudaSuccess;
-    if (K < 32 || K % G || (G != 32 && G != 64 && G != 128)) return cudaErrorInvalidValue;
-    const size_t row = (size_t)(K / G) * (8 + (size_t)G * (size_t)bits / 8);
-    if (ember_cu_mlx_tc(M)) {
-        const long long gy = ((long long)p->N + 15) / 16, S = ((long long)M + 7) / 8;
-        if (gy > 65535) return cudaErrorInvalidValue;
-        const dim3 grid((unsigned)S, (unsigned)gy), blk(32);
-        const unsigned char *a = (const unsigned char *)act, *w = (const unsigned char *)p->w;
+extern "C" cudaError_t ember_cu_mlx_matmul(cudaStream_t stream, ember_cu_qmm *a, int bits, int G) {
+    if (a->M < 1) return cudaSuccess;
+    if (a->n < 1 || a->n > EMBER_CU_MAX_MM || a->K < 32 || a->K % G || (G != 32 && G != 64 && G != 128))
+        return cudaErrorInvalidValue;
+    const bool tc = ember_cu_mlx_tc(a->M);
+    const int rows = tc ? 16 : 8; /* weight rows a block (mlx_mm_k) or a warp (mlx_tc_k) */
+    long long blocks = 0;
+    for (int i = 0; i < a->n; i++) {
+        a->p[i].first_block = (int)blocks;
+        blocks += (a->p[i].N + rows - 1) / rows;
+    }
+    if (blocks < 1) return cudaSuccess;
+    if (tc) {
+        const long long S = ((long long)a->M + 7) / 8;
+        if (blocks > 65535 || S > 0x7fffffffLL) return cudaErrorInvalidValue;
+        const dim3 grid((unsigned)S, (unsigned)blocks), blk(32);
         const int sl = (int)S;
         switch (bits) {
-        case 2: return ember_launch(mlx_tc_k<2>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
-        case 3: return ember_launch(mlx_tc_k<3>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
-        case 4: return ember_launch(mlx_tc_k<4>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
-        case 5: return ember_launch(mlx_tc_k<5>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
-        case 6: return ember_launch(mlx_tc_k<6>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
-        case 8: return ember_launch(mlx_tc_k<8>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N, sl);
+        case 2: return ember_launch(mlx_tc_k<2>, grid, blk, 0, stream, *a, G, sl);
+        case 3: return ember_launch(mlx_tc_k<3>, grid, blk, 0, stream, *a, G, sl);
+        case 4: return ember_launch(mlx_tc_k<4>, grid, blk, 0, stream, *a, G, sl);
+        case 5: return ember_launch(mlx_tc_k<5>, grid, blk, 0, stream, *a, G, sl);
+        case 6: return ember_launch(mlx_tc_k<6>, grid, blk, 0, stream, *a, G, sl);
+        case 8: return ember_launch(mlx_tc_k<8>, grid, blk, 0, stream, *a, G, sl);
         default: return cudaErrorInvalidValue;
         }
     }
-    const long long gy = ((long long)M + MLX_MT - 1) / MLX_MT;
-    if (gy > 65535) return cudaErrorInvalidValue;
-    const dim3 grid((unsigned)((p->N + 7) / 8), (unsigned)gy), blk(256);
-    const unsigned char *a = (const unsigned char *)act, *w = (const unsigned char *)p->w;
+    const long long gy = ((long long)a->M + MLX_MT - 1) / MLX_MT;
+    if (gy > 65535 || blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)blocks, (unsigned)gy), blk(256);
     switch (bits) {
-    case 2: return ember_launch(mlx_mm_k<2>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
-    case 3: return ember_launch(mlx_mm_k<3>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
-    case 4: return ember_launch(mlx_mm_k<4>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
-    case 5: return ember_launch(mlx_mm_k<5>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
-    case 6: return ember_launch(mlx_mm_k<6>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
-    case 8: return ember_launch(mlx_mm_k<8>, grid, blk, 0, stream, a, M, K, G, w, row, p->out, p->bias, p->N);
+    case 2: return ember_launch(mlx_mm_k<2>, grid, blk, 0, stream, *a, G);
+    case 3: return ember_launch(mlx_mm_k<3>, grid, blk, 0, stream, *a, G);
+    case 4: return ember_launch(mlx_mm_k<4>, grid, blk, 0, stream, *a, G);
+    case 5: return ember_launch(mlx_mm_k<5>, grid, blk, 0, stream, *a, G);
+    case 6: return ember_launch(mlx_mm_k<6>, grid, blk, 0, stream, *a, G);
+    case 8: return ember_launch(mlx_mm_k<8>, grid, blk, 0, stream, *a, G);
     default: return cudaErrorInvalidValue;
     }
 }
