@@ -432,13 +432,13 @@ static void run_quant(const char *family, const char *scheme, const char *cfg) {
             CHECKF(!memcmp(lg[i], lt[i], sz[i] * sizeof(float)) && !memcmp(ig[i], it[i], sizeof ig[i]),
                    "%s %s p%d: logits in a batch of three differ from alone", family, scheme, i);
     /* the decode steps' quantized inputs came from the ops that produced them (cuda_backend.c, "quantized
-       inputs"); the matmul's own quantizer (EMBER_CUDA_QFUSE=0, read when the backend is made) gives the same bits.
-       (MLX products quantize their input themselves: not for them.) */
-    CHECKF(mlx || ember_cuda_qfuse_count(mg->be) > 0, "%s %s: no matmul found its input quantized", family, scheme);
+       inputs"), MLX products' too (they share the 32-element types' input); the matmul's own quantizer
+       (EMBER_CUDA_QFUSE=0, read when the backend is made) gives the same bits. */
+    CHECKF(ember_cuda_qfuse_count(mg->be) > 0, "%s %s: no matmul found its input quantized", family, scheme);
     setenv("EMBER_CUDA_QFUSE", "0", 1);
-    ember_model *mu = mlx ? NULL : load_gpu(out, "f32", 3, 512);
+    ember_model *mu = load_gpu(out, "f32", 3, 512);
     unsetenv("EMBER_CUDA_QFUSE");
-    CHECKF(mlx || mu != NULL, "%s %s: loading failed (EMBER_CUDA_QFUSE=0)", family, scheme);
+    CHECKF(mu != NULL, "%s %s: loading failed (EMBER_CUDA_QFUSE=0)", family, scheme);
     for (int i = 0; mu && i < 3; i++)
         if (!gen(mu, &f, &i, 1, &lt[i], &it[i]))
             CHECKF(!memcmp(lg[i], lt[i], sz[i] * sizeof(float)) && !memcmp(ig[i], it[i], sizeof ig[i]),
@@ -447,10 +447,9 @@ static void run_quant(const char *family, const char *scheme, const char *cfg) {
     ember_model_free(mu);
     fprintf(stderr, "%-12s cuda:0 %-7s%s greedy ids the CPU's, worst relative logit difference %.3g; batch invariant\n",
             family, scheme, cfg ? " (rows of 256)" : "", worst);
-    if (!mlx)
-        fprintf(stderr,
-                "%-12s cuda:0 %-7s quantized inputs from the producing ops: %ld matmuls; the same bits as without\n",
-                family, scheme, ember_cuda_qfuse_count(mg->be));
+    fprintf(stderr,
+            "%-12s cuda:0 %-7s quantized inputs from the producing ops: %ld matmuls; the same bits as without\n",
+            family, scheme, ember_cuda_qfuse_count(mg->be));
     for (int i = 0; i < 3; i++) {
         free(lg[i]);
         free(lc[i]);
