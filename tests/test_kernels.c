@@ -403,7 +403,7 @@ static void test_zero_copy(void) {
 
 int main(void) {
     const ember_dtype dts[] = {EMBER_F32, EMBER_F16, EMBER_BF16};
-    const int shapes[][3] = {{1, 16, 1}, {7, 33, 5}, {64, 64, 9}, {33, 100, 17}, {130, 257, 70}, {5, 1, 3}, {9, 15, 2}};
+    const int shapes[][3] = {{1, 16, 1}, {7, 33, 5}, {64, 64, 9}, {33, 100, 17}, {130, 257, 70}, {5, 1, 3}, {9, 15, 2}, {66, 48, 4}};
     for (int d = 0; d < 3; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_shape(dts[d], shapes[s][0], shapes[s][1], shapes[s][2]);

@@ -74,6 +74,7 @@ static inline vhalf vh_fma(vhalf acc, vhalf a, vhalf b) {
 #define TILE_W 2
 #define TILE_X 3
 #define TILE_W1 6
+#define SPREAD_W1 1
 #define KPREFIX avx2_
 #include "kern_template.h"
 

@@ -66,9 +66,12 @@ ALWAYS_INLINE float w_scalar(const void *p, size_t idx, int wt) {
     return wt == W_F16 ? ember_f16_to_f32(h) : ember_bf16_to_f32(h);
 }
 
-/* out[j * ldo + i] = dot(w row i, x row j) for i < NW <= TW_MAX, j < NX <= TX_MAX. */
-ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int K, float *out,
-                      size_t ldo, const int NW, const int NX, const int wt, const bool pf) {
+/* out[j * ldo + i * ldi] = dot(w row i, x row j) for i < NW <= TW_MAX, j < NX <= TX_MAX; row i
+   at w + i * ldw elements. pf (and always for one input row) asks for the elements pfd ahead of
+   each row's (the next tile's rows: NW * ldw). */
+ALWAYS_INLINE void mk_at(const void *w, size_t ldw, const float *x, size_t ldx, int K, float *out,
+                         size_t ldo, size_t ldi, const int NW, const int NX, const int wt, const bool pf,
+                         const size_t pfd) {
     vec16 acc[TW_MAX][TX_MAX];
 #pragma GCC unroll 8
     for (int i = 0; i < NW; i++)
@@ -89,7 +92,7 @@ ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int
                 if (pf && h == 0 && wt != W_F32) /* the next tile's rows (below) */
 #pragma GCC unroll 8
                     for (int i = 0; i < NW; i++)
-                        __builtin_prefetch((const void *)((uintptr_t)w + ((size_t)(NW + i) * ldw + (size_t)k) * es), 0, 2);
+                        __builtin_prefetch((const void *)((uintptr_t)w + ((size_t)i * ldw + pfd + (size_t)k) * es), 0, 2);
                 vhalf wh[TW_MAX];
 #pragma GCC unroll 8
                 for (int i = 0; i < NW; i++) wh[i] = ld_wh(w, (size_t)i * ldw + (size_t)(k + 8 * h), wt);
@@ -117,7 +120,7 @@ ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int
         if ((NX == 1 || pf) && wt != W_F32)
 #pragma GCC unroll 8
             for (int i = 0; i < NW; i++)
-                __builtin_prefetch((const void *)((uintptr_t)w + ((size_t)(NW + i) * ldw + (size_t)k) * es), 0, 2);
+                __builtin_prefetch((const void *)((uintptr_t)w + ((size_t)i * ldw + pfd + (size_t)k) * es), 0, 2);
 #pragma GCC unroll 8
         for (int i = 0; i < NW; i++) wv[i] = ld_w(w, (size_t)i * ldw + (size_t)k, wt);
         /* one input row at a time: NW x NX accumulators + NW weights + 1 register */
@@ -142,7 +145,13 @@ ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int
 #pragma GCC unroll 8
     for (int i = 0; i < NW; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < NX; j++) out[(size_t)j * ldo + (size_t)i] = v_hsum(acc[i][j]);
+        for (int j = 0; j < NX; j++) out[(size_t)j * ldo + (size_t)i * ldi] = v_hsum(acc[i][j]);
+}
+
+/* out[j * ldo + i] = dot(w row i, x row j): a tile of adjacent rows (mk_at). */
+ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int K, float *out,
+                      size_t ldo, const int NW, const int NX, const int wt, const bool pf) {
+    mk_at(w, ldw, x, ldx, K, out, ldo, 1, NW, NX, wt, pf, (size_t)NW * ldw);
 }
 
 /* NW weight rows against R (1 <= R <= TILE_X) input rows as one tile: the main tile, or the rows
@@ -189,10 +198,35 @@ ALWAYS_INLINE void gemm_rows(const void *w, size_t ldw, int nn, const float *x, 
     }
 }
 
+#ifdef SPREAD_W1
+/* One input row over nn weight rows, TILE_W1 rows a tile taken nn / TILE_W1 rows apart: tile n
+   has rows n, n + S, n + 2 S, ... (S = nn / TILE_W1), so each of its rows' streams walks on into
+   the next tile's, TILE_W1 long sequential streams through the weights however short a row is;
+   adjacent rows made TILE_W1 streams of one row each that moved on every tile (with K = 896, 1,792
+   bytes: bf16 streamed at 10-12 GB/s against 21-23 spread, one Zen 3 core, bench/RESULTS.md).
+   Each row asks for its next row, K elements ahead in its stream. The rows past TILE_W1 S one by
+   one. Which rows share a tile changes no dot product: the same bits. */
+ALWAYS_INLINE void gemv_spread(const void *w, size_t ldw, int nn, const float *x, int K, float *out, int wt) {
+    const size_t es = wt == W_F32 ? 4 : 2;
+    const char *wb = w;
+    const int S = nn / TILE_W1;
+    for (int n = 0; n < S; n++)
+        mk_at(wb + (size_t)n * ldw * es, (size_t)S * ldw, x, 0, K, out + n, 0, (size_t)S, TILE_W1, 1, wt, false,
+              ldw);
+    for (int n = TILE_W1 * S; n < nn; n++) mk(wb + (size_t)n * ldw * es, ldw, x, 0, K, out + n, 0, 1, 1, wt, false);
+}
+#endif
+
 /* One input row (decode) streams the weights once: its tile is TILE_W1 rows where the ISA sets
    one, else TILE_W. */
 ALWAYS_INLINE void gemm_t(const void *w, size_t ldw, int nn, const float *x, size_t ldx, int mm,
                           int K, float *out, size_t ldo, int wt) {
+#ifdef SPREAD_W1
+    if (mm == 1) {
+        gemv_spread(w, ldw, nn, x, K, out, wt);
+        return;
+    }
+#endif
 #ifdef TILE_W1
     if (mm == 1) {
         gemm_rows(w, ldw, nn, x, ldx, mm, K, out, ldo, wt, TILE_W1);
