@@ -194,27 +194,24 @@ template <int BITS, int PAR>
 static __device__ __forceinline__ void mlx_tc_block(const unsigned char *w0, const unsigned char *w1, int b, int per_g,
                                                     size_t bb, const unsigned char *rec, int g, int t,
                                                     float acc[2][4][8], float macc[2][4]) {
-    unsigned int c0[BITS], c1[BITS];
+    unsigned int c[2][BITS];
     float sc[2] = {0.0f, 0.0f}, bi[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < BITS; i++) c0[i] = c1[i] = 0;
+    const unsigned char *wr[2] = {w0, w1};
     const size_t sub = 8 + (size_t)(b % per_g) * 4 * BITS;
-    if (w0) {
-        const unsigned char *blk = w0 + (size_t)(b / per_g) * bb;
 #pragma unroll
-        for (int i = 0; i < BITS; i++) c0[i] = __ldg((const unsigned int *)(blk + sub) + i);
-        sc[0] = __ldg((const float *)blk);
-        bi[0] = __ldg((const float *)(blk + 4));
-    }
-    if (w1) {
-        const unsigned char *blk = w1 + (size_t)(b / per_g) * bb;
+    for (int h = 0; h < 2; h++) {
 #pragma unroll
-        for (int i = 0; i < BITS; i++) c1[i] = __ldg((const unsigned int *)(blk + sub) + i);
-        sc[1] = __ldg((const float *)blk);
-        bi[1] = __ldg((const float *)(blk + 4));
+        for (int i = 0; i < BITS; i++) c[h][i] = 0;
+        if (wr[h]) {
+            const unsigned char *blk = wr[h] + (size_t)(b / per_g) * bb;
+#pragma unroll
+            for (int i = 0; i < BITS; i++) c[h][i] = __ldg((const unsigned int *)(blk + sub) + i);
+            sc[h] = __ldg((const float *)blk);
+            bi[h] = __ldg((const float *)(blk + 4));
+        }
     }
-    const unsigned int a00 = mlx_codes4<BITS>(c0, t), a01 = mlx_codes4<BITS>(c1, t);         /* group t */
-    const unsigned int a10 = mlx_codes4<BITS>(c0, 4 + t), a11 = mlx_codes4<BITS>(c1, 4 + t); /* group 4 + t */
+    const unsigned int a00 = mlx_codes4<BITS>(c[0], t), a01 = mlx_codes4<BITS>(c[1], t);         /* group t */
+    const unsigned int a10 = mlx_codes4<BITS>(c[0], 4 + t), a11 = mlx_codes4<BITS>(c[1], 4 + t); /* group 4 + t */
     const bool mine = (g & 3) == t; /* this lane's B column g holds group t of its input row */
     const int e = t & 1;
 #pragma unroll
@@ -226,7 +223,7 @@ static __device__ __forceinline__ void mlx_tc_block(const unsigned char *w0, con
         mma_u8s8_k16(d1, a10, a11, y.y);
         const float4 q = __ldg((const float4 *)(rec + 256 + 16 * p)); /* d, d, s, s of input rows 2p, 2p + 1 */
         const float yd = (t >> 1) ? q.y : q.x;
-        const int ys = __float_as_int((t >> 1) ? q.w : q.z);
+        const float yds = __fmul_rn(yd, (float)__float_as_int((t >> 1) ? q.w : q.z)); /* d s: the bias chain's */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const float dd = __fmul_rn(sc[h], yd);
@@ -234,7 +231,7 @@ static __device__ __forceinline__ void mlx_tc_block(const unsigned char *w0, con
             acc[h][p][4 * PAR + 1] = __fmaf_rn(dd, (float)d0[2 * h + 1], acc[h][p][4 * PAR + 1]);
             acc[h][p][4 * PAR + 2] = __fmaf_rn(dd, (float)d1[2 * h], acc[h][p][4 * PAR + 2]);
             acc[h][p][4 * PAR + 3] = __fmaf_rn(dd, (float)d1[2 * h + 1], acc[h][p][4 * PAR + 3]);
-            if (e == 0) macc[h][p] = __fmaf_rn(bi[h], __fmul_rn(yd, (float)ys), macc[h][p]);
+            if (e == 0) macc[h][p] = __fmaf_rn(bi[h], yds, macc[h][p]);
         }
     }
 }
