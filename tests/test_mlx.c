@@ -362,7 +362,8 @@ static void test_kernels(void) {
     for (int bi = 0; bi < 6; bi++)
         for (int gi = 0; gi < 3; gi++)
             for (int kk = 1; kk <= 3; kk += 2) {
-                int bits = k_bits[bi], G = k_groups[gi], K = G * kk, N = 5, M = 7;
+                /* N = 13: decode's 4-row tiles take rows 3 apart, and one row is left */
+                int bits = k_bits[bi], G = k_groups[gi], K = G * kk, N = 13, M = 7;
                 ember_dtype dt = ember_dtype_mlx(bits, G);
                 size_t wrow = (size_t)(K / G) * ember_dtype_get(dt)->block_bytes;
                 unsigned char *w = malloc(wrow * (size_t)N);
@@ -381,7 +382,7 @@ static void test_kernels(void) {
                 size_t arow = (size_t)(K / 32) * sizeof(cpu_act32);
                 unsigned char *xa = malloc(arow * (size_t)M);
                 for (int m = 0; m < M; m++) cpu_quantize_act32(x + (size_t)m * K, K, xa + (size_t)m * arow);
-                float ref[35], got[35], one[5];
+                float ref[91], got[91], one[13];
                 cpu_mlx_gemm_generic(bits, G, w, wrow, N, xa, arow, M, K, ref, N);
                 for (int t = 0; t < 4; t++) {
                     if (!have[t]) continue;

@@ -7,7 +7,8 @@
  * Tiles of NW weight rows x MX activation rows: each 32-element sub-block
  * is unpacked once per weight row and used for the MX activation rows, and
  * the NW x MX accumulator chains are independent, so their latencies
- * overlap (decode uses 4 weight rows x 1, prefill 2 x 3). Blocks go in
+ * overlap (decode uses 4 weight rows x 1, prefill 2 x 3); weight row i of a
+ * tile at w + i w_row, its output at out[j ldo + i ldi]. Blocks go in
  * pairs: the even block's lane partials accumulate in one ymm (canonical
  * lanes 0-7), the odd block's in another (lanes 8-15). No state; a call
  * writes only its own outputs.
@@ -18,7 +19,7 @@
 #define MX_MAX 3
 
 MLX_AI void avx2_tile(const unsigned char *w, size_t w_row, const unsigned char *x, size_t xa_row, int nb, int G,
-                      float *out, size_t ldo, const int BITS, const int NW, const int MX) {
+                      float *out, size_t ldo, size_t ldi, const int BITS, const int NW, const int MX) {
     const int per_g = G / 32, sh = per_g == 1 ? 0 : per_g == 2 ? 1 : 2;
     const size_t bb = 8 + (size_t)G * BITS / 8, sbb = 4 * (size_t)BITS, ys = sizeof(cpu_act32);
     __m256 ev[NW_MAX][MX_MAX], od[NW_MAX][MX_MAX];
@@ -68,7 +69,7 @@ MLX_AI void avx2_tile(const unsigned char *w, size_t w_row, const unsigned char 
         }
     }
     for (int i = 0; i < NW; i++)
-        for (int j = 0; j < MX; j++) out[(size_t)j * ldo + (size_t)i] = mlx_hsum(ev[i][j], od[i][j]) + macc[i][j];
+        for (int j = 0; j < MX; j++) out[(size_t)j * ldo + (size_t)i * ldi] = mlx_hsum(ev[i][j], od[i][j]) + macc[i][j];
 }
 
 #define MLX_TILE avx2_tile

@@ -45,9 +45,9 @@ MLX_AI __m512i z_join(__m256i lo, __m256i hi) {
 #define NW_MAX 4
 #define MX_MAX 4
 
-/* A tile of NW weight rows x MX activation rows (outputs out[j * ldo + i]). */
+/* A tile of NW weight rows x MX activation rows (weight row i at w + i * w_row, outputs out[j * ldo + i * ldi]). */
 MLX_AI void z_tile(const unsigned char *w, size_t w_row, const unsigned char *x, size_t xa_row, int nb, int G,
-                   float *out, size_t ldo, const int BITS, const int NW, const int MX) {
+                   float *out, size_t ldo, size_t ldi, const int BITS, const int NW, const int MX) {
     const int per_g = G / 32, sh = per_g == 1 ? 0 : per_g == 2 ? 1 : 2;
     const size_t bb = 8 + (size_t)G * BITS / 8, sbb = 4 * (size_t)BITS, ys = sizeof(cpu_act32);
     __m512 acc[NW_MAX][MX_MAX];
@@ -105,7 +105,7 @@ MLX_AI void z_tile(const unsigned char *w, size_t w_row, const unsigned char *x,
     for (int i = 0; i < NW; i++)
         for (int j = 0; j < MX; j++) {
             float t = mlx_hsum(_mm512_castps512_ps256(acc[i][j]), _mm512_extractf32x8_ps(acc[i][j], 1));
-            out[(size_t)j * ldo + (size_t)i] = t + macc[i][j];
+            out[(size_t)j * ldo + (size_t)i * ldi] = t + macc[i][j];
         }
 }
 

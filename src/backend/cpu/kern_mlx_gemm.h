@@ -1,6 +1,8 @@
 /*
  * kern_mlx_gemm.h - the MLX gemm driver every x86 MLX kernel file shares:
- * tiles of 4 weight rows x 1 activation row for decode, 2 x MX for prefill
+ * tiles of 4 weight rows x 1 activation row for decode (rows nn / 4 apart:
+ * each tile's rows are four long streams through the weights, not four
+ * rows of a few hundred bytes that end every tile), 2 x MX for prefill
  * (MX up to MX_MAX), 1 x MX for the rows left, and one instance per bit
  * width. Included at the end of kern_mlx_avx2.c / kern_mlx_avx512.c after
  * they define
@@ -11,7 +13,7 @@
  * canonical dot product of kern_mlx.h. No state.
  */
 
-#define MLX_T(NW, MX) MLX_TILE(wr, w_row, x, xa_row, nb, G, o + n, ldo, BITS, NW, MX)
+#define MLX_T(NW, MX) MLX_TILE(wr, w_row, x, xa_row, nb, G, o + n, ldo, 1, BITS, NW, MX)
 
 MLX_AI void mlx_gemm_bits(int G, const void *w, size_t w_row, int nn, const void *xa, size_t xa_row, int mm, int K,
                           float *out, size_t ldo, const int BITS) {
@@ -21,9 +23,12 @@ MLX_AI void mlx_gemm_bits(int G, const void *w, size_t w_row, int nn, const void
         const unsigned char *x = (const unsigned char *)xa + (size_t)m0 * xa_row;
         float *o = out + (size_t)m0 * ldo;
         int n = 0;
-        for (; mx == 1 && n + 4 <= nn; n += 4) {
-            const unsigned char *wr = (const unsigned char *)w + (size_t)n * w_row;
-            MLX_T(4, 1);
+        if (mx == 1) { /* decode: tile t takes rows t, t + S, t + 2 S, t + 3 S (S = nn / 4), four long streams */
+            const int S = nn / 4;
+            for (; n < S; n++)
+                MLX_TILE((const unsigned char *)w + (size_t)n * w_row, (size_t)S * w_row, x, xa_row, nb, G, o + n, ldo,
+                         (size_t)S, BITS, 4, 1);
+            n = 4 * S;
         }
         for (; mx > 1 && n + 2 <= nn; n += 2) {
             const unsigned char *wr = (const unsigned char *)w + (size_t)n * w_row;
