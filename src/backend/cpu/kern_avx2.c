@@ -78,6 +78,10 @@ static inline vhalf vh_fma(vhalf acc, vhalf a, vhalf b) {
 #define TILE_X 3
 #define TILE_W1 6
 #define SPREAD_W1 1
+/* 2-8 input rows (batched decode) take the 2 x 3 tile with its 2 rows nn / 2 apart the same way:
+   bf16 4,864 x 896 at M = 2 / 3 / 4 10.9 -> 18, 15.6 -> 25, 19.8 -> 25.5 G multiply-adds a second
+   from memory; level at M = 8 and at K = 2,048 / 8,192 (Zen 3, 2026-12-06, bench/RESULTS.md). */
+#define SPREAD_MMAX 8
 #define KPREFIX avx2_
 #include "kern_template.h"
 

@@ -158,10 +158,10 @@ ALWAYS_INLINE void mk(const void *w, size_t ldw, const float *x, size_t ldx, int
    an m-block leaves over; each R its own unrolled instance. */
 #define TILE_CASE(n)                                                                          \
     case n:                                                                                   \
-        if (n <= TILE_X) mk(w, ldw, x, ldx, K, out, ldo, NW, n, wt, pf);                      \
+        if (n <= TILE_X) mk_at(w, ldw, x, ldx, K, out, ldo, ldi, NW, n, wt, pf, pfd);         \
         break;
-ALWAYS_INLINE void tile(const void *w, size_t ldw, const float *x, size_t ldx, int K, float *out,
-                        size_t ldo, const int NW, int R, const int wt, const bool pf) {
+ALWAYS_INLINE void tile_at(const void *w, size_t ldw, const float *x, size_t ldx, int K, float *out,
+                           size_t ldo, size_t ldi, const int NW, int R, const int wt, const bool pf, size_t pfd) {
     switch (R) {
         TILE_CASE(6)
         TILE_CASE(5)
@@ -173,6 +173,10 @@ ALWAYS_INLINE void tile(const void *w, size_t ldw, const float *x, size_t ldx, i
     }
 }
 #undef TILE_CASE
+ALWAYS_INLINE void tile(const void *w, size_t ldw, const float *x, size_t ldx, int K, float *out,
+                        size_t ldo, const int NW, int R, const int wt, const bool pf) {
+    tile_at(w, ldw, x, ldx, K, out, ldo, 1, NW, R, wt, pf, (size_t)NW * ldw);
+}
 
 /* out[m * ldo + n] = dot(w row n, x row m): tiles of TW weight rows x TILE_X input rows, over
    m-blocks of M_BLOCK input rows. */
@@ -217,6 +221,29 @@ ALWAYS_INLINE void gemv_spread(const void *w, size_t ldw, int nn, const float *x
 }
 #endif
 
+#ifdef SPREAD_MMAX
+/* A few input rows (2 .. SPREAD_MMAX: batched decode): gemm_rows's tiles with their TILE_W weight
+   rows taken nn / TILE_W apart, as gemv_spread does for one row. */
+ALWAYS_INLINE void gemm_rows_spread(const void *w, size_t ldw, int nn, const float *x, size_t ldx, int mm,
+                                    int K, float *out, size_t ldo, int wt) {
+    const size_t es = wt == W_F32 ? 4 : 2;
+    const char *wb = w;
+    const int S = nn / TILE_W;
+    for (int n = 0; n < S; n++) {
+        const void *wn = wb + (size_t)n * ldw * es;
+        for (int m = 0; m < mm; m += TILE_X)
+            tile_at(wn, (size_t)S * ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, (size_t)S,
+                    TILE_W, mm - m < TILE_X ? mm - m : TILE_X, wt, m == 0, ldw);
+    }
+    for (int n = TILE_W * S; n < nn; n++) {
+        const void *wn = wb + (size_t)n * ldw * es;
+        for (int m = 0; m < mm; m += TILE_X)
+            tile(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, 1,
+                 mm - m < TILE_X ? mm - m : TILE_X, wt, false);
+    }
+}
+#endif
+
 /* One input row (decode) streams the weights once: its tile is TILE_W1 rows where the ISA sets
    one, else TILE_W. */
 ALWAYS_INLINE void gemm_t(const void *w, size_t ldw, int nn, const float *x, size_t ldx, int mm,
@@ -224,6 +251,12 @@ ALWAYS_INLINE void gemm_t(const void *w, size_t ldw, int nn, const float *x, siz
 #ifdef SPREAD_W1
     if (mm == 1) {
         gemv_spread(w, ldw, nn, x, K, out, wt);
+        return;
+    }
+#endif
+#ifdef SPREAD_MMAX
+    if (mm > 1 && mm <= SPREAD_MMAX) {
+        gemm_rows_spread(w, ldw, nn, x, ldx, mm, K, out, ldo, wt);
         return;
     }
 #endif
