@@ -71,7 +71,7 @@ static inline vhalf vh_fma(vhalf acc, vhalf a, vhalf b) {
    6 rows (12 accumulators, each row's weights loaded as its multiply-adds need them): bf16 0.5B
    decode at one thread 22.4 / 21.2 / 22.2 -> 25.3 / 24.2 / 23.0 tokens/s (Zen 5 VM, --isa avx2
    without VNNI, `ember bench -p 0 -n 64 -t 1`, 2026-12-05, bench/RESULTS.md). The 6 rows are taken
-   nn / 6 apart (SPREAD_W1, kern_template.h's gemv_spread): six long streams instead of six one row
+   nn / 6 apart (SPREAD_W1, kern_template.h's gemm_rows_spread): six long streams instead of six one row
    long; the 0.5B's 1,792-byte rows streamed at 10-12 -> 21-23 GB/s, its bf16 decode 12.6 -> 19.9
    tokens/s at one thread (Zen 3, 2026-12-06, bench/RESULTS.md). */
 #define TILE_W 2

@@ -37,7 +37,7 @@ static inline float v_hsum(vec16 a) {
    with 4 x 4, 94 / 89 / 72 with this (bench/RESULTS.md); one row (decode): 8 weight rows a tile
    (8 accumulators + 8 weights + 1 input), each asking for the next 8 rows at its k: 0.5B bf16 decode
    on one Zen 5 thread 20 -> 22-24 tokens/s against 4 rows (bench/RESULTS.md); its 8 rows taken
-   nn / 8 apart (SPREAD_W1, kern_template.h's gemv_spread, as on AVX2): 0.5B bf16 decode on one
+   nn / 8 apart (SPREAD_W1, kern_template.h's gemm_rows_spread, as on AVX2): 0.5B bf16 decode on one
    thread of the 16-core Xeon 13.6 / 16.5 -> 17.6 / 17.3 tokens/s (2026-12-06, bench/RESULTS.md) */
 #define TILE_W 6
 #define TILE_W1 8

@@ -202,40 +202,27 @@ ALWAYS_INLINE void gemm_rows(const void *w, size_t ldw, int nn, const float *x, 
     }
 }
 
-#ifdef SPREAD_W1
-/* One input row over nn weight rows, TILE_W1 rows a tile taken nn / TILE_W1 rows apart: tile n
-   has rows n, n + S, n + 2 S, ... (S = nn / TILE_W1), so each of its rows' streams walks on into
-   the next tile's, TILE_W1 long sequential streams through the weights however short a row is;
-   adjacent rows made TILE_W1 streams of one row each that moved on every tile (with K = 896, 1,792
-   bytes: bf16 streamed at 10-12 GB/s against 21-23 spread, one Zen 3 core, bench/RESULTS.md).
-   Each row asks for its next row, K elements ahead in its stream. The rows past TILE_W1 S one by
-   one. Which rows share a tile changes no dot product: the same bits. */
-ALWAYS_INLINE void gemv_spread(const void *w, size_t ldw, int nn, const float *x, int K, float *out, int wt) {
-    const size_t es = wt == W_F32 ? 4 : 2;
-    const char *wb = w;
-    const int S = nn / TILE_W1;
-    for (int n = 0; n < S; n++)
-        mk_at(wb + (size_t)n * ldw * es, (size_t)S * ldw, x, 0, K, out + n, 0, (size_t)S, TILE_W1, 1, wt, false,
-              ldw);
-    for (int n = TILE_W1 * S; n < nn; n++) mk(wb + (size_t)n * ldw * es, ldw, x, 0, K, out + n, 0, 1, 1, wt, false);
-}
-#endif
-
-#ifdef SPREAD_MMAX
-/* A few input rows (2 .. SPREAD_MMAX: batched decode): gemm_rows's tiles with their TILE_W weight
-   rows taken nn / TILE_W apart, as gemv_spread does for one row. */
+#if defined(SPREAD_W1) || defined(SPREAD_MMAX)
+/* gemm_rows for a few input rows (one: SPREAD_W1, TW = TILE_W1; 2 .. SPREAD_MMAX: TW = TILE_W) with
+   a tile's TW weight rows taken nn / TW apart: tile n has rows n, n + S, n + 2 S, ... (S = nn / TW),
+   so each of its rows' streams walks on into the next tile's, TW long sequential streams through
+   the weights however short a row is; adjacent rows made TW streams of one row each that moved on
+   every tile (with K = 896, 1,792 bytes: bf16 one-row decode streamed at 10-12 GB/s against 21-23
+   spread, one Zen 3 core, bench/RESULTS.md). The first input tile asks for each row's next row, K
+   elements ahead in its stream. The rows past TW S one by one. Which rows share a tile changes no
+   dot product: the same bits. */
 ALWAYS_INLINE void gemm_rows_spread(const void *w, size_t ldw, int nn, const float *x, size_t ldx, int mm,
-                                    int K, float *out, size_t ldo, int wt) {
+                                    int K, float *out, size_t ldo, int wt, const int TW) {
     const size_t es = wt == W_F32 ? 4 : 2;
     const char *wb = w;
-    const int S = nn / TILE_W;
+    const int S = nn / TW;
     for (int n = 0; n < S; n++) {
         const void *wn = wb + (size_t)n * ldw * es;
         for (int m = 0; m < mm; m += TILE_X)
             tile_at(wn, (size_t)S * ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, (size_t)S,
-                    TILE_W, mm - m < TILE_X ? mm - m : TILE_X, wt, m == 0, ldw);
+                    TW, mm - m < TILE_X ? mm - m : TILE_X, wt, m == 0, ldw);
     }
-    for (int n = TILE_W * S; n < nn; n++) {
+    for (int n = TW * S; n < nn; n++) {
         const void *wn = wb + (size_t)n * ldw * es;
         for (int m = 0; m < mm; m += TILE_X)
             tile(wn, ldw, x + (size_t)m * ldx, ldx, K, out + (size_t)m * ldo + n, ldo, 1,
@@ -250,13 +237,13 @@ ALWAYS_INLINE void gemm_t(const void *w, size_t ldw, int nn, const float *x, siz
                           int K, float *out, size_t ldo, int wt) {
 #ifdef SPREAD_W1
     if (mm == 1) {
-        gemv_spread(w, ldw, nn, x, K, out, wt);
+        gemm_rows_spread(w, ldw, nn, x, ldx, mm, K, out, ldo, wt, TILE_W1);
         return;
     }
 #endif
 #ifdef SPREAD_MMAX
     if (mm > 1 && mm <= SPREAD_MMAX) {
-        gemm_rows_spread(w, ldw, nn, x, ldx, mm, K, out, ldo, wt);
+        gemm_rows_spread(w, ldw, nn, x, ldx, mm, K, out, ldo, wt, TILE_W);
         return;
     }
 #endif
